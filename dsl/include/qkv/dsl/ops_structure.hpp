@@ -1,0 +1,340 @@
+// qkv/dsl/ops_structure.hpp — ops that change how axes are arranged, never the values:
+// split, merge, permute/transpose, rename, view, chunk, concat.
+//
+// They are metadata in the graph (the layout pass decides strides later); here they are checked
+// by name: a merge of axes that are not adjacent, a view that would move data between
+// differently named axes, or a split whose factors do not multiply to the axis are compile
+// errors (catalogue entries 1, 5, 9, 11).
+#pragma once
+
+#include <qkv/dsl/tensor.hpp>
+
+namespace qkv {
+
+namespace detail {
+
+template <TensorType T>
+Node unary_node(const T& t, Op op, std::vector<Axis> out_axes) {
+  Node n;
+  n.op = op;
+  n.inputs = {t.id()};
+  n.axes = std::move(out_axes);
+  n.dtype = T::dtype::value;
+  return n;
+}
+
+/// L with the axis named like A replaced by the axes in R (in place).
+template <class L, class A, class R>
+struct replace_axis;
+template <class... X, class A, class R>
+struct replace_axis<axes<X...>, A, R> {
+  using type = decltype((axes<>{} + ... + std::conditional_t<same_name<X, A>, R, axes<X>>{}));
+};
+
+template <class L, class A, class R>
+using replace_t = typename replace_axis<L, A, R>::type;
+
+template <class... A>
+constexpr std::int64_t static_product() {
+  return (std::int64_t{1} * ... * (A::is_static ? A::extent : 1));
+}
+template <class... A>
+inline constexpr bool all_static = (A::is_static && ...);
+
+/// "Heads (6) x HeadDim (85)"
+template <class First, class... Rest>
+constexpr auto factors_fs() {
+  return ((First::name_fs + " (" + extent_fs<First>() + ")") + ... +
+          (fixed_string(" x ") + Rest::name_fs + " (" + extent_fs<Rest>() + ")"));
+}
+
+inline std::vector<Axis> ir_replace(const std::vector<Axis>& in, std::string_view name, std::vector<Axis> with) {
+  std::vector<Axis> out;
+  for (const auto& a : in) {
+    if (a.name == name) out.insert(out.end(), with.begin(), with.end());
+    else out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// split<Model, Heads<8>, HeadDim<64>>(x): one axis into named factors, in place.
+/// Static factors must multiply to the axis (d_model divisible by the number of heads); a
+/// dynamic factor takes what is left.
+template <template <auto> class From, AxisType... Parts, class T>
+auto split(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, From>) {
+      return fail<fixed_string("split: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
+                  "`; fix: split an axis the tensor has">();
+    } else {
+      using A = find_family<L, From>;
+      constexpr std::int64_t prod = detail::static_product<Parts...>();
+      constexpr int n_dyn = ((Parts::is_static ? 0 : 1) + ...);
+      if constexpr (n_dyn > 1) {
+        return fail<fixed_string("split: at most one factor of `") + A::name_fs +
+                    "` may be dynamic, got " + detail::factors_fs<Parts...>() + "; fix: give the other factors sizes">();
+      } else if constexpr (A::is_static && n_dyn == 0 && prod != A::extent) {
+        return fail<fixed_string("split: `") + A::name_fs + "` (" + number<A::extent>() + ") is not " +
+                    detail::factors_fs<Parts...>() + " = " + number<prod>() + "; fix: choose factors that divide " +
+                    A::name_fs + " (e.g. a number of heads that divides d_model)">();
+      } else if constexpr (A::is_static && n_dyn == 1 && A::extent % prod != 0) {
+        return fail<fixed_string("split: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
+                    detail::factors_fs<Parts...>() + "; fix: choose factors that divide " + A::name_fs>();
+      } else {
+        using Out = detail::replace_t<L, A, axes<Parts...>>;
+        Graph& g = t.graph();
+        const Extent whole = ir_axis(t.node(), A::name).extent;
+        std::vector<Axis> parts;
+        (parts.push_back(Axis{std::string(Parts::name),
+                              Parts::is_static ? Extent::fixed(Parts::extent) : whole.divided(prod)}),
+         ...);
+        if (whole.is_dynamic() || n_dyn == 0) {
+          // The static factors must divide (one dynamic factor) or equal (none) the whole.
+          auto text = [](auto a, auto b) {
+            return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " +
+                   detail::factors_fs<Parts...>() + " = " + b + "; fix: choose factors that divide " + A::name_fs;
+          };
+          if (n_dyn == 0) defer_equal(g, whole, Extent::fixed(prod), text);
+          else if (whole.is_dynamic())
+            g.require(Constraint{Constraint::Kind::divisible, whole, Extent::fixed(prod),
+                                 std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
+        }
+        Node n = detail::unary_node(t, Op::split, detail::ir_replace(t.node().axes, A::name, parts));
+        n.attr_axes = {std::string(A::name), std::string(Parts::name)...};
+        return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+      }
+    }
+  }
+}
+
+/// merge<Heads, HeadDim, Model>(o): two adjacent axes (in this order) into one.
+/// The seeds' `transpose(1, 2).contiguous().view(B, S, E)`: the heads must be permuted back
+/// next to the head dimension first, or the merge would interleave data from different tokens.
+template <template <auto> class A, template <auto> class B, template <auto> class Into, class T>
+auto merge(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, A> || !has_family<L, B>) {
+      return fail<fixed_string("merge: x ") + axes_fs<L>() + " needs axes `" + family_name_fs<A> + "` and `" +
+                  family_name_fs<B> + "`; fix: merge axes the tensor has">();
+    } else {
+      using XA = find_family<L, A>;
+      using XB = find_family<L, B>;
+      constexpr std::size_t ia = index_of<L, XA>, ib = index_of<L, XB>;
+      if constexpr (ib != ia + 1) {
+        using Fixed = detail::replace_t<without<L, axes<XB>>, XA, axes<XA, XB>>;
+        return fail<fixed_string("merge: `") + XA::name_fs + "` and `" + XB::name_fs + "` are not adjacent in " +
+                    axes_fs<L>() + "; fix: " + permute_fix<Fixed>() + " first, then merge">();
+      } else {
+        using M = std::conditional_t<XA::is_static && XB::is_static, Into<XA::extent * XB::extent>, Into<dyn>>;
+        using Out = detail::replace_t<without<L, axes<XB>>, XA, axes<M>>;
+        const Extent ea = ir_axis(t.node(), XA::name).extent, eb = ir_axis(t.node(), XB::name).extent;
+        Extent em = ea.is_static() ? eb.times(ea.value) : ea.times(eb.is_static() ? eb.value : 1);
+        if (ea.is_dynamic() && eb.is_dynamic()) em = Extent::dynamic(std::string(M::name));  // bound separately
+        std::vector<Axis> axes_out;
+        for (const auto& x : t.node().axes) {
+          if (x.name == XB::name) continue;
+          axes_out.push_back(x.name == XA::name ? Axis{std::string(M::name), em} : x);
+        }
+        Node n = detail::unary_node(t, Op::merge, std::move(axes_out));
+        n.attr_axes = {std::string(XA::name), std::string(XB::name), std::string(M::name)};
+        Graph& g = t.graph();
+        return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+      }
+    }
+  }
+}
+
+/// permute<Batch, Seq, Heads, HeadDim>(x): reorder by names; every axis exactly once.
+template <template <auto> class... F, class T>
+auto permute(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    constexpr bool all_known = (has_family<L, F> && ...);
+    constexpr bool complete = sizeof...(F) == L::size;
+    if constexpr (!all_known || !complete) {
+      return fail<fixed_string("permute: the new order must name every axis of ") + axes_fs<L>() +
+                  " exactly once; fix: " + permute_fix<L>() + " lists them">();
+    } else {
+      using Out = axes<find_family<L, F>...>;
+      std::vector<Axis> out{ir_axis(t.node(), family_name<F>)...};
+      Node n = detail::unary_node(t, Op::permute, std::move(out));
+      Graph& g = t.graph();
+      // A permute keeps the value's meaning (scores stay scores; a mask stays a mask).
+      return tensor<typename T::dtype, Out, typename T::trait_type>(g, g.add(std::move(n)));
+    }
+  }
+}
+
+namespace detail {
+template <class L, class A, class B>
+struct swap_axes;
+template <class... X, class A, class B>
+struct swap_axes<axes<X...>, A, B> {
+  template <class Y>
+  using one = std::conditional_t<same_name<Y, A>, B, std::conditional_t<same_name<Y, B>, A, Y>>;
+  using type = axes<one<X>...>;
+};
+}  // namespace detail
+
+/// transpose<Seq, Heads>(x): swap two axes by name (PyTorch's transpose(1, 2) without the numbers).
+template <template <auto> class A, template <auto> class B, class T>
+auto transpose(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, A> || !has_family<L, B>) {
+      return fail<fixed_string("transpose: x ") + axes_fs<L>() + " needs axes `" + family_name_fs<A> + "` and `" +
+                  family_name_fs<B> + "`; fix: transpose axes the tensor has">();
+    } else {
+      using Out = typename detail::swap_axes<L, find_family<L, A>, find_family<L, B>>::type;
+      std::vector<Axis> out = t.node().axes;
+      auto& x = out;
+      std::size_t ia = 0, ib = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        if (x[i].name == family_name<A>) ia = i;
+        if (x[i].name == family_name<B>) ib = i;
+      }
+      std::swap(x[ia], x[ib]);
+      Node n = detail::unary_node(t, Op::permute, std::move(out));
+      Graph& g = t.graph();
+      return tensor<typename T::dtype, Out, typename T::trait_type>(g, g.add(std::move(n)));
+    }
+  }
+}
+
+/// rename<Seq, Key>(k): the same data under a new axis name — how the key side of
+/// self-attention gets its own axis, so that softmax and masks can tell queries from keys.
+template <template <auto> class From, template <auto> class To, class T>
+auto rename(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, From>) {
+      return fail<fixed_string("rename: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
+                  "`; fix: rename an axis the tensor has">();
+    } else if constexpr (has_family<L, To> && family_name<From> != family_name<To>) {
+      return fail<fixed_string("rename: x ") + axes_fs<L>() + " already has an axis `" + family_name_fs<To> +
+                  "`; fix: pick a name that is not taken">();
+    } else {
+      using A = find_family<L, From>;
+      using Out = detail::replace_t<L, A, axes<To<A::param>>>;
+      Axis renamed = ir_axis(t.node(), A::name);
+      renamed.name = std::string(family_name<To>);
+      Node n = detail::unary_node(t, Op::rename, detail::ir_replace(t.node().axes, A::name, {renamed}));
+      n.attr_axes = {std::string(A::name), renamed.name};
+      Graph& g = t.graph();
+      return tensor<typename T::dtype, Out, typename T::trait_type>(g, g.add(std::move(n)));
+    }
+  }
+}
+
+/// view<Batch<2>, Seq<4>, Model<16>>(x): a raw reinterpretation, as PyTorch's view. It may only
+/// restate the axes the tensor has (same names, same order — e.g. fix a dynamic extent); moving
+/// data between differently named axes is how heads get scrambled, so it is refused with the
+/// split/permute that does it by name.
+template <AxisType... New, class T>
+auto view(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    using N = axes<New...>;
+    if constexpr (L::size != N::size || detail::first_name_difference<L, N>() != N::size) {
+      constexpr std::size_t i = L::size == N::size ? detail::first_name_difference<L, N>() : 0;
+      constexpr std::size_t j = i < N::size ? i : 0;
+      return fail<fixed_string("view: ") + axes_fs<L>() + " -> " + axes_fs<N>() +
+                  " would move data between differently named axes (`" + axis_at<N, j>::name_fs +
+                  "` is not `" + axis_at<L, (i < L::size ? i : 0)>::name_fs +
+                  "`); fix: split<Axis, Factors...> then permute<...> by name">();
+    } else if constexpr (constexpr auto k = detail::first_extent_difference<L, N>(); k != N::size) {
+      return fail<fixed_string("view: `") + axis_at<L, k>::name_fs + "` is " + number<axis_at<L, k>::extent>() +
+                  " but the view says " + number<axis_at<N, k>::extent>() + "; fix: view with the sizes the tensor has">();
+    } else {
+      Graph& g = t.graph();
+      std::vector<Axis> out = t.node().axes;
+      std::size_t pos = 0;
+      ((defer_equal(g, out[pos].extent, ir_extent<New>(),
+                    [](auto a, auto b) {
+                      return fixed_string("view: `") + New::name_fs + "` is " + a + " but the view says " + b +
+                             "; fix: view with the sizes the tensor has";
+                    }),
+        out[pos].extent = New::is_static ? ir_extent<New>() : out[pos].extent, ++pos),
+       ...);
+      Node n = detail::unary_node(t, Op::view, std::move(out));
+      return tensor<typename T::dtype, N, typename T::trait_type>(g, g.add(std::move(n)));
+    }
+  }
+}
+
+/// chunk<QKV, 3, Model>(x): cut axis `From` into K equal parts, each renamed `Into` — the fused
+/// QKV projection's output split in three.
+template <template <auto> class From, int K, template <auto> class Into, class T>
+auto chunk(const T& t) {
+  using L = typename T::axis_list;
+  if constexpr (!has_family<L, From>) {
+    return fail<fixed_string("chunk: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
+                "`; fix: chunk an axis the tensor has">();
+  } else {
+    using A = find_family<L, From>;
+    if constexpr (A::is_static && A::extent % K != 0) {
+      return fail<fixed_string("chunk: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
+                  number<K>() + "; fix: chunk into a number of parts that divides it">();
+    } else {
+      using P = std::conditional_t<A::is_static, Into<A::extent / K>, Into<dyn>>;
+      using Out = tensor<typename T::dtype, detail::replace_t<L, A, axes<P>>, trait::plain>;
+      Graph& g = t.graph();
+      const Extent part = ir_axis(t.node(), A::name).extent.divided(K);
+      if (part.is_dynamic())
+        g.require(Constraint{Constraint::Kind::divisible, ir_axis(t.node(), A::name).extent, Extent::fixed(K),
+                             "chunk: `" + std::string(A::name) + "` ({a}) is not divisible by {b}"});
+      std::array<Out, K> parts = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        auto one = [&](std::size_t i) {
+          Node n = detail::unary_node(t, Op::slice,
+                                      detail::ir_replace(t.node().axes, A::name, {Axis{std::string(P::name), part}}));
+          n.attr_axes = {std::string(A::name), std::string(P::name)};
+          n.offset = static_cast<std::int64_t>(i);  // in units of the part's extent
+          return Out(g, g.add(std::move(n)));
+        };
+        return std::array<Out, K>{one(I)...};
+      }(std::make_index_sequence<K>{});
+      return parts;
+    }
+  }
+}
+
+/// concat<HeadDim, Model>(heads): join tensors of one type along `Along`, renaming it `Into`
+/// (heads-as-modules: H outputs of [Batch, Seq, HeadDim<D>] -> [Batch, Seq, Model<H*D>]).
+template <template <auto> class Along, template <auto> class Into, TensorType T, std::size_t N>
+auto concat(const std::array<T, N>& parts) {
+  using L = typename T::axis_list;
+  if constexpr (!has_family<L, Along>) {
+    return fail<fixed_string("concat: parts ") + axes_fs<L>() + " have no axis `" + family_name_fs<Along> +
+                "`; fix: concatenate along an axis the parts have">();
+  } else {
+    using A = find_family<L, Along>;
+    using M = std::conditional_t<A::is_static, Into<A::extent * static_cast<std::int64_t>(N)>, Into<dyn>>;
+    using Out = detail::replace_t<L, A, axes<M>>;
+    Graph& g = parts[0].graph();
+    Node n = detail::unary_node(parts[0], Op::concat,
+                                detail::ir_replace(parts[0].node().axes, A::name,
+                                                   {Axis{std::string(M::name), ir_axis(parts[0].node(), A::name).extent.times(N)}}));
+    n.inputs.clear();
+    for (const auto& p : parts) n.inputs.push_back(p.id());
+    n.attr_axes = {std::string(A::name), std::string(M::name)};
+    return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,124 @@
+// qkv/dsl/params.hpp — parameter groups named as PyTorch names them (`<prefix>.weight`,
+// `<prefix>.bias`), and the ops that use them: linear and layer_norm.
+#pragma once
+
+#include <qkv/dsl/ops_math.hpp>
+
+namespace qkv {
+
+/// A linear map In -> Out: weight [out, in] (PyTorch's layout) and an optional bias [out].
+template <AxisType In, AxisType Out>
+struct Linear {
+  using in_axis = In;
+  using out_axis = Out;
+  Graph* graph = nullptr;
+  int weight = -1;
+  int bias = -1;  // -1: no bias
+  std::string prefix;
+};
+
+/// Declares the parameters of a linear layer: `<prefix>.weight` and, if `bias`, `<prefix>.bias`.
+template <AxisType In, AxisType Out>
+Linear<In, Out> linear_params(Graph& g, std::string prefix, bool bias = true) {
+  Linear<In, Out> l{&g, -1, -1, prefix};
+  Node w;
+  w.op = Op::param;
+  w.name = prefix + ".weight";
+  w.axes = {Axis{"out", ir_extent<Out>()}, Axis{"in", ir_extent<In>()}};
+  l.weight = g.add(std::move(w));
+  if (bias) {
+    Node b;
+    b.op = Op::param;
+    b.name = prefix + ".bias";
+    b.axes = {Axis{"out", ir_extent<Out>()}};
+    l.bias = g.add(std::move(b));
+  }
+  return l;
+}
+
+/// linear(x, W): x's axis named like In becomes Out (x·Wᵀ + b, as torch.nn.Linear).
+template <class T, class In, class Out>
+auto linear(const T& x, const Linear<In, Out>& w) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_axis_named<L, In>) {
+      return fail<fixed_string("linear: x ") + axes_fs<L>() + " has no axis `" + In::name_fs +
+                  "` for the projection's input; fix: rename or merge the features into `" + In::name_fs + "`">();
+    } else if constexpr (find_named<L, In>::is_static && In::is_static && find_named<L, In>::extent != In::extent) {
+      using X = find_named<L, In>;
+      return fail<fixed_string("linear: `") + In::name_fs + "` of x (" + number<X::extent>() +
+                  ") must equal the projection's input width (" + number<In::extent>() +
+                  "); fix: the features entering a projection (e.g. heads x d_v into W_o) must match its weight">();
+    } else {
+      Graph& g = x.graph();
+      const Extent have = ir_axis(x.node(), In::name).extent;
+      defer_equal(g, have, ir_extent<In>(), [](auto a, auto b) {
+        return fixed_string("linear: `") + In::name_fs + "` of x (" + a + ") must equal the projection's input width (" + b +
+               "); fix: the features entering a projection must match its weight";
+      });
+      Node n;
+      n.op = Op::linear;
+      n.inputs = {x.id(), w.weight};
+      if (w.bias >= 0) n.inputs.push_back(w.bias);
+      n.axes = detail::ir_replace(x.node().axes, In::name, {Axis{std::string(Out::name), ir_extent<Out>()}});
+      n.attr_axes = {std::string(In::name), std::string(Out::name)};
+      n.name = w.prefix;
+      using OutL = detail::replace_t<L, find_named<L, In>, axes<Out>>;
+      return detail::make<typename T::dtype, OutL, trait::plain>(g, std::move(n));
+    }
+  }
+}
+
+/// Layer norm over one axis with learned gain and shift (`<prefix>.weight`, `<prefix>.bias`).
+template <AxisType Over>
+struct LayerNorm {
+  Graph* graph = nullptr;
+  int gamma = -1;
+  int beta = -1;
+  double eps = 1e-5;
+  std::string prefix;
+};
+
+template <AxisType Over>
+LayerNorm<Over> layer_norm_params(Graph& g, std::string prefix, double eps = 1e-5) {
+  LayerNorm<Over> ln{&g, -1, -1, eps, prefix};
+  for (auto [which, id] : {std::pair<const char*, int*>{".weight", &ln.gamma}, {".bias", &ln.beta}}) {
+    Node p;
+    p.op = Op::param;
+    p.name = prefix + which;
+    p.axes = {Axis{std::string(Over::name), ir_extent<Over>()}};
+    *id = g.add(std::move(p));
+  }
+  return ln;
+}
+
+template <class T, class Over>
+auto layer_norm(const T& x, const LayerNorm<Over>& ln) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_axis_named<L, Over>) {
+      return fail<fixed_string("layer_norm: x ") + axes_fs<L>() + " has no axis `" + Over::name_fs +
+                  "`; fix: normalise over the feature axis">();
+    } else if constexpr (find_named<L, Over>::is_static && Over::is_static && find_named<L, Over>::extent != Over::extent) {
+      using X = find_named<L, Over>;
+      return fail<fixed_string("layer_norm: `") + Over::name_fs + "` of x (" + number<X::extent>() +
+                  ") must equal the norm's width (" + number<Over::extent>() + "); fix: size the norm like the features">();
+    } else {
+      Graph& g = x.graph();
+      Node n;
+      n.op = Op::layer_norm;
+      n.inputs = {x.id(), ln.gamma, ln.beta};
+      n.axes = x.node().axes;
+      n.attr_axes = {std::string(Over::name)};
+      n.scalar = ln.eps;
+      n.name = ln.prefix;
+      return detail::make<typename T::dtype, L, trait::plain>(g, std::move(n));
+    }
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,73 @@
+// qkv/ir/extent.hpp — axis extents in the Graph IR: static numbers or symbolic sizes bound at run time.
+//
+// Plain data, no templates over axes: codegen and the runtime read these without Boost.Hana.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace qkv {
+
+/// A shape check that failed once the dynamic extents were bound to concrete sizes. It carries
+/// the same message the compile-time check would have printed, with the bound sizes filled in.
+class ShapeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Concrete sizes for the symbolic extents of a graph, by symbol name (e.g. {"Seq", 128}).
+using Bindings = std::map<std::string, std::int64_t, std::less<>>;
+
+/// An extent is either static (`value`) or symbolic: `symbol * num / den` with the symbol bound
+/// at run time (splitting a dynamic axis into a static factor gives `Seq * 1 / 4`, merging gives
+/// `Seq * 4 / 1`). Only extents derived from one symbol are representable; that is all the DSL
+/// produces.
+struct Extent {
+  std::int64_t value = 0;  // the size when static
+  std::string symbol;      // non-empty when dynamic
+  std::int64_t num = 1;
+  std::int64_t den = 1;
+
+  static Extent fixed(std::int64_t v) { return Extent{v, {}, 1, 1}; }
+  static Extent dynamic(std::string sym) { return Extent{0, std::move(sym), 1, 1}; }
+
+  [[nodiscard]] bool is_static() const { return symbol.empty(); }
+  [[nodiscard]] bool is_dynamic() const { return !symbol.empty(); }
+
+  /// The concrete size under `b`; nullopt if the symbol is unbound.
+  [[nodiscard]] std::optional<std::int64_t> resolve(const Bindings& b) const {
+    if (is_static()) return value;
+    auto it = b.find(symbol);
+    if (it == b.end()) return std::nullopt;
+    return it->second * num / den;
+  }
+
+  /// "16" for static extents, "Seq?" / "Seq?/4" / "Seq?*4" for dynamic ones: the question mark
+  /// keeps run-time sizes visibly apart from compile-time ones.
+  [[nodiscard]] std::string str() const {
+    if (is_static()) return std::to_string(value);
+    std::string s = symbol + "?";
+    if (num != 1) s += "*" + std::to_string(num);
+    if (den != 1) s += "/" + std::to_string(den);
+    return s;
+  }
+
+  [[nodiscard]] Extent times(std::int64_t k) const {
+    Extent e = *this;
+    if (is_static()) e.value *= k; else e.num *= k;
+    return e;
+  }
+  [[nodiscard]] Extent divided(std::int64_t k) const {
+    Extent e = *this;
+    if (is_static()) e.value /= k; else e.den *= k;
+    return e;
+  }
+
+  friend bool operator==(const Extent&, const Extent&) = default;
+};
+
+}  // namespace qkv

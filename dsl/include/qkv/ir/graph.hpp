@@ -1,0 +1,248 @@
+// qkv/ir/graph.hpp — the Graph IR: the one contract between the DSL, the reference interpreter
+// and the code generators.
+//
+// A Graph is plain data: a list of nodes in topological order (every input of a node precedes
+// it), each with its op, the ids of its inputs, its output's named axes with extents, its dtype
+// and the op's attributes. It prints as a shape table, hashes (codegen caches on it) and
+// compares. Deferred shape checks (those that involve a dynamic extent) are stored with the
+// graph as constraints and evaluated by bind().
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <qkv/ir/dtype.hpp>
+#include <qkv/ir/extent.hpp>
+
+namespace qkv {
+
+struct Axis {
+  std::string name;
+  Extent extent;
+  friend bool operator==(const Axis&, const Axis&) = default;
+};
+
+/// Every op a DSL program can contain. Attributes used by each op are listed beside it.
+enum class Op : std::uint8_t {
+  input,       // a tensor fed at run time                          (name)
+  param,       // a weight / bias                                    (name)
+  contract,    // sum over `axes` of lhs*rhs, by-name batch dims     (axes)
+  add,         // elementwise, by-name broadcast of rhs into lhs
+  mul,         // elementwise, by-name broadcast of rhs into lhs
+  scale,       // x * scalar, or x / sqrt(extent of `axes[0]`) when axes is non-empty
+  split,       // axes[0] of the input -> the output's axes named in axes[1..]
+  merge,       // axes[0..n-1] (adjacent) -> axes[n]
+  permute,     // reorder; output axes give the order
+  rename,      // axes[0] -> axes[1]; data untouched
+  view,        // reinterpret extents, names and order unchanged
+  softmax,     // over axes[0], numerically stable; rows with no visible key -> 0
+  keep_mask,   // inputs (x, bool mask): masked-out entries excluded from the softmax  (mask_kind)
+  bias,        // inputs (x, float bias): x + bias, by-name broadcast
+  causal,      // keep q >= k (top-left) or q + S - L >= k (bottom-right); axes = {query, key}
+  dropout,     // keep with prob 1-p, rescale 1/(1-p); counter-based RNG keyed by seed  (scalar, seed)
+  concat,      // along axes[0]
+  layer_norm,  // inputs (x, gamma, beta) over axes[0], eps = scalar
+  relu,
+  gelu,        // exact (erf) form, as torch.nn.functional.gelu's default
+  linear,      // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
+  slice,       // attr_axes[0]: take [offset, offset + extent) of it
+};
+
+inline std::string_view op_name(Op op) {
+  switch (op) {
+    case Op::input: return "input";
+    case Op::param: return "param";
+    case Op::contract: return "contract";
+    case Op::add: return "add";
+    case Op::mul: return "mul";
+    case Op::scale: return "scale";
+    case Op::split: return "split";
+    case Op::merge: return "merge";
+    case Op::permute: return "permute";
+    case Op::rename: return "rename";
+    case Op::view: return "view";
+    case Op::softmax: return "softmax";
+    case Op::keep_mask: return "keep_mask";
+    case Op::bias: return "bias";
+    case Op::causal: return "causal";
+    case Op::dropout: return "dropout";
+    case Op::concat: return "concat";
+    case Op::layer_norm: return "layer_norm";
+    case Op::relu: return "relu";
+    case Op::gelu: return "gelu";
+    case Op::linear: return "linear";
+    case Op::slice: return "slice";
+  }
+  return "?";
+}
+
+enum class CausalAlign : std::uint8_t { top_left, bottom_right };
+enum class MaskKind : std::uint8_t { keep, key_padding, attention };
+
+struct Node {
+  Op op = Op::input;
+  std::string name;              // inputs/params: the name to feed; others: optional label
+  std::vector<int> inputs;       // node ids, all smaller than this node's id
+  std::vector<Axis> axes;        // the output's axes, in layout order (last = contiguous)
+  DType dtype = DType::f32;
+  // attributes (meaning per op in the enum above)
+  std::vector<std::string> attr_axes;
+  double scalar = 0.0;
+  std::uint64_t seed = 0;
+  CausalAlign align = CausalAlign::top_left;
+  MaskKind mask = MaskKind::keep;
+  std::int64_t offset = 0;  // slice: first index along attr_axes[0]
+
+  friend bool operator==(const Node&, const Node&) = default;
+};
+
+/// A check the DSL could not decide at compile time because an extent is dynamic. `message`
+/// is the compile-time diagnostic with `{a}` and `{b}` standing for the two sizes.
+struct Constraint {
+  enum class Kind : std::uint8_t { equal, divisible } kind = Kind::equal;
+  Extent a, b;  // equal: a == b; divisible: a % b == 0
+  std::string message;
+  friend bool operator==(const Constraint&, const Constraint&) = default;
+};
+
+class Graph {
+ public:
+  /// Appends a node and returns its id.
+  int add(Node n) {
+    nodes_.push_back(std::move(n));
+    return static_cast<int>(nodes_.size()) - 1;
+  }
+  /// Marks node `id` as a graph output under `name` (e.g. "out", "weights").
+  void mark_output(int id, std::string name) { outputs_.push_back({id, std::move(name)}); }
+  void require(Constraint c) {
+    for (const auto& existing : constraints_)
+      if (existing == c) return;
+    constraints_.push_back(std::move(c));
+  }
+
+  struct Output {
+    int node;
+    std::string name;
+    friend bool operator==(const Output&, const Output&) = default;
+  };
+
+  [[nodiscard]] const std::vector<Node>& nodes() const { return nodes_; }
+  [[nodiscard]] const Node& node(int id) const { return nodes_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] const std::vector<Output>& outputs() const { return outputs_; }
+  [[nodiscard]] const std::vector<Constraint>& constraints() const { return constraints_; }
+  [[nodiscard]] std::size_t size() const { return nodes_.size(); }
+
+  /// Evaluates every deferred shape check under `b`; throws ShapeError with the check's message
+  /// (sizes filled in) on the first that fails, or when a symbol the check needs is unbound.
+  void check(const Bindings& b) const;
+
+  /// The shape table: one line per node with op, inputs and output axes with sizes.
+  [[nodiscard]] std::string table() const;
+
+  /// A stable 64-bit hash of the whole graph (FNV-1a over a canonical serialisation).
+  [[nodiscard]] std::uint64_t hash() const;
+
+  friend bool operator==(const Graph&, const Graph&) = default;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Output> outputs_;
+  std::vector<Constraint> constraints_;
+};
+
+/// "[Batch=2, Seq=Seq?, Model=16]"
+inline std::string axes_str(const std::vector<Axis>& axes) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    if (i) s += ", ";
+    s += axes[i].name + "=" + axes[i].extent.str();
+  }
+  return s + "]";
+}
+
+inline std::string fill_sizes(std::string msg, std::int64_t a, std::int64_t b) {
+  for (auto [key, v] : {std::pair<std::string_view, std::int64_t>{"{a}", a}, {"{b}", b}}) {
+    for (auto pos = msg.find(key); pos != std::string::npos; pos = msg.find(key, pos))
+      msg.replace(pos, key.size(), std::to_string(v));
+  }
+  return msg;
+}
+
+inline void Graph::check(const Bindings& b) const {
+  for (const auto& c : constraints_) {
+    auto a = c.a.resolve(b), d = c.b.resolve(b);
+    if (!a || !d) {
+      const auto& missing = !a ? c.a.symbol : c.b.symbol;
+      throw ShapeError("bind: no size given for the dynamic extent '" + missing + "' (needed by: " +
+                       c.message + ")");
+    }
+    bool ok = c.kind == Constraint::Kind::equal ? *a == *d : (*d != 0 && *a % *d == 0);
+    if (!ok) throw ShapeError(fill_sizes(c.message, *a, *d));
+  }
+}
+
+inline std::string Graph::table() const {
+  std::ostringstream os;
+  std::vector<std::string> ops, ins;
+  std::size_t w_op = 2, w_in = 6;
+  for (const auto& n : nodes_) {
+    std::string op(op_name(n.op));
+    if (!n.name.empty()) op += " " + n.name;
+    if (!n.attr_axes.empty() && n.op != Op::input && n.op != Op::param) {
+      op += "<";
+      for (std::size_t i = 0; i < n.attr_axes.size(); ++i) op += (i ? "," : "") + n.attr_axes[i];
+      op += ">";
+    }
+    std::string in;
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) in += (i ? ", %" : "%") + std::to_string(n.inputs[i]);
+    if (in.empty()) in = "-";
+    w_op = std::max(w_op, op.size());
+    w_in = std::max(w_in, in.size());
+    ops.push_back(std::move(op));
+    ins.push_back(std::move(in));
+  }
+  auto pad = [](std::string s, std::size_t w) { s.resize(std::max(w, s.size()), ' '); return s; };
+  os << pad("%", 4) << pad("op", w_op + 2) << pad("inputs", w_in + 2) << "output\n";
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    os << pad("%" + std::to_string(i), 4) << pad(ops[i], w_op + 2) << pad(ins[i], w_in + 2)
+       << axes_str(nodes_[i].axes) << " " << dtype_name(nodes_[i].dtype) << "\n";
+  }
+  for (const auto& o : outputs_) os << "output " << o.name << " = %" << o.node << "\n";
+  return os.str();
+}
+
+inline std::uint64_t Graph::hash() const {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix_bytes = [&h](const void* p, std::size_t n) {
+    auto c = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) { h ^= c[i]; h *= 1099511628211ull; }
+  };
+  auto mix_str = [&](const std::string& s) { std::uint64_t n = s.size(); mix_bytes(&n, sizeof n); mix_bytes(s.data(), s.size()); };
+  auto mix_i = [&](std::int64_t v) { mix_bytes(&v, sizeof v); };
+  auto mix_extent = [&](const Extent& e) { mix_i(e.value); mix_str(e.symbol); mix_i(e.num); mix_i(e.den); };
+  for (const auto& n : nodes_) {
+    mix_i(static_cast<std::int64_t>(n.op));
+    mix_str(n.name);
+    mix_i(static_cast<std::int64_t>(n.inputs.size()));
+    for (int i : n.inputs) mix_i(i);
+    mix_i(static_cast<std::int64_t>(n.axes.size()));
+    for (const auto& a : n.axes) { mix_str(a.name); mix_extent(a.extent); }
+    mix_i(static_cast<std::int64_t>(n.dtype));
+    mix_i(static_cast<std::int64_t>(n.attr_axes.size()));
+    for (const auto& a : n.attr_axes) mix_str(a);
+    mix_bytes(&n.scalar, sizeof n.scalar);
+    mix_i(static_cast<std::int64_t>(n.seed));
+    mix_i(static_cast<std::int64_t>(n.align));
+    mix_i(static_cast<std::int64_t>(n.mask));
+    mix_i(n.offset);
+  }
+  for (const auto& o : outputs_) { mix_i(o.node); mix_str(o.name); }
+  for (const auto& c : constraints_) { mix_i(static_cast<std::int64_t>(c.kind)); mix_extent(c.a); mix_extent(c.b); mix_str(c.message); }
+  return h;
+}
+
+}  // namespace qkv

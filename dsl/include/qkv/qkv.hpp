@@ -1,0 +1,9 @@
+// qkv/qkv.hpp — everything a model needs: axes, tensors, ops, parameters, building blocks.
+#pragma once
+
+#include <qkv/dsl/axis.hpp>
+#include <qkv/dsl/ops_math.hpp>
+#include <qkv/dsl/ops_structure.hpp>
+#include <qkv/dsl/params.hpp>
+#include <qkv/dsl/tensor.hpp>
+#include <qkv/ir/graph.hpp>

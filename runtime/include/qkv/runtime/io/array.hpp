@@ -1,0 +1,219 @@
+// qkv/runtime/io/array.hpp — an owning n-dimensional array of bytes plus a dtype and shape; the
+// in-memory form of every tensor the file readers (npy, safetensors) produce and the writers take.
+//
+// Layout contract: `bytes` holds numel() elements of `dtype` in C (row-major) order, in the host's
+// native byte order, which qkv requires to be little-endian (checked below). Boolean elements are
+// the bytes 0 and 1 only; the readers normalise any non-zero byte to 1.
+#pragma once
+
+#include <qkv/ir/dtype.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+static_assert(std::endian::native == std::endian::little,
+              "qkv's tensor I/O assumes a little-endian host");
+
+namespace qkv {
+
+/// Any failure to read, parse, validate or write a tensor file. what() always starts with the file
+/// name (or the caller-supplied `what` for in-memory parsing) followed by ": " and the problem.
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Python-style rendering of a shape, as numpy prints it: "()", "(3,)", "(2, 3)".
+inline std::string shape_to_string(std::span<const std::int64_t> shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+/// Number of bytes an array of `shape` and `dtype` occupies. Throws IoError (prefixed by `what`)
+/// if a dimension is negative, or if the product of the non-zero dimensions times the item size
+/// does not fit in int64 — so numel() of an accepted shape can never overflow, in any order.
+inline std::size_t checked_nbytes(std::span<const std::int64_t> shape, DType dtype,
+                                  std::string_view what) {
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  std::uint64_t nonzero_product = dtype_size(dtype);
+  bool has_zero = false;
+  for (std::int64_t d : shape) {
+    if (d < 0)
+      throw IoError(std::string(what) + ": negative dimension " + std::to_string(d) + " in shape " +
+                    shape_to_string(shape));
+    if (d == 0) {
+      has_zero = true;
+      continue;
+    }
+    if (nonzero_product > kMax / static_cast<std::uint64_t>(d))
+      throw IoError(std::string(what) + ": shape " + shape_to_string(shape) +
+                    " is too large (element count times item size overflows)");
+    nonzero_product *= static_cast<std::uint64_t>(d);
+  }
+  return has_zero ? 0 : static_cast<std::size_t>(nonzero_product);
+}
+
+namespace detail {
+/// True if a span of T may view elements of dtype `t` (see NdArray::as).
+template <class T>
+constexpr bool dtype_matches(DType t) {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return t == DType::f32;
+  else if constexpr (std::is_same_v<U, double>) return t == DType::f64;
+  else if constexpr (std::is_same_v<U, bool> || std::is_same_v<U, std::uint8_t>)
+    return t == DType::boolean;
+  else if constexpr (std::is_same_v<U, std::int32_t>) return t == DType::i32;
+  else if constexpr (std::is_same_v<U, std::int64_t>) return t == DType::i64;
+  else if constexpr (std::is_same_v<U, std::uint16_t>) return t == DType::f16 || t == DType::bf16;
+  else return false;
+}
+
+template <class T>
+constexpr std::string_view ctype_name() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return "float";
+  else if constexpr (std::is_same_v<U, double>) return "double";
+  else if constexpr (std::is_same_v<U, bool>) return "bool";
+  else if constexpr (std::is_same_v<U, std::uint8_t>) return "uint8_t";
+  else if constexpr (std::is_same_v<U, std::int32_t>) return "int32_t";
+  else if constexpr (std::is_same_v<U, std::int64_t>) return "int64_t";
+  else if constexpr (std::is_same_v<U, std::uint16_t>) return "uint16_t";
+  else return "unsupported type";
+}
+
+template <class T>
+T load_unaligned(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+}  // namespace detail
+
+/// IEEE 754 binary16 bits → float. Exact for every input (normals, subnormals, ±0, ±inf, NaN with
+/// its payload kept in the top mantissa bits).
+inline float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu;
+  const std::uint32_t mant = h & 0x3FFu;
+  if (exp == 0) {  // zero or subnormal: mant × 2^-24
+    const float mag = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -mag : mag;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));  // inf / NaN
+  return std::bit_cast<float>(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+}
+
+/// bfloat16 bits → float (bf16 is the top half of an f32, so this is exact).
+inline float bf16_to_f32(std::uint16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+struct NdArray {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;  ///< {} is a scalar (one element)
+  std::vector<std::byte> bytes;     ///< C-order, little-endian (= native), numel()*dtype_size bytes
+
+  /// Product of the dimensions; 1 for a scalar, 0 if any dimension is 0.
+  [[nodiscard]] std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
+
+  /// An array of the given shape with every byte zero (0.0, false, 0). Throws IoError on a
+  /// negative or overflowing shape.
+  static NdArray zeros(DType dtype, std::vector<std::int64_t> shape) {
+    const std::size_t n = checked_nbytes(shape, dtype, "NdArray::zeros");
+    return NdArray{dtype, std::move(shape), std::vector<std::byte>(n)};
+  }
+
+  /// Typed view of the elements. T must match the dtype: float↔f32, double↔f64,
+  /// bool/uint8_t↔boolean, int32_t↔i32, int64_t↔i64, uint16_t↔f16/bf16 (raw bits).
+  /// Throws IoError otherwise. The span is invalidated by anything that reallocates `bytes`.
+  template <class T>
+  [[nodiscard]] std::span<T> as() {
+    check_view<T>();
+    return {reinterpret_cast<T*>(bytes.data()), bytes.size() / sizeof(T)};
+  }
+  template <class T>
+  [[nodiscard]] std::span<const T> as() const {
+    check_view<T>();
+    return {reinterpret_cast<const T*>(bytes.data()), bytes.size() / sizeof(T)};
+  }
+
+  /// Every element converted to float: f16/bf16 decoded exactly, f64 rounded (overflow → ±inf),
+  /// integers rounded to nearest float, booleans → 0.0 / 1.0.
+  [[nodiscard]] std::vector<float> to_f32() const {
+    const std::size_t isz = dtype_size(dtype);
+    const std::size_t n = isz ? bytes.size() / isz : 0;
+    std::vector<float> out(n);
+    const std::byte* p = bytes.data();
+    for (std::size_t i = 0; i < n; ++i, p += isz) {
+      switch (dtype) {
+        case DType::f32: out[i] = detail::load_unaligned<float>(p); break;
+        case DType::f64: {
+          const double d = detail::load_unaligned<double>(p);
+          constexpr double kFltMax = std::numeric_limits<float>::max();
+          if (std::isfinite(d) && std::fabs(d) > kFltMax)  // avoid an out-of-range conversion
+            out[i] = d > 0 ? std::numeric_limits<float>::infinity()
+                           : -std::numeric_limits<float>::infinity();
+          else
+            out[i] = static_cast<float>(d);
+          break;
+        }
+        case DType::f16: out[i] = f16_to_f32(detail::load_unaligned<std::uint16_t>(p)); break;
+        case DType::bf16: out[i] = bf16_to_f32(detail::load_unaligned<std::uint16_t>(p)); break;
+        case DType::boolean: out[i] = std::to_integer<unsigned>(*p) != 0 ? 1.0f : 0.0f; break;
+        case DType::i32: out[i] = static_cast<float>(detail::load_unaligned<std::int32_t>(p)); break;
+        case DType::i64: out[i] = static_cast<float>(detail::load_unaligned<std::int64_t>(p)); break;
+      }
+    }
+    return out;
+  }
+
+  /// An f32 array holding `values`; throws IoError if values.size() != product of `shape`.
+  static NdArray from_f32(std::vector<float> values, std::vector<std::int64_t> shape) {
+    const std::size_t n = checked_nbytes(shape, DType::f32, "NdArray::from_f32");
+    if (n != values.size() * sizeof(float))
+      throw IoError("NdArray::from_f32: shape " + shape_to_string(shape) + " needs " +
+                    std::to_string(n / sizeof(float)) + " values, got " +
+                    std::to_string(values.size()));
+    NdArray a{DType::f32, std::move(shape), std::vector<std::byte>(n)};
+    if (n) std::memcpy(a.bytes.data(), values.data(), n);
+    return a;
+  }
+
+  friend bool operator==(const NdArray&, const NdArray&) = default;  // bytewise, NaN == same NaN
+
+ private:
+  template <class T>
+  void check_view() const {
+    if (!detail::dtype_matches<T>(dtype))
+      throw IoError("NdArray::as<" + std::string(detail::ctype_name<T>()) + ">: array dtype is " +
+                    std::string(dtype_name(dtype)));
+  }
+};
+
+/// Writes `data` to `path` atomically: a temporary file is created in the same directory, written,
+/// fsync'ed and renamed over `path`. On failure the temporary is removed, `path` is untouched and
+/// IoError is thrown. (Defined in runtime/src/io/npy.cpp; shared by all writers.)
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
+
+}  // namespace qkv

@@ -1,0 +1,40 @@
+// qkv/runtime/io/npy.hpp — numpy's .npy format (one array per file).
+//
+// Reading accepts format versions 1.0, 2.0 and 3.0; dtype descrs f4 f8 f2 b1 i4 i8 in either byte
+// order ('<', '>', '=' or '|' for one-byte types — big-endian data is byte-swapped on read);
+// fortran_order True (transposed to C order on read); any shape including () scalars. The header
+// dict is parsed by a small strict parser for the Python-literal dict numpy writes: exactly the keys
+// 'descr', 'fortran_order', 'shape' (any order, trailing comma allowed), strings without escapes,
+// True/False, and a tuple of non-negative integers (a 1-tuple needs its trailing comma, as in
+// Python; Python 2's "3L" suffix is accepted). Boolean bytes other than 0 are normalised to 1.
+//
+// Writing produces version 1.0 (2.0 only if the header exceeds 65535 bytes), little-endian,
+// C order, header padded with spaces and a final '\n' so the data starts at a multiple of 64.
+// bf16 has no numpy dtype and is rejected by the writer.
+//
+// Every error is an IoError whose message starts with the file name (or `what`).
+#pragma once
+
+#include <qkv/runtime/io/array.hpp>
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace qkv {
+
+/// Reads and parses the whole file.
+NdArray read_npy(const std::filesystem::path& path);
+
+/// Parses an in-memory .npy image; `what` names it in error messages.
+NdArray parse_npy(std::span<const std::byte> data, std::string_view what);
+
+/// Serialises `array` (validated: bytes.size() must match shape × itemsize) to an .npy image.
+std::vector<std::byte> serialize_npy(const NdArray& array);
+
+/// serialize_npy + write_file_atomic (temporary file in the same directory, then rename).
+void write_npy(const std::filesystem::path& path, const NdArray& array);
+
+}  // namespace qkv

@@ -1,0 +1,365 @@
+// safetensors.cpp — reading (mmap or in-memory) and writing of safetensors files; see
+// qkv/runtime/io/safetensors.hpp for the format and the validation performed.
+#include <qkv/runtime/io/safetensors.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace qkv {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::uint64_t kMaxHeader = 100'000'000;  // same limit as the reference implementation
+
+[[noreturn]] void fail(std::string_view what, const std::string& problem) {
+  throw IoError(std::string(what) + ": " + problem);
+}
+
+// safetensors dtype names of the supported types.
+constexpr std::pair<std::string_view, DType> kDTypes[] = {
+    {"F32", DType::f32},     {"F64", DType::f64}, {"F16", DType::f16}, {"BF16", DType::bf16},
+    {"BOOL", DType::boolean}, {"I32", DType::i32}, {"I64", DType::i64},
+};
+
+std::optional<DType> dtype_from_name(std::string_view s) {
+  for (const auto& [name, t] : kDTypes)
+    if (name == s) return t;
+  return std::nullopt;
+}
+
+std::string_view name_of(DType t) {
+  for (const auto& [name, u] : kDTypes)
+    if (u == t) return name;
+  return "?";
+}
+
+// Parses the header JSON, rejecting duplicate keys in any object (nlohmann itself would silently
+// keep the last one). `depth_of_dup` is 1 for a duplicate at the top level, i.e. a tensor name.
+json parse_header(std::string_view text, std::string_view what) {
+  std::vector<std::set<std::string>> open_objects;  // keys seen in each object being parsed
+  std::optional<std::string> dup;
+  std::size_t dup_depth = 0;
+  const json::parser_callback_t on_event = [&](int, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!dup && !open_objects.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second) {
+          dup = parsed.get<std::string>();
+          dup_depth = open_objects.size();
+        }
+        break;
+      default: break;
+    }
+    return true;  // keep everything
+  };
+  json header;
+  try {
+    header = json::parse(text.begin(), text.end(), on_event);
+  } catch (const json::exception& e) {
+    fail(what, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (dup) {
+    if (dup_depth == 1) fail(what, "duplicate tensor name '" + *dup + "' in the header");
+    fail(what, "duplicate key '" + *dup + "' in the header");
+  }
+  if (!header.is_object()) fail(what, std::string("header is not a JSON object (it is ") +
+                                          header.type_name() + ")");
+  return header;
+}
+
+// A JSON integer that must be ≥ 0 and fit in int64.
+std::int64_t non_negative(const json& v, std::string_view what, const std::string& where) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail(what, where + " value " + std::to_string(u) + " overflows int64");
+    return static_cast<std::int64_t>(u);
+  }
+  if (v.is_number_integer()) fail(what, where + " has negative value " + v.dump());
+  fail(what, where + " must contain integers, found " + v.dump());
+}
+
+const json& member(const json& entry, const char* key, std::string_view what,
+                   const std::string& tensor) {
+  const auto it = entry.find(key);
+  if (it == entry.end()) fail(what, tensor + ": missing '" + key + "'");
+  return *it;
+}
+
+std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::string_view what) {
+  std::vector<const std::pair<const std::string, NdArray>*> order;
+  for (const auto& kv : tensors) {
+    const auto& [name, a] = kv;
+    if (name == "__metadata__") fail(what, "'__metadata__' is reserved and cannot name a tensor");
+    const std::string where = std::string(what) + ": tensor '" + name + "'";
+    const std::size_t need = checked_nbytes(a.shape, a.dtype, where);
+    if (a.bytes.size() != need)
+      fail(where, "shape " + shape_to_string(a.shape) + " needs " + std::to_string(need) +
+                      " bytes of " + std::string(dtype_name(a.dtype)) + " data, array has " +
+                      std::to_string(a.bytes.size()));
+    order.push_back(&kv);
+  }
+  // Larger item sizes first: every tensor then starts at a multiple of its own item size.
+  // (std::sort with a total order: libstdc++-12's stable_sort trips a deprecation warning in clang.)
+  std::sort(order.begin(), order.end(), [](const auto* x, const auto* y) {
+    const std::size_t sx = dtype_size(x->second.dtype), sy = dtype_size(y->second.dtype);
+    return sx != sy ? sx > sy : x->first < y->first;
+  });
+
+  json header = json::object();
+  std::uint64_t offset = 0;
+  for (const auto* kv : order) {
+    const NdArray& a = kv->second;
+    const std::uint64_t end = offset + a.bytes.size();
+    header[kv->first] = json{{"dtype", std::string(name_of(a.dtype))},
+                             {"shape", a.shape},
+                             {"data_offsets", json::array({offset, end})}};
+    offset = end;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::string text;
+  try {
+    text = header.dump();  // throws on names / metadata that are not valid UTF-8
+  } catch (const json::exception& e) {
+    fail(what, std::string("cannot encode the header: ") + e.what());
+  }
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // data section starts 8-byte aligned
+
+  std::vector<std::byte> out;
+  out.reserve(8 + text.size() + offset);
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<std::byte>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xFF));
+  for (char c : text) out.push_back(static_cast<std::byte>(c));
+  for (const auto* kv : order) out.insert(out.end(), kv->second.bytes.begin(), kv->second.bytes.end());
+  return out;
+}
+
+}  // namespace
+
+// --- SafetensorsFile -----------------------------------------------------------------------------
+
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
+  SafetensorsFile f;
+  f.what_ = path.string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(f.what_, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(f.what_, "not a regular file");
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (size < 8) {  // also avoids mmap of length 0
+    ::close(fd);
+    fail(f.what_, "file is " + std::to_string(size) +
+                      " bytes, too short for the 8-byte header length");
+  }
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int e = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (m == MAP_FAILED) fail(f.what_, std::string("mmap failed: ") + std::strerror(e));
+  f.map_ = m;
+  f.map_size_ = size;
+  f.parse();  // on error f's destructor unmaps
+  return f;
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(std::vector<std::byte> bytes, std::string what) {
+  SafetensorsFile f;
+  f.what_ = std::move(what);
+  f.owned_ = std::move(bytes);
+  f.parse();
+  return f;
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
+    : what_(std::move(other.what_)),
+      entries_(std::move(other.entries_)),
+      metadata_(std::move(other.metadata_)),
+      owned_(std::move(other.owned_)),  // moving a vector keeps its buffer, so spans stay valid
+      map_(std::exchange(other.map_, nullptr)),
+      map_size_(std::exchange(other.map_size_, 0)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    release();
+    what_ = std::move(other.what_);
+    entries_ = std::move(other.entries_);
+    metadata_ = std::move(other.metadata_);
+    owned_ = std::move(other.owned_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() { release(); }
+
+void SafetensorsFile::release() noexcept {
+  if (map_) ::munmap(map_, map_size_);
+  map_ = nullptr;
+  map_size_ = 0;
+}
+
+std::span<const std::byte> SafetensorsFile::image() const {
+  if (map_) return {static_cast<const std::byte*>(map_), map_size_};
+  return owned_;
+}
+
+void SafetensorsFile::parse() {
+  const std::span<const std::byte> img = image();
+  if (img.size() < 8)
+    fail(what_, "file is " + std::to_string(img.size()) +
+                    " bytes, too short for the 8-byte header length");
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::to_integer<std::uint64_t>(img[static_cast<std::size_t>(i)]) << (8 * i);
+  if (n > kMaxHeader)
+    fail(what_, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  if (n > img.size() - 8)
+    fail(what_, "header length " + std::to_string(n) + " exceeds the file size minus 8 (" +
+                    std::to_string(img.size() - 8) + " bytes)");
+  const std::string_view text(reinterpret_cast<const char*>(img.data() + 8),
+                              static_cast<std::size_t>(n));
+  const json header = parse_header(text, what_);
+
+  const std::size_t data_start = 8 + static_cast<std::size_t>(n);
+  const std::size_t data_size = img.size() - data_start;
+  struct Range {
+    std::uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;
+
+  for (const auto& [name, val] : header.items()) {
+    if (name == "__metadata__") {
+      if (!val.is_object())
+        fail(what_, std::string("__metadata__ must be an object of string to string, not ") +
+                        val.type_name());
+      for (const auto& [k, v] : val.items()) {
+        if (!v.is_string())
+          fail(what_, "__metadata__ value for '" + k + "' must be a string, not " + v.type_name());
+        metadata_.emplace(k, v.get<std::string>());
+      }
+      continue;
+    }
+    const std::string tensor = "tensor '" + name + "'";
+    if (!val.is_object()) fail(what_, tensor + ": entry is not a JSON object");
+
+    const json& jdtype = member(val, "dtype", what_, tensor);
+    if (!jdtype.is_string()) fail(what_, tensor + ": 'dtype' is not a string");
+    const auto dtype = dtype_from_name(jdtype.get_ref<const std::string&>());
+    if (!dtype)
+      fail(what_, tensor + ": unsupported dtype '" + jdtype.get<std::string>() +
+                      "' (supported: F32 F64 F16 BF16 BOOL I32 I64)");
+
+    const json& jshape = member(val, "shape", what_, tensor);
+    if (!jshape.is_array()) fail(what_, tensor + ": 'shape' is not an array");
+    std::vector<std::int64_t> shape;
+    shape.reserve(jshape.size());
+    for (const json& d : jshape) {
+      if (d.is_number_integer() && !d.is_number_unsigned())
+        fail(what_, tensor + ": negative dimension " + d.dump() + " in 'shape'");
+      shape.push_back(non_negative(d, what_, tensor + ": 'shape'"));
+    }
+    const std::size_t nbytes = checked_nbytes(shape, *dtype, what_ + ": " + tensor);
+
+    const json& joff = member(val, "data_offsets", what_, tensor);
+    if (!joff.is_array() || joff.size() != 2)
+      fail(what_, tensor + ": 'data_offsets' must be an array [begin, end]");
+    const auto begin = static_cast<std::uint64_t>(non_negative(joff[0], what_, tensor + ": 'data_offsets'"));
+    const auto end = static_cast<std::uint64_t>(non_negative(joff[1], what_, tensor + ": 'data_offsets'"));
+    const std::string offs = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) fail(what_, tensor + ": " + offs + " has begin > end");
+    if (end > data_size)
+      fail(what_, tensor + ": " + offs + " end is beyond the data section (" +
+                      std::to_string(data_size) + " bytes)");
+    if (end - begin != nbytes)
+      fail(what_, tensor + ": " + offs + " span " + std::to_string(end - begin) +
+                      " bytes but shape " + shape_to_string(shape) + " needs " +
+                      std::to_string(nbytes) + " bytes of " + std::string(name_of(*dtype)));
+
+    const auto [it, inserted] = entries_.emplace(
+        name, Entry{*dtype, std::move(shape), data_start + static_cast<std::size_t>(begin),
+                    data_start + static_cast<std::size_t>(end)});
+    if (!inserted) fail(what_, "duplicate tensor name '" + name + "'");  // unreachable: see parse_header
+    ranges.push_back({begin, end, &it->first});
+  }
+
+  // Overlaps: sorted by begin, each range must start at or after the furthest end seen so far.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Range* furthest = nullptr;
+  for (const Range& r : ranges) {
+    if (furthest && r.begin < furthest->end)
+      fail(what_, "tensors '" + *furthest->name + "' [" + std::to_string(furthest->begin) + ", " +
+                      std::to_string(furthest->end) + "] and '" + *r.name + "' [" +
+                      std::to_string(r.begin) + ", " + std::to_string(r.end) + "] overlap");
+    if (!furthest || r.end > furthest->end) furthest = &r;
+  }
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& kv : entries_) out.push_back(kv.first);
+  return out;
+}
+
+bool SafetensorsFile::contains(std::string_view name) const {
+  return entries_.find(name) != entries_.end();
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(std::string_view name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) fail(what_, "no tensor named '" + std::string(name) + "'");
+  return it->second;
+}
+
+TensorView SafetensorsFile::get(std::string_view name) const {
+  const Entry& e = entry(name);
+  return {e.dtype, e.shape, image().subspan(e.begin, e.end - e.begin)};
+}
+
+NdArray SafetensorsFile::load(std::string_view name) const {
+  const TensorView v = get(name);
+  NdArray a{v.dtype, v.shape, std::vector<std::byte>(v.data.begin(), v.data.end())};
+  if (a.dtype == DType::boolean)
+    for (std::byte& b : a.bytes) b = b != std::byte{0} ? std::byte{1} : std::byte{0};
+  return a;
+}
+
+// --- writing -------------------------------------------------------------------------------------
+
+std::vector<std::byte> serialize_safetensors(const std::map<std::string, NdArray>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  return serialize_impl(tensors, metadata, "serialize_safetensors");
+}
+
+void write_safetensors(const std::filesystem::path& path,
+                       const std::map<std::string, NdArray>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  write_file_atomic(path, serialize_impl(tensors, metadata, path.string()));
+}
+
+}  // namespace qkv
