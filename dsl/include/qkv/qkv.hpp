@@ -7,3 +7,5 @@
 #include <qkv/dsl/params.hpp>
 #include <qkv/dsl/tensor.hpp>
 #include <qkv/ir/graph.hpp>
+#include <qkv/nn/attention.hpp>
+#include <qkv/nn/transformer.hpp>

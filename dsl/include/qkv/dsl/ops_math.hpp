@@ -320,8 +320,8 @@ auto causal(const T& t, Align = {}) {
       using XK = find_family<L, K>;
       auto text = [](auto a, auto b) {
         return fixed_string("causal: `") + XQ::name_fs + "` (" + a + ") != `" + XK::name_fs + "` (" + b +
-               "), so the mask's alignment matters; fix: causal<" + XQ::name_fs + ", " + XK::name_fs +
-               ">(s, top_left) as PyTorch's is_causal, or bottom_right as FlashAttention";
+               "), so the alignment of the mask matters; fix: causal<" + XQ::name_fs + ", " + XK::name_fs +
+               ">(s, top_left) as in PyTorch is_causal, or bottom_right as in FlashAttention";
       };
       if constexpr (std::is_same_v<Align, unaligned_t> && XQ::is_static && XK::is_static && XQ::extent != XK::extent) {
         return fail<text(number<XQ::extent>(), number<XK::extent>())>();

@@ -129,7 +129,7 @@ auto merge(const T& t) {
       using XB = find_family<L, B>;
       constexpr std::size_t ia = index_of<L, XA>, ib = index_of<L, XB>;
       if constexpr (ib != ia + 1) {
-        using Fixed = detail::replace_t<without<L, axes<XB>>, XA, axes<XA, XB>>;
+        using Fixed = detail::replace_t<without<L, axes<XA>>, XB, axes<XA, XB>>;  // XA moved next to XB
         return fail<fixed_string("merge: `") + XA::name_fs + "` and `" + XB::name_fs + "` are not adjacent in " +
                     axes_fs<L>() + "; fix: " + permute_fix<Fixed>() + " first, then merge">();
       } else {

@@ -17,22 +17,32 @@ struct Linear {
   std::string prefix;
 };
 
-/// Declares the parameters of a linear layer: `<prefix>.weight` and, if `bias`, `<prefix>.bias`.
+/// Declares a linear layer's parameters under explicit names (PyTorch's flat names, such as
+/// `in_proj_weight`); an empty `bias` name means no bias.
 template <AxisType In, AxisType Out>
-Linear<In, Out> linear_params(Graph& g, std::string prefix, bool bias = true) {
-  Linear<In, Out> l{&g, -1, -1, prefix};
+Linear<In, Out> linear_params_named(Graph& g, std::string weight, std::string bias) {
+  Linear<In, Out> l{&g, -1, -1, weight};
   Node w;
   w.op = Op::param;
-  w.name = prefix + ".weight";
+  w.name = std::move(weight);
   w.axes = {Axis{"out", ir_extent<Out>()}, Axis{"in", ir_extent<In>()}};
   l.weight = g.add(std::move(w));
-  if (bias) {
+  if (!bias.empty()) {
     Node b;
     b.op = Op::param;
-    b.name = prefix + ".bias";
+    b.name = std::move(bias);
     b.axes = {Axis{"out", ir_extent<Out>()}};
     l.bias = g.add(std::move(b));
   }
+  return l;
+}
+
+/// Declares the parameters of a linear layer as torch.nn.Linear names them: `<prefix>.weight`
+/// [out, in] and, if `bias`, `<prefix>.bias` [out].
+template <AxisType In, AxisType Out>
+Linear<In, Out> linear_params(Graph& g, const std::string& prefix, bool bias = true) {
+  auto l = linear_params_named<In, Out>(g, prefix + ".weight", bias ? prefix + ".bias" : "");
+  l.prefix = prefix;
   return l;
 }
 
@@ -45,17 +55,17 @@ auto linear(const T& x, const Linear<In, Out>& w) {
     using L = typename T::axis_list;
     if constexpr (!has_axis_named<L, In>) {
       return fail<fixed_string("linear: x ") + axes_fs<L>() + " has no axis `" + In::name_fs +
-                  "` for the projection's input; fix: rename or merge the features into `" + In::name_fs + "`">();
+                  "` for the input of the projection; fix: rename or merge the features into `" + In::name_fs + "`">();
     } else if constexpr (find_named<L, In>::is_static && In::is_static && find_named<L, In>::extent != In::extent) {
       using X = find_named<L, In>;
       return fail<fixed_string("linear: `") + In::name_fs + "` of x (" + number<X::extent>() +
-                  ") must equal the projection's input width (" + number<In::extent>() +
+                  ") must equal the input width of the projection (" + number<In::extent>() +
                   "); fix: the features entering a projection (e.g. heads x d_v into W_o) must match its weight">();
     } else {
       Graph& g = x.graph();
       const Extent have = ir_axis(x.node(), In::name).extent;
       defer_equal(g, have, ir_extent<In>(), [](auto a, auto b) {
-        return fixed_string("linear: `") + In::name_fs + "` of x (" + a + ") must equal the projection's input width (" + b +
+        return fixed_string("linear: `") + In::name_fs + "` of x (" + a + ") must equal the input width of the projection (" + b +
                "); fix: the features entering a projection must match its weight";
       });
       Node n;
@@ -106,7 +116,7 @@ auto layer_norm(const T& x, const LayerNorm<Over>& ln) {
     } else if constexpr (find_named<L, Over>::is_static && Over::is_static && find_named<L, Over>::extent != Over::extent) {
       using X = find_named<L, Over>;
       return fail<fixed_string("layer_norm: `") + Over::name_fs + "` of x (" + number<X::extent>() +
-                  ") must equal the norm's width (" + number<Over::extent>() + "); fix: size the norm like the features">();
+                  ") must equal the width of the norm (" + number<Over::extent>() + "); fix: size the norm like the features">();
     } else {
       Graph& g = x.graph();
       Node n;

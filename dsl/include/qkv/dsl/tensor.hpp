@@ -84,6 +84,13 @@ struct is_raw_trait : std::false_type {};
 template <class C>
 struct is_raw_trait<trait::raw_scores<C>> : std::true_type {};
 
+template <MaskKind K>
+constexpr auto mask_kind_fs() {
+  if constexpr (K == MaskKind::key_padding) return fixed_string("a key-padding mask");
+  else if constexpr (K == MaskKind::attention) return fixed_string("an attention (query x key) mask");
+  else return fixed_string("a keep-mask");
+}
+
 /// "permute<Batch, Seq, Model>" — the fix that puts a tensor into the order L.
 template <class L>
 constexpr auto permute_fix() {
@@ -156,7 +163,11 @@ class tensor<DT, axes<A...>, Trait> {
       : graph_(&other.graph()), id_(other.id()) {
     using Src = L2;
     using Dst = axis_list;
-    if constexpr (Src::size != Dst::size) {
+    if constexpr (is_mask_trait<Trait>::value && is_mask_trait<Trait2>::value && !std::is_same_v<Trait, Trait2>) {
+      fail<fixed_string("convert: ") + mask_kind_fs<Trait2::kind>() + " " + axes_fs<Src>() + " was passed where " +
+           mask_kind_fs<Trait::kind>() + " " + axes_fs<Dst>() + " is expected; fix: pass each mask as its own argument "
+           "(key_padding_mask and attn_mask are swapped)">();
+    } else if constexpr (Src::size != Dst::size) {
       fail<fixed_string("convert: ") + axes_fs<Src>() + " has " + number<static_cast<std::int64_t>(Src::size)>() +
            " axes but the declared type " + axes_fs<Dst>() + " has " + number<static_cast<std::int64_t>(Dst::size)>() +
            "; fix: split/merge to the declared axes">();
@@ -199,6 +210,43 @@ class tensor<DT, axes<A...>, Trait> {
   Graph* graph_;
   int id_;
 };
+
+namespace detail {
+template <class L, template <auto> class... F>
+constexpr bool exact_families() {
+  if constexpr (L::size != sizeof...(F)) {
+    return false;
+  } else {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return ((axis_at<L, I>::name == family_name<F>) && ...);
+    }(std::make_index_sequence<L::size>{});
+  }
+}
+}  // namespace detail
+
+/// Checks that x's axes are exactly the families F..., in this order (e.g. batch_first
+/// [Batch, Seq, Model]); returns x, or reports the mistake with the permute that fixes it.
+template <fixed_string OpName, template <auto> class... F, class T>
+auto expect_axes(const T& x) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    constexpr bool same = detail::exact_families<L, F...>();
+    if constexpr (!same) {
+      using Want = axes<F<dyn>...>;
+      if constexpr (((has_family<L, F>) && ...) && L::size == sizeof...(F)) {
+        return fail<OpName + ": x is " + axes_fs<L>() + " but must be " + axes_fs<Want>() +
+                    " (batch first); fix: " + permute_fix<Want>()>();
+      } else {
+        return fail<OpName + ": x is " + axes_fs<L>() + " but must have exactly the axes " + axes_fs<Want>() +
+                    "; fix: name the axes of the input as the block expects">();
+      }
+    } else {
+      return x;
+    }
+  }
+}
 
 /// A typed tensor with no special meaning.
 template <class DT, class... A>

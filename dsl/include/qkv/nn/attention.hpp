@@ -1,0 +1,270 @@
+// qkv/nn/attention.hpp — attention building blocks written with the DSL's ops, as readable as
+// the tutorials' PyTorch modules: the scaled-dot-product core, single-head self-attention,
+// heads as separate modules, multi-head attention (fused QKV weight, as PyTorch stores it),
+// cross-attention (separate q/k/v weights, kdim/vdim) and grouped-query attention.
+//
+// Parameters are named as torch.nn.MultiheadAttention's state dict names them, under a prefix:
+// `in_proj_weight`/`in_proj_bias` (fused), `q_proj_weight`/`k_proj_weight`/`v_proj_weight`
+// (separate), `out_proj.weight`/`out_proj.bias`.
+#pragma once
+
+#include <array>
+#include <string>
+#include <utility>
+
+#include <qkv/nn/axes.hpp>
+
+namespace qkv::nn {
+
+/// A causal mask as an argument to the blocks: `causal_mask` (L == S), or with an explicit
+/// alignment for L != S.
+template <class Align = unaligned_t>
+struct Causal {};
+inline constexpr Causal<> causal_mask{};
+inline constexpr Causal<top_left_t> causal_top_left{};
+inline constexpr Causal<bottom_right_t> causal_bottom_right{};
+
+template <class T>
+struct is_causal_arg : std::false_type {};
+template <class A>
+struct is_causal_arg<Causal<A>> : std::true_type {};
+
+namespace detail {
+template <class S, class M>
+auto apply_mask(const S& s, const M& m) {
+  if constexpr (is_causal_arg<M>::value) {
+    if constexpr (std::is_same_v<M, Causal<>>) return causal<Seq, Key>(s);
+    else if constexpr (std::is_same_v<M, Causal<top_left_t>>) return causal<Seq, Key>(s, top_left);
+    else return causal<Seq, Key>(s, bottom_right);
+  } else if constexpr (TensorType<M> && is_mask_trait<typename M::trait_type>::value) {
+    return masked(s, m);
+  } else {
+    return biased(s, m);  // an additive float mask
+  }
+}
+template <class S>
+auto apply_masks(const S& s) {
+  return s;
+}
+template <class S, class M, class... R>
+auto apply_masks(const S& s, const M& m, const R&... rest) {
+  return apply_masks(apply_mask(s, m), rest...);
+}
+
+inline std::string join(const std::string& prefix, const std::string& name) { return prefix + name; }
+
+/// Rows [part*n, (part+1)*n) of parameter `id` (its first axis is "out"), as a slice node.
+inline int slice_rows(Graph& g, int id, int part, std::vector<Axis> axes) {
+  Node n;
+  n.op = Op::slice;
+  n.inputs = {id};
+  n.axes = std::move(axes);
+  n.attr_axes = {"out", "out"};
+  n.offset = part;
+  return g.add(std::move(n));
+}
+
+/// One third (or any part) of a fused projection: the matching rows of W and of b.
+template <AxisType In, AxisType Part, AxisType Whole>
+Linear<In, Part> slice_linear(const Linear<In, Whole>& w, int part) {
+  Graph& g = *w.graph;
+  Linear<In, Part> l{&g, -1, -1, w.prefix + "[" + std::to_string(part) + "]"};
+  l.weight = slice_rows(g, w.weight, part, {Axis{"out", ir_extent<Part>()}, Axis{"in", ir_extent<In>()}});
+  if (w.bias >= 0) l.bias = slice_rows(g, w.bias, part, {Axis{"out", ir_extent<Part>()}});
+  return l;
+}
+}  // namespace detail
+
+/// softmax(mask(Q·Kᵀ / sqrt(d_k))) · V on per-head tensors:
+///   q [..., Seq, HeadDim], k [..., Key, HeadDim], v [..., Key, D_v]  ->  {out [..., Seq, D_v], weights [..., Seq, Key]}
+/// Masks: KeyPaddingMask / AttnMask / KeepMask (true = may attend), float biases, `causal_mask`.
+template <class Q, class K, class V, class... M>
+auto attention(const Q& q, const K& k, const V& v, const M&... masks) {
+  auto p = softmax<Key>(detail::apply_masks(scaled(contract<HeadDim>(q, k)), masks...));
+  return std::pair{contract<Key>(p, v), p};
+}
+
+/// One attention head's projections: Model<E> -> HeadDim<Dk> (q, k) and -> ValueDim<Dv> (v).
+template <int E, int Dk, int Dv = Dk>
+struct Head {
+  Linear<Model<E>, HeadDim<Dk>> q;
+  Linear<Model<E>, HeadDim<Dk>> k;
+  Linear<Model<E>, ValueDim<Dv>> v;
+
+  static Head make(Graph& g, const std::string& prefix, bool bias = true) {
+    return {linear_params<Model<E>, HeadDim<Dk>>(g, prefix + "q_proj", bias),
+            linear_params<Model<E>, HeadDim<Dk>>(g, prefix + "k_proj", bias),
+            linear_params<Model<E>, ValueDim<Dv>>(g, prefix + "v_proj", bias)};
+  }
+
+  /// x [Batch, Seq, Model] -> {[Batch, Seq, ValueDim], weights [Batch, Seq, Key]}
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    auto xs = expect_axes<"attention head", Batch, Seq, Model>(x);
+    return attention(linear(xs, q), rename<Seq, Key>(linear(xs, k)), rename<Seq, Key>(linear(xs, v)), masks...);
+  }
+};
+
+/// Single-head self-attention with an output projection (the tutorials' first module).
+template <int E, int Dk = E, int Dv = Dk>
+struct SelfAttention {
+  Head<E, Dk, Dv> head;
+  Linear<ValueDim<Dv>, Model<E>> o;
+
+  static SelfAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
+    return {Head<E, Dk, Dv>::make(g, prefix, bias), linear_params<ValueDim<Dv>, Model<E>>(g, prefix + "out_proj", bias)};
+  }
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    auto [out, weights] = head(x, masks...);
+    return std::pair{linear(out, o), weights};
+  }
+};
+
+/// Multi-head attention as H separate heads whose outputs are concatenated, then W_o.
+template <int E, int H>
+struct HeadsAsModules {
+  static constexpr int D = E / H;
+  std::array<Head<E, D, D>, H> heads;
+  Linear<Model<D * H>, Model<E>> o;
+
+  static HeadsAsModules make(Graph& g, const std::string& prefix = "", bool bias = true) {
+    HeadsAsModules m{};
+    for (int h = 0; h < H; ++h) m.heads[h] = Head<E, D, D>::make(g, prefix + "heads." + std::to_string(h) + ".", bias);
+    m.o = linear_params<Model<D * H>, Model<E>>(g, prefix + "out_proj", bias);
+    return m;
+  }
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    auto outs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array{heads[I](x, masks...).first...};
+    }(std::make_index_sequence<H>{});
+    return linear(concat<ValueDim, Model>(outs), o);
+  }
+};
+
+/// torch.nn.MultiheadAttention (batch_first=True): one fused in-projection [3E, E] cut in three,
+/// split Model -> Heads x HeadDim, attend per head, permute back, merge, out-projection.
+template <int E, int H>
+struct MultiHeadAttention {
+  static constexpr int D = E / H;
+  Linear<Model<E>, Model<E>> q, k, v;
+  Linear<Model<E>, Model<E>> o;
+
+  static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
+    auto in_proj = linear_params_named<Model<E>, Proj<3 * E>>(g, prefix + "in_proj_weight", bias ? prefix + "in_proj_bias" : "");
+    return {detail::slice_linear<Model<E>, Model<E>>(in_proj, 0), detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
+            detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
+            linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+  }
+
+  /// [Batch, Seq, Model] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Heads, Seq, HeadDim]
+  static auto split_heads(const auto& t) { return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t)); }
+  /// [Batch, Heads, Seq, HeadDim] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Seq, Model]
+  static auto merge_heads(const auto& t) { return merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(t)); }
+
+  /// Self-attention: x [Batch, Seq, Model] -> {out [Batch, Seq, Model], weights [Batch, Heads, Seq, Key]}.
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    auto xs = expect_axes<"multi_head_attention", Batch, Seq, Model>(x);
+    return attend(xs, rename<Seq, Key>(xs), rename<Seq, Key>(xs), masks...);
+  }
+
+  /// Cross-attention: queries x [Batch, Seq, Model], keys/values from memory [Batch, Mem, Model].
+  template <class X, class Mm, class... M>
+  auto cross(const X& x, const Mm& memory, const M&... masks) const {
+    auto xs = expect_axes<"cross_attention", Batch, Seq, Model>(x);
+    auto ms = rename<Mem, Key>(expect_axes<"cross_attention memory", Batch, Mem, Model>(memory));
+    return attend(xs, ms, ms, masks...);
+  }
+
+ private:
+  template <class X, class KV, class VV, class... M>
+  auto attend(const X& x, const KV& key_src, const VV& value_src, const M&... masks) const {
+    auto to_heads_kv = [](const auto& t) {
+      return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t));
+    };
+    auto [out, weights] = attention(split_heads(linear(x, q)), to_heads_kv(linear(key_src, k)),
+                                    to_heads_kv(linear(value_src, v)), masks...);
+    return std::pair{linear(merge_heads(out), o), weights};
+  }
+};
+
+/// Cross-attention with separate projections and kdim/vdim != E (PyTorch's q_proj_weight,
+/// k_proj_weight, v_proj_weight): keys come from [Batch, Mem, KFeat], values from [Batch, Mem, VFeat].
+template <int E, int H, int KDim, int VDim>
+struct CrossAttention {
+  static constexpr int D = E / H;
+  Linear<Model<E>, Model<E>> q;
+  Linear<Hidden<KDim>, Model<E>> k;
+  Linear<ValueDim<VDim>, Model<E>> v;
+  Linear<Model<E>, Model<E>> o;
+
+  static CrossAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
+    CrossAttention c{linear_params_named<Model<E>, Model<E>>(g, prefix + "q_proj_weight", ""),
+                     linear_params_named<Hidden<KDim>, Model<E>>(g, prefix + "k_proj_weight", ""),
+                     linear_params_named<ValueDim<VDim>, Model<E>>(g, prefix + "v_proj_weight", ""),
+                     linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+    if (bias) {  // PyTorch keeps one in_proj_bias [3E] even when the weights are separate
+      Node b;
+      b.op = Op::param;
+      b.name = prefix + "in_proj_bias";
+      b.axes = {Axis{"out", Extent::fixed(3 * E)}};
+      const int fused = g.add(std::move(b));
+      c.q.bias = detail::slice_rows(g, fused, 0, {Axis{"out", Extent::fixed(E)}});
+      c.k.bias = detail::slice_rows(g, fused, 1, {Axis{"out", Extent::fixed(E)}});
+      c.v.bias = detail::slice_rows(g, fused, 2, {Axis{"out", Extent::fixed(E)}});
+    }
+    return c;
+  }
+
+  /// x [Batch, Seq, Model<E>], key [Batch, Mem, Hidden<KDim>], value [Batch, Mem, ValueDim<VDim>].
+  template <class X, class K, class V, class... M>
+  auto operator()(const X& x, const K& key, const V& value, const M&... masks) const {
+    auto heads_q = [](const auto& t) { return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t)); };
+    auto heads_kv = [](const auto& t) {
+      return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(rename<Mem, Key>(t)));
+    };
+    auto [out, weights] = attention(heads_q(linear(x, q)), heads_kv(linear(key, k)), heads_kv(linear(value, v)), masks...);
+    return std::pair{linear(merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(out)), o), weights};
+  }
+};
+
+/// Grouped-query attention: Hq query heads share Hkv key/value heads (Hq % Hkv == 0), each
+/// key/value head serving a group of Hq / Hkv query heads. MQA is Hkv = 1.
+template <int E, int Hq, int Hkv>
+struct GroupedQueryAttention {
+  static constexpr int D = E / Hq;
+  static constexpr int G = Hkv > 0 && Hq % Hkv == 0 ? Hq / Hkv : 1;
+  Linear<Model<E>, Model<E>> q;
+  Linear<Model<E>, Proj<Hkv * D>> k, v;
+  Linear<Model<E>, Model<E>> o;
+
+  static auto make(Graph& g, const std::string& prefix = "", bool bias = true) {
+    if constexpr (Hkv <= 0 || Hq % Hkv != 0) {
+      return fail<fixed_string("grouped_query_attention: query heads (") + number<Hq>() +
+                  ") must be a multiple of key/value heads (" + number<Hkv>() +
+                  "); fix: choose a number of key/value heads that divides the query heads">();
+    } else {
+      return GroupedQueryAttention{linear_params<Model<E>, Model<E>>(g, prefix + "q_proj", bias),
+                                   linear_params<Model<E>, Proj<Hkv * D>>(g, prefix + "k_proj", bias),
+                                   linear_params<Model<E>, Proj<Hkv * D>>(g, prefix + "v_proj", bias),
+                                   linear_params<Model<E>, Model<E>>(g, prefix + "o_proj", bias)};
+    }
+  }
+
+  /// x [Batch, Seq, Model] -> {out [Batch, Seq, Model], weights [Batch, KvHeads, Group, Seq, Key]}
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    auto xs = expect_axes<"grouped_query_attention", Batch, Seq, Model>(x);
+    auto qh = permute<Batch, KvHeads, Group, Seq, HeadDim>(split<Model, KvHeads<Hkv>, Group<G>, HeadDim<D>>(linear(xs, q)));
+    auto kv = [](const auto& t) {
+      return permute<Batch, KvHeads, Key, HeadDim>(split<Proj, KvHeads<Hkv>, HeadDim<D>>(rename<Seq, Key>(t)));
+    };
+    auto [out, weights] = attention(qh, kv(linear(xs, k)), kv(linear(xs, v)), masks...);
+    auto heads = merge<KvHeads, Group, Heads>(permute<Batch, Seq, KvHeads, Group, HeadDim>(out));
+    return std::pair{linear(merge<Heads, HeadDim, Model>(heads), o), weights};
+  }
+};
+
+}  // namespace qkv::nn

@@ -1,0 +1,70 @@
+// qkv/nn/transformer.hpp — torch.nn.TransformerEncoderLayer (batch_first=True, eval mode) in
+// both arrangements, and a causal decoder block (GPT-style: pre-norm with a causal mask).
+//
+//   post-norm (norm_first=False):  x = norm1(x + sa(x));      x = norm2(x + ff(x))
+//   pre-norm  (norm_first=True):   x = x + sa(norm1(x));      x = x + ff(norm2(x))
+//   ff(x) = linear2(activation(linear1(x)))
+//
+// Parameter names follow PyTorch: self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*.
+#pragma once
+
+#include <qkv/nn/attention.hpp>
+
+namespace qkv::nn {
+
+enum class Activation { relu, gelu };
+enum class NormPlacement { post, pre };
+
+template <int E, int H, int F, Activation Act = Activation::relu>
+struct EncoderLayer {
+  MultiHeadAttention<E, H> self_attn;
+  Linear<Model<E>, Hidden<F>> linear1;
+  Linear<Hidden<F>, Model<E>> linear2;
+  LayerNorm<Model<E>> norm1, norm2;
+  NormPlacement placement = NormPlacement::post;
+
+  static EncoderLayer make(Graph& g, const std::string& prefix = "", NormPlacement placement = NormPlacement::post,
+                           double eps = 1e-5) {
+    return {MultiHeadAttention<E, H>::make(g, prefix + "self_attn."),
+            linear_params<Model<E>, Hidden<F>>(g, prefix + "linear1"),
+            linear_params<Hidden<F>, Model<E>>(g, prefix + "linear2"),
+            layer_norm_params<Model<E>>(g, prefix + "norm1", eps),
+            layer_norm_params<Model<E>>(g, prefix + "norm2", eps),
+            placement};
+  }
+
+  template <class X>
+  auto feed_forward(const X& x) const {
+    auto h = linear(x, linear1);
+    if constexpr (Act == Activation::relu) return linear(relu(h), linear2);
+    else return linear(gelu(h), linear2);
+  }
+
+  /// x [Batch, Seq, Model] -> [Batch, Seq, Model]; masks as for attention().
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
+    if (placement == NormPlacement::pre) {
+      auto a = add(x, self_attn(layer_norm(x, norm1), masks...).first);
+      return Out(add(a, feed_forward(layer_norm(a, norm2))));
+    }
+    auto a = layer_norm(add(x, self_attn(x, masks...).first), norm1);
+    return Out(layer_norm(add(a, feed_forward(a)), norm2));
+  }
+};
+
+/// A GPT-style block: pre-norm encoder layer with a causal mask (plus any padding mask).
+template <int E, int H, int F, Activation Act = Activation::gelu>
+struct CausalDecoderBlock {
+  EncoderLayer<E, H, F, Act> layer;
+
+  static CausalDecoderBlock make(Graph& g, const std::string& prefix = "", double eps = 1e-5) {
+    return {EncoderLayer<E, H, F, Act>::make(g, prefix, NormPlacement::pre, eps)};
+  }
+  template <class X, class... M>
+  auto operator()(const X& x, const M&... masks) const {
+    return layer(x, causal_mask, masks...);
+  }
+};
+
+}  // namespace qkv::nn

@@ -1,0 +1,16 @@
+// Positive twin of 04_contract_dk_mismatch_fail.cpp: the correct program compiles.
+#include <qkv/qkv.hpp>
+
+using namespace qkv;
+using namespace qkv::nn;
+
+int main() {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<2>, Seq<4>, Model<128>>>(g, "x");
+  auto w_q = linear_params<Model<128>, HeadDim<64>>(g, "q_proj");
+  auto w_k = linear_params<Model<128>, HeadDim<64>>(g, "k_proj");
+  auto q = linear(x, w_q);
+  auto k = rename<Seq, Key>(linear(x, w_k));
+  auto scores = contract<HeadDim>(q, k);
+  (void)scores;
+}

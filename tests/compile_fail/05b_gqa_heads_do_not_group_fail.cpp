@@ -1,0 +1,12 @@
+// Catalogue 5 (GQA) - 8 query heads cannot share 3 key/value heads.
+#include <qkv/qkv.hpp>
+
+using namespace qkv;
+using namespace qkv::nn;
+
+int main() {
+  Graph g;
+  // expected-error: grouped_query_attention: query heads (8) must be a multiple of key/value heads (3)
+  auto gqa = GroupedQueryAttention<64, 8, 3>::make(g);
+  (void)gqa;
+}

@@ -1,0 +1,18 @@
+// Positive twin of 07_mask_arguments_swapped_fail.cpp: the correct program compiles.
+#include <utility>
+
+#include <qkv/qkv.hpp>
+
+using namespace qkv;
+using namespace qkv::nn;
+
+int main() {
+  Graph g;
+  auto pad = input<KeyPaddingMask<Batch<2>, Key<4>>>(g, "key_padding_mask");
+  auto allowed = input<AttnMask<Seq<4>, Key<4>>>(g, "attn_mask");
+  auto apply = [](const KeyPaddingMask<Batch<2>, Key<4>>& key_padding_mask, const AttnMask<Seq<4>, Key<4>>& attn_mask) {
+    return std::pair{key_padding_mask.id(), attn_mask.id()};
+  };
+  auto ids = apply(pad, allowed);
+  (void)ids;
+}

@@ -1,0 +1,18 @@
+// Positive twin of 10_cross_attention_kv_lengths_fail.cpp: the correct program compiles.
+#include <qkv/qkv.hpp>
+
+using namespace qkv;
+using namespace qkv::nn;
+
+int main() {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<2>, Seq<4>, Model<16>>>(g, "x");
+  auto key_mem = input<Tensor<f32, Batch<2>, Mem<6>, Model<16>>>(g, "key_memory");
+  auto value_mem = input<Tensor<f32, Batch<2>, Mem<6>, Model<16>>>(g, "value_memory");
+  auto h = Head<16, 16>::make(g, "");
+  auto k = rename<Mem, Key>(linear(key_mem, h.k));
+  auto v = rename<Mem, Key>(linear(value_mem, h.v));
+  auto p = softmax<Key>(scaled(contract<HeadDim>(linear(x, h.q), k)));
+  auto out = contract<Key>(p, v);
+  (void)out;
+}
