@@ -11,7 +11,7 @@ int main() {
   auto w_k = linear_params<Model<128>, HeadDim<32>>(g, "k_proj");
   auto q = linear(x, w_q);
   auto k = rename<Seq, Key>(linear(x, w_k));
-  // expected-error: contract: `HeadDim` of lhs (64) must equal `HeadDim` of rhs (32)
+  // expected-error: contract: `HeadDim` of lhs (64) must equal `HeadDim` of rhs (32); fix: contracted axes must have one size (Q*K^T: the same d_k; P*V: keys and values from one sequence)
   auto scores = contract<HeadDim>(q, k);
   (void)scores;
 }

@@ -13,7 +13,7 @@ int main() {
   auto h1 = Head<32, 8>::make(g, "heads.1.");
   auto w_o = linear_params<Model<32>, Model<32>>(g, "out_proj");
   auto both = concat<ValueDim, Model>(std::array{h0(x).first, h1(x).first});  // [Batch, Seq, Model=16]
-  // expected-error: linear: `Model` of x (16) must equal the input width of the projection (32)
+  // expected-error: linear: `Model` of x (16) must equal the input width of the projection (32); fix: the features entering a projection (e.g. heads x d_v into W_o) must match its weight
   auto out = linear(both, w_o);
   (void)out;
 }

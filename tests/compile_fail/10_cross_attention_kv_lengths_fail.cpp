@@ -13,7 +13,7 @@ int main() {
   auto k = rename<Mem, Key>(linear(key_mem, h.k));
   auto v = rename<Mem, Key>(linear(value_mem, h.v));
   auto p = softmax<Key>(scaled(contract<HeadDim>(linear(x, h.q), k)));
-  // expected-error: contract: `Key` of lhs (6) must equal `Key` of rhs (5); fix: contracted axes must have one size
+  // expected-error: contract: `Key` of lhs (6) must equal `Key` of rhs (5); fix: contracted axes must have one size (Q*K^T: the same d_k; P*V: keys and values from one sequence)
   auto out = contract<Key>(p, v);
   (void)out;
 }

@@ -54,8 +54,7 @@ class DictParser {
       };
       if (key == "descr") {
         once(seen_descr);
-        if (peek() == '[')
-          fail(what_, "unsupported dtype: structured (record) arrays are not supported");
+        if (peek() == '[') fail(what_, "unsupported dtype: structured (record) arrays are not supported");
         h.descr = string_literal();
       } else if (key == "fortran_order") {
         once(seen_fortran);
@@ -122,8 +121,7 @@ class DictParser {
     auto word = [&](std::string_view w) {
       if (s_.substr(i_, w.size()) != w) return false;
       const std::size_t j = i_ + w.size();
-      if (j < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[j])) || s_[j] == '_'))
-        return false;
+      if (j < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[j])) || s_[j] == '_')) return false;
       i_ = j;
       return true;
     };
@@ -134,7 +132,11 @@ class DictParser {
 
   // A non-negative integer, optionally with Python 2's 'L' suffix.
   std::int64_t dimension() {
-    if (peek() == '-') fail(what_, "negative dimension in shape (malformed header)");
+    if (peek() == '-') {
+      std::string digits = "-";
+      for (++i_; std::isdigit(static_cast<unsigned char>(peek())) && digits.size() < 24;) digits += s_[i_++];
+      fail(what_, "negative dimension " + digits + " in shape");
+    }
     if (!std::isdigit(static_cast<unsigned char>(peek()))) error("expected an integer");
     std::int64_t v = 0;
     while (std::isdigit(static_cast<unsigned char>(peek()))) {
@@ -161,8 +163,7 @@ class DictParser {
         if (eat(')')) return dims;
         continue;
       }
-      if (dims.size() == 1 && peek() == ')')
-        error("a 1-element shape tuple needs a trailing comma, e.g. (3,)");
+      if (dims.size() == 1 && peek() == ')') error("a 1-element shape tuple needs a trailing comma, e.g. (3,)");
       expect(')');
       return dims;
     }
@@ -179,8 +180,7 @@ struct Descr {
 };
 
 [[noreturn]] void unsupported_dtype(const std::string& descr, std::string_view what) {
-  fail(what, "unsupported dtype '" + descr +
-                 "' (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants)");
+  fail(what, "unsupported dtype '" + descr + "' (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants)");
 }
 
 // '<f4' etc. → dtype and byte order. One-byte types accept any byte-order character.
@@ -189,13 +189,20 @@ Descr parse_descr(const std::string& descr, std::string_view what) {
   const char order = descr[0];
   const std::string code = descr.substr(1);
   DType t;
-  if (code == "f4") t = DType::f32;
-  else if (code == "f8") t = DType::f64;
-  else if (code == "f2") t = DType::f16;
-  else if (code == "b1") t = DType::boolean;
-  else if (code == "i4") t = DType::i32;
-  else if (code == "i8") t = DType::i64;
-  else unsupported_dtype(descr, what);
+  if (code == "f4")
+    t = DType::f32;
+  else if (code == "f8")
+    t = DType::f64;
+  else if (code == "f2")
+    t = DType::f16;
+  else if (code == "b1")
+    t = DType::boolean;
+  else if (code == "i4")
+    t = DType::i32;
+  else if (code == "i8")
+    t = DType::i64;
+  else
+    unsupported_dtype(descr, what);
   const bool single_byte = dtype_size(t) == 1;
   if (order == '<' || order == '=') return {t, false};
   if (order == '>') return {t, !single_byte};
@@ -210,9 +217,8 @@ std::uint32_t read_le(const std::byte* p, std::size_t n) {
 }
 
 // Column-major → row-major copy of `n` elements of `isz` bytes each.
-std::vector<std::byte> fortran_to_c(std::span<const std::byte> src,
-                                    const std::vector<std::int64_t>& shape, std::size_t isz,
-                                    std::int64_t n) {
+std::vector<std::byte> fortran_to_c(std::span<const std::byte> src, const std::vector<std::int64_t>& shape,
+                                    std::size_t isz, std::int64_t n) {
   std::vector<std::byte> dst(src.size());
   const std::size_t nd = shape.size();
   std::vector<std::int64_t> fstride(nd);  // Fortran strides in elements: first index fastest
@@ -224,8 +230,8 @@ std::vector<std::byte> fortran_to_c(std::span<const std::byte> src,
   std::vector<std::int64_t> idx(nd, 0);  // C-order odometer, last index fastest
   std::int64_t from = 0;
   for (std::int64_t to = 0; to < n; ++to) {
-    std::memcpy(dst.data() + static_cast<std::size_t>(to) * isz,
-                src.data() + static_cast<std::size_t>(from) * isz, isz);
+    std::memcpy(dst.data() + static_cast<std::size_t>(to) * isz, src.data() + static_cast<std::size_t>(from) * isz,
+                isz);
     for (std::size_t k = nd; k-- > 0;) {
       from += fstride[k];
       if (++idx[k] < shape[k]) break;
@@ -239,7 +245,7 @@ std::vector<std::byte> fortran_to_c(std::span<const std::byte> src,
 std::string read_whole_file(const std::filesystem::path& path, std::vector<std::byte>& out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::string("cannot open: ") + std::strerror(errno);
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     return "not a regular file";
@@ -270,15 +276,15 @@ NdArray parse_npy(std::span<const std::byte> data, std::string_view what) {
   const unsigned major = std::to_integer<unsigned>(data[6]);
   const unsigned minor = std::to_integer<unsigned>(data[7]);
   if (major < 1 || major > 3 || minor != 0)
-    fail(what, "unsupported .npy format version " + std::to_string(major) + "." +
-                   std::to_string(minor) + " (supported: 1.0, 2.0, 3.0)");
+    fail(what, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
+                   " (supported: 1.0, 2.0, 3.0)");
   const std::size_t len_size = major == 1 ? 2 : 4;
   const std::size_t prefix = 8 + len_size;
   if (data.size() < prefix) fail(what, "truncated header: file ends inside the header length");
   const std::size_t header_len = read_le(data.data() + 8, len_size);
   if (data.size() - prefix < header_len)
-    fail(what, "truncated header: header length is " + std::to_string(header_len) +
-                   " bytes but only " + std::to_string(data.size() - prefix) + " follow");
+    fail(what, "truncated header: header length is " + std::to_string(header_len) + " bytes but only " +
+                   std::to_string(data.size() - prefix) + " follow");
   // Versions 1.0/2.0 are latin-1 and 3.0 is UTF-8; both agree on the ASCII the parser accepts
   // outside strings, and strings are compared byte-wise against ASCII descrs, so no decoding.
   const std::string_view text(reinterpret_cast<const char*>(data.data() + prefix), header_len);
@@ -289,9 +295,8 @@ NdArray parse_npy(std::span<const std::byte> data, std::string_view what) {
   const std::size_t need = checked_nbytes(h.shape, d.dtype, what);
   const std::span<const std::byte> payload = data.subspan(prefix + header_len);
   if (payload.size() != need)
-    fail(what, "shape " + shape_to_string(h.shape) + " needs " + std::to_string(need) +
-                   " bytes of " + std::string(dtype_name(d.dtype)) + " data, file has " +
-                   std::to_string(payload.size()) +
+    fail(what, "shape " + shape_to_string(h.shape) + " needs " + std::to_string(need) + " bytes of " +
+                   std::string(dtype_name(d.dtype)) + " data, file has " + std::to_string(payload.size()) +
                    (payload.size() < need ? " (truncated data)" : " (trailing data)"));
 
   NdArray a;
@@ -321,23 +326,34 @@ namespace {
 std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view what) {
   std::string descr;
   switch (array.dtype) {
-    case DType::f32: descr = "<f4"; break;
-    case DType::f64: descr = "<f8"; break;
-    case DType::f16: descr = "<f2"; break;
-    case DType::boolean: descr = "|b1"; break;
-    case DType::i32: descr = "<i4"; break;
-    case DType::i64: descr = "<i8"; break;
+    case DType::f32:
+      descr = "<f4";
+      break;
+    case DType::f64:
+      descr = "<f8";
+      break;
+    case DType::f16:
+      descr = "<f2";
+      break;
+    case DType::boolean:
+      descr = "|b1";
+      break;
+    case DType::i32:
+      descr = "<i4";
+      break;
+    case DType::i64:
+      descr = "<i8";
+      break;
     case DType::bf16:
       fail(what, "unsupported dtype bf16: the .npy format has no bfloat16 (convert with to_f32())");
   }
   const std::size_t need = checked_nbytes(array.shape, array.dtype, what);
   if (array.bytes.size() != need)
-    fail(what, "shape " + shape_to_string(array.shape) + " needs " + std::to_string(need) +
-                   " bytes of " + std::string(dtype_name(array.dtype)) + " data, array has " +
-                   std::to_string(array.bytes.size()));
+    fail(what, "shape " + shape_to_string(array.shape) + " needs " + std::to_string(need) + " bytes of " +
+                   std::string(dtype_name(array.dtype)) + " data, array has " + std::to_string(array.bytes.size()));
 
-  const std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " +
-                           shape_to_string(array.shape) + ", }";
+  const std::string dict =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_to_string(array.shape) + ", }";
   // Version 1.0 stores the header length in 2 bytes; fall back to 2.0 (4 bytes) if needed.
   unsigned major = 1;
   std::size_t prefix = 10;
@@ -353,8 +369,7 @@ std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view wha
   for (unsigned char c : kMagic) out.push_back(std::byte{c});
   out.push_back(static_cast<std::byte>(major));
   out.push_back(std::byte{0});
-  for (std::size_t i = 0; i < prefix - 8; ++i)
-    out.push_back(static_cast<std::byte>((header_len >> (8 * i)) & 0xFF));
+  for (std::size_t i = 0; i < prefix - 8; ++i) out.push_back(static_cast<std::byte>((header_len >> (8 * i)) & 0xFF));
   for (char c : dict) out.push_back(static_cast<std::byte>(c));
   out.resize(prefix + header_len - 1, std::byte{' '});
   out.push_back(std::byte{'\n'});
@@ -363,9 +378,7 @@ std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view wha
 }
 }  // namespace
 
-std::vector<std::byte> serialize_npy(const NdArray& array) {
-  return serialize_impl(array, "serialize_npy");
-}
+std::vector<std::byte> serialize_npy(const NdArray& array) { return serialize_impl(array, "serialize_npy"); }
 
 void write_npy(const std::filesystem::path& path, const NdArray& array) {
   write_file_atomic(path, serialize_impl(array, path.string()));
@@ -388,8 +401,7 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0)
-    fail(what, "cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
+  if (fd < 0) fail(what, "cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
 
   auto abandon = [&](const std::string& problem) {
     const int e = errno;

@@ -30,7 +30,7 @@ constexpr std::uint64_t kMaxHeader = 100'000'000;  // same limit as the referenc
 
 // safetensors dtype names of the supported types.
 constexpr std::pair<std::string_view, DType> kDTypes[] = {
-    {"F32", DType::f32},     {"F64", DType::f64}, {"F16", DType::f16}, {"BF16", DType::bf16},
+    {"F32", DType::f32},      {"F64", DType::f64}, {"F16", DType::f16}, {"BF16", DType::bf16},
     {"BOOL", DType::boolean}, {"I32", DType::i32}, {"I64", DType::i64},
 };
 
@@ -47,25 +47,27 @@ std::string_view name_of(DType t) {
 }
 
 // Parses the header JSON, rejecting duplicate keys in any object (nlohmann itself would silently
-// keep the last one). `depth_of_dup` is 1 for a duplicate at the top level, i.e. a tensor name.
+// keep the last one). A duplicate at depth 1 (the top-level object) is a duplicate tensor name.
 json parse_header(std::string_view text, std::string_view what) {
   std::vector<std::set<std::string>> open_objects;  // keys seen in each object being parsed
   std::optional<std::string> dup;
   std::size_t dup_depth = 0;
   const json::parser_callback_t on_event = [&](int, json::parse_event_t ev, json& parsed) {
     switch (ev) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
       case json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!dup && !open_objects.empty() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second) {
+        if (!dup && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second) {
           dup = parsed.get<std::string>();
           dup_depth = open_objects.size();
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return true;  // keep everything
   };
@@ -79,8 +81,7 @@ json parse_header(std::string_view text, std::string_view what) {
     if (dup_depth == 1) fail(what, "duplicate tensor name '" + *dup + "' in the header");
     fail(what, "duplicate key '" + *dup + "' in the header");
   }
-  if (!header.is_object()) fail(what, std::string("header is not a JSON object (it is ") +
-                                          header.type_name() + ")");
+  if (!header.is_object()) fail(what, std::string("header is not a JSON object (it is ") + header.type_name() + ")");
   return header;
 }
 
@@ -93,19 +94,20 @@ std::int64_t non_negative(const json& v, std::string_view what, const std::strin
     return static_cast<std::int64_t>(u);
   }
   if (v.is_number_integer()) fail(what, where + " has negative value " + v.dump());
-  fail(what, where + " must contain integers, found " + v.dump());
+  // Never dump() a container: it recurses, and a hostile header can nest arbitrarily deep.
+  std::string found = v.is_primitive() ? v.dump() : v.type_name();
+  if (found.size() > 40) found = found.substr(0, 37) + "...";
+  fail(what, where + " must contain integers, found " + found);
 }
 
-const json& member(const json& entry, const char* key, std::string_view what,
-                   const std::string& tensor) {
+const json& member(const json& entry, const char* key, std::string_view what, const std::string& tensor) {
   const auto it = entry.find(key);
   if (it == entry.end()) fail(what, tensor + ": missing '" + key + "'");
   return *it;
 }
 
 std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tensors,
-                                      const std::map<std::string, std::string>& metadata,
-                                      std::string_view what) {
+                                      const std::map<std::string, std::string>& metadata, std::string_view what) {
   std::vector<const std::pair<const std::string, NdArray>*> order;
   for (const auto& kv : tensors) {
     const auto& [name, a] = kv;
@@ -113,9 +115,8 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
     const std::string where = std::string(what) + ": tensor '" + name + "'";
     const std::size_t need = checked_nbytes(a.shape, a.dtype, where);
     if (a.bytes.size() != need)
-      fail(where, "shape " + shape_to_string(a.shape) + " needs " + std::to_string(need) +
-                      " bytes of " + std::string(dtype_name(a.dtype)) + " data, array has " +
-                      std::to_string(a.bytes.size()));
+      fail(where, "shape " + shape_to_string(a.shape) + " needs " + std::to_string(need) + " bytes of " +
+                      std::string(dtype_name(a.dtype)) + " data, array has " + std::to_string(a.bytes.size()));
     order.push_back(&kv);
   }
   // Larger item sizes first: every tensor then starts at a multiple of its own item size.
@@ -130,9 +131,8 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
   for (const auto* kv : order) {
     const NdArray& a = kv->second;
     const std::uint64_t end = offset + a.bytes.size();
-    header[kv->first] = json{{"dtype", std::string(name_of(a.dtype))},
-                             {"shape", a.shape},
-                             {"data_offsets", json::array({offset, end})}};
+    header[kv->first] = json{
+        {"dtype", std::string(name_of(a.dtype))}, {"shape", a.shape}, {"data_offsets", json::array({offset, end})}};
     offset = end;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -163,7 +163,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   f.what_ = path.string();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(f.what_, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     fail(f.what_, "not a regular file");
@@ -171,8 +171,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   const auto size = static_cast<std::size_t>(st.st_size);
   if (size < 8) {  // also avoids mmap of length 0
     ::close(fd);
-    fail(f.what_, "file is " + std::to_string(size) +
-                      " bytes, too short for the 8-byte header length");
+    fail(f.what_, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   }
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
@@ -229,17 +228,14 @@ std::span<const std::byte> SafetensorsFile::image() const {
 void SafetensorsFile::parse() {
   const std::span<const std::byte> img = image();
   if (img.size() < 8)
-    fail(what_, "file is " + std::to_string(img.size()) +
-                    " bytes, too short for the 8-byte header length");
+    fail(what_, "file is " + std::to_string(img.size()) + " bytes, too short for the 8-byte header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::to_integer<std::uint64_t>(img[static_cast<std::size_t>(i)]) << (8 * i);
-  if (n > kMaxHeader)
-    fail(what_, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  if (n > kMaxHeader) fail(what_, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
   if (n > img.size() - 8)
     fail(what_, "header length " + std::to_string(n) + " exceeds the file size minus 8 (" +
                     std::to_string(img.size() - 8) + " bytes)");
-  const std::string_view text(reinterpret_cast<const char*>(img.data() + 8),
-                              static_cast<std::size_t>(n));
+  const std::string_view text(reinterpret_cast<const char*>(img.data() + 8), static_cast<std::size_t>(n));
   const json header = parse_header(text, what_);
 
   const std::size_t data_start = 8 + static_cast<std::size_t>(n);
@@ -253,11 +249,9 @@ void SafetensorsFile::parse() {
   for (const auto& [name, val] : header.items()) {
     if (name == "__metadata__") {
       if (!val.is_object())
-        fail(what_, std::string("__metadata__ must be an object of string to string, not ") +
-                        val.type_name());
+        fail(what_, std::string("__metadata__ must be an object of string to string, not ") + val.type_name());
       for (const auto& [k, v] : val.items()) {
-        if (!v.is_string())
-          fail(what_, "__metadata__ value for '" + k + "' must be a string, not " + v.type_name());
+        if (!v.is_string()) fail(what_, "__metadata__ value for '" + k + "' must be a string, not " + v.type_name());
         metadata_.emplace(k, v.get<std::string>());
       }
       continue;
@@ -284,37 +278,34 @@ void SafetensorsFile::parse() {
     const std::size_t nbytes = checked_nbytes(shape, *dtype, what_ + ": " + tensor);
 
     const json& joff = member(val, "data_offsets", what_, tensor);
-    if (!joff.is_array() || joff.size() != 2)
-      fail(what_, tensor + ": 'data_offsets' must be an array [begin, end]");
+    if (!joff.is_array() || joff.size() != 2) fail(what_, tensor + ": 'data_offsets' must be an array [begin, end]");
     const auto begin = static_cast<std::uint64_t>(non_negative(joff[0], what_, tensor + ": 'data_offsets'"));
     const auto end = static_cast<std::uint64_t>(non_negative(joff[1], what_, tensor + ": 'data_offsets'"));
     const std::string offs = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
     if (begin > end) fail(what_, tensor + ": " + offs + " has begin > end");
     if (end > data_size)
-      fail(what_, tensor + ": " + offs + " end is beyond the data section (" +
-                      std::to_string(data_size) + " bytes)");
+      fail(what_, tensor + ": " + offs + " end is beyond the data section (" + std::to_string(data_size) + " bytes)");
     if (end - begin != nbytes)
-      fail(what_, tensor + ": " + offs + " span " + std::to_string(end - begin) +
-                      " bytes but shape " + shape_to_string(shape) + " needs " +
-                      std::to_string(nbytes) + " bytes of " + std::string(name_of(*dtype)));
+      fail(what_, tensor + ": " + offs + " span " + std::to_string(end - begin) + " bytes but shape " +
+                      shape_to_string(shape) + " needs " + std::to_string(nbytes) + " bytes of " +
+                      std::string(name_of(*dtype)));
 
-    const auto [it, inserted] = entries_.emplace(
-        name, Entry{*dtype, std::move(shape), data_start + static_cast<std::size_t>(begin),
-                    data_start + static_cast<std::size_t>(end)});
+    const auto [it, inserted] =
+        entries_.emplace(name, Entry{*dtype, std::move(shape), data_start + static_cast<std::size_t>(begin),
+                                     data_start + static_cast<std::size_t>(end)});
     if (!inserted) fail(what_, "duplicate tensor name '" + name + "'");  // unreachable: see parse_header
     ranges.push_back({begin, end, &it->first});
   }
 
   // Overlaps: sorted by begin, each range must start at or after the furthest end seen so far.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   const Range* furthest = nullptr;
   for (const Range& r : ranges) {
     if (furthest && r.begin < furthest->end)
       fail(what_, "tensors '" + *furthest->name + "' [" + std::to_string(furthest->begin) + ", " +
-                      std::to_string(furthest->end) + "] and '" + *r.name + "' [" +
-                      std::to_string(r.begin) + ", " + std::to_string(r.end) + "] overlap");
+                      std::to_string(furthest->end) + "] and '" + *r.name + "' [" + std::to_string(r.begin) + ", " +
+                      std::to_string(r.end) + "] overlap");
     if (!furthest || r.end > furthest->end) furthest = &r;
   }
 }
@@ -326,9 +317,7 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-bool SafetensorsFile::contains(std::string_view name) const {
-  return entries_.find(name) != entries_.end();
-}
+bool SafetensorsFile::contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
 
 const SafetensorsFile::Entry& SafetensorsFile::entry(std::string_view name) const {
   const auto it = entries_.find(name);
@@ -356,8 +345,7 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, NdArray
   return serialize_impl(tensors, metadata, "serialize_safetensors");
 }
 
-void write_safetensors(const std::filesystem::path& path,
-                       const std::map<std::string, NdArray>& tensors,
+void write_safetensors(const std::filesystem::path& path, const std::map<std::string, NdArray>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   write_file_atomic(path, serialize_impl(tensors, metadata, path.string()));
 }

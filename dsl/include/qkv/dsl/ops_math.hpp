@@ -128,7 +128,7 @@ auto contract(const A& a, const B& b) {
       detail::defer_shared<"contract", fix, LA>(g, a.node(), b.node());
       Node n;
       n.op = Op::contract;
-      n.inputs = {a.id(), b.id()};
+      n.inputs = std::vector<int>{a.id(), b.id()};
       n.attr_axes = {std::string(family_name<C0>), std::string(family_name<Cs>)...};
       for (const auto& x : a.node().axes)
         if (!detail::has_name(n.attr_axes, x.name)) n.axes.push_back(x);
@@ -157,7 +157,7 @@ auto broadcast_binary(const A& a, const B& b) {
     defer_shared<OpName, Fix, LA>(g, a.node(), b.node());
     Node n;
     n.op = IrOp;
-    n.inputs = {a.id(), b.id()};
+    n.inputs = std::vector<int>{a.id(), b.id()};
     n.axes = a.node().axes;
     return make<typename A::dtype, LA, typename A::trait_type>(g, std::move(n));
   }

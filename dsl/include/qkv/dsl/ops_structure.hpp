@@ -17,7 +17,7 @@ template <TensorType T>
 Node unary_node(const T& t, Op op, std::vector<Axis> out_axes) {
   Node n;
   n.op = op;
-  n.inputs = {t.id()};
+  n.inputs = std::vector<int>{t.id()};
   n.axes = std::move(out_axes);
   n.dtype = T::dtype::value;
   return n;

@@ -70,7 +70,7 @@ auto linear(const T& x, const Linear<In, Out>& w) {
       });
       Node n;
       n.op = Op::linear;
-      n.inputs = {x.id(), w.weight};
+      n.inputs = std::vector<int>{x.id(), w.weight};
       if (w.bias >= 0) n.inputs.push_back(w.bias);
       n.axes = detail::ir_replace(x.node().axes, In::name, {Axis{std::string(Out::name), ir_extent<Out>()}});
       n.attr_axes = {std::string(In::name), std::string(Out::name)};
@@ -121,7 +121,7 @@ auto layer_norm(const T& x, const LayerNorm<Over>& ln) {
       Graph& g = x.graph();
       Node n;
       n.op = Op::layer_norm;
-      n.inputs = {x.id(), ln.gamma, ln.beta};
+      n.inputs = std::vector<int>{x.id(), ln.gamma, ln.beta};
       n.axes = x.node().axes;
       n.attr_axes = {std::string(Over::name)};
       n.scalar = ln.eps;

@@ -164,10 +164,11 @@ inline std::string axes_str(const std::vector<Axis>& axes) {
   return s + "]";
 }
 
-inline std::string fill_sizes(std::string msg, std::int64_t a, std::int64_t b) {
-  for (auto [key, v] : {std::pair<std::string_view, std::int64_t>{"{a}", a}, {"{b}", b}}) {
-    for (auto pos = msg.find(key); pos != std::string::npos; pos = msg.find(key, pos))
-      msg.replace(pos, key.size(), std::to_string(v));
+/// The message of a deferred check with its `{a}` / `{b}` placeholders replaced.
+inline std::string fill_sizes(std::string msg, const std::string& a, const std::string& b) {
+  for (const auto& [key, v] : {std::pair<std::string_view, const std::string&>{"{a}", a}, {"{b}", b}}) {
+    for (auto pos = msg.find(key); pos != std::string::npos; pos = msg.find(key, pos + v.size()))
+      msg.replace(pos, key.size(), v);
   }
   return msg;
 }
@@ -178,10 +179,10 @@ inline void Graph::check(const Bindings& b) const {
     if (!a || !d) {
       const auto& missing = !a ? c.a.symbol : c.b.symbol;
       throw ShapeError("bind: no size given for the dynamic extent '" + missing + "' (needed by: " +
-                       c.message + ")");
+                       fill_sizes(c.message, c.a.str(), c.b.str()) + ")");
     }
     bool ok = c.kind == Constraint::Kind::equal ? *a == *d : (*d != 0 && *a % *d == 0);
-    if (!ok) throw ShapeError(fill_sizes(c.message, *a, *d));
+    if (!ok) throw ShapeError(fill_sizes(c.message, std::to_string(*a), std::to_string(*d)));
   }
 }
 

@@ -57,7 +57,7 @@ inline std::string join(const std::string& prefix, const std::string& name) { re
 inline int slice_rows(Graph& g, int id, int part, std::vector<Axis> axes) {
   Node n;
   n.op = Op::slice;
-  n.inputs = {id};
+  n.inputs = std::vector<int>{id};
   n.axes = std::move(axes);
   n.attr_axes = {"out", "out"};
   n.offset = part;
@@ -100,8 +100,13 @@ struct Head {
   /// x [Batch, Seq, Model] -> {[Batch, Seq, ValueDim], weights [Batch, Seq, Key]}
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
+    // Named steps, not nested calls: argument evaluation order is unspecified, and the graph
+    // (and its hash) must not depend on the compiler.
     auto xs = expect_axes<"attention head", Batch, Seq, Model>(x);
-    return attention(linear(xs, q), rename<Seq, Key>(linear(xs, k)), rename<Seq, Key>(linear(xs, v)), masks...);
+    auto qs = linear(xs, q);
+    auto ks = rename<Seq, Key>(linear(xs, k));
+    auto vs = rename<Seq, Key>(linear(xs, v));
+    return attention(qs, ks, vs, masks...);
   }
 };
 
@@ -112,7 +117,8 @@ struct SelfAttention {
   Linear<ValueDim<Dv>, Model<E>> o;
 
   static SelfAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
-    return {Head<E, Dk, Dv>::make(g, prefix, bias), linear_params<ValueDim<Dv>, Model<E>>(g, prefix + "out_proj", bias)};
+    auto head = Head<E, Dk, Dv>::make(g, prefix, bias);
+    return {head, linear_params<ValueDim<Dv>, Model<E>>(g, prefix + "out_proj", bias)};
   }
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
@@ -167,7 +173,8 @@ struct MultiHeadAttention {
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
     auto xs = expect_axes<"multi_head_attention", Batch, Seq, Model>(x);
-    return attend(xs, rename<Seq, Key>(xs), rename<Seq, Key>(xs), masks...);
+    auto keys = rename<Seq, Key>(xs);
+    return attend(xs, keys, keys, masks...);
   }
 
   /// Cross-attention: queries x [Batch, Seq, Model], keys/values from memory [Batch, Mem, Model].
@@ -184,8 +191,10 @@ struct MultiHeadAttention {
     auto to_heads_kv = [](const auto& t) {
       return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t));
     };
-    auto [out, weights] = attention(split_heads(linear(x, q)), to_heads_kv(linear(key_src, k)),
-                                    to_heads_kv(linear(value_src, v)), masks...);
+    auto qh = split_heads(linear(x, q));
+    auto kh = to_heads_kv(linear(key_src, k));
+    auto vh = to_heads_kv(linear(value_src, v));
+    auto [out, weights] = attention(qh, kh, vh, masks...);
     return std::pair{linear(merge_heads(out), o), weights};
   }
 };
@@ -225,7 +234,10 @@ struct CrossAttention {
     auto heads_kv = [](const auto& t) {
       return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(rename<Mem, Key>(t)));
     };
-    auto [out, weights] = attention(heads_q(linear(x, q)), heads_kv(linear(key, k)), heads_kv(linear(value, v)), masks...);
+    auto qh = heads_q(linear(x, q));
+    auto kh = heads_kv(linear(key, k));
+    auto vh = heads_kv(linear(value, v));
+    auto [out, weights] = attention(qh, kh, vh, masks...);
     return std::pair{linear(merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(out)), o), weights};
   }
 };
@@ -261,7 +273,9 @@ struct GroupedQueryAttention {
     auto kv = [](const auto& t) {
       return permute<Batch, KvHeads, Key, HeadDim>(split<Proj, KvHeads<Hkv>, HeadDim<D>>(rename<Seq, Key>(t)));
     };
-    auto [out, weights] = attention(qh, kv(linear(xs, k)), kv(linear(xs, v)), masks...);
+    auto kh = kv(linear(xs, k));
+    auto vh = kv(linear(xs, v));
+    auto [out, weights] = attention(qh, kh, vh, masks...);
     auto heads = merge<KvHeads, Group, Heads>(permute<Batch, Seq, KvHeads, Group, HeadDim>(out));
     return std::pair{linear(merge<Heads, HeadDim, Model>(heads), o), weights};
   }

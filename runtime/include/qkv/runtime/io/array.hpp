@@ -23,8 +23,7 @@
 #include <utility>
 #include <vector>
 
-static_assert(std::endian::native == std::endian::little,
-              "qkv's tensor I/O assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little, "qkv's tensor I/O assumes a little-endian host");
 
 namespace qkv {
 
@@ -49,8 +48,7 @@ inline std::string shape_to_string(std::span<const std::int64_t> shape) {
 /// Number of bytes an array of `shape` and `dtype` occupies. Throws IoError (prefixed by `what`)
 /// if a dimension is negative, or if the product of the non-zero dimensions times the item size
 /// does not fit in int64 — so numel() of an accepted shape can never overflow, in any order.
-inline std::size_t checked_nbytes(std::span<const std::int64_t> shape, DType dtype,
-                                  std::string_view what) {
+inline std::size_t checked_nbytes(std::span<const std::int64_t> shape, DType dtype, std::string_view what) {
   constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   std::uint64_t nonzero_product = dtype_size(dtype);
   bool has_zero = false;
@@ -75,27 +73,41 @@ namespace detail {
 template <class T>
 constexpr bool dtype_matches(DType t) {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return t == DType::f32;
-  else if constexpr (std::is_same_v<U, double>) return t == DType::f64;
+  if constexpr (std::is_same_v<U, float>)
+    return t == DType::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return t == DType::f64;
   else if constexpr (std::is_same_v<U, bool> || std::is_same_v<U, std::uint8_t>)
     return t == DType::boolean;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return t == DType::i32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return t == DType::i64;
-  else if constexpr (std::is_same_v<U, std::uint16_t>) return t == DType::f16 || t == DType::bf16;
-  else return false;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return t == DType::i32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return t == DType::i64;
+  else if constexpr (std::is_same_v<U, std::uint16_t>)
+    return t == DType::f16 || t == DType::bf16;
+  else
+    return false;
 }
 
 template <class T>
 constexpr std::string_view ctype_name() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return "float";
-  else if constexpr (std::is_same_v<U, double>) return "double";
-  else if constexpr (std::is_same_v<U, bool>) return "bool";
-  else if constexpr (std::is_same_v<U, std::uint8_t>) return "uint8_t";
-  else if constexpr (std::is_same_v<U, std::int32_t>) return "int32_t";
-  else if constexpr (std::is_same_v<U, std::int64_t>) return "int64_t";
-  else if constexpr (std::is_same_v<U, std::uint16_t>) return "uint16_t";
-  else return "unsupported type";
+  if constexpr (std::is_same_v<U, float>)
+    return "float";
+  else if constexpr (std::is_same_v<U, double>)
+    return "double";
+  else if constexpr (std::is_same_v<U, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return "uint8_t";
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return "int32_t";
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return "int64_t";
+  else if constexpr (std::is_same_v<U, std::uint16_t>)
+    return "uint16_t";
+  else
+    return "unsupported type";
 }
 
 template <class T>
@@ -121,9 +133,7 @@ inline float f16_to_f32(std::uint16_t h) {
 }
 
 /// bfloat16 bits → float (bf16 is the top half of an f32, so this is exact).
-inline float bf16_to_f32(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 struct NdArray {
   DType dtype = DType::f32;
@@ -167,22 +177,33 @@ struct NdArray {
     const std::byte* p = bytes.data();
     for (std::size_t i = 0; i < n; ++i, p += isz) {
       switch (dtype) {
-        case DType::f32: out[i] = detail::load_unaligned<float>(p); break;
+        case DType::f32:
+          out[i] = detail::load_unaligned<float>(p);
+          break;
         case DType::f64: {
           const double d = detail::load_unaligned<double>(p);
           constexpr double kFltMax = std::numeric_limits<float>::max();
           if (std::isfinite(d) && std::fabs(d) > kFltMax)  // avoid an out-of-range conversion
-            out[i] = d > 0 ? std::numeric_limits<float>::infinity()
-                           : -std::numeric_limits<float>::infinity();
+            out[i] = d > 0 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
           else
             out[i] = static_cast<float>(d);
           break;
         }
-        case DType::f16: out[i] = f16_to_f32(detail::load_unaligned<std::uint16_t>(p)); break;
-        case DType::bf16: out[i] = bf16_to_f32(detail::load_unaligned<std::uint16_t>(p)); break;
-        case DType::boolean: out[i] = std::to_integer<unsigned>(*p) != 0 ? 1.0f : 0.0f; break;
-        case DType::i32: out[i] = static_cast<float>(detail::load_unaligned<std::int32_t>(p)); break;
-        case DType::i64: out[i] = static_cast<float>(detail::load_unaligned<std::int64_t>(p)); break;
+        case DType::f16:
+          out[i] = f16_to_f32(detail::load_unaligned<std::uint16_t>(p));
+          break;
+        case DType::bf16:
+          out[i] = bf16_to_f32(detail::load_unaligned<std::uint16_t>(p));
+          break;
+        case DType::boolean:
+          out[i] = std::to_integer<unsigned>(*p) != 0 ? 1.0f : 0.0f;
+          break;
+        case DType::i32:
+          out[i] = static_cast<float>(detail::load_unaligned<std::int32_t>(p));
+          break;
+        case DType::i64:
+          out[i] = static_cast<float>(detail::load_unaligned<std::int64_t>(p));
+          break;
       }
     }
     return out;
@@ -193,8 +214,7 @@ struct NdArray {
     const std::size_t n = checked_nbytes(shape, DType::f32, "NdArray::from_f32");
     if (n != values.size() * sizeof(float))
       throw IoError("NdArray::from_f32: shape " + shape_to_string(shape) + " needs " +
-                    std::to_string(n / sizeof(float)) + " values, got " +
-                    std::to_string(values.size()));
+                    std::to_string(n / sizeof(float)) + " values, got " + std::to_string(values.size()));
     NdArray a{DType::f32, std::move(shape), std::vector<std::byte>(n)};
     if (n) std::memcpy(a.bytes.data(), values.data(), n);
     return a;

@@ -99,13 +99,11 @@ class SafetensorsFile {
 /// Serialises tensors (+ optional metadata) to a safetensors image. IoError on an array whose
 /// bytes do not match its shape, on the reserved name "__metadata__", or on names / metadata that
 /// are not valid UTF-8.
-std::vector<std::byte> serialize_safetensors(
-    const std::map<std::string, NdArray>& tensors,
-    const std::map<std::string, std::string>& metadata = {});
+std::vector<std::byte> serialize_safetensors(const std::map<std::string, NdArray>& tensors,
+                                             const std::map<std::string, std::string>& metadata = {});
 
 /// serialize_safetensors + write_file_atomic (temporary file in the same directory, then rename).
-void write_safetensors(const std::filesystem::path& path,
-                       const std::map<std::string, NdArray>& tensors,
+void write_safetensors(const std::filesystem::path& path, const std::map<std::string, NdArray>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace qkv

@@ -1,0 +1,229 @@
+// runtime/src/interpreter.cpp — the reference interpreter's driver: binds the feeds to the
+// graph's extents, runs the nodes in order (the ops are in interpreter_ops.cpp), checks each
+// value against the shape the IR declares, and hands the values back as arrays.
+#include <qkv/runtime/interpreter.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include "interpreter_ops.hpp"
+
+namespace qkv {
+
+namespace {
+
+using interp::internal_error;
+using interp::Value;
+
+/// "input 'x'" / "param 'out_proj.weight'"
+std::string tensor_label(const Node& n) { return std::string(op_name(n.op)) + " '" + n.name + "'"; }
+
+bool is_leaf(const Node& n) { return n.op == Op::input || n.op == Op::param; }
+
+/// The feed's dtype must suit the node: bool arrays for boolean (mask) nodes and only there;
+/// any numeric dtype for the others (converted to f32). Its bytes must fit its shape.
+void check_feed_array(const Node& n, const NdArray& a) {
+  const std::string who = tensor_label(n);
+  if (n.dtype == DType::boolean && a.dtype != DType::boolean)
+    throw ShapeError(who + " is a boolean keep-mask (true = may attend) and must be fed a bool array, got " +
+                     std::string(dtype_name(a.dtype)));
+  if (n.dtype != DType::boolean && a.dtype == DType::boolean)
+    throw ShapeError(who + " is " + std::string(dtype_name(n.dtype)) + " but was fed a bool array");
+  const std::size_t want = checked_nbytes(a.shape, a.dtype, who);
+  if (a.bytes.size() != want)
+    throw IoError(who + ": the array's shape " + shape_to_string(a.shape) + " needs " + std::to_string(want) +
+                  " bytes of " + std::string(dtype_name(a.dtype)) + " but it holds " + std::to_string(a.bytes.size()));
+}
+
+/// A merge of two dynamic axes declares a fresh symbol (named after the merged axis) that no
+/// input binds; its size is the product of the two parts, known once the inputs are bound.
+void bind_merged_symbols(const Graph& g, Bindings& b) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != Op::merge || n.attr_axes.size() != 3 || n.inputs.size() != 1) continue;
+    const int in = n.inputs[0];
+    if (in < 0 || static_cast<std::size_t>(in) >= g.size()) continue;  // reported when the node runs
+    for (const Axis& out : n.axes) {
+      if (out.name != n.attr_axes[2] || out.extent.is_static() || out.extent.num != 1 || out.extent.den != 1) continue;
+      if (b.contains(out.extent.symbol)) continue;
+      std::optional<std::int64_t> pa, pb;
+      for (const Axis& x : g.node(in).axes) {
+        if (x.name == n.attr_axes[0]) pa = x.extent.resolve(b);
+        if (x.name == n.attr_axes[1]) pb = x.extent.resolve(b);
+      }
+      if (pa && pb) b[out.extent.symbol] = *pa * *pb;
+    }
+  }
+}
+
+/// A value's shape against the extents its node declares: bound extents must match; a symbol
+/// still unbound (one a merge or similar op introduced) is bound from the value.
+void settle_shape(const Graph& g, int id, const Value& v, Bindings& b) {
+  const Node& n = g.node(id);
+  if (static_cast<std::int64_t>(v.data.size()) != interp::numel(v.shape))
+    internal_error(interp::node_label(g, id) + ": computed " + std::to_string(v.data.size()) + " values for its shape");
+  if (v.shape.size() != n.axes.size())
+    internal_error(interp::node_label(g, id) + ": computed a value of rank " + std::to_string(v.shape.size()) +
+                   " but the IR declares " + axes_str(n.axes));
+  for (std::size_t k = 0; k < n.axes.size(); ++k) {
+    const Extent& e = n.axes[k].extent;
+    const std::int64_t got = v.shape[k];
+    if (auto want = e.resolve(b)) {
+      if (*want != got)
+        internal_error(interp::node_label(g, id) + ": axis `" + n.axes[k].name + "` (extent " + e.str() + ") is " +
+                       std::to_string(*want) + " under the bindings, but the computed value has " + std::to_string(got));
+    } else if (e.num != 0 && (got * e.den) % e.num == 0) {
+      b[e.symbol] = got * e.den / e.num;
+    } else {
+      internal_error(interp::node_label(g, id) + ": cannot bind " + e.str() + " to " + std::to_string(got));
+    }
+  }
+}
+
+/// Runs the graph; one value per node.
+std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
+  b = bind_extents(g, feeds);
+  std::vector<Value> values;
+  values.reserve(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const int id = static_cast<int>(i);
+    const Node& n = g.node(id);
+    Value v;
+    if (is_leaf(n)) {
+      if (!n.inputs.empty()) internal_error(interp::node_label(g, id) + ": a leaf has inputs");
+      const NdArray& a = feeds.find(n.name)->second;  // bind_extents checked it is there
+      v = Value{a.shape, a.to_f32()};
+    } else {
+      interp::OpArgs args{g, id, n, {}, {}, values, b};
+      for (int in : n.inputs) {
+        if (in < 0 || in >= id)
+          internal_error(interp::node_label(g, id) + ": input %" + std::to_string(in) + " does not precede it");
+        args.in_nodes.push_back(&g.node(in));
+        args.in.push_back(&values[static_cast<std::size_t>(in)]);
+      }
+      v = interp::eval_op(args);
+    }
+    settle_shape(g, id, v, b);
+    values.push_back(std::move(v));
+  }
+  return values;
+}
+
+NdArray to_array(const Node& n, const Value& v) {
+  if (n.dtype != DType::boolean) return NdArray::from_f32(v.data, v.shape);
+  NdArray a = NdArray::zeros(DType::boolean, v.shape);
+  for (std::size_t i = 0; i < v.data.size(); ++i) a.bytes[i] = std::byte{v.data[i] != 0.0f ? std::uint8_t{1} : std::uint8_t{0}};
+  return a;
+}
+
+}  // namespace
+
+Bindings bind_extents(const Graph& g, const Feeds& feeds) {
+  Bindings b;
+  std::map<std::string, std::string, std::less<>> bound_by;  // symbol -> the tensor that bound it
+  struct Derived {
+    const Node* node;
+    std::size_t axis;
+    std::int64_t size;
+  };
+  std::vector<Derived> derived;
+
+  for (const Node& n : g.nodes()) {
+    if (!is_leaf(n)) continue;
+    const std::string who = tensor_label(n);
+    auto it = feeds.find(n.name);
+    if (it == feeds.end()) throw ShapeError("missing " + who + " (expected " + axes_str(n.axes) + ")");
+    const NdArray& a = it->second;
+    check_feed_array(n, a);
+    if (a.shape.size() != n.axes.size())
+      throw ShapeError(who + ": expected " + std::to_string(n.axes.size()) + " axes " + axes_str(n.axes) +
+                       " but the array has shape " + shape_to_string(a.shape));
+    for (std::size_t k = 0; k < n.axes.size(); ++k) {
+      const Axis& ax = n.axes[k];
+      const std::int64_t got = a.shape[k];
+      if (ax.extent.is_static()) {
+        if (got != ax.extent.value)
+          throw ShapeError(who + ": axis `" + ax.name + "` is " + std::to_string(ax.extent.value) + " but the array has " +
+                           std::to_string(got) + " there (shape " + shape_to_string(a.shape) + ")");
+      } else if (ax.extent.num == 1 && ax.extent.den == 1) {
+        const std::string& sym = ax.extent.symbol;
+        if (auto f = b.find(sym); f == b.end()) {
+          b[sym] = got;
+          bound_by[sym] = n.name;
+        } else if (f->second != got) {
+          throw ShapeError(who + ": axis `" + ax.name + "` (extent " + ax.extent.str() + ") is " + std::to_string(got) +
+                           " but '" + bound_by[sym] + "' bound " + sym + " = " + std::to_string(f->second));
+        }
+      } else {
+        derived.push_back({&n, k, got});
+      }
+    }
+  }
+
+  for (const Derived& d : derived) {
+    const Axis& ax = d.node->axes[d.axis];
+    const Extent& e = ax.extent;
+    const std::string head = tensor_label(*d.node) + ": axis `" + ax.name + "` (extent " + e.str() + ") is " + std::to_string(d.size);
+    auto f = b.find(e.symbol);
+    if (f == b.end())
+      throw ShapeError(head + ", but no input binds " + e.symbol + " by itself; feed an input with an axis of extent " +
+                       e.symbol + "?");
+    const std::string bound = " but '" + bound_by[e.symbol] + "' bound " + e.symbol + " = " + std::to_string(f->second);
+    if ((f->second * e.num) % e.den != 0)
+      throw ShapeError(head + bound + ", which is not divisible by " + std::to_string(e.den / std::max<std::int64_t>(1, std::gcd(e.num, e.den))));
+    if (const std::int64_t want = f->second * e.num / e.den; want != d.size)
+      throw ShapeError(head + bound + ", which makes it " + std::to_string(want));
+  }
+
+  bind_merged_symbols(g, b);
+  g.check(b);
+  return b;
+}
+
+std::vector<NdArray> interpret_all(const Graph& g, const Feeds& feeds, Bindings* bindings_out) {
+  Bindings b;
+  const std::vector<Value> values = run(g, feeds, b);
+  std::vector<NdArray> out;
+  out.reserve(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out.push_back(to_array(g.node(static_cast<int>(i)), values[i]));
+  if (bindings_out) *bindings_out = std::move(b);
+  return out;
+}
+
+RunResult interpret(const Graph& g, const Feeds& feeds) {
+  RunResult r;
+  const std::vector<Value> values = run(g, feeds, r.bindings);
+  for (const auto& o : g.outputs()) {
+    if (o.node < 0 || static_cast<std::size_t>(o.node) >= values.size())
+      internal_error("output '" + o.name + "' names node %" + std::to_string(o.node) + ", which does not exist");
+    r.outputs.insert_or_assign(o.name, to_array(g.node(o.node), values[static_cast<std::size_t>(o.node)]));
+  }
+  return r;
+}
+
+NdArray mean_over_axis(const NdArray& a, std::size_t axis) {
+  if (axis >= a.shape.size())
+    throw std::invalid_argument("mean_over_axis: axis " + std::to_string(axis) + " is out of range for shape " +
+                                shape_to_string(a.shape));
+  const std::vector<float> x = a.to_f32();
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t k = 0; k < axis; ++k) outer *= a.shape[k];
+  for (std::size_t k = axis + 1; k < a.shape.size(); ++k) inner *= a.shape[k];
+  const std::int64_t n = a.shape[axis];
+  std::vector<std::int64_t> shape = a.shape;
+  shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(axis));
+  std::vector<float> out(static_cast<std::size_t>(outer * inner));
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t i = 0; i < inner; ++i) {
+      double sum = 0.0;
+      for (std::int64_t k = 0; k < n; ++k) sum += x[static_cast<std::size_t>((o * n + k) * inner + i)];
+      out[static_cast<std::size_t>(o * inner + i)] = static_cast<float>(sum / static_cast<double>(n));
+    }
+  }
+  return NdArray::from_f32(std::move(out), std::move(shape));
+}
+
+}  // namespace qkv

@@ -1,0 +1,22 @@
+# Lesson 07 quotes qkv's diagnostics; each quote must be the expected-error text of the
+# compile-fail test it names, so the lesson cannot drift from what the compilers print.
+file(READ ${LESSON} lesson)
+string(REPLACE ";" "<semicolon>" lesson "${lesson}")  # CMake lists split on ;
+string(REGEX MATCHALL "\\{\"[0-9a-z_]+\",\n[^\n]*\n[^\n]*\n[^\n]*\"\\}" entries "${lesson}")
+list(LENGTH entries n)
+if(n LESS 13)
+  message(FATAL_ERROR "lesson 07 lists ${n} bugs, expected at least 13")
+endif()
+foreach(e IN LISTS entries)
+  string(REGEX MATCH "^\\{\"([0-9a-z_]+)\"" _ "${e}")
+  set(name ${CMAKE_MATCH_1})
+  string(REGEX MATCH "\n     \"([^\n]*)\"\\}$" _ "${e}")
+  set(quoted "${CMAKE_MATCH_1}")
+  file(READ ${CASES}/${name}_fail.cpp case)
+  string(REPLACE ";" "<semicolon>" case "${case}")
+  string(FIND "${case}" "// expected-error: ${quoted}\n" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "lesson 07 quotes for ${name}:\n  ${quoted}\nbut ${name}_fail.cpp expects a different diagnostic")
+  endif()
+endforeach()
+message(STATUS "lesson 07: ${n} quotes match their compile-fail tests")

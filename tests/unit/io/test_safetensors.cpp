@@ -1,0 +1,413 @@
+// Unit tests for the safetensors reader/writer (qkv/runtime/io/safetensors.hpp).
+#include <qkv/runtime/io/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+using qkv::DType;
+using qkv::NdArray;
+using qkv::SafetensorsFile;
+namespace fs = std::filesystem;
+
+// The IoError message thrown by f, or a marker if nothing was thrown (other exceptions escape and
+// fail the test).
+std::string io_error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const qkv::IoError& e) {
+    return e.what();
+  }
+  return "<no IoError thrown>";
+}
+
+// Expects `stmt` to throw IoError whose message contains every one of the given substrings.
+#define EXPECT_IO_ERROR(stmt, ...)                                                                         \
+  do {                                                                                                     \
+    const std::string msg_ = io_error_message([&] { (void)(stmt); });                                      \
+    const std::vector<std::string> needles_{__VA_ARGS__};                                                  \
+    for (const std::string& needle_ : needles_)                                                            \
+      EXPECT_NE(msg_.find(needle_), std::string::npos) << "message: " << msg_ << "\n  lacks: " << needle_; \
+  } while (0)
+
+// A fresh directory for one test, removed afterwards.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = fs::temp_directory_path() / ("qkv_st_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+template <class T>
+std::vector<std::byte> le_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+template <class T>
+NdArray make(DType t, std::vector<std::int64_t> shape, const std::vector<T>& values) {
+  return NdArray{t, std::move(shape), le_bytes(values)};
+}
+
+// A hand-built safetensors image: 8-byte little-endian header length, header text, data section.
+std::vector<std::byte> image(std::string_view header, const std::vector<std::byte>& data = {}) {
+  std::vector<std::byte> out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>((header.size() >> (8 * i)) & 0xFF));
+  for (char c : header) out.push_back(static_cast<std::byte>(c));
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+constexpr const char* kName = "model.safetensors";
+
+SafetensorsFile from(std::string_view header, std::size_t data_size = 64) {
+  return SafetensorsFile::from_bytes(image(header, std::vector<std::byte>(data_size)), kName);
+}
+
+// One F32 tensor "t" of shape [2] at [0, 8] with `field` replaced by `value` (or removed if empty).
+std::string entry_with(const std::string& field, const std::string& value) {
+  std::string dtype = "\"dtype\":\"F32\"", shape = "\"shape\":[2]", offsets = "\"data_offsets\":[0,8]";
+  std::string* target = field == "dtype" ? &dtype : field == "shape" ? &shape : &offsets;
+  *target = value.empty() ? "" : "\"" + field + "\":" + value;
+  std::string body;
+  for (const std::string* part : {&dtype, &shape, &offsets})
+    if (!part->empty()) body += (body.empty() ? "" : ",") + *part;
+  return "{\"t\":{" + body + "}}";
+}
+
+std::map<std::string, NdArray> every_dtype() {
+  return {
+      {"f32", make<float>(DType::f32, {2, 3}, {1, 2, 3, 4, 5, -6.5f})},
+      {"f64", make<double>(DType::f64, {3}, {1e-300, -2, 3.25})},
+      {"f16", make<std::uint16_t>(DType::f16, {2, 2}, {0x3C00, 0xC000, 0x7C00, 0x0001})},
+      {"bf16", make<std::uint16_t>(DType::bf16, {3}, {0x3F80, 0xC000, 0x7F80})},
+      {"bool", make<std::uint8_t>(DType::boolean, {1, 3}, {1, 0, 1})},
+      {"i32", make<std::int32_t>(DType::i32, {2}, {-1, std::numeric_limits<std::int32_t>::max()})},
+      {"i64", make<std::int64_t>(DType::i64, {}, {std::numeric_limits<std::int64_t>::min()})},
+      {"empty", make<float>(DType::f32, {0, 4}, {})},
+  };
+}
+
+// --- round trips and layout ----------------------------------------------------------------------
+
+TEST(Safetensors, RoundTripEveryDTypeThroughMmap) {
+  TempDir dir;
+  const auto tensors = every_dtype();
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "\xC3\xA9t\xC3\xA9"}};
+  const fs::path p = dir.path / "m.safetensors";
+  qkv::write_safetensors(p, tensors, meta);
+  const SafetensorsFile f = SafetensorsFile::open(p);
+  EXPECT_EQ(f.what(), p.string());
+  EXPECT_EQ(f.size(), tensors.size());
+  EXPECT_EQ(f.metadata(), meta);
+  for (const auto& [name, a] : tensors) {
+    ASSERT_TRUE(f.contains(name)) << name;
+    EXPECT_EQ(f.load(name), a) << name;
+    const qkv::TensorView v = f.get(name);
+    EXPECT_EQ(v.dtype, a.dtype);
+    EXPECT_EQ(v.shape, a.shape);
+    EXPECT_EQ(v.numel(), a.numel());
+    EXPECT_TRUE(std::equal(v.data.begin(), v.data.end(), a.bytes.begin(), a.bytes.end())) << name;
+  }
+}
+
+TEST(Safetensors, RoundTripInMemory) {
+  const auto tensors = every_dtype();
+  const SafetensorsFile f = SafetensorsFile::from_bytes(qkv::serialize_safetensors(tensors), "mem");
+  EXPECT_TRUE(f.metadata().empty());
+  for (const auto& [name, a] : tensors) EXPECT_EQ(f.load(name), a) << name;
+}
+
+TEST(Safetensors, NamesAreSorted) {
+  const SafetensorsFile f = SafetensorsFile::from_bytes(qkv::serialize_safetensors(every_dtype()), "mem");
+  EXPECT_EQ(f.names(), (std::vector<std::string>{"bf16", "bool", "empty", "f16", "f32", "f64", "i32", "i64"}));
+  EXPECT_FALSE(f.contains("nope"));
+  EXPECT_FALSE(f.contains("__metadata__"));
+}
+
+TEST(Safetensors, WriterLayoutIsPaddedAndAligned) {
+  const auto img = qkv::serialize_safetensors(every_dtype(), {{"k", "v"}});
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::to_integer<std::uint64_t>(img[static_cast<std::size_t>(i)]) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  const std::string header(reinterpret_cast<const char*>(img.data() + 8), n);
+  EXPECT_EQ(header.front(), '{');
+  EXPECT_NE(header.find("\"__metadata__\":{\"k\":\"v\"}"), std::string::npos);
+  const std::size_t close = header.rfind('}');
+  EXPECT_EQ(header.find_first_not_of(' ', close + 1), std::string::npos);  // only spaces after '}'
+  const SafetensorsFile f = SafetensorsFile::from_bytes(img, "mem");
+  for (const std::string& name : f.names()) {
+    const auto v = f.get(name);
+    const auto offset = static_cast<std::size_t>(v.data.data() - img.data() - 8 - static_cast<std::ptrdiff_t>(n));
+    EXPECT_EQ(offset % qkv::dtype_size(v.dtype), 0u) << name;
+  }
+}
+
+TEST(Safetensors, HandBuiltFixture) {
+  // As written by the reference implementation: header padded with spaces.
+  const auto data = le_bytes<float>({1, 2, 3, 4, 5, 6});
+  auto img =
+      image(R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}    )", data);
+  const SafetensorsFile f = SafetensorsFile::from_bytes(img, kName);
+  EXPECT_EQ(f.names(), std::vector<std::string>{"w"});
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.load("w").to_f32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(f.load("w").shape, (std::vector<std::int64_t>{2, 3}));
+}
+
+TEST(Safetensors, EmptyFileScalarAndZeroSizedTensors) {
+  EXPECT_EQ(from("{}", 0).size(), 0u);
+  const auto f = SafetensorsFile::from_bytes(image(R"({"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+                                                   R"("z":{"dtype":"F32","shape":[3,0],"data_offsets":[8,8]}})",
+                                                   le_bytes<std::int64_t>({-5})),
+                                             kName);
+  EXPECT_EQ(f.load("s").as<std::int64_t>()[0], -5);
+  EXPECT_EQ(f.load("z").numel(), 0);
+}
+
+TEST(Safetensors, GapsAndUnusedTailAreTolerated) {
+  const auto f = from(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"b":)"
+                      R"({"dtype":"BOOL","shape":[1],"data_offsets":[0,1],"x":1}})",
+                      32);
+  EXPECT_EQ(f.size(), 2u);
+}
+
+TEST(Safetensors, BooleansAreNormalisedOnLoad) {
+  const auto f = SafetensorsFile::from_bytes(
+      image(R"({"b":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", {std::byte{0}, std::byte{7}, std::byte{1}}),
+      kName);
+  EXPECT_EQ(f.get("b").data[1], std::byte{7});  // the view is raw
+  EXPECT_EQ(f.load("b").bytes, (std::vector<std::byte>{std::byte{0}, std::byte{1}, std::byte{1}}));
+}
+
+TEST(Safetensors, MoveKeepsViewsValid) {
+  TempDir dir;
+  const fs::path p = dir.path / "m.safetensors";
+  qkv::write_safetensors(p, every_dtype());
+  SafetensorsFile a = SafetensorsFile::open(p);
+  const auto before = a.get("f32").data;
+  SafetensorsFile b = std::move(a);
+  EXPECT_EQ(b.get("f32").data.data(), before.data());
+  SafetensorsFile c = SafetensorsFile::from_bytes(qkv::serialize_safetensors({}), "empty");
+  c = std::move(b);
+  EXPECT_EQ(c.load("f32"), every_dtype().at("f32"));
+  SafetensorsFile d = SafetensorsFile::from_bytes(qkv::serialize_safetensors(every_dtype()), "mem");
+  const auto* owned = d.get("i64").data.data();
+  SafetensorsFile e = std::move(d);
+  EXPECT_EQ(e.get("i64").data.data(), owned);
+}
+
+TEST(Safetensors, WriteReplacesAtomically) {
+  TempDir dir;
+  const fs::path p = dir.path / "m.safetensors";
+  qkv::write_safetensors(p, every_dtype());
+  qkv::write_safetensors(p, {{"only", NdArray::from_f32({1}, {1})}});
+  EXPECT_EQ(SafetensorsFile::open(p).names(), std::vector<std::string>{"only"});
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1);
+}
+
+// --- writer errors -------------------------------------------------------------------------------
+
+TEST(SafetensorsWriteErrors, MissingDirectoryThrowsAndLeavesNoFile) {
+  TempDir dir;
+  const fs::path p = dir.path / "missing" / "m.safetensors";
+  EXPECT_IO_ERROR(qkv::write_safetensors(p, every_dtype()), p.string(), "temporary file");
+  EXPECT_FALSE(fs::exists(p));
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST(SafetensorsWriteErrors, BadArrays) {
+  TempDir dir;
+  const fs::path p = dir.path / "m.safetensors";
+  NdArray bad = NdArray::zeros(DType::f32, {2, 3});
+  bad.bytes.resize(20);
+  EXPECT_IO_ERROR(qkv::write_safetensors(p, {{"w", bad}}), p.string(), "tensor 'w'", "needs 24 bytes");
+  EXPECT_IO_ERROR(qkv::write_safetensors(p, {{"__metadata__", NdArray::from_f32({1}, {1})}}), p.string(), "reserved");
+  EXPECT_IO_ERROR(qkv::write_safetensors(p, {{"bad\xFF", NdArray::from_f32({1}, {1})}}), p.string(), "UTF-8");
+  EXPECT_IO_ERROR(qkv::serialize_safetensors({}, {{"k", "\xC3"}}), "serialize_safetensors", "UTF-8");
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+// --- reader errors: each names the file and the problem ------------------------------------------
+
+TEST(SafetensorsErrors, ShorterThan8Bytes) {
+  EXPECT_IO_ERROR(SafetensorsFile::from_bytes(std::vector<std::byte>(5), kName), kName, "5 bytes", "too short");
+  TempDir dir;
+  const fs::path p = dir.path / "tiny.safetensors";
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "0 bytes", "too short");
+}
+
+TEST(SafetensorsErrors, HeaderLengthBeyondFile) {
+  auto img = image("{}");
+  img[0] = std::byte{3};  // claims 3 bytes, file has 2 after the length
+  EXPECT_IO_ERROR(SafetensorsFile::from_bytes(img, kName), kName, "header length 3 exceeds the file size");
+}
+
+TEST(SafetensorsErrors, HeaderLengthAboveLimit) {
+  auto img = image("{}");
+  const std::uint64_t n = 100'000'001;
+  for (int i = 0; i < 8; ++i) img[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
+  EXPECT_IO_ERROR(SafetensorsFile::from_bytes(img, kName), kName, "100 MB");
+  img[7] = std::byte{0xFF};  // ~2^64: must not wrap around
+  EXPECT_IO_ERROR(SafetensorsFile::from_bytes(img, kName), kName, "100 MB");
+}
+
+TEST(SafetensorsErrors, HeaderNotJson) {
+  EXPECT_IO_ERROR(from("{\"a\":", 0), kName, "not valid JSON");
+  EXPECT_IO_ERROR(from("{\"a\": 1} trailing", 0), kName, "not valid JSON");
+  EXPECT_IO_ERROR(from("{\"\xFF\":{}}", 0), kName, "not valid JSON");
+}
+
+TEST(SafetensorsErrors, HeaderNotObject) {
+  EXPECT_IO_ERROR(from("[1, 2]", 0), kName, "not a JSON object", "array");
+  EXPECT_IO_ERROR(from("\"str\"", 0), kName, "not a JSON object");
+}
+
+TEST(SafetensorsErrors, EntryNotObject) {
+  EXPECT_IO_ERROR(from(R"({"t": [1, 2]})"), kName, "tensor 't'", "not a JSON object");
+}
+
+TEST(SafetensorsErrors, MissingDType) {
+  EXPECT_IO_ERROR(from(entry_with("dtype", "")), kName, "tensor 't'", "missing 'dtype'");
+}
+
+TEST(SafetensorsErrors, MissingShape) {
+  EXPECT_IO_ERROR(from(entry_with("shape", "")), kName, "tensor 't'", "missing 'shape'");
+}
+
+TEST(SafetensorsErrors, MissingDataOffsets) {
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "")), kName, "tensor 't'", "missing 'data_offsets'");
+}
+
+TEST(SafetensorsErrors, DTypeWrongType) {
+  EXPECT_IO_ERROR(from(entry_with("dtype", "7")), kName, "'dtype' is not a string");
+}
+
+TEST(SafetensorsErrors, ShapeWrongType) {
+  EXPECT_IO_ERROR(from(entry_with("shape", "2")), kName, "'shape' is not an array");
+  EXPECT_IO_ERROR(from(entry_with("shape", "[2.0]")), kName, "'shape' must contain integers");
+  EXPECT_IO_ERROR(from(entry_with("shape", "[\"2\"]")), kName, "'shape' must contain integers");
+}
+
+TEST(SafetensorsErrors, DataOffsetsWrongType) {
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "{}")), kName, "'data_offsets' must be an array [begin, end]");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[0]")), kName, "[begin, end]");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[0, 4, 8]")), kName, "[begin, end]");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[0, 8.5]")), kName, "'data_offsets' must contain integers");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[-8, 0]")), kName, "'data_offsets' has negative value -8");
+}
+
+TEST(SafetensorsErrors, UnsupportedDType) {
+  for (const char* t : {"U8", "I8", "F8_E4M3", "F8_E5M2", "U16", "XYZ", ""})
+    EXPECT_IO_ERROR(from(entry_with("dtype", std::string("\"") + t + "\"")), kName, "tensor 't'",
+                    "unsupported dtype '" + std::string(t) + "'");
+}
+
+TEST(SafetensorsErrors, NegativeShape) {
+  EXPECT_IO_ERROR(from(entry_with("shape", "[2, -1]")), kName, "tensor 't'", "negative dimension -1");
+}
+
+TEST(SafetensorsErrors, OverflowingShape) {
+  EXPECT_IO_ERROR(from(entry_with("shape", "[4294967296, 4294967296]")), kName, "tensor 't'", "too large");
+  EXPECT_IO_ERROR(from(entry_with("shape", "[18446744073709551615]")), kName, "overflows int64");
+}
+
+TEST(SafetensorsErrors, BeginAfterEnd) {
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[8, 0]")), kName, "data_offsets [8, 0] has begin > end");
+}
+
+TEST(SafetensorsErrors, EndBeyondDataSection) {
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[60, 68]"), 64), kName, "tensor 't'",
+                  "data_offsets [60, 68] end is beyond the data section (64 bytes)");
+}
+
+TEST(SafetensorsErrors, SizeMismatch) {
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[0, 12]")), kName, "tensor 't'",
+                  "span 12 bytes but shape (2,) needs 8 bytes of F32");
+}
+
+TEST(SafetensorsErrors, OverlappingTensors) {
+  EXPECT_IO_ERROR(from(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                       R"("b":{"dtype":"I32","shape":[2],"data_offsets":[8,16]}})"),
+                  kName, "tensors 'a' [0, 16] and 'b' [8, 16] overlap");
+  // Overlap with a tensor that is not the immediately preceding one.
+  EXPECT_IO_ERROR(from(R"({"a":{"dtype":"F64","shape":[4],"data_offsets":[0,32]},)"
+                       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                       R"("c":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})"),
+                  kName, "overlap");
+}
+
+TEST(SafetensorsErrors, DuplicateTensorNames) {
+  EXPECT_IO_ERROR(from(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})"),
+                  kName, "duplicate tensor name 'a'");
+}
+
+TEST(SafetensorsErrors, DuplicateKeysInsideAnEntry) {
+  EXPECT_IO_ERROR(from(R"({"a":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})"), kName,
+                  "duplicate key 'dtype'");
+}
+
+TEST(SafetensorsErrors, MetadataNotObject) {
+  EXPECT_IO_ERROR(from(R"({"__metadata__":["a"]})"), kName, "__metadata__ must be an object");
+}
+
+TEST(SafetensorsErrors, MetadataValueNotString) {
+  EXPECT_IO_ERROR(from(R"({"__metadata__":{"epoch":3}})"), kName, "__metadata__ value for 'epoch' must be a string");
+}
+
+TEST(SafetensorsErrors, DeeplyNestedHeaderDoesNotOverflowTheStack) {
+  const std::size_t depth = 200'000;
+  const std::string nest = std::string(depth, '[') + std::string(depth, ']');
+  EXPECT_IO_ERROR(from(nest, 0), kName, "not a JSON object");
+  EXPECT_IO_ERROR(from("{\"t\":" + nest + "}", 0), kName, "tensor 't': entry is not a JSON object");
+  EXPECT_IO_ERROR(from(entry_with("shape", nest)), kName, "'shape' must contain integers, found array");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[" + nest + ", 8]")), kName, "found array");
+  EXPECT_IO_ERROR(from("{\"__metadata__\":{\"k\":" + nest + "}}", 0), kName, "must be a string, not array");
+}
+
+TEST(SafetensorsErrors, MissingTensor) {
+  const auto f = SafetensorsFile::from_bytes(qkv::serialize_safetensors(every_dtype()), kName);
+  EXPECT_IO_ERROR(f.get("nope"), kName, "no tensor named 'nope'");
+  EXPECT_IO_ERROR(f.load("nope"), kName, "no tensor named 'nope'");
+}
+
+TEST(SafetensorsErrors, OpenMissingFileOrDirectory) {
+  TempDir dir;
+  const fs::path p = dir.path / "absent.safetensors";
+  EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "cannot open");
+  EXPECT_IO_ERROR(SafetensorsFile::open(dir.path), dir.path.string(), "not a regular file");
+}
+
+TEST(SafetensorsErrors, OpenValidatesLikeFromBytes) {
+  TempDir dir;
+  const fs::path p = dir.path / "bad.safetensors";
+  const auto img = image(entry_with("data_offsets", "[0, 12]"), std::vector<std::byte>(16));
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fwrite(img.data(), 1, img.size(), f);
+  std::fclose(f);
+  EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "span 12 bytes");
+}
+
+}  // namespace
