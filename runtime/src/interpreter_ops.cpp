@@ -232,31 +232,15 @@ Value op_broadcast(const OpArgs& a) {
   return out;
 }
 
-/// The size the symbol `name` stands for in scaled(): its binding, else the extent of the axis
-/// of that name contracted by the contract that produced the scores.
-double scale_extent(const OpArgs& a, const std::string& name) {
-  if (auto it = a.bindings.find(name); it != a.bindings.end()) return static_cast<double>(it->second);
-  int id = a.node.inputs.at(0);
-  for (;;) {
-    const Node& n = a.graph.node(id);
-    if (n.op == Op::contract && has_name(n.attr_axes, name)) {
-      const int lhs = n.inputs.at(0);
-      return static_cast<double>(
-          a.values.at(static_cast<std::size_t>(lhs)).shape[axis_pos(a, a.graph.node(lhs).axes, name, "contract lhs")]);
-    }
-    const bool passes_through = n.op == Op::permute || n.op == Op::rename || n.op == Op::view || n.op == Op::scale ||
-                                n.op == Op::keep_mask || n.op == Op::bias || n.op == Op::causal || n.op == Op::dropout;
-    if (!passes_through || n.inputs.empty()) break;
-    id = n.inputs[0];
-  }
-  internal_error(where(a) + "scale by 1/sqrt(`" + name + "`): `" + name +
-                 "` is neither a bound symbol nor an axis contracted upstream");
-}
-
-/// x * scalar, or x / sqrt(d) with d the size behind attr_axes[0]; the factor in double.
+/// x * scalar, or x / sqrt(d) with d the bound size of node.dim; the factor in double.
 Value op_scale(const OpArgs& a) {
   expect_inputs(a, 1, 1);
-  const double factor = a.node.attr_axes.empty() ? a.node.scalar : 1.0 / std::sqrt(scale_extent(a, a.node.attr_axes[0]));
+  double factor = a.node.scalar;
+  if (a.node.dim) {
+    const auto d = a.node.dim->resolve(a.bindings);
+    if (!d) internal_error(where(a) + "scale by 1/sqrt(" + a.node.dim->str() + "): the extent is not bound");
+    factor = 1.0 / std::sqrt(static_cast<double>(*d));
+  }
   Value out{a.in[0]->shape, a.in[0]->data};
   for (float& x : out.data) x = static_cast<float>(static_cast<double>(x) * factor);
   return out;

@@ -291,7 +291,7 @@ TEST(Interpreter, ScaleBySymbolUsesTheBoundSize) {
   auto q = input<Tensor<f32, Batch<>, Seq<>, HeadDim<>>>(g, "q");
   auto k = input<Tensor<f32, Batch<>, Key<>, HeadDim<>>>(g, "k");
   auto s = scaled(contract<HeadDim>(q, k));
-  ASSERT_EQ(s.node().attr_axes, (std::vector<std::string>{"HeadDim"}));
+  ASSERT_EQ(s.node().dim, Extent::dynamic("HeadDim"));  // the contracted extent, recorded by scaled()
   output(s, "s");
   const NdArray qa = random_array({1, 2, 9}, 16), ka = random_array({1, 3, 9}, 17);
   const auto r = interpret(g, {{"q", qa}, {"k", ka}});

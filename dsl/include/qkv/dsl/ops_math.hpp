@@ -74,6 +74,13 @@ inline bool has_name_in(const std::vector<Axis>& axes, std::string_view n) {
   return false;
 }
 
+/// True for a key-padding mask whose key axis is not the scores' key axis K.
+template <class Tr, class LM, class K>
+inline constexpr bool pads_the_wrong_axis = false;
+template <class LM, class K>
+  requires(LM::size == 2)
+inline constexpr bool pads_the_wrong_axis<trait::mask<MaskKind::key_padding>, LM, K> = !same_name<axis_at<LM, 1>, K>;
+
 /// True when Tr marks softmax weights normalised over an axis that is not contracted in CA.
 template <class Tr, class CA>
 inline constexpr bool normalised_elsewhere = false;
@@ -212,7 +219,11 @@ auto scaled(const T& t, std::optional<double> factor = std::nullopt) {
     } else if constexpr (Dk::is_static) {
       n.scalar = 1.0 / std::sqrt(static_cast<double>(Dk::extent));
     } else {
-      n.attr_axes = {std::string(Dk::name)};  // 1/sqrt(bound size of this symbol)
+      // d_k is dynamic: find the contraction that made these scores and record its extent.
+      int id = t.id();
+      while (t.graph().node(id).op != Op::contract) id = t.graph().node(id).inputs.at(0);
+      const Node& c = t.graph().node(id);
+      n.dim = ir_axis(t.graph().node(c.inputs.at(0)), Dk::name).extent;
     }
     Graph& g = t.graph();
     return tensor<typename T::dtype, typename T::axis_list, trait::scores>(g, g.add(std::move(n)));
@@ -267,7 +278,7 @@ auto masked(const S& s, const M& m) {
     using LS = typename S::axis_list;
     using LM = typename M::axis_list;
     using KeyOfScores = axis_at<LS, LS::size - 1>;
-    if constexpr (M::trait_type::kind == MaskKind::key_padding && !same_name<axis_at<LM, 1>, KeyOfScores>) {
+    if constexpr (detail::pads_the_wrong_axis<typename M::trait_type, LM, KeyOfScores>) {
       using P = axis_at<LM, 1>;
       return fail<fixed_string("masked: the key-padding mask covers `") + P::name_fs + "` (" + extent_fs<P>() +
                   "), not the key axis `" + KeyOfScores::name_fs + "` of the scores " + axes_fs<LS>() +

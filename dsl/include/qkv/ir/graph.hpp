@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -33,7 +34,7 @@ enum class Op : std::uint8_t {
   contract,    // sum over `axes` of lhs*rhs, by-name batch dims     (axes)
   add,         // elementwise, by-name broadcast of rhs into lhs
   mul,         // elementwise, by-name broadcast of rhs into lhs
-  scale,       // x * scalar, or x / sqrt(extent of `axes[0]`) when axes is non-empty
+  scale,       // x * scalar; or, when `dim` is set (dynamic d_k), x / sqrt(dim)
   split,       // axes[0] of the input -> the output's axes named in axes[1..]
   merge,       // axes[0..n-1] (adjacent) -> axes[n]
   permute,     // reorder; output axes give the order
@@ -49,7 +50,7 @@ enum class Op : std::uint8_t {
   relu,
   gelu,        // exact (erf) form, as torch.nn.functional.gelu's default
   linear,      // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
-  slice,       // attr_axes[0]: take [offset, offset + extent) of it
+  slice,       // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
 };
 
 inline std::string_view op_name(Op op) {
@@ -95,7 +96,8 @@ struct Node {
   std::uint64_t seed = 0;
   CausalAlign align = CausalAlign::top_left;
   MaskKind mask = MaskKind::keep;
-  std::int64_t offset = 0;  // slice: first index along attr_axes[0]
+  std::int64_t offset = 0;  // slice: which part (in units of the output extent)
+  std::optional<Extent> dim;  // scale: divide by sqrt(dim) (a dynamic contracted extent)
 
   friend bool operator==(const Node&, const Node&) = default;
 };
@@ -240,6 +242,8 @@ inline std::uint64_t Graph::hash() const {
     mix_i(static_cast<std::int64_t>(n.align));
     mix_i(static_cast<std::int64_t>(n.mask));
     mix_i(n.offset);
+    mix_i(n.dim.has_value());
+    if (n.dim) mix_extent(*n.dim);
   }
   for (const auto& o : outputs_) { mix_i(o.node); mix_str(o.name); }
   for (const auto& c : constraints_) { mix_i(static_cast<std::int64_t>(c.kind)); mix_extent(c.a); mix_extent(c.b); mix_str(c.message); }
