@@ -75,8 +75,8 @@ void settle_shape(const Graph& g, int id, const Value& v, Bindings& b) {
       if (*want != got)
         internal_error(interp::node_label(g, id) + ": axis `" + n.axes[k].name + "` (extent " + e.str() + ") is " +
                        std::to_string(*want) + " under the bindings, but the computed value has " + std::to_string(got));
-    } else if (e.num != 0 && (got * e.den) % e.num == 0) {
-      b[e.symbol] = got * e.den / e.num;
+    } else if (e.num != 0 && ((got - e.plus) * e.den) % e.num == 0) {
+      b[e.symbol] = (got - e.plus) * e.den / e.num;
     } else {
       internal_error(interp::node_label(g, id) + ": cannot bind " + e.str() + " to " + std::to_string(got));
     }
@@ -148,7 +148,7 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
         if (got != ax.extent.value)
           throw ShapeError(who + ": axis `" + ax.name + "` is " + std::to_string(ax.extent.value) + " but the array has " +
                            std::to_string(got) + " there (shape " + shape_to_string(a.shape) + ")");
-      } else if (ax.extent.num == 1 && ax.extent.den == 1) {
+      } else if (ax.extent.num == 1 && ax.extent.den == 1 && ax.extent.plus == 0) {
         const std::string& sym = ax.extent.symbol;
         if (auto f = b.find(sym); f == b.end()) {
           b[sym] = got;
@@ -172,9 +172,9 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
       throw ShapeError(head + ", but no input binds " + e.symbol + " by itself; feed an input with an axis of extent " +
                        e.symbol + "?");
     const std::string bound = " but '" + bound_by[e.symbol] + "' bound " + e.symbol + " = " + std::to_string(f->second);
-    if ((f->second * e.num) % e.den != 0)
+    if ((f->second * e.num) % e.den != 0)  // `plus` shifts the size, never the divisibility
       throw ShapeError(head + bound + ", which is not divisible by " + std::to_string(e.den / std::max<std::int64_t>(1, std::gcd(e.num, e.den))));
-    if (const std::int64_t want = f->second * e.num / e.den; want != d.size)
+    if (const std::int64_t want = f->second * e.num / e.den + e.plus; want != d.size)
       throw ShapeError(head + bound + ", which makes it " + std::to_string(want));
   }
 

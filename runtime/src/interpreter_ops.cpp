@@ -304,6 +304,30 @@ Value op_permute(const OpArgs& a) {
   return out;
 }
 
+/// broadcast: the input repeated along the output axes it lacks (matched by name).
+Value op_broadcast_to(const OpArgs& a) {
+  expect_inputs(a, 1, 1);
+  const Node& xn = *a.in_nodes[0];
+  const Value& X = *a.in[0];
+  const Shape out_shape = declared_shape(a);
+  for (std::size_t k = 0; k < xn.axes.size(); ++k)
+    expect_same_size(a, xn.axes[k].name, X.shape[k], out_shape[axis_pos(a, a.node.axes, xn.axes[k].name, "output")]);
+  const Shape src = strides_by_name(names_of(a.node.axes), xn.axes, X.shape);
+  Value out{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)))};
+  Shape idx(out_shape.size(), 0);
+  for (std::size_t i = 0; i < out.data.size(); ++i, next_index(idx, out_shape))
+    out.data[i] = X.data[static_cast<std::size_t>(dot(idx, src))];
+  return out;
+}
+
+/// fill: the constant `scalar` in the node's shape (booleans: nonzero is true).
+Value op_fill(const OpArgs& a) {
+  expect_inputs(a, 0, 0);
+  const Shape out_shape = declared_shape(a);
+  const float v = a.node.dtype == DType::boolean ? (a.node.scalar != 0.0 ? 1.0f : 0.0f) : static_cast<float>(a.node.scalar);
+  return Value{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)), v)};
+}
+
 /// softmax over attr_axes[0]: max-subtracted, sums in double; an all −inf row gives zeros.
 Value op_softmax(const OpArgs& a) {
   expect_inputs(a, 1, 1);
@@ -526,6 +550,8 @@ Value eval_op(const OpArgs& a) {
     case Op::dropout: return op_dropout(a);
     case Op::concat: return op_concat(a);
     case Op::slice: return op_slice(a);
+    case Op::broadcast: return op_broadcast_to(a);
+    case Op::fill: return op_fill(a);
     case Op::layer_norm: return op_layer_norm(a);
     case Op::linear: return op_linear(a);
     case Op::relu: return unary_map(a, relu);

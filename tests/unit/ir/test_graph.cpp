@@ -42,7 +42,7 @@ TEST(Extent, ResolvesUnderBindings) {
 TEST(Graph, TableHasOneLinePerNodeWithSizes) {
   const std::string t = two_node_graph(16).table();
   EXPECT_THAT(t, HasSubstr("input x"));
-  EXPECT_THAT(t, HasSubstr("[Batch=Batch?, Model=16] f32"));
+  EXPECT_THAT(t, HasSubstr("[Batch?, Model=16] f32"));
   EXPECT_THAT(t, HasSubstr("relu"));
   EXPECT_THAT(t, HasSubstr("output out = %1"));
 }

@@ -497,7 +497,7 @@ TEST(Bind, WrongRank) {
   Graph g;
   output(relu(input<Tensor<f32, Batch<>, Model<4>>>(g, "x")), "y");
   EXPECT_THAT(shape_error_message(g, {{"x", random_array({2, 4, 1}, 28)}}),
-              HasSubstr("input 'x': expected 2 axes [Batch=Batch?, Model=4] but the array has shape (2, 4, 1)"));
+              HasSubstr("input 'x': expected 2 axes [Batch?, Model=4] but the array has shape (2, 4, 1)"));
 }
 
 TEST(Bind, InconsistentDynamicSymbolNamesBothTensors) {

@@ -338,3 +338,92 @@ auto concat(const std::array<T, N>& parts) {
 }
 
 }  // namespace qkv
+
+namespace qkv {
+
+namespace detail {
+template <template <auto> class Ax, class A, class B>
+using joined_axis = std::conditional_t<A::is_static && B::is_static, Ax<A::extent + B::extent>, Ax<dyn>>;
+
+template <class T>
+Node concat_node(const T& x, int tail, std::string_view axis, const Extent& tail_extent) {
+  Node n = unary_node(x, Op::concat, x.node().axes);
+  n.inputs.push_back(tail);
+  for (auto& a : n.axes)
+    if (a.name == axis) a.extent = a.extent.plus_extent(tail_extent);
+  n.attr_axes = {std::string(axis), std::string(axis)};
+  return n;
+}
+}  // namespace detail
+
+/// append<Key>(k, bias_k): y laid after x along Ax (PyTorch's add_bias_kv appends one learned
+/// key and value). y may lack some of x's other axes; it is repeated along them.
+template <template <auto> class Ax, class X, class Y>
+auto append(const X& x, const Y& y) {
+  if constexpr (any_poison<X, Y>) {
+    return poison{};
+  } else {
+    using LX = typename X::axis_list;
+    using LY = typename Y::axis_list;
+    if constexpr (!has_family<LX, Ax> || !has_family<LY, Ax>) {
+      return fail<fixed_string("append: both ") + axes_fs<LX>() + " and " + axes_fs<LY>() + " need the axis `" +
+                  family_name_fs<Ax> + "`; fix: append along an axis both have">();
+    } else if constexpr (without<LY, LX>::size != 0) {
+      return fail<fixed_string("append: ") + axes_fs<LY>() + " has axes that " + axes_fs<LX>() +
+                  " lacks; fix: the appended part may only drop axes, not add them">();
+    } else {
+      using A = find_family<LX, Ax>;
+      using B = find_family<LY, Ax>;
+      using Out = detail::replace_t<LX, A, axes<detail::joined_axis<Ax, A, B>>>;
+      Graph& g = x.graph();
+      const Extent tail_extent = ir_axis(y.node(), A::name).extent;
+      for (const auto& ya : y.node().axes)
+        if (ya.name != A::name)
+          defer_equal(g, ir_axis(x.node(), ya.name).extent, ya.extent, [](auto sa, auto sb) {
+            return fixed_string("append: `") + family_name_fs<Ax> + "`-joined parts differ on another axis (" + sa +
+                   " vs " + sb + "); fix: give both parts the same sizes off the joined axis";
+          });
+      int tail = y.id();
+      if (y.node().axes.size() != x.node().axes.size()) {  // repeat y along the axes it lacks
+        std::vector<Axis> target = x.node().axes;
+        for (auto& a : target)
+          if (a.name == A::name) a.extent = tail_extent;
+        Node b = detail::unary_node(y, Op::broadcast, std::move(target));
+        tail = g.add(std::move(b));
+      }
+      return tensor<typename X::dtype, Out, typename X::trait_type>(
+          g, g.add(detail::concat_node(x, tail, A::name, tail_extent)));
+    }
+  }
+}
+
+/// pad<Key, N>(x, value): N entries of a constant appended along Ax (zero keys for PyTorch's
+/// add_zero_attn; `true` columns extending a keep-mask). Masks stay masks.
+template <template <auto> class Ax, int N, class X>
+auto pad(const X& x, double value) {
+  if constexpr (any_poison<X>) {
+    return poison{};
+  } else {
+    using LX = typename X::axis_list;
+    if constexpr (!has_family<LX, Ax>) {
+      return fail<fixed_string("pad: x ") + axes_fs<LX>() + " has no axis `" + family_name_fs<Ax> +
+                  "`; fix: pad an axis the tensor has">();
+    } else {
+      using A = find_family<LX, Ax>;
+      using Out = detail::replace_t<LX, A, axes<detail::joined_axis<Ax, A, Ax<N>>>>;
+      Graph& g = x.graph();
+      Node f;
+      f.op = Op::fill;
+      f.axes = x.node().axes;
+      for (auto& a : f.axes)
+        if (a.name == A::name) a.extent = Extent::fixed(N);
+      f.dtype = X::dtype::value;
+      f.scalar = value;
+      const int tail = g.add(std::move(f));
+      return tensor<typename X::dtype, Out, typename X::trait_type>(
+          g, g.add(detail::concat_node(x, tail, A::name, Extent::fixed(N))));
+    }
+  }
+}
+
+}  // namespace qkv

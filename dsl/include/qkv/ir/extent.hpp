@@ -22,18 +22,19 @@ class ShapeError : public std::runtime_error {
 /// Concrete sizes for the symbolic extents of a graph, by symbol name (e.g. {"Seq", 128}).
 using Bindings = std::map<std::string, std::int64_t, std::less<>>;
 
-/// An extent is either static (`value`) or symbolic: `symbol * num / den` with the symbol bound
-/// at run time (splitting a dynamic axis into a static factor gives `Seq * 1 / 4`, merging gives
-/// `Seq * 4 / 1`). Only extents derived from one symbol are representable; that is all the DSL
-/// produces.
+/// An extent is either static (`value`) or symbolic: `symbol * num / den + plus` with the symbol
+/// bound at run time (splitting a dynamic axis into a static factor gives `Seq * 1 / 4`, merging
+/// gives `Seq * 4 / 1`, appending a bias row gives `Seq + 1`). Only extents derived from one
+/// symbol are representable; that is all the DSL produces.
 struct Extent {
   std::int64_t value = 0;  // the size when static
   std::string symbol;      // non-empty when dynamic
   std::int64_t num = 1;
   std::int64_t den = 1;
+  std::int64_t plus = 0;
 
-  static Extent fixed(std::int64_t v) { return Extent{v, {}, 1, 1}; }
-  static Extent dynamic(std::string sym) { return Extent{0, std::move(sym), 1, 1}; }
+  static Extent fixed(std::int64_t v) { return Extent{v, {}, 1, 1, 0}; }
+  static Extent dynamic(std::string sym) { return Extent{0, std::move(sym), 1, 1, 0}; }
 
   [[nodiscard]] bool is_static() const { return symbol.empty(); }
   [[nodiscard]] bool is_dynamic() const { return !symbol.empty(); }
@@ -43,7 +44,7 @@ struct Extent {
     if (is_static()) return value;
     auto it = b.find(symbol);
     if (it == b.end()) return std::nullopt;
-    return it->second * num / den;
+    return it->second * num / den + plus;
   }
 
   /// "16" for static extents, "Seq?" / "Seq?/4" / "Seq?*4" for dynamic ones: the question mark
@@ -53,18 +54,49 @@ struct Extent {
     std::string s = symbol + "?";
     if (num != 1) s += "*" + std::to_string(num);
     if (den != 1) s += "/" + std::to_string(den);
+    if (plus != 0) s += (plus > 0 ? "+" : "") + std::to_string(plus);
     return s;
   }
 
   [[nodiscard]] Extent times(std::int64_t k) const {
     Extent e = *this;
-    if (is_static()) e.value *= k; else e.num *= k;
+    if (is_static()) {
+      e.value *= k;
+    } else {
+      e.num *= k;
+      e.plus *= k;
+    }
     return e;
   }
   [[nodiscard]] Extent divided(std::int64_t k) const {
     Extent e = *this;
-    if (is_static()) e.value /= k; else e.den *= k;
+    if (is_static()) {
+      e.value /= k;
+    } else {
+      if (plus % k != 0) throw std::logic_error("qkv internal error: cannot divide " + str() + " by " + std::to_string(k));
+      e.den *= k;
+      e.plus /= k;
+    }
     return e;
+  }
+
+  /// The extent of two parts laid end to end (concat/append): static + static stays static; a
+  /// dynamic part plus a static one shifts `plus`; two dynamic parts must share their symbol.
+  [[nodiscard]] Extent plus_extent(const Extent& o) const {
+    if (is_static() && o.is_static()) return fixed(value + o.value);
+    if (o.is_static()) {
+      Extent e = *this;
+      e.plus += o.value;
+      return e;
+    }
+    if (is_static()) return o.plus_extent(*this);
+    if (symbol == o.symbol && den == o.den) {
+      Extent e = *this;
+      e.num += o.num;
+      e.plus += o.plus;
+      return e;
+    }
+    throw std::logic_error("qkv internal error: cannot add extents " + str() + " and " + o.str());
   }
 
   friend bool operator==(const Extent&, const Extent&) = default;

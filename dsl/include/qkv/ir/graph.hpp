@@ -50,6 +50,8 @@ enum class Op : std::uint8_t {
   relu,
   gelu,        // exact (erf) form, as torch.nn.functional.gelu's default
   linear,      // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
+  broadcast,   // the input repeated along the output's axes it lacks (matched by name)
+  fill,        // a constant `scalar` with the node's axes (no inputs)
   slice,       // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
 };
 
@@ -77,6 +79,8 @@ inline std::string_view op_name(Op op) {
     case Op::gelu: return "gelu";
     case Op::linear: return "linear";
     case Op::slice: return "slice";
+    case Op::broadcast: return "broadcast";
+    case Op::fill: return "fill";
   }
   return "?";
 }
@@ -156,12 +160,15 @@ class Graph {
   std::vector<Constraint> constraints_;
 };
 
-/// "[Batch=2, Seq=Seq?, Model=16]"
+/// "[Batch?, Seq?, Key=Seq?+1, Model=16]": static sizes as numbers; a dynamic axis sized by its
+/// own symbol as `Name?`, any other dynamic size as `Name=expression`.
 inline std::string axes_str(const std::vector<Axis>& axes) {
   std::string s = "[";
   for (std::size_t i = 0; i < axes.size(); ++i) {
     if (i) s += ", ";
-    s += axes[i].name + "=" + axes[i].extent.str();
+    const Extent& e = axes[i].extent;
+    const bool own = e.is_dynamic() && e.symbol == axes[i].name && e.num == 1 && e.den == 1 && e.plus == 0;
+    s += own ? axes[i].name + "?" : axes[i].name + "=" + e.str();
   }
   return s + "]";
 }
@@ -226,7 +233,7 @@ inline std::uint64_t Graph::hash() const {
   };
   auto mix_str = [&](const std::string& s) { std::uint64_t n = s.size(); mix_bytes(&n, sizeof n); mix_bytes(s.data(), s.size()); };
   auto mix_i = [&](std::int64_t v) { mix_bytes(&v, sizeof v); };
-  auto mix_extent = [&](const Extent& e) { mix_i(e.value); mix_str(e.symbol); mix_i(e.num); mix_i(e.den); };
+  auto mix_extent = [&](const Extent& e) { mix_i(e.value); mix_str(e.symbol); mix_i(e.num); mix_i(e.den); mix_i(e.plus); };
   for (const auto& n : nodes_) {
     mix_i(static_cast<std::int64_t>(n.op));
     mix_str(n.name);

@@ -149,19 +149,51 @@ struct HeadsAsModules {
   }
 };
 
+/// PyTorch's add_bias_kv (a learned key and value appended to every sequence) and
+/// add_zero_attn (a zero key and value appended after the heads are split).
+struct MhaOptions {
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  [[nodiscard]] constexpr int extra_keys() const { return (add_bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0); }
+};
+
+namespace detail {
+/// A mask over the keys, extended over N appended keys the way PyTorch does: appended keys are
+/// visible (keep-masks get `true`, additive masks 0).
+template <int N, class M>
+auto extend_over_extra_keys(const M& m) {
+  if constexpr (N == 0) {
+    return m;
+  } else if constexpr (is_causal_arg<M>::value) {
+    return fail<fixed_string("multi_head_attention: a causal mask with add_bias_kv/add_zero_attn is ambiguous (the ") +
+                number<N>() + " appended keys have no position); fix: pass an explicit attention mask">();
+  } else if constexpr (is_mask_trait<typename M::trait_type>::value) {
+    return pad<Key, N>(m, 1.0);
+  } else {
+    return pad<Key, N>(m, 0.0);
+  }
+}
+}  // namespace detail
+
 /// torch.nn.MultiheadAttention (batch_first=True): one fused in-projection [3E, E] cut in three,
 /// split Model -> Heads x HeadDim, attend per head, permute back, merge, out-projection.
-template <int E, int H>
+template <int E, int H, MhaOptions Opt = MhaOptions{}>
 struct MultiHeadAttention {
   static constexpr int D = E / H;
   Linear<Model<E>, Model<E>> q, k, v;
   Linear<Model<E>, Model<E>> o;
+  int bias_k = -1, bias_v = -1;  // add_bias_kv's [1, E] rows (PyTorch stores them as [1, 1, E])
 
   static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
     auto in_proj = linear_params_named<Model<E>, Proj<3 * E>>(g, prefix + "in_proj_weight", bias ? prefix + "in_proj_bias" : "");
-    return {detail::slice_linear<Model<E>, Model<E>>(in_proj, 0), detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
-            detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
-            linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+    MultiHeadAttention m{detail::slice_linear<Model<E>, Model<E>>(in_proj, 0), detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
+                         detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
+                         linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+    if constexpr (Opt.add_bias_kv) {
+      m.bias_k = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_k").id();
+      m.bias_v = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_v").id();
+    }
+    return m;
   }
 
   /// [Batch, Seq, Model] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Heads, Seq, HeadDim]
@@ -186,15 +218,26 @@ struct MultiHeadAttention {
   }
 
  private:
+  template <class P>
+  auto with_bias_row(const P& projected, int row) const {
+    if constexpr (Opt.add_bias_kv) return append<Key>(projected, Tensor<f32, Key<1>, Model<E>>(*o.graph, row));
+    else return projected;
+  }
+  template <class P>
+  static auto with_zero_key(const P& heads) {
+    if constexpr (Opt.add_zero_attn) return pad<Key, 1>(heads, 0.0);
+    else return heads;
+  }
+
   template <class X, class KV, class VV, class... M>
   auto attend(const X& x, const KV& key_src, const VV& value_src, const M&... masks) const {
     auto to_heads_kv = [](const auto& t) {
       return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t));
     };
     auto qh = split_heads(linear(x, q));
-    auto kh = to_heads_kv(linear(key_src, k));
-    auto vh = to_heads_kv(linear(value_src, v));
-    auto [out, weights] = attention(qh, kh, vh, masks...);
+    auto kh = with_zero_key(to_heads_kv(with_bias_row(linear(key_src, k), bias_k)));
+    auto vh = with_zero_key(to_heads_kv(with_bias_row(linear(value_src, v), bias_v)));
+    auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge_heads(out), o), weights};
   }
 };
