@@ -5,14 +5,18 @@
 //
 //     softmax(mask(Q Kᵀ / sqrt(d_k))) V,   then W_o,
 //
-// and print the shape table the tutorials draw by hand. Nothing is computed yet: this lesson
-// is about what the compiler checks. Run it with
+// print the shape table the tutorials draw by hand, then run the graph on seeded inputs with
+// the reference interpreter and check what attention promises. Run it with
 //
 //     cmake --build build --target 01_self_attention && ./build/examples/01_self_attention
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
 #include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 using namespace qkv;
 
@@ -63,8 +67,39 @@ int main() {
 
   // The graph is plain data: the output node has the axes the type promised.
   const Node& o = g.node(out.id());
-  const bool ok = o.axes.size() == 3 && o.axes[0].name == "Batch" && o.axes[2].name == "Model" &&
-                  o.axes[2].extent == Extent::fixed(kModel) && g.node(weights.id()).op == Op::softmax;
-  std::cout << "\nstructure check: " << (ok ? "ok" : "FAILED") << "  (graph hash " << std::hex << g.hash() << ")\n";
+  bool ok = o.axes.size() == 3 && o.axes[0].name == "Batch" && o.axes[2].name == "Model" &&
+            o.axes[2].extent == Extent::fixed(kModel) && g.node(weights.id()).op == Op::softmax;
+
+  // Run it: seeded weights and inputs, the padding mask of lengths 3 and 4.
+  Feeds feeds = random_feeds(g, {}, /*seed=*/2024);
+  feeds["keep"] = keep_first({3, 4}, kSeq);
+  const RunResult r = interpret(g, feeds);
+  const auto w = r.outputs.at("weights").to_f32();  // [Batch, Seq, Key]
+
+  std::printf("\nattention weights of sentence 0 (3 tokens + pad): rows = queries, columns = keys\n");
+  for (int i = 0; i < kSeq; ++i) {
+    double sum = 0;
+    for (int j = 0; j < kSeq; ++j) {
+      const float p = w[(0 * kSeq + i) * kSeq + j];
+      std::printf(" %6.3f", p);
+      sum += p;
+    }
+    std::printf("   (row sum %.6f)\n", sum);
+  }
+  // What attention promises: every row sums to 1, no weight is negative, the pad gets nothing.
+  for (int b = 0; b < kBatch; ++b)
+    for (int i = 0; i < kSeq; ++i) {
+      double sum = 0;
+      for (int j = 0; j < kSeq; ++j) {
+        const float p = w[(b * kSeq + i) * kSeq + j];
+        ok = ok && p >= 0.0f;
+        sum += p;
+      }
+      ok = ok && std::abs(sum - 1.0) < 1e-6;
+    }
+  for (int i = 0; i < kSeq; ++i) ok = ok && w[(0 * kSeq + i) * kSeq + 3] == 0.0f;
+
+  std::cout << "\nchecks (rows sum to 1, weights >= 0, the pad gets weight 0): " << (ok ? "ok" : "FAILED")
+            << "  (graph hash " << std::hex << g.hash() << ")\n";
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -6,10 +6,13 @@
 // the widths of the key and value memories (8 and 12 here).
 //
 //     ./build/examples/05_cross_attention
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
 #include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 using namespace qkv;
 using namespace qkv::nn;
@@ -28,5 +31,24 @@ int main() {
   output(o, "out");
   output(w, "weights");
   std::cout << "Cross-attention, 3 queries over a memory of 7 (kdim 8, vdim 12):\n\n" << g.table();
-  return w.node().axes[3].extent == Extent::fixed(7) ? EXIT_SUCCESS : EXIT_FAILURE;
+
+  // Run it with the second memory padded after 4 entries: its last 3 keys get no weight, and
+  // every query's weights still sum to 1 over what it may see.
+  Feeds feeds = random_feeds(g, {}, /*seed=*/5, 0.5f);
+  feeds["memory_keep"] = keep_first({7, 4}, 7);
+  const auto p = interpret(g, feeds).outputs.at("weights").to_f32();  // [2, 2, 3, 7]
+  bool ok = w.node().axes[3].extent == Extent::fixed(7);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 3; ++i) {
+        double sum = 0;
+        for (int j = 0; j < 7; ++j) {
+          const float v = p[((b * 2 + h) * 3 + i) * 7 + j];
+          sum += v;
+          if (b == 1 && j >= 4) ok = ok && v == 0.0f;
+        }
+        ok = ok && std::abs(sum - 1.0) < 1e-6;
+      }
+  std::cout << "\npadded memory entries get weight 0, rows sum to 1: " << (ok ? "ok" : "FAILED") << "\n";
+  return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
