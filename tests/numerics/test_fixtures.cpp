@@ -144,6 +144,17 @@ TEST(Fixtures, KeyPadding) {
   run_and_check(f, g, out, w);
 }
 
+TEST(Fixtures, KeyPaddingWithSizesFromTheStateDict) {
+  // The CLI's form: d_model bound from the weights at run time, the head count given when the
+  // graph is built.
+  const Fixture f = load("key_padding");
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto [out, w] = MultiHeadAttention<dyn, dyn>::make(g, "", true, /*num_heads=*/4)(x, keep);
+  run_and_check(f, g, out, w);
+}
+
 TEST(Fixtures, FloatAttnMask) {
   const Fixture f = load("float_mask");
   Graph g;

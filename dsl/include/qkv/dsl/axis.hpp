@@ -35,6 +35,22 @@ namespace hana = boost::hana;
 enum class dyn_t { dyn };
 inline constexpr dyn_t dyn = dyn_t::dyn;
 
+/// Whether an extent argument (a number or qkv::dyn) is dynamic.
+template <auto N>
+inline constexpr bool is_dyn = std::is_same_v<std::remove_cv_t<decltype(N)>, dyn_t>;
+
+/// Extent arithmetic on template arguments: dynamic if either side is.
+template <auto A, auto B>
+consteval auto extent_mul() {
+  if constexpr (is_dyn<A> || is_dyn<B>) return dyn;
+  else return A * B;
+}
+template <auto A, auto B>
+consteval auto extent_div() {
+  if constexpr (is_dyn<A> || is_dyn<B>) return dyn;
+  else return A / B;
+}
+
 template <fixed_string Name, auto N>
 struct axis {
   static constexpr auto name_fs = Name;

@@ -59,9 +59,77 @@ inline std::vector<Axis> ir_replace(const std::vector<Axis>& in, std::string_vie
 
 }  // namespace detail
 
+namespace detail {
+/// The graph-building half of split: IR extents for the factors, deferred checks. `sizes[i]`
+/// gives a dynamic factor a size known when the graph is built (0: the one factor that takes
+/// what is left).
+template <class A, class... Parts, class T, std::size_t N>
+auto split_ir(const T& t, const std::array<std::int64_t, N>& sizes) {
+  using Out = replace_t<typename T::axis_list, A, axes<Parts...>>;
+  Graph& g = t.graph();
+  const Extent whole = ir_axis(t.node(), A::name).extent;
+  constexpr std::array<bool, N> is_static{Parts::is_static...};
+  constexpr std::array<std::int64_t, N> static_size{Parts::extent...};
+  std::int64_t known = 1;
+  int left = -1;
+  for (std::size_t i = 0; i < N; ++i) {
+    const std::int64_t size = is_static[i] ? static_size[i] : sizes[i];
+    if (size > 0) {
+      known *= size;
+    } else if (left >= 0) {
+      throw ShapeError("split: at most one factor of `" + std::string(A::name) + "` may be left to derive, got " +
+                       std::string(factors_fs<Parts...>().view()) + "; fix: give the other factors sizes");
+    } else {
+      left = static_cast<int>(i);
+    }
+  }
+  auto text = [](auto a, auto b) {
+    return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " + factors_fs<Parts...>() + " = " +
+           b + "; fix: choose factors that divide " + A::name_fs;
+  };
+  const std::string deferred(text(fixed_string("{a}"), fixed_string("{b}")).view());
+  if (left < 0) {
+    if (whole.is_static() && whole.value != known)
+      throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
+    defer_equal(g, whole, Extent::fixed(known), text);
+  } else if (whole.is_static()) {
+    if (whole.value % known != 0) throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
+  } else {
+    g.require(Constraint{Constraint::Kind::divisible, whole, Extent::fixed(known), deferred});
+  }
+  constexpr std::array<std::string_view, N> names{Parts::name...};
+  std::vector<Axis> parts;
+  for (std::size_t i = 0; i < N; ++i)
+    parts.push_back(Axis{std::string(names[i]), static_cast<int>(i) == left
+                                                    ? whole.divided(known)
+                                                    : Extent::fixed(is_static[i] ? static_size[i] : sizes[i])});
+  Node n = unary_node(t, Op::split, ir_replace(t.node().axes, A::name, parts));
+  n.attr_axes = {std::string(A::name), std::string(Parts::name)...};
+  return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+}
+}  // namespace detail
+
 /// split<Model, Heads<8>, HeadDim<64>>(x): one axis into named factors, in place.
 /// Static factors must multiply to the axis (d_model divisible by the number of heads); a
 /// dynamic factor takes what is left.
+///
+/// split<Model, Heads<dyn>, HeadDim<dyn>>(x, {heads, 0}): the same with sizes only known when
+/// the graph is built (e.g. read from a state dict); those checks raise ShapeError.
+template <template <auto> class From, AxisType... Parts, class T>
+auto split(const T& t, std::array<std::int64_t, sizeof...(Parts)> sizes) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, From>) {
+      return fail<fixed_string("split: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
+                  "`; fix: split an axis the tensor has">();
+    } else {
+      return detail::split_ir<find_family<L, From>, Parts...>(t, sizes);
+    }
+  }
+}
+
 template <template <auto> class From, AxisType... Parts, class T>
 auto split(const T& t) {
   if constexpr (any_poison<T>) {
@@ -77,7 +145,8 @@ auto split(const T& t) {
       constexpr int n_dyn = ((Parts::is_static ? 0 : 1) + ...);
       if constexpr (n_dyn > 1) {
         return fail<fixed_string("split: at most one factor of `") + A::name_fs +
-                    "` may be dynamic, got " + detail::factors_fs<Parts...>() + "; fix: give the other factors sizes">();
+                    "` may be dynamic, got " + detail::factors_fs<Parts...>() +
+                    "; fix: give the other factors sizes, here or as split<...>(x, {sizes...})">();
       } else if constexpr (A::is_static && n_dyn == 0 && prod != A::extent) {
         return fail<fixed_string("split: `") + A::name_fs + "` (" + number<A::extent>() + ") is not " +
                     detail::factors_fs<Parts...>() + " = " + number<prod>() + "; fix: choose factors that divide " +
@@ -86,27 +155,7 @@ auto split(const T& t) {
         return fail<fixed_string("split: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
                     detail::factors_fs<Parts...>() + "; fix: choose factors that divide " + A::name_fs>();
       } else {
-        using Out = detail::replace_t<L, A, axes<Parts...>>;
-        Graph& g = t.graph();
-        const Extent whole = ir_axis(t.node(), A::name).extent;
-        std::vector<Axis> parts;
-        (parts.push_back(Axis{std::string(Parts::name),
-                              Parts::is_static ? Extent::fixed(Parts::extent) : whole.divided(prod)}),
-         ...);
-        if (whole.is_dynamic() || n_dyn == 0) {
-          // The static factors must divide (one dynamic factor) or equal (none) the whole.
-          auto text = [](auto a, auto b) {
-            return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " +
-                   detail::factors_fs<Parts...>() + " = " + b + "; fix: choose factors that divide " + A::name_fs;
-          };
-          if (n_dyn == 0) defer_equal(g, whole, Extent::fixed(prod), text);
-          else if (whole.is_dynamic())
-            g.require(Constraint{Constraint::Kind::divisible, whole, Extent::fixed(prod),
-                                 std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
-        }
-        Node n = detail::unary_node(t, Op::split, detail::ir_replace(t.node().axes, A::name, parts));
-        n.attr_axes = {std::string(A::name), std::string(Parts::name)...};
-        return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+        return detail::split_ir<A, Parts...>(t, std::array<std::int64_t, sizeof...(Parts)>{});
       }
     }
   }

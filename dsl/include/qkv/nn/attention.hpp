@@ -177,18 +177,31 @@ auto extend_over_extra_keys(const M& m) {
 
 /// torch.nn.MultiheadAttention (batch_first=True): one fused in-projection [3E, E] cut in three,
 /// split Model -> Heads x HeadDim, attend per head, permute back, merge, out-projection.
-template <int E, int H, MhaOptions Opt = MhaOptions{}>
+///
+/// E and H are numbers (checked at compile time) or `dyn` (the CLI builds models from a state
+/// dict: E is bound from the weights at run time, H is given to make()).
+template <auto E, auto H, MhaOptions Opt = MhaOptions{}>
 struct MultiHeadAttention {
-  static constexpr int D = E / H;
+  static constexpr auto D = extent_div<E, H>();
   Linear<Model<E>, Model<E>> q, k, v;
   Linear<Model<E>, Model<E>> o;
   int bias_k = -1, bias_v = -1;  // add_bias_kv's [1, E] rows (PyTorch stores them as [1, 1, E])
+  std::int64_t heads = 0;
 
-  static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
-    auto in_proj = linear_params_named<Model<E>, Proj<3 * E>>(g, prefix + "in_proj_weight", bias ? prefix + "in_proj_bias" : "");
+  /// `num_heads` is needed only when H is dyn (and must equal H otherwise).
+  static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true, std::int64_t num_heads = 0) {
+    if constexpr (is_dyn<H>) {
+      if (num_heads <= 0) throw std::invalid_argument("MultiHeadAttention<E, dyn>::make needs num_heads > 0");
+    } else {
+      if (num_heads != 0 && num_heads != H) throw std::invalid_argument("MultiHeadAttention: num_heads differs from H");
+      num_heads = H;
+    }
+    auto in_proj = linear_params_named<Model<E>, Proj<extent_mul<3, E>()>>(g, prefix + "in_proj_weight",
+                                                                           bias ? prefix + "in_proj_bias" : "");
     MultiHeadAttention m{detail::slice_linear<Model<E>, Model<E>>(in_proj, 0), detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
                          detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
                          linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+    m.heads = num_heads;
     if constexpr (Opt.add_bias_kv) {
       m.bias_k = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_k").id();
       m.bias_v = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_v").id();
@@ -196,8 +209,15 @@ struct MultiHeadAttention {
     return m;
   }
 
-  /// [Batch, Seq, Model] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Heads, Seq, HeadDim]
-  static auto split_heads(const auto& t) { return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t)); }
+  /// [Batch, S, Model] -> [Batch, S, Heads, HeadDim] (S is Seq or Key)
+  auto split_model(const auto& t) const {
+    if constexpr (is_dyn<H> || is_dyn<E>) return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
+    else return split<Model, Heads<H>, HeadDim<D>>(t);
+  }
+  /// [Batch, Seq, Model] -> [Batch, Heads, Seq, HeadDim]
+  auto split_heads(const auto& t) const { return permute<Batch, Heads, Seq, HeadDim>(split_model(t)); }
+  /// [Batch, Key, Model] -> [Batch, Heads, Key, HeadDim]
+  auto split_heads_kv(const auto& t) const { return permute<Batch, Heads, Key, HeadDim>(split_model(t)); }
   /// [Batch, Heads, Seq, HeadDim] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Seq, Model]
   static auto merge_heads(const auto& t) { return merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(t)); }
 
@@ -231,12 +251,9 @@ struct MultiHeadAttention {
 
   template <class X, class KV, class VV, class... M>
   auto attend(const X& x, const KV& key_src, const VV& value_src, const M&... masks) const {
-    auto to_heads_kv = [](const auto& t) {
-      return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t));
-    };
     auto qh = split_heads(linear(x, q));
-    auto kh = with_zero_key(to_heads_kv(with_bias_row(linear(key_src, k), bias_k)));
-    auto vh = with_zero_key(to_heads_kv(with_bias_row(linear(value_src, v), bias_v)));
+    auto kh = with_zero_key(split_heads_kv(with_bias_row(linear(key_src, k), bias_k)));
+    auto vh = with_zero_key(split_heads_kv(with_bias_row(linear(value_src, v), bias_v)));
     auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge_heads(out), o), weights};
   }

@@ -15,7 +15,7 @@ namespace qkv::nn {
 enum class Activation { relu, gelu };
 enum class NormPlacement { post, pre };
 
-template <int E, int H, int F, Activation Act = Activation::relu>
+template <auto E, auto H, auto F, Activation Act = Activation::relu>
 struct EncoderLayer {
   MultiHeadAttention<E, H> self_attn;
   Linear<Model<E>, Hidden<F>> linear1;
@@ -24,8 +24,8 @@ struct EncoderLayer {
   NormPlacement placement = NormPlacement::post;
 
   static EncoderLayer make(Graph& g, const std::string& prefix = "", NormPlacement placement = NormPlacement::post,
-                           double eps = 1e-5) {
-    return {MultiHeadAttention<E, H>::make(g, prefix + "self_attn."),
+                           double eps = 1e-5, std::int64_t num_heads = 0) {
+    return {MultiHeadAttention<E, H>::make(g, prefix + "self_attn.", true, num_heads),
             linear_params<Model<E>, Hidden<F>>(g, prefix + "linear1"),
             linear_params<Hidden<F>, Model<E>>(g, prefix + "linear2"),
             layer_norm_params<Model<E>>(g, prefix + "norm1", eps),
@@ -54,12 +54,12 @@ struct EncoderLayer {
 };
 
 /// A GPT-style block: pre-norm encoder layer with a causal mask (plus any padding mask).
-template <int E, int H, int F, Activation Act = Activation::gelu>
+template <auto E, auto H, auto F, Activation Act = Activation::gelu>
 struct CausalDecoderBlock {
   EncoderLayer<E, H, F, Act> layer;
 
-  static CausalDecoderBlock make(Graph& g, const std::string& prefix = "", double eps = 1e-5) {
-    return {EncoderLayer<E, H, F, Act>::make(g, prefix, NormPlacement::pre, eps)};
+  static CausalDecoderBlock make(Graph& g, const std::string& prefix = "", double eps = 1e-5, std::int64_t num_heads = 0) {
+    return {EncoderLayer<E, H, F, Act>::make(g, prefix, NormPlacement::pre, eps, num_heads)};
   }
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
