@@ -237,6 +237,15 @@ struct MultiHeadAttention {
     return attend(xs, ms, ms, masks...);
   }
 
+  /// PyTorch's general call: keys and values from two tensors [Batch, Mem, Model] of one length.
+  template <class X, class Km, class Vm, class... M>
+  auto cross(const X& x, const Km& key, const Vm& value, const M&... masks) const {
+    auto xs = expect_axes<"cross_attention", Batch, Seq, Model>(x);
+    auto ks = rename<Mem, Key>(expect_axes<"cross_attention key", Batch, Mem, Model>(key));
+    auto vs = rename<Mem, Key>(expect_axes<"cross_attention value", Batch, Mem, Model>(value));
+    return attend(xs, ks, vs, masks...);
+  }
+
  private:
   template <class P>
   auto with_bias_row(const P& projected, int row) const {
@@ -260,29 +269,37 @@ struct MultiHeadAttention {
 };
 
 /// Cross-attention with separate projections and kdim/vdim != E (PyTorch's q_proj_weight,
-/// k_proj_weight, v_proj_weight): keys come from [Batch, Mem, KFeat], values from [Batch, Mem, VFeat].
-template <int E, int H, int KDim, int VDim>
+/// k_proj_weight, v_proj_weight): keys come from [Batch, Mem, Hidden<KDim>], values from
+/// [Batch, Mem, ValueDim<VDim>]. Sizes may be `dyn` (then make() takes the head count).
+template <auto E, auto H, auto KDim, auto VDim>
 struct CrossAttention {
-  static constexpr int D = E / H;
+  static constexpr auto D = extent_div<E, H>();
   Linear<Model<E>, Model<E>> q;
   Linear<Hidden<KDim>, Model<E>> k;
   Linear<ValueDim<VDim>, Model<E>> v;
   Linear<Model<E>, Model<E>> o;
+  std::int64_t heads = 0;
 
-  static CrossAttention make(Graph& g, const std::string& prefix = "", bool bias = true) {
+  static CrossAttention make(Graph& g, const std::string& prefix = "", bool bias = true, std::int64_t num_heads = 0) {
+    if constexpr (is_dyn<H>) {
+      if (num_heads <= 0) throw std::invalid_argument("CrossAttention<E, dyn, ...>::make needs num_heads > 0");
+    } else {
+      num_heads = H;
+    }
     CrossAttention c{linear_params_named<Model<E>, Model<E>>(g, prefix + "q_proj_weight", ""),
                      linear_params_named<Hidden<KDim>, Model<E>>(g, prefix + "k_proj_weight", ""),
                      linear_params_named<ValueDim<VDim>, Model<E>>(g, prefix + "v_proj_weight", ""),
-                     linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
+                     linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias),
+                     num_heads};
     if (bias) {  // PyTorch keeps one in_proj_bias [3E] even when the weights are separate
       Node b;
       b.op = Op::param;
       b.name = prefix + "in_proj_bias";
-      b.axes = {Axis{"out", Extent::fixed(3 * E)}};
+      b.axes = {Axis{"out", ir_extent<Model<E>>().times(3)}};
       const int fused = g.add(std::move(b));
-      c.q.bias = detail::slice_rows(g, fused, 0, {Axis{"out", Extent::fixed(E)}});
-      c.k.bias = detail::slice_rows(g, fused, 1, {Axis{"out", Extent::fixed(E)}});
-      c.v.bias = detail::slice_rows(g, fused, 2, {Axis{"out", Extent::fixed(E)}});
+      c.q.bias = detail::slice_rows(g, fused, 0, {Axis{"out", ir_extent<Model<E>>()}});
+      c.k.bias = detail::slice_rows(g, fused, 1, {Axis{"out", ir_extent<Model<E>>()}});
+      c.v.bias = detail::slice_rows(g, fused, 2, {Axis{"out", ir_extent<Model<E>>()}});
     }
     return c;
   }
@@ -290,15 +307,17 @@ struct CrossAttention {
   /// x [Batch, Seq, Model<E>], key [Batch, Mem, Hidden<KDim>], value [Batch, Mem, ValueDim<VDim>].
   template <class X, class K, class V, class... M>
   auto operator()(const X& x, const K& key, const V& value, const M&... masks) const {
-    auto heads_q = [](const auto& t) { return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(t)); };
-    auto heads_kv = [](const auto& t) {
-      return permute<Batch, Heads, Key, HeadDim>(split<Model, Heads<H>, HeadDim<D>>(rename<Mem, Key>(t)));
-    };
-    auto qh = heads_q(linear(x, q));
-    auto kh = heads_kv(linear(key, k));
-    auto vh = heads_kv(linear(value, v));
+    auto qh = permute<Batch, Heads, Seq, HeadDim>(split_model(linear(x, q)));
+    auto kh = permute<Batch, Heads, Key, HeadDim>(split_model(rename<Mem, Key>(linear(key, k))));
+    auto vh = permute<Batch, Heads, Key, HeadDim>(split_model(rename<Mem, Key>(linear(value, v))));
     auto [out, weights] = attention(qh, kh, vh, masks...);
     return std::pair{linear(merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(out)), o), weights};
+  }
+
+ private:
+  auto split_model(const auto& t) const {
+    if constexpr (is_dyn<H> || is_dyn<E>) return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
+    else return split<Model, Heads<H>, HeadDim<D>>(t);
   }
 };
 

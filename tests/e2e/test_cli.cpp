@@ -1,0 +1,289 @@
+// The qkv CLI end to end: happy paths on the PyTorch fixtures, and every kind of bad input —
+// exit code 2 for usage errors, 1 for files and their contents, a one-line message, and no
+// output file left behind.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/io/safetensors.hpp>
+
+using ::testing::HasSubstr;
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("qkv_e2e_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result run(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string(QKV_CLI) + " " + args + " > '" + out.string() + "' 2> '" + err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+  static std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  [[nodiscard]] std::string tmp(const std::string& name) const { return (dir_ / name).string(); }
+  static std::string fixture(const std::string& c, const std::string& file) {
+    return (fs::path(QKV_FIXTURES_DIR) / c / file).string();
+  }
+  static nlohmann::json config(const std::string& c) {
+    std::ifstream in(fs::path(QKV_FIXTURES_DIR) / c / "config.json");
+    return nlohmann::json::parse(in);
+  }
+  /// Max |got - expected_f64|.
+  static double error(const std::string& got, const std::string& expected) {
+    const NdArray a = read_npy(got), e = read_npy(expected);
+    EXPECT_EQ(a.shape, e.shape) << got;
+    const auto av = a.to_f32();
+    const auto ev = e.as<double>();
+    double err = 0;
+    for (std::size_t i = 0; i < av.size() && i < ev.size(); ++i) err = std::max(err, std::abs(av[i] - ev[i]));
+    return err;
+  }
+  /// A one-line error on stderr (plus at most a pointer to --help).
+  static void expect_one_line_error(const Result& r) {
+    EXPECT_THAT(r.err, HasSubstr("error"));
+    const auto lines = std::count(r.err.begin(), r.err.end(), '\n');
+    EXPECT_LE(lines, 2) << r.err;
+  }
+
+  fs::path dir_;
+};
+
+std::string mha_flags(const nlohmann::json& c, const std::string& name) {
+  std::string f = "--weights " + (fs::path(QKV_FIXTURES_DIR) / name / "weights.safetensors").string() + " --heads " +
+                  std::to_string(c.at("num_heads").get<int>());
+  for (const std::string in : c.at("inputs")) {
+    const std::string flag = in == "key_padding_mask" ? "--key-padding-mask" : in == "attn_mask" ? "--attn-mask" : "--" + in;
+    if (c.at("self_attention").get<bool>() && (in == "key" || in == "value")) continue;
+    f += " " + flag + " " + (fs::path(QKV_FIXTURES_DIR) / name / (in + ".npy")).string();
+  }
+  if (c.at("add_zero_attn").get<bool>()) f += " --add-zero-attn";
+  return f;
+}
+
+TEST_F(Cli, RunMhaMatchesEveryPyTorchFixture) {
+  for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d", "cross_kdim_vdim",
+                           "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
+    const auto c = config(name);
+    const Result r = run("run mha " + mha_flags(c, name) + " --out " + tmp("o.npy") + " --weights-out " + tmp("w.npy") +
+                         " --per-head-weights");
+    ASSERT_EQ(r.code, 0) << name << ": " << r.err;
+    const double tol = std::max(4.0 * c.at("torch_fp32_err_out").get<double>(), 1e-5);
+    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), tol) << name;
+    EXPECT_LE(error(tmp("w.npy"), fixture(name, "expected_weights_f64.npy")), 1e-5) << name;
+  }
+}
+
+TEST_F(Cli, RunMhaAveragesWeightsOverHeadsByDefault) {
+  const auto c = config("key_padding");
+  ASSERT_EQ(run("run mha " + mha_flags(c, "key_padding") + " -o " + tmp("o.npy") + " --weights-out " + tmp("w.npy")).code, 0);
+  const NdArray w = read_npy(tmp("w.npy"));
+  EXPECT_EQ(w.shape, (std::vector<std::int64_t>{3, 6, 6}));
+  NdArray per_head = read_npy(fixture("key_padding", "expected_weights_f64.npy"));
+  const auto e = mean_over_axis(NdArray::from_f32(per_head.to_f32(), per_head.shape), 1).to_f32();
+  const auto got = w.to_f32();
+  for (std::size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(got[i], e[i], 1e-5);
+}
+
+TEST_F(Cli, RunMhaCausalFlagEqualsTheExplicitTriangle) {
+  const std::string base = "run mha --weights " + fixture("causal", "weights.safetensors") + " --query " +
+                           fixture("causal", "query.npy") + " --heads 4";
+  ASSERT_EQ(run(base + " --causal -o " + tmp("o.npy")).code, 0);
+  EXPECT_LE(error(tmp("o.npy"), fixture("causal", "expected_out_f64.npy")), 1e-5);
+}
+
+TEST_F(Cli, RunEncoderLayerMatchesFixtures) {
+  for (const char* name : {"encoder_relu_post", "encoder_gelu_pre", "encoder_relu_post_padding"}) {
+    const auto c = config(name);
+    std::string flags = "run encoder-layer --weights " + fixture(name, "weights.safetensors") + " --src " +
+                        fixture(name, "src.npy") + " --heads 4 --activation " + c.at("activation").get<std::string>();
+    if (c.at("norm_first").get<bool>()) flags += " --norm-first";
+    if (fs::exists(fixture(name, "src_key_padding_mask.npy")))
+      flags += " --src-key-padding-mask " + fixture(name, "src_key_padding_mask.npy");
+    const Result r = run(flags + " -o " + tmp("o.npy"));
+    ASSERT_EQ(r.code, 0) << name << ": " << r.err;
+    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), 2e-5) << name;
+  }
+}
+
+TEST_F(Cli, RunEncoderStackFindsItsLayers) {
+  // A one-layer nn.TransformerEncoder: the layer's keys under layers.0.
+  const auto sd = SafetensorsFile::open(fixture("encoder_relu_post", "weights.safetensors"));
+  std::map<std::string, NdArray> stack;
+  for (const auto& k : sd.names()) stack["layers.0." + k] = sd.load(k);
+  write_safetensors(tmp("stack.safetensors"), stack);
+  const Result r = run("run encoder --weights " + tmp("stack.safetensors") + " --src " +
+                       fixture("encoder_relu_post", "src.npy") + " --heads 4 -o " + tmp("o.npy"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LE(error(tmp("o.npy"), fixture("encoder_relu_post", "expected_out_f64.npy")), 2e-5);
+}
+
+TEST_F(Cli, RunSdpaWithBottomRightCausalAndDropoutIsDeterministic) {
+  // q: 2 queries, k/v: 4 keys; bottom-right causal lets query i see keys 0..i+2.
+  write_npy(tmp("q.npy"), NdArray::from_f32({0.1f, 0.2f, 0.3f, 0.4f}, {1, 1, 2, 2}));
+  write_npy(tmp("k.npy"), NdArray::from_f32({1, 0, 0, 1, 1, 1, -1, 0}, {1, 1, 4, 2}));
+  write_npy(tmp("v.npy"), NdArray::from_f32({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 4, 2}));
+  const std::string base = "run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy");
+  ASSERT_EQ(run(base + " --causal bottom-right -o " + tmp("o.npy") + " --weights-out " + tmp("w.npy")).code, 0);
+  const auto w = read_npy(tmp("w.npy")).to_f32();
+  EXPECT_EQ(w[3], 0.0f);   // query 0 cannot see key 3
+  EXPECT_GT(w[2], 0.0f);   // but sees key 2
+  EXPECT_GT(w[7], 0.0f);   // query 1 sees all four
+  ASSERT_EQ(run(base + " --dropout 0.5 --seed 7 -o " + tmp("d1.npy")).code, 0);
+  ASSERT_EQ(run(base + " --dropout 0.5 --seed 7 -o " + tmp("d2.npy")).code, 0);
+  EXPECT_EQ(read_npy(tmp("d1.npy")), read_npy(tmp("d2.npy")));
+}
+
+TEST_F(Cli, ShapesPrintsTheTable) {
+  const Result r = run("shapes mha --batch 2 --heads 2 --seq 4 --embed-dim 16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("contract<HeadDim>"));
+  EXPECT_THAT(r.out, HasSubstr("[Batch=2, Heads=2, Seq=4, Key=4]"));
+  EXPECT_THAT(r.out, HasSubstr("softmax<Key>"));
+}
+
+TEST_F(Cli, BenchJsonHasTheFields) {
+  const Result r = run("bench sdpa --batch 1 --heads 2 --seq 16 --head-dim 8 --causal --repeat 3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"median_ms", "min_ms", "max_ms", "gflops", "peak_mem_mib", "repeat", "batch", "heads", "seq"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j.at("repeat").get<int>(), 3);
+  EXPECT_LE(j.at("min_ms").get<double>(), j.at("median_ms").get<double>());
+}
+
+TEST_F(Cli, HeatmapWritesAPngForSmallAndLargeWeights) {
+  for (int n : {8, 64}) {
+    std::vector<float> w(static_cast<std::size_t>(2 * n * n), 1.0f / static_cast<float>(n));
+    write_npy(tmp("w.npy"), NdArray::from_f32(w, {1, 2, n, n}));
+    std::string tokens;
+    for (int i = 0; i < n; ++i) tokens += "t" + std::to_string(i) + " ";
+    const Result r = run("heatmap --weights " + tmp("w.npy") + " --tokens \"" + tokens + "\" --all-heads --out " + tmp("h.png"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ifstream png(tmp("h.png"), std::ios::binary);
+    char sig[8] = {};
+    png.read(sig, 8);
+    EXPECT_EQ(std::string(sig + 1, 3), "PNG");
+  }
+}
+
+TEST_F(Cli, HelpOnEverySubcommandHasAnExample) {
+  for (const char* cmd : {"run mha", "run sdpa", "run encoder-layer", "run encoder", "shapes", "bench", "verify", "heatmap"}) {
+    const Result r = run(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_THAT(r.out, HasSubstr("Example:")) << cmd;
+  }
+  const Result v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_THAT(v.out, HasSubstr("qkv "));
+}
+
+// --- bad input ---------------------------------------------------------------------------------
+
+TEST_F(Cli, UsageErrorsExitTwo) {
+  const std::string ok = "--weights " + fixture("key_padding", "weights.safetensors") + " --query " +
+                         fixture("key_padding", "query.npy") + " --heads 4 -o " + tmp("o.npy");
+  for (const std::string& bad : std::vector<std::string>{"run mha " + ok + " --no-such-flag", "run mha --query x.npy -o " + tmp("o.npy"),
+                                 "run mha " + ok + " --heads abc", "bench sdpa --heads 2 --seq 4 --head-dim 8 --repeat x",
+                                 std::string("frobnicate")}) {
+    const Result r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    EXPECT_FALSE(fs::exists(tmp("o.npy")));
+  }
+}
+
+TEST_F(Cli, CausalWithoutAlignmentOnDifferentLengthsIsAUsageError) {
+  write_npy(tmp("q.npy"), NdArray::from_f32(std::vector<float>(8, 0.1f), {1, 1, 2, 4}));
+  write_npy(tmp("k.npy"), NdArray::from_f32(std::vector<float>(12, 0.1f), {1, 1, 3, 4}));
+  const Result r = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("k.npy") +
+                       " --causal -o " + tmp("o.npy"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("top-left"));
+  expect_one_line_error(r);
+  EXPECT_FALSE(fs::exists(tmp("o.npy")));
+}
+
+TEST_F(Cli, FileProblemsExitOneWithAMessageAndNoOutput) {
+  const std::string w = fixture("key_padding", "weights.safetensors"), q = fixture("key_padding", "query.npy");
+  std::ofstream(tmp("garbage.npy")) << "not an npy file";
+  write_npy(tmp("bool.npy"), NdArray::zeros(DType::boolean, {3, 6, 32}));
+  write_npy(tmp("narrow.npy"), NdArray::zeros(DType::f32, {3, 6, 16}));
+  std::map<std::string, NdArray> partial{{"out_proj.weight", NdArray::zeros(DType::f32, {32, 32})}};
+  write_safetensors(tmp("partial.safetensors"), partial);
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases{
+      {"run mha --weights " + w + " --query " + tmp("missing.npy") + " --heads 4", "missing.npy"},
+      {"run mha --weights " + tmp("missing.safetensors") + " --query " + q + " --heads 4", "missing.safetensors"},
+      {"run mha --weights " + w + " --query " + tmp("garbage.npy") + " --heads 4", "garbage.npy"},
+      {"run mha --weights " + w + " --query " + tmp("bool.npy") + " --heads 4", "bool"},
+      {"run mha --weights " + w + " --query " + tmp("narrow.npy") + " --heads 4", "embed_dim is 32"},
+      {"run mha --weights " + tmp("partial.safetensors") + " --query " + q + " --heads 4", "in_proj_weight"},
+      {"run mha --weights " + w + " --query " + q + " --heads 5", "not divisible by num_heads 5"},
+      {"run mha --weights " + w + " --query " + q + " --heads 4 --backend cuda", "no CUDA driver/GPU found"},
+      {"run mha --weights " + w + " --query " + q + " --heads 4 --key-padding-mask " + q, "bool"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args + " -o " + tmp("o.npy"));
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.says)) << c.args;
+    expect_one_line_error(r);
+    EXPECT_FALSE(fs::exists(tmp("o.npy"))) << c.args;
+  }
+}
+
+TEST_F(Cli, NoPartialOutputWhenTheSecondFileCannotBeWritten) {
+  const auto c = config("key_padding");
+  const Result r = run("run mha " + mha_flags(c, "key_padding") + " -o " + tmp("o.npy") + " --weights-out " +
+                       tmp("no/such/dir/w.npy"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_FALSE(fs::exists(tmp("o.npy")));
+  EXPECT_FALSE(fs::exists(tmp("o.npy.qkv-partial")));
+}
+
+TEST_F(Cli, HeatmapHeadOutOfRangeIsAUsageError) {
+  write_npy(tmp("w.npy"), NdArray::from_f32(std::vector<float>(2 * 9, 0.5f), {1, 2, 3, 3}));
+  const Result r = run("heatmap --weights " + tmp("w.npy") + " --head 5 --out " + tmp("h.png"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--head 5 is out of range"));
+  EXPECT_FALSE(fs::exists(tmp("h.png")));
+}
+
+}  // namespace
+}  // namespace qkv

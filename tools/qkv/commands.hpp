@@ -1,0 +1,86 @@
+// The qkv subcommands, free of CLI11: main.cpp parses flags into these structs and calls the
+// functions. Errors: UsageError (exit 2) for flag combinations that make no sense; anything
+// about files and their contents throws another std::exception (exit 1).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "models.hpp"
+
+namespace qkv::cli {
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Backend { reference, cpu, cuda };
+Backend parse_backend(const std::string& s);
+/// Parses an optional --causal value ("" = given without alignment).
+Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, std::int64_t len_k);
+
+struct RunMha {
+  std::string weights, query, key, value, key_padding_mask, attn_mask, out, weights_out;
+  std::int64_t heads = 0;
+  std::optional<std::string> causal;
+  bool add_zero_attn = false, need_weights = false, per_head_weights = false;
+  Backend backend = Backend::reference;
+};
+struct RunSdpa {
+  std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
+  std::optional<std::string> causal;
+  std::optional<double> scale;
+  double dropout = 0.0;
+  std::uint64_t seed = 0;
+  Backend backend = Backend::reference;
+};
+struct RunEncoder {
+  std::string weights, src, src_key_padding_mask, src_mask, out;
+  std::int64_t heads = 0;
+  std::string activation = "relu";
+  bool norm_first = false, stack = false;
+  double eps = 1e-5;
+  std::optional<std::string> causal;
+  Backend backend = Backend::reference;
+};
+int run_mha(const RunMha& o);
+int run_sdpa(const RunSdpa& o);
+int run_encoder(const RunEncoder& o);
+
+/// A model given by shape alone (for shapes, bench, verify): weights and inputs are drawn
+/// from a seeded generator.
+struct ShapeModel {
+  std::string kind;  // sdpa | mha | encoder-layer
+  std::int64_t batch = 1, heads = 1, kv_heads = 0, seq = 0, kv_seq = 0, head_dim = 0, embed_dim = 0, ffn_dim = 0;
+  std::optional<std::string> causal;
+  bool padding = false;
+  std::uint64_t seed = 0;
+};
+int shapes(const ShapeModel& m);
+struct Bench {
+  ShapeModel model;
+  Backend backend = Backend::reference;
+  int threads = 0, repeat = 5;
+  bool json = false;
+};
+int bench(const Bench& b);
+struct Verify {
+  ShapeModel model;
+  Backend backend = Backend::cpu;
+  double tolerance = 1e-4;
+};
+int verify(const Verify& v);
+
+struct Heatmap {
+  std::string weights, tokens, tokens_file, query_tokens, key_tokens, out, title;
+  std::int64_t batch_index = 0;
+  std::optional<std::int64_t> head;
+  bool all_heads = false;
+};
+int heatmap(const Heatmap& h);
+
+}  // namespace qkv::cli

@@ -1,0 +1,271 @@
+// qkv shapes | bench | verify | heatmap, and models given by shape alone.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+#include <qkv/runtime/rng.hpp>
+
+#include "commands.hpp"
+#include "heatmap.hpp"
+#include "run_common.hpp"
+
+namespace qkv::cli {
+
+void write_all(const std::vector<std::pair<std::string, NdArray>>& files) {
+  for (const auto& [path, array] : files)
+    if (path.empty()) throw UsageError("an output path is empty (--out / -o)");
+  // Every file goes to a temporary name next to its target first; only when all of them are
+  // written are they renamed into place, so a failure leaves no output behind.
+  std::vector<std::filesystem::path> temps;
+  try {
+    for (const auto& [path, array] : files) {
+      std::filesystem::path tmp = path;
+      tmp += ".qkv-partial";
+      write_npy(tmp, array);
+      temps.push_back(std::move(tmp));
+    }
+    for (std::size_t i = 0; i < files.size(); ++i) std::filesystem::rename(temps[i], files[i].first);
+  } catch (...) {
+    for (const auto& t : temps) std::filesystem::remove(t);
+    throw;
+  }
+}
+
+namespace {
+
+struct Instance {
+  Graph graph;
+  Bindings sizes;
+  Feeds feeds;
+  double flops = 0;  // of the attention core: 4*B*H*L*S*D, half when causal
+};
+
+/// A shape-only model: the same builders as `qkv run`, seeded weights and inputs.
+Instance instantiate(const ShapeModel& s) {
+  if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
+  if (s.kv_heads != 0 && s.kv_heads != s.heads)
+    throw UsageError("--kv-heads: grouped-query attention is not available from the CLI yet (qkv::nn::GroupedQueryAttention in C++)");
+  const std::int64_t S = s.kv_seq > 0 ? s.kv_seq : s.seq;
+  std::int64_t E = s.embed_dim, D = s.head_dim;
+  if (E == 0 && D == 0) throw UsageError("give --head-dim or --embed-dim");
+  if (E == 0) E = D * s.heads;
+  if (D == 0) {
+    if (E % s.heads != 0)
+      throw UsageError("--embed-dim " + std::to_string(E) + " is not divisible by --heads " + std::to_string(s.heads));
+    D = E / s.heads;
+  }
+  Instance in;
+  const Causal causal = parse_causal(s.causal, s.seq, S);
+  in.flops = 4.0 * s.batch * s.heads * s.seq * S * D * (causal == Causal::none ? 1.0 : 0.5);
+  in.sizes = {{"Batch", s.batch}, {"Seq", s.seq}, {"Key", S}, {"Mem", S}, {"Heads", s.heads}, {"HeadDim", D},
+              {"ValueDim", D}, {"Model", E}, {"Proj", 3 * E}, {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E}};
+  if (s.kind == "sdpa") {
+    SdpaModel m;
+    m.causal = causal;
+    m.attn_bias = s.padding;
+    in.graph = build_sdpa(m);
+  } else if (s.kind == "mha") {
+    MhaModel m;
+    m.heads = s.heads;
+    m.cross = S != s.seq;
+    m.causal = causal;
+    m.attn_bias = s.padding;
+    in.graph = build_mha(m);
+  } else if (s.kind == "encoder-layer") {
+    if (S != s.seq) throw UsageError("encoder-layer is self-attention: --kv-seq must equal --seq");
+    EncoderModel m;
+    m.heads = s.heads;
+    m.causal = causal;
+    m.attn_bias = s.padding;
+    in.graph = build_encoder(m);
+  } else {
+    throw UsageError("unknown model '" + s.kind + "' (sdpa, mha, encoder-layer)");
+  }
+  in.feeds = random_feeds(in.graph, in.sizes, s.seed, 0.5f);
+  if (s.padding) {  // keys after a seeded length per sequence are padding
+    std::vector<std::int64_t> lengths;
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      lengths.push_back(1 + static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) * S));
+    NdArray bias = bias_tensor(s.batch, s.heads, s.seq, S);
+    NdArray ignore = keep_first(lengths, S);
+    for (bool& x : ignore.as<bool>()) x = !x;
+    apply_key_padding(bias, ignore, "--padding");
+    in.feeds["attn_bias"] = std::move(bias);
+  }
+  return in;
+}
+
+/// The graph with every extent replaced by its bound size.
+Graph with_sizes(const Graph& g, const Bindings& b) {
+  Graph out;
+  for (Node n : g.nodes()) {
+    for (auto& a : n.axes)
+      if (auto v = a.extent.resolve(b)) a.extent = Extent::fixed(*v);
+    out.add(std::move(n));
+  }
+  for (const auto& o : g.outputs()) out.mark_output(o.node, o.name);
+  return out;
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+}  // namespace
+
+int shapes(const ShapeModel& m) {
+  const Instance in = instantiate(m);
+  std::cout << m.kind << " with batch " << m.batch << ", " << m.heads << " heads, L " << m.seq << ", S "
+            << (m.kv_seq > 0 ? m.kv_seq : m.seq) << ":\n\n"
+            << with_sizes(in.graph, in.sizes).table();
+  return 0;
+}
+
+int bench(const Bench& b) {
+  if (b.repeat <= 0) throw UsageError("--repeat must be positive");
+  const Instance in = instantiate(b.model);
+  const bool bar = !b.json && isatty(STDOUT_FILENO);
+  const double rss_before = peak_rss_mib();
+  run_graph(in.graph, in.feeds, b.backend);  // warm-up, not counted
+  std::vector<double> ms;
+  for (int i = 0; i < b.repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_graph(in.graph, in.feeds, b.backend);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (bar) {
+      const int done = (i + 1) * 30 / b.repeat;
+      std::printf("\r[%s%s] %d/%d", std::string(static_cast<std::size_t>(done), '#').c_str(),
+                  std::string(static_cast<std::size_t>(30 - done), ' ').c_str(), i + 1, b.repeat);
+      std::fflush(stdout);
+    }
+  }
+  if (bar) std::printf("\n");
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                          : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  const double gflops = in.flops / (median * 1e-3) / 1e9;
+  const double peak = peak_rss_mib();
+  const auto& s = b.model;
+  if (b.json) {
+    std::printf(
+        "{\"model\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"seq\": %lld, \"kv_seq\": %lld, \"head_dim\": %lld, "
+        "\"causal\": %s, \"backend\": \"%s\", \"repeat\": %d, \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
+        "\"gflops\": %.6g, \"peak_mem_mib\": %.6g}\n",
+        s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
+        static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
+        s.causal ? "true" : "false", b.backend == Backend::reference ? "reference" : "cpu", b.repeat, median, sorted.front(),
+        sorted.back(), gflops, peak);
+  } else {
+    std::printf("%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f)\n",
+                s.kind.c_str(), median, sorted.front(), sorted.back(), b.repeat, gflops, peak, peak - rss_before);
+  }
+  return 0;
+}
+
+int verify(const Verify& v) {
+  if (v.backend == Backend::reference)
+    throw UsageError("verify compares a backend with the reference interpreter: give --backend cpu or cuda");
+  const Instance in = instantiate(v.model);
+  const RunResult want = interpret(in.graph, in.feeds);
+  const RunResult got = run_graph(in.graph, in.feeds, v.backend);
+  double abs_err = 0, rel_err = 0;
+  for (const auto& [name, w] : want.outputs) {
+    const auto a = got.outputs.at(name).to_f32(), e = w.to_f32();
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      const double d = std::abs(static_cast<double>(a[i]) - e[i]);
+      abs_err = std::max(abs_err, d);
+      rel_err = std::max(rel_err, d / std::max(1e-6, std::abs(static_cast<double>(e[i]))));
+    }
+  }
+  std::printf("max abs error %.3g, max rel error %.3g (tolerance %.3g)\n", abs_err, rel_err, v.tolerance);
+  return abs_err <= v.tolerance ? 0 : 1;
+}
+
+namespace {
+std::vector<std::string> words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+}  // namespace
+
+int heatmap(const Heatmap& h) {
+  NdArray w = read_npy(h.weights);
+  if (w.shape.size() != 3 && w.shape.size() != 4)
+    throw IoError("--weights: shape " + shape_to_string(w.shape) + " must be [B, L, S] or [B, H, L, S]");
+  const std::int64_t B = w.shape[0], H = w.shape.size() == 4 ? w.shape[1] : 1, L = w.shape[w.shape.size() - 2],
+                     S = w.shape.back();
+  if (h.batch_index < 0 || h.batch_index >= B)
+    throw UsageError("--batch-index " + std::to_string(h.batch_index) + " is out of range: the weights have batch " + std::to_string(B));
+  if (h.head && (*h.head < 0 || *h.head >= H))
+    throw UsageError("--head " + std::to_string(*h.head) + " is out of range: the weights have " + std::to_string(H) + " heads");
+  if ((h.head || h.all_heads) && w.shape.size() == 3)
+    throw UsageError("--head/--all-heads need per-head weights [B, H, L, S]; these are averaged [B, L, S]");
+
+  std::vector<std::string> rows, cols;
+  if (!h.tokens_file.empty()) {
+    std::ifstream f(h.tokens_file);
+    if (!f) throw IoError("--tokens-file: cannot read '" + h.tokens_file + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    rows = cols = words(ss.str());
+  } else if (!h.tokens.empty()) {
+    rows = cols = words(h.tokens);
+  }
+  if (!h.query_tokens.empty()) rows = words(h.query_tokens);
+  if (!h.key_tokens.empty()) cols = words(h.key_tokens);
+  if (!rows.empty() && static_cast<std::int64_t>(rows.size()) != L)
+    throw UsageError("the query tokens are " + std::to_string(rows.size()) + " but the weights have L = " + std::to_string(L));
+  if (!cols.empty() && static_cast<std::int64_t>(cols.size()) != S)
+    throw UsageError("the key tokens are " + std::to_string(cols.size()) + " but the weights have S = " + std::to_string(S));
+
+  const auto v = w.to_f32();
+  auto panel = [&](std::int64_t head) {
+    heatmap::Panel p{"head " + std::to_string(head), L, S, {}};
+    const std::size_t off = static_cast<std::size_t>(((h.batch_index * H) + head) * L * S);
+    p.values.assign(v.begin() + static_cast<std::ptrdiff_t>(off), v.begin() + static_cast<std::ptrdiff_t>(off + L * S));
+    return p;
+  };
+  std::vector<heatmap::Panel> panels;
+  std::string what;
+  if (h.all_heads) {
+    for (std::int64_t i = 0; i < H; ++i) panels.push_back(panel(i));
+    what = "all " + std::to_string(H) + " heads";
+  } else if (h.head) {
+    panels.push_back(panel(*h.head));
+    what = "head " + std::to_string(*h.head);
+  } else {
+    heatmap::Panel mean{H > 1 ? "mean of " + std::to_string(H) + " heads" : "weights", L, S,
+                        std::vector<float>(static_cast<std::size_t>(L * S), 0.0f)};
+    for (std::int64_t i = 0; i < H; ++i) {
+      const auto p = panel(i);
+      for (std::size_t k = 0; k < mean.values.size(); ++k) mean.values[k] += p.values[k] / static_cast<float>(H);
+    }
+    panels.push_back(std::move(mean));
+    what = H > 1 ? "averaged over " + std::to_string(H) + " heads" : "";
+  }
+  heatmap::Options opt;
+  opt.title = !h.title.empty() ? h.title
+                               : "attention weights, batch " + std::to_string(h.batch_index) + (what.empty() ? "" : ", " + what);
+  opt.row_labels = rows;
+  opt.col_labels = cols;
+  heatmap::write_png(h.out, heatmap::render(panels, opt));
+  return 0;
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,110 @@
+#include "models.hpp"
+
+#include <qkv/qkv.hpp>
+
+namespace qkv::cli {
+
+using namespace qkv::nn;
+
+namespace {
+
+using Bias = Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, Key<dyn>>;
+
+/// Calls f with the masks the model asks for, as DSL arguments. With AllowCausal false the
+/// causal variants are not instantiated (the caller rejected --causal before).
+template <bool AllowCausal = true, class F>
+auto with_masks(Graph& g, bool attn_bias, Causal causal, F&& f) {
+  auto with_causal = [&](auto... masks) {
+    if constexpr (AllowCausal) {
+      switch (causal) {
+        case Causal::top_left: return f(masks..., causal_top_left);
+        case Causal::bottom_right: return f(masks..., causal_bottom_right);
+        case Causal::none: break;
+      }
+    }
+    return f(masks...);
+  };
+  if (attn_bias) return with_causal(input<Bias>(g, "attn_bias"));
+  return with_causal();
+}
+
+template <MhaOptions Opt>
+Graph mha_graph(const MhaModel& m) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
+  auto mark = [&g](const auto& result) {
+    output(result.first, "out");
+    output(result.second, "weights");
+    return 0;
+  };
+  if (m.separate_qkv) {
+    auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<dyn>>>(g, "key");
+    auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<dyn>>>(g, "value");
+    auto block = CrossAttention<dyn, dyn, dyn, dyn>::make(g, "", m.bias, m.heads);
+    with_masks(g, m.attn_bias, m.causal, [&](auto... masks) { return mark(block(x, key, value, masks...)); });
+  } else {
+    auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
+    if (m.cross) {
+      auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "key");
+      auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "value");
+      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal,
+                                      [&](auto... masks) { return mark(block.cross(x, key, value, masks...)); });
+    } else {
+      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal, [&](auto... masks) { return mark(block(x, masks...)); });
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+Graph build_mha(const MhaModel& m) {
+  if (m.add_bias_kv && m.add_zero_attn) return mha_graph<MhaOptions{.add_bias_kv = true, .add_zero_attn = true}>(m);
+  if (m.add_bias_kv) return mha_graph<MhaOptions{.add_bias_kv = true}>(m);
+  if (m.add_zero_attn) return mha_graph<MhaOptions{.add_zero_attn = true}>(m);
+  return mha_graph<MhaOptions{}>(m);
+}
+
+Graph build_sdpa(const SdpaModel& m) {
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
+  with_masks(g, m.attn_bias, m.causal, [&](auto... masks) {
+    auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(q, k), m.scale), masks...);
+    auto p = softmax<Key>(s);
+    output(p, "weights");
+    if (m.dropout > 0.0) output(contract<Key>(dropout(p, m.dropout, m.seed), v), "out");
+    else output(contract<Key>(p, v), "out");
+    return 0;
+  });
+  return g;
+}
+
+namespace {
+template <Activation Act>
+Graph encoder_graph(const EncoderModel& m) {
+  Graph g;
+  Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>> x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "src");
+  const auto placement = m.norm_first ? NormPlacement::pre : NormPlacement::post;
+  std::optional<Bias> bias;
+  if (m.attn_bias) bias = input<Bias>(g, "attn_bias");
+  for (std::int64_t i = 0; i < m.layers; ++i) {
+    const std::string prefix = m.stack ? "layers." + std::to_string(i) + "." : "";
+    auto layer = EncoderLayer<dyn, dyn, dyn, Act>::make(g, prefix, placement, m.eps, m.heads);
+    x = with_masks(g, false, m.causal, [&](auto... masks) {
+      return bias ? Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>(layer(x, *bias, masks...))
+                  : Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>(layer(x, masks...));
+    });
+  }
+  if (m.final_norm) x = layer_norm(x, layer_norm_params<Model<dyn>>(g, "norm", m.eps));
+  output(x, "out");
+  return g;
+}
+}  // namespace
+
+Graph build_encoder(const EncoderModel& m) {
+  return m.gelu ? encoder_graph<Activation::gelu>(m) : encoder_graph<Activation::relu>(m);
+}
+
+}  // namespace qkv::cli
