@@ -1,20 +1,17 @@
 // Attention-weight heatmaps: layout, rasterisation and PNG output. See heatmap.hpp.
 #include "heatmap.hpp"
 
-#include <fcntl.h>
 #include <png.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <stdexcept>
+
+#include <qkv/runtime/io/array.hpp>
 
 #include "font.hpp"
 
@@ -493,40 +490,11 @@ void write_png(const std::filesystem::path& path, const Image& img) {
   if (!path.has_filename()) write_failure(path, "the path has no file name");
   const std::vector<std::uint8_t> data = encode_png(path, img);
 
-  // A temporary file in the same directory (O_EXCL on a random name, so the result gets the usual
-  // 0666 & ~umask permissions), fsynced and renamed over path.
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  static std::atomic<unsigned> counter{0};
-  std::random_device rd;
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    tmp = (dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                  std::to_string(counter++) + "." + std::to_string(rd())))
-              .string();
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
+  try {
+    write_file_atomic(path, std::as_bytes(std::span(data)));  // temporary file + fsync + rename
+  } catch (const IoError& e) {
+    write_failure(path, e.what());
   }
-  if (fd < 0) write_failure(path, "cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
-
-  auto abandon = [&](const std::string& what) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    write_failure(path, what + ": " + std::strerror(e));
-  };
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) abandon("write failed");
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0) abandon("fsync failed");
-  const int rc = ::close(fd);
-  fd = -1;
-  if (rc != 0) abandon("close failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) abandon("cannot rename the temporary file into place");
 }
 
 }  // namespace qkv::heatmap

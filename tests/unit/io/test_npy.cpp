@@ -13,46 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "io_test_helpers.hpp"
+
 namespace {
 
+using namespace qkv::testing_io;
 using qkv::DType;
 using qkv::NdArray;
 namespace fs = std::filesystem;
-
-// The IoError message thrown by f, or a marker if nothing was thrown (other exceptions escape and
-// fail the test).
-std::string io_error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const qkv::IoError& e) {
-    return e.what();
-  }
-  return "<no IoError thrown>";
-}
-
-// Expects `stmt` to throw IoError whose message contains every one of the given substrings.
-#define EXPECT_IO_ERROR(stmt, ...)                                                                         \
-  do {                                                                                                     \
-    const std::string msg_ = io_error_message([&] { (void)(stmt); });                                      \
-    const std::vector<std::string> needles_{__VA_ARGS__};                                                  \
-    for (const std::string& needle_ : needles_)                                                            \
-      EXPECT_NE(msg_.find(needle_), std::string::npos) << "message: " << msg_ << "\n  lacks: " << needle_; \
-  } while (0)
-
-// A fresh directory for one test, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() / ("qkv_npy_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 template <class T>
 std::vector<std::byte> le_bytes(const std::vector<T>& v) {
@@ -186,7 +154,7 @@ TEST(NdArray, ToF32ConvertsEveryDType) {
 // --- .npy round trips ----------------------------------------------------------------------------
 
 TEST(Npy, RoundTripEveryDType) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   const std::vector<NdArray> arrays = {
       make<float>(DType::f32, {2, 3}, {1, 2, 3, 4, 5, -6.5f}),
       make<double>(DType::f64, {3}, {1e-300, -2, 3.25}),
@@ -226,7 +194,7 @@ TEST(Npy, WriterUsesVersion2ForHugeHeaders) {
 }
 
 TEST(Npy, WriterRejectsBf16AndBadArrays) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   EXPECT_IO_ERROR(qkv::write_npy(dir.path / "b.npy", NdArray::zeros(DType::bf16, {2})), "b.npy", "bf16");
   NdArray bad = NdArray::zeros(DType::f32, {2, 3});
   bad.bytes.pop_back();
@@ -237,7 +205,7 @@ TEST(Npy, WriterRejectsBf16AndBadArrays) {
 }
 
 TEST(Npy, WriteIntoMissingDirectoryThrowsAndLeavesNoFile) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   const fs::path p = dir.path / "no_such_dir" / "x.npy";
   EXPECT_IO_ERROR(qkv::write_npy(p, NdArray::from_f32({1}, {1})), p.string(), "temporary file");
   EXPECT_FALSE(fs::exists(p));
@@ -245,7 +213,7 @@ TEST(Npy, WriteIntoMissingDirectoryThrowsAndLeavesNoFile) {
 }
 
 TEST(Npy, WriteReplacesExistingFileAndLeavesNoTemporaries) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   const fs::path p = dir.path / "x.npy";
   qkv::write_npy(p, NdArray::from_f32({1, 2}, {2}));
   qkv::write_npy(p, NdArray::from_f32({3}, {}));
@@ -435,14 +403,14 @@ TEST(NpyErrors, OverflowingShape) {
 }
 
 TEST(NpyErrors, ReadMissingFile) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   const fs::path p = dir.path / "absent.npy";
   EXPECT_IO_ERROR(qkv::read_npy(p), p.string(), "cannot open");
   EXPECT_IO_ERROR(qkv::read_npy(dir.path), dir.path.string(), "not a regular file");
 }
 
 TEST(NpyErrors, ReadFromDiskNamesThePath) {
-  TempDir dir;
+  TempDir dir("qkv_npy");
   const fs::path p = dir.path / "short.npy";
   auto img = npy_image(1, dict("<f4", "(2, 3)"), std::vector<std::byte>(20));
   {

@@ -12,47 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "io_test_helpers.hpp"
+
 namespace {
 
+using namespace qkv::testing_io;
 using qkv::DType;
 using qkv::NdArray;
 using qkv::SafetensorsFile;
 namespace fs = std::filesystem;
-
-// The IoError message thrown by f, or a marker if nothing was thrown (other exceptions escape and
-// fail the test).
-std::string io_error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const qkv::IoError& e) {
-    return e.what();
-  }
-  return "<no IoError thrown>";
-}
-
-// Expects `stmt` to throw IoError whose message contains every one of the given substrings.
-#define EXPECT_IO_ERROR(stmt, ...)                                                                         \
-  do {                                                                                                     \
-    const std::string msg_ = io_error_message([&] { (void)(stmt); });                                      \
-    const std::vector<std::string> needles_{__VA_ARGS__};                                                  \
-    for (const std::string& needle_ : needles_)                                                            \
-      EXPECT_NE(msg_.find(needle_), std::string::npos) << "message: " << msg_ << "\n  lacks: " << needle_; \
-  } while (0)
-
-// A fresh directory for one test, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() / ("qkv_st_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 template <class T>
 std::vector<std::byte> le_bytes(const std::vector<T>& v) {
@@ -108,7 +76,7 @@ std::map<std::string, NdArray> every_dtype() {
 // --- round trips and layout ----------------------------------------------------------------------
 
 TEST(Safetensors, RoundTripEveryDTypeThroughMmap) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const auto tensors = every_dtype();
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "\xC3\xA9t\xC3\xA9"}};
   const fs::path p = dir.path / "m.safetensors";
@@ -198,7 +166,7 @@ TEST(Safetensors, BooleansAreNormalisedOnLoad) {
 }
 
 TEST(Safetensors, MoveKeepsViewsValid) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "m.safetensors";
   qkv::write_safetensors(p, every_dtype());
   SafetensorsFile a = SafetensorsFile::open(p);
@@ -215,7 +183,7 @@ TEST(Safetensors, MoveKeepsViewsValid) {
 }
 
 TEST(Safetensors, WriteReplacesAtomically) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "m.safetensors";
   qkv::write_safetensors(p, every_dtype());
   qkv::write_safetensors(p, {{"only", NdArray::from_f32({1}, {1})}});
@@ -226,7 +194,7 @@ TEST(Safetensors, WriteReplacesAtomically) {
 // --- writer errors -------------------------------------------------------------------------------
 
 TEST(SafetensorsWriteErrors, MissingDirectoryThrowsAndLeavesNoFile) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "missing" / "m.safetensors";
   EXPECT_IO_ERROR(qkv::write_safetensors(p, every_dtype()), p.string(), "temporary file");
   EXPECT_FALSE(fs::exists(p));
@@ -234,7 +202,7 @@ TEST(SafetensorsWriteErrors, MissingDirectoryThrowsAndLeavesNoFile) {
 }
 
 TEST(SafetensorsWriteErrors, BadArrays) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "m.safetensors";
   NdArray bad = NdArray::zeros(DType::f32, {2, 3});
   bad.bytes.resize(20);
@@ -249,7 +217,7 @@ TEST(SafetensorsWriteErrors, BadArrays) {
 
 TEST(SafetensorsErrors, ShorterThan8Bytes) {
   EXPECT_IO_ERROR(SafetensorsFile::from_bytes(std::vector<std::byte>(5), kName), kName, "5 bytes", "too short");
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "tiny.safetensors";
   std::FILE* f = std::fopen(p.c_str(), "wb");
   ASSERT_NE(f, nullptr);
@@ -393,14 +361,14 @@ TEST(SafetensorsErrors, MissingTensor) {
 }
 
 TEST(SafetensorsErrors, OpenMissingFileOrDirectory) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "absent.safetensors";
   EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "cannot open");
   EXPECT_IO_ERROR(SafetensorsFile::open(dir.path), dir.path.string(), "not a regular file");
 }
 
 TEST(SafetensorsErrors, OpenValidatesLikeFromBytes) {
-  TempDir dir;
+  TempDir dir("qkv_st");
   const fs::path p = dir.path / "bad.safetensors";
   const auto img = image(entry_with("data_offsets", "[0, 12]"), std::vector<std::byte>(16));
   std::FILE* f = std::fopen(p.c_str(), "wb");
