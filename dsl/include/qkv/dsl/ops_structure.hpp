@@ -122,8 +122,7 @@ auto split(const T& t, std::array<std::int64_t, sizeof...(Parts)> sizes) {
   } else {
     using L = typename T::axis_list;
     if constexpr (!has_family<L, From>) {
-      return fail<fixed_string("split: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
-                  "`; fix: split an axis the tensor has">();
+      return missing_axis<"split", L, From>();
     } else {
       return detail::split_ir<find_family<L, From>, Parts...>(t, sizes);
     }
@@ -137,8 +136,7 @@ auto split(const T& t) {
   } else {
     using L = typename T::axis_list;
     if constexpr (!has_family<L, From>) {
-      return fail<fixed_string("split: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
-                  "`; fix: split an axis the tensor has">();
+      return missing_axis<"split", L, From>();
     } else {
       using A = find_family<L, From>;
       constexpr std::int64_t prod = detail::static_product<Parts...>();
@@ -271,8 +269,7 @@ auto rename(const T& t) {
   } else {
     using L = typename T::axis_list;
     if constexpr (!has_family<L, From>) {
-      return fail<fixed_string("rename: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
-                  "`; fix: rename an axis the tensor has">();
+      return missing_axis<"rename", L, From>();
     } else if constexpr (has_family<L, To> && family_name<From> != family_name<To>) {
       return fail<fixed_string("rename: x ") + axes_fs<L>() + " already has an axis `" + family_name_fs<To> +
                   "`; fix: pick a name that is not taken">();
@@ -333,8 +330,7 @@ template <template <auto> class From, int K, template <auto> class Into, class T
 auto chunk(const T& t) {
   using L = typename T::axis_list;
   if constexpr (!has_family<L, From>) {
-    return fail<fixed_string("chunk: x ") + axes_fs<L>() + " has no axis `" + family_name_fs<From> +
-                "`; fix: chunk an axis the tensor has">();
+    return missing_axis<"chunk", L, From>();
   } else {
     using A = find_family<L, From>;
     if constexpr (A::is_static && A::extent % K != 0) {
@@ -455,8 +451,7 @@ auto pad(const X& x, double value) {
   } else {
     using LX = typename X::axis_list;
     if constexpr (!has_family<LX, Ax>) {
-      return fail<fixed_string("pad: x ") + axes_fs<LX>() + " has no axis `" + family_name_fs<Ax> +
-                  "`; fix: pad an axis the tensor has">();
+      return missing_axis<"pad", LX, Ax>();
     } else {
       using A = find_family<LX, Ax>;
       using Out = detail::replace_t<LX, A, axes<detail::joined_axis<Ax, A, Ax<N>>>>;

@@ -91,6 +91,14 @@ constexpr auto mask_kind_fs() {
   else return fixed_string("a keep-mask");
 }
 
+/// "<op>: x [...] has no axis `F`; fix: <op> an axis the tensor has" — the first check of every
+/// op that addresses one axis of one operand.
+template <fixed_string Op, class L, template <auto> class F>
+constexpr poison missing_axis() {
+  return fail<Op + ": x " + axes_fs<L>() + " has no axis `" + family_name_fs<F> + "`; fix: " + Op +
+              " an axis the tensor has">();
+}
+
 /// "permute<Batch, Seq, Model>" — the fix that puts a tensor into the order L.
 template <class L>
 constexpr auto permute_fix() {
