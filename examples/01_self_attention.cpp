@@ -46,12 +46,12 @@ int main() {
 
   // Q, K, V are three projections of the same x. The key side gets the axis name `Key`, so
   // "which axis is the query, which the key" is never a matter of position.
-  auto q = linear(x, w_q);                   // [Batch, Seq, Dk]
+  auto q = linear(x, w_q);                    // [Batch, Seq, Dk]
   auto k = rename<Seq, Key>(linear(x, w_k));  // [Batch, Key, Dk]
   auto v = rename<Seq, Key>(linear(x, w_v));  // [Batch, Key, Dv]
 
   // Scores: contract over Dk. The result is *raw* Q·Kᵀ; softmax would refuse it unscaled.
-  auto scores = scaled(contract<Dk>(q, k));   // [Batch, Seq, Key] / sqrt(16)
+  auto scores = scaled(contract<Dk>(q, k));  // [Batch, Seq, Key] / sqrt(16)
 
   // Padding: the mask covers the key axis — a pad token is never *looked at*. (Covering `Seq`
   // instead is a compile error; see lesson 07.)

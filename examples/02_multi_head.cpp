@@ -36,14 +36,16 @@ int main() {
   auto w_o = linear_params<Model<kModel>, Model<kModel>>(g, "out_proj");
 
   // split needs the factors to multiply to d_model (16 = 2 x 8): 6 heads would not compile.
-  auto to_heads = [](auto t) { return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<kHeads>, HeadDim<kHeadDim>>(t)); };
+  auto to_heads = [](auto t) {
+    return permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<kHeads>, HeadDim<kHeadDim>>(t));
+  };
   auto q = to_heads(linear(x, w_q));
   auto k = rename<Seq, Key>(to_heads(linear(x, w_k)));
   auto v = rename<Seq, Key>(to_heads(linear(x, w_v)));
 
   // Each head attends on its own: Heads is a batch axis of the contraction.
   auto p = softmax<Key>(masked(scaled(contract<HeadDim>(q, k)), keep));  // [Batch, Heads, Seq, Key]
-  auto o = contract<Key>(p, v);                                           // [Batch, Heads, Seq, HeadDim]
+  auto o = contract<Key>(p, v);                                          // [Batch, Heads, Seq, HeadDim]
 
   // Back to tokens: the heads must sit next to HeadDim before they merge (lesson 07, bug 9).
   auto merged = merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(o));
@@ -56,7 +58,8 @@ int main() {
   Graph lib;
   auto x2 = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<kModel>>>(lib, "x");
   output(MultiHeadAttention<kModel, kHeads>::make(lib)(x2).first, "out");
-  std::cout << "\nqkv::nn::MultiHeadAttention<16, 2> records " << lib.size() << " nodes (fused in_proj cut in three).\n";
+  std::cout << "\nqkv::nn::MultiHeadAttention<16, 2> records " << lib.size()
+            << " nodes (fused in_proj cut in three).\n";
 
   // Bind sizes: batch 3, 5 tokens, a mask over 5 keys. Every deferred check passes; a mask
   // over 4 keys would not (the ShapeError carries the same message a static size would give).

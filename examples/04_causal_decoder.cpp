@@ -33,8 +33,8 @@ int main() {
   output(p, "weights");
   std::cout << "\nOne decoding step against a cache of 6:\n\n" << step.table();
 
-  bool ok = step.node(p.id()).op == Op::softmax &&
-            step.node(step.node(p.id()).inputs[0]).align == CausalAlign::bottom_right;
+  bool ok =
+      step.node(p.id()).op == Op::softmax && step.node(step.node(p.id()).inputs[0]).align == CausalAlign::bottom_right;
 
   // Run the block on 5 tokens, then look at causal weights of one attention layer: token i
   // must give keys after i exactly zero weight.
@@ -55,7 +55,7 @@ int main() {
   // Decoding against the cache, bottom-right: the new token sees all 6 cached keys.
   const auto wstep = interpret(step, random_feeds(step, {}, 12)).outputs.at("weights").to_f32();
   for (float v : wstep) ok = ok && v > 0.0f;
-  std::cout << "block output " << y_run.shape.size() << "-D, future keys get weight 0, the decoding step sees all 6 keys: "
-            << (ok ? "ok" : "FAILED") << "\n";
+  std::cout << "block output " << y_run.shape.size()
+            << "-D, future keys get weight 0, the decoding step sees all 6 keys: " << (ok ? "ok" : "FAILED") << "\n";
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

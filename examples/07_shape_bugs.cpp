@@ -85,8 +85,8 @@ constexpr Bug kBugs[] = {
 int main() {
   int n = 0;
   for (const Bug& b : kBugs) {
-    std::printf("%2d. %s\n    you write:  %s\n    qkv says:   %s\n    (tests/compile_fail/%s_fail.cpp)\n\n", ++n, b.what,
-                b.code, b.error, b.test);
+    std::printf("%2d. %s\n    you write:  %s\n    qkv says:   %s\n    (tests/compile_fail/%s_fail.cpp)\n\n", ++n,
+                b.what, b.code, b.error, b.test);
   }
   std::printf("%d mistakes, each a compile error that names the axis and the fix.\n", n);
   return n >= 13 ? 0 : 1;

@@ -74,7 +74,8 @@ void settle_shape(const Graph& g, int id, const Value& v, Bindings& b) {
     if (auto want = e.resolve(b)) {
       if (*want != got)
         internal_error(interp::node_label(g, id) + ": axis `" + n.axes[k].name + "` (extent " + e.str() + ") is " +
-                       std::to_string(*want) + " under the bindings, but the computed value has " + std::to_string(got));
+                       std::to_string(*want) + " under the bindings, but the computed value has " +
+                       std::to_string(got));
     } else if (e.num != 0 && ((got - e.plus) * e.den) % e.num == 0) {
       b[e.symbol] = (got - e.plus) * e.den / e.num;
     } else {
@@ -115,7 +116,8 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
 NdArray to_array(const Node& n, const Value& v) {
   if (n.dtype != DType::boolean) return NdArray::from_f32(v.data, v.shape);
   NdArray a = NdArray::zeros(DType::boolean, v.shape);
-  for (std::size_t i = 0; i < v.data.size(); ++i) a.bytes[i] = std::byte{v.data[i] != 0.0f ? std::uint8_t{1} : std::uint8_t{0}};
+  for (std::size_t i = 0; i < v.data.size(); ++i)
+    a.bytes[i] = std::byte{v.data[i] != 0.0f ? std::uint8_t{1} : std::uint8_t{0}};
   return a;
 }
 
@@ -146,8 +148,9 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
       const std::int64_t got = a.shape[k];
       if (ax.extent.is_static()) {
         if (got != ax.extent.value)
-          throw ShapeError(who + ": axis `" + ax.name + "` is " + std::to_string(ax.extent.value) + " but the array has " +
-                           std::to_string(got) + " there (shape " + shape_to_string(a.shape) + ")");
+          throw ShapeError(who + ": axis `" + ax.name + "` is " + std::to_string(ax.extent.value) +
+                           " but the array has " + std::to_string(got) + " there (shape " + shape_to_string(a.shape) +
+                           ")");
       } else if (ax.extent.num == 1 && ax.extent.den == 1 && ax.extent.plus == 0) {
         const std::string& sym = ax.extent.symbol;
         if (auto f = b.find(sym); f == b.end()) {
@@ -166,14 +169,16 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
   for (const Derived& d : derived) {
     const Axis& ax = d.node->axes[d.axis];
     const Extent& e = ax.extent;
-    const std::string head = tensor_label(*d.node) + ": axis `" + ax.name + "` (extent " + e.str() + ") is " + std::to_string(d.size);
+    const std::string head =
+        tensor_label(*d.node) + ": axis `" + ax.name + "` (extent " + e.str() + ") is " + std::to_string(d.size);
     auto f = b.find(e.symbol);
     if (f == b.end())
       throw ShapeError(head + ", but no input binds " + e.symbol + " by itself; feed an input with an axis of extent " +
                        e.symbol + "?");
     const std::string bound = " but '" + bound_by[e.symbol] + "' bound " + e.symbol + " = " + std::to_string(f->second);
     if ((f->second * e.num) % e.den != 0)  // `plus` shifts the size, never the divisibility
-      throw ShapeError(head + bound + ", which is not divisible by " + std::to_string(e.den / std::max<std::int64_t>(1, std::gcd(e.num, e.den))));
+      throw ShapeError(head + bound + ", which is not divisible by " +
+                       std::to_string(e.den / std::max<std::int64_t>(1, std::gcd(e.num, e.den))));
     if (const std::int64_t want = f->second * e.num / e.den + e.plus; want != d.size)
       throw ShapeError(head + bound + ", which makes it " + std::to_string(want));
   }

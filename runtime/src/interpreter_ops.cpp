@@ -78,8 +78,9 @@ std::size_t axis_pos(const OpArgs& a, const std::vector<Axis>& axes, std::string
 void expect_inputs(const OpArgs& a, std::size_t lo, std::size_t hi) {
   const std::size_t n = a.in.size();
   if (n < lo || n > hi)
-    internal_error(where(a) + "expects " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + std::to_string(hi)) +
-                   " inputs, has " + std::to_string(n));
+    internal_error(where(a) + "expects " +
+                   (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + std::to_string(hi)) + " inputs, has " +
+                   std::to_string(n));
 }
 
 void expect_attrs(const OpArgs& a, std::size_t n) {
@@ -91,7 +92,8 @@ void expect_attrs(const OpArgs& a, std::size_t n) {
 /// The size of a declared output axis under the bindings.
 std::int64_t bound_extent(const OpArgs& a, const Axis& ax) {
   auto v = ax.extent.resolve(a.bindings);
-  if (!v) internal_error(where(a) + "axis `" + ax.name + "` has the extent " + ax.extent.str() + ", which is not bound");
+  if (!v)
+    internal_error(where(a) + "axis `" + ax.name + "` has the extent " + ax.extent.str() + ", which is not bound");
   return *v;
 }
 
@@ -177,13 +179,16 @@ Value op_contract(const OpArgs& a) {
 
   Shape out_shape;
   for (const auto& x : a.node.axes) {
-    if (has_axis(ln.axes, x.name)) out_shape.push_back(L.shape[axis_pos(a, ln.axes, x.name, "lhs")]);
-    else out_shape.push_back(R.shape[axis_pos(a, rn.axes, x.name, "rhs")]);
+    if (has_axis(ln.axes, x.name))
+      out_shape.push_back(L.shape[axis_pos(a, ln.axes, x.name, "lhs")]);
+    else
+      out_shape.push_back(R.shape[axis_pos(a, rn.axes, x.name, "rhs")]);
   }
   Shape c_shape;  // extents of the contracted axes, from the lhs
   for (const auto& c : contracted) c_shape.push_back(L.shape[axis_pos(a, ln.axes, c, "lhs")]);
 
-  const Shape l_out = strides_by_name(out_names, ln.axes, L.shape), r_out = strides_by_name(out_names, rn.axes, R.shape);
+  const Shape l_out = strides_by_name(out_names, ln.axes, L.shape),
+              r_out = strides_by_name(out_names, rn.axes, R.shape);
   const Shape l_c = strides_by_name(contracted, ln.axes, L.shape), r_c = strides_by_name(contracted, rn.axes, R.shape);
 
   // Offsets of every contracted multi-index in lhs and rhs.
@@ -223,10 +228,17 @@ Value op_broadcast(const OpArgs& a) {
     const float x = X.data[i], y = Y.data[static_cast<std::size_t>(dot(idx, ys))];
     switch (a.node.op) {
       case Op::add:
-      case Op::bias: out.data[i] = x + y; break;
-      case Op::mul: out.data[i] = x * y; break;
-      case Op::keep_mask: out.data[i] = y != 0.0f ? x : kNegInf; break;
-      default: internal_error(where(a) + "not a broadcasting op");
+      case Op::bias:
+        out.data[i] = x + y;
+        break;
+      case Op::mul:
+        out.data[i] = x * y;
+        break;
+      case Op::keep_mask:
+        out.data[i] = y != 0.0f ? x : kNegInf;
+        break;
+      default:
+        internal_error(where(a) + "not a broadcasting op");
     }
   }
   return out;
@@ -256,8 +268,9 @@ Value op_reshape(const OpArgs& a) {
   }
   Value out{declared_shape(a), a.in[0]->data};
   if (numel(out.shape) != numel(a.in[0]->shape))
-    internal_error(where(a) + "the output " + axes_str(a.node.axes) + " = " + shape_str(out.shape) + " does not hold the " +
-                   std::to_string(numel(a.in[0]->shape)) + " elements of the input " + shape_str(a.in[0]->shape));
+    internal_error(where(a) + "the output " + axes_str(a.node.axes) + " = " + shape_str(out.shape) +
+                   " does not hold the " + std::to_string(numel(a.in[0]->shape)) + " elements of the input " +
+                   shape_str(a.in[0]->shape));
   return out;
 }
 
@@ -282,8 +295,7 @@ Value op_rename(const OpArgs& a) {
   expect_inputs(a, 1, 1);
   expect_attrs(a, 2);
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
-  if (axis_pos(a, a.node.axes, a.node.attr_axes[1], "output") != p)
-    internal_error(where(a) + "the renamed axis moved");
+  if (axis_pos(a, a.node.axes, a.node.attr_axes[1], "output") != p) internal_error(where(a) + "the renamed axis moved");
   return Value{a.in[0]->shape, a.in[0]->data};
 }
 
@@ -324,7 +336,8 @@ Value op_broadcast_to(const OpArgs& a) {
 Value op_fill(const OpArgs& a) {
   expect_inputs(a, 0, 0);
   const Shape out_shape = declared_shape(a);
-  const float v = a.node.dtype == DType::boolean ? (a.node.scalar != 0.0 ? 1.0f : 0.0f) : static_cast<float>(a.node.scalar);
+  const float v =
+      a.node.dtype == DType::boolean ? (a.node.scalar != 0.0 ? 1.0f : 0.0f) : static_cast<float>(a.node.scalar);
   return Value{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)), v)};
 }
 
@@ -380,7 +393,8 @@ Value op_dropout(const OpArgs& a) {
   expect_inputs(a, 1, 1);
   const Value& X = *a.in[0];
   const double p = a.node.scalar;
-  if (!(p >= 0.0 && p < 1.0)) internal_error(where(a) + "dropout probability " + std::to_string(p) + " is not in [0, 1)");
+  if (!(p >= 0.0 && p < 1.0))
+    internal_error(where(a) + "dropout probability " + std::to_string(p) + " is not in [0, 1)");
   if (p == 0.0) return X;
   const double keep_scale = 1.0 / (1.0 - p);
   const std::size_t rank = X.shape.size();
@@ -410,8 +424,8 @@ Value op_concat(const OpArgs& a) {
   out_shape[p] = 0;
   for (std::size_t k = 0; k < a.in.size(); ++k) {
     if (names_of(a.in_nodes[k]->axes) != names_of(axes0))
-      internal_error(where(a) + "part " + std::to_string(k) + " " + axes_str(a.in_nodes[k]->axes) + " differs from part 0 " +
-                     axes_str(axes0));
+      internal_error(where(a) + "part " + std::to_string(k) + " " + axes_str(a.in_nodes[k]->axes) +
+                     " differs from part 0 " + axes_str(axes0));
     for (std::size_t d = 0; d < out_shape.size(); ++d)
       if (d != p) expect_same_size(a, axes0[d].name, a.in[0]->shape[d], a.in[k]->shape[d]);
     out_shape[p] += a.in[k]->shape[p];
@@ -439,8 +453,8 @@ Value op_slice(const OpArgs& a) {
   if (p != q || a.node.axes.size() != X.shape.size()) internal_error(where(a) + "the sliced axis moved");
   const std::int64_t P = bound_extent(a, a.node.axes[q]), start = a.node.offset * P;
   if (a.node.offset < 0 || start + P > X.shape[p])
-    internal_error(where(a) + "part " + std::to_string(a.node.offset) + " of size " + std::to_string(P) + " is outside `" +
-                   a.node.attr_axes[0] + "` (" + std::to_string(X.shape[p]) + ")");
+    internal_error(where(a) + "part " + std::to_string(a.node.offset) + " of size " + std::to_string(P) +
+                   " is outside `" + a.node.attr_axes[0] + "` (" + std::to_string(X.shape[p]) + ")");
   Shape out_shape = X.shape;
   out_shape[p] = P;
   const Around r = around(X.shape, p);
@@ -461,7 +475,8 @@ Value op_layer_norm(const OpArgs& a) {
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
   const Around r = around(X.shape, p);
   for (std::size_t k = 1; k <= 2; ++k) {
-    if (a.in[k]->shape.size() != 1) internal_error(where(a) + "gamma/beta must have one axis, have " + shape_str(a.in[k]->shape));
+    if (a.in[k]->shape.size() != 1)
+      internal_error(where(a) + "gamma/beta must have one axis, have " + shape_str(a.in[k]->shape));
     expect_same_size(a, a.node.attr_axes[0], r.n, a.in[k]->shape[0]);
   }
   const double eps = a.node.scalar;
@@ -496,7 +511,8 @@ Value op_linear(const OpArgs& a) {
   const Value &X = *a.in[0], &W = *a.in[1];
   const Value* bias = a.in.size() == 3 ? a.in[2] : nullptr;
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "x");
-  if (axis_pos(a, a.node.axes, a.node.attr_axes[1], "output") != p) internal_error(where(a) + "the projected axis moved");
+  if (axis_pos(a, a.node.axes, a.node.attr_axes[1], "output") != p)
+    internal_error(where(a) + "the projected axis moved");
   if (W.shape.size() != 2) internal_error(where(a) + "the weight must be [out, in], is " + shape_str(W.shape));
   const Around r = around(X.shape, p);
   const std::int64_t n_out = W.shape[0], n_in = W.shape[1];
@@ -534,30 +550,49 @@ float gelu(float x) {
 
 Value eval_op(const OpArgs& a) {
   switch (a.node.op) {
-    case Op::contract: return op_contract(a);
+    case Op::contract:
+      return op_contract(a);
     case Op::add:
     case Op::mul:
     case Op::bias:
-    case Op::keep_mask: return op_broadcast(a);
-    case Op::scale: return op_scale(a);
+    case Op::keep_mask:
+      return op_broadcast(a);
+    case Op::scale:
+      return op_scale(a);
     case Op::split:
-    case Op::view: return op_reshape(a);
-    case Op::merge: return op_merge(a);
-    case Op::rename: return op_rename(a);
-    case Op::permute: return op_permute(a);
-    case Op::softmax: return op_softmax(a);
-    case Op::causal: return op_causal(a);
-    case Op::dropout: return op_dropout(a);
-    case Op::concat: return op_concat(a);
-    case Op::slice: return op_slice(a);
-    case Op::broadcast: return op_broadcast_to(a);
-    case Op::fill: return op_fill(a);
-    case Op::layer_norm: return op_layer_norm(a);
-    case Op::linear: return op_linear(a);
-    case Op::relu: return unary_map(a, relu);
-    case Op::gelu: return unary_map(a, gelu);
+    case Op::view:
+      return op_reshape(a);
+    case Op::merge:
+      return op_merge(a);
+    case Op::rename:
+      return op_rename(a);
+    case Op::permute:
+      return op_permute(a);
+    case Op::softmax:
+      return op_softmax(a);
+    case Op::causal:
+      return op_causal(a);
+    case Op::dropout:
+      return op_dropout(a);
+    case Op::concat:
+      return op_concat(a);
+    case Op::slice:
+      return op_slice(a);
+    case Op::broadcast:
+      return op_broadcast_to(a);
+    case Op::fill:
+      return op_fill(a);
+    case Op::layer_norm:
+      return op_layer_norm(a);
+    case Op::linear:
+      return op_linear(a);
+    case Op::relu:
+      return unary_map(a, relu);
+    case Op::gelu:
+      return unary_map(a, gelu);
     case Op::input:
-    case Op::param: internal_error(where(a) + "a leaf has no op to evaluate");
+    case Op::param:
+      internal_error(where(a) + "a leaf has no op to evaluate");
   }
   internal_error(where(a) + "unknown op (code " + std::to_string(static_cast<int>(a.node.op)) + ")");
 }

@@ -14,7 +14,8 @@ Feeds random_feeds(const Graph& g, const Bindings& b, std::uint64_t seed, float 
     std::vector<std::int64_t> shape;
     for (const Axis& a : n.axes) {
       auto v = a.extent.resolve(b);
-      if (!v) throw ShapeError("random_feeds: '" + n.name + "' axis `" + a.name + "` (" + a.extent.str() + ") is not bound");
+      if (!v)
+        throw ShapeError("random_feeds: '" + n.name + "' axis `" + a.name + "` (" + a.extent.str() + ") is not bound");
       shape.push_back(*v);
     }
     NdArray arr = NdArray::zeros(n.dtype == DType::boolean ? DType::boolean : DType::f32, shape);
@@ -24,7 +25,8 @@ Feeds random_feeds(const Graph& g, const Bindings& b, std::uint64_t seed, float 
       auto data = arr.as<float>();
       for (std::size_t i = 0; i < data.size(); ++i) {
         // One Philox draw per element, keyed by seed; the stream separates the tensors.
-        const float u = dropout_uniform(seed, stream, 0, static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i));
+        const float u =
+            dropout_uniform(seed, stream, 0, static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i));
         data[i] = (2.0f * u - 1.0f) * scale;
       }
     }
@@ -37,7 +39,8 @@ NdArray keep_first(const std::vector<std::int64_t>& lengths, std::int64_t len) {
   NdArray m = NdArray::zeros(DType::boolean, {static_cast<std::int64_t>(lengths.size()), len});
   auto data = m.as<bool>();
   for (std::size_t b = 0; b < lengths.size(); ++b)
-    for (std::int64_t s = 0; s < len; ++s) data[b * static_cast<std::size_t>(len) + static_cast<std::size_t>(s)] = s < lengths[b];
+    for (std::int64_t s = 0; s < len; ++s)
+      data[b * static_cast<std::size_t>(len) + static_cast<std::size_t>(s)] = s < lengths[b];
   return m;
 }
 

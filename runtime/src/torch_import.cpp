@@ -27,8 +27,8 @@ Shape shape_of(const SafetensorsFile& sd, const std::string& key, std::size_t ra
   if (!sd.contains(key)) throw StateDictError(where(sd) + "missing key '" + key + "' (" + why + ")");
   Shape s = sd.get(key).shape;
   if (s.size() != rank)
-    throw StateDictError(where(sd) + "'" + key + "' has shape " + shape_to_string(s) + ", expected " + std::to_string(rank) +
-                         " axes (" + why + ")");
+    throw StateDictError(where(sd) + "'" + key + "' has shape " + shape_to_string(s) + ", expected " +
+                         std::to_string(rank) + " axes (" + why + ")");
   return s;
 }
 
@@ -50,7 +50,8 @@ MhaConfig infer_mha_config(const SafetensorsFile& sd, std::int64_t num_heads, co
     c.kdim = shape_of(sd, p + "k_proj_weight", 2, "kdim != embed_dim stores separate projections")[1];
     c.vdim = shape_of(sd, p + "v_proj_weight", 2, "kdim != embed_dim stores separate projections")[1];
   } else if (!sd.contains(p + "in_proj_weight")) {
-    throw StateDictError(where(sd) + "missing key '" + p + "in_proj_weight' (nn.MultiheadAttention stores in_proj_weight, or "
+    throw StateDictError(where(sd) + "missing key '" + p +
+                         "in_proj_weight' (nn.MultiheadAttention stores in_proj_weight, or "
                          "q_proj_weight/k_proj_weight/v_proj_weight when kdim or vdim differ from embed_dim)");
   }
   c.bias = sd.contains(p + "in_proj_bias");
@@ -66,7 +67,8 @@ Feeds import_mha(const SafetensorsFile& sd, const MhaConfig& c, const std::strin
     f[p + "k_proj_weight"] = take(sd, p + "k_proj_weight", {E, c.kdim}, "key projection [embed_dim, kdim]");
     f[p + "v_proj_weight"] = take(sd, p + "v_proj_weight", {E, c.vdim}, "value projection [embed_dim, vdim]");
   } else {
-    f[p + "in_proj_weight"] = take(sd, p + "in_proj_weight", {3 * E, E}, "fused q/k/v projection [3*embed_dim, embed_dim]");
+    f[p + "in_proj_weight"] =
+        take(sd, p + "in_proj_weight", {3 * E, E}, "fused q/k/v projection [3*embed_dim, embed_dim]");
   }
   if (c.bias) {
     f[p + "in_proj_bias"] = take(sd, p + "in_proj_bias", {3 * E}, "fused q/k/v bias [3*embed_dim]");
@@ -86,13 +88,15 @@ Feeds import_mha(const SafetensorsFile& sd, const MhaConfig& c, const std::strin
 EncoderLayerConfig infer_encoder_layer_config(const SafetensorsFile& sd, std::int64_t num_heads, const std::string& p) {
   EncoderLayerConfig c;
   c.self_attn = infer_mha_config(sd, num_heads, p + "self_attn.");
-  c.dim_feedforward = shape_of(sd, p + "linear1.weight", 2, "the first feed-forward layer [dim_feedforward, d_model]")[0];
+  c.dim_feedforward =
+      shape_of(sd, p + "linear1.weight", 2, "the first feed-forward layer [dim_feedforward, d_model]")[0];
   return c;
 }
 
 Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& c, const std::string& p) {
   if (c.self_attn.separate_qkv || c.self_attn.add_bias_kv)
-    throw StateDictError(where(sd) + "nn.TransformerEncoderLayer's self-attention has neither kdim/vdim nor add_bias_kv");
+    throw StateDictError(where(sd) +
+                         "nn.TransformerEncoderLayer's self-attention has neither kdim/vdim nor add_bias_kv");
   Feeds f = import_mha(sd, c.self_attn, p + "self_attn.");
   const std::int64_t E = c.self_attn.embed_dim, F = c.dim_feedforward;
   f[p + "linear1.weight"] = take(sd, p + "linear1.weight", {F, E}, "[dim_feedforward, d_model]");

@@ -1,8 +1,8 @@
 // The qkv CLI end to end: happy paths on the PyTorch fixtures, and every kind of bad input —
 // exit code 2 for usage errors, 1 for files and their contents, a one-line message, and no
 // output file left behind.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
@@ -88,7 +88,9 @@ std::string mha_flags(const nlohmann::json& c, const std::string& name) {
   std::string f = "--weights " + (fs::path(QKV_FIXTURES_DIR) / name / "weights.safetensors").string() + " --heads " +
                   std::to_string(c.at("num_heads").get<int>());
   for (const std::string in : c.at("inputs")) {
-    const std::string flag = in == "key_padding_mask" ? "--key-padding-mask" : in == "attn_mask" ? "--attn-mask" : "--" + in;
+    const std::string flag = in == "key_padding_mask" ? "--key-padding-mask"
+                             : in == "attn_mask"      ? "--attn-mask"
+                                                      : "--" + in;
     if (c.at("self_attention").get<bool>() && (in == "key" || in == "value")) continue;
     f += " " + flag + " " + (fs::path(QKV_FIXTURES_DIR) / name / (in + ".npy")).string();
   }
@@ -97,8 +99,8 @@ std::string mha_flags(const nlohmann::json& c, const std::string& name) {
 }
 
 TEST_F(Cli, RunMhaMatchesEveryPyTorchFixture) {
-  for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d", "cross_kdim_vdim",
-                           "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
+  for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d",
+                           "cross_kdim_vdim", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
     const auto c = config(name);
     const Result r = run("run mha " + mha_flags(c, name) + " --out " + tmp("o.npy") + " --weights-out " + tmp("w.npy") +
                          " --per-head-weights");
@@ -111,7 +113,8 @@ TEST_F(Cli, RunMhaMatchesEveryPyTorchFixture) {
 
 TEST_F(Cli, RunMhaAveragesWeightsOverHeadsByDefault) {
   const auto c = config("key_padding");
-  ASSERT_EQ(run("run mha " + mha_flags(c, "key_padding") + " -o " + tmp("o.npy") + " --weights-out " + tmp("w.npy")).code, 0);
+  ASSERT_EQ(
+      run("run mha " + mha_flags(c, "key_padding") + " -o " + tmp("o.npy") + " --weights-out " + tmp("w.npy")).code, 0);
   const NdArray w = read_npy(tmp("w.npy"));
   EXPECT_EQ(w.shape, (std::vector<std::int64_t>{3, 6, 6}));
   NdArray per_head = read_npy(fixture("key_padding", "expected_weights_f64.npy"));
@@ -161,9 +164,9 @@ TEST_F(Cli, RunSdpaWithBottomRightCausalAndDropoutIsDeterministic) {
   const std::string base = "run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy");
   ASSERT_EQ(run(base + " --causal bottom-right -o " + tmp("o.npy") + " --weights-out " + tmp("w.npy")).code, 0);
   const auto w = read_npy(tmp("w.npy")).to_f32();
-  EXPECT_EQ(w[3], 0.0f);   // query 0 cannot see key 3
-  EXPECT_GT(w[2], 0.0f);   // but sees key 2
-  EXPECT_GT(w[7], 0.0f);   // query 1 sees all four
+  EXPECT_EQ(w[3], 0.0f);  // query 0 cannot see key 3
+  EXPECT_GT(w[2], 0.0f);  // but sees key 2
+  EXPECT_GT(w[7], 0.0f);  // query 1 sees all four
   ASSERT_EQ(run(base + " --dropout 0.5 --seed 7 -o " + tmp("d1.npy")).code, 0);
   ASSERT_EQ(run(base + " --dropout 0.5 --seed 7 -o " + tmp("d2.npy")).code, 0);
   EXPECT_EQ(read_npy(tmp("d1.npy")), read_npy(tmp("d2.npy")));
@@ -193,7 +196,8 @@ TEST_F(Cli, HeatmapWritesAPngForSmallAndLargeWeights) {
     write_npy(tmp("w.npy"), NdArray::from_f32(w, {1, 2, n, n}));
     std::string tokens;
     for (int i = 0; i < n; ++i) tokens += "t" + std::to_string(i) + " ";
-    const Result r = run("heatmap --weights " + tmp("w.npy") + " --tokens \"" + tokens + "\" --all-heads --out " + tmp("h.png"));
+    const Result r =
+        run("heatmap --weights " + tmp("w.npy") + " --tokens \"" + tokens + "\" --all-heads --out " + tmp("h.png"));
     ASSERT_EQ(r.code, 0) << r.err;
     std::ifstream png(tmp("h.png"), std::ios::binary);
     char sig[8] = {};
@@ -203,7 +207,8 @@ TEST_F(Cli, HeatmapWritesAPngForSmallAndLargeWeights) {
 }
 
 TEST_F(Cli, HelpOnEverySubcommandHasAnExample) {
-  for (const char* cmd : {"run mha", "run sdpa", "run encoder-layer", "run encoder", "shapes", "bench", "verify", "heatmap"}) {
+  for (const char* cmd :
+       {"run mha", "run sdpa", "run encoder-layer", "run encoder", "shapes", "bench", "verify", "heatmap"}) {
     const Result r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr("Example:")) << cmd;
@@ -218,9 +223,10 @@ TEST_F(Cli, HelpOnEverySubcommandHasAnExample) {
 TEST_F(Cli, UsageErrorsExitTwo) {
   const std::string ok = "--weights " + fixture("key_padding", "weights.safetensors") + " --query " +
                          fixture("key_padding", "query.npy") + " --heads 4 -o " + tmp("o.npy");
-  for (const std::string& bad : std::vector<std::string>{"run mha " + ok + " --no-such-flag", "run mha --query x.npy -o " + tmp("o.npy"),
-                                 "run mha " + ok + " --heads abc", "bench sdpa --heads 2 --seq 4 --head-dim 8 --repeat x",
-                                 std::string("frobnicate")}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"run mha " + ok + " --no-such-flag", "run mha --query x.npy -o " + tmp("o.npy"),
+                                "run mha " + ok + " --heads abc",
+                                "bench sdpa --heads 2 --seq 4 --head-dim 8 --repeat x", std::string("frobnicate")}) {
     const Result r = run(bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
     EXPECT_FALSE(fs::exists(tmp("o.npy")));

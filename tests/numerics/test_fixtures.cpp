@@ -218,8 +218,10 @@ void encoder_case(const std::string& name, NormPlacement placement, bool padding
   Graph g;
   auto src = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "src");
   auto layer = EncoderLayer<32, 4, 64, Act>::make(g, "", placement, f.cfg.at("layer_norm_eps").get<double>());
-  if (padding) output(layer(src, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep")), "out");
-  else output(layer(src), "out");
+  if (padding)
+    output(layer(src, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep")), "out");
+  else
+    output(layer(src), "out");
   const RunResult r = interpret(g, f.feeds);
   expect_close(f, r.outputs.at("out"), "out");
 }

@@ -1,7 +1,7 @@
 // PyTorch state-dict import: hyper-parameters inferred from shapes as PyTorch's constructors
 // would; every missing or mis-shaped key is an error that names it.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 

@@ -37,16 +37,19 @@ Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, 
 
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend) {
   switch (backend) {
-    case Backend::reference: return interpret(g, feeds);
+    case Backend::reference:
+      return interpret(g, feeds);
     case Backend::cuda: {
       void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
       if (!lib) throw std::runtime_error(std::string("no CUDA driver/GPU found: ") + dlerror());
       dlclose(lib);
       throw std::runtime_error("--backend cuda: the GPU backend is not part of this build yet");
     }
-    case Backend::cpu: break;
+    case Backend::cpu:
+      break;
   }
-  throw std::runtime_error("--backend cpu: the CPU code generator is not part of this build yet; use --backend reference");
+  throw std::runtime_error(
+      "--backend cpu: the CPU code generator is not part of this build yet; use --backend reference");
 }
 
 NdArray load_npy(const std::string& path, const std::string& flag) {
@@ -65,9 +68,11 @@ NdArray bias_tensor(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t
 
 void apply_key_padding(NdArray& bias, const NdArray& kpm, const std::string& flag) {
   const auto& d = bias.shape;
-  if (kpm.dtype != DType::boolean) throw IoError(flag + ": must be a bool array (true = ignore), got " + std::string(dtype_name(kpm.dtype)));
+  if (kpm.dtype != DType::boolean)
+    throw IoError(flag + ": must be a bool array (true = ignore), got " + std::string(dtype_name(kpm.dtype)));
   if (kpm.shape != std::vector<std::int64_t>{d[0], d[3]})
-    throw IoError(flag + ": shape " + shape_str(kpm) + " must be [batch, S] = " + shape_to_string(std::vector{d[0], d[3]}));
+    throw IoError(flag + ": shape " + shape_str(kpm) +
+                  " must be [batch, S] = " + shape_to_string(std::vector{d[0], d[3]}));
   const auto ignore = kpm.as<bool>();
   auto out = bias.as<float>();
   for (std::int64_t b = 0; b < d[0]; ++b)
@@ -75,7 +80,8 @@ void apply_key_padding(NdArray& bias, const NdArray& kpm, const std::string& fla
       for (std::int64_t i = 0; i < d[2]; ++i)
         for (std::int64_t j = 0; j < d[3]; ++j)
           if (ignore[static_cast<std::size_t>(b * d[3] + j)])
-            out[static_cast<std::size_t>(((b * d[1] + h) * d[2] + i) * d[3] + j)] = -std::numeric_limits<float>::infinity();
+            out[static_cast<std::size_t>(((b * d[1] + h) * d[2] + i) * d[3] + j)] =
+                -std::numeric_limits<float>::infinity();
 }
 
 void apply_broadcast_mask(NdArray& bias, const NdArray& m, const std::string& flag, bool bool_means_blocked) {
@@ -110,7 +116,8 @@ void apply_broadcast_mask(NdArray& bias, const NdArray& m, const std::string& fl
 /// PyTorch MHA's attn_mask: [L, S] or [B*H, L, S]; bool true = not allowed, float added.
 void apply_mha_attn_mask(NdArray& bias, NdArray m, const std::string& flag) {
   const auto& d = bias.shape;
-  if (m.shape.size() == 3 && m.shape[0] == d[0] * d[1]) m.shape = {d[0], d[1], m.shape[1], m.shape[2]};
+  if (m.shape.size() == 3 && m.shape[0] == d[0] * d[1])
+    m.shape = {d[0], d[1], m.shape[1], m.shape[2]};
   else if (m.shape.size() != 2)
     throw IoError(flag + ": shape " + shape_str(m) + " must be [L, S] = " + shape_to_string(std::vector{d[2], d[3]}) +
                   " or [batch*heads, L, S] = " + shape_to_string(std::vector{d[0] * d[1], d[2], d[3]}));
@@ -157,8 +164,8 @@ int run_mha(const RunMha& o) {
     throw IoError("--key/--value: batch " + std::to_string(dim(k, 0)) + "/" + std::to_string(dim(v, 0)) +
                   " must equal the query's batch " + std::to_string(dim(q, 0)));
   if (dim(k, 1) != dim(v, 1))
-    throw IoError("--key has S = " + std::to_string(dim(k, 1)) + " positions but --value has " + std::to_string(dim(v, 1)) +
-                  "; keys and values come from one sequence");
+    throw IoError("--key has S = " + std::to_string(dim(k, 1)) + " positions but --value has " +
+                  std::to_string(dim(v, 1)) + "; keys and values come from one sequence");
   const std::int64_t B = dim(q, 0), L = dim(q, 1), S = dim(k, 1);
   const std::int64_t extra = (cfg.add_bias_kv ? 1 : 0) + (o.add_zero_attn ? 1 : 0);
 
@@ -173,11 +180,13 @@ int run_mha(const RunMha& o) {
   m.add_zero_attn = o.add_zero_attn;
   m.causal = parse_causal(o.causal, L, S);
   if (m.causal != Causal::none && extra > 0)
-    throw UsageError("--causal cannot be combined with add_bias_kv/--add-zero-attn (the appended keys have no position); "
-                     "pass an --attn-mask instead");
+    throw UsageError(
+        "--causal cannot be combined with add_bias_kv/--add-zero-attn (the appended keys have no position); "
+        "pass an --attn-mask instead");
   if (!o.key_padding_mask.empty() || !o.attn_mask.empty()) {
     NdArray bias = bias_tensor(B, o.heads, L, S);
-    if (!o.key_padding_mask.empty()) apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
+    if (!o.key_padding_mask.empty())
+      apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
     if (!o.attn_mask.empty()) apply_mha_attn_mask(bias, load_npy(o.attn_mask, "--attn-mask"), "--attn-mask");
     feeds["attn_bias"] = std::move(bias);
     m.attn_bias = true;
@@ -206,8 +215,8 @@ int run_sdpa(const RunSdpa& o) {
   expect_rank(v, 4, "--value", "[batch, heads, S, Dv]");
   for (std::size_t a = 0; a < 2; ++a)
     if (dim(k, a) != dim(q, a) || dim(v, a) != dim(q, a))
-      throw IoError(std::string(a == 0 ? "batch" : "heads") + " of --key " + shape_str(k) + " and --value " + shape_str(v) +
-                    " must equal the query's " + shape_str(q));
+      throw IoError(std::string(a == 0 ? "batch" : "heads") + " of --key " + shape_str(k) + " and --value " +
+                    shape_str(v) + " must equal the query's " + shape_str(q));
   if (dim(k, 3) != dim(q, 3))
     throw IoError("--key: D = " + std::to_string(dim(k, 3)) + " but --query has D = " + std::to_string(dim(q, 3)));
   if (dim(v, 2) != dim(k, 2))
@@ -230,10 +239,12 @@ int run_sdpa(const RunSdpa& o) {
     }
     if (!o.attn_mask.empty()) {
       NdArray mk = load_npy(o.attn_mask, "--attn-mask");
-      if (mk.dtype != DType::boolean) throw IoError("--attn-mask: must be bool (true = not allowed); use --attn-bias for floats");
+      if (mk.dtype != DType::boolean)
+        throw IoError("--attn-mask: must be bool (true = not allowed); use --attn-bias for floats");
       apply_broadcast_mask(bias, mk, "--attn-mask", true);
     }
-    if (!o.key_padding_mask.empty()) apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
+    if (!o.key_padding_mask.empty())
+      apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
     feeds["attn_bias"] = std::move(bias);
     m.attn_bias = true;
   }
@@ -260,7 +271,8 @@ int run_encoder(const RunEncoder& o) {
   if (o.stack) {
     while (sd.contains("layers." + std::to_string(m.layers) + ".linear1.weight")) ++m.layers;
     m.layers = std::max<std::int64_t>(m.layers, 0);
-    if (m.layers == 0) throw StateDictError("state dict " + o.weights + ": no 'layers.0.*' keys (nn.TransformerEncoder)");
+    if (m.layers == 0)
+      throw StateDictError("state dict " + o.weights + ": no 'layers.0.*' keys (nn.TransformerEncoder)");
     for (std::int64_t i = 0; i < m.layers; ++i) {
       const std::string p = "layers." + std::to_string(i) + ".";
       const auto cfg = infer_encoder_layer_config(sd, o.heads, p);

@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -55,7 +55,9 @@ struct Instance {
 Instance instantiate(const ShapeModel& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
   if (s.kv_heads != 0 && s.kv_heads != s.heads)
-    throw UsageError("--kv-heads: grouped-query attention is not available from the CLI yet (qkv::nn::GroupedQueryAttention in C++)");
+    throw UsageError(
+        "--kv-heads: grouped-query attention is not available from the CLI yet (qkv::nn::GroupedQueryAttention in "
+        "C++)");
   const std::int64_t S = s.kv_seq > 0 ? s.kv_seq : s.seq;
   std::int64_t E = s.embed_dim, D = s.head_dim;
   if (E == 0 && D == 0) throw UsageError("give --head-dim or --embed-dim");
@@ -68,8 +70,11 @@ Instance instantiate(const ShapeModel& s) {
   Instance in;
   const Causal causal = parse_causal(s.causal, s.seq, S);
   in.flops = 4.0 * s.batch * s.heads * s.seq * S * D * (causal == Causal::none ? 1.0 : 0.5);
-  in.sizes = {{"Batch", s.batch}, {"Seq", s.seq}, {"Key", S}, {"Mem", S}, {"Heads", s.heads}, {"HeadDim", D},
-              {"ValueDim", D}, {"Model", E}, {"Proj", 3 * E}, {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E}};
+  in.sizes = {{"Batch", s.batch}, {"Seq", s.seq},
+              {"Key", S},         {"Mem", S},
+              {"Heads", s.heads}, {"HeadDim", D},
+              {"ValueDim", D},    {"Model", E},
+              {"Proj", 3 * E},    {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E}};
   if (s.kind == "sdpa") {
     SdpaModel m;
     m.causal = causal;
@@ -96,7 +101,8 @@ Instance instantiate(const ShapeModel& s) {
   if (s.padding) {  // keys after a seeded length per sequence are padding
     std::vector<std::int64_t> lengths;
     for (std::int64_t b = 0; b < s.batch; ++b)
-      lengths.push_back(1 + static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) * S));
+      lengths.push_back(
+          1 + static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) * S));
     NdArray bias = bias_tensor(s.batch, s.heads, s.seq, S);
     NdArray ignore = keep_first(lengths, S);
     for (bool& x : ignore.as<bool>()) x = !x;
@@ -155,8 +161,8 @@ int bench(const Bench& b) {
   if (bar) std::printf("\n");
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                          : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  const double median =
+      sorted.size() % 2 ? sorted[sorted.size() / 2] : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
   const double gflops = in.flops / (median * 1e-3) / 1e9;
   const double peak = peak_rss_mib();
   const auto& s = b.model;
@@ -167,8 +173,8 @@ int bench(const Bench& b) {
         "\"gflops\": %.6g, \"peak_mem_mib\": %.6g}\n",
         s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
         static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
-        s.causal ? "true" : "false", b.backend == Backend::reference ? "reference" : "cpu", b.repeat, median, sorted.front(),
-        sorted.back(), gflops, peak);
+        s.causal ? "true" : "false", b.backend == Backend::reference ? "reference" : "cpu", b.repeat, median,
+        sorted.front(), sorted.back(), gflops, peak);
   } else {
     std::printf("%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f)\n",
                 s.kind.c_str(), median, sorted.front(), sorted.back(), b.repeat, gflops, peak, peak - rss_before);
@@ -211,9 +217,11 @@ int heatmap(const Heatmap& h) {
   const std::int64_t B = w.shape[0], H = w.shape.size() == 4 ? w.shape[1] : 1, L = w.shape[w.shape.size() - 2],
                      S = w.shape.back();
   if (h.batch_index < 0 || h.batch_index >= B)
-    throw UsageError("--batch-index " + std::to_string(h.batch_index) + " is out of range: the weights have batch " + std::to_string(B));
+    throw UsageError("--batch-index " + std::to_string(h.batch_index) + " is out of range: the weights have batch " +
+                     std::to_string(B));
   if (h.head && (*h.head < 0 || *h.head >= H))
-    throw UsageError("--head " + std::to_string(*h.head) + " is out of range: the weights have " + std::to_string(H) + " heads");
+    throw UsageError("--head " + std::to_string(*h.head) + " is out of range: the weights have " + std::to_string(H) +
+                     " heads");
   if ((h.head || h.all_heads) && w.shape.size() == 3)
     throw UsageError("--head/--all-heads need per-head weights [B, H, L, S]; these are averaged [B, L, S]");
 
@@ -230,9 +238,11 @@ int heatmap(const Heatmap& h) {
   if (!h.query_tokens.empty()) rows = words(h.query_tokens);
   if (!h.key_tokens.empty()) cols = words(h.key_tokens);
   if (!rows.empty() && static_cast<std::int64_t>(rows.size()) != L)
-    throw UsageError("the query tokens are " + std::to_string(rows.size()) + " but the weights have L = " + std::to_string(L));
+    throw UsageError("the query tokens are " + std::to_string(rows.size()) +
+                     " but the weights have L = " + std::to_string(L));
   if (!cols.empty() && static_cast<std::int64_t>(cols.size()) != S)
-    throw UsageError("the key tokens are " + std::to_string(cols.size()) + " but the weights have S = " + std::to_string(S));
+    throw UsageError("the key tokens are " + std::to_string(cols.size()) +
+                     " but the weights have S = " + std::to_string(S));
 
   const auto v = w.to_f32();
   auto panel = [&](std::int64_t head) {
@@ -260,8 +270,9 @@ int heatmap(const Heatmap& h) {
     what = H > 1 ? "averaged over " + std::to_string(H) + " heads" : "";
   }
   heatmap::Options opt;
-  opt.title = !h.title.empty() ? h.title
-                               : "attention weights, batch " + std::to_string(h.batch_index) + (what.empty() ? "" : ", " + what);
+  opt.title = !h.title.empty()
+                  ? h.title
+                  : "attention weights, batch " + std::to_string(h.batch_index) + (what.empty() ? "" : ", " + what);
   opt.row_labels = rows;
   opt.col_labels = cols;
   heatmap::write_png(h.out, heatmap::render(panels, opt));

@@ -47,7 +47,9 @@ struct ShapeFlags {
   ShapeModel m;
   CausalFlag causal;
   void add(CLI::App* app) {
-    app->add_option("model", m.kind, "sdpa | mha | encoder-layer")->required()->check(CLI::IsMember({"sdpa", "mha", "encoder-layer"}));
+    app->add_option("model", m.kind, "sdpa | mha | encoder-layer")
+        ->required()
+        ->check(CLI::IsMember({"sdpa", "mha", "encoder-layer"}));
     app->add_option("--batch", m.batch, "Batch size")->capture_default_str();
     app->add_option("--heads", m.heads, "Attention heads")->required();
     app->add_option("--kv-heads", m.kv_heads, "Key/value heads (grouped-query attention)");
@@ -99,7 +101,8 @@ int main(int argc, char** argv) {
   run_mha_cmd->add_option("--value", mha.value, "[B, S, vdim] (default: the key)");
   run_mha_cmd->add_option("--heads", mha.heads, "num_heads")->required();
   run_mha_cmd->add_option("--key-padding-mask", mha.key_padding_mask, "bool [B, S], true = ignore");
-  run_mha_cmd->add_option("--attn-mask", mha.attn_mask, "bool [L, S] or [B*H, L, S] (true = not allowed), or float (added)");
+  run_mha_cmd->add_option("--attn-mask", mha.attn_mask,
+                          "bool [L, S] or [B*H, L, S] (true = not allowed), or float (added)");
   mha_causal.add(run_mha_cmd);
   run_mha_cmd->add_flag("--add-zero-attn", mha.add_zero_attn, "PyTorch's add_zero_attn=True");
   run_mha_cmd->add_flag("--need-weights", mha.need_weights, "Write attention weights (averaged over heads)");
@@ -135,7 +138,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--weights", enc.weights, "state_dict() as safetensors")->required();
     cmd->add_option("--src", enc.src, "[B, L, d_model]")->required();
     cmd->add_option("--heads", enc.heads, "nhead")->required();
-    cmd->add_option("--activation", enc.activation, "relu | gelu")->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
+    cmd->add_option("--activation", enc.activation, "relu | gelu")
+        ->check(CLI::IsMember({"relu", "gelu"}))
+        ->capture_default_str();
     cmd->add_flag("--norm-first", enc.norm_first, "Pre-norm (norm_first=True)");
     cmd->add_option("--layer-norm-eps", enc.eps, "layer_norm_eps")->capture_default_str();
     cmd->add_option("--src-key-padding-mask", enc.src_key_padding_mask, "bool [B, L], true = ignore");
@@ -148,7 +153,8 @@ int main(int argc, char** argv) {
   run_layer->footer("Example: qkv run encoder-layer --weights layer.safetensors --src x.npy --heads 4 --out y.npy");
   add_encoder_flags(run_layer);
   auto* run_stack = run->add_subcommand("encoder", "nn.TransformerEncoder: layers.N.* (and norm.*) in the state dict");
-  run_stack->footer("Example: qkv run encoder --weights gpt.safetensors --src x.npy --heads 8 --causal --norm-first --out y.npy");
+  run_stack->footer(
+      "Example: qkv run encoder --weights gpt.safetensors --src x.npy --heads 8 --causal --norm-first --out y.npy");
   add_encoder_flags(run_stack);
 
   // --- models by shape

@@ -17,9 +17,12 @@ auto with_masks(Graph& g, bool attn_bias, Causal causal, F&& f) {
   auto with_causal = [&](auto... masks) {
     if constexpr (AllowCausal) {
       switch (causal) {
-        case Causal::top_left: return f(masks..., causal_top_left);
-        case Causal::bottom_right: return f(masks..., causal_bottom_right);
-        case Causal::none: break;
+        case Causal::top_left:
+          return f(masks..., causal_top_left);
+        case Causal::bottom_right:
+          return f(masks..., causal_bottom_right);
+        case Causal::none:
+          break;
       }
     }
     return f(masks...);
@@ -48,9 +51,10 @@ Graph mha_graph(const MhaModel& m) {
       auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "key");
       auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "value");
       with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal,
-                                      [&](auto... masks) { return mark(block.cross(x, key, value, masks...)); });
+                                        [&](auto... masks) { return mark(block.cross(x, key, value, masks...)); });
     } else {
-      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal, [&](auto... masks) { return mark(block(x, masks...)); });
+      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal,
+                                        [&](auto... masks) { return mark(block(x, masks...)); });
     }
   }
   return g;
@@ -74,8 +78,10 @@ Graph build_sdpa(const SdpaModel& m) {
     auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(q, k), m.scale), masks...);
     auto p = softmax<Key>(s);
     output(p, "weights");
-    if (m.dropout > 0.0) output(contract<Key>(dropout(p, m.dropout, m.seed), v), "out");
-    else output(contract<Key>(p, v), "out");
+    if (m.dropout > 0.0)
+      output(contract<Key>(dropout(p, m.dropout, m.seed), v), "out");
+    else
+      output(contract<Key>(p, v), "out");
     return 0;
   });
   return g;

@@ -1,6 +1,6 @@
 // The DSL's compile-time layer: axes, extents, names; and the graphs that ops record.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <qkv/qkv.hpp>
 

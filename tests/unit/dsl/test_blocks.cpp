@@ -1,7 +1,7 @@
 // The building blocks in qkv::nn record the graphs the tutorials draw: checked through the
 // shape table (one line per op with output axes and sizes) and the parameter names.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <qkv/qkv.hpp>
 
@@ -41,7 +41,8 @@ TEST(Blocks, MultiHeadAttentionRecordsTheTutorialsShapeTable) {
   auto [out, weights] = mha(x, keep);
   output(out, "out");
 
-  EXPECT_EQ(param_names(g), (std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}));
+  EXPECT_EQ(param_names(g),
+            (std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}));
   EXPECT_THAT(line_of(g, find_op(g, Op::split, 0)), HasSubstr("[Batch=2, Seq=4, Heads=2, HeadDim=8]"));
   EXPECT_THAT(line_of(g, find_op(g, Op::permute, 0)), HasSubstr("[Batch=2, Heads=2, Seq=4, HeadDim=8]"));
   EXPECT_THAT(line_of(g, find_op(g, Op::contract, 0)), HasSubstr("contract<HeadDim>"));
@@ -64,7 +65,8 @@ TEST(Blocks, SelfAttentionHasPyTorchNamesAndConfigurableWidths) {
   auto [out, weights] = sa(x);
   Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>> typed = out;
   Tensor<f32, Batch<dyn>, Seq<dyn>, Key<dyn>> w = weights;
-  EXPECT_EQ(param_names(g), (std::vector<std::string>{"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"}));
+  EXPECT_EQ(param_names(g),
+            (std::vector<std::string>{"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"}));
   EXPECT_THAT(line_of(g, find_op(g, Op::linear, 2)), HasSubstr("[Batch?, Seq?, ValueDim=4]"));
   EXPECT_EQ(typed.node().axes.back().extent, Extent::fixed(16));
   EXPECT_EQ(w.node().axes.back().extent, Extent::dynamic("Seq"));  // keys are the same tokens as queries
@@ -91,8 +93,8 @@ TEST(Blocks, CrossAttentionTakesKeysFromAnotherSequence) {
   auto [out, weights] = ca(x, key, value);
   Tensor<f32, Batch<2>, Seq<3>, Model<16>> o = out;
   Tensor<f32, Batch<2>, Heads<2>, Seq<3>, Key<7>> w = weights;
-  EXPECT_EQ(param_names(g), (std::vector<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight",
-                                                      "out_proj.bias", "in_proj_bias"}));
+  EXPECT_EQ(param_names(g), (std::vector<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                                      "out_proj.weight", "out_proj.bias", "in_proj_bias"}));
   (void)o;
   (void)w;
 }

@@ -34,8 +34,9 @@ TEST(DynamicChecks, HeadsMustDivideModel) {  // catalogue 5
   auto h = split<Model, Heads<6>, HeadDim<dyn>>(x);
   (void)h;
   EXPECT_EQ(bind_error(g, {{"Batch", 1}, {"Seq", 3}, {"Model", 516}}), "(no error)");
-  EXPECT_EQ(bind_error(g, {{"Batch", 1}, {"Seq", 3}, {"Model", 512}}),
-            "split: `Model` (512) is not a multiple of Heads (6) x HeadDim (dyn) = 6; fix: choose factors that divide Model");
+  EXPECT_EQ(
+      bind_error(g, {{"Batch", 1}, {"Seq", 3}, {"Model", 512}}),
+      "split: `Model` (512) is not a multiple of Heads (6) x HeadDim (dyn) = 6; fix: choose factors that divide Model");
 }
 
 TEST(DynamicChecks, ProjectionWidth) {  // catalogue 8
@@ -67,9 +68,10 @@ TEST(DynamicChecks, CausalWithoutAlignment) {  // catalogue 12
   auto s = causal<Seq, Key>(scaled(contract<HeadDim>(q, k)));
   (void)s;
   EXPECT_EQ(bind_error(g, {{"Seq", 4}, {"Mem", 4}}), "(no error)");
-  EXPECT_EQ(bind_error(g, {{"Seq", 4}, {"Mem", 6}}),
-            "causal: `Seq` (4) != `Key` (6), so the alignment of the mask matters; fix: causal<Seq, Key>(s, top_left) as "
-            "in PyTorch is_causal, or bottom_right as in FlashAttention");
+  EXPECT_EQ(
+      bind_error(g, {{"Seq", 4}, {"Mem", 6}}),
+      "causal: `Seq` (4) != `Key` (6), so the alignment of the mask matters; fix: causal<Seq, Key>(s, top_left) as "
+      "in PyTorch is_causal, or bottom_right as in FlashAttention");
 }
 
 TEST(DynamicChecks, AlignedCausalNeedsNoEqualLengths) {

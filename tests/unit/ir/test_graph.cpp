@@ -1,6 +1,6 @@
 // The Graph IR as plain data: table, hash, equality, deferred checks.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <qkv/ir/graph.hpp>
 

@@ -1,8 +1,8 @@
 // The reference interpreter: each op against a hand computation written here with plain loops,
 // the binding of feeds to extents (and its error messages), attention built with the DSL against
 // a straightforward reference, and dropout's mask against the generator evaluated directly.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
@@ -122,7 +122,8 @@ TEST(Interpreter, ContractMatchesBatchAxesByName) {
       for (int i = 0; i < S; ++i)
         for (int j = 0; j < K; ++j) {
           double want = 0;
-          for (int d = 0; d < D; ++d) want += double(qv[((b * H + h) * S + i) * D + d]) * kv[((h * B + b) * K + j) * D + d];
+          for (int d = 0; d < D; ++d)
+            want += double(qv[((b * H + h) * S + i) * D + d]) * kv[((h * B + b) * K + j) * D + d];
           EXPECT_NEAR(ov[((b * H + h) * S + i) * K + j], want, 1e-5);
         }
 }
@@ -367,7 +368,8 @@ TEST(Interpreter, LayerNormOverAMiddleAxis) {
       for (int n = 0; n < 4; ++n) var += std::pow(xv[(a * 4 + n) * 3 + c] - mean, 2);
       var /= 4;
       for (int n = 0; n < 4; ++n)
-        EXPECT_NEAR(y[(a * 4 + n) * 3 + c], (xv[(a * 4 + n) * 3 + c] - mean) / std::sqrt(var + 1e-3) * gv[n] + bv[n], 1e-5);
+        EXPECT_NEAR(y[(a * 4 + n) * 3 + c], (xv[(a * 4 + n) * 3 + c] - mean) / std::sqrt(var + 1e-3) * gv[n] + bv[n],
+                    1e-5);
     }
 }
 
@@ -525,7 +527,8 @@ TEST(Bind, DerivedExtentIsCheckedAfterBinding) {
 
   Graph only_derived;
   leaf(only_derived, "h", {Axis{"Half", Extent::dynamic("Seq").divided(2)}});
-  EXPECT_THAT(shape_error_message(only_derived, {{"h", random_array({3}, 32)}}), HasSubstr("no input binds Seq by itself"));
+  EXPECT_THAT(shape_error_message(only_derived, {{"h", random_array({3}, 32)}}),
+              HasSubstr("no input binds Seq by itself"));
 }
 
 TEST(Bind, DeferredGraphChecksRunUnderTheBindings) {
@@ -565,9 +568,11 @@ TEST(Bind, FeedDtypes) {
   EXPECT_EQ(r.outputs.at("y").to_f32(), (std::vector<float>{1.5f, -kInf, 3.25f}));
   EXPECT_EQ(r.outputs.at("keep"), mask);  // boolean nodes come back as bool arrays
   // A mask must be fed bools; a float tensor must not be.
-  EXPECT_THAT(shape_error_message(g, {{"x", x64}, {"keep", NdArray::from_f32({1, 0, 1}, {1, 3})}}),
-              HasSubstr("input 'keep' is a boolean keep-mask (true = may attend) and must be fed a bool array, got f32"));
-  EXPECT_THAT(shape_error_message(g, {{"x", mask}, {"keep", mask}}), HasSubstr("input 'x' is f32 but was fed a bool array"));
+  EXPECT_THAT(
+      shape_error_message(g, {{"x", x64}, {"keep", NdArray::from_f32({1, 0, 1}, {1, 3})}}),
+      HasSubstr("input 'keep' is a boolean keep-mask (true = may attend) and must be fed a bool array, got f32"));
+  EXPECT_THAT(shape_error_message(g, {{"x", mask}, {"keep", mask}}),
+              HasSubstr("input 'x' is f32 but was fed a bool array"));
 }
 
 TEST(Interpreter, InconsistentGraphsAreInternalErrors) {
@@ -588,7 +593,8 @@ TEST(Interpreter, InconsistentGraphsAreInternalErrors) {
     Graph g;
     const int x = leaf(g, "x", {ax("A", 2), ax("B", 3)});
     g.mark_output(op(g, Op::softmax, {x}, {ax("A", 2), ax("B", 3)}, {"Nope"}), "y");
-    EXPECT_THAT(internal_error_message(g, feeds), StartsWith("qkv internal error: %1 (softmax): input [A=2, B=3] has no axis `Nope`"));
+    EXPECT_THAT(internal_error_message(g, feeds),
+                StartsWith("qkv internal error: %1 (softmax): input [A=2, B=3] has no axis `Nope`"));
   }
   {
     Graph g;  // the IR declares a shape the value does not have
@@ -624,7 +630,8 @@ HeadRef ref_head(const std::vector<double>& x, int B, int S, int E, int D, const
                  const std::vector<float>& wv, const std::vector<float>& bv, const std::vector<int>& lengths) {
   const auto Q = ref_linear(x, B * S, E, wq, bq, D), K = ref_linear(x, B * S, E, wk, bk, D),
              V = ref_linear(x, B * S, E, wv, bv, D);
-  HeadRef r{std::vector<double>(static_cast<std::size_t>(B * S * D)), std::vector<double>(static_cast<std::size_t>(B * S * S))};
+  HeadRef r{std::vector<double>(static_cast<std::size_t>(B * S * D)),
+            std::vector<double>(static_cast<std::size_t>(B * S * S))};
   for (int b = 0; b < B; ++b)
     for (int i = 0; i < S; ++i) {
       std::vector<double> score(static_cast<std::size_t>(S));
@@ -690,8 +697,8 @@ TEST(Attention, SelfAttentionMatchesAPlainReference) {
   const Feeds f = self_attention_feeds(100);
   const auto r = run_self_attention(f);
   auto w = [&](const std::string& name) { return f.at(name).to_f32(); };
-  const HeadRef ref = ref_head(to_double(w("x")), kB, kS, kE, kE, w("q_proj.weight"), w("q_proj.bias"), w("k_proj.weight"),
-                               w("k_proj.bias"), w("v_proj.weight"), w("v_proj.bias"), kLengths);
+  const HeadRef ref = ref_head(to_double(w("x")), kB, kS, kE, kE, w("q_proj.weight"), w("q_proj.bias"),
+                               w("k_proj.weight"), w("k_proj.bias"), w("v_proj.weight"), w("v_proj.bias"), kLengths);
   const auto out = ref_linear(ref.out, kB * kS, kE, w("out_proj.weight"), w("out_proj.bias"), kE);
   for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(r.out[i], out[i], 1e-5) << i;
   for (std::size_t i = 0; i < ref.weights.size(); ++i) EXPECT_NEAR(r.weights[i], ref.weights[i], 1e-5) << i;
@@ -767,13 +774,14 @@ TEST(Attention, MultiHeadAttentionEqualsHeadsAsModulesAndTheReference) {
 
   // The reference: heads side by side, then the out-projection; weights averaged over heads.
   const auto xd = to_double(x.to_f32());
-  std::vector<double> concat(static_cast<std::size_t>(kB * kS * kE)), mean_weights(static_cast<std::size_t>(kB * kS * kS));
+  std::vector<double> concat(static_cast<std::size_t>(kB * kS * kE)),
+      mean_weights(static_cast<std::size_t>(kB * kS * kS));
   const auto mw = mha.outputs.at("weights").to_f32();
   ASSERT_EQ(mha.outputs.at("weights").shape, (std::vector<std::int64_t>{kB, H, kS, kS}));
   for (int h = 0; h < H; ++h) {
-    const HeadRef r = ref_head(xd, kB, kS, kE, D, rows(wv, h * D, D, kE), rows(bv, h * D, D, 1),
-                               rows(wv, kE + h * D, D, kE), rows(bv, kE + h * D, D, 1), rows(wv, 2 * kE + h * D, D, kE),
-                               rows(bv, 2 * kE + h * D, D, 1), kLengths);
+    const HeadRef r =
+        ref_head(xd, kB, kS, kE, D, rows(wv, h * D, D, kE), rows(bv, h * D, D, 1), rows(wv, kE + h * D, D, kE),
+                 rows(bv, kE + h * D, D, 1), rows(wv, 2 * kE + h * D, D, kE), rows(bv, 2 * kE + h * D, D, 1), kLengths);
     for (int t = 0; t < kB * kS; ++t)
       for (int d = 0; d < D; ++d) concat[t * kE + h * D + d] = r.out[t * D + d];
     for (int b2 = 0; b2 < kB; ++b2)
@@ -828,7 +836,8 @@ TEST(Dropout, KeptValuesAreRescaledAndSeedsAreReproducible) {
   const double p = 0.5;
   const NdArray x = random_array({2, 3, 128, 128}, 400);
   const auto xv = x.to_f32();
-  const auto a = run_dropout<7>(x, p).to_f32(), again = run_dropout<7>(x, p).to_f32(), other = run_dropout<8>(x, p).to_f32();
+  const auto a = run_dropout<7>(x, p).to_f32(), again = run_dropout<7>(x, p).to_f32(),
+             other = run_dropout<8>(x, p).to_f32();
   EXPECT_EQ(a, again);
   long differ = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -901,7 +910,8 @@ TEST(MeanOverAxis, AveragesOneDimension) {
   ASSERT_EQ(m1.shape, (std::vector<std::int64_t>{2, 4}));
   const auto m1v = m1.to_f32();
   for (int b = 0; b < 2; ++b)
-    for (int k = 0; k < 4; ++k) EXPECT_FLOAT_EQ(m1v[b * 4 + k], (v[b * 12 + k] + v[b * 12 + 4 + k] + v[b * 12 + 8 + k]) / 3.0f);
+    for (int k = 0; k < 4; ++k)
+      EXPECT_FLOAT_EQ(m1v[b * 4 + k], (v[b * 12 + k] + v[b * 12 + 4 + k] + v[b * 12 + 8 + k]) / 3.0f);
   EXPECT_EQ(mean_over_axis(a, 0).to_f32(), (std::vector<float>{6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}));
   EXPECT_EQ(mean_over_axis(a, 2).to_f32(), (std::vector<float>{1.5f, 5.5f, 9.5f, 13.5f, 17.5f, 21.5f}));
   EXPECT_THROW((void)mean_over_axis(a, 3), std::invalid_argument);

@@ -22,7 +22,8 @@ TEST(InterpreterAppend, AppendRepeatsTheRowOverTheAxesItLacks) {
   EXPECT_EQ(y.node().axes[1].extent.str(), "Key?+1");
   output(y, "y");
   const auto xs = iota(2 * 3 * 2, 0.0f);
-  const auto r = interpret(g, {{"x", NdArray::from_f32(xs, {2, 3, 2})}, {"bias_k", NdArray::from_f32({100, 200}, {1, 2})}});
+  const auto r =
+      interpret(g, {{"x", NdArray::from_f32(xs, {2, 3, 2})}, {"bias_k", NdArray::from_f32({100, 200}, {1, 2})}});
   const NdArray& out = r.outputs.at("y");
   ASSERT_EQ(out.shape, (std::vector<std::int64_t>{2, 4, 2}));
   const auto v = out.to_f32();

@@ -16,11 +16,11 @@
 
 #include <boost/hana/any_of.hpp>
 #include <boost/hana/at.hpp>
-#include <boost/hana/for_each.hpp>
-#include <boost/hana/tuple.hpp>
 #include <boost/hana/count_if.hpp>
 #include <boost/hana/filter.hpp>
 #include <boost/hana/find_if.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
 
@@ -42,13 +42,17 @@ inline constexpr bool is_dyn = std::is_same_v<std::remove_cv_t<decltype(N)>, dyn
 /// Extent arithmetic on template arguments: dynamic if either side is.
 template <auto A, auto B>
 consteval auto extent_mul() {
-  if constexpr (is_dyn<A> || is_dyn<B>) return dyn;
-  else return A * B;
+  if constexpr (is_dyn<A> || is_dyn<B>)
+    return dyn;
+  else
+    return A * B;
 }
 template <auto A, auto B>
 consteval auto extent_div() {
-  if constexpr (is_dyn<A> || is_dyn<B>) return dyn;
-  else return A / B;
+  if constexpr (is_dyn<A> || is_dyn<B>)
+    return dyn;
+  else
+    return A / B;
 }
 
 template <fixed_string Name, auto N>
@@ -58,18 +62,20 @@ struct axis {
   static constexpr std::string_view name = Name.view();
   static constexpr bool is_static = !std::is_same_v<decltype(N), dyn_t>;
   static constexpr std::int64_t extent = [] {
-    if constexpr (is_static) return static_cast<std::int64_t>(N);
-    else return std::int64_t{-1};
+    if constexpr (is_static)
+      return static_cast<std::int64_t>(N);
+    else
+      return std::int64_t{-1};
   }();
   static_assert(!is_static || extent > 0, "qkv: a static axis extent must be positive");
 };
 
 /// Declares an axis family: `QKV_AXIS(Heads);` then `Heads<8>` or `Heads<dyn>`.
-#define QKV_AXIS(NAME)                             \
-  template <auto N = ::qkv::dyn>                   \
-  struct NAME : ::qkv::axis<#NAME, N> {            \
-    template <auto M>                              \
-    using resized = NAME<M>;                       \
+#define QKV_AXIS(NAME)                  \
+  template <auto N = ::qkv::dyn>        \
+  struct NAME : ::qkv::axis<#NAME, N> { \
+    template <auto M>                   \
+    using resized = NAME<M>;            \
   }
 
 /// Any type declared with QKV_AXIS.
@@ -105,7 +111,6 @@ template <class... A, class... B>
 constexpr axes<A..., B...> operator+(axes<A...>, axes<B...>) {
   return {};
 }
-
 
 namespace detail {
 template <class L>
@@ -214,8 +219,10 @@ using concat_axes = typename concat_axes_impl<L1, L2>::type;
 /// "64" for static extents, "dyn" for dynamic ones.
 template <class A>
 constexpr auto extent_fs() {
-  if constexpr (A::is_static) return number<A::extent>();
-  else return fixed_string("dyn");
+  if constexpr (A::is_static)
+    return number<A::extent>();
+  else
+    return fixed_string("dyn");
 }
 
 /// "Seq=4" / "Seq=dyn"
@@ -242,8 +249,10 @@ constexpr auto axes_fs() {
 
 template <class A>
 Extent ir_extent() {
-  if constexpr (A::is_static) return Extent::fixed(A::extent);
-  else return Extent::dynamic(std::string(A::name));
+  if constexpr (A::is_static)
+    return Extent::fixed(A::extent);
+  else
+    return Extent::dynamic(std::string(A::name));
 }
 
 template <class... A>

@@ -46,8 +46,7 @@ constexpr poison fail() {
 #if defined(__cpp_static_assert) && __cpp_static_assert >= 202306L
   static_assert(false, Message);  // P2593: allowed in a template, fires on instantiation
 #elif defined(__clang__)
-  static_assert(detail::always_false<Message>,
-                "qkv shape error; clang prints the whole message with -std=c++2c");
+  static_assert(detail::always_false<Message>, "qkv shape error; clang prints the whole message with -std=c++2c");
 #else
   shape_error<Message>();
 #endif

@@ -36,9 +36,13 @@ constexpr fixed_string<A + B - 1> operator+(const fixed_string<A>& a, const fixe
   return r;
 }
 template <std::size_t A, std::size_t B>
-constexpr auto operator+(const fixed_string<A>& a, const char (&b)[B]) { return a + fixed_string<B>(b); }
+constexpr auto operator+(const fixed_string<A>& a, const char (&b)[B]) {
+  return a + fixed_string<B>(b);
+}
 template <std::size_t A, std::size_t B>
-constexpr auto operator+(const char (&a)[A], const fixed_string<B>& b) { return fixed_string<A>(a) + b; }
+constexpr auto operator+(const char (&a)[A], const fixed_string<B>& b) {
+  return fixed_string<A>(a) + b;
+}
 
 namespace detail {
 constexpr std::size_t decimal_digits(std::int64_t v) {

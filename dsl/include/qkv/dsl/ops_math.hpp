@@ -21,13 +21,14 @@ template <class L1, class L2>
 constexpr std::size_t first_shared_mismatch() {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     auto bad = []<class X>() {
-      if constexpr (!has_axis_named<L2, X>) return false;
+      if constexpr (!has_axis_named<L2, X>)
+        return false;
       else {
         using Y = find_named<L2, X>;
         return X::is_static && Y::is_static && X::extent != Y::extent;
       }
     };
-    constexpr bool differ[] = {bad.template operator()<axis_at<L1, I>>()..., true};
+    constexpr bool differ[] = { bad.template operator()<axis_at<L1, I>>()..., true };
     std::size_t i = 0;
     while (!differ[i]) ++i;
     return i;
@@ -59,7 +60,8 @@ void defer_shared(Graph& g, const Node& a, const Node& b) {
     using X = typename decltype(t)::type;
     for (const auto& y : b.axes)
       if (y.name == X::name)
-        defer_equal(g, ir_axis(a, X::name).extent, y.extent, [](auto sa, auto sb) { return equal_text<Op, X, Fix>(sa, sb); });
+        defer_equal(g, ir_axis(a, X::name).extent, y.extent,
+                    [](auto sa, auto sb) { return equal_text<Op, X, Fix>(sa, sb); });
   });
 }
 
@@ -109,7 +111,8 @@ auto contract(const A& a, const B& b) {
     using LA = typename A::axis_list;
     using LB = typename B::axis_list;
     using CA = axes<C0<dyn>, Cs<dyn>...>;
-    constexpr auto fix = fixed_string("contracted axes must have one size (Q*K^T: the same d_k; P*V: keys and values from one sequence)");
+    constexpr auto fix = fixed_string(
+        "contracted axes must have one size (Q*K^T: the same d_k; P*V: keys and values from one sequence)");
     if constexpr (constexpr auto i = detail::first_missing<LA, CA>(); i != CA::size) {
       return fail<fixed_string("contract: lhs ") + axes_fs<LA>() + " has no axis `" + axis_at<CA, i>::name_fs +
                   "` to contract over; fix: contract over an axis both operands have">();
@@ -117,19 +120,21 @@ auto contract(const A& a, const B& b) {
       return fail<fixed_string("contract: rhs ") + axes_fs<LB>() + " has no axis `" + axis_at<CA, j>::name_fs +
                   "` to contract over; fix: rename the matching axis of rhs to `" + axis_at<CA, j>::name_fs + "`">();
     } else if constexpr (detail::normalised_elsewhere<typename A::trait_type, CA>) {
-      return fail<fixed_string("contract: weights are normalised over `") + A::trait_type::over + "` but contracted over `" +
-                  axis_at<CA, 0>::name_fs + "`; fix: softmax<" + axis_at<CA, 0>::name_fs + ">(scores)">();
+      return fail<fixed_string("contract: weights are normalised over `") + A::trait_type::over +
+                  "` but contracted over `" + axis_at<CA, 0>::name_fs + "`; fix: softmax<" + axis_at<CA, 0>::name_fs +
+                  ">(scores)">();
     } else if constexpr (detail::normalised_elsewhere<typename B::trait_type, CA>) {
-      return fail<fixed_string("contract: weights are normalised over `") + B::trait_type::over + "` but contracted over `" +
-                  axis_at<CA, 0>::name_fs + "`; fix: softmax<" + axis_at<CA, 0>::name_fs + ">(scores)">();
+      return fail<fixed_string("contract: weights are normalised over `") + B::trait_type::over +
+                  "` but contracted over `" + axis_at<CA, 0>::name_fs + "`; fix: softmax<" + axis_at<CA, 0>::name_fs +
+                  ">(scores)">();
     } else if constexpr (constexpr auto k = detail::first_shared_mismatch<LA, LB>(); k != LA::size) {
       using X = axis_at<LA, k>;
       return fail<detail::equal_text<"contract", X, fix>(number<X::extent>(), number<find_named<LB, X>::extent>())>();
     } else {
       using Out = concat_axes<without<LA, CA>, without<without<LB, CA>, LA>>;
       constexpr bool scores = std::is_same_v<typename A::trait_type, trait::plain> &&
-                              std::is_same_v<typename B::trait_type, trait::plain> &&
-                              without<LA, LB>::size > 0 && without<LB, LA>::size > 0;
+                              std::is_same_v<typename B::trait_type, trait::plain> && without<LA, LB>::size > 0 &&
+                              without<LB, LA>::size > 0;
       using Tr = std::conditional_t<scores, trait::raw_scores<find_family<LA, C0>>, trait::plain>;
       Graph& g = a.graph();
       detail::defer_shared<"contract", fix, LA>(g, a.node(), b.node());
@@ -175,17 +180,21 @@ auto broadcast_binary(const A& a, const B& b) {
 /// the sublayer must give back d_model features.
 template <class A, class B>
 auto add(const A& a, const B& b) {
-  if constexpr (any_poison<A, B>) return poison{};
+  if constexpr (any_poison<A, B>)
+    return poison{};
   else
-    return detail::broadcast_binary<"add", "both operands need the same size on shared axes (a residual branch must return d_model features)",
-                                    Op::add>(a, b);
+    return detail::broadcast_binary<
+        "add", "both operands need the same size on shared axes (a residual branch must return d_model features)",
+        Op::add>(a, b);
 }
 
 /// a * b, rhs broadcast into lhs by axis name.
 template <class A, class B>
 auto mul(const A& a, const B& b) {
-  if constexpr (any_poison<A, B>) return poison{};
-  else return detail::broadcast_binary<"mul", "both operands need the same size on shared axes", Op::mul>(a, b);
+  if constexpr (any_poison<A, B>)
+    return poison{};
+  else
+    return detail::broadcast_binary<"mul", "both operands need the same size on shared axes", Op::mul>(a, b);
 }
 
 /// x * factor.
@@ -210,7 +219,8 @@ auto scaled(const T& t, std::optional<double> factor = std::nullopt) {
     return poison{};
   } else if constexpr (!is_raw_trait<typename T::trait_type>::value) {
     return fail<fixed_string("scaled: ") + axes_fs<typename T::axis_list>() +
-                " is not a raw Q*K^T score (already scaled, or not a contraction); fix: scale(x, factor) multiplies anything">();
+                " is not a raw Q*K^T score (already scaled, or not a contraction); fix: scale(x, factor) multiplies "
+                "anything">();
   } else {
     using Dk = typename T::trait_type::contracted;
     Node n = detail::unary_node(t, Op::scale, t.node().axes);
@@ -233,8 +243,10 @@ auto scaled(const T& t, std::optional<double> factor = std::nullopt) {
 /// Opt out of the 1/sqrt(d_k) scale on purpose (e.g. the scale was folded into W_q).
 template <class T>
 auto unscaled(const T& t) {
-  if constexpr (any_poison<T>) return poison{};
-  else return tensor<typename T::dtype, typename T::axis_list, trait::scores>(t.graph(), t.id());
+  if constexpr (any_poison<T>)
+    return poison{};
+  else
+    return tensor<typename T::dtype, typename T::axis_list, trait::scores>(t.graph(), t.id());
 }
 
 /// softmax<Key>(scores): normalise over the named axis (max-subtracted; a row with no visible
@@ -271,9 +283,10 @@ auto masked(const S& s, const M& m) {
   if constexpr (any_poison<S, M>) {
     return poison{};
   } else if constexpr (!is_mask_trait<typename M::trait_type>::value) {
-    return fail<fixed_string("masked: the mask ") + axes_fs<typename M::axis_list>() +
-                " is not a keep-mask; fix: declare it as KeepMask, KeyPaddingMask or AttnMask (bool, true = may attend), "
-                "or use biased() for an additive float mask">();
+    return fail<
+        fixed_string("masked: the mask ") + axes_fs<typename M::axis_list>() +
+        " is not a keep-mask; fix: declare it as KeepMask, KeyPaddingMask or AttnMask (bool, true = may attend), "
+        "or use biased() for an additive float mask">();
   } else {
     using LS = typename S::axis_list;
     using LM = typename M::axis_list;
@@ -282,9 +295,12 @@ auto masked(const S& s, const M& m) {
       using P = axis_at<LM, 1>;
       return fail<fixed_string("masked: the key-padding mask covers `") + P::name_fs + "` (" + extent_fs<P>() +
                   "), not the key axis `" + KeyOfScores::name_fs + "` of the scores " + axes_fs<LS>() +
-                  "; fix: build the mask over the keys, e.g. rename<" + P::name_fs + ", " + KeyOfScores::name_fs + ">(mask)">();
+                  "; fix: build the mask over the keys, e.g. rename<" + P::name_fs + ", " + KeyOfScores::name_fs +
+                  ">(mask)">();
     } else {
-      auto r = detail::broadcast_binary<"masked", "a mask covers axes the scores have, at the same sizes", Op::keep_mask>(s, m);
+      auto r =
+          detail::broadcast_binary<"masked", "a mask covers axes the scores have, at the same sizes", Op::keep_mask>(s,
+                                                                                                                     m);
       if constexpr (!is_poison<decltype(r)>) {
         auto& node = const_cast<Node&>(r.graph().node(r.id()));
         node.mask = M::trait_type::kind;
@@ -297,8 +313,10 @@ auto masked(const S& s, const M& m) {
 /// biased(scores, bias): add a float bias (−inf allowed) that broadcasts by name.
 template <class S, class B>
 auto biased(const S& s, const B& b) {
-  if constexpr (any_poison<S, B>) return poison{};
-  else return detail::broadcast_binary<"biased", "a bias covers axes the scores have, at the same sizes", Op::bias>(s, b);
+  if constexpr (any_poison<S, B>)
+    return poison{};
+  else
+    return detail::broadcast_binary<"biased", "a bias covers axes the scores have, at the same sizes", Op::bias>(s, b);
 }
 
 /// Alignment of a causal mask when there are L queries and S keys: top-left keeps key j for
@@ -338,7 +356,8 @@ auto causal(const T& t, Align = {}) {
         return fail<text(number<XQ::extent>(), number<XK::extent>())>();
       } else {
         Graph& g = t.graph();
-        if constexpr (std::is_same_v<Align, unaligned_t>) defer_equal(g, ir_axis(t.node(), XQ::name).extent, ir_axis(t.node(), XK::name).extent, text);
+        if constexpr (std::is_same_v<Align, unaligned_t>)
+          defer_equal(g, ir_axis(t.node(), XQ::name).extent, ir_axis(t.node(), XK::name).extent, text);
         Node n = detail::unary_node(t, Op::causal, t.node().axes);
         n.attr_axes = {std::string(XQ::name), std::string(XK::name)};
         if constexpr (!std::is_same_v<Align, unaligned_t>) n.align = Align::value;
@@ -366,20 +385,24 @@ auto dropout(const T& t, double p, std::uint64_t seed) {
 
 template <class T>
 auto relu(const T& t) {
-  if constexpr (any_poison<T>) return poison{};
+  if constexpr (any_poison<T>)
+    return poison{};
   else {
     Graph& g = t.graph();
-    return tensor<typename T::dtype, typename T::axis_list, trait::plain>(g, g.add(detail::unary_node(t, Op::relu, t.node().axes)));
+    return tensor<typename T::dtype, typename T::axis_list, trait::plain>(
+        g, g.add(detail::unary_node(t, Op::relu, t.node().axes)));
   }
 }
 
 /// The exact (erf) GELU, as torch.nn.functional.gelu's default.
 template <class T>
 auto gelu(const T& t) {
-  if constexpr (any_poison<T>) return poison{};
+  if constexpr (any_poison<T>)
+    return poison{};
   else {
     Graph& g = t.graph();
-    return tensor<typename T::dtype, typename T::axis_list, trait::plain>(g, g.add(detail::unary_node(t, Op::gelu, t.node().axes)));
+    return tensor<typename T::dtype, typename T::axis_list, trait::plain>(
+        g, g.add(detail::unary_node(t, Op::gelu, t.node().axes)));
   }
 }
 

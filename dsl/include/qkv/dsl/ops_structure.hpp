@@ -51,8 +51,10 @@ constexpr auto factors_fs() {
 inline std::vector<Axis> ir_replace(const std::vector<Axis>& in, std::string_view name, std::vector<Axis> with) {
   std::vector<Axis> out;
   for (const auto& a : in) {
-    if (a.name == name) out.insert(out.end(), with.begin(), with.end());
-    else out.push_back(a);
+    if (a.name == name)
+      out.insert(out.end(), with.begin(), with.end());
+    else
+      out.push_back(a);
   }
   return out;
 }
@@ -84,8 +86,8 @@ auto split_ir(const T& t, const std::array<std::int64_t, N>& sizes) {
     }
   }
   auto text = [](auto a, auto b) {
-    return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " + factors_fs<Parts...>() + " = " +
-           b + "; fix: choose factors that divide " + A::name_fs;
+    return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " + factors_fs<Parts...>() +
+           " = " + b + "; fix: choose factors that divide " + A::name_fs;
   };
   const std::string deferred(text(fixed_string("{a}"), fixed_string("{b}")).view());
   if (left < 0) {
@@ -93,7 +95,8 @@ auto split_ir(const T& t, const std::array<std::int64_t, N>& sizes) {
       throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
     defer_equal(g, whole, Extent::fixed(known), text);
   } else if (whole.is_static()) {
-    if (whole.value % known != 0) throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
+    if (whole.value % known != 0)
+      throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
   } else {
     g.require(Constraint{Constraint::Kind::divisible, whole, Extent::fixed(known), deferred});
   }
@@ -142,8 +145,8 @@ auto split(const T& t) {
       constexpr std::int64_t prod = detail::static_product<Parts...>();
       constexpr int n_dyn = ((Parts::is_static ? 0 : 1) + ...);
       if constexpr (n_dyn > 1) {
-        return fail<fixed_string("split: at most one factor of `") + A::name_fs +
-                    "` may be dynamic, got " + detail::factors_fs<Parts...>() +
+        return fail<fixed_string("split: at most one factor of `") + A::name_fs + "` may be dynamic, got " +
+                    detail::factors_fs<Parts...>() +
                     "; fix: give the other factors sizes, here or as split<...>(x, {sizes...})">();
       } else if constexpr (A::is_static && n_dyn == 0 && prod != A::extent) {
         return fail<fixed_string("split: `") + A::name_fs + "` (" + number<A::extent>() + ") is not " +
@@ -301,12 +304,13 @@ auto view(const T& t) {
       constexpr std::size_t i = L::size == N::size ? detail::first_name_difference<L, N>() : 0;
       constexpr std::size_t j = i < N::size ? i : 0;
       return fail<fixed_string("view: ") + axes_fs<L>() + " -> " + axes_fs<N>() +
-                  " would move data between differently named axes (`" + axis_at<N, j>::name_fs +
-                  "` is not `" + axis_at<L, (i < L::size ? i : 0)>::name_fs +
+                  " would move data between differently named axes (`" + axis_at<N, j>::name_fs + "` is not `" +
+                  axis_at<L, (i < L::size ? i : 0)>::name_fs +
                   "`); fix: split<Axis, Factors...> then permute<...> by name">();
     } else if constexpr (constexpr auto k = detail::first_extent_difference<L, N>(); k != N::size) {
       return fail<fixed_string("view: `") + axis_at<L, k>::name_fs + "` is " + number<axis_at<L, k>::extent>() +
-                  " but the view says " + number<axis_at<N, k>::extent>() + "; fix: view with the sizes the tensor has">();
+                  " but the view says " + number<axis_at<N, k>::extent>() +
+                  "; fix: view with the sizes the tensor has">();
     } else {
       Graph& g = t.graph();
       std::vector<Axis> out = t.node().axes;
@@ -369,12 +373,13 @@ auto concat(const std::array<T, N>& parts) {
                 "`; fix: concatenate along an axis the parts have">();
   } else {
     using A = find_family<L, Along>;
-    using M = std::conditional_t<A::is_static, Into<A::extent * static_cast<std::int64_t>(N)>, Into<dyn>>;
+    using M = std::conditional_t<A::is_static, Into<A::extent* static_cast<std::int64_t>(N)>, Into<dyn>>;
     using Out = detail::replace_t<L, A, axes<M>>;
     Graph& g = parts[0].graph();
-    Node n = detail::unary_node(parts[0], Op::concat,
-                                detail::ir_replace(parts[0].node().axes, A::name,
-                                                   {Axis{std::string(M::name), ir_axis(parts[0].node(), A::name).extent.times(N)}}));
+    Node n = detail::unary_node(
+        parts[0], Op::concat,
+        detail::ir_replace(parts[0].node().axes, A::name,
+                           {Axis{std::string(M::name), ir_axis(parts[0].node(), A::name).extent.times(N)}}));
     n.inputs.clear();
     for (const auto& p : parts) n.inputs.push_back(p.id());
     n.attr_axes = {std::string(A::name), std::string(M::name)};

@@ -65,7 +65,8 @@ auto linear(const T& x, const Linear<In, Out>& w) {
       Graph& g = x.graph();
       const Extent have = ir_axis(x.node(), In::name).extent;
       defer_equal(g, have, ir_extent<In>(), [](auto a, auto b) {
-        return fixed_string("linear: `") + In::name_fs + "` of x (" + a + ") must equal the input width of the projection (" + b +
+        return fixed_string("linear: `") + In::name_fs + "` of x (" + a +
+               ") must equal the input width of the projection (" + b +
                "); fix: the features entering a projection must match its weight";
       });
       Node n;
@@ -113,10 +114,12 @@ auto layer_norm(const T& x, const LayerNorm<Over>& ln) {
     if constexpr (!has_axis_named<L, Over>) {
       return fail<fixed_string("layer_norm: x ") + axes_fs<L>() + " has no axis `" + Over::name_fs +
                   "`; fix: normalise over the feature axis">();
-    } else if constexpr (find_named<L, Over>::is_static && Over::is_static && find_named<L, Over>::extent != Over::extent) {
+    } else if constexpr (find_named<L, Over>::is_static && Over::is_static &&
+                         find_named<L, Over>::extent != Over::extent) {
       using X = find_named<L, Over>;
       return fail<fixed_string("layer_norm: `") + Over::name_fs + "` of x (" + number<X::extent>() +
-                  ") must equal the width of the norm (" + number<Over::extent>() + "); fix: size the norm like the features">();
+                  ") must equal the width of the norm (" + number<Over::extent>() +
+                  "); fix: size the norm like the features">();
     } else {
       Graph& g = x.graph();
       Node n;

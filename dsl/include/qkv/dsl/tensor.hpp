@@ -86,9 +86,12 @@ struct is_raw_trait<trait::raw_scores<C>> : std::true_type {};
 
 template <MaskKind K>
 constexpr auto mask_kind_fs() {
-  if constexpr (K == MaskKind::key_padding) return fixed_string("a key-padding mask");
-  else if constexpr (K == MaskKind::attention) return fixed_string("an attention (query x key) mask");
-  else return fixed_string("a keep-mask");
+  if constexpr (K == MaskKind::key_padding)
+    return fixed_string("a key-padding mask");
+  else if constexpr (K == MaskKind::attention)
+    return fixed_string("an attention (query x key) mask");
+  else
+    return fixed_string("a keep-mask");
 }
 
 /// "<op>: x [...] has no axis `F`; fix: <op> an axis the tensor has" — the first check of every
@@ -125,9 +128,9 @@ constexpr std::size_t first_name_difference() {
 template <class L1, class L2>
 constexpr std::size_t first_extent_difference() {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    constexpr bool differ[] = {(axis_at<L1, I>::is_static && axis_at<L2, I>::is_static &&
-                                axis_at<L1, I>::extent != axis_at<L2, I>::extent)...,
-                               true};
+    constexpr bool differ[] = {
+        (axis_at<L1, I>::is_static && axis_at<L2, I>::is_static && axis_at<L1, I>::extent != axis_at<L2, I>::extent)...,
+        true};
     std::size_t i = 0;
     while (!differ[i]) ++i;
     return i;
@@ -141,8 +144,8 @@ template <class Text>
 void defer_equal(Graph& g, const Extent& a, const Extent& b, Text text) {
   if (a.is_static() && b.is_static()) return;
   if (a == b) return;
-  g.require(Constraint{Constraint::Kind::equal, a, b,
-                       std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
+  g.require(
+      Constraint{Constraint::Kind::equal, a, b, std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
 }
 
 inline const Axis& ir_axis(const Node& n, std::string_view name) {
@@ -173,7 +176,8 @@ class tensor<DT, axes<A...>, Trait> {
     using Dst = axis_list;
     if constexpr (is_mask_trait<Trait>::value && is_mask_trait<Trait2>::value && !std::is_same_v<Trait, Trait2>) {
       fail<fixed_string("convert: ") + mask_kind_fs<Trait2::kind>() + " " + axes_fs<Src>() + " was passed where " +
-           mask_kind_fs<Trait::kind>() + " " + axes_fs<Dst>() + " is expected; fix: pass each mask as its own argument "
+           mask_kind_fs<Trait::kind>() + " " + axes_fs<Dst>() +
+           " is expected; fix: pass each mask as its own argument "
            "(key_padding_mask and attn_mask are swapped)">();
     } else if constexpr (Src::size != Dst::size) {
       fail<fixed_string("convert: ") + axes_fs<Src>() + " has " + number<static_cast<std::int64_t>(Src::size)>() +
@@ -184,9 +188,9 @@ class tensor<DT, axes<A...>, Trait> {
            axis_at<Src, i>::name_fs + "` but the declared type " + axes_fs<Dst>() + " wants `" +
            axis_at<Dst, i>::name_fs + "` there; fix: " + permute_fix<Dst>()>();
     } else if constexpr (constexpr auto j = detail::first_extent_difference<Src, Dst>(); j != Dst::size) {
-      fail<fixed_string("convert: `") + axis_at<Src, j>::name_fs + "` is " +
-           number<axis_at<Src, j>::extent>() + " but the declared type wants " +
-           number<axis_at<Dst, j>::extent>() + "; fix: declare the size the value has">();
+      fail<fixed_string("convert: `") + axis_at<Src, j>::name_fs + "` is " + number<axis_at<Src, j>::extent>() +
+           " but the declared type wants " + number<axis_at<Dst, j>::extent>() +
+           "; fix: declare the size the value has">();
     } else if constexpr (!std::is_same_v<DT2, DT>) {
       fail<fixed_string("convert: dtype ") + DT2::name + " does not convert to " + DT::name +
            " implicitly; fix: keep the dtype of the value">();
@@ -200,8 +204,8 @@ class tensor<DT, axes<A...>, Trait> {
       std::size_t k = 0;
       (defer_equal(*graph_, n.axes[k++].extent, ir_extent<A>(),
                    [](auto a, auto b) {
-                     return fixed_string("convert: `") + A::name_fs + "` is " + a +
-                            " but the declared type wants " + b + "; fix: declare the size the value has";
+                     return fixed_string("convert: `") + A::name_fs + "` is " + a + " but the declared type wants " +
+                            b + "; fix: declare the size the value has";
                    }),
        ...);
     }

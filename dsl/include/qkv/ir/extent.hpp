@@ -73,7 +73,8 @@ struct Extent {
     if (is_static()) {
       e.value /= k;
     } else {
-      if (plus % k != 0) throw std::logic_error("qkv internal error: cannot divide " + str() + " by " + std::to_string(k));
+      if (plus % k != 0)
+        throw std::logic_error("qkv internal error: cannot divide " + str() + " by " + std::to_string(k));
       e.den *= k;
       e.plus /= k;
     }

@@ -48,39 +48,63 @@ enum class Op : std::uint8_t {
   concat,      // along axes[0]
   layer_norm,  // inputs (x, gamma, beta) over axes[0], eps = scalar
   relu,
-  gelu,        // exact (erf) form, as torch.nn.functional.gelu's default
-  linear,      // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
-  broadcast,   // the input repeated along the output's axes it lacks (matched by name)
-  fill,        // a constant `scalar` with the node's axes (no inputs)
-  slice,       // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
+  gelu,       // exact (erf) form, as torch.nn.functional.gelu's default
+  linear,     // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
+  broadcast,  // the input repeated along the output's axes it lacks (matched by name)
+  fill,       // a constant `scalar` with the node's axes (no inputs)
+  slice,      // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
 };
 
 inline std::string_view op_name(Op op) {
   switch (op) {
-    case Op::input: return "input";
-    case Op::param: return "param";
-    case Op::contract: return "contract";
-    case Op::add: return "add";
-    case Op::mul: return "mul";
-    case Op::scale: return "scale";
-    case Op::split: return "split";
-    case Op::merge: return "merge";
-    case Op::permute: return "permute";
-    case Op::rename: return "rename";
-    case Op::view: return "view";
-    case Op::softmax: return "softmax";
-    case Op::keep_mask: return "keep_mask";
-    case Op::bias: return "bias";
-    case Op::causal: return "causal";
-    case Op::dropout: return "dropout";
-    case Op::concat: return "concat";
-    case Op::layer_norm: return "layer_norm";
-    case Op::relu: return "relu";
-    case Op::gelu: return "gelu";
-    case Op::linear: return "linear";
-    case Op::slice: return "slice";
-    case Op::broadcast: return "broadcast";
-    case Op::fill: return "fill";
+    case Op::input:
+      return "input";
+    case Op::param:
+      return "param";
+    case Op::contract:
+      return "contract";
+    case Op::add:
+      return "add";
+    case Op::mul:
+      return "mul";
+    case Op::scale:
+      return "scale";
+    case Op::split:
+      return "split";
+    case Op::merge:
+      return "merge";
+    case Op::permute:
+      return "permute";
+    case Op::rename:
+      return "rename";
+    case Op::view:
+      return "view";
+    case Op::softmax:
+      return "softmax";
+    case Op::keep_mask:
+      return "keep_mask";
+    case Op::bias:
+      return "bias";
+    case Op::causal:
+      return "causal";
+    case Op::dropout:
+      return "dropout";
+    case Op::concat:
+      return "concat";
+    case Op::layer_norm:
+      return "layer_norm";
+    case Op::relu:
+      return "relu";
+    case Op::gelu:
+      return "gelu";
+    case Op::linear:
+      return "linear";
+    case Op::slice:
+      return "slice";
+    case Op::broadcast:
+      return "broadcast";
+    case Op::fill:
+      return "fill";
   }
   return "?";
 }
@@ -90,9 +114,9 @@ enum class MaskKind : std::uint8_t { keep, key_padding, attention };
 
 struct Node {
   Op op = Op::input;
-  std::string name;              // inputs/params: the name to feed; others: optional label
-  std::vector<int> inputs;       // node ids, all smaller than this node's id
-  std::vector<Axis> axes;        // the output's axes, in layout order (last = contiguous)
+  std::string name;         // inputs/params: the name to feed; others: optional label
+  std::vector<int> inputs;  // node ids, all smaller than this node's id
+  std::vector<Axis> axes;   // the output's axes, in layout order (last = contiguous)
   DType dtype = DType::f32;
   // attributes (meaning per op in the enum above)
   std::vector<std::string> attr_axes;
@@ -100,7 +124,7 @@ struct Node {
   std::uint64_t seed = 0;
   CausalAlign align = CausalAlign::top_left;
   MaskKind mask = MaskKind::keep;
-  std::int64_t offset = 0;  // slice: which part (in units of the output extent)
+  std::int64_t offset = 0;    // slice: which part (in units of the output extent)
   std::optional<Extent> dim;  // scale: divide by sqrt(dim) (a dynamic contracted extent)
 
   friend bool operator==(const Node&, const Node&) = default;
@@ -187,8 +211,8 @@ inline void Graph::check(const Bindings& b) const {
     auto a = c.a.resolve(b), d = c.b.resolve(b);
     if (!a || !d) {
       const auto& missing = !a ? c.a.symbol : c.b.symbol;
-      throw ShapeError("bind: no size given for the dynamic extent '" + missing + "' (needed by: " +
-                       fill_sizes(c.message, c.a.str(), c.b.str()) + ")");
+      throw ShapeError("bind: no size given for the dynamic extent '" + missing +
+                       "' (needed by: " + fill_sizes(c.message, c.a.str(), c.b.str()) + ")");
     }
     bool ok = c.kind == Constraint::Kind::equal ? *a == *d : (*d != 0 && *a % *d == 0);
     if (!ok) throw ShapeError(fill_sizes(c.message, std::to_string(*a), std::to_string(*d)));
@@ -215,11 +239,14 @@ inline std::string Graph::table() const {
     ops.push_back(std::move(op));
     ins.push_back(std::move(in));
   }
-  auto pad = [](std::string s, std::size_t w) { s.resize(std::max(w, s.size()), ' '); return s; };
+  auto pad = [](std::string s, std::size_t w) {
+    s.resize(std::max(w, s.size()), ' ');
+    return s;
+  };
   os << pad("%", 4) << pad("op", w_op + 2) << pad("inputs", w_in + 2) << "output\n";
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
-    os << pad("%" + std::to_string(i), 4) << pad(ops[i], w_op + 2) << pad(ins[i], w_in + 2)
-       << axes_str(nodes_[i].axes) << " " << dtype_name(nodes_[i].dtype) << "\n";
+    os << pad("%" + std::to_string(i), 4) << pad(ops[i], w_op + 2) << pad(ins[i], w_in + 2) << axes_str(nodes_[i].axes)
+       << " " << dtype_name(nodes_[i].dtype) << "\n";
   }
   for (const auto& o : outputs_) os << "output " << o.name << " = %" << o.node << "\n";
   return os.str();
@@ -229,18 +256,34 @@ inline std::uint64_t Graph::hash() const {
   std::uint64_t h = 1469598103934665603ull;
   auto mix_bytes = [&h](const void* p, std::size_t n) {
     auto c = static_cast<const unsigned char*>(p);
-    for (std::size_t i = 0; i < n; ++i) { h ^= c[i]; h *= 1099511628211ull; }
+    for (std::size_t i = 0; i < n; ++i) {
+      h ^= c[i];
+      h *= 1099511628211ull;
+    }
   };
-  auto mix_str = [&](const std::string& s) { std::uint64_t n = s.size(); mix_bytes(&n, sizeof n); mix_bytes(s.data(), s.size()); };
+  auto mix_str = [&](const std::string& s) {
+    std::uint64_t n = s.size();
+    mix_bytes(&n, sizeof n);
+    mix_bytes(s.data(), s.size());
+  };
   auto mix_i = [&](std::int64_t v) { mix_bytes(&v, sizeof v); };
-  auto mix_extent = [&](const Extent& e) { mix_i(e.value); mix_str(e.symbol); mix_i(e.num); mix_i(e.den); mix_i(e.plus); };
+  auto mix_extent = [&](const Extent& e) {
+    mix_i(e.value);
+    mix_str(e.symbol);
+    mix_i(e.num);
+    mix_i(e.den);
+    mix_i(e.plus);
+  };
   for (const auto& n : nodes_) {
     mix_i(static_cast<std::int64_t>(n.op));
     mix_str(n.name);
     mix_i(static_cast<std::int64_t>(n.inputs.size()));
     for (int i : n.inputs) mix_i(i);
     mix_i(static_cast<std::int64_t>(n.axes.size()));
-    for (const auto& a : n.axes) { mix_str(a.name); mix_extent(a.extent); }
+    for (const auto& a : n.axes) {
+      mix_str(a.name);
+      mix_extent(a.extent);
+    }
     mix_i(static_cast<std::int64_t>(n.dtype));
     mix_i(static_cast<std::int64_t>(n.attr_axes.size()));
     for (const auto& a : n.attr_axes) mix_str(a);
@@ -252,8 +295,16 @@ inline std::uint64_t Graph::hash() const {
     mix_i(n.dim.has_value());
     if (n.dim) mix_extent(*n.dim);
   }
-  for (const auto& o : outputs_) { mix_i(o.node); mix_str(o.name); }
-  for (const auto& c : constraints_) { mix_i(static_cast<std::int64_t>(c.kind)); mix_extent(c.a); mix_extent(c.b); mix_str(c.message); }
+  for (const auto& o : outputs_) {
+    mix_i(o.node);
+    mix_str(o.name);
+  }
+  for (const auto& c : constraints_) {
+    mix_i(static_cast<std::int64_t>(c.kind));
+    mix_extent(c.a);
+    mix_extent(c.b);
+    mix_str(c.message);
+  }
   return h;
 }
 

@@ -33,9 +33,12 @@ namespace detail {
 template <class S, class M>
 auto apply_mask(const S& s, const M& m) {
   if constexpr (is_causal_arg<M>::value) {
-    if constexpr (std::is_same_v<M, Causal<>>) return causal<Seq, Key>(s);
-    else if constexpr (std::is_same_v<M, Causal<top_left_t>>) return causal<Seq, Key>(s, top_left);
-    else return causal<Seq, Key>(s, bottom_right);
+    if constexpr (std::is_same_v<M, Causal<>>)
+      return causal<Seq, Key>(s);
+    else if constexpr (std::is_same_v<M, Causal<top_left_t>>)
+      return causal<Seq, Key>(s, top_left);
+    else
+      return causal<Seq, Key>(s, bottom_right);
   } else if constexpr (TensorType<M> && is_mask_trait<typename M::trait_type>::value) {
     return masked(s, m);
   } else {
@@ -76,7 +79,8 @@ Linear<In, Part> slice_linear(const Linear<In, Whole>& w, int part) {
 }  // namespace detail
 
 /// softmax(mask(Q·Kᵀ / sqrt(d_k))) · V on per-head tensors:
-///   q [..., Seq, HeadDim], k [..., Key, HeadDim], v [..., Key, D_v]  ->  {out [..., Seq, D_v], weights [..., Seq, Key]}
+///   q [..., Seq, HeadDim], k [..., Key, HeadDim], v [..., Key, D_v]  ->  {out [..., Seq, D_v], weights [..., Seq,
+///   Key]}
 /// Masks: KeyPaddingMask / AttnMask / KeepMask (true = may attend), float biases, `causal_mask`.
 template <class Q, class K, class V, class... M>
 auto attention(const Q& q, const K& k, const V& v, const M&... masks) {
@@ -189,7 +193,8 @@ struct MultiHeadAttention {
   std::int64_t heads = 0;
 
   /// `num_heads` is needed only when H is dyn (and must equal H otherwise).
-  static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true, std::int64_t num_heads = 0) {
+  static MultiHeadAttention make(Graph& g, const std::string& prefix = "", bool bias = true,
+                                 std::int64_t num_heads = 0) {
     if constexpr (is_dyn<H>) {
       if (num_heads <= 0) throw std::invalid_argument("MultiHeadAttention<E, dyn>::make needs num_heads > 0");
     } else {
@@ -198,7 +203,8 @@ struct MultiHeadAttention {
     }
     auto in_proj = linear_params_named<Model<E>, Proj<extent_mul<3, E>()>>(g, prefix + "in_proj_weight",
                                                                            bias ? prefix + "in_proj_bias" : "");
-    MultiHeadAttention m{detail::slice_linear<Model<E>, Model<E>>(in_proj, 0), detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
+    MultiHeadAttention m{detail::slice_linear<Model<E>, Model<E>>(in_proj, 0),
+                         detail::slice_linear<Model<E>, Model<E>>(in_proj, 1),
                          detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
                          linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
     m.heads = num_heads;
@@ -211,15 +217,19 @@ struct MultiHeadAttention {
 
   /// [Batch, S, Model] -> [Batch, S, Heads, HeadDim] (S is Seq or Key)
   auto split_model(const auto& t) const {
-    if constexpr (is_dyn<H> || is_dyn<E>) return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
-    else return split<Model, Heads<H>, HeadDim<D>>(t);
+    if constexpr (is_dyn<H> || is_dyn<E>)
+      return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
+    else
+      return split<Model, Heads<H>, HeadDim<D>>(t);
   }
   /// [Batch, Seq, Model] -> [Batch, Heads, Seq, HeadDim]
   auto split_heads(const auto& t) const { return permute<Batch, Heads, Seq, HeadDim>(split_model(t)); }
   /// [Batch, Key, Model] -> [Batch, Heads, Key, HeadDim]
   auto split_heads_kv(const auto& t) const { return permute<Batch, Heads, Key, HeadDim>(split_model(t)); }
   /// [Batch, Heads, Seq, HeadDim] -> [Batch, Seq, Heads, HeadDim] -> [Batch, Seq, Model]
-  static auto merge_heads(const auto& t) { return merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(t)); }
+  static auto merge_heads(const auto& t) {
+    return merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(t));
+  }
 
   /// Self-attention: x [Batch, Seq, Model] -> {out [Batch, Seq, Model], weights [Batch, Heads, Seq, Key]}.
   template <class X, class... M>
@@ -249,13 +259,17 @@ struct MultiHeadAttention {
  private:
   template <class P>
   auto with_bias_row(const P& projected, int row) const {
-    if constexpr (Opt.add_bias_kv) return append<Key>(projected, Tensor<f32, Key<1>, Model<E>>(*o.graph, row));
-    else return projected;
+    if constexpr (Opt.add_bias_kv)
+      return append<Key>(projected, Tensor<f32, Key<1>, Model<E>>(*o.graph, row));
+    else
+      return projected;
   }
   template <class P>
   static auto with_zero_key(const P& heads) {
-    if constexpr (Opt.add_zero_attn) return pad<Key, 1>(heads, 0.0);
-    else return heads;
+    if constexpr (Opt.add_zero_attn)
+      return pad<Key, 1>(heads, 0.0);
+    else
+      return heads;
   }
 
   template <class X, class KV, class VV, class... M>
@@ -289,8 +303,7 @@ struct CrossAttention {
     CrossAttention c{linear_params_named<Model<E>, Model<E>>(g, prefix + "q_proj_weight", ""),
                      linear_params_named<Hidden<KDim>, Model<E>>(g, prefix + "k_proj_weight", ""),
                      linear_params_named<ValueDim<VDim>, Model<E>>(g, prefix + "v_proj_weight", ""),
-                     linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias),
-                     num_heads};
+                     linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias), num_heads};
     if (bias) {  // PyTorch keeps one in_proj_bias [3E] even when the weights are separate
       Node b;
       b.op = Op::param;
@@ -316,8 +329,10 @@ struct CrossAttention {
 
  private:
   auto split_model(const auto& t) const {
-    if constexpr (is_dyn<H> || is_dyn<E>) return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
-    else return split<Model, Heads<H>, HeadDim<D>>(t);
+    if constexpr (is_dyn<H> || is_dyn<E>)
+      return split<Model, Heads<H>, HeadDim<D>>(t, {heads, 0});
+    else
+      return split<Model, Heads<H>, HeadDim<D>>(t);
   }
 };
 
@@ -348,7 +363,8 @@ struct GroupedQueryAttention {
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
     auto xs = expect_axes<"grouped_query_attention", Batch, Seq, Model>(x);
-    auto qh = permute<Batch, KvHeads, Group, Seq, HeadDim>(split<Model, KvHeads<Hkv>, Group<G>, HeadDim<D>>(linear(xs, q)));
+    auto qh =
+        permute<Batch, KvHeads, Group, Seq, HeadDim>(split<Model, KvHeads<Hkv>, Group<G>, HeadDim<D>>(linear(xs, q)));
     auto kv = [](const auto& t) {
       return permute<Batch, KvHeads, Key, HeadDim>(split<Proj, KvHeads<Hkv>, HeadDim<D>>(rename<Seq, Key>(t)));
     };

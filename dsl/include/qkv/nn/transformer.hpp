@@ -36,8 +36,10 @@ struct EncoderLayer {
   template <class X>
   auto feed_forward(const X& x) const {
     auto h = linear(x, linear1);
-    if constexpr (Act == Activation::relu) return linear(relu(h), linear2);
-    else return linear(gelu(h), linear2);
+    if constexpr (Act == Activation::relu)
+      return linear(relu(h), linear2);
+    else
+      return linear(gelu(h), linear2);
   }
 
   /// x [Batch, Seq, Model] -> [Batch, Seq, Model]; masks as for attention().
@@ -58,7 +60,8 @@ template <auto E, auto H, auto F, Activation Act = Activation::gelu>
 struct CausalDecoderBlock {
   EncoderLayer<E, H, F, Act> layer;
 
-  static CausalDecoderBlock make(Graph& g, const std::string& prefix = "", double eps = 1e-5, std::int64_t num_heads = 0) {
+  static CausalDecoderBlock make(Graph& g, const std::string& prefix = "", double eps = 1e-5,
+                                 std::int64_t num_heads = 0) {
     return {EncoderLayer<E, H, F, Act>::make(g, prefix, NormPlacement::pre, eps, num_heads)};
   }
   template <class X, class... M>

@@ -21,8 +21,8 @@ float dropout_uniform(std::uint64_t seed, std::uint32_t batch, std::uint32_t hea
                       std::uint32_t col);
 
 /// True when dropout with probability p keeps the entry: uniform >= p.
-inline bool dropout_keep(double p, std::uint64_t seed, std::uint32_t batch, std::uint32_t head,
-                         std::uint32_t row, std::uint32_t col) {
+inline bool dropout_keep(double p, std::uint64_t seed, std::uint32_t batch, std::uint32_t head, std::uint32_t row,
+                         std::uint32_t col) {
   return dropout_uniform(seed, batch, head, row, col) >= static_cast<float>(p);
 }
 
