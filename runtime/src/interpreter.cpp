@@ -209,6 +209,23 @@ RunResult interpret(const Graph& g, const Feeds& feeds) {
   return r;
 }
 
+NdArray evaluate_node(const Graph& g, int id, const std::vector<const NdArray*>& inputs, const Bindings& b) {
+  const Node& n = g.node(id);
+  if (inputs.size() != n.inputs.size())
+    internal_error(interp::node_label(g, id) + ": evaluate_node got " + std::to_string(inputs.size()) + " inputs for " +
+                   std::to_string(n.inputs.size()));
+  std::vector<Value> in;
+  in.reserve(inputs.size());
+  for (const NdArray* a : inputs) in.push_back(Value{a->shape, a->to_f32()});
+  const std::vector<Value> none;
+  interp::OpArgs args{g, id, n, {}, {}, none, b};
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    args.in_nodes.push_back(&g.node(n.inputs[k]));
+    args.in.push_back(&in[k]);
+  }
+  return to_array(n, interp::eval_op(args));
+}
+
 NdArray mean_over_axis(const NdArray& a, std::size_t axis) {
   if (axis >= a.shape.size())
     throw std::invalid_argument("mean_over_axis: axis " + std::to_string(axis) + " is out of range for shape " +

@@ -590,6 +590,9 @@ Value eval_op(const OpArgs& a) {
       return unary_map(a, relu);
     case Op::gelu:
       return unary_map(a, gelu);
+    case Op::fused_attention:
+    case Op::attention_weights:
+      internal_error(where(a) + "fused nodes are made by codegen and run by its executor, not by the interpreter");
     case Op::input:
     case Op::param:
       internal_error(where(a) + "a leaf has no op to evaluate");

@@ -1,6 +1,7 @@
-// The reference interpreter against PyTorch: every fixture under tests/numerics/fixtures (made
-// by make_fixtures.py with PyTorch 1.13) runs through the qkv::nn block that mirrors the
-// PyTorch module, with the state dict imported by qkv's importer.
+// qkv against PyTorch: every fixture under tests/numerics/fixtures (made by make_fixtures.py
+// with PyTorch 1.13) runs through the qkv::nn block that mirrors the PyTorch module, with the
+// state dict imported by qkv's importer — on the reference interpreter and on the CPU backend
+// (pass pipeline + JIT-compiled fused attention kernel), each checked on its own.
 //
 // Tolerance (the rule DESIGN.md pins, as FlashAttention's tests do): our fp32 error against
 // PyTorch's fp64 re-run must be at most kMultiple times PyTorch's own fp32 error on the same
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
@@ -84,16 +86,16 @@ std::pair<double, double> max_error(const NdArray& ours, const NdArray& expected
   return {err, mag};
 }
 
-void expect_close(const Fixture& f, const NdArray& ours, const std::string& what) {
+void expect_close(const Fixture& f, const NdArray& ours, const std::string& what, const std::string& backend) {
   const NdArray expected = read_npy(f.dir / ("expected_" + what + "_f64.npy"));
   const auto [err, mag] = max_error(ours, expected);
   const double torch_err = f.cfg.at("torch_fp32_err_" + what);
   const double tol = std::max(kMultiple * torch_err, kFloor * std::max(1.0, mag));
-  std::cout << "  " << f.cfg.at("name").get<std::string>() << " " << what << ": qkv fp32 err " << err
-            << ", PyTorch fp32 err " << torch_err << ", tolerance " << tol << "\n";
-  ::testing::Test::RecordProperty(what + "_qkv_err", std::to_string(err));
+  std::cout << "  " << f.cfg.at("name").get<std::string>() << " " << what << " (" << backend << "): qkv fp32 err "
+            << err << ", PyTorch fp32 err " << torch_err << ", tolerance " << tol << "\n";
+  ::testing::Test::RecordProperty(what + "_" + backend + "_err", std::to_string(err));
   ::testing::Test::RecordProperty(what + "_torch_err", std::to_string(torch_err));
-  EXPECT_LE(err, tol) << what << " of " << f.cfg.at("name");
+  EXPECT_LE(err, tol) << what << " of " << f.cfg.at("name") << " on " << backend;
 }
 
 template <class Out, class Weights>
@@ -101,8 +103,11 @@ void run_and_check(const Fixture& f, Graph& g, const Out& out, const Weights& we
   output(out, "out");
   output(weights, "weights");
   const RunResult r = interpret(g, f.feeds);
-  expect_close(f, r.outputs.at("out"), "out");
-  expect_close(f, r.outputs.at("weights"), "weights");
+  expect_close(f, r.outputs.at("out"), "out", "reference");
+  expect_close(f, r.outputs.at("weights"), "weights", "reference");
+  const RunResult c = codegen::cpu::run(g, f.feeds);
+  expect_close(f, c.outputs.at("out"), "out", "cpu");
+  expect_close(f, c.outputs.at("weights"), "weights", "cpu");
 }
 
 template <int E>
@@ -222,8 +227,8 @@ void encoder_case(const std::string& name, NormPlacement placement, bool padding
     output(layer(src, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep")), "out");
   else
     output(layer(src), "out");
-  const RunResult r = interpret(g, f.feeds);
-  expect_close(f, r.outputs.at("out"), "out");
+  expect_close(f, interpret(g, f.feeds).outputs.at("out"), "out", "reference");
+  expect_close(f, codegen::cpu::run(g, f.feeds).outputs.at("out"), "out", "cpu");
 }
 
 TEST(Fixtures, EncoderReluPostNorm) { encoder_case<Activation::relu>("encoder_relu_post", NormPlacement::post, false); }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -35,21 +36,20 @@ Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, 
   return Causal::top_left;
 }
 
-RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend) {
+RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads) {
   switch (backend) {
     case Backend::reference:
       return interpret(g, feeds);
+    case Backend::cpu:
+      return codegen::cpu::run(g, feeds, threads);
     case Backend::cuda: {
       void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
       if (!lib) throw std::runtime_error(std::string("no CUDA driver/GPU found: ") + dlerror());
       dlclose(lib);
       throw std::runtime_error("--backend cuda: the GPU backend is not part of this build yet");
     }
-    case Backend::cpu:
-      break;
   }
-  throw std::runtime_error(
-      "--backend cpu: the CPU code generator is not part of this build yet; use --backend reference");
+  throw std::logic_error("qkv internal error: unknown backend");
 }
 
 NdArray load_npy(const std::string& path, const std::string& flag) {
@@ -62,68 +62,82 @@ NdArray load_npy(const std::string& path, const std::string& flag) {
 
 std::string shape_str(const NdArray& a) { return shape_to_string(a.shape); }
 
-NdArray bias_tensor(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t s) {
-  return NdArray::zeros(DType::f32, {b, h, l, s});
-}
-
-void apply_key_padding(NdArray& bias, const NdArray& kpm, const std::string& flag) {
-  const auto& d = bias.shape;
+void MaskBuilder::key_padding(const NdArray& kpm, const std::string& flag) {
   if (kpm.dtype != DType::boolean)
     throw IoError(flag + ": must be a bool array (true = ignore), got " + std::string(dtype_name(kpm.dtype)));
-  if (kpm.shape != std::vector<std::int64_t>{d[0], d[3]})
+  if (kpm.shape != std::vector<std::int64_t>{batch, len_k})
     throw IoError(flag + ": shape " + shape_str(kpm) +
-                  " must be [batch, S] = " + shape_to_string(std::vector{d[0], d[3]}));
-  const auto ignore = kpm.as<bool>();
-  auto out = bias.as<float>();
-  for (std::int64_t b = 0; b < d[0]; ++b)
-    for (std::int64_t h = 0; h < d[1]; ++h)
-      for (std::int64_t i = 0; i < d[2]; ++i)
-        for (std::int64_t j = 0; j < d[3]; ++j)
-          if (ignore[static_cast<std::size_t>(b * d[3] + j)])
-            out[static_cast<std::size_t>(((b * d[1] + h) * d[2] + i) * d[3] + j)] =
-                -std::numeric_limits<float>::infinity();
+                  " must be [batch, S] = " + shape_to_string(std::vector{batch, len_k}));
+  NdArray keep = kpm;
+  for (bool& x : keep.as<bool>()) x = !x;  // PyTorch: true = ignore; qkv: true = may attend
+  feeds["key_keep"] = std::move(keep);
+  spec.key_padding = true;
 }
 
-void apply_broadcast_mask(NdArray& bias, const NdArray& m, const std::string& flag, bool bool_means_blocked) {
-  const auto& d = bias.shape;
+void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_rows) {
+  if (per_batch_head_rows) {  // PyTorch MHA's 3-D attn_mask: [B*H, L, S], row b*H + h
+    if (m.shape.size() != 3 || m.shape[0] != batch * heads)
+      throw IoError(flag + ": shape " + shape_str(m) +
+                    " must be [L, S] = " + shape_to_string(std::vector{len_q, len_k}) +
+                    " or [batch*heads, L, S] = " + shape_to_string(std::vector{batch * heads, len_q, len_k}));
+    m.shape = {batch, heads, m.shape[1], m.shape[2]};
+  }
+  const std::vector<std::int64_t> full{batch, heads, len_q, len_k};
   if (m.shape.size() > 4) throw IoError(flag + ": shape " + shape_str(m) + " has more than 4 axes");
   // NumPy broadcasting: align from the right; each axis 1 or equal to [B, H, L, S]'s.
+  bool leading_ones = true;
+  for (std::size_t k = 0; k < m.shape.size(); ++k) {
+    const std::size_t a = m.shape.size() - 1 - k, t = 3 - k;
+    if (m.shape[a] != 1 && m.shape[a] != full[t])
+      throw IoError(flag + ": shape " + shape_str(m) +
+                    " does not broadcast to [B, H, L, S] = " + shape_to_string(full));
+    if (t < 2 && m.shape[a] != 1) leading_ones = false;
+  }
+  // Keep the bias [L, S] (which the fused kernel takes) unless this mask varies over B or H.
+  if (!bias) bias = NdArray::zeros(DType::f32, {len_q, len_k});
+  if (!leading_ones && bias->shape.size() == 2) {
+    NdArray wide = NdArray::zeros(DType::f32, full);
+    const auto src = bias->as<float>();
+    auto dst = wide.as<float>();
+    const std::size_t plane = src.size();
+    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = src[i % plane];
+    bias = std::move(wide);
+  }
+  const auto& d = bias->shape;
+  const std::size_t off = 4 - d.size();  // target axes are the last d.size() of [B, H, L, S]
   std::vector<std::int64_t> stride(4, 0);
   std::int64_t st = 1;
   for (std::size_t k = 0; k < m.shape.size(); ++k) {
-    const std::size_t a = m.shape.size() - 1 - k, t = 3 - k;
-    if (m.shape[a] != 1 && m.shape[a] != d[t])
-      throw IoError(flag + ": shape " + shape_str(m) + " does not broadcast to [B, H, L, S] = " + shape_to_string(d));
-    stride[t] = m.shape[a] == 1 ? 0 : st;
+    const std::size_t a = m.shape.size() - 1 - k;
+    stride[3 - k] = m.shape[a] == 1 ? 0 : st;
     st *= m.shape[a];
   }
   const std::vector<float> v = m.to_f32();
-  auto out = bias.as<float>();
-  for (std::int64_t b = 0; b < d[0]; ++b)
-    for (std::int64_t h = 0; h < d[1]; ++h)
-      for (std::int64_t i = 0; i < d[2]; ++i)
-        for (std::int64_t j = 0; j < d[3]; ++j) {
-          const float x = v[static_cast<std::size_t>(b * stride[0] + h * stride[1] + i * stride[2] + j * stride[3])];
-          float& o = out[static_cast<std::size_t>(((b * d[1] + h) * d[2] + i) * d[3] + j)];
-          if (m.dtype == DType::boolean) {
-            if ((x != 0.0f) == bool_means_blocked) o = -std::numeric_limits<float>::infinity();
-          } else {
-            o += x;
-          }
-        }
+  auto out = bias->as<float>();
+  std::vector<std::int64_t> idx(d.size(), 0);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::int64_t src = 0;
+    for (std::size_t k = 0; k < d.size(); ++k) src += idx[k] * stride[k + off];
+    const float x = v[static_cast<std::size_t>(src)];
+    if (m.dtype == DType::boolean) {
+      if (x != 0.0f) out[i] = -std::numeric_limits<float>::infinity();  // true = not allowed
+    } else {
+      out[i] += x;
+    }
+    for (std::size_t k = d.size(); k-- > 0;) {
+      if (++idx[k] < d[k]) break;
+      idx[k] = 0;
+    }
+  }
 }
 
-/// PyTorch MHA's attn_mask: [L, S] or [B*H, L, S]; bool true = not allowed, float added.
-void apply_mha_attn_mask(NdArray& bias, NdArray m, const std::string& flag) {
-  const auto& d = bias.shape;
-  if (m.shape.size() == 3 && m.shape[0] == d[0] * d[1])
-    m.shape = {d[0], d[1], m.shape[1], m.shape[2]};
-  else if (m.shape.size() != 2)
-    throw IoError(flag + ": shape " + shape_str(m) + " must be [L, S] = " + shape_to_string(std::vector{d[2], d[3]}) +
-                  " or [batch*heads, L, S] = " + shape_to_string(std::vector{d[0] * d[1], d[2], d[3]}));
-  if (m.shape.size() == 2 && m.shape != std::vector<std::int64_t>{d[2], d[3]})
-    throw IoError(flag + ": shape " + shape_str(m) + " must be [L, S] = " + shape_to_string(std::vector{d[2], d[3]}));
-  apply_broadcast_mask(bias, m, flag, /*bool_means_blocked=*/true);
+Masks MaskBuilder::finish(Feeds& into) {
+  for (auto& [name, a] : feeds) into[name] = std::move(a);
+  if (bias) {
+    spec.bias = bias->shape.size() == 2 ? Masks::Bias::query_key : Masks::Bias::per_head;
+    into["attn_bias"] = std::move(*bias);
+  }
+  return spec;
 }
 
 namespace {
@@ -178,19 +192,26 @@ int run_mha(const RunMha& o) {
   m.bias = cfg.bias;
   m.add_bias_kv = cfg.add_bias_kv;
   m.add_zero_attn = o.add_zero_attn;
-  m.causal = parse_causal(o.causal, L, S);
-  if (m.causal != Causal::none && extra > 0)
+  m.weights = o.need_weights || o.per_head_weights || !o.weights_out.empty();
+  m.masks.causal = parse_causal(o.causal, L, S);
+  if (m.masks.causal != Causal::none && extra > 0)
     throw UsageError(
         "--causal cannot be combined with add_bias_kv/--add-zero-attn (the appended keys have no position); "
         "pass an --attn-mask instead");
-  if (!o.key_padding_mask.empty() || !o.attn_mask.empty()) {
-    NdArray bias = bias_tensor(B, o.heads, L, S);
-    if (!o.key_padding_mask.empty())
-      apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
-    if (!o.attn_mask.empty()) apply_mha_attn_mask(bias, load_npy(o.attn_mask, "--attn-mask"), "--attn-mask");
-    feeds["attn_bias"] = std::move(bias);
-    m.attn_bias = true;
+  MaskBuilder masks{B, o.heads, L, S};
+  if (!o.key_padding_mask.empty())
+    masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
+  if (!o.attn_mask.empty()) {
+    NdArray am = load_npy(o.attn_mask, "--attn-mask");
+    if (am.shape.size() == 2 && am.shape != std::vector<std::int64_t>{L, S})
+      throw IoError("--attn-mask: shape " + shape_str(am) + " must be [L, S] = " + shape_to_string(std::vector{L, S}) +
+                    " or [batch*heads, L, S]");
+    const bool rows = am.shape.size() == 3;
+    masks.add(std::move(am), "--attn-mask", rows);
   }
+  const Causal causal = m.masks.causal;
+  m.masks = masks.finish(feeds);
+  m.masks.causal = causal;
   feeds["query"] = std::move(q);
   if (cross) {
     feeds["key"] = std::move(k);
@@ -225,29 +246,27 @@ int run_sdpa(const RunSdpa& o) {
   const std::int64_t B = dim(q, 0), H = dim(q, 1), L = dim(q, 2), S = dim(k, 2);
 
   SdpaModel m;
-  m.causal = parse_causal(o.causal, L, S);
+  m.weights = !o.weights_out.empty();
   m.scale = o.scale;
   m.dropout = o.dropout;
   m.seed = o.seed;
   Feeds feeds{{"q", std::move(q)}, {"k", std::move(k)}, {"v", std::move(v)}};
-  if (!o.attn_bias.empty() || !o.attn_mask.empty() || !o.key_padding_mask.empty()) {
-    NdArray bias = bias_tensor(B, H, L, S);
-    if (!o.attn_bias.empty()) {
-      NdArray b = load_npy(o.attn_bias, "--attn-bias");
-      if (b.dtype == DType::boolean) throw IoError("--attn-bias: must be float (use --attn-mask for a bool mask)");
-      apply_broadcast_mask(bias, b, "--attn-bias", true);
-    }
-    if (!o.attn_mask.empty()) {
-      NdArray mk = load_npy(o.attn_mask, "--attn-mask");
-      if (mk.dtype != DType::boolean)
-        throw IoError("--attn-mask: must be bool (true = not allowed); use --attn-bias for floats");
-      apply_broadcast_mask(bias, mk, "--attn-mask", true);
-    }
-    if (!o.key_padding_mask.empty())
-      apply_key_padding(bias, load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
-    feeds["attn_bias"] = std::move(bias);
-    m.attn_bias = true;
+  MaskBuilder masks{B, H, L, S};
+  if (!o.attn_bias.empty()) {
+    NdArray b = load_npy(o.attn_bias, "--attn-bias");
+    if (b.dtype == DType::boolean) throw IoError("--attn-bias: must be float (use --attn-mask for a bool mask)");
+    masks.add(std::move(b), "--attn-bias", false);
   }
+  if (!o.attn_mask.empty()) {
+    NdArray mk = load_npy(o.attn_mask, "--attn-mask");
+    if (mk.dtype != DType::boolean)
+      throw IoError("--attn-mask: must be bool (true = not allowed); use --attn-bias for floats");
+    masks.add(std::move(mk), "--attn-mask", false);
+  }
+  if (!o.key_padding_mask.empty())
+    masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
+  m.masks = masks.finish(feeds);
+  m.masks.causal = parse_causal(o.causal, L, S);
   const RunResult r = run_graph(build_sdpa(m), feeds, o.backend);
   std::vector<std::pair<std::string, NdArray>> files{{o.out, r.outputs.at("out")}};
   if (!o.weights_out.empty()) files.emplace_back(o.weights_out, r.outputs.at("weights"));
@@ -293,15 +312,17 @@ int run_encoder(const RunEncoder& o) {
   expect_rank(src, 3, "--src", "[batch, L, d_model]");
   expect_width(src, E, "--src", "d_model");
   const std::int64_t B = dim(src, 0), L = dim(src, 1);
-  m.causal = parse_causal(o.causal, L, L);
-  if (!o.src_key_padding_mask.empty() || !o.src_mask.empty()) {
-    NdArray bias = bias_tensor(B, o.heads, L, L);
-    if (!o.src_key_padding_mask.empty())
-      apply_key_padding(bias, load_npy(o.src_key_padding_mask, "--src-key-padding-mask"), "--src-key-padding-mask");
-    if (!o.src_mask.empty()) apply_mha_attn_mask(bias, load_npy(o.src_mask, "--src-mask"), "--src-mask");
-    feeds["attn_bias"] = std::move(bias);
-    m.attn_bias = true;
+  MaskBuilder masks{B, o.heads, L, L};
+  if (!o.src_key_padding_mask.empty())
+    masks.key_padding(load_npy(o.src_key_padding_mask, "--src-key-padding-mask"), "--src-key-padding-mask");
+  if (!o.src_mask.empty()) {
+    NdArray sm = load_npy(o.src_mask, "--src-mask");
+    if (sm.shape != std::vector<std::int64_t>{L, L})
+      throw IoError("--src-mask: shape " + shape_str(sm) + " must be [L, L] = " + shape_to_string(std::vector{L, L}));
+    masks.add(std::move(sm), "--src-mask", false);
   }
+  m.masks = masks.finish(feeds);
+  m.masks.causal = parse_causal(o.causal, L, L);
   feeds["src"] = std::move(src);
   const RunResult r = run_graph(build_encoder(m), feeds, o.backend);
   write_all({{o.out, r.outputs.at("out")}});

@@ -69,6 +69,9 @@ Instance instantiate(const ShapeModel& s) {
   }
   Instance in;
   const Causal causal = parse_causal(s.causal, s.seq, S);
+  Masks masks;
+  masks.causal = causal;
+  masks.key_padding = s.padding;
   in.flops = 4.0 * s.batch * s.heads * s.seq * S * D * (causal == Causal::none ? 1.0 : 0.5);
   in.sizes = {{"Batch", s.batch}, {"Seq", s.seq},
               {"Key", S},         {"Mem", S},
@@ -77,22 +80,21 @@ Instance instantiate(const ShapeModel& s) {
               {"Proj", 3 * E},    {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E}};
   if (s.kind == "sdpa") {
     SdpaModel m;
-    m.causal = causal;
-    m.attn_bias = s.padding;
+    m.weights = false;
+    m.masks = masks;
     in.graph = build_sdpa(m);
   } else if (s.kind == "mha") {
     MhaModel m;
+    m.weights = false;
     m.heads = s.heads;
     m.cross = S != s.seq;
-    m.causal = causal;
-    m.attn_bias = s.padding;
+    m.masks = masks;
     in.graph = build_mha(m);
   } else if (s.kind == "encoder-layer") {
     if (S != s.seq) throw UsageError("encoder-layer is self-attention: --kv-seq must equal --seq");
     EncoderModel m;
     m.heads = s.heads;
-    m.causal = causal;
-    m.attn_bias = s.padding;
+    m.masks = masks;
     in.graph = build_encoder(m);
   } else {
     throw UsageError("unknown model '" + s.kind + "' (sdpa, mha, encoder-layer)");
@@ -103,11 +105,7 @@ Instance instantiate(const ShapeModel& s) {
     for (std::int64_t b = 0; b < s.batch; ++b)
       lengths.push_back(
           1 + static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) * S));
-    NdArray bias = bias_tensor(s.batch, s.heads, s.seq, S);
-    NdArray ignore = keep_first(lengths, S);
-    for (bool& x : ignore.as<bool>()) x = !x;
-    apply_key_padding(bias, ignore, "--padding");
-    in.feeds["attn_bias"] = std::move(bias);
+    in.feeds["key_keep"] = keep_first(lengths, S);
   }
   return in;
 }
@@ -145,11 +143,11 @@ int bench(const Bench& b) {
   const Instance in = instantiate(b.model);
   const bool bar = !b.json && isatty(STDOUT_FILENO);
   const double rss_before = peak_rss_mib();
-  run_graph(in.graph, in.feeds, b.backend);  // warm-up, not counted
+  run_graph(in.graph, in.feeds, b.backend, b.threads);  // warm-up (and JIT compile), not counted
   std::vector<double> ms;
   for (int i = 0; i < b.repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    run_graph(in.graph, in.feeds, b.backend);
+    run_graph(in.graph, in.feeds, b.backend, b.threads);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (bar) {
       const int done = (i + 1) * 30 / b.repeat;

@@ -8,15 +8,16 @@ using namespace qkv::nn;
 
 namespace {
 
-using Bias = Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, Key<dyn>>;
+using QueryKeyBias = Tensor<f32, Seq<dyn>, Key<dyn>>;
+using PerHeadBias = Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, Key<dyn>>;
 
-/// Calls f with the masks the model asks for, as DSL arguments. With AllowCausal false the
-/// causal variants are not instantiated (the caller rejected --causal before).
+/// Calls f with the masks the model asks for, as DSL arguments (declaring their inputs). With
+/// AllowCausal false the causal variants are not instantiated (the caller rejected --causal).
 template <bool AllowCausal = true, class F>
-auto with_masks(Graph& g, bool attn_bias, Causal causal, F&& f) {
+auto with_masks(Graph& g, const Masks& spec, F&& f) {
   auto with_causal = [&](auto... masks) {
     if constexpr (AllowCausal) {
-      switch (causal) {
+      switch (spec.causal) {
         case Causal::top_left:
           return f(masks..., causal_top_left);
         case Causal::bottom_right:
@@ -27,34 +28,44 @@ auto with_masks(Graph& g, bool attn_bias, Causal causal, F&& f) {
     }
     return f(masks...);
   };
-  if (attn_bias) return with_causal(input<Bias>(g, "attn_bias"));
-  return with_causal();
+  auto with_bias = [&](auto... masks) {
+    switch (spec.bias) {
+      case Masks::Bias::query_key:
+        return with_causal(masks..., input<QueryKeyBias>(g, "attn_bias"));
+      case Masks::Bias::per_head:
+        return with_causal(masks..., input<PerHeadBias>(g, "attn_bias"));
+      case Masks::Bias::none:
+        break;
+    }
+    return with_causal(masks...);
+  };
+  if (spec.key_padding) return with_bias(input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "key_keep"));
+  return with_bias();
 }
 
 template <MhaOptions Opt>
 Graph mha_graph(const MhaModel& m) {
   Graph g;
   auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
-  auto mark = [&g](const auto& result) {
+  auto mark = [&g, &m](const auto& result) {
     output(result.first, "out");
-    output(result.second, "weights");
+    if (m.weights) output(result.second, "weights");
     return 0;
   };
   if (m.separate_qkv) {
     auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<dyn>>>(g, "key");
     auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<dyn>>>(g, "value");
     auto block = CrossAttention<dyn, dyn, dyn, dyn>::make(g, "", m.bias, m.heads);
-    with_masks(g, m.attn_bias, m.causal, [&](auto... masks) { return mark(block(x, key, value, masks...)); });
+    with_masks(g, m.masks, [&](auto... masks) { return mark(block(x, key, value, masks...)); });
   } else {
     auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
     if (m.cross) {
       auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "key");
       auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "value");
-      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal,
+      with_masks<Opt.extra_keys() == 0>(g, m.masks,
                                         [&](auto... masks) { return mark(block.cross(x, key, value, masks...)); });
     } else {
-      with_masks<Opt.extra_keys() == 0>(g, m.attn_bias, m.causal,
-                                        [&](auto... masks) { return mark(block(x, masks...)); });
+      with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) { return mark(block(x, masks...)); });
     }
   }
   return g;
@@ -74,10 +85,10 @@ Graph build_sdpa(const SdpaModel& m) {
   auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
   auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
   auto v = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
-  with_masks(g, m.attn_bias, m.causal, [&](auto... masks) {
+  with_masks(g, m.masks, [&](auto... masks) {
     auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(q, k), m.scale), masks...);
     auto p = softmax<Key>(s);
-    output(p, "weights");
+    if (m.weights) output(p, "weights");
     if (m.dropout > 0.0)
       output(contract<Key>(dropout(p, m.dropout, m.seed), v), "out");
     else
@@ -91,18 +102,18 @@ namespace {
 template <Activation Act>
 Graph encoder_graph(const EncoderModel& m) {
   Graph g;
-  Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>> x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "src");
+  using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>;
+  X x = input<X>(g, "src");
   const auto placement = m.norm_first ? NormPlacement::pre : NormPlacement::post;
-  std::optional<Bias> bias;
-  if (m.attn_bias) bias = input<Bias>(g, "attn_bias");
-  for (std::int64_t i = 0; i < m.layers; ++i) {
-    const std::string prefix = m.stack ? "layers." + std::to_string(i) + "." : "";
-    auto layer = EncoderLayer<dyn, dyn, dyn, Act>::make(g, prefix, placement, m.eps, m.heads);
-    x = with_masks(g, false, m.causal, [&](auto... masks) {
-      return bias ? Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>(layer(x, *bias, masks...))
-                  : Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>(layer(x, masks...));
-    });
-  }
+  // The masks are declared once and shared by every layer.
+  x = with_masks(g, m.masks, [&](auto... masks) {
+    X y = x;
+    for (std::int64_t i = 0; i < m.layers; ++i) {
+      const std::string prefix = m.stack ? "layers." + std::to_string(i) + "." : "";
+      y = EncoderLayer<dyn, dyn, dyn, Act>::make(g, prefix, placement, m.eps, m.heads)(y, masks...);
+    }
+    return y;
+  });
   if (m.final_norm) x = layer_norm(x, layer_norm_params<Model<dyn>>(g, "norm", m.eps));
   output(x, "out");
   return g;

@@ -2,10 +2,11 @@
 // batch and sequence lengths are bound from the inputs, d_model (and kdim, vdim, the
 // feed-forward width) from the weights, the head count given on the command line.
 //
-// Masks reach the graph in two forms: a causal mask (qkv's causal op, with its alignment) and
-// one additive float bias [Batch, Heads, Seq, Key] into which the CLI folds PyTorch's
-// key_padding_mask and attn_mask (bool -> 0 / -inf, float as given) — as PyTorch itself does
-// inside nn.MultiheadAttention. Graph inputs: see each builder.
+// Masks reach the graph as: a key-padding keep-mask `key_keep` [Batch, Key] (PyTorch's
+// key_padding_mask inverted), an additive bias `attn_bias` [Seq, Key] — or [Batch, Heads, Seq,
+// Key] when the mask is per batch and head — into which the CLI folds attn_mask (bool -> 0 /
+// -inf, float as given), and qkv's causal op with its alignment. The fused CPU kernel takes the
+// first two forms directly. Graph inputs: see each builder.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,13 @@ namespace qkv::cli {
 
 enum class Causal { none, top_left, bottom_right };
 
+/// Which mask inputs a model's graph has.
+struct Masks {
+  bool key_padding = false;                                         // input `key_keep` [Batch, Key], true = may attend
+  enum class Bias { none, query_key, per_head } bias = Bias::none;  // input `attn_bias`
+  Causal causal = Causal::none;
+};
+
 struct MhaModel {
   std::int64_t heads = 1;
   bool cross = false;         // keys/values from `key`/`value` instead of the query
@@ -25,21 +33,21 @@ struct MhaModel {
   bool bias = true;
   bool add_bias_kv = false;
   bool add_zero_attn = false;
-  bool attn_bias = false;  // an input `attn_bias` [Batch, Heads, Seq, Key]
-  Causal causal = Causal::none;
+  bool weights = true;  // also output the attention weights (costs a second pass over the keys)
+  Masks masks;
 };
-/// Inputs: query [B, L, E], key/value [B, S, kdim/vdim] (cross), attn_bias; params as PyTorch
+/// Inputs: query [B, L, E], key/value [B, S, kdim/vdim] (cross), masks; params as PyTorch
 /// names them. Outputs: out [B, L, E], weights [B, H, L, S'].
 Graph build_mha(const MhaModel& m);
 
 struct SdpaModel {
-  bool attn_bias = false;  // an input `attn_bias` [B, H, L, S]
-  Causal causal = Causal::none;
+  Masks masks;
+  bool weights = true;          // also output the attention weights
   std::optional<double> scale;  // default 1/sqrt(D)
   double dropout = 0.0;
   std::uint64_t seed = 0;
 };
-/// Inputs q [B, H, L, D], k [B, H, S, D], v [B, H, S, Dv], attn_bias. Outputs out, weights.
+/// Inputs q [B, H, L, D], k [B, H, S, D], v [B, H, S, Dv], masks. Outputs out, weights.
 Graph build_sdpa(const SdpaModel& m);
 
 struct EncoderModel {
@@ -50,10 +58,9 @@ struct EncoderModel {
   bool gelu = false;
   bool norm_first = false;
   double eps = 1e-5;
-  bool attn_bias = false;  // [B, H, L, L]
-  Causal causal = Causal::none;
+  Masks masks;
 };
-/// Input src [B, L, E], attn_bias. Output out.
+/// Input src [B, L, E], masks. Output out.
 Graph build_encoder(const EncoderModel& m);
 
 }  // namespace qkv::cli

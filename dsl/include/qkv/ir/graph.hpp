@@ -48,11 +48,13 @@ enum class Op : std::uint8_t {
   concat,      // along axes[0]
   layer_norm,  // inputs (x, gamma, beta) over axes[0], eps = scalar
   relu,
-  gelu,       // exact (erf) form, as torch.nn.functional.gelu's default
-  linear,     // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
-  broadcast,  // the input repeated along the output's axes it lacks (matched by name)
-  fill,       // a constant `scalar` with the node's axes (no inputs)
-  slice,      // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
+  gelu,               // exact (erf) form, as torch.nn.functional.gelu's default
+  linear,             // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
+  broadcast,          // the input repeated along the output's axes it lacks (matched by name)
+  fill,               // a constant `scalar` with the node's axes (no inputs)
+  fused_attention,    // codegen only: inputs (q, k, v, masks...); see AttentionAttrs
+  attention_weights,  // codegen only: the weights its fused_attention input computed (write_weights)
+  slice,              // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
 };
 
 inline std::string_view op_name(Op op) {
@@ -105,12 +107,36 @@ inline std::string_view op_name(Op op) {
       return "broadcast";
     case Op::fill:
       return "fill";
+    case Op::fused_attention:
+      return "fused_attention";
+    case Op::attention_weights:
+      return "attention_weights";
   }
   return "?";
 }
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
 enum class MaskKind : std::uint8_t { keep, key_padding, attention };
+
+/// What a fused attention node computes, in terms of the axes of its inputs (made by the
+/// fuse-attention pass, never by the DSL):
+///   out = dropout(softmax_key(scale * contract_dk(q, k) + masks, causal)) contracted with v over key
+/// q has axes batch ++ heads ++ group ++ [query, dk], k has batch ++ heads ++ [key, dk], v has
+/// batch ++ heads ++ [key, dv] (each in some order the executor lays out); `group` axes are the
+/// query heads that share a key/value head (GQA). Masks (inputs 3...) are bool keep-masks or
+/// float biases over a subset of the score axes.
+struct AttentionAttrs {
+  std::vector<std::string> batch, heads, group;
+  std::string query, key, dk, dv;
+  double scale = 1.0;
+  std::optional<Extent> scale_dim;  // set: multiply by 1/sqrt(dim) instead of `scale`
+  bool causal = false;
+  CausalAlign align = CausalAlign::top_left;
+  double dropout = 0.0;
+  std::uint64_t seed = 0;
+  bool write_weights = false;
+  friend bool operator==(const AttentionAttrs&, const AttentionAttrs&) = default;
+};
 
 struct Node {
   Op op = Op::input;
@@ -124,8 +150,9 @@ struct Node {
   std::uint64_t seed = 0;
   CausalAlign align = CausalAlign::top_left;
   MaskKind mask = MaskKind::keep;
-  std::int64_t offset = 0;    // slice: which part (in units of the output extent)
-  std::optional<Extent> dim;  // scale: divide by sqrt(dim) (a dynamic contracted extent)
+  std::int64_t offset = 0;                  // slice: which part (in units of the output extent)
+  std::optional<Extent> dim;                // scale: divide by sqrt(dim) (a dynamic contracted extent)
+  std::optional<AttentionAttrs> attention;  // fused_attention only
 
   friend bool operator==(const Node&, const Node&) = default;
 };
@@ -294,6 +321,22 @@ inline std::uint64_t Graph::hash() const {
     mix_i(n.offset);
     mix_i(n.dim.has_value());
     if (n.dim) mix_extent(*n.dim);
+    mix_i(n.attention.has_value());
+    if (const auto& at = n.attention) {
+      for (const auto* list : {&at->batch, &at->heads, &at->group}) {
+        mix_i(static_cast<std::int64_t>(list->size()));
+        for (const auto& a : *list) mix_str(a);
+      }
+      for (const auto* name : {&at->query, &at->key, &at->dk, &at->dv}) mix_str(*name);
+      mix_bytes(&at->scale, sizeof at->scale);
+      mix_i(at->scale_dim.has_value());
+      if (at->scale_dim) mix_extent(*at->scale_dim);
+      mix_i(at->causal);
+      mix_i(static_cast<std::int64_t>(at->align));
+      mix_bytes(&at->dropout, sizeof at->dropout);
+      mix_i(static_cast<std::int64_t>(at->seed));
+      mix_i(at->write_weights);
+    }
   }
   for (const auto& o : outputs_) {
     mix_i(o.node);

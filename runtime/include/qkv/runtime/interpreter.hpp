@@ -57,4 +57,9 @@ struct RunResult {
 /// torch.nn.MultiheadAttention reports them. Throws std::invalid_argument if axis >= rank.
 [[nodiscard]] NdArray mean_over_axis(const NdArray& a, std::size_t axis);
 
+/// The value of one non-leaf node of `g` from its inputs' values (in node.inputs order), with the
+/// reference semantics — for executors that run some nodes elsewhere (codegen's CPU executor).
+[[nodiscard]] NdArray evaluate_node(const Graph& g, int id, const std::vector<const NdArray*>& inputs,
+                                    const Bindings& bindings);
+
 }  // namespace qkv

@@ -1,0 +1,368 @@
+// Forward attention on the CPU, fp32, B = 1, H = 8, D = 64, 2 threads: the fused JIT kernel
+// (qkv::codegen::cpu::run_attention) against, in the same run,
+//   * the machine's measured FMA peak (a register-resident FMA loop on host-width vectors),
+//   * OpenBLAS sgemm 2048³ (the practical limit of a well-tuned kernel),
+//   * an unfused baseline: OpenBLAS Q·Kᵀ, a plain softmax, OpenBLAS P·V (N <= 4096; it
+//     materialises the N×N matrix per head).
+// GFLOP/s counts 4·B·H·N²·D (half for causal); pct_peak is against an FMA probe taken around
+// each measurement (the cores of a shared VM change speed), x_unfused compares the fused and
+// unfused kernels as fractions of their own peaks. Before the benchmarks, main() runs N = 16384
+// once and reports the growth of the peak RSS (getrusage), which shows that the fused kernel
+// allocates nothing of size N² (set QKV_BENCH_RSS=0 to skip it).
+//
+//   bench_attention --benchmark_min_time=0.01            (benchmark 1.7.1: a number, no "s")
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <immintrin.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+
+namespace {
+
+using qkv::codegen::cpu::AttentionArgs;
+using qkv::codegen::cpu::AttentionSpec;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kThreads = 2;
+constexpr std::int64_t kHeads = 8;
+constexpr std::int64_t kDim = 64;
+
+// Shared between benchmarks of one run (they run in registration order).
+std::map<std::pair<std::int64_t, bool>, double> g_unfused_fraction;  // GFLOP/s ÷ peak
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<float> random_values(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// --- FMA peak ---------------------------------------------------------------------------------
+// kChains independent accumulators: enough to cover FMA latency × FMA ports on current cores.
+constexpr int kChains = 12;
+
+__attribute__((target("avx512f"))) float fma_loop_avx512(std::int64_t iters) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512 x = _mm512_set1_ps(0.9999999f), y = _mm512_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  __m512 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[c]);
+  alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside its own header)
+  _mm512_store_ps(lanes, s);
+  float total = 0;
+  for (float l : lanes) total += l;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(std::int64_t iters) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  const __m256 x = _mm256_set1_ps(0.9999999f), y = _mm256_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  alignas(32) float out[8];
+  __m256 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm256_add_ps(s, acc[c]);
+  _mm256_store_ps(out, s);
+  float r = 0;
+  for (float v : out) r += v;
+  return r;
+}
+
+/// Host-width FMA loop: returns {flops per iteration, lanes}.
+std::pair<double, int> fma_loop(std::int64_t iters, float* sink) {
+  if (__builtin_cpu_supports("avx512f")) {
+    *sink += fma_loop_avx512(iters);
+    return {2.0 * 16 * kChains, 16};
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *sink += fma_loop_avx2(iters);
+    return {2.0 * 8 * kChains, 8};
+  }
+  float a = 1.0f;  // no FMA: a scalar stand-in (the percentages are then only indicative)
+  for (std::int64_t i = 0; i < iters * kChains; ++i) a = a * 0.9999999f + 1e-7f;
+  *sink += a;
+  return {2.0 * kChains, 1};
+}
+
+/// GFLOP/s of the FMA loop on kThreads threads for `iters` iterations each.
+double fma_rate(std::int64_t iters, int* lanes_out = nullptr) {
+  std::vector<std::thread> threads;
+  std::vector<float> sinks(kThreads);
+  std::vector<double> per_iter(kThreads);
+  const auto t0 = Clock::now();
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      const auto [flops, l] = fma_loop(iters, &sinks[static_cast<std::size_t>(t)]);
+      per_iter[static_cast<std::size_t>(t)] = flops;
+      if (t == 0 && lanes_out) *lanes_out = l;
+    });
+  for (auto& t : threads) t.join();
+  const double seconds = seconds_since(t0);
+  benchmark::DoNotOptimize(sinks.data());
+  double flops = 0;
+  for (double f : per_iter) flops += f * static_cast<double>(iters);
+  return flops / seconds * 1e-9;
+}
+
+/// A short FMA probe (~30 ms): the peak as the machine delivers it right now. On a shared or
+/// virtual machine the cores' speed varies; every percentage below is taken against the larger
+/// of two probes, one before and one after the measurement (a conservative ratio). After
+/// OpenBLAS calls the probe first waits for OpenBLAS's worker threads, which spin for a while
+/// after each call, to go to sleep.
+double probe_peak(bool after_blas = false) {
+  if (after_blas) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return fma_rate(3'000'000);
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  // The best of the iterations: the first ones may run before the clock has ramped up.
+  double best = 0;
+  int lanes = 0;
+  for (auto _ : state) best = std::max(best, fma_rate(40'000'000, &lanes));
+  state.counters["GFLOP/s"] = best;
+  state.counters["lanes"] = lanes;
+}
+
+// --- OpenBLAS sgemm ---------------------------------------------------------------------------
+
+void BM_Sgemm2048(benchmark::State& state) {
+  constexpr int n = 2048;
+  openblas_set_num_threads(kThreads);
+  const auto a = random_values(std::size_t{n} * n, 1), b = random_values(std::size_t{n} * n, 2);
+  std::vector<float> c(std::size_t{n} * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  double seconds = 0;
+  const double peak_before = probe_peak(true);
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(c.data());
+  }
+  const double peak = std::max(peak_before, probe_peak(true));
+  const double gflops = 2.0 * n * n * n * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["peak"] = peak;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+}
+
+// --- attention: shared setup --------------------------------------------------------------------
+
+struct Problem {
+  std::int64_t n;
+  bool causal;
+  std::vector<float> q, k, v, out;
+  explicit Problem(std::int64_t n_, bool causal_) : n(n_), causal(causal_) {
+    const auto size = static_cast<std::size_t>(kHeads * n * kDim);
+    q = random_values(size, 11);
+    k = random_values(size, 12);
+    v = random_values(size, 13);
+    out.assign(size, 0.0f);
+  }
+  [[nodiscard]] double flops() const;
+};
+
+AttentionSpec bench_spec(bool causal) {
+  AttentionSpec s;
+  s.dk = s.dv = kDim;
+  s.hq = s.hkv = kHeads;
+  s.causal = causal;
+  return s;
+}
+
+double Problem::flops() const { return qkv::codegen::cpu::attention_flops(bench_spec(causal), 1, n, n); }
+
+AttentionArgs args_of(Problem& p) {
+  AttentionArgs a;
+  a.q = p.q.data();
+  a.k = p.k.data();
+  a.v = p.v.data();
+  a.out = p.out.data();
+  a.batch = 1;
+  a.len_q = a.len_k = p.n;
+  return a;
+}
+
+/// Counters of an attention benchmark: GFLOP/s, the FMA peak around it, the percentage of that
+/// peak, and for the fused kernel the ratio to the unfused baseline at the same N (as fractions
+/// of their own peaks, so that a change in machine speed between the two does not skew it).
+void report(benchmark::State& state, const Problem& p, double seconds, double peak, const char* kind) {
+  const double gflops = p.flops() * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["peak"] = peak;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  if (std::string(kind) == "unfused") {
+    g_unfused_fraction[{p.n, p.causal}] = gflops / peak;
+  } else if (auto it = g_unfused_fraction.find({p.n, p.causal}); it != g_unfused_fraction.end()) {
+    state.counters["x_unfused"] = gflops / peak / it->second;
+  }
+}
+
+// --- unfused baseline: sgemm, softmax, sgemm ----------------------------------------------------
+
+/// Row-wise softmax of s [n, n] (rows [r0, r1)), causal rows over keys <= row only.
+void softmax_rows(float* s, std::int64_t n, std::int64_t r0, std::int64_t r1, bool causal) {
+  for (std::int64_t i = r0; i < r1; ++i) {
+    float* row = s + i * n;
+    const std::int64_t visible = causal ? i + 1 : n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+    float sum = 0;
+    for (std::int64_t j = 0; j < visible; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    const float inv = 1.0f / sum;
+    for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
+    for (std::int64_t j = visible; j < n; ++j) row[j] = 0.0f;
+  }
+}
+
+void unfused_attention(Problem& p, std::vector<float>& scores) {
+  const auto n = static_cast<int>(p.n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  for (std::int64_t h = 0; h < kHeads; ++h) {
+    const float* q = p.q.data() + h * p.n * kDim;
+    const float* k = p.k.data() + h * p.n * kDim;
+    const float* v = p.v.data() + h * p.n * kDim;
+    float* o = p.out.data() + h * p.n * kDim;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, kDim, scale, q, kDim, k, kDim, 0.0f, scores.data(), n);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back(softmax_rows, scores.data(), p.n, p.n * t / kThreads, p.n * (t + 1) / kThreads, p.causal);
+    for (auto& t : threads) t.join();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, kDim, n, 1.0f, scores.data(), n, v, kDim, 0.0f, o, kDim);
+  }
+}
+
+void BM_Unfused(benchmark::State& state) {
+  openblas_set_num_threads(kThreads);
+  Problem p(state.range(0), state.range(1) != 0);
+  std::vector<float> scores(static_cast<std::size_t>(p.n * p.n));
+  unfused_attention(p, scores);  // warm-up
+  double seconds = 0;
+  const double peak_before = probe_peak(true);
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    unfused_attention(p, scores);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  report(state, p, seconds, std::max(peak_before, probe_peak(true)), "unfused");
+}
+
+// --- the fused kernel ---------------------------------------------------------------------------
+
+void BM_Fused(benchmark::State& state) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // OpenBLAS's threads stop spinning
+  Problem p(state.range(0), state.range(1) != 0);
+  const AttentionSpec spec = bench_spec(p.causal);
+  const AttentionArgs args = args_of(p);
+  qkv::codegen::cpu::run_attention(spec, args, kThreads);  // compiles (or fetches) the kernel
+  double seconds = 0;
+  const double peak_before = probe_peak();
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    qkv::codegen::cpu::run_attention(spec, args, kThreads);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  report(state, p, seconds, std::max(peak_before, probe_peak()), "fused");
+}
+
+// --- JIT compile time ---------------------------------------------------------------------------
+
+/// Cold: an empty kernel cache and no JIT (so jit_create_ms is counted apart), then the kernel
+/// generated, optimised and compiled.
+void BM_JitCompileCold(benchmark::State& state) {
+  double build = 0, compile = 0, create = 0;
+  for (auto _ : state) {
+    qkv::codegen::cpu::clear_attention_cache();
+    const auto info = qkv::codegen::cpu::prepare_attention(bench_spec(state.range(0) != 0));
+    build += info.build_ms;
+    compile += info.compile_ms;
+    create += info.jit_create_ms;
+  }
+  const auto n = static_cast<double>(state.iterations());
+  state.counters["ir_ms"] = build / n;
+  state.counters["compile_ms"] = compile / n;
+  state.counters["kernel_ms"] = (build + compile) / n;
+  state.counters["jit_create_ms"] = create / n;
+}
+
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_Sgemm2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Unfused)
+    ->ArgNames({"N", "causal"})
+    ->ArgsProduct({{512, 1024, 2048, 4096}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Fused)
+    ->ArgNames({"N", "causal"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_JitCompileCold)
+    ->ArgName("causal")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+
+long peak_rss_kb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+/// Peak RSS growth of one fused forward pass at N = 16384 (first thing in the process, so that
+/// no earlier benchmark has raised the peak): the inputs and output (4 × 32 MiB) plus whatever
+/// the kernel, the JIT and the threads add — an N×N score matrix would be 8 GiB.
+void report_rss_growth() {
+  const char* env = std::getenv("QKV_BENCH_RSS");
+  if (env && std::string(env) == "0") return;
+  constexpr std::int64_t n = 16384;
+  const long before = peak_rss_kb();
+  double tensors_mb = 0;
+  {
+    Problem p(n, true);
+    tensors_mb = 4.0 * static_cast<double>(p.q.size()) * sizeof(float) / (1 << 20);
+    qkv::codegen::cpu::run_attention(bench_spec(true), args_of(p), kThreads);
+  }
+  const double growth_mb = static_cast<double>(peak_rss_kb() - before) / 1024.0;
+  std::printf(
+      "peak RSS growth, fused causal N=16384 (B=1, H=8, D=64): %.1f MiB (q, k, v, out: %.1f MiB; other: %.1f MiB)\n",
+      growth_mb, tensors_mb, growth_mb - tensors_mb);
+  benchmark::AddCustomContext("rss_growth_n16384_mib", std::to_string(growth_mb));
+  benchmark::AddCustomContext("rss_tensors_n16384_mib", std::to_string(tensors_mb));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  report_rss_growth();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

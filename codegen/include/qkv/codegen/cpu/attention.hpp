@@ -1,0 +1,87 @@
+// qkv/codegen/cpu/attention.hpp — what the fused CPU attention kernel computes, and on what.
+//
+// One forward attention, fused (FlashAttention's algorithm: K/V streamed in tiles, online
+// softmax, the L×S matrix never stored unless the weights are asked for):
+//
+//   s[b,h,i,j] = scale · Σ_d q[b,h,i,d] · k[b,h/G,j,d]            G = hq / hkv (GQA; MQA: hkv = 1)
+//              + bias[i,j]                                          (if spec.bias)
+//              → −inf where key_keep[b,j] == 0                       (if spec.key_padding)
+//              → −inf where j > i (top-left) or j > i + S − L        (if spec.causal; `align`)
+//   p[b,h,i,:] = softmax_j(s[b,h,i,:])        a row with no visible key: all zeros, never NaN
+//   p          = dropout(p)                   keep iff qkv::dropout_keep(p, seed, b, h, i, j);
+//                                             kept entries scaled by 1/(1 − dropout_p)
+//   out[b,h,i,:] = Σ_j p[b,h,i,j] · v[b,h/G,j,:]      weights[b,h,i,j] = p (after dropout)
+//
+// These are the pinned semantics of the reference interpreter (docs/semantics.md) for the graph
+// contract<HeadDim> → scaled → biased / masked / causal → softmax<Key> → dropout → contract<Key>,
+// with the dropout index convention (batch, head, row, col) = (b, h, i, j), h the query head.
+// Arithmetic is fp32 with fp32 accumulation; exp is a vector polynomial (rel. error ~2e-7) whose
+// results below 2^-126 flush to zero.
+//
+// No LLVM here: the kernel generator and the JIT stay in codegen's .cpp files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <qkv/ir/graph.hpp>  // CausalAlign
+
+namespace qkv::codegen::cpu {
+
+/// Everything the generated code is specialised on. Two equal specs share one compiled kernel
+/// (per host target); the sizes that vary from call to call (batch, L, S) and the dropout seed
+/// are run-time arguments in AttentionArgs.
+struct AttentionSpec {
+  std::int64_t dk = 64;  // query/key head width
+  std::int64_t dv = 64;  // value head width (may differ from dk)
+  std::int64_t hq = 1;   // query heads
+  std::int64_t hkv = 1;  // key/value heads; hq % hkv == 0, query head h reads kv head h / (hq / hkv)
+  /// Factor applied to q·k. 0 means the default 1/sqrt(dk).
+  double scale = 0.0;
+  bool causal = false;
+  CausalAlign align = CausalAlign::top_left;  // only read when causal (and only matters when L != S)
+  bool key_padding = false;    // AttentionArgs::key_keep is a u8 keep-mask [B, S] (non-zero = may attend)
+  bool bias = false;           // AttentionArgs::bias is an f32 additive mask [L, S], broadcast over B and H
+  double dropout_p = 0.0;      // in [0, 1); 0 compiles no dropout code at all
+  bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
+
+  // --- tiling: 0 = chosen for the host (see choose_kernel_config in codegen/src/cpu). Exposed
+  // for tuning and for tests that want to force odd shapes through small tiles.
+  int vector_floats = 0;  // f32 lanes per vector (16 = AVX-512, 8 = AVX2, 4 = SSE)
+  int query_vectors = 0;  // query rows per task = query_vectors · vector_floats (lanes are queries)
+  int key_tile = 0;       // keys per K/V tile (one online-softmax step); a multiple of qk_keys
+  int qk_keys = 0;        // keys per Q·Kᵀ register block (accumulators: qk_keys × query_vectors)
+  int pv_dims = 0;        // value columns per P·V register block (accumulators: pv_dims × query_vectors)
+
+  /// The factor actually applied: `scale`, or 1/sqrt(dk) when it is 0.
+  [[nodiscard]] double effective_scale() const;
+  /// A stable 64-bit hash of every field (FNV-1a), part of the kernel cache key.
+  [[nodiscard]] std::uint64_t hash() const;
+  friend bool operator==(const AttentionSpec&, const AttentionSpec&) = default;
+};
+
+/// The tensors of one call. All f32 tensors are contiguous row-major:
+///   q [B, Hq, L, Dk], k [B, Hkv, S, Dk], v [B, Hkv, S, Dv], out [B, Hq, L, Dv],
+///   weights [B, Hq, L, S] (only with spec.write_weights; every entry is written),
+///   key_keep [B, S] u8 (only with spec.key_padding), bias [L, S] f32 (only with spec.bias).
+/// The generated code reads this struct directly: its layout is part of the kernel ABI.
+struct AttentionArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;
+  float* weights = nullptr;
+  const std::uint8_t* key_keep = nullptr;
+  const float* bias = nullptr;
+  std::int64_t batch = 0;
+  std::int64_t len_q = 0;  // L
+  std::int64_t len_k = 0;  // S
+  std::uint64_t seed = 0;  // dropout seed (the Philox key)
+};
+
+/// FLOPs of the forward pass as the benchmarks count them: 4·B·Hq·L·S·D, D = (dk + dv) / 2;
+/// half of that for causal attention with L == S.
+[[nodiscard]] double attention_flops(const AttentionSpec& spec, std::int64_t batch, std::int64_t len_q,
+                                     std::int64_t len_k);
+
+}  // namespace qkv::codegen::cpu

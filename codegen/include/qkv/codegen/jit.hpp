@@ -1,0 +1,69 @@
+// qkv/codegen/jit.hpp — a small wrapper over LLVM's ORC LLJIT for the host CPU.
+//
+//   std::string error;
+//   auto jit = qkv::codegen::Jit::create(&error);            // nullptr + message on failure
+//   llvm::LLVMContext& ctx = ...; auto module = ...;           // (inside codegen's .cpp files)
+//   if (!jit->add(std::move(module), std::move(ctx), &error)) ...
+//   auto* fn = jit->lookup<void(const float*, float*)>("my_kernel", &error);
+//
+// Modules are compiled for the host: LLVM's name for the host CPU and its feature list
+// (llvm/TargetParser/Host.h), with the -O3 pipeline of a PassBuilder that knows the target
+// machine (so the cost models see the real vector width), then code generation at
+// CodeGenOptLevel::Aggressive. Nothing here exits the process: every failure comes back as
+// false / nullptr with a message.
+//
+// The LLVM types appear only as forward declarations: including this header does not pull in
+// LLVM's headers, and only code that builds modules (and includes LLVM itself) can call add().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <qkv/codegen/target.hpp>
+
+namespace llvm {
+class LLVMContext;
+class Module;
+}  // namespace llvm
+
+namespace qkv::codegen {
+
+class Jit {
+ public:
+  /// A JIT for the host CPU, or nullptr with `*error` set (if error is non-null).
+  static std::unique_ptr<Jit> create(std::string* error);
+  ~Jit();
+  Jit(const Jit&) = delete;
+  Jit& operator=(const Jit&) = delete;
+
+  /// The target modules are compiled for (triple, CPU name, features, vector width).
+  [[nodiscard]] const HostTarget& target() const;
+  /// "cpu:+feature,+feature,…": the part of a kernel cache key that names the target.
+  [[nodiscard]] const std::string& target_key() const;
+
+  /// Sets the module's triple and data layout to the JIT's, runs the -O3 pipeline over it, then
+  /// hands it (and its context, which the JIT owns from now on) to LLJIT. Symbols are compiled
+  /// on their first lookup. Returns false with `*error` set when the module does not verify or
+  /// LLJIT refuses it. Thread-safe.
+  bool add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMContext> context, std::string* error);
+
+  /// Runs the same -O3 pipeline add() runs, without adding the module (for inspection).
+  bool optimize(llvm::Module& module, std::string* error);
+
+  /// The address of `name` (compiling its module if needed), or nullptr with `*error` set.
+  void* lookup_address(std::string_view name, std::string* error);
+
+  template <class Fn>
+  Fn* lookup(std::string_view name, std::string* error) {
+    return reinterpret_cast<Fn*>(lookup_address(name, error));
+  }
+
+ private:
+  struct Impl;
+  explicit Jit(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qkv::codegen

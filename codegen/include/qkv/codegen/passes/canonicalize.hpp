@@ -1,0 +1,19 @@
+// qkv/codegen/passes/canonicalize.hpp — fold what the DSL's views leave behind.
+//
+// After this pass: no permute reads a permute (chains are folded into one reordering); no
+// permute keeps its input's order (it is replaced by its input); no plain scale reads a plain
+// scale (constant factors are multiplied); no node is dead (every non-leaf node reaches a graph
+// output; inputs and params are kept, since they bind sizes). Node ids are renumbered densely in
+// the same topological order.
+#pragma once
+
+#include <qkv/ir/graph.hpp>
+
+namespace qkv::codegen {
+
+Graph canonicalize(const Graph& g);
+
+/// Removes non-leaf nodes that reach no output; ids renumbered, order kept.
+Graph eliminate_dead_nodes(const Graph& g);
+
+}  // namespace qkv::codegen

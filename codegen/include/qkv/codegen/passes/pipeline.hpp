@@ -1,0 +1,34 @@
+// qkv/codegen/passes/pipeline.hpp — the pass pipeline, one straight line:
+//
+//   verify → canonicalize → fuse-attention → layout → cleanup (canonicalize again)
+//
+// (buffer planning runs when sizes are bound: see buffer_plan.hpp). `dump_after` prints the
+// graph's shape table after the named pass (or "all"); `time_passes` prints each pass's time;
+// `verify_each` checks the IR's invariants after every pass (on by default in Debug builds).
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include <qkv/ir/graph.hpp>
+
+namespace qkv::codegen {
+
+struct PipelineOptions {
+  std::string dump_after;  // "", a pass name, or "all"
+  bool time_passes = false;
+#ifdef NDEBUG
+  bool verify_each = false;
+#else
+  bool verify_each = true;
+#endif
+  std::ostream* log = nullptr;  // where dumps and times go (nullptr: std::cerr)
+};
+
+/// The pass names, in order.
+inline constexpr const char* kPassNames[] = {"verify", "canonicalize", "fuse-attention", "layout", "cleanup"};
+
+/// Runs the pipeline; the result is what the CPU executor (and later the GPU backend) runs.
+Graph lower(const Graph& g, const PipelineOptions& options = {});
+
+}  // namespace qkv::codegen

@@ -1,0 +1,174 @@
+#include <qkv/codegen/cpu/executor.hpp>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+
+namespace qkv::codegen::cpu {
+
+namespace {
+
+std::int64_t bound(const Bindings& b, const std::vector<Axis>& axes, const std::string& name) {
+  for (const auto& a : axes)
+    if (a.name == name) {
+      auto v = a.extent.resolve(b);
+      if (!v) throw ShapeError("execute: `" + name + "` (" + a.extent.str() + ") is not bound");
+      return *v;
+    }
+  throw std::logic_error("qkv internal error: fused attention has no axis `" + name + "`");
+}
+
+struct FusedResult {
+  NdArray out, weights;
+};
+
+FusedResult run_fused(const Graph& g, int id, const std::vector<const NdArray*>& in, const Bindings& b, int threads) {
+  const Node& n = g.node(id);
+  const AttentionAttrs& a = *n.attention;
+  const auto& q_axes = g.node(n.inputs[0]).axes;
+  const auto& v_axes = g.node(n.inputs[2]).axes;
+  AttentionSpec spec;
+  spec.dk = bound(b, q_axes, a.dk);
+  spec.dv = bound(b, v_axes, a.dv);
+  std::int64_t heads = 1, group = 1;
+  for (const auto& h : a.heads) heads *= bound(b, q_axes, h);
+  for (const auto& h : a.group) group *= bound(b, q_axes, h);
+  spec.hq = heads * group;
+  spec.hkv = heads;
+  double scale = a.scale;
+  if (a.scale_dim) {
+    auto d = a.scale_dim->resolve(b);
+    if (!d) throw ShapeError("execute: the attention scale's extent " + a.scale_dim->str() + " is not bound");
+    scale /= std::sqrt(static_cast<double>(*d));
+  }
+  spec.scale = scale;
+  spec.causal = a.causal;
+  spec.align = a.align;
+  spec.dropout_p = a.dropout;
+  spec.write_weights = a.write_weights;
+
+  AttentionArgs args;
+  args.batch = a.batch.empty() ? 1 : bound(b, q_axes, a.batch.front());
+  args.len_q = bound(b, q_axes, a.query);
+  args.len_k = bound(b, g.node(n.inputs[1]).axes, a.key);
+  args.seed = a.seed;
+  const auto q = in[0]->as<float>(), k = in[1]->as<float>(), v = in[2]->as<float>();
+  args.q = q.data();
+  args.k = k.data();
+  args.v = v.data();
+
+  // Masks: a key-padding keep-mask [batch, key] goes to the kernel as bytes; keep-masks and
+  // biases over [query, key] are summed into one additive bias (0 / -inf for keep-masks).
+  std::vector<std::uint8_t> keep;
+  std::vector<float> bias;
+  for (std::size_t m = 3; m < in.size(); ++m) {
+    const Node& mn = g.node(n.inputs[m]);
+    const bool key_padding = !a.batch.empty() && mn.axes.size() == 2 && mn.axes[0].name == a.batch.front();
+    const NdArray& mask = *in[m];
+    if (key_padding) {
+      keep.assign(static_cast<std::size_t>(args.batch * args.len_k), 1);
+      const auto bits = mask.as<bool>();
+      for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = bits[i] ? 1 : 0;
+      spec.key_padding = true;
+      continue;
+    }
+    if (bias.empty()) bias.assign(static_cast<std::size_t>(args.len_q * args.len_k), 0.0f);
+    // [query, key], [key] or [query] (the layout pass ordered them): broadcast by position.
+    const bool has_q = std::any_of(mn.axes.begin(), mn.axes.end(), [&](const Axis& x) { return x.name == a.query; });
+    const bool has_k = std::any_of(mn.axes.begin(), mn.axes.end(), [&](const Axis& x) { return x.name == a.key; });
+    const std::vector<float> vals = mask.to_f32();
+    for (std::int64_t i = 0; i < args.len_q; ++i)
+      for (std::int64_t j = 0; j < args.len_k; ++j) {
+        const std::size_t src = static_cast<std::size_t>((has_q ? i : 0) * (has_k ? args.len_k : 1) + (has_k ? j : 0));
+        float& dst = bias[static_cast<std::size_t>(i * args.len_k + j)];
+        if (mask.dtype == DType::boolean) {
+          if (vals[src] == 0.0f) dst = -std::numeric_limits<float>::infinity();
+        } else {
+          dst += vals[src];
+        }
+      }
+    spec.bias = true;
+  }
+  args.key_keep = keep.empty() ? nullptr : keep.data();
+  args.bias = bias.empty() ? nullptr : bias.data();
+
+  FusedResult r;
+  std::vector<std::int64_t> out_shape;
+  for (const auto& x : n.axes) out_shape.push_back(*x.extent.resolve(b));
+  r.out = NdArray::zeros(DType::f32, out_shape);
+  args.out = r.out.as<float>().data();
+  if (spec.write_weights) {
+    r.weights = NdArray::zeros(DType::f32, {args.batch, spec.hq, args.len_q, args.len_k});
+    args.weights = r.weights.as<float>().data();
+  }
+  run_attention(spec, args, threads);
+  return r;
+}
+
+}  // namespace
+
+RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
+  RunResult result;
+  result.bindings = bind_extents(g, feeds);
+  const std::vector<int> last = last_uses(g);
+  std::vector<std::optional<NdArray>> values(g.size());
+  std::map<int, NdArray> weights;  // fused node id -> its weights, for attention_weights
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
+    if (n.op == Op::input || n.op == Op::param) {
+      const NdArray& a = feeds.find(n.name)->second;  // bind_extents checked it exists
+      values[static_cast<std::size_t>(id)] =
+          (n.dtype == DType::boolean || a.dtype == DType::f32) ? a : NdArray::from_f32(a.to_f32(), a.shape);
+    } else {
+      std::vector<const NdArray*> in;
+      for (int x : n.inputs) in.push_back(&*values[static_cast<std::size_t>(x)]);
+      if (n.op == Op::fused_attention) {
+        FusedResult r = run_fused(g, id, in, result.bindings, threads);
+        values[static_cast<std::size_t>(id)] = std::move(r.out);
+        if (n.attention->write_weights) weights[id] = std::move(r.weights);
+      } else if (n.op == Op::attention_weights) {
+        values[static_cast<std::size_t>(id)] = std::move(weights.at(n.inputs[0]));
+      } else {
+        values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
+      }
+    }
+    for (int x : n.inputs)  // free what this node was the last to read
+      if (last[static_cast<std::size_t>(x)] == id) values[static_cast<std::size_t>(x)].reset();
+  }
+  for (const auto& o : g.outputs()) {
+    const NdArray& v = *values[static_cast<std::size_t>(o.node)];
+    result.outputs[o.name] =
+        v.dtype == DType::f32 || v.dtype == DType::boolean ? v : NdArray::from_f32(v.to_f32(), v.shape);
+  }
+  return result;
+}
+
+RunResult run(const Graph& g, const Feeds& feeds, int threads) {
+  static std::mutex mutex;
+  static std::map<std::uint64_t, Graph> lowered;  // by the source graph's hash
+  const Graph* plan = nullptr;
+  {
+    std::lock_guard lock(mutex);
+    auto it = lowered.find(g.hash());
+    if (it == lowered.end() || !(it->second.constraints() == g.constraints()))
+      it = lowered.insert_or_assign(g.hash(), lower(g)).first;
+    plan = &it->second;
+  }
+  return execute(*plan, feeds, threads);
+}
+
+int fused_attention_count(const Graph& g) {
+  int n = 0;
+  const Graph lowered = lower(g);
+  for (const auto& node : lowered.nodes()) n += node.op == Op::fused_attention;
+  return n;
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,208 @@
+#include <qkv/codegen/passes/fuse_attention.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace qkv::codegen {
+
+namespace {
+
+using Names = std::vector<std::string>;
+
+Names names_of(const std::vector<Axis>& axes) {
+  Names out;
+  for (const auto& a : axes) out.push_back(a.name);
+  return out;
+}
+bool contains(const Names& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+struct Uses {
+  std::vector<std::vector<int>> consumers;
+  std::vector<bool> is_output;
+  explicit Uses(const Graph& g) : consumers(g.size()), is_output(g.size(), false) {
+    for (int id = 0; id < static_cast<int>(g.size()); ++id)
+      for (int in : g.node(id).inputs) consumers[static_cast<std::size_t>(in)].push_back(id);
+    for (const auto& o : g.outputs()) is_output[static_cast<std::size_t>(o.node)] = true;
+  }
+  [[nodiscard]] bool only_feeds(int id, int next) const {
+    const auto& c = consumers[static_cast<std::size_t>(id)];
+    return !is_output[static_cast<std::size_t>(id)] && c.size() == 1 && c[0] == next;
+  }
+};
+
+/// One recognised attention, in terms of node ids of the original graph.
+struct Match {
+  int scores = -1, softmax = -1, dropout = -1, output = -1;  // contract<Dk>, softmax, dropout, contract<Key>
+  int q = -1, k = -1, v = -1;
+  std::vector<int> masks;
+  bool weights = false;
+  AttentionAttrs attrs;
+};
+
+/// Whether the kernel can take this mask: a keep-mask over [batch, key] (key padding), or a
+/// keep-mask / bias over a subset of [query, key].
+bool supported_mask(const Node& m, const AttentionAttrs& a) {
+  const Names n = names_of(m.axes);
+  const bool key_padding = m.dtype == DType::boolean && !a.batch.empty() && n == Names{a.batch.front(), a.key};
+  const bool query_key =
+      std::all_of(n.begin(), n.end(), [&](const std::string& x) { return x == a.query || x == a.key; });
+  return key_padding || query_key;
+}
+
+std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) {
+  const Node& p = g.node(softmax_id);
+  if (p.attr_axes.size() != 1) return std::nullopt;
+  Match m;
+  m.softmax = softmax_id;
+  m.attrs.key = p.attr_axes[0];
+
+  // Upward: masks, scales and causal between the scores and the softmax. The kernel computes
+  // scale * q.k + bias, so walking up from the softmax a bias may not come after (above) a scale.
+  bool seen_scale = false;
+  int id = p.inputs[0], next = softmax_id;
+  for (;;) {
+    const Node& n = g.node(id);
+    if (!uses.only_feeds(id, next)) return std::nullopt;
+    if (n.op == Op::contract) break;
+    switch (n.op) {
+      case Op::scale:
+        seen_scale = true;
+        if (n.dim) {
+          if (m.attrs.scale_dim) return std::nullopt;
+          m.attrs.scale_dim = n.dim;
+        } else {
+          m.attrs.scale *= n.scalar;
+        }
+        break;
+      case Op::keep_mask:
+      case Op::bias:
+        if (n.op == Op::bias && seen_scale) return std::nullopt;  // (s + b) * c: not the kernel's form
+        m.masks.push_back(n.inputs[1]);
+        break;
+      case Op::causal:
+        if (m.attrs.causal || n.attr_axes.size() != 2) return std::nullopt;
+        m.attrs.causal = true;
+        m.attrs.align = n.align;
+        m.attrs.query = n.attr_axes[0];
+        if (n.attr_axes[1] != m.attrs.key) return std::nullopt;
+        break;
+      default:
+        return std::nullopt;
+    }
+    next = id;
+    id = n.inputs[0];
+  }
+  const Node& c1 = g.node(id);
+  if (c1.attr_axes.size() != 1) return std::nullopt;
+  m.scores = id;
+  m.q = c1.inputs[0];
+  m.k = c1.inputs[1];
+  m.attrs.dk = c1.attr_axes[0];
+
+  // Downward: [dropout] then the contraction with V over the key axis.
+  int last = softmax_id;
+  const auto& after = uses.consumers[static_cast<std::size_t>(softmax_id)];
+  if (after.size() == 1 && g.node(after[0]).op == Op::dropout) {
+    if (uses.is_output[static_cast<std::size_t>(softmax_id)]) return std::nullopt;  // weights before dropout
+    m.dropout = after[0];
+    m.attrs.dropout = g.node(m.dropout).scalar;
+    m.attrs.seed = g.node(m.dropout).seed;
+    last = m.dropout;
+  }
+  const auto& users = uses.consumers[static_cast<std::size_t>(last)];
+  if (users.size() != 1) return std::nullopt;
+  const Node& c2 = g.node(users[0]);
+  if (c2.op != Op::contract || c2.attr_axes != Names{m.attrs.key} || c2.inputs[0] != last) return std::nullopt;
+  m.output = users[0];
+  m.v = c2.inputs[1];
+  m.weights = uses.is_output[static_cast<std::size_t>(last)];
+
+  // Axis roles. q: batch ++ heads ++ group ++ [query, dk]; k: batch ++ heads ++ [key, dk];
+  // v: batch ++ heads ++ [key, dv] (any order; the layout pass reorders).
+  const Names qn = names_of(g.node(m.q).axes), kn = names_of(g.node(m.k).axes), vn = names_of(g.node(m.v).axes);
+  Names q_only, shared;
+  for (const auto& a : qn) {
+    if (a == m.attrs.dk) continue;
+    (contains(kn, a) ? shared : q_only).push_back(a);
+  }
+  if (!contains(kn, m.attrs.key) || contains(qn, m.attrs.key)) return std::nullopt;
+  if (m.attrs.query.empty()) {
+    if (q_only.empty()) return std::nullopt;
+    m.attrs.query = q_only.back();  // contract puts the query axis last among q's own axes
+  }
+  for (const auto& a : q_only)
+    if (a != m.attrs.query) m.attrs.group.push_back(a);
+  if (!contains(q_only, m.attrs.query) || kn.size() != shared.size() + 2) return std::nullopt;
+  Names v_rest;
+  for (const auto& a : vn)
+    if (a != m.attrs.key && !contains(shared, a)) v_rest.push_back(a);
+  if (v_rest.size() != 1 || vn.size() != shared.size() + 2) return std::nullopt;
+  if (v_rest[0] != m.attrs.dk && contains(qn, v_rest[0])) return std::nullopt;  // dv may share d_k's name
+  m.attrs.dv = v_rest[0];
+  if (!shared.empty()) {
+    m.attrs.batch = {shared.front()};
+    m.attrs.heads.assign(shared.begin() + 1, shared.end());
+  }
+  m.attrs.write_weights = m.weights;
+  for (int mask : m.masks)
+    if (!supported_mask(g.node(mask), m.attrs)) return std::nullopt;
+  // Dropout entries are keyed by position in the weights [batch, heads..., query, key]: the
+  // softmax must be laid out in the kernel's order for the masks to agree.
+  if (m.dropout >= 0) {
+    Names want = m.attrs.batch;
+    want.insert(want.end(), m.attrs.heads.begin(), m.attrs.heads.end());
+    want.insert(want.end(), m.attrs.group.begin(), m.attrs.group.end());
+    want.push_back(m.attrs.query);
+    want.push_back(m.attrs.key);
+    if (names_of(p.axes) != want || m.attrs.batch.empty()) return std::nullopt;
+  }
+  return m;
+}
+
+}  // namespace
+
+Graph fuse_attention(const Graph& g) {
+  const Uses uses(g);
+  std::vector<Match> matches;
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    if (g.node(id).op == Op::softmax)
+      if (auto m = match_at(g, uses, id)) matches.push_back(*m);
+  if (matches.empty()) return g;
+
+  Graph out;
+  std::vector<int> map(g.size(), -1);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const auto hit = std::find_if(matches.begin(), matches.end(), [&](const Match& m) { return m.output == id; });
+    if (hit == matches.end()) {
+      Node n = g.node(id);
+      for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
+      map[static_cast<std::size_t>(id)] = out.add(std::move(n));
+      continue;
+    }
+    Node f;
+    f.op = Op::fused_attention;
+    f.name = "attention";
+    f.inputs = {map[static_cast<std::size_t>(hit->q)], map[static_cast<std::size_t>(hit->k)],
+                map[static_cast<std::size_t>(hit->v)]};
+    for (int m : hit->masks) f.inputs.push_back(map[static_cast<std::size_t>(m)]);
+    f.axes = g.node(id).axes;
+    f.attention = hit->attrs;
+    const int fused = out.add(std::move(f));
+    map[static_cast<std::size_t>(id)] = fused;
+    if (hit->weights) {
+      Node w;
+      w.op = Op::attention_weights;
+      w.inputs = {fused};
+      w.axes = g.node(hit->softmax).axes;
+      map[static_cast<std::size_t>(hit->dropout >= 0 ? hit->dropout : hit->softmax)] = out.add(std::move(w));
+    }
+  }
+  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
+  for (const auto& c : g.constraints()) out.require(c);
+  return out;
+}
+
+}  // namespace qkv::codegen

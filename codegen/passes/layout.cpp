@@ -1,0 +1,105 @@
+#include <qkv/codegen/passes/layout.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace qkv::codegen {
+
+namespace {
+
+using Names = std::vector<std::string>;
+
+std::vector<Axis> reorder(const std::vector<Axis>& axes, const Names& order) {
+  std::vector<Axis> out;
+  for (const auto& name : order)
+    for (const auto& a : axes)
+      if (a.name == name) out.push_back(a);
+  return out;
+}
+
+bool same_order(const std::vector<Axis>& a, const std::vector<Axis>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].name != b[i].name) return false;
+  return true;
+}
+
+/// `id` in the order `order` (a new permute node unless it already is).
+int in_order(Graph& out, int id, const Names& order) {
+  const Node& n = out.node(id);
+  std::vector<Axis> want = reorder(n.axes, order);
+  if (same_order(n.axes, want)) return id;
+  Node p;
+  p.op = Op::permute;
+  p.inputs = {id};
+  p.axes = std::move(want);
+  p.dtype = n.dtype;
+  return out.add(std::move(p));
+}
+
+Names concat(std::initializer_list<const Names*> parts, std::initializer_list<std::string> tail) {
+  Names out;
+  for (const Names* p : parts) out.insert(out.end(), p->begin(), p->end());
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+}  // namespace
+
+Graph layout(const Graph& g) {
+  Graph out;
+  std::vector<int> map(g.size(), -1);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    Node n = g.node(id);
+    for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
+    if (n.op == Op::fused_attention) {
+      const AttentionAttrs& a = *n.attention;
+      const Names none;
+      n.inputs[0] = in_order(out, n.inputs[0], concat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
+      n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
+      n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
+      for (std::size_t m = 3; m < n.inputs.size(); ++m) {
+        const Names mask_axes = [&] {
+          Names v;
+          for (const auto& x : out.node(n.inputs[m]).axes) v.push_back(x.name);
+          return v;
+        }();
+        const bool key_padding =
+            !a.batch.empty() && std::find(mask_axes.begin(), mask_axes.end(), a.batch.front()) != mask_axes.end();
+        n.inputs[m] = in_order(out, n.inputs[m], key_padding ? Names{a.batch.front(), a.key} : Names{a.query, a.key});
+      }
+      const std::vector<Axis> original = n.axes;
+      n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
+      const int fused = out.add(std::move(n));
+      map[static_cast<std::size_t>(id)] = in_order(out, fused, [&] {
+        Names v;
+        for (const auto& x : original) v.push_back(x.name);
+        return v;
+      }());
+      continue;
+    }
+    if (n.op == Op::attention_weights) {
+      const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
+      const std::vector<Axis> original = n.axes;
+      // Read the fused node itself (not the permute that follows it).
+      int fused = n.inputs[0];
+      while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
+      n.inputs[0] = fused;
+      n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.key}));
+      const int w = out.add(std::move(n));
+      map[static_cast<std::size_t>(id)] = in_order(out, w, [&] {
+        Names v;
+        for (const auto& x : original) v.push_back(x.name);
+        return v;
+      }());
+      continue;
+    }
+    map[static_cast<std::size_t>(id)] = out.add(std::move(n));
+  }
+  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
+  for (const auto& c : g.constraints()) out.require(c);
+  return out;
+}
+
+}  // namespace qkv::codegen

@@ -1,0 +1,35 @@
+#include <qkv/codegen/passes/pipeline.hpp>
+
+#include <chrono>
+#include <iostream>
+
+#include <qkv/codegen/passes/canonicalize.hpp>
+#include <qkv/codegen/passes/fuse_attention.hpp>
+#include <qkv/codegen/passes/layout.hpp>
+#include <qkv/codegen/passes/verify.hpp>
+
+namespace qkv::codegen {
+
+Graph lower(const Graph& input, const PipelineOptions& o) {
+  std::ostream& log = o.log ? *o.log : std::cerr;
+  Graph g = input;
+  auto step = [&](const char* name, auto&& pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    g = pass(g);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (o.verify_each) verify_or_throw(g, name);
+    if (o.time_passes) log << "pass " << name << ": " << ms << " ms, " << g.size() << " nodes\n";
+    if (o.dump_after == name || o.dump_after == "all") log << "--- after " << name << " ---\n" << g.table();
+  };
+  step("verify", [](const Graph& x) {
+    verify_or_throw(x, "the DSL");
+    return x;
+  });
+  step("canonicalize", canonicalize);
+  step("fuse-attention", fuse_attention);
+  step("layout", layout);
+  step("cleanup", canonicalize);
+  return g;
+}
+
+}  // namespace qkv::codegen

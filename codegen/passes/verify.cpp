@@ -1,0 +1,126 @@
+#include <qkv/codegen/passes/verify.hpp>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+namespace qkv::codegen {
+
+namespace {
+
+std::vector<std::string> names(const std::vector<Axis>& axes) {
+  std::vector<std::string> out;
+  for (const auto& a : axes) out.push_back(a.name);
+  return out;
+}
+
+bool has(const std::vector<Axis>& axes, std::string_view name) {
+  return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
+}
+
+/// [min, max] inputs per op (max -1: unbounded).
+std::pair<int, int> arity(Op op) {
+  switch (op) {
+    case Op::input:
+    case Op::param:
+    case Op::fill:
+      return {0, 0};
+    case Op::contract:
+    case Op::add:
+    case Op::mul:
+    case Op::keep_mask:
+    case Op::bias:
+      return {2, 2};
+    case Op::linear:
+      return {2, 3};
+    case Op::layer_norm:
+      return {3, 3};
+    case Op::concat:
+      return {1, -1};
+    case Op::fused_attention:
+      return {3, -1};
+    default:
+      return {1, 1};
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> verify(const Graph& g) {
+  std::vector<std::string> problems;
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
+    auto report = [&](const std::string& what) {
+      problems.push_back("%" + std::to_string(id) + " (" + std::string(op_name(n.op)) + "): " + what + "; axes " +
+                         axes_str(n.axes));
+    };
+    const auto [lo, hi] = arity(n.op);
+    const int count = static_cast<int>(n.inputs.size());
+    if (count < lo || (hi >= 0 && count > hi)) report("has " + std::to_string(count) + " inputs");
+    bool inputs_ok = true;
+    for (int in : n.inputs)
+      if (in < 0 || in >= id) {
+        report("input %" + std::to_string(in) + " does not precede it");
+        inputs_ok = false;
+      }
+    const auto nm = names(n.axes);
+    if (std::set<std::string>(nm.begin(), nm.end()).size() != nm.size()) report("repeats an axis name");
+    if (!inputs_ok || count < lo) continue;
+    const Node* x = n.inputs.empty() ? nullptr : &g.node(n.inputs[0]);
+    switch (n.op) {
+      case Op::scale:
+      case Op::relu:
+      case Op::gelu:
+      case Op::dropout:
+      case Op::softmax:
+      case Op::causal:
+      case Op::add:
+      case Op::mul:
+      case Op::bias:
+      case Op::keep_mask:
+      case Op::layer_norm:
+        if (names(x->axes) != nm) report("changes the axes of its input " + axes_str(x->axes));
+        break;
+      case Op::permute: {
+        auto a = names(x->axes), b = nm;
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        if (a != b) report("is not a reordering of " + axes_str(x->axes));
+        break;
+      }
+      case Op::contract: {
+        const Node& r = g.node(n.inputs[1]);
+        std::vector<std::string> want;
+        for (const auto& a : x->axes)
+          if (std::find(n.attr_axes.begin(), n.attr_axes.end(), a.name) == n.attr_axes.end()) want.push_back(a.name);
+        for (const auto& a : r.axes)
+          if (std::find(n.attr_axes.begin(), n.attr_axes.end(), a.name) == n.attr_axes.end() &&
+              std::find(want.begin(), want.end(), a.name) == want.end())
+            want.push_back(a.name);
+        if (want != nm)
+          report("output is not lhs \\ C ++ rhs \\ C \\ lhs of " + axes_str(x->axes) + " and " + axes_str(r.axes));
+        for (const auto& c : n.attr_axes)
+          if (!has(x->axes, c) || !has(r.axes, c)) report("contracts `" + c + "`, which an operand lacks");
+        break;
+      }
+      default:
+        break;
+    }
+    if ((n.op == Op::softmax || n.op == Op::causal) && x)
+      for (const auto& a : n.attr_axes)
+        if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
+    if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");
+  }
+  for (const auto& o : g.outputs())
+    if (o.node < 0 || o.node >= static_cast<int>(g.size())) problems.push_back("output '" + o.name + "' names no node");
+  return problems;
+}
+
+void verify_or_throw(const Graph& g, std::string_view after_pass) {
+  const auto problems = verify(g);
+  if (!problems.empty())
+    throw std::logic_error("qkv internal error: graph invalid after " + std::string(after_pass) + ": " +
+                           problems.front());
+}
+
+}  // namespace qkv::codegen

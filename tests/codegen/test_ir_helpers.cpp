@@ -1,0 +1,233 @@
+// The IR building blocks of the CPU kernels, JIT-compiled on their own: the vector exp/exp2
+// against libm in double, and the Philox4x32-10 / dropout-keep IR against runtime/src/rng.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <qkv/codegen/jit.hpp>
+#include <qkv/runtime/rng.hpp>
+
+#include "cpu/ir_util.hpp"
+#include "cpu/philox_ir.hpp"
+#include "cpu/vector_math.hpp"
+
+namespace qkv::codegen {
+namespace {
+
+constexpr unsigned kLanes = 16;
+
+Jit& jit() {
+  static std::unique_ptr<Jit> j = [] {
+    std::string error;
+    auto made = Jit::create(&error);
+    if (!made) ADD_FAILURE() << error;
+    return made;
+  }();
+  return *j;
+}
+
+/// A module with `void name(const T* in, U* out, i64 n)` applying `body` to <16 x T> chunks.
+template <class Body>
+void* compile_map(const std::string& name, llvm::Type* (*in_elem)(llvm::LLVMContext&),
+                  llvm::Type* (*out_elem)(llvm::LLVMContext&), Body body) {
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto mod = std::make_unique<llvm::Module>(name, *ctx);
+  llvm::IRBuilder<> b(*ctx);
+  auto* ptr = b.getPtrTy();
+  auto* fn =
+      llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {ptr, ptr, b.getInt64Ty(), b.getInt64Ty()}, false),
+                             llvm::GlobalValue::ExternalLinkage, name, *mod);
+  b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", fn));
+  llvm::Type* vin = llvm::FixedVectorType::get(in_elem(*ctx), kLanes);
+  cpu::ir::emit_loop(
+      b, b.getInt64(0), fn->getArg(2), kLanes,
+      [&](llvm::Value* i) {
+        llvm::Value* x = b.CreateAlignedLoad(vin, b.CreateGEP(in_elem(*ctx), fn->getArg(0), i), llvm::Align(4));
+        llvm::Value* y = body(b, x, fn->getArg(3), i);
+        b.CreateAlignedStore(y, b.CreateGEP(out_elem(*ctx), fn->getArg(1), i), llvm::Align(4));
+      },
+      "map");
+  b.CreateRetVoid();
+  std::string error;
+  EXPECT_TRUE(jit().add(std::move(mod), std::move(ctx), &error)) << error;
+  void* f = jit().lookup_address(name, &error);
+  EXPECT_NE(f, nullptr) << error;
+  return f;
+}
+
+llvm::Type* f32_type(llvm::LLVMContext& c) { return llvm::Type::getFloatTy(c); }
+llvm::Type* i32_type(llvm::LLVMContext& c) { return llvm::Type::getInt32Ty(c); }
+
+using MapFn = void(const void* in, void* out, std::int64_t n, std::int64_t extra);
+
+std::vector<float> sample_inputs(float lo, float hi, std::size_t n) {
+  std::vector<float> x(n);
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (auto& v : x) v = dist(gen);
+  return x;
+}
+
+double max_rel_error(const std::vector<float>& x, const std::vector<float>& y, double (*ref)(double), double min_ref) {
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = ref(x[i]);
+    if (!(want >= min_ref && want <= std::numeric_limits<float>::max())) continue;  // normal f32 results only
+    worst = std::max(worst, std::abs(y[i] - want) / want);
+  }
+  return worst;
+}
+
+TEST(VectorMath, Exp2IsAccurateAndMapsMinusInfinityToZero) {
+  auto* f = reinterpret_cast<MapFn*>(compile_map(
+      "test_exp2", f32_type, f32_type,
+      [](llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value*, llvm::Value*) { return cpu::emit_exp2(b, x); }));
+  ASSERT_NE(f, nullptr);
+  std::vector<float> x = sample_inputs(-126.0f, 127.0f, 1 << 16);
+  const float specials[] = {-std::numeric_limits<float>::infinity(),
+                            -1000.0f,
+                            -127.5f,
+                            0.0f,
+                            -0.5f,
+                            0.5f,
+                            1.0f,
+                            128.0f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -0.0f,
+                            3.0f,
+                            -3.0f,
+                            10.0f,
+                            -10.0f,
+                            0.25f};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  std::vector<float> y(x.size());
+  f(x.data(), y.data(), static_cast<std::int64_t>(x.size()), 0);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_FLOAT_EQ(y[3], 1.0f);
+  EXPECT_EQ(y[7], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(y[8], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(y[9]));
+  EXPECT_EQ(y[11], 8.0f);
+  const double err = max_rel_error(x, y, [](double v) { return std::exp2(v); }, 1.2e-38);
+  EXPECT_LT(err, 3e-7);
+  RecordProperty("exp2_max_rel_error", std::to_string(err));
+}
+
+TEST(VectorMath, ExpIsAccurateAndMapsMinusInfinityToZero) {
+  auto* f = reinterpret_cast<MapFn*>(compile_map(
+      "test_exp", f32_type, f32_type,
+      [](llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value*, llvm::Value*) { return cpu::emit_exp(b, x); }));
+  ASSERT_NE(f, nullptr);
+  std::vector<float> x = sample_inputs(-87.0f, 88.0f, 1 << 16);
+  x[0] = -std::numeric_limits<float>::infinity();
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  x[2] = 0.0f;
+  x[3] = 1.0f;
+  x[4] = 100.0f;
+  std::vector<float> y(x.size());
+  f(x.data(), y.data(), static_cast<std::int64_t>(x.size()), 0);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_TRUE(std::isnan(y[1]));
+  EXPECT_FLOAT_EQ(y[2], 1.0f);
+  EXPECT_NEAR(y[3], std::exp(1.0), 3e-7 * std::exp(1.0));
+  EXPECT_EQ(y[4], std::numeric_limits<float>::infinity());
+  x[1] = 0.0f;  // NaN checked above
+  const double err = max_rel_error(x, y, [](double v) { return std::exp(v); }, 1.2e-38);
+  EXPECT_LT(err, 3e-7);
+  RecordProperty("exp_max_rel_error", std::to_string(err));
+}
+
+TEST(PhiloxIr, MatchesTheRuntimeGeneratorBitForBit) {
+  // out[i] = word 0 of philox((row = in[i], col = i, head = 5, batch = 2), key) — lanes vary in
+  // two words, as in the kernel (rows per lane); the full block is checked through word 0..3.
+  for (int word = 0; word < 4; ++word) {
+    const std::string name = "test_philox_" + std::to_string(word);
+    auto* f = reinterpret_cast<MapFn*>(compile_map(
+        name, i32_type, i32_type, [word](llvm::IRBuilder<>& b, llvm::Value* rows, llvm::Value* key, llvm::Value* i) {
+          std::vector<llvm::Constant*> iota;
+          for (unsigned l = 0; l < kLanes; ++l) iota.push_back(b.getInt32(l));
+          llvm::Value* cols = b.CreateAdd(b.CreateVectorSplat(kLanes, b.CreateTrunc(i, b.getInt32Ty())),
+                                          llvm::ConstantVector::get(iota));
+          const auto out = cpu::emit_philox4x32(
+              b, {rows, cols, b.CreateVectorSplat(kLanes, b.getInt32(5)), b.CreateVectorSplat(kLanes, b.getInt32(2))},
+              key);
+          return out[static_cast<std::size_t>(word)];
+        }));
+    ASSERT_NE(f, nullptr);
+    std::vector<std::uint32_t> rows(4096), got(rows.size());
+    std::mt19937 gen(11);
+    for (auto& r : rows) r = gen();
+    const std::uint64_t key = 0x0123456789abcdefull;
+    f(rows.data(), got.data(), static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(key));
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto want = philox4x32({rows[i], static_cast<std::uint32_t>(i), 5u, 2u}, key);
+      differ += got[i] != want[static_cast<std::size_t>(word)];
+    }
+    EXPECT_EQ(differ, 0u) << "word " << word;
+  }
+}
+
+TEST(PhiloxIr, DropoutKeepMatchesTheRuntime) {
+  for (double p : {0.0, 1e-7, 0.1, 0.3, 0.5, 0.999}) {
+    const std::string name = "test_keep_" + std::to_string(static_cast<int>(p * 1e7));
+    auto* f = reinterpret_cast<MapFn*>(compile_map(
+        name, i32_type, i32_type, [p](llvm::IRBuilder<>& b, llvm::Value* rows, llvm::Value* seed, llvm::Value* i) {
+          llvm::Value* keep =
+              cpu::emit_dropout_keep(b, p, seed, b.getInt32(1), b.getInt32(3), rows, b.CreateTrunc(i, b.getInt32Ty()));
+          return b.CreateZExt(keep, llvm::FixedVectorType::get(b.getInt32Ty(), kLanes));
+        }));
+    ASSERT_NE(f, nullptr);
+    std::vector<std::uint32_t> rows(1 << 14), got(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint32_t>(i * 7);
+    const std::uint64_t seed = 987654321;
+    f(rows.data(), got.data(), static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(seed));
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      // col = the chunk's first index (a scalar column per 16 lanes, as a key in the kernel)
+      const auto col = static_cast<std::uint32_t>(i / kLanes * kLanes);
+      differ += (got[i] != 0) != dropout_keep(p, seed, 1, 3, rows[i], col);
+    }
+    EXPECT_EQ(differ, 0u) << "p = " << p;
+  }
+}
+
+TEST(JitApi, MissingSymbolIsAnErrorNotAnExit) {
+  std::string error;
+  EXPECT_EQ(jit().lookup_address("no_such_kernel", &error), nullptr);
+  EXPECT_NE(error.find("no_such_kernel"), std::string::npos) << error;
+}
+
+TEST(JitApi, ModuleThatDoesNotVerifyIsRejected) {
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto mod = std::make_unique<llvm::Module>("broken", *ctx);
+  llvm::IRBuilder<> b(*ctx);
+  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getInt32Ty(), false), llvm::GlobalValue::ExternalLinkage,
+                                    "broken", *mod);
+  b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", fn));
+  b.CreateRetVoid();  // wrong return type
+  std::string error;
+  EXPECT_FALSE(jit().add(std::move(mod), std::move(ctx), &error));
+  EXPECT_NE(error.find("does not verify"), std::string::npos) << error;
+}
+
+TEST(JitApi, TargetIsTheHost) {
+  EXPECT_EQ(jit().target().cpu, host_target().cpu);
+  EXPECT_NE(jit().target_key().find(host_target().cpu), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qkv::codegen

@@ -1,0 +1,240 @@
+// The pass pipeline (verify → canonicalize → fuse-attention → layout → cleanup) and the CPU
+// executor, checked against the reference interpreter on the graphs the DSL's blocks build.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/passes/canonicalize.hpp>
+#include <qkv/codegen/passes/fuse_attention.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/codegen/passes/verify.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+
+using ::testing::HasSubstr;
+
+namespace qkv::nn {
+namespace {
+
+const Node* find_op(const Graph& g, Op op) {
+  for (const auto& n : g.nodes())
+    if (n.op == op) return &n;
+  return nullptr;
+}
+
+int count_op(const Graph& g, Op op) {
+  int c = 0;
+  for (const auto& n : g.nodes()) c += n.op == op;
+  return c;
+}
+
+/// Every output of the CPU backend against the interpreter: max |a - b| <= tol * max(1, |b|).
+void expect_backends_agree(const Graph& g, const Feeds& feeds, double tol = 2e-5) {
+  const RunResult want = interpret(g, feeds);
+  const RunResult got = codegen::cpu::run(g, feeds, 2);
+  ASSERT_EQ(got.outputs.size(), want.outputs.size());
+  for (const auto& [name, w] : want.outputs) {
+    const NdArray& a = got.outputs.at(name);
+    ASSERT_EQ(a.shape, w.shape) << name;
+    const auto av = a.to_f32(), wv = w.to_f32();
+    double err = 0;
+    for (std::size_t i = 0; i < wv.size(); ++i) {
+      if (std::isinf(wv[i])) {
+        EXPECT_EQ(av[i], wv[i]);
+        continue;
+      }
+      err = std::max(
+          err, std::abs(static_cast<double>(av[i]) - wv[i]) / std::max(1.0, std::abs(static_cast<double>(wv[i]))));
+    }
+    EXPECT_LE(err, tol) << name;
+  }
+}
+
+TEST(Verify, AcceptsDslGraphsAndNamesTheBrokenNode) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<2>, Seq<4>, Model<16>>>(g, "x");
+  output(MultiHeadAttention<16, 2>::make(g)(x).first, "out");
+  EXPECT_TRUE(codegen::verify(g).empty());
+
+  Graph bad;
+  Node in;
+  in.op = Op::input;
+  in.name = "x";
+  in.axes = {{"A", Extent::fixed(2)}};
+  bad.add(in);
+  Node r;
+  r.op = Op::relu;
+  r.inputs = {0};
+  r.axes = {{"B", Extent::fixed(2)}};
+  bad.add(r);
+  const auto problems = codegen::verify(bad);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_THAT(problems[0], HasSubstr("%1 (relu): changes the axes of its input [A=2]"));
+  EXPECT_THROW(codegen::verify_or_throw(bad, "test"), std::logic_error);
+}
+
+TEST(Canonicalize, FoldsPermuteChainsScalesAndDeadNodes) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<2>, Seq<3>, Model<4>>>(g, "x");
+  auto y = permute<Batch, Seq, Model>(permute<Model, Seq, Batch>(permute<Seq, Batch, Model>(x)));  // back to x
+  auto z = scale(scale(y, 2.0), 3.0);
+  auto unused = relu(x);
+  (void)unused;
+  output(z, "z");
+  const Graph c = codegen::canonicalize(g);
+  EXPECT_EQ(count_op(c, Op::permute), 0);
+  EXPECT_EQ(count_op(c, Op::relu), 0);
+  ASSERT_EQ(count_op(c, Op::scale), 1);
+  EXPECT_DOUBLE_EQ(find_op(c, Op::scale)->scalar, 6.0);
+  const Feeds f = random_feeds(g, {}, 1);
+  EXPECT_EQ(interpret(g, f).outputs.at("z"), interpret(c, f).outputs.at("z"));
+}
+
+TEST(FuseAttention, MultiHeadAttentionBecomesOneNodeWithItsRoles) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto [out, w] = MultiHeadAttention<16, 2>::make(g)(x, keep);
+  output(out, "out");
+  output(w, "weights");
+  std::ostringstream log;
+  const Graph lowered =
+      codegen::lower(g, {.dump_after = "fuse-attention", .time_passes = true, .verify_each = true, .log = &log});
+  EXPECT_THAT(log.str(), HasSubstr("--- after fuse-attention ---"));
+  EXPECT_THAT(log.str(), HasSubstr("pass layout:"));
+  EXPECT_EQ(count_op(lowered, Op::fused_attention), 1);
+  EXPECT_EQ(count_op(lowered, Op::softmax), 0);
+  EXPECT_EQ(count_op(lowered, Op::attention_weights), 1);
+  const AttentionAttrs& a = *find_op(lowered, Op::fused_attention)->attention;
+  EXPECT_EQ(a.batch, (std::vector<std::string>{"Batch"}));
+  EXPECT_EQ(a.heads, (std::vector<std::string>{"Heads"}));
+  EXPECT_TRUE(a.group.empty());
+  EXPECT_EQ(a.query, "Seq");
+  EXPECT_EQ(a.key, "Key");
+  EXPECT_EQ(a.dk, "HeadDim");
+  EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(8.0));
+  EXPECT_TRUE(a.write_weights);
+  EXPECT_EQ(find_op(lowered, Op::fused_attention)->inputs.size(), 4u);  // q, k, v, key padding
+}
+
+TEST(FuseAttention, GroupedQueryAttentionKeepsItsGroups) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+  output(GroupedQueryAttention<32, 4, 2>::make(g)(x).first, "out");
+  const Graph lowered = codegen::lower(g);
+  ASSERT_EQ(count_op(lowered, Op::fused_attention), 1);
+  const AttentionAttrs& a = *find_op(lowered, Op::fused_attention)->attention;
+  EXPECT_EQ(a.heads, (std::vector<std::string>{"KvHeads"}));
+  EXPECT_EQ(a.group, (std::vector<std::string>{"Group"}));
+}
+
+TEST(FuseAttention, AMaskTheKernelCannotTakeLeavesTheChainUnfused) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
+  auto bias = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, Key<dyn>>>(g, "bias");  // per batch and head
+  output(MultiHeadAttention<16, 2>::make(g)(x, bias).first, "out");
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 0);
+  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 3));
+}
+
+TEST(BufferPlan, ReusesDeadIntermediates) {
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<64>>>(g, "x");
+  output(relu(relu(relu(relu(x)))), "y");
+  const auto plan = codegen::plan_buffers(g, {{"Seq", 10}});
+  EXPECT_EQ(plan.unshared_bytes, 4u * 10 * 64 * 4);
+  EXPECT_EQ(plan.peak_bytes, 2u * 10 * 64 * 4);  // two buffers ping-pong
+}
+
+// --- the CPU backend against the interpreter ----------------------------------------------------
+
+TEST(CpuBackend, MultiHeadAttentionWithPaddingAndWeights) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto [out, w] = MultiHeadAttention<64, 4>::make(g)(x, keep);
+  output(out, "out");
+  output(w, "weights");
+  Feeds f = random_feeds(g, {{"Batch", 3}, {"Seq", 33}, {"Key", 33}}, 5, 0.5f);
+  f["keep"] = keep_first({33, 7, 1}, 33);
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
+  expect_backends_agree(g, f);
+}
+
+TEST(CpuBackend, CausalBottomRightOnUnequalLengths) {
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, ValueDim<48>>>(g, "v");
+  auto [out, w] = attention(q, k, v, causal_bottom_right);
+  output(out, "out");
+  output(w, "weights");
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
+  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", 19}}, 6));
+}
+
+TEST(CpuBackend, GroupedQueryAttention) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
+  output(GroupedQueryAttention<64, 8, 2>::make(g)(x, causal_mask).first, "out");
+  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 17}}, 7, 0.5f));
+}
+
+TEST(CpuBackend, DropoutMasksAreIdentical) {
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
+  auto p = dropout(softmax<Key>(scaled(contract<HeadDim>(q, k))), 0.3, 99);
+  output(contract<Key>(p, v), "out");
+  output(p, "weights");
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
+  const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 9}, {"Key", 9}}, 8);
+  const auto want = interpret(g, f).outputs.at("weights").to_f32();
+  const auto got = codegen::cpu::run(g, f, 2).outputs.at("weights").to_f32();
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i] == 0.0f, got[i] == 0.0f) << i;
+  expect_backends_agree(g, f);
+}
+
+TEST(CpuBackend, EncoderLayerAndCrossAttention) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+  auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(g, "key");
+  auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(g, "value");
+  auto enc = EncoderLayer<32, 4, 64, Activation::gelu>::make(g, "enc.", NormPlacement::pre);
+  auto cross = CrossAttention<32, 4, 20, 12>::make(g, "cross.");
+  output(cross(enc(x), key, value).first, "out");
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 2);
+  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 6}, {"Mem", 11}}, 9, 0.5f));
+}
+
+}  // namespace
+}  // namespace qkv::nn
+
+namespace qkv::nn {
+namespace {
+
+TEST(FuseAttention, ABiasAddedAfterScalingFusesButNotBefore) {
+  auto build = [](bool bias_first) {
+    Graph g;
+    auto q = input<Tensor<f32, Seq<dyn>, HeadDim<8>>>(g, "q");
+    auto k = input<Tensor<f32, Key<dyn>, HeadDim<8>>>(g, "k");
+    auto v = input<Tensor<f32, Key<dyn>, HeadDim<8>>>(g, "v");
+    auto b = input<Tensor<f32, Seq<dyn>, Key<dyn>>>(g, "b");
+    auto s = contract<HeadDim>(q, k);
+    auto p = bias_first ? softmax<Key>(scale(biased(unscaled(s), b), 0.5)) : softmax<Key>(biased(scaled(s), b));
+    output(contract<Key>(p, v), "out");
+    return g;
+  };
+  EXPECT_EQ(codegen::cpu::fused_attention_count(build(false)), 1);
+  EXPECT_EQ(codegen::cpu::fused_attention_count(build(true)), 0);  // (s + b) * c is not scale * s + b
+  const Graph g = build(true);
+  expect_backends_agree(g, random_feeds(g, {{"Seq", 5}, {"Key", 6}}, 10));
+}
+
+}  // namespace
+}  // namespace qkv::nn
