@@ -98,16 +98,18 @@ std::string mha_flags(const nlohmann::json& c, const std::string& name) {
   return f;
 }
 
-TEST_F(Cli, RunMhaMatchesEveryPyTorchFixture) {
-  for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d",
-                           "cross_kdim_vdim", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
-    const auto c = config(name);
-    const Result r = run("run mha " + mha_flags(c, name) + " --out " + tmp("o.npy") + " --weights-out " + tmp("w.npy") +
-                         " --per-head-weights");
-    ASSERT_EQ(r.code, 0) << name << ": " << r.err;
-    const double tol = std::max(4.0 * c.at("torch_fp32_err_out").get<double>(), 1e-5);
-    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), tol) << name;
-    EXPECT_LE(error(tmp("w.npy"), fixture(name, "expected_weights_f64.npy")), 1e-5) << name;
+TEST_F(Cli, RunMhaMatchesEveryPyTorchFixtureOnBothBackends) {
+  for (const std::string backend : {"cpu", "reference"}) {
+    for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d",
+                             "cross_kdim_vdim", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
+      const auto c = config(name);
+      const Result r = run("run mha " + mha_flags(c, name) + " --out " + tmp("o.npy") + " --weights-out " +
+                           tmp("w.npy") + " --per-head-weights --backend " + backend);
+      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+      const double tol = std::max(4.0 * c.at("torch_fp32_err_out").get<double>(), 1e-5);
+      EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), tol) << name << " on " << backend;
+      EXPECT_LE(error(tmp("w.npy"), fixture(name, "expected_weights_f64.npy")), 1e-5) << name << " on " << backend;
+    }
   }
 }
 

@@ -28,7 +28,7 @@ struct RunMha {
   std::int64_t heads = 0;
   std::optional<std::string> causal;
   bool add_zero_attn = false, need_weights = false, per_head_weights = false;
-  Backend backend = Backend::reference;
+  Backend backend = Backend::cpu;
 };
 struct RunSdpa {
   std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
@@ -36,7 +36,7 @@ struct RunSdpa {
   std::optional<double> scale;
   double dropout = 0.0;
   std::uint64_t seed = 0;
-  Backend backend = Backend::reference;
+  Backend backend = Backend::cpu;
 };
 struct RunEncoder {
   std::string weights, src, src_key_padding_mask, src_mask, out;
@@ -45,7 +45,7 @@ struct RunEncoder {
   bool norm_first = false, stack = false;
   double eps = 1e-5;
   std::optional<std::string> causal;
-  Backend backend = Backend::reference;
+  Backend backend = Backend::cpu;
 };
 int run_mha(const RunMha& o);
 int run_sdpa(const RunSdpa& o);
@@ -63,7 +63,7 @@ struct ShapeModel {
 int shapes(const ShapeModel& m);
 struct Bench {
   ShapeModel model;
-  Backend backend = Backend::reference;
+  Backend backend = Backend::cpu;
   int threads = 0, repeat = 5;
   bool json = false;
 };

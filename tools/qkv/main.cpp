@@ -35,9 +35,9 @@ struct CausalFlag {
 };
 
 struct BackendFlag {
-  std::string value = "reference";
+  std::string value = "cpu";
   void add(CLI::App* app) {
-    app->add_option("--backend", value, "reference (the interpreter) | cpu | cuda")
+    app->add_option("--backend", value, "cpu (compiled kernels) | reference (the interpreter) | cuda")
         ->check(CLI::IsMember({"reference", "cpu", "cuda"}))
         ->capture_default_str();
   }

@@ -1,0 +1,53 @@
+#!/usr/bin/python3
+"""PyTorch CPU baselines for bench/bench_attention.cpp, same shapes, 2 threads.
+
+Run with Debian's interpreter (it has python3-torch): /usr/bin/python3 bench/pytorch_attention.py
+Prints one line per shape: median milliseconds and GFLOP/s (4*B*H*N^2*D, half for causal),
+for PyTorch's matmul-softmax-matmul attention, and nn.MultiheadAttention at E=512, H=8.
+"""
+import statistics
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(2)
+torch.manual_seed(0)
+
+
+def median_ms(fn, repeat):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def attention(q, k, v, causal):
+    s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def main():
+    sizes = [int(x) for x in sys.argv[1:]] or [512, 1024, 2048, 4096]
+    b, h, d = 1, 8, 64
+    with torch.no_grad():
+        for n in sizes:
+            q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
+            for causal in (False, True):
+                ms = median_ms(lambda: attention(q, k, v, causal), 3 if n <= 2048 else 1)
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                print(f"pytorch_attention N={n} causal={int(causal)}: {ms:.2f} ms, {flops / ms / 1e6:.1f} GFLOP/s")
+        mha = torch.nn.MultiheadAttention(512, 8, batch_first=True).eval()
+        x = torch.randn(1, 2048, 512)
+        ms = median_ms(lambda: mha(x, x, x, need_weights=False), 3)
+        print(f"pytorch_mha E=512 H=8 N=2048: {ms:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
