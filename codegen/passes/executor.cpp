@@ -1,5 +1,6 @@
 #include <qkv/codegen/cpu/executor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -7,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include <qkv/codegen/cpu/gemm.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/passes/buffer_plan.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
@@ -112,6 +114,29 @@ FusedResult run_fused(const Graph& g, int id, const std::vector<const NdArray*>&
   return r;
 }
 
+/// A linear node whose projected axis is x's last (so the output's is last too) is a GEMM:
+/// y[M, out] = x[M, in] · W[out, in]ᵀ + b, M = the product of x's other extents. Other layouts
+/// return nullopt and go to the reference implementation.
+std::optional<NdArray> run_linear_node(const Graph& g, int id, const std::vector<const NdArray*>& in, int threads) {
+  const Node& n = g.node(id);
+  const Node& x_node = g.node(n.inputs[0]);
+  if (n.attr_axes.size() != 2 || x_node.axes.empty() || x_node.axes.back().name != n.attr_axes[0]) return std::nullopt;
+  if (n.axes.empty() || n.axes.back().name != n.attr_axes[1]) return std::nullopt;
+  const NdArray &x = *in[0], &w = *in[1];
+  const NdArray* b = in.size() > 2 ? in[2] : nullptr;
+  if (x.dtype != DType::f32 || w.dtype != DType::f32 || (b && b->dtype != DType::f32)) return std::nullopt;
+  if (x.shape.empty() || w.shape.size() != 2 || x.shape.back() != w.shape[1]) return std::nullopt;
+  if (b && (b->shape.size() != 1 || b->shape[0] != w.shape[0])) return std::nullopt;
+  const std::int64_t k = w.shape[1], out = w.shape[0];
+  std::vector<std::int64_t> shape = x.shape;
+  shape.back() = out;
+  NdArray y = NdArray::zeros(DType::f32, shape);
+  const std::int64_t m = k > 0 ? x.numel() / k : y.numel() / std::max<std::int64_t>(out, 1);
+  run_linear(x.as<float>().data(), w.as<float>().data(), b ? b->as<float>().data() : nullptr, y.as<float>().data(), m,
+             out, k, threads);
+  return y;
+}
+
 }  // namespace
 
 RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
@@ -135,6 +160,8 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
         if (n.attention->write_weights) weights[id] = std::move(r.weights);
       } else if (n.op == Op::attention_weights) {
         values[static_cast<std::size_t>(id)] = std::move(weights.at(n.inputs[0]));
+      } else if (std::optional<NdArray> y; n.op == Op::linear && (y = run_linear_node(g, id, in, threads))) {
+        values[static_cast<std::size_t>(id)] = std::move(*y);
       } else {
         values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
       }

@@ -171,6 +171,7 @@ auto broadcast_binary(const A& a, const B& b) {
     n.op = IrOp;
     n.inputs = std::vector<int>{a.id(), b.id()};
     n.axes = a.node().axes;
+    if constexpr (is_mask_trait<typename B::trait_type>::value) n.mask = B::trait_type::kind;  // masked()
     return make<typename A::dtype, LA, typename A::trait_type>(g, std::move(n));
   }
 }
@@ -298,14 +299,8 @@ auto masked(const S& s, const M& m) {
                   "; fix: build the mask over the keys, e.g. rename<" + P::name_fs + ", " + KeyOfScores::name_fs +
                   ">(mask)">();
     } else {
-      auto r =
-          detail::broadcast_binary<"masked", "a mask covers axes the scores have, at the same sizes", Op::keep_mask>(s,
-                                                                                                                     m);
-      if constexpr (!is_poison<decltype(r)>) {
-        auto& node = const_cast<Node&>(r.graph().node(r.id()));
-        node.mask = M::trait_type::kind;
-      }
-      return r;
+      return detail::broadcast_binary<"masked", "a mask covers axes the scores have, at the same sizes", Op::keep_mask>(
+          s, m);
     }
   }
 }

@@ -4,9 +4,10 @@
 //
 // The graph goes through the pass pipeline (passes/pipeline.hpp); attention becomes one
 // fused_attention node, executed by the JIT-compiled flash-style kernel (run_attention.hpp).
-// The other ops (projections, layer norm, elementwise, views) currently run on the reference
-// implementations node by node — their LLVM lowering is the next step of the CPU backend — and
-// values are freed at their last use (buffer_plan.hpp).
+// Linear layers whose features are the contiguous (last) axis run on the JIT-compiled GEMM
+// (gemm.hpp: y = x·Wᵀ + b); linear layers over another axis and the other ops (layer norm,
+// elementwise, views) run on the reference implementations node by node — their LLVM lowering
+// is the next step of the CPU backend — and values are freed at their last use (buffer_plan.hpp).
 #pragma once
 
 #include <qkv/ir/graph.hpp>
