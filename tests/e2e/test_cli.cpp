@@ -182,6 +182,15 @@ TEST_F(Cli, ShapesPrintsTheTable) {
   EXPECT_THAT(r.out, HasSubstr("softmax<Key>"));
 }
 
+TEST_F(Cli, ShapesCanDumpAndTimeThePassPipeline) {
+  const Result r = run("shapes mha --batch 2 --heads 2 --seq 4 --embed-dim 16 --dump-after cleanup --time-passes");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--- after cleanup ---"));
+  EXPECT_THAT(r.out, HasSubstr("fused_attention"));
+  EXPECT_THAT(r.out, HasSubstr("pass fuse-attention:"));
+  EXPECT_EQ(run("shapes mha --batch 2 --heads 2 --seq 4 --embed-dim 16 --dump-after nonsense").code, 2);
+}
+
 TEST_F(Cli, BenchJsonHasTheFields) {
   const Result r = run("bench sdpa --batch 1 --heads 2 --seq 16 --head-dim 8 --causal --repeat 3 --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -60,7 +60,9 @@ struct ShapeModel {
   bool padding = false;
   std::uint64_t seed = 0;
 };
-int shapes(const ShapeModel& m);
+/// Prints the shape table; with `dump_after` (a pass name or "all") or `time_passes`, also runs
+/// the CPU backend's pass pipeline and prints the graph after that pass / each pass's time.
+int shapes(const ShapeModel& m, const std::string& dump_after = "", bool time_passes = false);
 struct Bench {
   ShapeModel model;
   Backend backend = Backend::cpu;

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/random_feeds.hpp>
@@ -130,11 +131,25 @@ double peak_rss_mib() {
 
 }  // namespace
 
-int shapes(const ShapeModel& m) {
+int shapes(const ShapeModel& m, const std::string& dump_after, bool time_passes) {
   const Instance in = instantiate(m);
   std::cout << m.kind << " with batch " << m.batch << ", " << m.heads << " heads, L " << m.seq << ", S "
             << (m.kv_seq > 0 ? m.kv_seq : m.seq) << ":\n\n"
             << with_sizes(in.graph, in.sizes).table();
+  if (!dump_after.empty() || time_passes) {
+    const auto& names = codegen::kPassNames;
+    if (!dump_after.empty() && dump_after != "all" &&
+        std::find(std::begin(names), std::end(names), dump_after) == std::end(names))
+      throw UsageError("--dump-after: no pass '" + dump_after +
+                       "' (verify, canonicalize, fuse-attention, layout, cleanup, all)");
+    codegen::PipelineOptions o;
+    o.dump_after = dump_after;
+    o.time_passes = time_passes;
+    o.verify_each = true;
+    o.log = &std::cout;
+    std::cout << "\n";
+    codegen::lower(in.graph, o);
+  }
   return 0;
 }
 

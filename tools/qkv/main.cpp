@@ -162,6 +162,11 @@ int main(int argc, char** argv) {
   auto* shapes_cmd = app.add_subcommand("shapes", "Print a model's shape table (op, inputs, output axes and sizes)");
   shapes_cmd->footer("Example: qkv shapes mha --batch 2 --heads 2 --seq 4 --embed-dim 16");
   shape_flags.add(shapes_cmd);
+  std::string dump_after;
+  bool time_passes = false;
+  shapes_cmd->add_option("--dump-after", dump_after,
+                         "Also print the graph after a pass of the CPU pipeline (or 'all')");
+  shapes_cmd->add_flag("--time-passes", time_passes, "Also time each pass of the CPU pipeline");
 
   Bench bench_opts;
   ShapeFlags bench_flags;
@@ -235,7 +240,7 @@ int main(int argc, char** argv) {
       enc.backend = parse_backend(enc_backend.value);
       return run_encoder(enc);
     }
-    if (*shapes_cmd) return shapes(shape_flags.get());
+    if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {
       bench_opts.model = bench_flags.get();
       bench_opts.backend = parse_backend(bench_backend.value);

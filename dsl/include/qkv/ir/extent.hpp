@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -65,6 +66,7 @@ struct Extent {
     } else {
       e.num *= k;
       e.plus *= k;
+      e.reduce();
     }
     return e;
   }
@@ -77,6 +79,7 @@ struct Extent {
         throw std::logic_error("qkv internal error: cannot divide " + str() + " by " + std::to_string(k));
       e.den *= k;
       e.plus /= k;
+      e.reduce();
     }
     return e;
   }
@@ -101,6 +104,16 @@ struct Extent {
   }
 
   friend bool operator==(const Extent&, const Extent&) = default;
+
+ private:
+  /// num/den in lowest terms, so equal sizes compare equal (Model?*2/2 is Model?).
+  void reduce() {
+    const std::int64_t g = std::gcd(num, den);
+    if (g > 1) {
+      num /= g;
+      den /= g;
+    }
+  }
 };
 
 }  // namespace qkv
