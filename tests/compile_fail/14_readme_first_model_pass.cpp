@@ -1,4 +1,4 @@
-// The README's "First model" snippet, verbatim: it must compile (the README promises it).
+// The README's "First model" snippet (the graph it builds; running it needs the libraries): it must compile.
 #include <iostream>
 
 #include <qkv/qkv.hpp>
