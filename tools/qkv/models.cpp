@@ -47,7 +47,7 @@ template <MhaOptions Opt>
 Graph mha_graph(const MhaModel& m) {
   Graph g;
   auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
-  auto mark = [&g, &m](const auto& result) {
+  auto mark = [&m](const auto& result) {
     output(result.first, "out");
     if (m.weights) output(result.second, "weights");
     return 0;

@@ -10,16 +10,6 @@ using namespace qkv::testing_interp;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-using nn::Batch;
-using nn::HeadDim;
-using nn::Heads;
-using nn::Hidden;
-using nn::Key;
-using nn::Model;
-using nn::Seq;
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
 // --- contract, linear ---------------------------------------------------------------------------
 
 TEST(Interpreter, ContractMatchesBatchAxesByName) {

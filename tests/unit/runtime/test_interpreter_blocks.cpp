@@ -9,16 +9,6 @@ using namespace qkv::testing_interp;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-using nn::Batch;
-using nn::HeadDim;
-using nn::Heads;
-using nn::Hidden;
-using nn::Key;
-using nn::Model;
-using nn::Seq;
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
 // --- attention against a plain reference ----------------------------------------------------------
 
 /// x [N, in] · W[out, in]ᵀ + b, in double.
