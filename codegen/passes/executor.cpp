@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/codegen/cpu/rowwise.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/passes/buffer_plan.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
@@ -137,6 +138,55 @@ std::optional<NdArray> run_linear_node(const Graph& g, int id, const std::vector
   return y;
 }
 
+bool all_f32(const Node& n, const std::vector<const NdArray*>& in) {
+  if (n.dtype == DType::boolean) return false;  // the reference writes every other dtype as f32 too
+  return std::all_of(in.begin(), in.end(), [](const NdArray* a) { return a->dtype == DType::f32; });
+}
+
+/// layer_norm over x's last axis, gelu, relu, and add of two tensors with identical axes (names
+/// and order) run on the JIT'd row-wise kernels (rowwise.hpp); other forms return nullopt and
+/// go to the reference implementation.
+std::optional<NdArray> run_rowwise_node(const Graph& g, int id, const std::vector<const NdArray*>& in, int threads) {
+  const Node& n = g.node(id);
+  if (!all_f32(n, in) || in.empty()) return std::nullopt;
+  const NdArray& x = *in[0];
+  switch (n.op) {
+    case Op::layer_norm: {
+      const Node& x_node = g.node(n.inputs[0]);
+      if (in.size() != 3 || n.attr_axes.size() != 1 || x_node.axes.empty() || x.shape.empty() ||
+          x_node.axes.back().name != n.attr_axes[0])
+        return std::nullopt;
+      const std::int64_t len = x.shape.back();
+      for (std::size_t k = 1; k <= 2; ++k)
+        if (in[k]->shape.size() != 1 || in[k]->shape[0] != len) return std::nullopt;
+      NdArray y = NdArray::zeros(DType::f32, x.shape);
+      const std::int64_t rows = len > 0 ? x.numel() / len : 0;
+      run_layer_norm(x.as<float>().data(), in[1]->as<float>().data(), in[2]->as<float>().data(), y.as<float>().data(),
+                     rows, len, n.scalar, threads);
+      return y;
+    }
+    case Op::gelu:
+    case Op::relu: {
+      if (in.size() != 1) return std::nullopt;
+      NdArray y = NdArray::zeros(DType::f32, x.shape);
+      (n.op == Op::gelu ? run_gelu : run_relu)(x.as<float>().data(), y.as<float>().data(), x.numel(), threads);
+      return y;
+    }
+    case Op::add: {
+      if (in.size() != 2 || in[1]->shape != x.shape) return std::nullopt;
+      const auto &xa = g.node(n.inputs[0]).axes, &ya = g.node(n.inputs[1]).axes;
+      if (xa.size() != ya.size()) return std::nullopt;
+      for (std::size_t k = 0; k < xa.size(); ++k)
+        if (xa[k].name != ya[k].name) return std::nullopt;
+      NdArray y = NdArray::zeros(DType::f32, x.shape);
+      run_add(x.as<float>().data(), in[1]->as<float>().data(), y.as<float>().data(), x.numel(), threads);
+      return y;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
 
 RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
@@ -162,6 +212,10 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
         values[static_cast<std::size_t>(id)] = std::move(weights.at(n.inputs[0]));
       } else if (std::optional<NdArray> y; n.op == Op::linear && (y = run_linear_node(g, id, in, threads))) {
         values[static_cast<std::size_t>(id)] = std::move(*y);
+      } else if (std::optional<NdArray> r;
+                 (n.op == Op::layer_norm || n.op == Op::gelu || n.op == Op::relu || n.op == Op::add) &&
+                 (r = run_rowwise_node(g, id, in, threads))) {
+        values[static_cast<std::size_t>(id)] = std::move(*r);
       } else {
         values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
       }

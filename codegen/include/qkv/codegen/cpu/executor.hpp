@@ -2,12 +2,16 @@
 //
 //   RunResult r = qkv::codegen::cpu::run(graph, feeds);   // lower (cached by graph hash), execute
 //
-// The graph goes through the pass pipeline (passes/pipeline.hpp); attention becomes one
-// fused_attention node, executed by the JIT-compiled flash-style kernel (run_attention.hpp).
-// Linear layers whose features are the contiguous (last) axis run on the JIT-compiled GEMM
-// (gemm.hpp: y = x·Wᵀ + b); linear layers over another axis and the other ops (layer norm,
-// elementwise, views) run on the reference implementations node by node — their LLVM lowering
-// is the next step of the CPU backend — and values are freed at their last use (buffer_plan.hpp).
+// The graph goes through the pass pipeline (passes/pipeline.hpp), then runs node by node, with
+// values freed at their last use (buffer_plan.hpp). What runs where:
+//   - fused_attention (the attention the pipeline fused): the JIT-compiled flash-style kernel
+//     (run_attention.hpp);
+//   - linear whose features are the contiguous (last) axis: the JIT-compiled GEMM (gemm.hpp:
+//     y = x·Wᵀ + b);
+//   - layer_norm over the input's last axis, gelu, relu, and add of two tensors with identical
+//     axes (names and order; the residual add): the JIT-compiled row-wise kernels (rowwise.hpp);
+//   - everything else (linear or layer_norm over another axis, broadcasting add, mul, bias,
+//     scale, softmax, views, …): the reference implementations (qkv::evaluate_node).
 #pragma once
 
 #include <qkv/ir/graph.hpp>
