@@ -98,7 +98,7 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
       const NdArray& a = feeds.find(n.name)->second;  // bind_extents checked it is there
       v = Value{a.shape, a.to_f32()};
     } else {
-      interp::OpArgs args{g, id, n, {}, {}, values, b};
+      interp::OpArgs args{g, id, n, {}, {}, b};
       for (int in : n.inputs) {
         if (in < 0 || in >= id)
           internal_error(interp::node_label(g, id) + ": input %" + std::to_string(in) + " does not precede it");
@@ -217,8 +217,7 @@ NdArray evaluate_node(const Graph& g, int id, const std::vector<const NdArray*>&
   std::vector<Value> in;
   in.reserve(inputs.size());
   for (const NdArray* a : inputs) in.push_back(Value{a->shape, a->to_f32()});
-  const std::vector<Value> none;
-  interp::OpArgs args{g, id, n, {}, {}, none, b};
+  interp::OpArgs args{g, id, n, {}, {}, b};
   for (std::size_t k = 0; k < in.size(); ++k) {
     args.in_nodes.push_back(&g.node(n.inputs[k]));
     args.in.push_back(&in[k]);

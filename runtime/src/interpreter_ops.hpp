@@ -39,7 +39,6 @@ struct OpArgs {
   const Node& node;
   std::vector<const Node*> in_nodes;
   std::vector<const Value*> in;
-  const std::vector<Value>& values;  // all values computed so far (by node id)
   const Bindings& bindings;
 };
 

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -50,5 +51,13 @@ struct TempDir {
     fs::remove_all(path, ec);
   }
 };
+
+/// The bytes of v as stored on this (little-endian) machine.
+template <class T>
+inline std::vector<std::byte> le_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
 
 }  // namespace qkv::testing_io

@@ -23,13 +23,6 @@ using qkv::NdArray;
 namespace fs = std::filesystem;
 
 template <class T>
-std::vector<std::byte> le_bytes(const std::vector<T>& v) {
-  std::vector<std::byte> out(v.size() * sizeof(T));
-  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
-  return out;
-}
-
-template <class T>
 std::vector<std::byte> be_bytes(const std::vector<T>& v) {
   std::vector<std::byte> out = le_bytes(v);
   for (std::size_t i = 0; i < out.size(); i += sizeof(T))

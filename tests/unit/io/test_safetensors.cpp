@@ -23,13 +23,6 @@ using qkv::SafetensorsFile;
 namespace fs = std::filesystem;
 
 template <class T>
-std::vector<std::byte> le_bytes(const std::vector<T>& v) {
-  std::vector<std::byte> out(v.size() * sizeof(T));
-  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
-  return out;
-}
-
-template <class T>
 NdArray make(DType t, std::vector<std::int64_t> shape, const std::vector<T>& values) {
   return NdArray{t, std::move(shape), le_bytes(values)};
 }

@@ -332,33 +332,37 @@ auto view(const T& t) {
 /// QKV projection's output split in three.
 template <template <auto> class From, int K, template <auto> class Into, class T>
 auto chunk(const T& t) {
-  using L = typename T::axis_list;
-  if constexpr (!has_family<L, From>) {
-    return missing_axis<"chunk", L, From>();
+  if constexpr (any_poison<T>) {
+    return poison{};
   } else {
-    using A = find_family<L, From>;
-    if constexpr (A::is_static && A::extent % K != 0) {
-      return fail<fixed_string("chunk: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
-                  number<K>() + "; fix: chunk into a number of parts that divides it">();
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, From>) {
+      return missing_axis<"chunk", L, From>();
     } else {
-      using P = std::conditional_t<A::is_static, Into<A::extent / K>, Into<dyn>>;
-      using Out = tensor<typename T::dtype, detail::replace_t<L, A, axes<P>>, trait::plain>;
-      Graph& g = t.graph();
-      const Extent part = ir_axis(t.node(), A::name).extent.divided(K);
-      if (part.is_dynamic())
-        g.require(Constraint{Constraint::Kind::divisible, ir_axis(t.node(), A::name).extent, Extent::fixed(K),
-                             "chunk: `" + std::string(A::name) + "` ({a}) is not divisible by {b}"});
-      std::array<Out, K> parts = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        auto one = [&](std::size_t i) {
-          Node n = detail::unary_node(t, Op::slice,
-                                      detail::ir_replace(t.node().axes, A::name, {Axis{std::string(P::name), part}}));
-          n.attr_axes = {std::string(A::name), std::string(P::name)};
-          n.offset = static_cast<std::int64_t>(i);  // in units of the part's extent
-          return Out(g, g.add(std::move(n)));
-        };
-        return std::array<Out, K>{one(I)...};
-      }(std::make_index_sequence<K>{});
-      return parts;
+      using A = find_family<L, From>;
+      if constexpr (A::is_static && A::extent % K != 0) {
+        return fail<fixed_string("chunk: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
+                    number<K>() + "; fix: chunk into a number of parts that divides it">();
+      } else {
+        using P = std::conditional_t<A::is_static, Into<A::extent / K>, Into<dyn>>;
+        using Out = tensor<typename T::dtype, detail::replace_t<L, A, axes<P>>, trait::plain>;
+        Graph& g = t.graph();
+        const Extent part = ir_axis(t.node(), A::name).extent.divided(K);
+        if (part.is_dynamic())
+          g.require(Constraint{Constraint::Kind::divisible, ir_axis(t.node(), A::name).extent, Extent::fixed(K),
+                               "chunk: `" + std::string(A::name) + "` ({a}) is not divisible by {b}"});
+        std::array<Out, K> parts = [&]<std::size_t... I>(std::index_sequence<I...>) {
+          auto one = [&](std::size_t i) {
+            Node n = detail::unary_node(t, Op::slice,
+                                        detail::ir_replace(t.node().axes, A::name, {Axis{std::string(P::name), part}}));
+            n.attr_axes = {std::string(A::name), std::string(P::name)};
+            n.offset = static_cast<std::int64_t>(i);  // in units of the part's extent
+            return Out(g, g.add(std::move(n)));
+          };
+          return std::array<Out, K>{one(I)...};
+        }(std::make_index_sequence<K>{});
+        return parts;
+      }
     }
   }
 }
@@ -386,10 +390,6 @@ auto concat(const std::array<T, N>& parts) {
     return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
   }
 }
-
-}  // namespace qkv
-
-namespace qkv {
 
 namespace detail {
 template <template <auto> class Ax, class A, class B>
