@@ -1,34 +1,29 @@
 // GPU tests skip, with the reason, where no CUDA driver or GPU is present. The driver is loaded
-// with dlopen, as the runtime does, so this builds and runs on machines without CUDA.
+// with dlopen by qkv::cuda (qkv/runtime/cuda.hpp), so this builds and runs on machines without CUDA.
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
-
+#include <iostream>
 #include <string>
+
+#include <qkv/runtime/cuda.hpp>
 
 namespace {
 
-/// Empty when a GPU is usable; otherwise why not.
-std::string why_no_gpu() {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return std::string("no CUDA driver (dlopen libcuda.so.1: ") + dlerror() + ")";
-  using InitFn = int (*)(unsigned);
-  using CountFn = int (*)(int*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
-  auto count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
-  if (!init || !count) return "libcuda.so.1 lacks cuInit/cuDeviceGetCount";
-  if (int rc = init(0); rc != 0)
-    return rc == 34 ? "CUDA stub library (CUDA_ERROR_STUB_LIBRARY), no real driver"
-                    : "cuInit failed with CUresult " + std::to_string(rc);
-  int n = 0;
-  if (count(&n) != 0 || n == 0) return "CUDA driver present but no GPU";
-  return {};
-}
-
 TEST(Gpu, DriverAndDeviceAreUsable) {
-  const std::string reason = why_no_gpu();
+  const std::string reason = qkv::cuda::why_no_gpu();
   if (!reason.empty()) GTEST_SKIP() << reason;
-  SUCCEED() << "a CUDA GPU is available";
+  const qkv::cuda::Device gpu = qkv::cuda::Device::open();
+  const int v = gpu.driver().version();
+  std::cout << "GPU 0: " << gpu.name() << ", compute capability " << gpu.cc_major() << "." << gpu.cc_minor() << " ("
+            << gpu.arch() << "), " << gpu.sm_count() << " SMs, " << gpu.total_memory() / (1 << 20) << " MiB, "
+            << gpu.max_shared_per_block_optin() / 1024 << " KiB shared memory per block (opt-in); driver CUDA "
+            << v / 1000 << "." << v % 1000 / 10 << " (" << gpu.driver().path() << ", " << gpu.driver().device_count()
+            << " GPU(s))\n";
+  EXPECT_FALSE(gpu.name().empty());
+  EXPECT_GE(gpu.cc_major(), 1);
+  EXPECT_GT(gpu.sm_count(), 0);
+  EXPECT_GT(gpu.total_memory(), 0u);
+  EXPECT_GE(gpu.max_shared_per_block_optin(), 48 * 1024);
 }
 
 }  // namespace

@@ -1,12 +1,11 @@
 // qkv run mha | sdpa | encoder-layer | encoder: PyTorch's modules on .npy inputs and a
 // safetensors state dict, through the reference interpreter.
-#include <dlfcn.h>
-
 #include <cmath>
 #include <limits>
 #include <map>
 
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/runtime/cuda.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -43,9 +42,7 @@ RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int thr
     case Backend::cpu:
       return codegen::cpu::run(g, feeds, threads);
     case Backend::cuda: {
-      void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-      if (!lib) throw std::runtime_error(std::string("no CUDA driver/GPU found: ") + dlerror());
-      dlclose(lib);
+      (void)cuda::Driver::process();  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
       throw std::runtime_error("--backend cuda: the GPU backend is not part of this build yet");
     }
   }
