@@ -1,3 +1,9 @@
 # The NVPTX backend (codegen/nvptx): kernels as LLVM IR for nvptx64-nvidia-cuda, emitted as PTX.
 target_sources(qkv_codegen PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/launch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ptxas.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernel_builder.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/attention_ptx.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dense_ptx.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/emit.cpp
 )

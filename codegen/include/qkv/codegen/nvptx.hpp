@@ -1,0 +1,179 @@
+// qkv/codegen/nvptx.hpp — GPU kernels generated as LLVM IR for nvptx64-nvidia-cuda and emitted
+// as PTX text (sm_80 / sm_90), plus a ptxas wrapper that reports registers, shared memory, spills.
+//
+//   using namespace qkv::codegen::nvptx;
+//   AttentionKernel a;  a.spec.dk = a.spec.dv = 64;  a.spec.hq = 8;  a.spec.hkv = 2;  a.spec.causal = true;
+//   PtxKernel k = emit_ptx(a, 90);                    // k.ptx: the module; k.name: its .entry
+//   Dim3 grid = attention_grid(a, batch, len_q);      // launch k.name with grid, (k.block_x, k.block_y,
+//                                                     // k.block_z) and k.shared_bytes dynamic smem
+//   std::string why;
+//   if (auto r = run_ptxas(k.ptx, 90, &why)) ... r->registers, r->spill_stores ...
+//
+// Every kernel is fp32 and takes plain device pointers (4-byte alignment suffices) and i64 sizes,
+// in the order documented at each request type below; the launcher passes them as kernel
+// parameters in that order. Every emitted PTX starts with comment lines
+//   // qkv kernel: <C-like signature>
+//   // launch: grid <rule> block (x,y,z) dynamic shared <bytes> B
+// A grid with a zero extent means "nothing to do": do not launch it.
+//
+// Errors (a spec that cannot be generated, an sm that is not supported, a module that does not
+// verify, a backend failure) are thrown as std::runtime_error with a message; nothing aborts.
+// No LLVM here: the generators live in codegen/nvptx.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <qkv/codegen/cpu/attention.hpp>
+
+namespace qkv::codegen::nvptx {
+
+/// A CUDA launch extent.
+struct Dim3 {
+  std::int64_t x = 1, y = 1, z = 1;
+  friend bool operator==(const Dim3&, const Dim3&) = default;
+};
+
+/// Fused attention forward (FlashAttention-2 style), with exactly the semantics of
+/// qkv/codegen/cpu/attention.hpp (GQA, key padding, bias, causal alignment, dropout with the same
+/// Philox mask, rows with no visible key → zeros, optional weights).
+///
+///   void name(const float* q, const float* k, const float* v, float* out, float* weights,
+///             const uint8_t* key_keep, const float* bias, i64 batch, i64 len_q, i64 len_k, i64 seed)
+///
+/// — AttentionArgs' fields in order; weights / key_keep / bias are read only when the spec asks
+/// for them (pass null otherwise). out must not overlap the inputs.
+/// grid (ceil(L / block_q), Hq, B), block (threads, 1, 1), dynamic shared memory shared_bytes
+/// (attention_shared_bytes; above 48 KiB the launcher must first raise
+/// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it). L = 0 or B = 0: nothing to launch.
+struct AttentionKernel {
+  cpu::AttentionSpec spec;  // the CPU tiling fields (vector_floats, …) are ignored
+  /// Query rows per block. 0: 64 when dv <= 128, else 32. Must be a multiple of 4·(threads / 32)
+  /// with at most 8 rows per thread.
+  int block_q = 0;
+  /// Keys per K/V tile (one online-softmax step). 0: 64 when dk, dv <= 64, else 32. A multiple of 8,
+  /// at most 128.
+  int block_k = 0;
+  /// Threads per block: a multiple of 32, at most 512 (4 warps by default).
+  int threads = 128;
+  friend bool operator==(const AttentionKernel&, const AttentionKernel&) = default;
+};
+
+/// y[M,N] = x[M,K] · W[N,K]ᵀ + b[N] (nn.Linear's layout; b may be null), any M, N, K >= 0.
+///
+///   void name(const float* x, const float* w, const float* b, float* y, i64 m, i64 n, i64 k)
+///
+/// y must not overlap x, w or b. grid (ceil(M / block_m), ceil(N / block_n), 1) — M·N == 0:
+/// nothing to launch — block (block_m / 8 · block_n / 4, 1, 1), no dynamic shared memory (the
+/// tiles are static shared memory). Each thread computes an 8×4 micro-tile.
+struct LinearKernel {
+  int block_m = 64;  // multiple of 8
+  int block_n = 64;  // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024
+  int block_k = 16;  // depth of one shared-memory K slice
+  friend bool operator==(const LinearKernel&, const LinearKernel&) = default;
+};
+
+/// Layer norm over the contiguous last axis, one warp per row, two passes (mean, then the biased
+/// variance Σ(x − mean)²/n), eps inside the square root — as qkv::codegen::cpu::run_layer_norm.
+///
+///   void name(const float* x, const float* gamma, const float* beta, float* y, i64 rows, i64 n, float eps)
+///
+/// y may alias x. grid (ceil(rows / (threads / 32)), 1, 1), block (threads, 1, 1), no shared memory.
+struct LayerNormKernel {
+  int threads = 128;  // a multiple of 32, <= 1024: threads / 32 rows per block
+  friend bool operator==(const LayerNormKernel&, const LayerNormKernel&) = default;
+};
+
+enum class ElementwiseOp : std::uint8_t {
+  relu,   // y = max(a, 0): NaN stays NaN, −0 becomes +0 (the reference interpreter's relu)
+  gelu,   // y = a·Φ(a), exact erf form (the CPU kernel's erfc fit, max abs error ~3e-7)
+  add,    // y = a + b (equal sizes: the residual add)
+  scale,  // y = a · factor (factor baked into the kernel)
+};
+
+/// An elementwise map over count floats, grid-stride loop.
+///
+///   void name(const float* a, const float* b_or_null, float* y, i64 count)
+///
+/// b is read only by `add`. y may alias a or b. Any grid.x >= 1 is correct:
+/// elementwise_grid gives min(ceil(count / threads), 65535). count == 0: nothing to launch.
+struct ElementwiseKernel {
+  ElementwiseOp op = ElementwiseOp::relu;
+  float factor = 1.0f;  // `scale` only
+  int threads = 256;    // a multiple of 32, <= 1024
+  friend bool operator==(const ElementwiseKernel&, const ElementwiseKernel&) = default;
+};
+
+/// dst[i] = src[offset + Σ_a coord_a(i) · stride_a], i in [0, count), where coord(i) is i
+/// unravelled row-major over size_0 … size_{rank−1} (axis rank−1 fastest) and dst is contiguous:
+/// permute, slice (offset + strides), broadcast (stride 0), one input of a concat along the
+/// leading axis (dst offset by the launcher). Strides and offset are in elements and may be
+/// negative; count must equal Π size_a.
+///
+///   void name(const float* src, float* dst, i64 count, i64 offset,
+///             i64 size0, …, i64 size5, i64 stride0, …, i64 stride5)
+///
+/// Always 6 sizes and 6 strides; the kernel for `rank` reads the first `rank` of each (pass 1 and
+/// 0 for the rest). Grid-stride like ElementwiseKernel (elementwise_grid).
+struct StridedCopyKernel {
+  int rank = 6;       // 1..6
+  int threads = 256;  // a multiple of 32, <= 1024
+  friend bool operator==(const StridedCopyKernel&, const StridedCopyKernel&) = default;
+};
+
+using KernelRequest =
+    std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel, StridedCopyKernel>;
+
+/// One emitted kernel: a PTX module holding the single .entry `name`.
+struct PtxKernel {
+  std::string name;       // the .entry (and the symbol to cuModuleGetFunction)
+  std::string signature;  // C-like parameter list, as in the PTX's first comment line
+  std::string grid_rule;  // the grid, in words (the *_grid functions compute it)
+  std::string ptx;        // the module text
+  int sm = 80;
+  int block_x = 1, block_y = 1, block_z = 1;
+  int shared_bytes = 0;         // dynamic shared memory to pass at launch
+  int static_shared_bytes = 0;  // shared memory declared in the module (informative)
+};
+
+/// Generates, optimises (-O3 with the NVPTX target machine) and emits `request` for sm_<sm>
+/// (80, 86, 87, 89 or 90). Throws std::runtime_error on any failure.
+PtxKernel emit_ptx(const KernelRequest& request, int sm);
+
+/// The kernel's LLVM IR as text, as generated (optimized = false) or after the -O3 pipeline.
+std::string nvptx_ir(const KernelRequest& request, int sm, bool optimized = false);
+
+/// The .entry name emit_ptx gives `request` (stable across runs; specs that differ get different names).
+std::string kernel_name(const KernelRequest& request);
+
+// --- launch geometry (grid extents; block and shared memory come with the PtxKernel)
+Dim3 attention_grid(const AttentionKernel& kernel, std::int64_t batch, std::int64_t len_q);
+Dim3 linear_grid(const LinearKernel& kernel, std::int64_t m, std::int64_t n);
+Dim3 layer_norm_grid(const LayerNormKernel& kernel, std::int64_t rows);
+Dim3 elementwise_grid(int threads, std::int64_t count);
+/// The dynamic shared memory of the attention kernel (what PtxKernel::shared_bytes says).
+int attention_shared_bytes(const AttentionKernel& kernel);
+
+/// What `ptxas -v` says about the (first) entry of a module.
+struct PtxasReport {
+  std::string function;
+  int registers = 0;
+  int shared_bytes = 0;  // static shared memory ("bytes smem"); dynamic shared memory is not counted
+  int stack_bytes = 0;
+  int spill_stores = 0;  // bytes
+  int spill_loads = 0;   // bytes
+  std::string log;       // ptxas' whole output
+};
+
+/// The ptxas used by run_ptxas: $QKV_PTXAS, else `ptxas` on PATH, else /usr/local/cuda/bin/ptxas
+/// (the first that exists and is executable), or std::nullopt.
+std::optional<std::string> find_ptxas();
+
+/// Assembles `ptx` with `ptxas -v -arch=sm_<sm>` (into a temporary cubin, then removed). Returns
+/// the report, or std::nullopt with `*error` (if non-null) set when ptxas is absent, fails to
+/// run, or rejects the module (its output included).
+std::optional<PtxasReport> run_ptxas(const std::string& ptx, int sm, std::string* error);
+
+}  // namespace qkv::codegen::nvptx

@@ -1,0 +1,61 @@
+// codegen/nvptx/geometry.hpp — the resolved tiling of the GPU kernels: thread mapping, shared
+// memory layout and launch rules (no LLVM: the launch helpers use it too). Private to codegen.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <qkv/codegen/nvptx.hpp>
+
+namespace qkv::codegen::nvptx::detail {
+
+/// The attention kernel's tiling, resolved from an AttentionKernel request.
+///
+/// Thread mapping. A block has `warps` warps and handles block_q = 4·warps·R query rows; warp w
+/// owns the local rows [4R·w, 4R·(w+1)). Lane = 8·rg + kg (rg = lane / 8 in 0..3, kg = lane % 8):
+///   - its R query rows are 4R·w + rg + 4i, i < R (interleaved: rg varies fastest);
+///   - its KJ = block_k / 8 keys of each tile are kg + 8j, j < KJ (S micro-tile R × KJ);
+///   - its value columns are t·8·wv + kg·wv + e, t < TC, e < wv (O micro-tile R × TC·wv).
+/// So the 8 lanes sharing rg hold whole rows: row max/sum are butterfly shuffles over lane bits 0..2.
+///
+/// Shared memory (f32, dynamic, every region 16-byte aligned), strides chosen so that the
+/// micro-tile loads of a warp touch distinct banks (row strides ≡ 4 mod 8 words for 4-wide loads,
+/// odd for scalar loads):
+///   Q [block_q][qk_stride]  the block's queries · scale · log2 e (rows past L are 0)
+///   K [block_k][qk_stride]  one key tile (keys past S are 0)
+///   V [block_k][v_stride]   one value tile; v_stride = TC·8·wv >= dv, columns past dv are 0
+///   P [block_q][p_stride]   the tile's probabilities, each warp its own rows
+struct AttentionGeometry {
+  int block_q = 64, block_k = 64, threads = 128;
+  int warps = 4;
+  int rows_per_thread = 4;  // R
+  int keys_per_thread = 8;  // KJ
+  int wk = 4;               // floats per shared load along dk (4 when dk % 4 == 0, else 1)
+  int wv = 4;               // floats per shared load along dv (4 when dv % 4 == 0, else 1)
+  int col_chunks = 2;       // TC
+  int qk_stride = 68, v_stride = 64, p_stride = 68;
+  std::int64_t q_offset = 0, k_offset = 0, v_offset = 0, p_offset = 0;  // in floats
+  std::int64_t shared_floats = 0;
+  [[nodiscard]] int shared_bytes() const { return static_cast<int>(shared_floats * 4); }
+};
+
+/// Validates the request (and its spec) and resolves it; throws std::runtime_error.
+AttentionGeometry attention_geometry(const AttentionKernel& request);
+
+/// Dynamic shared memory an sm allows per block after the opt-in (bytes).
+int max_shared_bytes(int sm);
+
+/// Throws std::runtime_error unless `sm` is one emit_ptx supports.
+void check_sm(int sm);
+
+/// Throws unless threads is a multiple of 32 in [32, limit].
+void check_threads(int threads, int limit, const char* what);
+
+/// The C-like parameter lists of the kernels (also their PTX header comment).
+std::string attention_params();
+std::string linear_params();
+std::string layer_norm_params();
+std::string elementwise_params();
+std::string strided_copy_params();
+
+}  // namespace qkv::codegen::nvptx::detail

@@ -1,0 +1,200 @@
+// KernelBuilder: the NVPTX plumbing shared by the kernel generators.
+#include "kernel_builder.hpp"
+
+#include <llvm/IR/BasicBlock.h>
+#include <llvm/IR/CallingConv.h>
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/Instructions.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/Metadata.h>
+
+namespace qkv::codegen::nvptx::detail {
+
+KernelBuilder::KernelBuilder(llvm::Module& module) : module_(module), ctx_(module.getContext()), b_(ctx_) {}
+
+llvm::Function* KernelBuilder::declare_kernel(const std::string& name, const std::vector<llvm::Type*>& params,
+                                              const std::vector<std::string>& names, int max_threads, int min_blocks) {
+  auto* type = llvm::FunctionType::get(b_.getVoidTy(), params, false);
+  fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
+  fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
+  fn_->addFnAttr(llvm::Attribute::NoUnwind);
+  for (unsigned i = 0; i < fn_->arg_size() && i < names.size(); ++i) fn_->getArg(i)->setName(names[i]);
+  // LLVM 19's NVPTX backend reads kernels and launch bounds from !nvvm.annotations (the calling
+  // convention alone marks a kernel too; both agree here). maxntidx becomes .maxntid, which lets
+  // ptxas budget registers for the real block size.
+  llvm::NamedMDNode* annotations = module_.getOrInsertNamedMetadata("nvvm.annotations");
+  auto entry = [&](const char* key, int value) {
+    llvm::Metadata* ops[] = {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, key),
+                             llvm::ConstantAsMetadata::get(b_.getInt32(static_cast<std::uint32_t>(value)))};
+    annotations->addOperand(llvm::MDNode::get(ctx_, ops));
+  };
+  entry("kernel", 1);
+  entry("maxntidx", max_threads);
+  entry("maxntidy", 1);
+  entry("maxntidz", 1);
+  if (min_blocks > 0) entry("minctasm", min_blocks);
+  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+  return fn_;
+}
+
+llvm::Value* KernelBuilder::sreg(llvm::Intrinsic::ID id) { return b_.CreateIntrinsic(id, {}, {}); }
+llvm::Value* KernelBuilder::tid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x); }
+llvm::Value* KernelBuilder::ntid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x); }
+llvm::Value* KernelBuilder::ctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x); }
+llvm::Value* KernelBuilder::ctaid_y() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y); }
+llvm::Value* KernelBuilder::ctaid_z() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z); }
+llvm::Value* KernelBuilder::nctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x); }
+
+void KernelBuilder::barrier() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {}); }
+void KernelBuilder::warp_sync() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_bar_warp_sync, {}, {b_.getInt32(~0u)}); }
+
+llvm::Value* KernelBuilder::shfl_xor(llvm::Value* x, int lane_xor) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_shfl_sync_bfly_f32, {},
+                            {b_.getInt32(~0u), x, c32(lane_xor), c32(0x1f)});
+}
+
+llvm::Value* KernelBuilder::group_sum(llvm::Value* x, int width) {
+  for (int m = 1; m < width; m *= 2) x = b_.CreateFAdd(x, shfl_xor(x, m));
+  return x;
+}
+
+llvm::Value* KernelBuilder::group_max(llvm::Value* x, int width) {
+  for (int m = 1; m < width; m *= 2) x = b_.CreateMaxNum(x, shfl_xor(x, m));
+  return x;
+}
+
+llvm::Value* KernelBuilder::ex2(llvm::Value* x) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {}, {x});
+}
+
+llvm::Value* KernelBuilder::fma(llvm::Value* a, llvm::Value* x, llvm::Value* c) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::fma, {a->getType()}, {a, x, c});
+}
+llvm::Value* KernelBuilder::smin(llvm::Value* a, llvm::Value* x) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::smin, {a->getType()}, {a, x});
+}
+llvm::Value* KernelBuilder::smax(llvm::Value* a, llvm::Value* x) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::smax, {a->getType()}, {a, x});
+}
+
+llvm::GlobalVariable* KernelBuilder::dynamic_shared(const std::string& name) {
+  auto* type = llvm::ArrayType::get(f32(), 0);
+  auto* g = new llvm::GlobalVariable(module_, type, false, llvm::GlobalValue::ExternalLinkage, nullptr, name, nullptr,
+                                     llvm::GlobalValue::NotThreadLocal, kShared);
+  g->setAlignment(llvm::Align(16));
+  return g;
+}
+
+llvm::GlobalVariable* KernelBuilder::static_shared(const std::string& name, std::int64_t floats) {
+  auto* type = llvm::ArrayType::get(f32(), static_cast<std::uint64_t>(floats));
+  auto* g =
+      new llvm::GlobalVariable(module_, type, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(type),
+                               name, nullptr, llvm::GlobalValue::NotThreadLocal, kShared);
+  g->setAlignment(llvm::Align(16));
+  return g;
+}
+
+std::vector<llvm::Value*> KernelBuilder::loop(llvm::Value* begin, llvm::Value* end, std::int64_t step,
+                                              std::vector<llvm::Value*> init, const LoopBody& body,
+                                              const std::string& name, bool unroll) {
+  return loop_impl(begin, end, llvm::ConstantInt::get(begin->getType(), static_cast<std::uint64_t>(step)),
+                   std::move(init), body, name, unroll);
+}
+
+void KernelBuilder::loop(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
+                         const std::function<void(llvm::Value* i)>& body, const std::string& name) {
+  loop_impl(
+      begin, end, b_.CreateSExtOrTrunc(step, begin->getType()), {},
+      [&](llvm::Value* i, const std::vector<llvm::Value*>&) {
+        body(i);
+        return std::vector<llvm::Value*>{};
+      },
+      name, true);
+}
+
+std::vector<llvm::Value*> KernelBuilder::loop_impl(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
+                                                   std::vector<llvm::Value*> init, const LoopBody& body,
+                                                   const std::string& name, bool unroll) {
+  llvm::Type* it = begin->getType();
+  end = b_.CreateSExtOrTrunc(end, it);
+  llvm::BasicBlock* pre = b_.GetInsertBlock();
+  llvm::BasicBlock* head = llvm::BasicBlock::Create(ctx_, name + ".loop", fn_);
+  llvm::BasicBlock* exit = llvm::BasicBlock::Create(ctx_, name + ".done", fn_);
+  b_.CreateCondBr(b_.CreateICmpSLT(begin, end), head, exit);
+
+  b_.SetInsertPoint(head);
+  llvm::PHINode* iv = b_.CreatePHI(it, 2, name + ".i");
+  iv->addIncoming(begin, pre);
+  std::vector<llvm::PHINode*> phis;
+  std::vector<llvm::Value*> current;
+  for (llvm::Value* v : init) {
+    llvm::PHINode* phi = b_.CreatePHI(v->getType(), 2, name + ".c");
+    phi->addIncoming(v, pre);
+    phis.push_back(phi);
+    current.push_back(phi);
+  }
+  std::vector<llvm::Value*> next = body(iv, current);
+  llvm::Value* iv_next = b_.CreateAdd(iv, step, name + ".next", false, true);
+  llvm::BasicBlock* latch = b_.GetInsertBlock();
+  llvm::BranchInst* back = b_.CreateCondBr(b_.CreateICmpSLT(iv_next, end), head, exit);
+  if (!unroll) {
+    llvm::Metadata* no_unroll = llvm::MDNode::get(ctx_, llvm::MDString::get(ctx_, "llvm.loop.unroll.disable"));
+    llvm::MDNode* loop_id = llvm::MDNode::getDistinct(ctx_, {nullptr, no_unroll});
+    loop_id->replaceOperandWith(0, loop_id);
+    back->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
+  }
+  iv->addIncoming(iv_next, latch);
+  for (std::size_t k = 0; k < phis.size(); ++k) phis[k]->addIncoming(next.at(k), latch);
+
+  b_.SetInsertPoint(exit);
+  std::vector<llvm::Value*> out;
+  for (std::size_t k = 0; k < phis.size(); ++k) {
+    llvm::PHINode* phi = b_.CreatePHI(init[k]->getType(), 2, name + ".out");
+    phi->addIncoming(init[k], pre);
+    phi->addIncoming(next[k], latch);
+    out.push_back(phi);
+  }
+  return out;
+}
+
+void KernelBuilder::loop(llvm::Value* begin, llvm::Value* end, std::int64_t step,
+                         const std::function<void(llvm::Value* i)>& body, const std::string& name, bool unroll) {
+  loop(
+      begin, end, step, {},
+      [&](llvm::Value* i, const std::vector<llvm::Value*>&) {
+        body(i);
+        return std::vector<llvm::Value*>{};
+      },
+      name, unroll);
+}
+
+void KernelBuilder::if_then(llvm::Value* cond, const std::function<void()>& then, const std::string& name) {
+  llvm::BasicBlock* yes = llvm::BasicBlock::Create(ctx_, name + ".then", fn_);
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, name + ".end", fn_);
+  b_.CreateCondBr(cond, yes, join);
+  b_.SetInsertPoint(yes);
+  then();
+  b_.CreateBr(join);
+  b_.SetInsertPoint(join);
+}
+
+llvm::Value* KernelBuilder::guarded_load(llvm::Value* cond, llvm::Type* type, llvm::Value* ptr, llvm::Value* fallback,
+                                         const std::string& name) {
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* yes = llvm::BasicBlock::Create(ctx_, name + ".load", fn_);
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, name + ".end", fn_);
+  b_.CreateCondBr(cond, yes, join);
+  b_.SetInsertPoint(yes);
+  llvm::Value* x = b_.CreateLoad(type, ptr, name);
+  b_.CreateBr(join);
+  b_.SetInsertPoint(join);
+  llvm::PHINode* phi = b_.CreatePHI(type, 2, name);
+  phi->addIncoming(fallback, from);
+  phi->addIncoming(x, yes);
+  return phi;
+}
+
+}  // namespace qkv::codegen::nvptx::detail

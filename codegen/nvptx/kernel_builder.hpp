@@ -1,0 +1,128 @@
+// codegen/nvptx/kernel_builder.hpp — what every NVPTX kernel generator needs: the kernel
+// declaration (ptx_kernel calling convention + nvvm.annotations), special registers, barriers,
+// warp shuffles, ex2, shared-memory arrays and counted loops of any integer type. Private.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include <qkv/codegen/nvptx.hpp>
+
+namespace qkv::codegen::nvptx::detail {
+
+/// What a generator reports besides the IR (PtxKernel without the PTX).
+struct KernelInfo {
+  std::string name;
+  std::string signature;
+  std::string grid_rule;
+  int block_x = 1, block_y = 1, block_z = 1;
+  int shared_bytes = 0;         // dynamic
+  int static_shared_bytes = 0;  // declared in the module
+};
+
+/// Shared-memory address space of NVPTX.
+inline constexpr unsigned kShared = 3;
+
+/// Counted loop body: the induction variable and the carried values in, the next carried values out.
+using LoopBody = std::function<std::vector<llvm::Value*>(llvm::Value* i, const std::vector<llvm::Value*>& carried)>;
+
+class KernelBuilder {
+ public:
+  explicit KernelBuilder(llvm::Module& module);
+
+  /// A kernel `name` returning void with the given parameters (named), in the ptx_kernel calling
+  /// convention, annotated as a kernel with at most `max_threads` threads per block (.maxntid)
+  /// and, when min_blocks > 0, .minnctapersm min_blocks (ptxas then budgets registers for that
+  /// many resident blocks per SM instead of its own occupancy guess).
+  llvm::Function* declare_kernel(const std::string& name, const std::vector<llvm::Type*>& params,
+                                 const std::vector<std::string>& names, int max_threads, int min_blocks = 0);
+
+  llvm::IRBuilder<>& b() { return b_; }
+  llvm::LLVMContext& ctx() { return ctx_; }
+  llvm::Module& module() { return module_; }
+  llvm::Function* fn() { return fn_; }
+
+  // --- types and constants
+  llvm::Type* f32() { return b_.getFloatTy(); }
+  llvm::Type* i8() { return b_.getInt8Ty(); }
+  llvm::Type* i32() { return b_.getInt32Ty(); }
+  llvm::Type* i64() { return b_.getInt64Ty(); }
+  llvm::Type* ptr() { return b_.getPtrTy(); }
+  llvm::Value* c32(std::int64_t v) { return b_.getInt32(static_cast<std::uint32_t>(v)); }
+  llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::Value* cf(double v) { return llvm::ConstantFP::get(f32(), v); }
+
+  // --- special registers (i32)
+  llvm::Value* tid_x();
+  llvm::Value* ntid_x();
+  llvm::Value* ctaid_x();
+  llvm::Value* ctaid_y();
+  llvm::Value* ctaid_z();
+  llvm::Value* nctaid_x();
+
+  /// __syncthreads() (bar.sync 0): every thread of the block must reach it.
+  void barrier();
+  /// __syncwarp() over the full warp (bar.warp.sync -1): orders shared memory within a warp.
+  void warp_sync();
+  /// shfl.sync.bfly.b32 of an f32 across the full warp with lane mask `lane_xor`.
+  llvm::Value* shfl_xor(llvm::Value* x, int lane_xor);
+  /// Σ or max of an f32 over groups of `width` adjacent lanes (a power of two <= 32), by
+  /// butterfly shuffles: every lane of the group gets the result.
+  llvm::Value* group_sum(llvm::Value* x, int width);
+  llvm::Value* group_max(llvm::Value* x, int width);
+  /// 2^x by ex2.approx.ftz.f32 (−inf → +0; results below 2^-126 flush to 0).
+  llvm::Value* ex2(llvm::Value* x);
+  /// fma.rn.f32
+  llvm::Value* fma(llvm::Value* a, llvm::Value* x, llvm::Value* c);
+  llvm::Value* smin(llvm::Value* a, llvm::Value* x);
+  llvm::Value* smax(llvm::Value* a, llvm::Value* x);
+
+  /// The module's extern dynamic shared-memory array (`extern __shared__ float4 smem[]`).
+  llvm::GlobalVariable* dynamic_shared(const std::string& name);
+  /// A static shared array of `floats` f32, 16-byte aligned.
+  llvm::GlobalVariable* static_shared(const std::string& name, std::int64_t floats);
+
+  /// for (i = begin; i < end; i += step): signed compare in the type of `begin` (end and step are
+  /// converted to it), guarded and rotated like codegen/src/cpu/ir_util.hpp's emit_loop. Returns
+  /// the carried values after the loop; the builder is left in the exit block. `unroll` false
+  /// attaches llvm.loop.unroll.disable.
+  std::vector<llvm::Value*> loop(llvm::Value* begin, llvm::Value* end, std::int64_t step,
+                                 std::vector<llvm::Value*> init, const LoopBody& body, const std::string& name,
+                                 bool unroll = true);
+  void loop(llvm::Value* begin, llvm::Value* end, std::int64_t step, const std::function<void(llvm::Value* i)>& body,
+            const std::string& name, bool unroll = true);
+  /// The same with a run-time step (a grid-stride loop), no carried values.
+  void loop(llvm::Value* begin, llvm::Value* end, llvm::Value* step, const std::function<void(llvm::Value* i)>& body,
+            const std::string& name);
+
+  /// if (cond) { then(); } — the builder is left after the join.
+  void if_then(llvm::Value* cond, const std::function<void()>& then, const std::string& name);
+  /// cond ? load(type, ptr) : fallback, the load only executed when cond holds.
+  llvm::Value* guarded_load(llvm::Value* cond, llvm::Type* type, llvm::Value* ptr, llvm::Value* fallback,
+                            const std::string& name);
+
+ private:
+  llvm::Value* sreg(llvm::Intrinsic::ID id);
+  std::vector<llvm::Value*> loop_impl(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
+                                      std::vector<llvm::Value*> init, const LoopBody& body, const std::string& name,
+                                      bool unroll);
+
+  llvm::Module& module_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  llvm::Function* fn_ = nullptr;
+};
+
+// --- the generators (each fills `module` with one kernel and says how to launch it)
+KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request);
+KernelInfo build_linear(llvm::Module& module, const LinearKernel& request);
+KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& request);
+KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& request);
+KernelInfo build_strided_copy(llvm::Module& module, const StridedCopyKernel& request);
+
+}  // namespace qkv::codegen::nvptx::detail

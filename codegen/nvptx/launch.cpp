@@ -1,0 +1,197 @@
+// The launch side of the NVPTX kernels: tiling resolution and validation, grids, names,
+// signatures (no LLVM here).
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "geometry.hpp"
+
+namespace qkv::codegen::nvptx {
+
+namespace detail {
+
+namespace {
+[[noreturn]] void fail(const std::string& message) { throw std::runtime_error("nvptx: " + message); }
+
+/// The largest number of live accumulators (S and O micro-tiles) we let one thread carry: above
+/// this ptxas spills heavily; a smaller block_q (fewer rows per thread) is the remedy.
+constexpr int kMaxAccumulators = 160;
+}  // namespace
+
+void check_sm(int sm) {
+  if (sm != 80 && sm != 86 && sm != 87 && sm != 89 && sm != 90)
+    fail("sm_" + std::to_string(sm) + " is not supported (80, 86, 87, 89 or 90)");
+}
+
+int max_shared_bytes(int sm) {
+  switch (sm) {
+    case 80:
+    case 87:
+      return 163 * 1024;
+    case 86:
+    case 89:
+      return 99 * 1024;
+    default:
+      return 227 * 1024;
+  }
+}
+
+void check_threads(int threads, int limit, const char* what) {
+  if (threads < 32 || threads > limit || threads % 32 != 0)
+    fail(std::string(what) + ": threads = " + std::to_string(threads) + " must be a multiple of 32 in [32, " +
+         std::to_string(limit) + "]");
+}
+
+AttentionGeometry attention_geometry(const AttentionKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
+  if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096)
+    fail("attention: dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) + " must be in [1, 4096]");
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0)
+    fail("attention: hq = " + std::to_string(s.hq) + " must be a positive multiple of hkv = " + std::to_string(s.hkv));
+  if (s.hq > 65535) fail("attention: hq = " + std::to_string(s.hq) + " exceeds the grid's y extent (65535)");
+  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
+    fail("attention: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
+  if (!(s.effective_scale() == s.effective_scale())) fail("attention: the scale is NaN");
+  check_threads(request.threads, 512, "attention");
+
+  AttentionGeometry g;
+  g.threads = request.threads;
+  g.warps = request.threads / 32;
+  g.block_q = request.block_q > 0 ? request.block_q : 4 * g.warps * (s.dv <= 128 ? 4 : 2);
+  if (g.block_q % (4 * g.warps) != 0 || g.block_q / (4 * g.warps) > 8)
+    fail("attention: block_q = " + std::to_string(g.block_q) +
+         " must be 4·warps·R with R in [1, 8] (warps = " + std::to_string(g.warps) + ")");
+  g.rows_per_thread = g.block_q / (4 * g.warps);
+  g.block_k = request.block_k > 0 ? request.block_k : (s.dk <= 64 && s.dv <= 64 ? 64 : 32);
+  if (g.block_k % 8 != 0 || g.block_k > 128)
+    fail("attention: block_k = " + std::to_string(g.block_k) + " must be a multiple of 8 in [8, 128]");
+  g.keys_per_thread = g.block_k / 8;
+
+  const auto dk = static_cast<int>(s.dk), dv = static_cast<int>(s.dv);
+  g.wk = dk % 4 == 0 ? 4 : 1;
+  g.wv = dv % 4 == 0 ? 4 : 1;
+  if (g.wk == 4) {
+    g.qk_stride = dk + 4;
+    if ((g.qk_stride / 4) % 2 == 0) g.qk_stride += 4;  // stride/4 odd: 8 rows' float4 cover 32 banks
+  } else {
+    g.qk_stride = dk % 2 == 1 ? dk : dk + 1;  // odd: 8 rows' floats in distinct banks
+  }
+  g.col_chunks = (dv + 8 * g.wv - 1) / (8 * g.wv);
+  g.v_stride = g.col_chunks * 8 * g.wv;
+  g.p_stride = g.block_k + 4;  // block_k / 4 + 1 is odd
+  const int accumulators = g.rows_per_thread * (g.keys_per_thread + g.col_chunks * g.wv);
+  if (accumulators > kMaxAccumulators)
+    fail("attention: " + std::to_string(accumulators) +
+         " accumulators per thread (R·(block_k/8 + dv/8) with R = " + std::to_string(g.rows_per_thread) + ") exceed " +
+         std::to_string(kMaxAccumulators) + ": use a smaller block_q or block_k");
+
+  g.q_offset = 0;
+  g.k_offset = g.q_offset + std::int64_t{g.block_q} * g.qk_stride;
+  g.v_offset = g.k_offset + std::int64_t{g.block_k} * g.qk_stride;
+  g.p_offset = g.v_offset + std::int64_t{g.block_k} * g.v_stride;
+  g.shared_floats = g.p_offset + std::int64_t{g.block_q} * g.p_stride;
+  if (g.shared_floats * 4 > max_shared_bytes(90))
+    fail("attention: " + std::to_string(g.shared_floats * 4) + " bytes of shared memory per block exceed 227 KiB");
+  return g;
+}
+
+std::string attention_params() {
+  return "const float* q, const float* k, const float* v, float* out, float* weights, const uint8_t* key_keep, "
+         "const float* bias, int64_t batch, int64_t len_q, int64_t len_k, int64_t seed";
+}
+std::string linear_params() {
+  return "const float* x, const float* w, const float* b, float* y, int64_t m, int64_t n, int64_t k";
+}
+std::string layer_norm_params() {
+  return "const float* x, const float* gamma, const float* beta, float* y, int64_t rows, int64_t n, float eps";
+}
+std::string elementwise_params() { return "const float* a, const float* b_or_null, float* y, int64_t count"; }
+std::string strided_copy_params() {
+  return "const float* src, float* dst, int64_t count, int64_t offset, int64_t size0, int64_t size1, "
+         "int64_t size2, int64_t size3, int64_t size4, int64_t size5, int64_t stride0, int64_t stride1, "
+         "int64_t stride2, int64_t stride3, int64_t stride4, int64_t stride5";
+}
+
+}  // namespace detail
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+
+std::string hex(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::uint64_t fnv(std::uint64_t h, std::int64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= static_cast<std::uint64_t>(v >> (8 * i)) & 0xFFu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace
+
+Dim3 attention_grid(const AttentionKernel& kernel, std::int64_t batch, std::int64_t len_q) {
+  const auto g = detail::attention_geometry(kernel);
+  const std::int64_t tiles = ceil_div(len_q, g.block_q);
+  if (tiles == 0 || batch <= 0) return {0, 0, 0};
+  return {tiles, kernel.spec.hq, batch};
+}
+
+Dim3 linear_grid(const LinearKernel& kernel, std::int64_t m, std::int64_t n) {
+  const std::int64_t gx = ceil_div(m, kernel.block_m), gy = ceil_div(n, kernel.block_n);
+  if (gx == 0 || gy == 0) return {0, 0, 0};
+  return {gx, gy, 1};
+}
+
+Dim3 layer_norm_grid(const LayerNormKernel& kernel, std::int64_t rows) {
+  const std::int64_t gx = ceil_div(rows, kernel.threads / 32);
+  if (gx == 0) return {0, 0, 0};
+  return {gx, 1, 1};
+}
+
+Dim3 elementwise_grid(int threads, std::int64_t count) {
+  const std::int64_t gx = ceil_div(count, threads);
+  if (gx == 0) return {0, 0, 0};
+  return {gx < 65535 ? gx : 65535, 1, 1};
+}
+
+int attention_shared_bytes(const AttentionKernel& kernel) { return detail::attention_geometry(kernel).shared_bytes(); }
+
+std::string kernel_name(const KernelRequest& request) {
+  return std::visit(
+      [](const auto& r) -> std::string {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, AttentionKernel>) {
+          cpu::AttentionSpec s = r.spec;
+          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          const auto g = detail::attention_geometry(r);
+          std::uint64_t h = s.hash();
+          for (int v : {g.block_q, g.block_k, g.threads}) h = fnv(h, v);
+          return "qkv_attention_" + hex(h);
+        } else if constexpr (std::is_same_v<T, LinearKernel>) {
+          return "qkv_linear_" + std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" +
+                 std::to_string(r.block_k);
+        } else if constexpr (std::is_same_v<T, LayerNormKernel>) {
+          return "qkv_layer_norm_t" + std::to_string(r.threads);
+        } else if constexpr (std::is_same_v<T, ElementwiseKernel>) {
+          static constexpr const char* kOps[] = {"relu", "gelu", "add", "scale"};
+          std::string name = std::string("qkv_") + kOps[static_cast<int>(r.op)] + "_t" + std::to_string(r.threads);
+          if (r.op == ElementwiseOp::scale) {
+            std::uint32_t bits = 0;
+            static_assert(sizeof bits == sizeof r.factor);
+            std::memcpy(&bits, &r.factor, sizeof bits);
+            name += "_" + hex(bits).substr(8);
+          }
+          return name;
+        } else {
+          return "qkv_strided_copy_r" + std::to_string(r.rank) + "_t" + std::to_string(r.threads);
+        }
+      },
+      request);
+}
+
+}  // namespace qkv::codegen::nvptx
