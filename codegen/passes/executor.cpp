@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include <qkv/codegen/cpu/fused_call.hpp>
 #include <qkv/codegen/cpu/gemm.hpp>
 #include <qkv/codegen/cpu/rowwise.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
@@ -19,100 +20,53 @@ namespace qkv::codegen::cpu {
 
 namespace {
 
-std::int64_t bound(const Bindings& b, const std::vector<Axis>& axes, const std::string& name) {
-  for (const auto& a : axes)
-    if (a.name == name) {
-      auto v = a.extent.resolve(b);
-      if (!v) throw ShapeError("execute: `" + name + "` (" + a.extent.str() + ") is not bound");
-      return *v;
-    }
-  throw std::logic_error("qkv internal error: fused attention has no axis `" + name + "`");
-}
-
 struct FusedResult {
   NdArray out, weights;
 };
 
 FusedResult run_fused(const Graph& g, int id, const std::vector<const NdArray*>& in, const Bindings& b, int threads) {
-  const Node& n = g.node(id);
-  const AttentionAttrs& a = *n.attention;
-  const auto& q_axes = g.node(n.inputs[0]).axes;
-  const auto& v_axes = g.node(n.inputs[2]).axes;
-  AttentionSpec spec;
-  spec.dk = bound(b, q_axes, a.dk);
-  spec.dv = bound(b, v_axes, a.dv);
-  std::int64_t heads = 1, group = 1;
-  for (const auto& h : a.heads) heads *= bound(b, q_axes, h);
-  for (const auto& h : a.group) group *= bound(b, q_axes, h);
-  spec.hq = heads * group;
-  spec.hkv = heads;
-  double scale = a.scale;
-  if (a.scale_dim) {
-    auto d = a.scale_dim->resolve(b);
-    if (!d) throw ShapeError("execute: the attention scale's extent " + a.scale_dim->str() + " is not bound");
-    scale /= std::sqrt(static_cast<double>(*d));
-  }
-  spec.scale = scale;
-  spec.causal = a.causal;
-  spec.align = a.align;
-  spec.dropout_p = a.dropout;
-  spec.write_weights = a.write_weights;
-
+  const FusedAttentionCall call = describe_fused_attention(g, id, b);
   AttentionArgs args;
-  args.batch = a.batch.empty() ? 1 : bound(b, q_axes, a.batch.front());
-  args.len_q = bound(b, q_axes, a.query);
-  args.len_k = bound(b, g.node(n.inputs[1]).axes, a.key);
-  args.seed = a.seed;
-  const auto q = in[0]->as<float>(), k = in[1]->as<float>(), v = in[2]->as<float>();
-  args.q = q.data();
-  args.k = k.data();
-  args.v = v.data();
+  args.batch = call.batch;
+  args.len_q = call.len_q;
+  args.len_k = call.len_k;
+  args.seed = call.seed;
+  args.q = in[0]->as<float>().data();
+  args.k = in[1]->as<float>().data();
+  args.v = in[2]->as<float>().data();
 
-  // Masks: a key-padding keep-mask [batch, key] goes to the kernel as bytes; keep-masks and
-  // biases over [query, key] are summed into one additive bias (0 / -inf for keep-masks).
   std::vector<std::uint8_t> keep;
+  if (call.key_padding_input >= 0) {
+    const auto bits = in[static_cast<std::size_t>(call.key_padding_input)]->as<bool>();
+    keep.assign(static_cast<std::size_t>(args.batch * args.len_k), 1);
+    for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = bits[i] ? 1 : 0;
+  }
   std::vector<float> bias;
-  for (std::size_t m = 3; m < in.size(); ++m) {
-    const Node& mn = g.node(n.inputs[m]);
-    const bool key_padding = !a.batch.empty() && mn.axes.size() == 2 && mn.axes[0].name == a.batch.front();
-    const NdArray& mask = *in[m];
-    if (key_padding) {
-      keep.assign(static_cast<std::size_t>(args.batch * args.len_k), 1);
-      const auto bits = mask.as<bool>();
-      for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = bits[i] ? 1 : 0;
-      spec.key_padding = true;
-      continue;
-    }
-    if (bias.empty()) bias.assign(static_cast<std::size_t>(args.len_q * args.len_k), 0.0f);
-    // [query, key], [key] or [query] (the layout pass ordered them): broadcast by position.
-    const bool has_q = std::any_of(mn.axes.begin(), mn.axes.end(), [&](const Axis& x) { return x.name == a.query; });
-    const bool has_k = std::any_of(mn.axes.begin(), mn.axes.end(), [&](const Axis& x) { return x.name == a.key; });
-    const std::vector<float> vals = mask.to_f32();
+  if (!call.bias_terms.empty()) bias.assign(static_cast<std::size_t>(args.len_q * args.len_k), 0.0f);
+  for (const auto& term : call.bias_terms) {
+    const std::vector<float> vals = in[static_cast<std::size_t>(term.input)]->to_f32();
     for (std::int64_t i = 0; i < args.len_q; ++i)
       for (std::int64_t j = 0; j < args.len_k; ++j) {
-        const std::size_t src = static_cast<std::size_t>((has_q ? i : 0) * (has_k ? args.len_k : 1) + (has_k ? j : 0));
+        const float v = vals[static_cast<std::size_t>(i * term.stride_q + j * term.stride_k)];
         float& dst = bias[static_cast<std::size_t>(i * args.len_k + j)];
-        if (mask.dtype == DType::boolean) {
-          if (vals[src] == 0.0f) dst = -std::numeric_limits<float>::infinity();
+        if (term.keep_mask) {
+          if (v == 0.0f) dst = -std::numeric_limits<float>::infinity();
         } else {
-          dst += vals[src];
+          dst += v;
         }
       }
-    spec.bias = true;
   }
   args.key_keep = keep.empty() ? nullptr : keep.data();
   args.bias = bias.empty() ? nullptr : bias.data();
 
   FusedResult r;
-  std::vector<std::int64_t> out_shape;
-  for (const auto& x : n.axes) out_shape.push_back(*x.extent.resolve(b));
-  r.out = NdArray::zeros(DType::f32, out_shape);
+  r.out = NdArray::zeros(DType::f32, call.out_shape);
   args.out = r.out.as<float>().data();
-  if (spec.write_weights) {
-    r.weights = NdArray::zeros(DType::f32, {args.batch, spec.hq, args.len_q, args.len_k});
+  if (call.spec.write_weights) {
+    r.weights = NdArray::zeros(DType::f32, {args.batch, call.spec.hq, args.len_q, args.len_k});
     args.weights = r.weights.as<float>().data();
   }
-  run_attention(spec, args, threads);
+  run_attention(call.spec, args, threads);
   return r;
 }
 

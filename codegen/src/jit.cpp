@@ -9,14 +9,14 @@
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/Host.h>
 #include <llvm/TargetParser/Triple.h>
+
+#include "optimize.hpp"
 
 namespace qkv::codegen {
 
@@ -84,26 +84,7 @@ const HostTarget& Jit::target() const { return impl_->host; }
 const std::string& Jit::target_key() const { return impl_->key; }
 
 bool Jit::Impl::run_pipeline(llvm::Module& module, std::string* error) {
-  module.setDataLayout(machine->createDataLayout());
-  module.setTargetTriple(machine->getTargetTriple().str());
-  std::string problems;
-  llvm::raw_string_ostream os(problems);
-  if (llvm::verifyModule(module, &os))
-    return fail(error, "jit: module '" + module.getName().str() + "' does not verify:\n" + problems);
-
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PassBuilder pb(machine.get());
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  mpm.run(module, mam);
-  return true;
+  return optimize_module(module, *machine, "jit", error);
 }
 
 bool Jit::optimize(llvm::Module& module, std::string* error) {

@@ -63,8 +63,13 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
 std::unique_ptr<llvm::Module> build_attention_module(llvm::LLVMContext& context, const AttentionSpec& spec,
                                                      const KernelConfig& config, const std::string& name) {
   auto module = std::make_unique<llvm::Module>(name, context);
-  AttentionEmitter(*module, spec, config).emit(name);
+  emit_attention_kernel(*module, spec, config, name);
   return module;
+}
+
+void emit_attention_kernel(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config,
+                           const std::string& name) {
+  AttentionEmitter(module, spec, config).emit(name);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
 std::unique_ptr<llvm::Module> build_attention_module(llvm::LLVMContext& context, const AttentionSpec& spec,
                                                      const KernelConfig& config, const std::string& name);
 
+/// Adds the function `name` to an existing module (the AOT compiler puts every kernel in one).
+void emit_attention_kernel(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config,
+                           const std::string& name);
+
 /// The C type of the generated function.
 using AttentionKernelFn = void(const AttentionArgs* args, std::int64_t batch, std::int64_t head, std::int64_t q_begin);
 

@@ -38,31 +38,13 @@
 
 #include <qkv/codegen/jit.hpp>
 
+#include "gemm_kernel.hpp"
 #include "ir_util.hpp"
 #include "thread_pool.hpp"
 
 namespace qkv::codegen::cpu {
 
-namespace {
-
-/// What the generated function reads through its first argument.
-struct GemmArgs {
-  const float* a;     // [M, K]
-  const float* bp;    // packed Bᵀ: ceil(N / NR) panels of [K][NR]
-  const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
-  float* c;           // [M, N]
-  std::int64_t m, n, k;
-};
-
-using GemmKernelFn = void(const GemmArgs* args, std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1);
-
-struct GemmConfig {
-  int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
-  std::string cpu, features;
-  [[nodiscard]] int cols() const { return lanes * col_vectors; }
-};
-
-GemmConfig choose_config(const GemmSpec& spec, const HostTarget& host) {
+GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   GemmConfig c;
   bool avx512 = false;
   for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
@@ -83,6 +65,8 @@ GemmConfig choose_config(const GemmSpec& spec, const HostTarget& host) {
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
   return c;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------------
 // IR generation
@@ -287,12 +271,20 @@ class GemmEmitter {
   llvm::Value* ap_ = nullptr;
 };
 
+}  // namespace
+
+void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::string& name) {
+  GemmEmitter(module, cfg).emit(name);
+}
+
 std::unique_ptr<llvm::Module> build_gemm_module(llvm::LLVMContext& context, const GemmConfig& cfg,
                                                 const std::string& name) {
   auto module = std::make_unique<llvm::Module>(name, context);
-  GemmEmitter(*module, cfg).emit(name);
+  emit_gemm_kernel(*module, cfg, name);
   return module;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------------
 // kernel cache
@@ -359,7 +351,7 @@ const Kernel& get_kernel(const GemmSpec& spec, GemmInfo* info) {
   const auto t0 = Clock::now();
   auto kernel = std::make_unique<Kernel>();
   kernel->spec = spec;
-  kernel->config = choose_config(spec, jit.target());
+  kernel->config = choose_gemm_config(spec, jit.target());
   kernel->name = "qkv_gemm_" + hex(spec.hash()) + "_" + std::to_string(c.added++);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = build_gemm_module(*context, kernel->config, kernel->name);
@@ -416,7 +408,7 @@ std::string gemm_kernel_ir(const GemmSpec& spec, bool optimized) {
   std::lock_guard<std::mutex> lock(c.mutex);
   Jit& jit = jit_locked(c);
   llvm::LLVMContext context;
-  auto module = build_gemm_module(context, choose_config(spec, jit.target()), "qkv_gemm_" + hex(spec.hash()));
+  auto module = build_gemm_module(context, choose_gemm_config(spec, jit.target()), "qkv_gemm_" + hex(spec.hash()));
   std::string error;
   if (optimized && !jit.optimize(*module, &error)) throw std::runtime_error("gemm_kernel_ir: " + error);
   std::string text;

@@ -35,6 +35,7 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "ir_util.hpp"
+#include "rowwise_kernel.hpp"
 #include "thread_pool.hpp"
 #include "vector_math.hpp"
 
@@ -225,6 +226,12 @@ class RowwiseEmitter {
   llvm::Function* fn_ = nullptr;
 };
 
+}  // namespace
+
+void emit_rowwise_kernels(llvm::Module& module, const HostTarget& host) { RowwiseEmitter(module, host).emit_all(); }
+
+namespace {
+
 // ------------------------------------------------------------------------------------------------
 // the kernels, compiled once
 
@@ -256,7 +263,7 @@ const Kernels& kernels() {
   if (!k->jit) throw std::runtime_error("rowwise kernels: " + error);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = std::make_unique<llvm::Module>("qkv_rowwise", *context);
-  RowwiseEmitter(*module, k->jit->target()).emit_all();
+  emit_rowwise_kernels(*module, k->jit->target());
   k->lanes = std::max(k->jit->target().vector_floats, 4);
   if (!k->jit->add(std::move(module), std::move(context), &error))
     throw std::runtime_error("rowwise kernels: " + error);

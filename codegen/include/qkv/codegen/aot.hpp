@@ -1,0 +1,106 @@
+// qkv/codegen/aot.hpp — ahead-of-time compilation of a whole graph into one C function.
+//
+//   qkv::Bindings sizes = qkv::bind_extents(graph, feeds);         // every extent concrete
+//   qkv::codegen::AotOptions opt{.function = "mha", .cpu = "x86-64-v3"};
+//   auto files = qkv::codegen::emit_aot(graph, sizes, opt, qkv::codegen::AotFormat::shared, "mha.so");
+//   // files: {"mha.so", "mha.h"}
+//
+// The graph goes through the CPU pass pipeline, then every node of the lowered graph becomes
+// code in ONE LLVM module, specialised on the concrete sizes:
+//   - fused_attention → the flash-style kernel of run_attention.hpp, called per (batch, head,
+//     query block); its masks combined as the in-process executor combines them (fused_call.hpp);
+//   - linear over the contiguous axis → the register-blocked GEMM kernel of gemm.hpp (Bᵀ packed by
+//     generated loops on each call); layer norm over the contiguous axis, gelu, relu and the
+//     equal-shape add → the row-wise kernels of rowwise.hpp;
+//   - everything else (broadcasting add/mul/bias/keep-mask, scale, softmax, causal, dropout,
+//     contract, permute, slice, concat, broadcast, fill, and linear / layer norm over another
+//     axis) → loop nests generated for the concrete strides, with the reference interpreter's
+//     semantics (docs/semantics.md); views (split, merge, rename, view) cost nothing.
+// Intermediates live in one 64-byte aligned arena (aligned_alloc) per call, with buffers reused once their values are
+// dead. The generated code needs only the C library (aligned_alloc, free, memcpy, memset) at run time:
+// no qkv, no LLVM, no C++ runtime. It runs on the calling thread.
+//
+// The C interface (the header emit_aot writes beside an object or a shared library):
+//
+//   int <function>(const float* <input>, …, const uint8_t* <bool input>, …, float* <output>, …);
+//   int <function>_packed(void* const* args);   // the same arguments as an array, in that order
+//
+// Arguments are the graph's inputs and parameters in graph order, then its outputs; every array
+// is dense, row-major, in the axis order the header lists. Returns 0, or 1 when the arena cannot
+// be allocated. Bool tensors (keep-masks: 1 = may attend) are one byte per element.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <qkv/ir/graph.hpp>
+
+namespace qkv::codegen {
+
+enum class AotFormat {
+  ll,        // LLVM IR text, after the -O3 pipeline
+  assembly,  // target assembly (.s)
+  object,    // relocatable object (.o), position-independent, plus a C header
+  shared,    // shared library (.so), linked with ld.lld (or the system `cc`), plus a C header
+};
+
+struct AotOptions {
+  /// The C name of the entry point (a C identifier).
+  std::string function = "qkv_model";
+  /// "native" (this host's CPU and features), "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", or
+  /// any CPU name LLVM's x86-64 backend knows (e.g. "znver4", "skylake-avx512").
+  std::string cpu = "native";
+};
+
+/// One argument of the generated function.
+struct AotArgument {
+  std::string name;    // the graph's name (input, parameter or output)
+  std::string c_name;  // a C identifier made of it (unique within the function)
+  DType dtype = DType::f32;
+  std::vector<Axis> axes;  // names and (concrete) extents, in memory order
+  std::int64_t numel = 0;
+  bool output = false;
+};
+
+/// The generated function's arguments, in order, and how many bytes its arena takes.
+struct AotSignature {
+  std::vector<AotArgument> args;
+  std::size_t arena_bytes = 0;
+};
+
+/// The signature emit_aot would produce. Throws ShapeError when an extent is not bound, and
+/// std::invalid_argument when the graph cannot be compiled ahead of time (a dtype other than
+/// f32 / bool at the boundary, a function name that is not a C identifier).
+AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptions& options = {});
+
+/// The C header for the function (include guard, extern "C", one comment line per argument).
+std::string aot_header(const Graph& g, const Bindings& sizes, const AotOptions& options = {});
+
+/// Compiles `g` under `sizes` and writes `path`; for object and shared formats also the header,
+/// at `path` with its extension replaced by ".h". Returns the paths written. Throws
+/// std::invalid_argument for an unknown CPU name or a graph that cannot be compiled, and
+/// std::runtime_error when writing or linking fails (the message names the file or the linker).
+std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const AotOptions& options, AotFormat format,
+                                  const std::string& path);
+
+/// The same module compiled in-process for this host (for tests, and to check an AOT build
+/// against the interpreter without a C compiler): call it with the packed arguments.
+class AotModel {
+ public:
+  static std::unique_ptr<AotModel> compile(const Graph& g, const Bindings& sizes, const AotOptions& options = {});
+  ~AotModel();
+  AotModel(const AotModel&) = delete;
+  AotModel& operator=(const AotModel&) = delete;
+  [[nodiscard]] const AotSignature& signature() const;
+  /// Calls <function>_packed(args): args[i] points at argument i of signature().
+  int run(void* const* args) const;
+
+ private:
+  struct Impl;
+  explicit AotModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qkv::codegen

@@ -1,0 +1,320 @@
+// AOT: the target machine for a CPU name, the pass pipeline, files (.ll, .s, .o, .so + C header)
+// and the in-process twin used by tests. The IR itself comes from cpu/aot_module.cpp.
+#include <qkv/codegen/aot.hpp>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Module.h>
+#include <llvm/MC/MCSubtargetInfo.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Target/TargetOptions.h>
+#include <llvm/TargetParser/Host.h>
+
+#include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+
+#include "cpu/aot_module.hpp"
+#include "optimize.hpp"
+
+extern char** environ;
+
+namespace qkv::codegen {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("aot: " + what); }
+[[noreturn]] void failed(const std::string& what) { throw std::runtime_error("aot: " + what); }
+
+bool is_c_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+void init_llvm() {
+  static const bool ok = [] {
+    return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter() &&
+           !llvm::InitializeNativeTargetAsmParser();
+  }();
+  if (!ok) failed("LLVM has no native target for this host");
+}
+
+/// The machine code is generated for, and what the kernel generators need to know of it.
+struct Machine {
+  HostTarget target;
+  std::unique_ptr<llvm::TargetMachine> tm;
+};
+
+Machine machine_for(const std::string& cpu) {
+  init_llvm();
+  Machine m;
+  if (cpu == "native" || cpu.empty()) {
+    m.target = host_target();
+  } else {
+    m.target.triple = llvm::sys::getDefaultTargetTriple();
+    m.target.cpu = cpu;
+  }
+  std::string error;
+  const llvm::Target* t = llvm::TargetRegistry::lookupTarget(m.target.triple, error);
+  if (!t) failed("no LLVM target for " + m.target.triple + ": " + error);
+  std::string features;
+  for (std::size_t i = 0; i < m.target.features.size(); ++i) features += (i ? "," : "") + m.target.features[i];
+  m.tm.reset(t->createTargetMachine(m.target.triple, m.target.cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_,
+                                    std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+  if (!m.tm) failed("cannot create a target machine for " + m.target.triple + " (" + m.target.cpu + ")");
+  const llvm::MCSubtargetInfo* sti = m.tm->getMCSubtargetInfo();
+  if (!sti->isCPUStringValid(m.target.cpu))
+    invalid("unknown CPU '" + cpu + "' (use native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4 or a CPU name LLVM knows)");
+  if (m.target.features.empty()) {  // a named CPU: its features are implied by the name
+    m.target.has_fma = sti->checkFeatures("+fma");
+    m.target.vector_floats = sti->checkFeatures("+avx512f") ? 16 : sti->checkFeatures("+avx") ? 8 : 4;
+  }
+  return m;
+}
+
+struct Compiled {
+  Graph lowered;
+  cpu::AotPlan plan;
+  AotSignature signature;
+};
+
+Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& options, const HostTarget& target) {
+  if (!is_c_identifier(options.function)) invalid("the function name '" + options.function + "' is not a C identifier");
+  Compiled c;
+  c.lowered = lower(g);
+  c.plan = cpu::plan_aot(c.lowered, sizes, target);
+  c.signature = cpu::aot_signature_of(c.lowered, sizes, options, c.plan);
+  return c;
+}
+
+/// Writes through a temporary file renamed into place, so a failure leaves no partial output.
+void write_file(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) {
+      std::remove(tmp.c_str());
+      failed("cannot write " + path);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    failed("cannot write " + path + ": " + ec.message());
+  }
+}
+
+std::string machine_code(llvm::Module& module, llvm::TargetMachine& tm, llvm::CodeGenFileType type) {
+  llvm::SmallString<0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, type)) failed("the target cannot emit this file type");
+  pm.run(module);
+  return std::string(buffer.begin(), buffer.end());
+}
+
+/// Runs argv (argv[0] looked up on PATH), returns its exit status (-1: it could not be started)
+/// and its stdout+stderr in *output.
+int run_program(const std::vector<std::string>& argv, std::string* output) {
+  char log_name[] = "/tmp/qkv-link-XXXXXX";
+  const int log = mkstemp(log_name);
+  if (log < 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, log, 1);
+  posix_spawn_file_actions_adddup2(&actions, log, 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  int status = -1;
+  if (rc == 0) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  }
+  close(log);
+  std::ifstream in(log_name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *output = ss.str();
+  std::remove(log_name);
+  return rc == 0 ? status : -1;
+}
+
+/// Links `object` into the shared library `path` with the first linker that can be started.
+void link_shared(const std::string& object, const std::string& path) {
+  const std::string soname = std::filesystem::path(path).filename().string();
+  std::vector<std::vector<std::string>> candidates;
+#ifdef QKV_LLD
+  candidates.push_back({QKV_LLD, "-shared", "-soname", soname, "-o", path, object});
+#endif
+  candidates.push_back({"ld.lld-19", "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back({"ld.lld", "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back({"cc", "-shared", "-Wl,-soname," + soname, "-o", path, object});
+  std::string tried;
+  for (const auto& argv : candidates) {
+    std::string output;
+    const int status = run_program(argv, &output);
+    if (status == 0) return;
+    if (status > 0) failed("linking " + path + " with " + argv[0] + " failed:\n" + output);
+    tried += (tried.empty() ? "" : ", ") + argv[0];
+  }
+  failed("no linker found to make " + path + " (tried " + tried + "); install lld-19 or a C compiler");
+}
+
+std::string upper(const std::string& s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string header_text(const AotSignature& sig, const AotOptions& options, const std::string& cpu) {
+  const std::string& f = options.function;
+  const std::string guard = "QKV_" + upper(f) + "_H";
+  std::ostringstream h;
+  h << "/* " << f << ".h: generated by `qkv emit` (qkv AOT compiler); do not edit.\n"
+    << " *\n"
+    << " * " << f << "() computes the model for exactly the sizes below, on the calling thread, with\n"
+    << " * machine code for the CPU `" << cpu << "`. It needs only the C library at run time.\n"
+    << " * Every array is dense and row-major, axes listed outermost first; bool tensors take one\n"
+    << " * byte per element (keep-masks: 1 = may attend, 0 = masked out).\n"
+    << " * Returns 0, or 1 when its scratch arena (" << sig.arena_bytes << " bytes, aligned_alloc'd per call) cannot\n"
+    << " * be allocated. */\n"
+    << "#ifndef " << guard << "\n#define " << guard << "\n\n#include <stdint.h>\n\n"
+    << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  h << "/* Arguments, in order:\n";
+  for (const auto& a : sig.args) {
+    std::string axes = "[";
+    for (std::size_t k = 0; k < a.axes.size(); ++k)
+      axes += (k ? ", " : "") + a.axes[k].name + "=" + std::to_string(a.axes[k].extent.value);
+    axes += "]";
+    h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
+      << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes << "\n";
+  }
+  h << " */\nint " << f << "(";
+  for (std::size_t k = 0; k < sig.args.size(); ++k) {
+    const auto& a = sig.args[k];
+    h << (k ? ", " : "") << (a.output ? "" : "const ") << (a.dtype == DType::boolean ? "uint8_t* " : "float* ")
+      << a.c_name;
+  }
+  h << ");\n\n/* The same, with args[i] pointing at argument i. */\nint " << f << "_packed(void* const* args);\n\n";
+  h << "#define " << upper(f) << "_NUM_ARGS " << sig.args.size() << "\n";
+  for (const auto& a : sig.args) h << "#define " << upper(f) << "_" << upper(a.c_name) << "_NUMEL " << a.numel << "\n";
+  h << "\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* " << guard << " */\n";
+  return h.str();
+}
+
+}  // namespace
+
+AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  return prepare(g, sizes, options, host_target()).signature;
+}
+
+std::string aot_header(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  const Machine m = machine_for(options.cpu);
+  return header_text(prepare(g, sizes, options, m.target).signature, options, m.target.cpu);
+}
+
+std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const AotOptions& options, AotFormat format,
+                                  const std::string& path) {
+  Machine m = machine_for(options.cpu);
+  const Compiled c = prepare(g, sizes, options, m.target);
+  llvm::LLVMContext context;
+  auto module = cpu::build_aot_module(context, c.lowered, sizes, c.signature, c.plan, m.target, options.function);
+  std::string error;
+  if (!optimize_module(*module, *m.tm, "aot", &error)) failed(error);
+
+  std::vector<std::string> written{path};
+  switch (format) {
+    case AotFormat::ll: {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      module->print(os, nullptr);
+      os.flush();
+      write_file(path, text);
+      return written;
+    }
+    case AotFormat::assembly:
+      write_file(path, machine_code(*module, *m.tm, llvm::CodeGenFileType::AssemblyFile));
+      return written;
+    case AotFormat::object:
+      write_file(path, machine_code(*module, *m.tm, llvm::CodeGenFileType::ObjectFile));
+      break;
+    case AotFormat::shared: {
+      const std::string object = path + ".o.tmp";
+      write_file(object, machine_code(*module, *m.tm, llvm::CodeGenFileType::ObjectFile));
+      const std::string tmp = path + ".tmp";
+      try {
+        link_shared(object, tmp);
+      } catch (...) {
+        std::remove(object.c_str());
+        std::remove(tmp.c_str());
+        throw;
+      }
+      std::remove(object.c_str());
+      std::error_code ec;
+      std::filesystem::rename(tmp, path, ec);
+      if (ec) failed("cannot write " + path + ": " + ec.message());
+      break;
+    }
+  }
+  const std::string header = std::filesystem::path(path).replace_extension(".h").string();
+  write_file(header, header_text(c.signature, options, m.target.cpu));
+  written.push_back(header);
+  return written;
+}
+
+struct AotModel::Impl {
+  AotSignature signature;
+  std::unique_ptr<Jit> jit;
+  int (*entry)(void* const*) = nullptr;
+};
+
+AotModel::AotModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AotModel::~AotModel() = default;
+
+std::unique_ptr<AotModel> AotModel::compile(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  std::string error;
+  impl->jit = Jit::create(&error);
+  if (!impl->jit) failed(error);
+  const Compiled c = prepare(g, sizes, options, impl->jit->target());
+  impl->signature = c.signature;
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module =
+      cpu::build_aot_module(*context, c.lowered, sizes, c.signature, c.plan, impl->jit->target(), options.function);
+  if (!impl->jit->add(std::move(module), std::move(context), &error)) failed(error);
+  impl->entry = impl->jit->lookup<int(void* const*)>(options.function + "_packed", &error);
+  if (!impl->entry) failed(error);
+  return std::unique_ptr<AotModel>(new AotModel(std::move(impl)));
+}
+
+const AotSignature& AotModel::signature() const { return impl_->signature; }
+
+int AotModel::run(void* const* args) const { return impl_->entry(args); }
+
+}  // namespace qkv::codegen

@@ -1,0 +1,257 @@
+// The AOT compiler (qkv/codegen/aot.hpp): whole graphs compiled into one function, run in-process
+// through AotModel and compared with the reference interpreter; the files emit_aot writes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <qkv/codegen/aot.hpp>
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+
+using ::testing::HasSubstr;
+
+namespace qkv::nn {
+namespace {
+
+QKV_AXIS(Feat);
+
+/// Runs the AOT-compiled function on `feeds` and returns its outputs by name.
+std::map<std::string, std::vector<float>> run_aot(const Graph& g, const Feeds& feeds) {
+  const Bindings sizes = bind_extents(g, feeds);
+  auto model = codegen::AotModel::compile(g, sizes);
+  const auto& sig = model->signature();
+  std::vector<std::vector<float>> f32(sig.args.size());
+  std::vector<std::vector<std::uint8_t>> bytes(sig.args.size());
+  std::vector<void*> args;
+  for (std::size_t k = 0; k < sig.args.size(); ++k) {
+    const auto& a = sig.args[k];
+    if (a.output) {
+      if (a.dtype == DType::boolean) {
+        bytes[k].assign(static_cast<std::size_t>(a.numel), 0xAB);
+        args.push_back(bytes[k].data());
+      } else {
+        f32[k].assign(static_cast<std::size_t>(a.numel), std::nanf(""));  // every element must be written
+        args.push_back(f32[k].data());
+      }
+      continue;
+    }
+    const NdArray& in = feeds.at(a.name);
+    EXPECT_EQ(in.numel(), a.numel) << a.name;
+    if (a.dtype == DType::boolean) {
+      for (float v : in.to_f32()) bytes[k].push_back(v != 0.0f ? 1 : 0);
+      args.push_back(bytes[k].data());
+    } else {
+      f32[k] = in.to_f32();
+      args.push_back(f32[k].data());
+    }
+  }
+  EXPECT_EQ(model->run(args.data()), 0);
+  std::map<std::string, std::vector<float>> out;
+  for (std::size_t k = 0; k < sig.args.size(); ++k)
+    if (sig.args[k].output) out[sig.args[k].name] = f32[k];
+  return out;
+}
+
+/// Every output against the interpreter: max |a - b| / max(1, |b|) <= tol; infinities exact.
+void expect_aot_agrees(const Graph& g, const Feeds& feeds, double tol = 2e-5) {
+  const RunResult want = interpret(g, feeds);
+  const auto got = run_aot(g, feeds);
+  ASSERT_EQ(got.size(), want.outputs.size());
+  for (const auto& [name, w] : want.outputs) {
+    const auto& a = got.at(name);
+    const auto wv = w.to_f32();
+    ASSERT_EQ(a.size(), wv.size()) << name;
+    double err = 0;
+    for (std::size_t i = 0; i < wv.size(); ++i) {
+      if (std::isinf(wv[i])) {
+        EXPECT_EQ(a[i], wv[i]) << name << "[" << i << "]";
+        continue;
+      }
+      ASSERT_FALSE(std::isnan(a[i])) << name << "[" << i << "] was not written (or is NaN)";
+      err = std::max(err,
+                     std::abs(static_cast<double>(a[i]) - wv[i]) / std::max(1.0, std::abs(static_cast<double>(wv[i]))));
+    }
+    EXPECT_LE(err, tol) << name;
+  }
+}
+
+TEST(Aot, MultiHeadAttentionWithPaddingAndWeights) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto [out, w] = MultiHeadAttention<64, 4>::make(g)(x, keep);
+  output(out, "out");
+  output(w, "weights");
+  Feeds f = random_feeds(g, {{"Batch", 3}, {"Seq", 33}, {"Key", 33}}, 5, 0.5f);
+  f["keep"] = keep_first({33, 7, 0}, 33);  // the last sequence sees no key: zero rows
+  expect_aot_agrees(g, f);
+}
+
+TEST(Aot, CausalBottomRightOnUnequalLengthsWithWiderValues) {
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, ValueDim<48>>>(g, "v");
+  auto [out, w] = attention(q, k, v, causal_bottom_right);
+  output(out, "out");
+  output(w, "weights");
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", 19}}, 6));
+}
+
+TEST(Aot, GroupedQueryAttentionCausal) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
+  output(GroupedQueryAttention<64, 8, 2>::make(g)(x, causal_mask).first, "out");
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 17}}, 7, 0.5f));
+}
+
+TEST(Aot, DropoutMasksEqualTheInterpreters) {
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
+  auto p = dropout(softmax<Key>(scaled(contract<HeadDim>(q, k))), 0.3, 99);
+  output(contract<Key>(p, v), "out");
+  output(p, "weights");
+  const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 9}, {"Key", 9}}, 8);
+  const auto want = interpret(g, f).outputs.at("weights").to_f32();
+  const auto got = run_aot(g, f).at("weights");
+  int dropped = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i] == 0.0f, got[i] == 0.0f) << i;
+    dropped += want[i] == 0.0f;
+  }
+  EXPECT_GT(dropped, 0);
+  expect_aot_agrees(g, f);
+}
+
+TEST(Aot, EncoderLayerThenCrossAttention) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+  auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(g, "key");
+  auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(g, "value");
+  auto enc = EncoderLayer<32, 4, 64, Activation::gelu>::make(g, "enc.", NormPlacement::pre);
+  auto cross = CrossAttention<32, 4, 20, 12>::make(g, "cross.");
+  output(cross(enc(x), key, value).first, "out");
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 6}, {"Mem", 11}}, 9, 0.5f));
+}
+
+TEST(Aot, PostNormReluEncoderWithHeadsAsModules) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<24>>>(g, "x");
+  auto enc = EncoderLayer<24, 3, 40, Activation::relu>::make(g, "enc.", NormPlacement::post);
+  auto heads = HeadsAsModules<24, 3>::make(g, "mods.");
+  output(heads(enc(x)), "out");
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}}, 11, 0.5f));
+}
+
+TEST(Aot, UnfusedChainsRunAsLoopNests) {
+  // A per-(batch, head) bias keeps the chain unfused: contract, scale, bias, softmax, contract
+  // and the permutes all become generated loops.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
+  auto bias = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, Key<dyn>>>(g, "bias");
+  output(MultiHeadAttention<16, 2>::make(g)(x, bias).first, "out");
+  ASSERT_EQ(codegen::cpu::fused_attention_count(g), 0);
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 3));
+}
+
+TEST(Aot, OpsOverANonContiguousAxis) {
+  // softmax, layer norm and linear over the first (strided) axis, then a broadcasting mul.
+  Graph g;
+  auto x = input<Tensor<f32, Feat<12>, Seq<dyn>>>(g, "x");
+  auto s = input<Tensor<f32, Seq<dyn>>>(g, "s");
+  auto ln = layer_norm_params<Feat<12>>(g, "ln");
+  auto lin = linear_params<Feat<12>, Hidden<7>>(g, "lin");
+  auto y = linear(layer_norm(softmax<Feat>(x), ln), lin);
+  output(mul(y, s), "out");
+  expect_aot_agrees(g, random_feeds(g, {{"Seq", 9}}, 12));
+}
+
+TEST(Aot, SignatureHeaderAndArenaReuse) {
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<64>>>(g, "x.in");
+  output(relu(relu(relu(relu(x)))), "y");
+  const Bindings sizes{{"Seq", 10}};
+  const auto sig = codegen::aot_signature(g, sizes);
+  ASSERT_EQ(sig.args.size(), 2u);
+  EXPECT_EQ(sig.args[0].c_name, "x_in");
+  EXPECT_FALSE(sig.args[0].output);
+  EXPECT_EQ(sig.args[0].numel, 640);
+  EXPECT_TRUE(sig.args[1].output);
+  EXPECT_EQ(sig.arena_bytes, 2u * 10 * 64 * 4);  // four relus ping-pong in two buffers
+
+  codegen::AotOptions opt;
+  opt.function = "tiny";
+  opt.cpu = "x86-64-v3";
+  const std::string h = codegen::aot_header(g, sizes, opt);
+  EXPECT_THAT(h, HasSubstr("int tiny(const float* x_in, float* y);"));
+  EXPECT_THAT(h, HasSubstr("int tiny_packed(void* const* args);"));
+  EXPECT_THAT(h, HasSubstr("#define TINY_X_IN_NUMEL 640"));
+  EXPECT_THAT(h, HasSubstr("x_in (x.in): input f32 [Seq=10, Model=64]"));
+
+  opt.function = "not an identifier";
+  EXPECT_THROW(codegen::aot_header(g, sizes, opt), std::invalid_argument);
+  opt.function = "tiny";
+  opt.cpu = "no-such-cpu";
+  EXPECT_THROW(codegen::aot_header(g, sizes, opt), std::invalid_argument);
+  EXPECT_THROW(codegen::aot_signature(g, {}), ShapeError);  // Seq is not bound
+}
+
+TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
+  Graph g;
+  auto q = input<Tensor<f32, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+  auto k = input<Tensor<f32, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+  auto v = input<Tensor<f32, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
+  output(attention(q, k, v).first, "out");
+  const Bindings sizes{{"Seq", 8}, {"Key", 8}};
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_aot_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  codegen::AotOptions opt;
+  opt.function = "sdpa8";
+  for (const char* cpu : {"native", "x86-64-v2", "x86-64-v3", "x86-64-v4"}) {
+    opt.cpu = cpu;
+    const auto s = codegen::emit_aot(g, sizes, opt, codegen::AotFormat::assembly, (dir / "k.s").string());
+    ASSERT_EQ(s.size(), 1u);
+    const std::string text = read(dir / "k.s");
+    EXPECT_NE(text.find("sdpa8_packed:"), std::string::npos) << cpu;
+    if (std::string(cpu) == "x86-64-v4") EXPECT_NE(text.find("zmm"), std::string::npos) << "AVX-512 code for v4";
+    if (std::string(cpu) == "x86-64-v3") {
+      EXPECT_NE(text.find("ymm"), std::string::npos) << "AVX2 code for v3";
+      EXPECT_EQ(text.find("zmm"), std::string::npos) << "no AVX-512 for v3";
+    }
+  }
+  opt.cpu = "native";
+  codegen::emit_aot(g, sizes, opt, codegen::AotFormat::ll, (dir / "k.ll").string());
+  const std::string ir = read(dir / "k.ll");
+  // (not EXPECT_THAT: a failure would print the whole module)
+  EXPECT_NE(ir.find("i32 @sdpa8(ptr"), std::string::npos);
+  EXPECT_NE(ir.find("i32 @sdpa8_packed(ptr"), std::string::npos);
+  EXPECT_NE(ir.find("define internal fastcc void @qkv_attention_"), std::string::npos);
+  EXPECT_EQ(ir.find("define void @qkv_"), std::string::npos) << "kernels must not be exported";
+
+  auto files = codegen::emit_aot(g, sizes, opt, codegen::AotFormat::object, (dir / "k.o").string());
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(read(dir / "k.o").substr(1, 3), "ELF");
+  EXPECT_THAT(read(dir / "k.h"), HasSubstr("int sdpa8(const float* q, const float* k, const float* v, float* out);"));
+  files = codegen::emit_aot(g, sizes, opt, codegen::AotFormat::shared, (dir / "libk.so").string());
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(read(dir / "libk.so").substr(1, 3), "ELF");
+  EXPECT_FALSE(std::filesystem::exists(dir / "libk.so.o.tmp"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace qkv::nn
