@@ -44,8 +44,8 @@ using Values = std::vector<llvm::Value*>;
 
 class AttentionPtx {
  public:
-  AttentionPtx(llvm::Module& module, const AttentionKernel& request)
-      : kb_(module),
+  AttentionPtx(llvm::Module& module, const AttentionKernel& request, const HostEmulation* emulation)
+      : kb_(module, emulation),
         b_(kb_.b()),
         spec_(request.spec),
         g_(attention_geometry(request)),
@@ -107,7 +107,7 @@ class AttentionPtx {
   llvm::Value *q_blk_ = nullptr, *k_blk_ = nullptr, *v_blk_ = nullptr, *o_blk_ = nullptr, *w_blk_ = nullptr,
               *keep_blk_ = nullptr;
   // shared memory
-  llvm::GlobalVariable* smem_ = nullptr;
+  llvm::Value* smem_ = nullptr;
   llvm::Value *qs_ = nullptr, *ks_ = nullptr, *vs_ = nullptr, *ps_ = nullptr;
   Values q_rows_, k_rows_, p_rows_;  // per-thread row pointers into Q, K, P
   llvm::Value* v_lane_ = nullptr;    // V + kg·wv: this lane's first value column
@@ -507,8 +507,8 @@ void AttentionPtx::store_output(const Values& o, const Values* inv) {
 
 }  // namespace
 
-KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request) {
-  return AttentionPtx(module, request).emit(kernel_name(request));
+KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request, const HostEmulation* emulation) {
+  return AttentionPtx(module, request, emulation).emit(kernel_name(request));
 }
 
 }  // namespace qkv::codegen::nvptx::detail

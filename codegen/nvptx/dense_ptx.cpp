@@ -56,7 +56,7 @@ std::pair<llvm::Value*, llvm::Value*> grid_stride(KernelBuilder& kb) {
 // slice of BK: both operand tiles are staged k-major (As[k][m], Bs[k][n], zeros outside M, N, K),
 // then per k two ld.shared.v4 of As, one of Bs and 32 fma. Accumulation is in increasing k.
 
-KernelInfo build_linear(llvm::Module& module, const LinearKernel& r) {
+KernelInfo build_linear(llvm::Module& module, const LinearKernel& r, const HostEmulation* emulation) {
   if (r.block_m < 8 || r.block_m % 8 != 0 || r.block_n < 4 || r.block_n % 4 != 0 || r.block_k < 1 || r.block_k > 64)
     fail("linear: block_m must be a multiple of 8, block_n a multiple of 4, block_k in [1, 64]");
   const int threads = (r.block_m / 8) * (r.block_n / 4);
@@ -65,7 +65,7 @@ KernelInfo build_linear(llvm::Module& module, const LinearKernel& r) {
   const std::int64_t smem_floats = std::int64_t{r.block_k} * (am + bn);
   if (smem_floats * 4 > 48 * 1024) fail("linear: the tiles need more than 48 KiB of static shared memory");
 
-  KernelBuilder kb(module);
+  KernelBuilder kb(module, emulation);
   auto& b = kb.b();
   llvm::Type *p = kb.ptr(), *i64 = kb.i64(), *f32 = kb.f32();
   const std::string name = kernel_name(r);
@@ -74,7 +74,7 @@ KernelInfo build_linear(llvm::Module& module, const LinearKernel& r) {
   mark_inputs(fn, {0, 1, 2}, {3}, true);
   llvm::Value *x = fn->getArg(0), *w = fn->getArg(1), *bias = fn->getArg(2), *y = fn->getArg(3);
   llvm::Value *M = fn->getArg(4), *N = fn->getArg(5), *K = fn->getArg(6);
-  llvm::GlobalVariable* smem = kb.static_shared("qkv_linear_tiles", smem_floats);
+  llvm::Value* smem = kb.static_shared("qkv_linear_tiles", smem_floats);
   llvm::Value* as = b.CreateConstInBoundsGEP1_64(f32, smem, 0);
   llvm::Value* bs = b.CreateConstInBoundsGEP1_64(f32, smem, static_cast<std::uint64_t>(r.block_k * am));
 
@@ -175,9 +175,9 @@ KernelInfo build_linear(llvm::Module& module, const LinearKernel& r) {
 // y = (x − mean)·(1/sqrt(var + eps))·gamma + beta — the CPU kernel's operations, with the sums
 // taken lane-strided and then by butterfly shuffles.
 
-KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& r) {
+KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& r, const HostEmulation* emulation) {
   check_threads(r.threads, 1024, "layer_norm");
-  KernelBuilder kb(module);
+  KernelBuilder kb(module, emulation);
   auto& b = kb.b();
   llvm::Type *p = kb.ptr(), *i64 = kb.i64(), *f32 = kb.f32();
   const std::string name = kernel_name(r);
@@ -262,9 +262,9 @@ llvm::Value* gelu(KernelBuilder& kb, llvm::Value* x) {
 
 }  // namespace
 
-KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& r) {
+KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& r, const HostEmulation* emulation) {
   check_threads(r.threads, 1024, "elementwise");
-  KernelBuilder kb(module);
+  KernelBuilder kb(module, emulation);
   auto& b = kb.b();
   llvm::Type *p = kb.ptr(), *i64 = kb.i64(), *f32 = kb.f32();
   const std::string name = kernel_name(r);
@@ -310,10 +310,10 @@ KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& r) {
 // grid's stride fits in i32 (every size <= count does too) the index is unravelled with 32-bit
 // divisions; otherwise with 64-bit ones. Offsets are always i64.
 
-KernelInfo build_strided_copy(llvm::Module& module, const StridedCopyKernel& r) {
+KernelInfo build_strided_copy(llvm::Module& module, const StridedCopyKernel& r, const HostEmulation* emulation) {
   if (r.rank < 1 || r.rank > 6) fail("strided_copy: rank " + std::to_string(r.rank) + " is not in [1, 6]");
   check_threads(r.threads, 1024, "strided_copy");
-  KernelBuilder kb(module);
+  KernelBuilder kb(module, emulation);
   auto& b = kb.b();
   llvm::Type *p = kb.ptr(), *i64 = kb.i64(), *f32 = kb.f32();
   const std::string name = kernel_name(r);

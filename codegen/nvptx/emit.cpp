@@ -109,6 +109,21 @@ std::mutex& emit_mutex() {
 
 }  // namespace
 
+namespace detail {
+KernelInfo build_emulation(llvm::Module& module, const KernelRequest& request, const HostEmulation& emulation) {
+  return std::visit(
+      [&](const auto& r) -> KernelInfo {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, AttentionKernel>) return build_attention(module, r, &emulation);
+        if constexpr (std::is_same_v<T, LinearKernel>) return build_linear(module, r, &emulation);
+        if constexpr (std::is_same_v<T, LayerNormKernel>) return build_layer_norm(module, r, &emulation);
+        if constexpr (std::is_same_v<T, ElementwiseKernel>) return build_elementwise(module, r, &emulation);
+        if constexpr (std::is_same_v<T, StridedCopyKernel>) return build_strided_copy(module, r, &emulation);
+      },
+      request);
+}
+}  // namespace detail
+
 PtxKernel emit_ptx(const KernelRequest& request, int sm) {
   auto tm = make_machine(sm);
   llvm::LLVMContext context;

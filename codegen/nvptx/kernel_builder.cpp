@@ -13,15 +13,29 @@
 
 namespace qkv::codegen::nvptx::detail {
 
-KernelBuilder::KernelBuilder(llvm::Module& module) : module_(module), ctx_(module.getContext()), b_(ctx_) {}
+KernelBuilder::KernelBuilder(llvm::Module& module, const HostEmulation* emulation)
+    : module_(module), ctx_(module.getContext()), b_(ctx_), emu_(emulation) {}
+
+llvm::Value* KernelBuilder::host_call(const void* fn, llvm::Type* ret, llvm::ArrayRef<llvm::Value*> args) {
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* a : args) types.push_back(a->getType());
+  auto* type = llvm::FunctionType::get(ret, types, false);
+  llvm::Value* callee =
+      llvm::ConstantExpr::getIntToPtr(b_.getInt64(reinterpret_cast<std::uintptr_t>(fn)), b_.getPtrTy());
+  return b_.CreateCall(type, callee, args);
+}
 
 llvm::Function* KernelBuilder::declare_kernel(const std::string& name, const std::vector<llvm::Type*>& params,
                                               const std::vector<std::string>& names, int max_threads, int min_blocks) {
   auto* type = llvm::FunctionType::get(b_.getVoidTy(), params, false);
   fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
-  fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
   for (unsigned i = 0; i < fn_->arg_size() && i < names.size(); ++i) fn_->getArg(i)->setName(names[i]);
+  if (emu_) {  // a plain host function
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    return fn_;
+  }
+  fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
   // LLVM 19's NVPTX backend reads kernels and launch bounds from !nvvm.annotations (the calling
   // convention alone marks a kernel too; both agree here). maxntidx becomes .maxntid, which lets
   // ptxas budget registers for the real block size.
@@ -40,18 +54,34 @@ llvm::Function* KernelBuilder::declare_kernel(const std::string& name, const std
   return fn_;
 }
 
-llvm::Value* KernelBuilder::sreg(llvm::Intrinsic::ID id) { return b_.CreateIntrinsic(id, {}, {}); }
-llvm::Value* KernelBuilder::tid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x); }
-llvm::Value* KernelBuilder::ntid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x); }
-llvm::Value* KernelBuilder::ctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x); }
-llvm::Value* KernelBuilder::ctaid_y() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y); }
-llvm::Value* KernelBuilder::ctaid_z() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z); }
-llvm::Value* KernelBuilder::nctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x); }
+llvm::Value* KernelBuilder::sreg(llvm::Intrinsic::ID id, int which) {
+  if (emu_) return host_call(reinterpret_cast<const void*>(emu_->sreg), i32(), {c32(which)});
+  return b_.CreateIntrinsic(id, {}, {});
+}
+llvm::Value* KernelBuilder::tid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, 0); }
+llvm::Value* KernelBuilder::ntid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x, 1); }
+llvm::Value* KernelBuilder::ctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, 2); }
+llvm::Value* KernelBuilder::ctaid_y() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y, 3); }
+llvm::Value* KernelBuilder::ctaid_z() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z, 4); }
+llvm::Value* KernelBuilder::nctaid_x() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x, 5); }
 
-void KernelBuilder::barrier() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {}); }
-void KernelBuilder::warp_sync() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_bar_warp_sync, {}, {b_.getInt32(~0u)}); }
+void KernelBuilder::barrier() {
+  if (emu_) {
+    host_call(reinterpret_cast<const void*>(emu_->barrier), b_.getVoidTy(), {});
+    return;
+  }
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {});
+}
+void KernelBuilder::warp_sync() {
+  if (emu_) {
+    host_call(reinterpret_cast<const void*>(emu_->warp_sync), b_.getVoidTy(), {});
+    return;
+  }
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_bar_warp_sync, {}, {b_.getInt32(~0u)});
+}
 
 llvm::Value* KernelBuilder::shfl_xor(llvm::Value* x, int lane_xor) {
+  if (emu_) return host_call(reinterpret_cast<const void*>(emu_->shfl_xor), f32(), {x, c32(lane_xor)});
   return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_shfl_sync_bfly_f32, {},
                             {b_.getInt32(~0u), x, c32(lane_xor), c32(0x1f)});
 }
@@ -67,6 +97,7 @@ llvm::Value* KernelBuilder::group_max(llvm::Value* x, int width) {
 }
 
 llvm::Value* KernelBuilder::ex2(llvm::Value* x) {
+  if (emu_) return host_call(reinterpret_cast<const void*>(emu_->ex2), f32(), {x});
   return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {}, {x});
 }
 
@@ -80,7 +111,8 @@ llvm::Value* KernelBuilder::smax(llvm::Value* a, llvm::Value* x) {
   return b_.CreateIntrinsic(llvm::Intrinsic::smax, {a->getType()}, {a, x});
 }
 
-llvm::GlobalVariable* KernelBuilder::dynamic_shared(const std::string& name) {
+llvm::Value* KernelBuilder::dynamic_shared(const std::string& name) {
+  if (emu_) return llvm::ConstantExpr::getIntToPtr(b_.getInt64(reinterpret_cast<std::uintptr_t>(emu_->shared)), ptr());
   auto* type = llvm::ArrayType::get(f32(), 0);
   auto* g = new llvm::GlobalVariable(module_, type, false, llvm::GlobalValue::ExternalLinkage, nullptr, name, nullptr,
                                      llvm::GlobalValue::NotThreadLocal, kShared);
@@ -88,7 +120,8 @@ llvm::GlobalVariable* KernelBuilder::dynamic_shared(const std::string& name) {
   return g;
 }
 
-llvm::GlobalVariable* KernelBuilder::static_shared(const std::string& name, std::int64_t floats) {
+llvm::Value* KernelBuilder::static_shared(const std::string& name, std::int64_t floats) {
+  if (emu_) return llvm::ConstantExpr::getIntToPtr(b_.getInt64(reinterpret_cast<std::uintptr_t>(emu_->shared)), ptr());
   auto* type = llvm::ArrayType::get(f32(), static_cast<std::uint64_t>(floats));
   auto* g =
       new llvm::GlobalVariable(module_, type, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(type),

@@ -28,12 +28,26 @@ struct KernelInfo {
 /// Shared-memory address space of NVPTX.
 inline constexpr unsigned kShared = 3;
 
+/// Host emulation (tests only): the same generators, but the NVPTX-specific operations become
+/// calls to these host functions (by absolute address) and shared memory is a host buffer, so the
+/// kernel can be JIT-compiled for the CPU and run with one host thread per GPU thread. Everything
+/// else — indexing, tiling, masks, softmax, dropout — is the very IR the PTX is made from.
+struct HostEmulation {
+  std::int32_t (*sreg)(std::int32_t which) = nullptr;  // which: 0 tid.x, 1 ntid.x, 2..4 ctaid.x/y/z, 5 nctaid.x
+  void (*barrier)() = nullptr;                         // bar.sync 0 across the block
+  void (*warp_sync)() = nullptr;                       // bar.warp.sync -1
+  float (*shfl_xor)(float x, std::int32_t lane_xor) = nullptr;
+  float (*ex2)(float x) = nullptr;  // ex2.approx.ftz.f32
+  float* shared = nullptr;          // the block's shared memory (16-byte aligned, large enough)
+};
+
 /// Counted loop body: the induction variable and the carried values in, the next carried values out.
 using LoopBody = std::function<std::vector<llvm::Value*>(llvm::Value* i, const std::vector<llvm::Value*>& carried)>;
 
 class KernelBuilder {
  public:
-  explicit KernelBuilder(llvm::Module& module);
+  /// emulation: null for NVPTX; otherwise the host hooks (see HostEmulation).
+  explicit KernelBuilder(llvm::Module& module, const HostEmulation* emulation = nullptr);
 
   /// A kernel `name` returning void with the given parameters (named), in the ptx_kernel calling
   /// convention, annotated as a kernel with at most `max_threads` threads per block (.maxntid)
@@ -83,9 +97,9 @@ class KernelBuilder {
   llvm::Value* smax(llvm::Value* a, llvm::Value* x);
 
   /// The module's extern dynamic shared-memory array (`extern __shared__ float4 smem[]`).
-  llvm::GlobalVariable* dynamic_shared(const std::string& name);
+  llvm::Value* dynamic_shared(const std::string& name);
   /// A static shared array of `floats` f32, 16-byte aligned.
-  llvm::GlobalVariable* static_shared(const std::string& name, std::int64_t floats);
+  llvm::Value* static_shared(const std::string& name, std::int64_t floats);
 
   /// for (i = begin; i < end; i += step): signed compare in the type of `begin` (end and step are
   /// converted to it), guarded and rotated like codegen/src/cpu/ir_util.hpp's emit_loop. Returns
@@ -107,7 +121,9 @@ class KernelBuilder {
                             const std::string& name);
 
  private:
-  llvm::Value* sreg(llvm::Intrinsic::ID id);
+  llvm::Value* sreg(llvm::Intrinsic::ID id, int which);
+  /// A call of a host function by address (emulation).
+  llvm::Value* host_call(const void* fn, llvm::Type* ret, llvm::ArrayRef<llvm::Value*> args);
   std::vector<llvm::Value*> loop_impl(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
                                       std::vector<llvm::Value*> init, const LoopBody& body, const std::string& name,
                                       bool unroll);
@@ -115,14 +131,23 @@ class KernelBuilder {
   llvm::Module& module_;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
+  const HostEmulation* emu_ = nullptr;
   llvm::Function* fn_ = nullptr;
 };
 
-// --- the generators (each fills `module` with one kernel and says how to launch it)
-KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request);
-KernelInfo build_linear(llvm::Module& module, const LinearKernel& request);
-KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& request);
-KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& request);
-KernelInfo build_strided_copy(llvm::Module& module, const StridedCopyKernel& request);
+// --- the generators (each fills `module` with one kernel and says how to launch it; with
+// `emulation`, the host-emulation variant of the same kernel)
+KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request,
+                           const HostEmulation* emulation = nullptr);
+KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
+KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& request,
+                            const HostEmulation* emulation = nullptr);
+KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& request,
+                             const HostEmulation* emulation = nullptr);
+KernelInfo build_strided_copy(llvm::Module& module, const StridedCopyKernel& request,
+                              const HostEmulation* emulation = nullptr);
+
+/// Any request's host-emulation kernel (build_* with `emulation`), for tests.
+KernelInfo build_emulation(llvm::Module& module, const KernelRequest& request, const HostEmulation& emulation);
 
 }  // namespace qkv::codegen::nvptx::detail
