@@ -314,8 +314,9 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Emulation, EmulatedAttention, ::testing::ValuesIn(attention_cases()),
-                         [](const auto& info) { return info.param.label; });
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& param) { return param.param.label; }
+
+INSTANTIATE_TEST_SUITE_P(Emulation, EmulatedAttention, ::testing::ValuesIn(attention_cases()), attn_case_name);
 
 // ------------------------------------------------------------------------------------------------
 // the dense kernels

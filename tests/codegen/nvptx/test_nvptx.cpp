@@ -45,6 +45,7 @@ std::vector<Case> attention_cases() {
   add("d64", attention(64, 64));
   add("d80", attention(80, 80));
   add("d128", attention(128, 128));
+  add("d256", attention(256, 256));
   add("dk64_dv32", attention(64, 32));
   add("dk33_dv17_scalar", attention(33, 17));
   {

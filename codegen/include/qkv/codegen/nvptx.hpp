@@ -58,6 +58,9 @@ struct AttentionKernel {
   int block_k = 0;
   /// Threads per block: a multiple of 32, at most 512 (4 warps by default).
   int threads = 128;
+  // Each thread carries R·(block_k/8 + ~dv/8) fp32 accumulators, R = block_q / (4·warps); more
+  // than 160 is refused (ptxas would spill): lower block_q for wide heads. The kernels are
+  // annotated .maxntid threads and .minnctapersm 1, so ptxas may use up to 255 registers.
   friend bool operator==(const AttentionKernel&, const AttentionKernel&) = default;
 };
 
