@@ -219,7 +219,7 @@ TEST_F(Cli, HeatmapWritesAPngForSmallAndLargeWeights) {
 
 TEST_F(Cli, HelpOnEverySubcommandHasAnExample) {
   for (const char* cmd :
-       {"run mha", "run sdpa", "run encoder-layer", "run encoder", "shapes", "bench", "verify", "heatmap"}) {
+       {"run mha", "run sdpa", "run encoder-layer", "run encoder", "shapes", "bench", "verify", "heatmap", "emit"}) {
     const Result r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr("Example:")) << cmd;
@@ -241,6 +241,34 @@ TEST_F(Cli, UsageErrorsExitTwo) {
     const Result r = run(bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
     EXPECT_FALSE(fs::exists(tmp("o.npy")));
+  }
+}
+
+TEST_F(Cli, EmitWritesEveryFormatAndRefusesBadFlags) {
+  const std::string model = "emit sdpa --batch 1 --heads 2 --seq 9 --head-dim 16 --causal ";
+  for (const char* f : {"ll", "asm", "obj", "so"}) {
+    const std::string out = tmp(std::string("k.") + f);
+    const Result r = run(model + "--format " + f + " --function attn -o " + out);
+    EXPECT_EQ(r.code, 0) << f << "\n" << r.err;
+    EXPECT_TRUE(fs::exists(out)) << f;
+    const bool with_header = std::string(f) == "obj" || std::string(f) == "so";
+    EXPECT_EQ(fs::exists(fs::path(out).replace_extension(".h")), with_header) << f;
+    if (with_header) EXPECT_THAT(slurp(fs::path(out).replace_extension(".h")), HasSubstr("int attn(const float* q,"));
+    fs::remove(fs::path(out).replace_extension(".h"));
+  }
+  const Result p = run(model + "--target nvptx --sm 90 -o " + tmp("k.ptx"));
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_THAT(slurp(tmp("k.ptx")), HasSubstr(".target sm_90"));
+  EXPECT_THAT(slurp(tmp("k.ptx")), HasSubstr("// qkv kernel: qkv_attention_"));
+
+  for (const std::string& bad : std::vector<std::string>{
+           model + "--cpu no-such-cpu -o " + tmp("x.so"), model + "--function 9lives -o " + tmp("x.so"),
+           model + "--target nvptx --format so -o " + tmp("x.so"), model + "--target nvptx --sm 70 -o " + tmp("x.so"),
+           model + "--format ptx -o " + tmp("x.so"), model + "--format so"}) {
+    const Result r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    expect_one_line_error(r);
+    EXPECT_FALSE(fs::exists(tmp("x.so"))) << bad;
   }
 }
 

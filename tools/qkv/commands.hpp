@@ -85,4 +85,18 @@ struct Heatmap {
 };
 int heatmap(const Heatmap& h);
 
+/// qkv emit: a model by shape compiled ahead of time. cpu: the whole model as one C function
+/// (ll | asm | obj | so; obj and so also write a C header beside the file); nvptx: the model's
+/// fused attention kernel as PTX. `example_dir`: also write the seeded inputs and the reference
+/// interpreter's outputs there as .npy, one file per argument of the generated function.
+struct Emit {
+  ShapeModel model;
+  std::string target = "cpu";  // cpu | nvptx
+  std::string cpu = "native";
+  int sm = 80;
+  std::string format;  // ll | asm | obj | so | ptx (default: so for cpu, ptx for nvptx)
+  std::string out, function, example_dir;
+};
+int emit(const Emit& e);
+
 }  // namespace qkv::cli

@@ -43,16 +43,6 @@ void write_all(const std::vector<std::pair<std::string, NdArray>>& files) {
   }
 }
 
-namespace {
-
-struct Instance {
-  Graph graph;
-  Bindings sizes;
-  Feeds feeds;
-  double flops = 0;  // of the attention core: 4*B*H*L*S*D, half when causal
-};
-
-/// A shape-only model: the same builders as `qkv run`, seeded weights and inputs.
 Instance instantiate(const ShapeModel& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
   if (s.kv_heads != 0 && s.kv_heads != s.heads)
@@ -110,6 +100,8 @@ Instance instantiate(const ShapeModel& s) {
   }
   return in;
 }
+
+namespace {
 
 /// The graph with every extent replaced by its bound size.
 Graph with_sizes(const Graph& g, const Bindings& b) {

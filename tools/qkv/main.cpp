@@ -82,6 +82,10 @@ int host() {
 
 int main(int argc, char** argv) {
   CLI::App app{"qkv: attention models with shapes in the type system, compiled to fused kernels"};
+  // CLI11's own parse errors read like ours: "qkv: error: …" and a pointer to --help (exit 2).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "qkv: error: " + std::string(e.what()) + "\nRun with --help for more information.\n";
+  });
   app.set_version_flag("--version", std::string("qkv ") + QKV_VERSION);
   app.require_subcommand(1);
   app.footer("Run `qkv <command> --help` for the flags of a command.");
@@ -205,8 +209,25 @@ int main(int argc, char** argv) {
   heatmap_cmd->add_option("--title", hm.title, "Title");
   heatmap_cmd->add_option("--out,-o", hm.out, "PNG file")->required();
 
-  auto* emit_cmd = app.add_subcommand("emit", "Emit a model's kernels (.ll/.s/.o/.so/.ptx)");
-  emit_cmd->allow_extras();
+  Emit emit_opts;
+  ShapeFlags emit_flags;
+  auto* emit_cmd = app.add_subcommand("emit", "Compile a model ahead of time (.ll/.s/.o/.so + C header, or .ptx)");
+  emit_cmd->footer(
+      "Example: qkv emit mha --batch 1 --heads 8 --seq 128 --embed-dim 512 --target cpu --cpu x86-64-v3 --format so "
+      "-o mha.so");
+  emit_flags.add(emit_cmd);
+  emit_cmd->add_option("--target", emit_opts.target, "cpu | nvptx")
+      ->check(CLI::IsMember({"cpu", "nvptx"}))
+      ->capture_default_str();
+  emit_cmd->add_option("--cpu", emit_opts.cpu, "native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM CPU name")
+      ->capture_default_str();
+  emit_cmd->add_option("--sm", emit_opts.sm, "80 | 86 | 87 | 89 | 90 (nvptx)")->capture_default_str();
+  emit_cmd->add_option("--format", emit_opts.format, "ll | asm | obj | so (cpu; default so) | ptx (nvptx)")
+      ->check(CLI::IsMember({"ll", "asm", "obj", "so", "ptx"}));
+  emit_cmd->add_option("--out,-o", emit_opts.out, "Output file (obj/so: the C header goes beside it, .h)")->required();
+  emit_cmd->add_option("--function", emit_opts.function, "C name of the generated function (default qkv_<model>)");
+  emit_cmd->add_option("--example-dir", emit_opts.example_dir,
+                       "Also write the seeded inputs and the reference outputs there, one .npy per argument");
   auto* host_cmd = app.add_subcommand("host", "Print the host CPU as the code generator sees it");
 
   try {
@@ -256,8 +277,8 @@ int main(int argc, char** argv) {
       return heatmap(hm);
     }
     if (*emit_cmd) {
-      std::cerr << "qkv: error: emit: the code generators are not part of this build yet\n";
-      return 1;
+      emit_opts.model = emit_flags.get();
+      return emit(emit_opts);
     }
     if (*host_cmd) return host();
   } catch (const UsageError& e) {

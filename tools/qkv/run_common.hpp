@@ -15,6 +15,16 @@ namespace qkv::cli {
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0);
 
+/// A model given by shape alone, built with the same builders as `qkv run`, with seeded
+/// weights and inputs (shapes, bench, verify, emit).
+struct Instance {
+  Graph graph;
+  Bindings sizes;
+  Feeds feeds;
+  double flops = 0;  // of the attention core: 4*B*H*L*S*D, half when causal
+};
+Instance instantiate(const ShapeModel& s);
+
 /// Writes every (path, array) as .npy only after all outputs exist, each atomically (temporary
 /// file + rename), so a failure leaves no partial output behind.
 void write_all(const std::vector<std::pair<std::string, NdArray>>& files);
