@@ -272,6 +272,49 @@ TEST_F(Cli, EmitWritesEveryFormatAndRefusesBadFlags) {
   }
 }
 
+TEST_F(Cli, RunSdpaGroupedQueryEqualsRepeatedKeyValueHeads) {
+  // k/v with 2 heads for 6 query heads: query head h reads kv head h / 3 (PyTorch's enable_gqa),
+  // so the result must equal plain attention on k/v with every head repeated 3 times.
+  const std::int64_t B = 2, H = 6, G = 2, L = 5, S = 7, D = 8;
+  std::vector<float> q(B * H * L * D), k(B * G * S * D), v(B * G * S * D);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * static_cast<float>(i));
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.11f * static_cast<float>(i));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05f * static_cast<float>(i) + 1.0f);
+  std::vector<float> kr, vr;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto at = static_cast<std::ptrdiff_t>((b * G + h / (H / G)) * S * D);
+      kr.insert(kr.end(), k.begin() + at, k.begin() + at + S * D);
+      vr.insert(vr.end(), v.begin() + at, v.begin() + at + S * D);
+    }
+  write_npy(tmp("q.npy"), NdArray::from_f32(q, {B, H, L, D}));
+  write_npy(tmp("k.npy"), NdArray::from_f32(k, {B, G, S, D}));
+  write_npy(tmp("v.npy"), NdArray::from_f32(v, {B, G, S, D}));
+  write_npy(tmp("kr.npy"), NdArray::from_f32(kr, {B, H, S, D}));
+  write_npy(tmp("vr.npy"), NdArray::from_f32(vr, {B, H, S, D}));
+  for (const char* backend : {"reference", "cpu"}) {
+    const std::string common = " --causal bottom-right --backend " + std::string(backend);
+    const Result a = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy") +
+                         common + " -o " + tmp("gqa.npy") + " --weights-out " + tmp("gqa_w.npy"));
+    ASSERT_EQ(a.code, 0) << a.err;
+    const Result b = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("kr.npy") + " --value " + tmp("vr.npy") +
+                         common + " -o " + tmp("rep.npy") + " --weights-out " + tmp("rep_w.npy"));
+    ASSERT_EQ(b.code, 0) << b.err;
+    for (const auto& [x, y] : {std::pair{"gqa.npy", "rep.npy"}, std::pair{"gqa_w.npy", "rep_w.npy"}}) {
+      const NdArray got = read_npy(tmp(x)), want = read_npy(tmp(y));
+      ASSERT_EQ(got.shape, want.shape) << x;
+      const auto gv = got.to_f32(), wv = want.to_f32();
+      for (std::size_t i = 0; i < gv.size(); ++i) EXPECT_NEAR(gv[i], wv[i], 1e-6) << backend << " " << x << " " << i;
+    }
+  }
+  write_npy(tmp("k5.npy"), NdArray::from_f32(std::vector<float>(B * 4 * S * D, 0.f), {B, 4, S, D}));
+  const Result bad = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("k5.npy") + " --value " + tmp("k5.npy") +
+                         " -o " + tmp("o.npy"));
+  EXPECT_EQ(bad.code, 1);  // 4 key/value heads do not divide 6 query heads
+  EXPECT_THAT(bad.err, HasSubstr("dividing the query's"));
+  expect_one_line_error(bad);
+}
+
 TEST_F(Cli, CausalWithoutAlignmentOnDifferentLengthsIsAUsageError) {
   write_npy(tmp("q.npy"), NdArray::from_f32(std::vector<float>(8, 0.1f), {1, 1, 2, 4}));
   write_npy(tmp("k.npy"), NdArray::from_f32(std::vector<float>(12, 0.1f), {1, 1, 3, 4}));

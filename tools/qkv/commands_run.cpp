@@ -5,7 +5,7 @@
 #include <map>
 
 #include <qkv/codegen/cpu/executor.hpp>
-#include <qkv/runtime/cuda.hpp>
+#include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -41,10 +41,8 @@ RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int thr
       return interpret(g, feeds);
     case Backend::cpu:
       return codegen::cpu::run(g, feeds, threads);
-    case Backend::cuda: {
-      (void)cuda::Driver::process();  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
-      throw std::runtime_error("--backend cuda: the GPU backend is not part of this build yet");
-    }
+    case Backend::cuda:
+      return codegen::cuda::run(g, feeds);  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
   }
   throw std::logic_error("qkv internal error: unknown backend");
 }
@@ -231,10 +229,13 @@ int run_sdpa(const RunSdpa& o) {
   expect_rank(q, 4, "--query", "[batch, heads, L, D]");
   expect_rank(k, 4, "--key", "[batch, heads, S, D]");
   expect_rank(v, 4, "--value", "[batch, heads, S, Dv]");
-  for (std::size_t a = 0; a < 2; ++a)
-    if (dim(k, a) != dim(q, a) || dim(v, a) != dim(q, a))
-      throw IoError(std::string(a == 0 ? "batch" : "heads") + " of --key " + shape_str(k) + " and --value " +
-                    shape_str(v) + " must equal the query's " + shape_str(q));
+  if (dim(k, 0) != dim(q, 0) || dim(v, 0) != dim(q, 0))
+    throw IoError("batch of --key " + shape_str(k) + " and --value " + shape_str(v) + " must equal the query's " +
+                  shape_str(q));
+  // Fewer key/value heads than query heads: grouped-query attention (PyTorch's enable_gqa).
+  if (dim(v, 1) != dim(k, 1) || dim(k, 1) < 1 || dim(q, 1) % dim(k, 1) != 0)
+    throw IoError("heads: --key " + shape_str(k) + " and --value " + shape_str(v) +
+                  " must have the same number of heads, dividing the query's " + shape_str(q));
   if (dim(k, 3) != dim(q, 3))
     throw IoError("--key: D = " + std::to_string(dim(k, 3)) + " but --query has D = " + std::to_string(dim(q, 3)));
   if (dim(v, 2) != dim(k, 2))
@@ -243,6 +244,8 @@ int run_sdpa(const RunSdpa& o) {
   const std::int64_t B = dim(q, 0), H = dim(q, 1), L = dim(q, 2), S = dim(k, 2);
 
   SdpaModel m;
+  m.heads = H;
+  m.kv_heads = dim(k, 1);
   m.weights = !o.weights_out.empty();
   m.scale = o.scale;
   m.dropout = o.dropout;
@@ -264,6 +267,9 @@ int run_sdpa(const RunSdpa& o) {
     masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, S);
+  if (m.kv_heads != H && m.masks.bias == Masks::Bias::per_head)
+    throw IoError("a mask per batch and head cannot be combined with grouped-query attention (" +
+                  std::to_string(m.kv_heads) + " key/value heads for " + std::to_string(H) + " query heads)");
   const RunResult r = run_graph(build_sdpa(m), feeds, o.backend);
   std::vector<std::pair<std::string, NdArray>> files{{o.out, r.outputs.at("out")}};
   if (!o.weights_out.empty()) files.emplace_back(o.weights_out, r.outputs.at("weights"));

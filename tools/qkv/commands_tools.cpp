@@ -45,10 +45,13 @@ void write_all(const std::vector<std::pair<std::string, NdArray>>& files) {
 
 Instance instantiate(const ShapeModel& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
-  if (s.kv_heads != 0 && s.kv_heads != s.heads)
+  const std::int64_t kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  if (s.kv_heads < 0 || s.heads % kv_heads != 0)
+    throw UsageError("--kv-heads " + std::to_string(s.kv_heads) + " must divide --heads " + std::to_string(s.heads));
+  if (kv_heads != s.heads && s.kind != "sdpa")
     throw UsageError(
-        "--kv-heads: grouped-query attention is not available from the CLI yet (qkv::nn::GroupedQueryAttention in "
-        "C++)");
+        "--kv-heads: grouped-query attention is the sdpa model's (nn.MultiheadAttention and "
+        "nn.TransformerEncoderLayer have no grouped form)");
   const std::int64_t S = s.kv_seq > 0 ? s.kv_seq : s.seq;
   std::int64_t E = s.embed_dim, D = s.head_dim;
   if (E == 0 && D == 0) throw UsageError("give --head-dim or --embed-dim");
@@ -64,15 +67,24 @@ Instance instantiate(const ShapeModel& s) {
   masks.causal = causal;
   masks.key_padding = s.padding;
   in.flops = 4.0 * s.batch * s.heads * s.seq * S * D * (causal == Causal::none ? 1.0 : 0.5);
-  in.sizes = {{"Batch", s.batch}, {"Seq", s.seq},
-              {"Key", S},         {"Mem", S},
-              {"Heads", s.heads}, {"HeadDim", D},
-              {"ValueDim", D},    {"Model", E},
-              {"Proj", 3 * E},    {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E}};
+  in.sizes = {{"Batch", s.batch},
+              {"Seq", s.seq},
+              {"Key", S},
+              {"Mem", S},
+              {"Heads", s.heads},
+              {"HeadDim", D},
+              {"ValueDim", D},
+              {"Model", E},
+              {"Proj", 3 * E},
+              {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E},
+              {"KvHeads", kv_heads},
+              {"Group", s.heads / kv_heads}};
   if (s.kind == "sdpa") {
     SdpaModel m;
     m.weights = false;
     m.masks = masks;
+    m.heads = s.heads;
+    m.kv_heads = kv_heads;
     in.graph = build_sdpa(m);
   } else if (s.kind == "mha") {
     MhaModel m;
@@ -178,7 +190,8 @@ int bench(const Bench& b) {
         "\"gflops\": %.6g, \"peak_mem_mib\": %.6g}\n",
         s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
         static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
-        s.causal ? "true" : "false", b.backend == Backend::reference ? "reference" : "cpu", b.repeat, median,
+        s.causal ? "true" : "false",
+        b.backend == Backend::reference ? "reference" : (b.backend == Backend::cuda ? "cuda" : "cpu"), b.repeat, median,
         sorted.front(), sorted.back(), gflops, peak);
   } else {
     std::printf("%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f)\n",

@@ -12,8 +12,10 @@ using QueryKeyBias = Tensor<f32, Seq<dyn>, Key<dyn>>;
 using PerHeadBias = Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, Key<dyn>>;
 
 /// Calls f with the masks the model asks for, as DSL arguments (declaring their inputs). With
-/// AllowCausal false the causal variants are not instantiated (the caller rejected --causal).
-template <bool AllowCausal = true, class F>
+/// AllowCausal false the causal variants are not instantiated (the caller rejected --causal);
+/// with AllowPerHead false neither is the per-(batch, head) bias (grouped-query attention has no
+/// single `Heads` axis for it to broadcast over; the caller rejected it).
+template <bool AllowCausal = true, bool AllowPerHead = true, class F>
 auto with_masks(Graph& g, const Masks& spec, F&& f) {
   auto with_causal = [&](auto... masks) {
     if constexpr (AllowCausal) {
@@ -33,7 +35,8 @@ auto with_masks(Graph& g, const Masks& spec, F&& f) {
       case Masks::Bias::query_key:
         return with_causal(masks..., input<QueryKeyBias>(g, "attn_bias"));
       case Masks::Bias::per_head:
-        return with_causal(masks..., input<PerHeadBias>(g, "attn_bias"));
+        if constexpr (AllowPerHead) return with_causal(masks..., input<PerHeadBias>(g, "attn_bias"));
+        break;
       case Masks::Bias::none:
         break;
     }
@@ -80,7 +83,31 @@ Graph build_mha(const MhaModel& m) {
   return mha_graph<MhaOptions{}>(m);
 }
 
+namespace {
+/// Grouped-query SDPA: q [B, Heads = KvHeads·Group, L, D] viewed as [B, KvHeads, Group, L, D]
+/// against k/v [B, KvHeads, S, D]; query head h reads key/value head h / Group.
+Graph gqa_sdpa(const SdpaModel& m) {
+  if (m.masks.bias == Masks::Bias::per_head)
+    throw std::invalid_argument("a per-head mask cannot be combined with grouped-query attention");
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
+  auto qg = split<Heads, KvHeads<dyn>, Group<dyn>>(q, {m.kv_heads, m.heads / m.kv_heads});
+  with_masks<true, false>(g, m.masks, [&](auto... masks) {
+    auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(qg, k), m.scale), masks...);
+    auto p = softmax<Key>(s);
+    if (m.weights) output(merge<KvHeads, Group, Heads>(p), "weights");
+    auto o = m.dropout > 0.0 ? contract<Key>(dropout(p, m.dropout, m.seed), v) : contract<Key>(p, v);
+    output(merge<KvHeads, Group, Heads>(o), "out");
+    return 0;
+  });
+  return g;
+}
+}  // namespace
+
 Graph build_sdpa(const SdpaModel& m) {
+  if (m.kv_heads > 0 && m.kv_heads != m.heads) return gqa_sdpa(m);
   Graph g;
   auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
   auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");

@@ -42,12 +42,16 @@ Graph build_mha(const MhaModel& m);
 
 struct SdpaModel {
   Masks masks;
+  /// Grouped-query attention when kv_heads > 0 and != heads: k and v have kv_heads heads, each
+  /// shared by heads / kv_heads query heads (heads % kv_heads == 0; PyTorch's enable_gqa).
+  std::int64_t heads = 0, kv_heads = 0;
   bool weights = true;          // also output the attention weights
   std::optional<double> scale;  // default 1/sqrt(D)
   double dropout = 0.0;
   std::uint64_t seed = 0;
 };
-/// Inputs q [B, H, L, D], k [B, H, S, D], v [B, H, S, Dv], masks. Outputs out, weights.
+/// Inputs q [B, H, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], masks. Outputs out [B, H, L, Dv],
+/// weights [B, H, L, S].
 Graph build_sdpa(const SdpaModel& m);
 
 struct EncoderModel {
