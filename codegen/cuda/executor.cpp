@@ -1,0 +1,890 @@
+// The GPU backend's run path: a plan (which kernel each node gets, its grid and parameters, which
+// device buffers exist and when they die) made without a GPU, then executed on GPU 0 through the
+// dlopen'd driver. See qkv/codegen/cuda/executor.hpp.
+#include <qkv/codegen/cuda/executor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/runtime/cuda.hpp>
+
+namespace qkv::codegen::cuda {
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+using nvptx::Dim3;
+
+constexpr int kCopyThreads = 256;
+constexpr int kElementwiseThreads = 256;
+constexpr int kMaxCopyRank = 6;
+constexpr std::int64_t kMaxGridX = 2147483647;  // CUDA: grid.x < 2^31, grid.y and grid.z <= 65535
+constexpr std::int64_t kMaxGridYZ = 65535;
+
+bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
+
+std::size_t element_bytes(DType t) { return t == DType::boolean ? 1 : 4; }
+
+std::int64_t numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Shape strides_of(const Shape& s) {
+  Shape st(s.size(), 1);
+  for (std::size_t k = s.size(); k-- > 1;) st[k - 1] = st[k] * s[k];
+  return st;
+}
+
+std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
+  for (std::size_t k = 0; k < axes.size(); ++k)
+    if (axes[k].name == name) return k;
+  throw std::logic_error("qkv internal error: cuda: no axis `" + name + "`");
+}
+
+/// For each axis of `target`, the stride of the same-named axis of `src` (0: broadcast along it).
+Shape strides_by_name(const std::vector<Axis>& target, const std::vector<Axis>& src, const Shape& src_shape) {
+  const Shape st = strides_of(src_shape);
+  Shape out(target.size(), 0);
+  for (std::size_t t = 0; t < target.size(); ++t)
+    for (std::size_t k = 0; k < src.size(); ++k)
+      if (src[k].name == target[t].name) out[t] = st[k];
+  return out;
+}
+
+bool same_axes(const std::vector<Axis>& a, const std::vector<Axis>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    if (a[k].name != b[k].name) return false;
+  return true;
+}
+
+bool fits(const Dim3& g) { return g.x <= kMaxGridX && g.y <= kMaxGridYZ && g.z <= kMaxGridYZ; }
+bool empty_grid(const Dim3& g) { return g.x == 0 || g.y == 0 || g.z == 0; }
+
+/// A strided read of `sizes` elements, simplified: extent-1 axes dropped, axes that are
+/// contiguous with the next merged (so most permutes and slices need fewer than 6 axes).
+struct Copy {
+  Shape sizes, strides;
+};
+Copy simplify(const Shape& sizes, const Shape& strides) {
+  Copy c;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] == 1) continue;
+    if (!c.sizes.empty() && c.strides.back() == strides[k] * sizes[k]) {
+      c.sizes.back() *= sizes[k];
+      c.strides.back() = strides[k];
+    } else {
+      c.sizes.push_back(sizes[k]);
+      c.strides.push_back(strides[k]);
+    }
+  }
+  if (c.sizes.empty()) c = {{1}, {1}};
+  return c;
+}
+
+}  // namespace
+
+int pick_sm(int cc_major, int cc_minor) {
+  const int cc = 10 * cc_major + cc_minor;
+  if (cc < 80)
+    throw std::runtime_error("the GPU has compute capability " + std::to_string(cc_major) + "." +
+                             std::to_string(cc_minor) + "; qkv's CUDA backend needs compute capability >= 8.0");
+  int best = 80;
+  for (int sm : {80, 86, 87, 89, 90})
+    if (sm <= cc) best = sm;
+  return best;
+}
+
+int Plan::host_steps() const {
+  return static_cast<int>(
+      std::count_if(steps.begin(), steps.end(), [](const Step& s) { return s.kind == Step::Kind::host; }));
+}
+
+int Plan::launch_count() const {
+  int n = 0;
+  for (const auto& s : steps) n += static_cast<int>(s.launches.size());
+  return n;
+}
+
+std::optional<nvptx::AttentionKernel> choose_attention_kernel(const cpu::AttentionSpec& spec, int max_shared_bytes,
+                                                              std::string* why) {
+  if (max_shared_bytes <= 0) max_shared_bytes = 227 * 1024;
+  nvptx::AttentionKernel k;
+  k.spec = spec;
+  k.spec.vector_floats = k.spec.query_vectors = k.spec.key_tile = k.spec.qk_keys = k.spec.pv_dims = 0;
+  k.threads = 128;
+  // The kernel's defaults first (nvptx.hpp), then smaller query and key blocks: fewer
+  // accumulators per thread and less shared memory.
+  const int bq0 = spec.dv <= 128 ? 64 : 32, bk0 = spec.dk <= 64 && spec.dv <= 64 ? 64 : 32;
+  std::string last;
+  for (int bq : {bq0, 32, 16}) {
+    if (bq > bq0) continue;
+    for (int bk : {bk0, 32, 16, 8}) {
+      if (bk > bk0) continue;
+      k.block_q = bq;
+      k.block_k = bk;
+      try {
+        const int smem = nvptx::attention_shared_bytes(k);
+        if (smem <= max_shared_bytes) return k;
+        last = "attention: " + std::to_string(smem) + " bytes of shared memory per block exceed the device's " +
+               std::to_string(max_shared_bytes);
+      } catch (const std::runtime_error& e) {
+        last = e.what();
+      }
+    }
+  }
+  if (why) *why = "no tiling of the attention kernel fits (" + last + ")";
+  return std::nullopt;
+}
+
+// --- the plan -------------------------------------------------------------------------------
+
+namespace {
+
+class Planner {
+ public:
+  Planner(const Graph& g, const Bindings& sizes, const PlanOptions& options) : g_(g), options_(options) {
+    p_.sizes = sizes;
+    const auto count = g.size();
+    p_.shape.resize(count);
+    p_.buffer.assign(count, -1);
+    p_.steps.resize(count);
+    for (std::size_t id = 0; id < count; ++id)
+      for (const auto& ax : g.node(static_cast<int>(id)).axes) {
+        const auto v = ax.extent.resolve(sizes);
+        if (!v) throw ShapeError("cuda: `" + ax.name + "` (" + ax.extent.str() + ") is not bound; give its size");
+        p_.shape[id].push_back(*v);
+      }
+  }
+
+  Plan run() {
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) node(id);
+    for (const auto& o : g_.outputs()) use(o.node, static_cast<int>(g_.size()));
+    p_.free_after.assign(g_.size(), {});
+    for (std::size_t b = 0; b < p_.buffers.size(); ++b) {
+      const int last = p_.buffers[b].last;
+      if (last < static_cast<int>(g_.size()))
+        p_.free_after[static_cast<std::size_t>(last)].push_back(static_cast<int>(b));
+    }
+    return std::move(p_);
+  }
+
+ private:
+  const Shape& shape(int id) const { return p_.shape[static_cast<std::size_t>(id)]; }
+  int buf(int id) const { return p_.buffer[static_cast<std::size_t>(id)]; }
+  Step& step(int id) { return p_.steps[static_cast<std::size_t>(id)]; }
+
+  int new_buffer(std::size_t bytes, int owner) {
+    p_.buffers.push_back({bytes, owner, owner, owner});
+    return static_cast<int>(p_.buffers.size() - 1);
+  }
+  int value_buffer(int id) {
+    const Node& n = g_.node(id);
+    const int b = new_buffer(static_cast<std::size_t>(numel(shape(id))) * element_bytes(n.dtype), id);
+    p_.buffer[static_cast<std::size_t>(id)] = b;
+    return b;
+  }
+  /// Node `x`'s value is read at step `at`.
+  void use(int x, int at) {
+    BufferInfo& b = p_.buffers[static_cast<std::size_t>(buf(x))];
+    b.last = std::max(b.last, at);
+  }
+  void use_inputs(int id) {
+    for (int x : g_.node(id).inputs) use(x, id);
+  }
+  bool f32_only(int id) const {
+    const Node& n = g_.node(id);
+    if (n.dtype == DType::boolean) return false;
+    return std::none_of(n.inputs.begin(), n.inputs.end(), [&](int x) { return g_.node(x).dtype == DType::boolean; });
+  }
+  void host(int id, std::string why) {
+    Step& s = step(id);
+    s.kind = Step::Kind::host;
+    s.launches.clear();
+    s.why = std::move(why);
+  }
+  /// Adds a launch unless its grid is empty; false (and nothing added) when the grid is too large.
+  bool launch(int id, nvptx::KernelRequest request, Dim3 grid, std::vector<Arg> args) {
+    if (empty_grid(grid)) return true;
+    if (!fits(grid)) return false;
+    step(id).launches.push_back({std::move(request), grid, std::move(args)});
+    return true;
+  }
+
+  /// dst[i] = src[offset + Σ coord·stride] over `sizes`, dst contiguous.
+  bool copy(int id, Arg src, Arg dst, std::int64_t offset, const Shape& sizes, const Shape& strides) {
+    const std::int64_t count = numel(sizes);
+    if (count == 0) return true;
+    const Copy c = simplify(sizes, strides);
+    if (c.sizes.size() > kMaxCopyRank) return false;
+    nvptx::StridedCopyKernel k;
+    k.rank = static_cast<int>(c.sizes.size());
+    k.threads = kCopyThreads;
+    std::vector<Arg> args{src, dst, Arg::i(count), Arg::i(offset)};
+    for (int a = 0; a < kMaxCopyRank; ++a)
+      args.push_back(Arg::i(a < k.rank ? c.sizes[static_cast<std::size_t>(a)] : 1));
+    for (int a = 0; a < kMaxCopyRank; ++a)
+      args.push_back(Arg::i(a < k.rank ? c.strides[static_cast<std::size_t>(a)] : 0));
+    return launch(id, k, nvptx::elementwise_grid(k.threads, count), std::move(args));
+  }
+
+  void node(int id) {
+    const Node& n = g_.node(id);
+    Step& s = step(id);
+    if (n.op == Op::input || n.op == Op::param) {
+      s.kind = Step::Kind::upload;
+      value_buffer(id);
+      return;
+    }
+    if (is_view(n.op)) {
+      s.kind = Step::Kind::view;
+      p_.buffer[static_cast<std::size_t>(id)] = buf(n.inputs[0]);
+      return;
+    }
+    if (n.op == Op::attention_weights) {
+      s.kind = Step::Kind::weights;
+      p_.buffer[static_cast<std::size_t>(id)] = weights_.at(n.inputs[0]);
+      return;
+    }
+    if (n.op == Op::fused_attention) return attention(id);
+    value_buffer(id);
+    use_inputs(id);
+    s.kind = Step::Kind::gpu;
+    bool planned = false;
+    std::string why;
+    if (!f32_only(id)) {
+      why = "bool tensors are not run on the GPU (the kernels move floats)";
+    } else {
+      switch (n.op) {
+        case Op::linear:
+          planned = linear(id, why);
+          break;
+        case Op::layer_norm:
+          planned = layer_norm(id, why);
+          break;
+        case Op::relu:
+        case Op::gelu:
+        case Op::add:
+        case Op::scale:
+          planned = elementwise(id, why);
+          break;
+        case Op::permute:
+        case Op::broadcast:
+        case Op::slice:
+        case Op::concat:
+          planned = strided(id, why);
+          break;
+        default:
+          why = std::string(op_name(n.op)) + " outside a fused attention has no GPU kernel";
+      }
+    }
+    if (!planned) host(id, why.empty() ? "no GPU kernel for this form" : why);
+  }
+
+  void attention(int id) {
+    const Node& n = g_.node(id);
+    Step& s = step(id);
+    auto call = std::make_shared<const cpu::FusedAttentionCall>(cpu::describe_fused_attention(g_, id, p_.sizes));
+    s.call = call;
+    const cpu::AttentionSpec& spec = call->spec;
+    const int out = value_buffer(id);
+    int weights = -1;
+    if (spec.write_weights) {
+      weights = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q * call->len_k) * 4, id);
+      weights_[id] = weights;
+      s.weights_buffer = weights;
+    }
+    use_inputs(id);
+    std::string why;
+    const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
+    if (!kernel) return host(id, why);
+    Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
+    if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
+    if (!call->bias_terms.empty())
+      s.bias_buffer = new_buffer(static_cast<std::size_t>(call->len_q * call->len_k) * 4, id);
+    const Arg key_keep = call->key_padding_input >= 0
+                             ? Arg::buf(buf(n.inputs[static_cast<std::size_t>(call->key_padding_input)]))
+                             : Arg::null();
+    s.kind = Step::Kind::gpu;
+    launch(id, *kernel, grid,
+           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+            weights >= 0 ? Arg::buf(weights) : Arg::null(), key_keep,
+            s.bias_buffer >= 0 ? Arg::buf(s.bias_buffer) : Arg::null(), Arg::i(call->batch), Arg::i(call->len_q),
+            Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
+  }
+
+  bool linear(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    const Node& x = g_.node(n.inputs[0]);
+    if (n.attr_axes.size() != 2 || x.axes.empty() || x.axes.back().name != n.attr_axes[0] || n.axes.empty() ||
+        n.axes.back().name != n.attr_axes[1]) {
+      why = "linear over an axis that is not the last";
+      return false;
+    }
+    const Shape &xs = shape(n.inputs[0]), &ws = shape(n.inputs[1]);
+    if (ws.size() != 2 || xs.back() != ws[1] || (n.inputs.size() > 2 && shape(n.inputs[2]) != Shape{ws[0]})) {
+      why = "linear with weights that are not [out, in] (and a bias [out])";
+      return false;
+    }
+    const std::int64_t k = ws[1], nn = ws[0];
+    const std::int64_t m = k > 0 ? numel(xs) / k : numel(shape(id)) / std::max<std::int64_t>(nn, 1);
+    const nvptx::LinearKernel kernel;
+    const bool ok = launch(id, kernel, nvptx::linear_grid(kernel, m, nn),
+                           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])),
+                            n.inputs.size() > 2 ? Arg::buf(buf(n.inputs[2])) : Arg::null(), Arg::buf(buf(id)),
+                            Arg::i(m), Arg::i(nn), Arg::i(k)});
+    if (!ok) why = "the linear's grid exceeds CUDA's limits";
+    return ok;
+  }
+
+  bool layer_norm(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    const Node& x = g_.node(n.inputs[0]);
+    if (n.inputs.size() != 3 || n.attr_axes.size() != 1 || x.axes.empty() || x.axes.back().name != n.attr_axes[0]) {
+      why = "layer_norm over an axis that is not the last";
+      return false;
+    }
+    const Shape& xs = shape(n.inputs[0]);
+    const std::int64_t len = xs.back(), rows = len > 0 ? numel(xs) / len : 0;
+    if (shape(n.inputs[1]) != Shape{len} || shape(n.inputs[2]) != Shape{len}) {
+      why = "layer_norm with gamma/beta that are not [n]";
+      return false;
+    }
+    const nvptx::LayerNormKernel kernel;
+    const bool ok = launch(id, kernel, nvptx::layer_norm_grid(kernel, rows),
+                           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])),
+                            Arg::buf(buf(id)), Arg::i(rows), Arg::i(len), Arg::f(static_cast<float>(n.scalar))});
+    if (!ok) why = "the layer norm's grid exceeds CUDA's limits";
+    return ok;
+  }
+
+  bool elementwise(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    nvptx::ElementwiseKernel k;
+    k.threads = kElementwiseThreads;
+    Arg b = Arg::null();
+    switch (n.op) {
+      case Op::relu:
+        k.op = nvptx::ElementwiseOp::relu;
+        break;
+      case Op::gelu:
+        k.op = nvptx::ElementwiseOp::gelu;
+        break;
+      case Op::add: {
+        if (n.inputs.size() != 2 || !same_axes(g_.node(n.inputs[0]).axes, g_.node(n.inputs[1]).axes) ||
+            shape(n.inputs[0]) != shape(n.inputs[1])) {
+          why = "add that broadcasts (the GPU adds tensors with identical axes)";
+          return false;
+        }
+        k.op = nvptx::ElementwiseOp::add;
+        b = Arg::buf(buf(n.inputs[1]));
+        break;
+      }
+      default: {  // scale
+        k.op = nvptx::ElementwiseOp::scale;
+        double factor = n.scalar;
+        if (n.dim) {
+          const auto d = n.dim->resolve(p_.sizes);
+          if (!d) throw ShapeError("cuda: the scale's extent " + n.dim->str() + " is not bound");
+          factor = 1.0 / std::sqrt(static_cast<double>(*d));
+        }
+        k.factor = static_cast<float>(factor);
+      }
+    }
+    if (n.inputs.empty() || shape(n.inputs[0]) != shape(id)) {
+      why = "an elementwise op whose input and output shapes differ";
+      return false;
+    }
+    const std::int64_t count = numel(shape(id));
+    return launch(id, k, nvptx::elementwise_grid(k.threads, count),
+                  {Arg::buf(buf(n.inputs[0])), b, Arg::buf(buf(id)), Arg::i(count)});
+  }
+
+  bool strided(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    const Shape& out = shape(id);
+    why = "a strided copy of more than 6 axes that do not merge";
+    switch (n.op) {
+      case Op::permute:
+      case Op::broadcast: {
+        const Node& x = g_.node(n.inputs[0]);
+        return copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), 0, out,
+                    strides_by_name(n.axes, x.axes, shape(n.inputs[0])));
+      }
+      case Op::slice: {
+        const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
+        const Shape in_strides = strides_of(shape(n.inputs[0]));
+        if (in_strides.size() != out.size()) return false;
+        const std::int64_t start = n.offset * out[p];
+        return copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), start * in_strides[p], out, in_strides);
+      }
+      default:
+        return concat(id);
+    }
+  }
+
+  /// Along the leading axis (or one with only extent-1 axes before it) each part is a contiguous
+  /// range of the output: one copy per part. Otherwise each part goes to a scratch buffer laid out
+  /// with the concat axis leading (a contiguous range there), then one copy puts the scratch in
+  /// the output's layout.
+  bool concat(int id) {
+    const Node& n = g_.node(id);
+    const Shape& out = shape(id);
+    const std::size_t p = axis_pos(n.axes, n.attr_axes[0]);
+    std::int64_t outer = 1;
+    for (std::size_t a = 0; a < p; ++a) outer *= out[a];
+    const std::int64_t total = numel(out);
+    const std::int64_t inner = out[p] > 0 ? total / out[p] : 0;  // elements per index of the axis
+    int target = buf(id);
+    if (outer != 1) target = new_buffer(static_cast<std::size_t>(total) * 4, id);
+    std::int64_t at = 0;
+    for (int part : n.inputs) {
+      const Shape& s = shape(part);
+      const Shape st = strides_of(s);
+      Shape sizes{s[p]}, strides{st[p]};
+      for (std::size_t a = 0; a < s.size(); ++a)
+        if (a != p) {
+          sizes.push_back(s[a]);
+          strides.push_back(st[a]);
+        }
+      if (!copy(id, Arg::buf(buf(part)), Arg::buf(target, at * inner * 4), 0, sizes, strides)) return false;
+      at += s[p];
+    }
+    if (outer == 1) return true;
+    // scratch [out_p, others…] → out
+    Shape strides(out.size(), 0);
+    std::int64_t run = 1;
+    for (std::size_t a = out.size(); a-- > 0;)
+      if (a != p) {
+        strides[a] = run;
+        run *= out[a];
+      }
+    strides[p] = inner;
+    return copy(id, Arg::buf(target), Arg::buf(buf(id)), 0, out, strides);
+  }
+
+  const Graph& g_;
+  PlanOptions options_;
+  Plan p_;
+  std::map<int, int> weights_;  // fused node → its weights buffer
+};
+
+}  // namespace
+
+Plan plan(const Graph& lowered, const Bindings& sizes, const PlanOptions& options) {
+  return Planner(lowered, sizes, options).run();
+}
+
+// --- execution ------------------------------------------------------------------------------
+
+namespace {
+
+/// GPU 0 and the sm its kernels are emitted for, opened once per process. Deliberately never
+/// destroyed (nor the kernel cache): driver calls from static destructors at exit would race the
+/// driver's own teardown.
+struct Gpu {
+  qkv::cuda::Device device;
+  int sm;
+};
+
+const Gpu& gpu() {
+  static std::mutex mutex;
+  static Gpu* g = nullptr;
+  std::lock_guard lock(mutex);
+  if (!g) {
+    qkv::cuda::Device d = qkv::cuda::Device::open();  // throws NoGpu
+    int sm = 0;
+    try {
+      sm = pick_sm(d.cc_major(), d.cc_minor());
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(d.name() + ": " + e.what());
+    }
+    g = new Gpu{std::move(d), sm};
+  }
+  return *g;
+}
+
+struct Compiled {
+  qkv::cuda::Function function;
+  unsigned block_x, block_y, block_z, shared_bytes;
+  std::string name;
+};
+
+/// The loaded kernel for `request` on `g` (emitted, loaded and cached on first use).
+const Compiled& compiled(const Gpu& g, const nvptx::KernelRequest& request) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::pair<std::string, int>, std::unique_ptr<const Compiled>>;
+  const auto key = std::make_pair(nvptx::kernel_name(request), g.sm);
+  std::lock_guard lock(mutex);
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    const nvptx::PtxKernel k = nvptx::emit_ptx(request, g.sm);
+    const qkv::cuda::Module module = g.device.load_ptx(k.ptx);
+    it = cache
+             ->emplace(key,
+                       std::make_unique<const Compiled>(Compiled{
+                           module.function(k.name), static_cast<unsigned>(k.block_x), static_cast<unsigned>(k.block_y),
+                           static_cast<unsigned>(k.block_z), static_cast<unsigned>(k.shared_bytes), k.name}))
+             .first;
+  }
+  return *it->second;
+}
+
+qkv::cuda::Dim3 dim3(const Dim3& d) {
+  return {static_cast<unsigned>(d.x), static_cast<unsigned>(d.y), static_cast<unsigned>(d.z)};
+}
+
+/// Launches a loaded kernel with resolved parameter values.
+void launch_compiled(const Compiled& k, const Dim3& grid, const std::vector<ParamValue>& values) {
+  std::vector<ParamValue> v = values;  // the driver reads the values through these pointers
+  std::vector<void*> params(v.size());
+  for (std::size_t a = 0; a < v.size(); ++a) {
+    switch (v[a].kind) {
+      case Arg::Kind::buffer:
+      case Arg::Kind::null:
+        params[a] = &v[a].address;
+        break;
+      case Arg::Kind::i64:
+        params[a] = &v[a].i64;
+        break;
+      case Arg::Kind::f32:
+        params[a] = &v[a].f32;
+        break;
+    }
+  }
+  k.function.launch(dim3(grid), {k.block_x, k.block_y, k.block_z}, k.shared_bytes, params);
+}
+
+/// GPU 0 as a Machine.
+class GpuMachine final : public Machine {
+ public:
+  explicit GpuMachine(const Gpu& g) : g_(g) {}
+  std::uint64_t alloc(std::size_t bytes) override {
+    if (bytes == 0) return 0;
+    qkv::cuda::Buffer b = g_.device.alloc(bytes);
+    const std::uint64_t a = b.ptr();
+    buffers_.emplace(a, std::move(b));
+    return a;
+  }
+  void free(std::uint64_t address) override { buffers_.erase(address); }
+  void upload(std::uint64_t address, const void* src, std::size_t n) override {
+    if (n > 0) buffers_.at(address).upload(src, n);
+  }
+  void download(void* dst, std::uint64_t address, std::size_t n) override {
+    if (n > 0) buffers_.at(address).download(dst, n);
+  }
+  void launch(const Launch& l, const std::vector<ParamValue>& params) override {
+    launch_compiled(compiled(g_, l.request), l.grid, params);
+  }
+  [[nodiscard]] int max_shared_bytes() const override { return g_.device.max_shared_per_block_optin(); }
+
+ private:
+  const Gpu& g_;
+  std::map<std::uint64_t, qkv::cuda::Buffer> buffers_;
+};
+
+/// The key-padding bytes and the [L, S] bias of a fused attention from its masks, as the CPU
+/// executor makes them (fused_call.hpp).
+void masks_on_host(const cpu::FusedAttentionCall& call, const std::vector<const NdArray*>& in,
+                   std::vector<std::uint8_t>* keep, std::vector<float>* bias) {
+  if (keep && call.key_padding_input >= 0) {
+    const auto bits = in[static_cast<std::size_t>(call.key_padding_input)]->as<bool>();
+    keep->assign(static_cast<std::size_t>(call.batch * call.len_k), 1);
+    for (std::size_t i = 0; i < keep->size() && i < bits.size(); ++i) (*keep)[i] = bits[i] ? 1 : 0;
+  }
+  if (!bias || call.bias_terms.empty()) return;
+  bias->assign(static_cast<std::size_t>(call.len_q * call.len_k), 0.0f);
+  for (const auto& term : call.bias_terms) {
+    const std::vector<float> vals = in[static_cast<std::size_t>(term.input)]->to_f32();
+    for (std::int64_t i = 0; i < call.len_q; ++i)
+      for (std::int64_t j = 0; j < call.len_k; ++j) {
+        const float v = vals[static_cast<std::size_t>(i * term.stride_q + j * term.stride_k)];
+        float& dst = (*bias)[static_cast<std::size_t>(i * call.len_k + j)];
+        if (term.keep_mask) {
+          if (v == 0.0f) dst = -std::numeric_limits<float>::infinity();
+        } else {
+          dst += v;
+        }
+      }
+  }
+}
+
+class Executor {
+ public:
+  Executor(Machine& m, const Graph& g, const Feeds& feeds, Plan plan)
+      : m_(m), g_(g), feeds_(feeds), p_(std::move(plan)), addr_(p_.buffers.size(), 0), live_(p_.buffers.size(), false) {
+    alloc_at_.resize(g.size());
+    for (std::size_t b = 0; b < p_.buffers.size(); ++b)
+      alloc_at_[static_cast<std::size_t>(p_.buffers[b].first)].push_back(static_cast<int>(b));
+  }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+  ~Executor() {
+    for (std::size_t b = 0; b < addr_.size(); ++b)
+      if (live_[b]) m_.free(addr_[b]);
+  }
+
+  std::map<std::string, NdArray, std::less<>> run() {
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      for (int b : alloc_at_[static_cast<std::size_t>(id)]) {
+        addr_[static_cast<std::size_t>(b)] = m_.alloc(p_.buffers[static_cast<std::size_t>(b)].bytes);
+        live_[static_cast<std::size_t>(b)] = true;
+      }
+      step(id);
+      for (int b : p_.free_after[static_cast<std::size_t>(id)]) {
+        live_[static_cast<std::size_t>(b)] = false;
+        m_.free(addr_[static_cast<std::size_t>(b)]);
+      }
+    }
+    std::map<std::string, NdArray, std::less<>> outputs;
+    for (const auto& o : g_.outputs()) outputs[o.name] = download(o.node);
+    return outputs;
+  }
+
+ private:
+  std::uint64_t address(int b) const {
+    if (!live_.at(static_cast<std::size_t>(b)))
+      throw std::logic_error("qkv internal error: cuda: a step uses a buffer that is not allocated");
+    return addr_[static_cast<std::size_t>(b)];
+  }
+  std::uint64_t address_of(int id) const { return address(p_.buffer[static_cast<std::size_t>(id)]); }
+  const Shape& shape(int id) const { return p_.shape[static_cast<std::size_t>(id)]; }
+
+  NdArray download(int id) {
+    NdArray a = NdArray::zeros(g_.node(id).dtype == DType::boolean ? DType::boolean : DType::f32, shape(id));
+    m_.download(a.bytes.data(), address_of(id), a.bytes.size());
+    return a;
+  }
+  void upload_to(std::uint64_t address, const NdArray& a) {
+    if (a.dtype == DType::boolean || a.dtype == DType::f32) {
+      m_.upload(address, a.bytes.data(), a.bytes.size());
+    } else {
+      const std::vector<float> f = a.to_f32();
+      m_.upload(address, f.data(), f.size() * sizeof(float));
+    }
+  }
+
+  void step(int id) {
+    const Node& n = g_.node(id);
+    const Step& s = p_.steps[static_cast<std::size_t>(id)];
+    switch (s.kind) {
+      case Step::Kind::upload:
+        return upload_to(address_of(id), feeds_.find(n.name)->second);  // bind_extents checked it exists
+      case Step::Kind::view:
+      case Step::Kind::weights:
+        return;
+      case Step::Kind::gpu: {
+        if (s.bias_buffer >= 0) {
+          std::vector<NdArray> in(n.inputs.size());
+          std::vector<const NdArray*> ptrs(n.inputs.size(), nullptr);
+          for (const auto& term : s.call->bias_terms) {
+            const auto k = static_cast<std::size_t>(term.input);
+            in[k] = download(n.inputs[k]);
+            ptrs[k] = &in[k];
+          }
+          std::vector<float> bias;
+          masks_on_host(*s.call, ptrs, nullptr, &bias);
+          m_.upload(address(s.bias_buffer), bias.data(), bias.size() * sizeof(float));
+        }
+        for (const Launch& l : s.launches) {
+          std::vector<ParamValue> values(l.args.size());
+          for (std::size_t a = 0; a < l.args.size(); ++a) {
+            const Arg& arg = l.args[a];
+            values[a].kind = arg.kind;
+            values[a].i64 = arg.i64;
+            values[a].f32 = arg.f32;
+            if (arg.kind == Arg::Kind::buffer) {
+              const std::uint64_t base = address(arg.buffer);
+              values[a].address = base == 0 ? 0 : base + static_cast<std::uint64_t>(arg.offset);
+            }
+          }
+          m_.launch(l, values);
+        }
+        return;
+      }
+      case Step::Kind::host:
+        return host(id);
+    }
+  }
+
+  /// The fallback: inputs downloaded, the node computed on the host, its value uploaded.
+  void host(int id) {
+    const Node& n = g_.node(id);
+    const Step& s = p_.steps[static_cast<std::size_t>(id)];
+    std::vector<NdArray> in;
+    in.reserve(n.inputs.size());
+    for (int x : n.inputs) in.push_back(download(x));
+    std::vector<const NdArray*> ptrs;
+    for (const auto& a : in) ptrs.push_back(&a);
+    if (n.op != Op::fused_attention) {
+      upload_to(address_of(id), evaluate_node(g_, id, ptrs, p_.sizes));
+      return;
+    }
+    // An attention no GPU tiling fits: the CPU's fused kernel.
+    const cpu::FusedAttentionCall& call = *s.call;
+    std::vector<std::uint8_t> keep;
+    std::vector<float> bias;
+    masks_on_host(call, ptrs, &keep, &bias);
+    cpu::AttentionArgs args;
+    args.batch = call.batch;
+    args.len_q = call.len_q;
+    args.len_k = call.len_k;
+    args.seed = call.seed;
+    args.q = in[0].as<float>().data();
+    args.k = in[1].as<float>().data();
+    args.v = in[2].as<float>().data();
+    args.key_keep = keep.empty() ? nullptr : keep.data();
+    args.bias = bias.empty() ? nullptr : bias.data();
+    NdArray out = NdArray::zeros(DType::f32, call.out_shape), weights;
+    args.out = out.as<float>().data();
+    if (call.spec.write_weights) {
+      weights = NdArray::zeros(DType::f32, {call.batch, call.spec.hq, call.len_q, call.len_k});
+      args.weights = weights.as<float>().data();
+    }
+    if (call.batch > 0 && call.len_q > 0) cpu::run_attention(call.spec, args);
+    upload_to(address_of(id), out);
+    if (s.weights_buffer >= 0) upload_to(address(s.weights_buffer), weights);
+  }
+
+  Machine& m_;
+  const Graph& g_;
+  const Feeds& feeds_;
+  Plan p_;
+  std::vector<std::uint64_t> addr_;
+  std::vector<bool> live_;
+  std::vector<std::vector<int>> alloc_at_;
+};
+
+}  // namespace
+
+RunResult execute_on(Machine& machine, const Graph& lowered, const Feeds& feeds) {
+  RunResult result;
+  result.bindings = bind_extents(lowered, feeds);
+  PlanOptions options;
+  options.max_shared_bytes = machine.max_shared_bytes();
+  Executor exec(machine, lowered, feeds, plan(lowered, result.bindings, options));
+  result.outputs = exec.run();
+  return result;
+}
+
+RunResult execute(const Graph& lowered, const Feeds& feeds) {
+  GpuMachine machine(gpu());  // NoGpu first: without a GPU nothing else matters
+  return execute_on(machine, lowered, feeds);
+}
+
+RunResult run(const Graph& g, const Feeds& feeds) {
+  (void)gpu();
+  // Lowered graphs by the source graph's hash, as cpu::run keeps them: the source is kept to tell
+  // a collision from a hit, and plans are shared so a replaced entry never pulls one from under
+  // a running call.
+  struct Entry {
+    Graph source;
+    std::shared_ptr<const Graph> lowered;
+  };
+  static std::mutex mutex;
+  static std::map<std::uint64_t, Entry> cache;
+  std::shared_ptr<const Graph> lowered;
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache.find(g.hash());
+    if (it == cache.end() || !(it->second.source == g))
+      it = cache.insert_or_assign(g.hash(), Entry{g, std::make_shared<const Graph>(lower(g))}).first;
+    lowered = it->second.lowered;
+  }
+  return execute(*lowered, feeds);
+}
+
+// --- the benchmark's timing entry -----------------------------------------------------------
+
+struct AttentionBench::State {
+  const Gpu* gpu = nullptr;
+  cpu::AttentionSpec spec;
+  std::int64_t batch = 0, len_q = 0, len_k = 0;
+  std::vector<std::unique_ptr<qkv::cuda::Buffer>> bufs;  // q, k, v, out
+  const Compiled* kernel = nullptr;
+  Dim3 grid;
+  std::vector<ParamValue> params;
+  std::string kernel_text, device_text;
+};
+
+namespace {
+std::unique_ptr<qkv::cuda::Buffer> random_buffer(const Gpu& g, std::int64_t count, unsigned seed) {
+  // A seeded block of values repeated over the buffer: the timing does not depend on the data,
+  // and this keeps set-up short for the largest problems (GiBs).
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> block(static_cast<std::size_t>(std::min<std::int64_t>(count, 1 << 20)));
+  for (float& x : block) x = dist(gen);
+  std::vector<float> host(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < host.size(); i += block.size())
+    std::memcpy(host.data() + i, block.data(), std::min(block.size(), host.size() - i) * sizeof(float));
+  auto b = std::make_unique<qkv::cuda::Buffer>(g.device.alloc(host.size() * sizeof(float)));
+  b->upload(host.data(), host.size() * sizeof(float));
+  return b;
+}
+}  // namespace
+
+AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batch, std::int64_t len_q,
+                               std::int64_t len_k)
+    : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.gpu = &gpu();
+  s.spec = spec;
+  s.spec.write_weights = false;
+  s.spec.key_padding = false;
+  s.spec.bias = false;
+  s.batch = batch;
+  s.len_q = len_q;
+  s.len_k = len_k;
+  std::string why;
+  const auto kernel = choose_attention_kernel(s.spec, s.gpu->device.max_shared_per_block_optin(), &why);
+  if (!kernel) throw std::runtime_error(why);
+  const Dim3 grid = nvptx::attention_grid(*kernel, batch, len_q);
+  if (empty_grid(grid) || !fits(grid)) throw std::runtime_error("attention bench: nothing to launch or grid too large");
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hq * len_q * spec.dk, 1));
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dk, 2));
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dv, 3));
+  s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(
+      s.gpu->device.alloc(static_cast<std::size_t>(batch * spec.hq * len_q * spec.dv) * sizeof(float))));
+  s.kernel = &compiled(*s.gpu, *kernel);
+  s.grid = grid;
+  auto ptr = [](const qkv::cuda::Buffer& b) { return ParamValue{Arg::Kind::buffer, b.ptr(), 0, 0.0f}; };
+  auto i64 = [](std::int64_t v) { return ParamValue{Arg::Kind::i64, 0, v, 0.0f}; };
+  const ParamValue null{};
+  s.params = {ptr(*s.bufs[0]), ptr(*s.bufs[1]), ptr(*s.bufs[2]), ptr(*s.bufs[3]), null, null, null,
+              i64(batch),      i64(len_q),      i64(len_k),      i64(0)};
+  s.kernel_text = s.kernel->name + " block_q " + std::to_string(kernel->block_q) + " block_k " +
+                  std::to_string(kernel->block_k) + " threads " + std::to_string(kernel->threads) + " smem " +
+                  std::to_string(s.kernel->shared_bytes / 1024) + " KiB";
+  s.device_text = s.gpu->device.name() + " (sm_" + std::to_string(s.gpu->sm) + ")";
+  launch_ms(1);  // warm-up
+}
+
+AttentionBench::~AttentionBench() = default;
+
+double AttentionBench::launch_ms(int launches) {
+  State& s = *s_;
+  qkv::cuda::Event start = s.gpu->device.event(), stop = s.gpu->device.event();
+  start.record();
+  for (int i = 0; i < launches; ++i) launch_compiled(*s.kernel, s.grid, s.params);
+  stop.record();
+  return static_cast<double>(qkv::cuda::Event::elapsed_ms(start, stop)) / std::max(1, launches);
+}
+
+double AttentionBench::flops() const { return cpu::attention_flops(s_->spec, s_->batch, s_->len_q, s_->len_k); }
+const std::string& AttentionBench::kernel() const { return s_->kernel_text; }
+const std::string& AttentionBench::device() const { return s_->device_text; }
+
+}  // namespace qkv::codegen::cuda

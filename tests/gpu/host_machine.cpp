@@ -1,0 +1,204 @@
+#include "host_machine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+
+namespace qkv::test {
+
+using codegen::cuda::Arg;
+using codegen::cuda::ParamValue;
+namespace nvptx = codegen::nvptx;
+
+std::uint64_t HostMachine::alloc(std::size_t bytes) {
+  if (bytes == 0) return 0;
+  Block b;
+  b.data = std::make_unique<std::byte[]>(bytes);
+  std::memset(b.data.get(), 0xFF, bytes);
+  b.bytes = bytes;
+  const auto address = reinterpret_cast<std::uint64_t>(b.data.get());
+  blocks_[address] = std::move(b);
+  live_bytes += bytes;
+  peak_bytes = std::max(peak_bytes, live_bytes);
+  return address;
+}
+
+void HostMachine::free(std::uint64_t address) {
+  if (address == 0) return;
+  auto it = blocks_.find(address);
+  if (it == blocks_.end() || !it->second.live) {
+    errors.push_back("free of memory that is not a live allocation");
+    return;
+  }
+  it->second.live = false;
+  std::memset(it->second.data.get(), 0xFF, it->second.bytes);
+  live_bytes -= it->second.bytes;
+}
+
+void HostMachine::check(std::uint64_t address, std::size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  auto it = blocks_.upper_bound(address);
+  if (it == blocks_.begin()) {
+    errors.push_back(what + ": address outside every allocation");
+    return;
+  }
+  --it;
+  if (!it->second.live) errors.push_back(what + ": memory already freed");
+  if (address + bytes > it->first + it->second.bytes) errors.push_back(what + ": past the end of its allocation");
+}
+
+void HostMachine::upload(std::uint64_t address, const void* src, std::size_t n) {
+  check(address, n, "upload");
+  if (n > 0) std::memcpy(reinterpret_cast<void*>(address), src, n);
+}
+
+void HostMachine::download(void* dst, std::uint64_t address, std::size_t n) {
+  check(address, n, "download");
+  if (n > 0) std::memcpy(dst, reinterpret_cast<const void*>(address), n);
+}
+
+namespace {
+template <class T>
+T* ptr(const ParamValue& v) {
+  return reinterpret_cast<T*>(v.address);
+}
+}  // namespace
+
+void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<ParamValue>& p) {
+  auto expect_grid = [&](const nvptx::Dim3& want, const char* kind) {
+    if (!(l.grid == want)) errors.push_back(std::string(kind) + ": grid off the header's rule");
+    ++launches[kind];
+  };
+  auto need = [&](std::size_t i, std::size_t bytes, const char* what) { check(p.at(i).address, bytes, what); };
+  std::visit(
+      [&](const auto& r) {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
+          const auto& s = r.spec;
+          const std::int64_t B = p.at(7).i64, L = p.at(8).i64, S = p.at(9).i64;
+          expect_grid(nvptx::attention_grid(r, B, L), "attention");
+          const auto f = sizeof(float);
+          need(0, static_cast<std::size_t>(B * s.hq * L * s.dk) * f, "attention q");
+          need(1, static_cast<std::size_t>(B * s.hkv * S * s.dk) * f, "attention k");
+          need(2, static_cast<std::size_t>(B * s.hkv * S * s.dv) * f, "attention v");
+          need(3, static_cast<std::size_t>(B * s.hq * L * s.dv) * f, "attention out");
+          if (s.write_weights) need(4, static_cast<std::size_t>(B * s.hq * L * S) * f, "attention weights");
+          if (s.key_padding) need(5, static_cast<std::size_t>(B * S), "attention key_keep");
+          if (s.bias) need(6, static_cast<std::size_t>(L * S) * f, "attention bias");
+          if (p[4].address != 0 && !s.write_weights) errors.push_back("attention: weights passed but not asked for");
+          codegen::cpu::AttentionArgs a;
+          a.q = ptr<const float>(p[0]);
+          a.k = ptr<const float>(p[1]);
+          a.v = ptr<const float>(p[2]);
+          a.out = ptr<float>(p[3]);
+          a.weights = s.write_weights ? ptr<float>(p[4]) : nullptr;
+          a.key_keep = s.key_padding ? ptr<const std::uint8_t>(p[5]) : nullptr;
+          a.bias = s.bias ? ptr<const float>(p[6]) : nullptr;
+          a.batch = B;
+          a.len_q = L;
+          a.len_k = S;
+          a.seed = static_cast<std::uint64_t>(p.at(10).i64);
+          codegen::cpu::run_attention(s, a, 1);
+        } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
+          const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;
+          expect_grid(nvptx::linear_grid(r, m, n), "linear");
+          need(0, static_cast<std::size_t>(m * k) * 4, "linear x");
+          need(1, static_cast<std::size_t>(n * k) * 4, "linear w");
+          if (p[2].address) need(2, static_cast<std::size_t>(n) * 4, "linear b");
+          need(3, static_cast<std::size_t>(m * n) * 4, "linear y");
+          const float *x = ptr<const float>(p[0]), *w = ptr<const float>(p[1]), *b = ptr<const float>(p[2]);
+          float* y = ptr<float>(p[3]);
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double acc = b ? b[j] : 0.0;
+              for (std::int64_t c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * w[j * k + c];
+              y[i * n + j] = static_cast<float>(acc);
+            }
+        } else if constexpr (std::is_same_v<T, nvptx::LayerNormKernel>) {
+          const std::int64_t rows = p.at(4).i64, n = p.at(5).i64;
+          const double eps = p.at(6).f32;
+          expect_grid(nvptx::layer_norm_grid(r, rows), "layer_norm");
+          need(0, static_cast<std::size_t>(rows * n) * 4, "layer_norm x");
+          need(1, static_cast<std::size_t>(n) * 4, "layer_norm gamma");
+          need(2, static_cast<std::size_t>(n) * 4, "layer_norm beta");
+          need(3, static_cast<std::size_t>(rows * n) * 4, "layer_norm y");
+          const float *x = ptr<const float>(p[0]), *g = ptr<const float>(p[1]), *b = ptr<const float>(p[2]);
+          float* y = ptr<float>(p[3]);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            double mean = 0, var = 0;
+            for (std::int64_t c = 0; c < n; ++c) mean += x[i * n + c];
+            mean /= static_cast<double>(n);
+            for (std::int64_t c = 0; c < n; ++c) var += (x[i * n + c] - mean) * (x[i * n + c] - mean);
+            var /= static_cast<double>(n);
+            const double inv = 1.0 / std::sqrt(var + eps);
+            for (std::int64_t c = 0; c < n; ++c)
+              y[i * n + c] = static_cast<float>((x[i * n + c] - mean) * inv * g[c] + b[c]);
+          }
+        } else if constexpr (std::is_same_v<T, nvptx::ElementwiseKernel>) {
+          const std::int64_t count = p.at(3).i64;
+          expect_grid(nvptx::elementwise_grid(r.threads, count), "elementwise");
+          const auto bytes = static_cast<std::size_t>(count) * 4;
+          need(0, bytes, "elementwise a");
+          if (r.op == nvptx::ElementwiseOp::add) need(1, bytes, "elementwise b");
+          need(2, bytes, "elementwise y");
+          const float *a = ptr<const float>(p[0]), *b = ptr<const float>(p[1]);
+          float* y = ptr<float>(p[2]);
+          for (std::int64_t i = 0; i < count; ++i) {
+            const float v = a[i];
+            switch (r.op) {
+              case nvptx::ElementwiseOp::relu:
+                y[i] = std::isnan(v) ? v : (v > 0.0f ? v : 0.0f);
+                break;
+              case nvptx::ElementwiseOp::gelu:
+                y[i] = static_cast<float>(0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))));
+                break;
+              case nvptx::ElementwiseOp::add:
+                y[i] = v + b[i];
+                break;
+              case nvptx::ElementwiseOp::scale:
+                y[i] = v * r.factor;
+                break;
+            }
+          }
+        } else {  // StridedCopyKernel
+          const std::int64_t count = p.at(2).i64, offset = p.at(3).i64;
+          expect_grid(nvptx::elementwise_grid(r.threads, count), "copy");
+          std::int64_t size[6], stride[6], prod = 1;
+          for (int a = 0; a < 6; ++a) {
+            size[a] = p.at(static_cast<std::size_t>(4 + a)).i64;
+            stride[a] = p.at(static_cast<std::size_t>(10 + a)).i64;
+            if (a >= r.rank && (size[a] != 1 || stride[a] != 0)) errors.push_back("copy: unused axes not (1, 0)");
+            if (a < r.rank) prod *= size[a];
+          }
+          if (prod != count) errors.push_back("copy: count is not the product of the sizes");
+          need(1, static_cast<std::size_t>(count) * 4, "copy dst");
+          const float* src = ptr<const float>(p[0]);
+          float* dst = ptr<float>(p[1]);
+          std::int64_t lo = offset, hi = offset;  // the source range read
+          for (int a = 0; a < r.rank; ++a) {
+            const std::int64_t span = (size[a] - 1) * stride[a];
+            (span < 0 ? lo : hi) += span;
+          }
+          if (count > 0) {
+            if (lo < 0) errors.push_back("copy: reads before its source");
+            check(p[0].address + static_cast<std::uint64_t>(std::max<std::int64_t>(lo, 0)) * 4,
+                  static_cast<std::size_t>(hi - std::max<std::int64_t>(lo, 0) + 1) * 4, "copy src");
+          }
+          for (std::int64_t i = 0; i < count; ++i) {
+            std::int64_t rest = i, at = offset;
+            for (int a = r.rank; a-- > 0;) {
+              at += rest % size[a] * stride[a];
+              rest /= size[a];
+            }
+            dst[i] = src[at];
+          }
+        }
+      },
+      l.request);
+}
+
+}  // namespace qkv::test

@@ -1,0 +1,268 @@
+// The GPU backend's host side, without a GPU: the sm choice, the attention tiling, the plan of
+// the CLI's models (every node on a GPU kernel, launch grids by the nvptx header's rules, buffer
+// lifetimes), the documented host fallbacks, and NoGpu from cuda::run where there is no GPU.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include <qkv/codegen/cuda/executor.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/runtime/cuda.hpp>
+
+#include "cases.hpp"
+#include "host_machine.hpp"
+
+namespace qkv::test {
+namespace {
+
+using codegen::cuda::Arg;
+using codegen::cuda::Plan;
+using codegen::cuda::Step;
+namespace nvptx = codegen::nvptx;
+
+TEST(GpuPlan, PicksTheLargestSupportedSmNotAboveTheDevice) {
+  using codegen::cuda::pick_sm;
+  EXPECT_EQ(pick_sm(8, 0), 80);
+  EXPECT_EQ(pick_sm(8, 6), 86);
+  EXPECT_EQ(pick_sm(8, 7), 87);
+  EXPECT_EQ(pick_sm(8, 8), 87);
+  EXPECT_EQ(pick_sm(8, 9), 89);
+  EXPECT_EQ(pick_sm(9, 0), 90);
+  EXPECT_EQ(pick_sm(10, 0), 90);  // Blackwell: sm_90 PTX, JIT-compiled forward by the driver
+  EXPECT_EQ(pick_sm(12, 0), 90);
+  try {
+    (void)pick_sm(7, 5);
+    ADD_FAILURE() << "compute capability 7.5 accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("needs compute capability >= 8.0"));
+  }
+}
+
+TEST(GpuPlan, AttentionTilingFallsBackToSmallerBlocksThenToNothing) {
+  codegen::cpu::AttentionSpec s;
+  s.dk = s.dv = 64;
+  auto k = codegen::cuda::choose_attention_kernel(s, 0);
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->block_q, 64);  // the header's defaults
+  EXPECT_EQ(k->block_k, 64);
+  s.dk = s.dv = 256;
+  k = codegen::cuda::choose_attention_kernel(s, 0);
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->block_q, 32);
+  EXPECT_EQ(k->block_k, 32);
+  // A device with less shared memory gets a smaller tiling, within its limit.
+  k = codegen::cuda::choose_attention_kernel(s, 64 * 1024);
+  ASSERT_TRUE(k);
+  EXPECT_LE(nvptx::attention_shared_bytes(*k), 64 * 1024);
+  EXPECT_LT(k->block_q * 1000 + k->block_k, 32 * 1000 + 32);
+  std::string why;
+  s.dk = s.dv = 4096;
+  EXPECT_FALSE(codegen::cuda::choose_attention_kernel(s, 0, &why));
+  EXPECT_THAT(why, ::testing::HasSubstr("no tiling"));
+}
+
+Plan plan_of(const Case& c, const Graph& lowered, int max_shared = 0) {
+  codegen::cuda::PlanOptions o;
+  o.max_shared_bytes = max_shared;
+  return codegen::cuda::plan(lowered, bind_extents(lowered, c.feeds), o);
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t i64(const std::vector<Arg>& a, std::size_t k) { return a.at(k).i64; }
+
+/// Each launch's grid and parameter count against the nvptx header's rules, worked out here from
+/// the launch's own size parameters (not with the *_grid helpers the plan uses).
+void expect_header_geometry(const Plan& p, const std::string& name) {
+  for (std::size_t id = 0; id < p.steps.size(); ++id)
+    for (const auto& l : p.steps[id].launches) {
+      const auto& a = l.args;
+      std::visit(
+          [&](const auto& r) {
+            using T = std::decay_t<decltype(r)>;
+            nvptx::Dim3 want;
+            std::size_t params = 0;
+            if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
+              params = 11;
+              const int bq = r.block_q > 0 ? r.block_q : (r.spec.dv <= 128 ? 64 : 32);
+              want = {ceil_div(i64(a, 8), bq), r.spec.hq, i64(a, 7)};
+              EXPECT_EQ(r.spec.write_weights, a.at(4).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(r.spec.key_padding, a.at(5).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(r.spec.bias, a.at(6).kind == Arg::Kind::buffer) << name;
+              EXPECT_LE(nvptx::attention_shared_bytes(r), 227 * 1024) << name;
+            } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
+              params = 7;
+              want = {ceil_div(i64(a, 4), r.block_m), ceil_div(i64(a, 5), r.block_n), 1};
+            } else if constexpr (std::is_same_v<T, nvptx::LayerNormKernel>) {
+              params = 7;
+              want = {ceil_div(i64(a, 4), r.threads / 32), 1, 1};
+              EXPECT_EQ(a.at(6).kind, Arg::Kind::f32) << name;
+            } else if constexpr (std::is_same_v<T, nvptx::ElementwiseKernel>) {
+              params = 4;
+              want = {std::min<std::int64_t>(ceil_div(i64(a, 3), r.threads), 65535), 1, 1};
+              EXPECT_EQ(r.op == nvptx::ElementwiseOp::add, a.at(1).kind == Arg::Kind::buffer) << name;
+            } else {
+              params = 16;
+              want = {std::min<std::int64_t>(ceil_div(i64(a, 2), r.threads), 65535), 1, 1};
+              std::int64_t count = 1;
+              for (int k = 0; k < 6; ++k) count *= i64(a, 4 + static_cast<std::size_t>(k));
+              EXPECT_EQ(count, i64(a, 2)) << name << ": copy count";
+              EXPECT_GE(r.rank, 1);
+              EXPECT_LE(r.rank, 6);
+            }
+            EXPECT_EQ(a.size(), params) << name << " node " << id;
+            EXPECT_TRUE(l.grid == want) << name << " node " << id << ": grid " << l.grid.x << "," << l.grid.y << ","
+                                        << l.grid.z << ", the header says " << want.x << "," << want.y << "," << want.z;
+            EXPECT_GT(l.grid.x * l.grid.y * l.grid.z, 0) << name;
+          },
+          l.request);
+    }
+}
+
+/// Buffers: every launch reads and writes buffers alive at its step; graph outputs live to the
+/// end; everything else is freed after its last reader, exactly once.
+void expect_lifetimes(const Plan& p, const Graph& g, const std::string& name) {
+  const int end = static_cast<int>(g.size());
+  for (const auto& o : g.outputs())
+    EXPECT_EQ(p.buffers.at(static_cast<std::size_t>(p.buffer[static_cast<std::size_t>(o.node)])).last, end) << name;
+  for (std::size_t id = 0; id < p.steps.size(); ++id) {
+    for (const auto& l : p.steps[id].launches)
+      for (const auto& a : l.args)
+        if (a.kind == Arg::Kind::buffer) {
+          const auto& b = p.buffers.at(static_cast<std::size_t>(a.buffer));
+          EXPECT_LE(b.first, static_cast<int>(id)) << name << " node " << id;
+          EXPECT_GE(b.last, static_cast<int>(id)) << name << " node " << id;
+        }
+    for (int x : g.node(static_cast<int>(id)).inputs)
+      EXPECT_GE(p.buffers.at(static_cast<std::size_t>(p.buffer[static_cast<std::size_t>(x)])).last,
+                static_cast<int>(id))
+          << name << ": %" << x << " freed before %" << id << " reads it";
+  }
+  std::vector<int> freed(p.buffers.size(), 0);
+  for (const auto& list : p.free_after)
+    for (int b : list) ++freed.at(static_cast<std::size_t>(b));
+  for (std::size_t b = 0; b < p.buffers.size(); ++b)
+    EXPECT_EQ(freed[b], p.buffers[b].last == end ? 0 : 1) << name << " buffer " << b;
+}
+
+TEST(GpuPlan, CliModelsRunEveryNodeOnAGpuKernel) {
+  int models = 0;
+  for (const Case& c : cli_model_cases()) {
+    const Graph lowered = codegen::lower(c.graph);
+    const Plan p = plan_of(c, lowered);
+    ++models;
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+      const Step& s = p.steps[id];
+      const Node& n = lowered.node(static_cast<int>(id));
+      EXPECT_NE(s.kind, Step::Kind::host) << c.name << ": %" << id << " " << op_name(n.op) << " on the host: " << s.why;
+      if (s.kind == Step::Kind::gpu) EXPECT_FALSE(s.launches.empty()) << c.name << ": %" << id;
+    }
+    EXPECT_EQ(p.host_steps(), 0) << c.name << "\n" << lowered.table();
+    expect_header_geometry(p, c.name);
+    expect_lifetimes(p, lowered, c.name);
+  }
+  EXPECT_GE(models, 10);
+}
+
+TEST(GpuPlan, SweepAndFixturesFollowTheHeaderRulesAndLifetimes) {
+  for (const auto& shape : sweep_shapes()) {
+    const Case c = sweep_case(shape);
+    const Graph lowered = codegen::lower(c.graph);
+    const Plan p = plan_of(c, lowered);
+    EXPECT_EQ(p.host_steps(), 0) << c.name << "\n" << lowered.table();
+    expect_header_geometry(p, c.name);
+    expect_lifetimes(p, lowered, c.name);
+  }
+  for (const auto& name : fixture_names()) {
+    const Case c = fixture_case(name);
+    const Graph lowered = codegen::lower(c.graph);
+    const Plan p = plan_of(c, lowered);
+    expect_header_geometry(p, c.name);
+    expect_lifetimes(p, lowered, c.name);
+  }
+}
+
+TEST(GpuPlan, TheEncoderLayerFreesIntermediatesBeforeTheEnd) {
+  for (const Case& c : cli_model_cases()) {
+    if (c.name.rfind("encoder_layer", 0) != 0) continue;
+    const Graph lowered = codegen::lower(c.graph);
+    const Plan p = plan_of(c, lowered);
+    HostMachine m;
+    (void)codegen::cuda::execute_on(m, lowered, c.feeds);
+    std::size_t total = 0;
+    for (const auto& b : p.buffers) total += b.bytes;
+    EXPECT_LT(m.peak_bytes, total) << c.name << ": nothing freed early";
+    EXPECT_EQ(m.live_bytes, 0u) << c.name << ": device memory left allocated after the run";
+    EXPECT_TRUE(m.errors.empty()) << c.name;
+  }
+}
+
+TEST(GpuPlan, PerHeadMasksFallBackToTheHostAndStayCorrect) {
+  // A [batch, heads, L, S] keep-mask cannot be the kernel's [L, S] bias: the pipeline leaves the
+  // attention unfused, and its softmax / keep_mask / contract run on the host.
+  const Case c = fixture_case("mask_3d");
+  const Graph lowered = codegen::lower(c.graph);
+  const Plan p = plan_of(c, lowered);
+  EXPECT_GT(p.host_steps(), 0);
+  bool softmax_on_host = false;
+  for (std::size_t id = 0; id < p.steps.size(); ++id)
+    if (lowered.node(static_cast<int>(id)).op == Op::softmax) {
+      EXPECT_EQ(p.steps[id].kind, Step::Kind::host);
+      EXPECT_THAT(p.steps[id].why, ::testing::HasSubstr("softmax"));
+      softmax_on_host = true;
+    }
+  EXPECT_TRUE(softmax_on_host) << lowered.table();
+  HostMachine m;
+  const RunResult got = codegen::cuda::execute_on(m, lowered, c.feeds);
+  const RunResult want = interpret(c.graph, c.feeds);
+  EXPECT_TRUE(m.errors.empty());
+  for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name;
+}
+
+TEST(GpuPlan, AnAttentionNoTilingFitsRunsOnTheHostCpuKernel) {
+  SweepShape s;
+  s.batch = 2;
+  s.heads = 2;
+  s.kv_heads = 2;
+  s.len_q = 9;
+  s.len_k = 13;
+  s.padding = true;
+  s.bias = true;
+  s.weights = true;
+  const Case c = sweep_case(s);
+  const Graph lowered = codegen::lower(c.graph);
+  HostMachine tiny(1024);  // 1 KiB of shared memory: no attention tiling fits
+  const Plan p = plan_of(c, lowered, tiny.max_shared_bytes());
+  int attention_on_host = 0;
+  for (std::size_t id = 0; id < p.steps.size(); ++id)
+    if (lowered.node(static_cast<int>(id)).op == Op::fused_attention) {
+      EXPECT_EQ(p.steps[id].kind, Step::Kind::host);
+      EXPECT_THAT(p.steps[id].why, ::testing::HasSubstr("no tiling"));
+      ++attention_on_host;
+    }
+  EXPECT_EQ(attention_on_host, 1);
+  const RunResult got = codegen::cuda::execute_on(tiny, lowered, c.feeds);
+  const RunResult want = interpret(c.graph, c.feeds);
+  EXPECT_TRUE(tiny.errors.empty());
+  EXPECT_EQ(tiny.launches.count("attention"), 0u);
+  for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name;
+}
+
+TEST(GpuPlan, RunWithoutAGpuThrowsNoGpu) {
+  if (cuda::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present: this test checks the error without one";
+  const Case c = sweep_case(sweep_shapes().front());
+  try {
+    (void)codegen::cuda::run(c.graph, c.feeds);
+    ADD_FAILURE() << "cuda::run returned without a GPU";
+  } catch (const cuda::NoGpu& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(cuda::no_gpu_prefix, 0), 0u) << e.what();
+  }
+  EXPECT_THROW((void)codegen::cuda::execute(codegen::lower(c.graph), c.feeds), cuda::NoGpu);
+  EXPECT_THROW((void)codegen::cuda::AttentionBench({}, 1, 1, 1), cuda::NoGpu);
+}
+
+}  // namespace
+}  // namespace qkv::test

@@ -1,0 +1,111 @@
+// The GPU backend against the reference interpreter: every PyTorch fixture, a sweep of attention
+// shapes and the CLI's models, each run two ways:
+//   gpu/…       qkv::codegen::cuda::run on GPU 0 — skipped, with the reason, without a GPU;
+//   emulated/…  the same lowered graph, plan and executor (cuda::execute_on) on HostMachine, which
+//               implements every NVPTX kernel on the CPU from the header's contract and checks
+//               the memory the launches touch — runs everywhere.
+//
+// Tolerance: |got − ref| <= kTolerance · max(1, |ref|) element-wise (ref: the interpreter, fp64
+// accumulation). The GPU computes in fp32 with fp32 accumulation: a dot product of n terms is off
+// by about sqrt(n)·2^-24·Σ|terms| (n <= 512 here: the fixtures' linears, head widths <= 128),
+// i.e. ~1e-6 for these magnitudes; the softmax's exp is ex2.approx.ftz (max relative error
+// ~2^-22, 2.4e-7) of scores pre-multiplied by log2 e in fp32 (one rounding: a relative error
+// |s − m|·2^-24 in e^(s−m), at most 2^-24/e ≈ 2.2e-8 absolute on a probability); the row sum and
+// P·V add another sqrt(S)·2^-24. Layer norm divides by a standard deviation of ~1 here. The sum
+// is a few 1e-6 relative to max(1, |ref|); 2e-5 leaves a 4–10× margin — the same margin the CPU
+// backend's kernels (~2e-7-accurate exp, same fp32 accumulation) show against this bound, which
+// the test prints next to each GPU error for comparison. Dropout uses the interpreter's Philox
+// mask, so it is compared with the same tolerance, not statistically.
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/cuda/executor.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/runtime/cuda.hpp>
+
+#include "cases.hpp"
+#include "host_machine.hpp"
+
+namespace qkv::test {
+namespace {
+
+constexpr double kTolerance = 2e-5;
+
+void check(const Case& c, const std::string& backend) {
+  RunResult got;
+  if (backend == "gpu") {
+    if (const std::string why = cuda::why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+    got = codegen::cuda::run(c.graph, c.feeds);
+  } else {
+    HostMachine machine;
+    got = codegen::cuda::execute_on(machine, codegen::lower(c.graph), c.feeds);
+    for (const auto& e : machine.errors) ADD_FAILURE() << c.name << ": " << e;
+    EXPECT_GT(machine.launches.size(), 0u) << c.name << ": nothing ran on the (emulated) GPU";
+  }
+  const RunResult want = interpret(c.graph, c.feeds);
+  const RunResult cpu = codegen::cpu::run(c.graph, c.feeds);
+  ASSERT_EQ(got.outputs.size(), want.outputs.size());
+  for (const auto& [name, w] : want.outputs) {
+    ASSERT_TRUE(got.outputs.count(name)) << name;
+    const NdArray& g = got.outputs.at(name);
+    EXPECT_EQ(g.dtype, w.dtype) << name;
+    EXPECT_EQ(g.shape, w.shape) << name;
+    const Error err = relative_error(g, w), cpu_err = relative_error(cpu.outputs.at(name), w);
+    std::cout << "  " << c.name << " " << name << " (" << backend << "): max error " << err.worst
+              << " (cpu backend: " << cpu_err.worst << "), tolerance " << kTolerance << "\n";
+    EXPECT_LE(err.worst, kTolerance) << c.name << " " << name << " on " << backend << " at element " << err.at << ": "
+                                     << g.to_f32()[err.at] << " vs " << w.to_f32()[err.at];
+  }
+}
+
+const std::vector<std::string> kBackends{"gpu", "emulated"};
+
+std::string param_name(const std::string& backend, std::string what) {
+  for (char& ch : what)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return backend + "_" + what;
+}
+
+// --- fixtures
+class Fixture : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+TEST_P(Fixture, MatchesTheInterpreter) {
+  const auto& [backend, name] = GetParam();
+  check(fixture_case(name), backend);
+}
+INSTANTIATE_TEST_SUITE_P(All, Fixture,
+                         ::testing::Combine(::testing::ValuesIn(kBackends), ::testing::ValuesIn(fixture_names())),
+                         [](const auto& info) { return param_name(std::get<0>(info.param), std::get<1>(info.param)); });
+
+// --- the sweep
+class Sweep : public ::testing::TestWithParam<std::tuple<std::string, SweepShape>> {};
+TEST_P(Sweep, MatchesTheInterpreter) {
+  const auto& [backend, shape] = GetParam();
+  check(sweep_case(shape), backend);
+}
+INSTANTIATE_TEST_SUITE_P(All, Sweep,
+                         ::testing::Combine(::testing::ValuesIn(kBackends), ::testing::ValuesIn(sweep_shapes())),
+                         [](const auto& info) {
+                           return param_name(std::get<0>(info.param), sweep_name(std::get<1>(info.param)));
+                         });
+
+// --- the CLI's models
+class CliModel : public ::testing::TestWithParam<std::tuple<std::string, std::size_t>> {};
+TEST_P(CliModel, MatchesTheInterpreter) {
+  const auto& [backend, index] = GetParam();
+  check(cli_model_cases().at(index), backend);
+}
+INSTANTIATE_TEST_SUITE_P(All, CliModel,
+                         ::testing::Combine(::testing::ValuesIn(kBackends),
+                                            ::testing::Range<std::size_t>(0, cli_model_cases().size())),
+                         [](const auto& info) {
+                           return param_name(std::get<0>(info.param),
+                                             cli_model_cases().at(std::get<1>(info.param)).name);
+                         });
+
+}  // namespace
+}  // namespace qkv::test
