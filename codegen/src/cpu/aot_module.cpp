@@ -23,6 +23,7 @@
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
+#include <llvm/IR/GlobalVariable.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/LLVMContext.h>
@@ -273,6 +274,7 @@ class AotEmitter {
       b_.SetInsertPoint(ok);
     }
     arena_ = arena;
+    threads_ = emit_thread_count(name);
 
     // Buffers: arguments for leaves, the arena for the rest, the input's for views.
     buf_.assign(g_.size(), nullptr);
@@ -311,7 +313,9 @@ class AotEmitter {
 
     // Only the two entry points are visible from outside.
     for (llvm::Function& f : m_)
-      if (!f.isDeclaration() && &f != fn_ && &f != packed) f.setLinkage(llvm::GlobalValue::InternalLinkage);
+      if (!f.isDeclaration() && &f != fn_ && &f != packed &&
+          std::find(exported_.begin(), exported_.end(), &f) == exported_.end())
+        f.setLinkage(llvm::GlobalValue::InternalLinkage);
   }
 
  private:
@@ -396,6 +400,173 @@ class AotEmitter {
     (void)n;
   }
 
+  // --- threads ---------------------------------------------------------------------------------
+  //
+  //   i32 <function>_set_threads(i32 n)   n >= 1: that many threads; 0: one per online CPU
+  //   i32 threads = <function>_threads > 0 ? it : sysconf(_SC_NPROCESSORS_ONLN), in [1, 256]
+  //
+  // A parallel loop hands task indices out one at a time (an atomic counter) to the calling
+  // thread and threads - 1 pthreads created for the loop and joined at its end; a thread that
+  // cannot be created just leaves its share to the others.
+
+  /// The thread count for this call (an i32 in the entry function).
+  llvm::Value* emit_thread_count(const std::string& name) {
+    auto* setting = new llvm::GlobalVariable(m_, i32_, false, llvm::GlobalValue::InternalLinkage, b_.getInt32(0),
+                                             name + "_threads");
+    {  // <function>_set_threads: 0 on success, 1 (and the default restored) for n < 0
+      auto* set = llvm::Function::Create(llvm::FunctionType::get(i32_, {i32_}, false),
+                                         llvm::GlobalValue::ExternalLinkage, name + "_set_threads", m_);
+      attributes(set);
+      llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", set));
+      llvm::Value* n = set->getArg(0);
+      llvm::Value* ok = b.CreateICmpSGE(n, b.getInt32(0));
+      b.CreateStore(b.CreateSelect(ok, n, b.getInt32(0)), setting);
+      b.CreateRet(b.CreateZExt(b.CreateNot(ok), i32_));
+      exported_.push_back(set);
+    }
+    auto* sysconf = m_.getOrInsertFunction("sysconf", i64_, i32_).getCallee();
+    llvm::Value* set = b_.CreateLoad(i32_, setting);
+    constexpr int kScNprocessorsOnln = 84;  // glibc's _SC_NPROCESSORS_ONLN
+    llvm::Value* online =
+        b_.CreateTrunc(b_.CreateCall(llvm::cast<llvm::Function>(sysconf), {b_.getInt32(kScNprocessorsOnln)}), i32_);
+    llvm::Value* t = b_.CreateSelect(b_.CreateICmpSGT(set, b_.getInt32(0)), set, online);
+    t = b_.CreateSelect(b_.CreateICmpSLT(t, b_.getInt32(1)), b_.getInt32(1), t);
+    return b_.CreateSelect(b_.CreateICmpSGT(t, b_.getInt32(256)), b_.getInt32(256), t, "threads");
+  }
+
+  /// void qkv_parallel(ptr body, ptr ctx, i64 n, i32 threads): body(ctx, i) for i in [0, n).
+  llvm::Function* parallel_runtime() {
+    if (parallel_) return parallel_;
+    auto* par_type = llvm::StructType::get(ctx_, {ptr_, ptr_, i64_, i64_});  // body, ctx, n, next
+    auto* body_type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false);
+    // ptr qkv_par_worker(ptr par): takes tasks until none is left (also the pthread start routine).
+    auto* worker = llvm::Function::Create(llvm::FunctionType::get(ptr_, {ptr_}, false),
+                                          llvm::GlobalValue::InternalLinkage, "qkv_par_worker", m_);
+    attributes(worker);
+    {
+      llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", worker));
+      llvm::Value* par = worker->getArg(0);
+      llvm::Value* body = b.CreateLoad(ptr_, b.CreateStructGEP(par_type, par, 0));
+      llvm::Value* ctx = b.CreateLoad(ptr_, b.CreateStructGEP(par_type, par, 1));
+      llvm::Value* n = b.CreateLoad(i64_, b.CreateStructGEP(par_type, par, 2));
+      auto* take = llvm::BasicBlock::Create(ctx_, "take", worker);
+      auto* run = llvm::BasicBlock::Create(ctx_, "run", worker);
+      auto* done = llvm::BasicBlock::Create(ctx_, "done", worker);
+      b.CreateBr(take);
+      b.SetInsertPoint(take);
+      llvm::Value* i =
+          b.CreateAtomicRMW(llvm::AtomicRMWInst::Add, b.CreateStructGEP(par_type, par, 3),
+                            llvm::ConstantInt::get(i64_, 1), llvm::MaybeAlign(8), llvm::AtomicOrdering::Monotonic);
+      b.CreateCondBr(b.CreateICmpSLT(i, n), run, done);
+      b.SetInsertPoint(run);
+      b.CreateCall(body_type, body, {ctx, i});
+      b.CreateBr(take);
+      b.SetInsertPoint(done);
+      b.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+    }
+    parallel_ = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, ptr_, i64_, i32_}, false),
+                                       llvm::GlobalValue::InternalLinkage, "qkv_parallel", m_);
+    attributes(parallel_);
+    constexpr std::int64_t kMaxThreads = 256;
+    auto* i8 = llvm::Type::getInt8Ty(ctx_);
+    auto* tid_array = llvm::ArrayType::get(i64_, kMaxThreads);  // pthread_t is an unsigned long
+    auto* made_array = llvm::ArrayType::get(i8, kMaxThreads);
+    llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", parallel_));
+    llvm::Value* par = b.CreateAlloca(par_type, nullptr, "par");
+    llvm::Value* tids = b.CreateAlloca(tid_array, nullptr, "tids");
+    llvm::Value* made = b.CreateAlloca(made_array, nullptr, "made");
+    for (unsigned f = 0; f < 3; ++f) b.CreateStore(parallel_->getArg(f), b.CreateStructGEP(par_type, par, f));
+    b.CreateStore(llvm::ConstantInt::get(i64_, 0), b.CreateStructGEP(par_type, par, 3));
+    // helpers = min(threads, n, 256) - 1
+    llvm::Value* n = parallel_->getArg(2);
+    llvm::Value* cap =
+        b.CreateTrunc(b.CreateSelect(b.CreateICmpSLT(n, ir::i64c(b, kMaxThreads)), n, ir::i64c(b, kMaxThreads)), i32_);
+    llvm::Value* t = parallel_->getArg(3);
+    llvm::Value* helpers =
+        b.CreateSExt(b.CreateSub(b.CreateSelect(b.CreateICmpSLT(t, cap), t, cap), b.getInt32(1)), i64_, "helpers");
+    auto* create =
+        llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_create", i32_, ptr_, ptr_, ptr_, ptr_).getCallee());
+    auto* join = llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_join", i32_, i64_, ptr_).getCallee());
+    ir::emit_loop(
+        b, ir::i64c(b, 0), helpers, 1,
+        [&](llvm::Value* k) {
+          llvm::Value* slot = b.CreateInBoundsGEP(tid_array, tids, {ir::i64c(b, 0), k});
+          llvm::Value* rc = b.CreateCall(create, {slot, llvm::ConstantPointerNull::get(ptr_), worker, par});
+          b.CreateStore(b.CreateZExt(b.CreateICmpEQ(rc, b.getInt32(0)), i8),
+                        b.CreateInBoundsGEP(made_array, made, {ir::i64c(b, 0), k}));
+        },
+        "spawn");
+    b.CreateCall(worker, {par});
+    ir::emit_loop(
+        b, ir::i64c(b, 0), helpers, 1,
+        [&](llvm::Value* k) {
+          auto* yes = llvm::BasicBlock::Create(ctx_, "join", parallel_);
+          auto* next = llvm::BasicBlock::Create(ctx_, "joined", parallel_);
+          llvm::Value* ok = b.CreateLoad(i8, b.CreateInBoundsGEP(made_array, made, {ir::i64c(b, 0), k}));
+          b.CreateCondBr(b.CreateICmpNE(ok, b.getInt8(0)), yes, next);
+          b.SetInsertPoint(yes);
+          b.CreateCall(join, {b.CreateLoad(i64_, b.CreateInBoundsGEP(tid_array, tids, {ir::i64c(b, 0), k})),
+                              llvm::ConstantPointerNull::get(ptr_)});
+          b.CreateBr(next);
+          b.SetInsertPoint(next);
+        },
+        "join");
+    b.CreateRetVoid();
+    return parallel_;
+  }
+
+  using TaskBody = std::function<void(llvm::Value* i, const Values& captured)>;
+
+  /// body(i, captured) for i in [0, n): inline on the calling thread when there is one task or
+  /// less than about a million flops of work (`work`), else through qkv_parallel. The body may
+  /// use only `captured` (values of the entry function reach it through a context struct) and
+  /// constants.
+  void parallel_for(std::int64_t n, double work, const Values& captured, const TaskBody& body) {
+    if (n <= 0) return;
+    if (n == 1 || work < 1e6) {
+      ir::emit_loop(b_, c64(0), c64(n), 1, [&](llvm::Value* i) { body(i, captured); }, "tasks");
+      return;
+    }
+    std::vector<llvm::Type*> types;
+    for (llvm::Value* v : captured) types.push_back(v->getType());
+    auto* ctx_type = llvm::StructType::get(ctx_, types);
+    llvm::Value* ctx = ir::entry_alloca(b_, ctx_type, 1, 8, "task_ctx");
+    for (unsigned f = 0; f < captured.size(); ++f) b_.CreateStore(captured[f], b_.CreateStructGEP(ctx_type, ctx, f));
+
+    auto* task = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false),
+                                        llvm::GlobalValue::InternalLinkage, "qkv_task", m_);
+    attributes(task);
+    const llvm::IRBuilderBase::InsertPoint saved = b_.saveIP();
+    llvm::Function* saved_fn = fn_;
+    fn_ = task;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", task));
+    Values loaded;
+    for (unsigned f = 0; f < captured.size(); ++f)
+      loaded.push_back(b_.CreateLoad(types[f], b_.CreateStructGEP(ctx_type, task->getArg(0), f)));
+    body(task->getArg(1), loaded);
+    b_.CreateRetVoid();
+    fn_ = saved_fn;
+    b_.restoreIP(saved);
+    b_.CreateCall(parallel_runtime(), {task, ctx, c64(n), threads_});
+  }
+
+  /// fn(begin, end, captured) over [0, total) in blocks of at least `grain` units (a multiple
+  /// of `align`), about 32 blocks in all, in parallel when the work is worth it.
+  void parallel_ranges(std::int64_t total, std::int64_t grain, std::int64_t align, double work_per_unit,
+                       const Values& captured,
+                       const std::function<void(llvm::Value*, llvm::Value*, const Values&)>& fn) {
+    if (total <= 0) return;
+    std::int64_t block = std::max<std::int64_t>(grain, (total + 31) / 32);
+    block = (block + align - 1) / align * align;
+    const std::int64_t tasks = (total + block - 1) / block;
+    parallel_for(tasks, work_per_unit * static_cast<double>(total), captured, [&](llvm::Value* t, const Values& cap) {
+      llvm::Value* begin = b_.CreateMul(t, c64(block));
+      llvm::Value* end = b_.CreateAdd(begin, c64(block));
+      end = b_.CreateSelect(b_.CreateICmpSLT(end, c64(total)), end, c64(total));
+      fn(begin, end, cap);
+    });
+  }
+
   // --- nodes ----------------------------------------------------------------------------------
   void emit_node(int id) {
     const Node& n = g_.node(id);
@@ -455,10 +626,11 @@ class AotEmitter {
         return emit_dropout(id);
       case Op::relu:
       case Op::gelu: {
-        const std::int64_t count = numel(shape(id));
-        if (count > 0)
-          b_.CreateCall(rowwise(n.op == Op::relu ? "qkv_relu" : "qkv_gelu"),
-                        {buf(n.inputs[0]), buf(id), c64(0), c64(count)});
+        llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : "qkv_gelu");
+        parallel_ranges(numel(shape(id)), 16384, 64, n.op == Op::relu ? 1.0 : 30.0, {buf(n.inputs[0]), buf(id)},
+                        [&](llvm::Value* i0, llvm::Value* i1, const Values& cap) {
+                          b_.CreateCall(kernel, {cap[0], cap[1], i0, i1});
+                        });
         return;
       }
       case Op::softmax:
@@ -504,8 +676,11 @@ class AotEmitter {
     const Node &x = g_.node(n.inputs[0]), &y = g_.node(n.inputs[1]);
     const std::int64_t count = numel(shape(id));
     if (n.op == Op::add && same_axes(x.axes, y.axes) && shape(n.inputs[0]) == shape(n.inputs[1])) {
-      if (count > 0)
-        b_.CreateCall(rowwise("qkv_add"), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id), c64(0), c64(count)});
+      llvm::Function* kernel = rowwise("qkv_add");
+      parallel_ranges(count, 16384, 64, 1.0, {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
+                      [&](llvm::Value* i0, llvm::Value* i1, const Values& cap) {
+                        b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0, i1});
+                      });
       return;
     }
     const Op op = n.op;
@@ -626,9 +801,12 @@ class AotEmitter {
     llvm::Value *x = buf(n.inputs[0]), *gamma = buf(n.inputs[1]), *beta = buf(n.inputs[2]), *y = buf(id);
     if (layer_norm_on_rows(g_, n)) {
       const std::int64_t len = s.back(), rows = len > 0 ? numel(s) / len : 0;
-      if (rows > 0)
-        b_.CreateCall(rowwise("qkv_layer_norm"),
-                      {x, gamma, beta, y, c64(len), llvm::ConstantFP::get(f32_, eps), c64(0), c64(rows)});
+      llvm::Function* kernel = rowwise("qkv_layer_norm");
+      parallel_ranges(
+          rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(len, 1)), 1, 8.0 * static_cast<double>(len),
+          {x, gamma, beta, y}, [&](llvm::Value* r0, llvm::Value* r1, const Values& cap) {
+            b_.CreateCall(kernel, {cap[0], cap[1], cap[2], cap[3], c64(len), llvm::ConstantFP::get(f32_, eps), r0, r1});
+          });
       return;
     }
     const Around r = around(s, axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
@@ -750,18 +928,29 @@ class AotEmitter {
     llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
     const Values fields{x, packed, bias_pad, y, c64(m), c64(nn), c64(k)};
     for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
-    // Blocks as run_linear makes them for one worker.
-    std::int64_t mc = (m + 7) / 8;
+    // Blocks as run_linear makes them for four workers (enough tasks that up to a few threads
+    // finish together; few enough that each reuses its packed A and B).
+    constexpr std::int64_t kWant = 32;
+    std::int64_t mc = (m + kWant - 1) / kWant;
     mc = std::clamp<std::int64_t>((mc + mr - 1) / mr * mr, mr, 8 * mr);
-    const std::int64_t panels_per = std::min<std::int64_t>(panels, std::max<std::int64_t>(1, 512 / nr));
-    const std::int64_t mblocks = (m + mc - 1) / mc, nblocks = (panels + panels_per - 1) / panels_per;
-    auto min = [&](llvm::Value* a, std::int64_t v) { return b_.CreateSelect(b_.CreateICmpSLT(a, c64(v)), a, c64(v)); };
-    nest({mblocks, nblocks}, {}, {}, [&](const Values& idx, const Values&) {
-      llvm::Value* m0 = b_.CreateMul(idx[0], c64(mc));
-      llvm::Value* n0 = b_.CreateMul(idx[1], c64(panels_per * nr));
-      b_.CreateCall(gemm_,
-                    {args, m0, min(b_.CreateAdd(m0, c64(mc)), m), n0, min(b_.CreateAdd(n0, c64(panels_per * nr)), nn)});
-    });
+    const std::int64_t mblocks = (m + mc - 1) / mc;
+    std::int64_t panels_per = std::min<std::int64_t>(panels, std::max<std::int64_t>(1, 512 / nr));
+    if (mblocks * ((panels + panels_per - 1) / panels_per) < kWant) {
+      const std::int64_t nb = std::min<std::int64_t>(panels, (kWant + mblocks - 1) / mblocks);
+      panels_per = (panels + nb - 1) / nb;
+    }
+    const std::int64_t nblocks = (panels + panels_per - 1) / panels_per;
+    llvm::Function* kernel = gemm_;
+    parallel_for(mblocks * nblocks, 2.0 * static_cast<double>(m) * static_cast<double>(nn) * static_cast<double>(k),
+                 {args}, [&](llvm::Value* t, const Values& cap) {
+                   auto min = [&](llvm::Value* a, std::int64_t v) {
+                     return b_.CreateSelect(b_.CreateICmpSLT(a, c64(v)), a, c64(v));
+                   };
+                   llvm::Value* m0 = b_.CreateMul(b_.CreateSDiv(t, c64(nblocks)), c64(mc));
+                   llvm::Value* n0 = b_.CreateMul(b_.CreateSRem(t, c64(nblocks)), c64(panels_per * nr));
+                   b_.CreateCall(kernel, {cap[0], m0, min(b_.CreateAdd(m0, c64(mc)), m), n0,
+                                          min(b_.CreateAdd(n0, c64(panels_per * nr)), nn)});
+                 });
   }
 
   void emit_attention(int id) {
@@ -816,9 +1005,18 @@ class AotEmitter {
                         c64(call.len_k),
                         c64(static_cast<std::int64_t>(call.seed))};
     for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
-    const std::int64_t rows = cfg.query_rows();
-    nest({call.batch, spec.hq, (call.len_q + rows - 1) / rows}, {}, {}, [&](const Values& idx, const Values&) {
-      b_.CreateCall(kernel, {args, idx[0], idx[1], b_.CreateMul(idx[2], c64(rows))});
+    // Tasks (batch, head, block of query rows), the block index outermost and, when causal,
+    // descending: the heaviest blocks (most keys visible) are handed out first.
+    const std::int64_t rows = cfg.query_rows(), blocks = (call.len_q + rows - 1) / rows;
+    const std::int64_t bh = call.batch * spec.hq;
+    const double work = 2.0 * static_cast<double>(bh * call.len_q * call.len_k * (spec.dk + spec.dv));
+    const bool heavy_first = spec.causal;
+    parallel_for(bh * blocks, work, {args}, [&](llvm::Value* t, const Values& cap) {
+      llvm::Value* blk = b_.CreateSDiv(t, c64(bh));
+      if (heavy_first) blk = b_.CreateSub(c64(blocks - 1), blk);
+      llvm::Value* r = b_.CreateSRem(t, c64(bh));
+      b_.CreateCall(kernel, {cap[0], b_.CreateSDiv(r, c64(spec.hq)), b_.CreateSRem(r, c64(spec.hq)),
+                             b_.CreateMul(blk, c64(rows))});
     });
   }
 
@@ -839,6 +1037,9 @@ class AotEmitter {
   bool rowwise_emitted_ = false;
   llvm::Function* gemm_ = nullptr;
   GemmConfig gemm_cfg_;
+  llvm::Value* threads_ = nullptr;  // i32, this call's thread count
+  llvm::Function* parallel_ = nullptr;
+  std::vector<llvm::Function*> exported_;  // besides the entry points: <function>_set_threads
 };
 
 }  // namespace

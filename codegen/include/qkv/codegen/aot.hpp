@@ -17,13 +17,21 @@
 //     axis) → loop nests generated for the concrete strides, with the reference interpreter's
 //     semantics (docs/semantics.md); views (split, merge, rename, view) cost nothing.
 // Intermediates live in one 64-byte aligned arena (aligned_alloc) per call, with buffers reused once their values are
-// dead. The generated code needs only the C library (aligned_alloc, free, memcpy, memset) at run time:
-// no qkv, no LLVM, no C++ runtime. It runs on the calling thread.
+// dead. The generated code needs only the C library (aligned_alloc, free, memcpy, memset, sysconf,
+// pthread_create, pthread_join) at run time: no qkv, no LLVM, no C++ runtime.
+//
+// Threads: the attention tasks (batch, head, block of query rows; heaviest first when causal),
+// the GEMM's (row block, column block) tasks and the row-wise kernels' ranges are shared between
+// the calling thread and threads − 1 pthreads created for each parallel loop (an atomic task
+// counter), when a loop has more than one task and about a million flops of work; the generic
+// loop nests run on the calling thread. The split of the work does not depend on the thread
+// count, so results are bitwise identical for any count.
 //
 // The C interface (the header emit_aot writes beside an object or a shared library):
 //
 //   int <function>(const float* <input>, …, const uint8_t* <bool input>, …, float* <output>, …);
 //   int <function>_packed(void* const* args);   // the same arguments as an array, in that order
+//   int <function>_set_threads(int n);          // n >= 1 threads; 0 (default): one per online CPU
 //
 // Arguments are the graph's inputs and parameters in graph order, then its outputs; every array
 // is dense, row-major, in the axis order the header lists. Returns 0, or 1 when the arena cannot
@@ -96,6 +104,8 @@ class AotModel {
   [[nodiscard]] const AotSignature& signature() const;
   /// Calls <function>_packed(args): args[i] points at argument i of signature().
   int run(void* const* args) const;
+  /// Calls <function>_set_threads(n): n >= 1 threads per call, 0 one per online CPU.
+  void set_threads(int n) const;
 
  private:
   struct Impl;
