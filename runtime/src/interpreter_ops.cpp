@@ -540,8 +540,10 @@ Value op_linear(const OpArgs& a) {
 
 float relu(float x) { return x > 0.0f ? x : (std::isnan(x) ? x : 0.0f); }
 
-/// The exact GELU, 0.5·x·(1 + erf(x/√2)), evaluated in double.
+/// The exact GELU, 0.5·x·(1 + erf(x/√2)), evaluated in double; gelu(−∞) = 0, its limit (the
+/// formula would give −∞·0 = NaN).
 float gelu(float x) {
+  if (std::isinf(x) && x < 0.0f) return 0.0f;
   const double v = x;
   return static_cast<float>(0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))));
 }

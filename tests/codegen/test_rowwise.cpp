@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/rowwise.hpp>
+#include <qkv/runtime/interpreter.hpp>
 
 namespace qkv {
 namespace {
@@ -98,11 +99,31 @@ TEST(Rowwise, GeluMatchesErfOverRange) {
     EXPECT_LT(worst, 1e-6);
     EXPECT_EQ(y[200000], 0.0f);  // x == 0 exactly
   }
-  const float special[] = {std::numeric_limits<float>::infinity(), std::nanf("")};
-  float out[2];
-  run_gelu(special, out, 2, 1);
+  const float special[] = {std::numeric_limits<float>::infinity(), std::nanf(""),
+                           -std::numeric_limits<float>::infinity()};
+  float out[3];
+  run_gelu(special, out, 3, 1);
   EXPECT_EQ(out[0], std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], 0.0f);  // the limit, as the reference interpreter (docs/semantics.md)
+
+  // The interpreter agrees on all three.
+  Graph g;
+  Node in;
+  in.op = Op::input;
+  in.name = "x";
+  in.axes = {{"N", Extent::fixed(3)}};
+  g.add(in);
+  Node act;
+  act.op = Op::gelu;
+  act.inputs = {0};
+  act.axes = in.axes;
+  g.mark_output(g.add(act), "y");
+  const auto ref =
+      interpret(g, {{"x", NdArray::from_f32({special[0], special[1], special[2]}, {3})}}).outputs.at("y").to_f32();
+  EXPECT_EQ(ref[0], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(ref[1]));
+  EXPECT_EQ(ref[2], 0.0f);
 }
 
 TEST(Rowwise, GeluOddSizes) {
