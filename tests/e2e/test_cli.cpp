@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <qkv/runtime/cuda.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -353,6 +354,19 @@ TEST_F(Cli, FileProblemsExitOneWithAMessageAndNoOutput) {
     EXPECT_THAT(r.err, HasSubstr(c.says)) << c.args;
     expect_one_line_error(r);
     EXPECT_FALSE(fs::exists(tmp("o.npy"))) << c.args;
+  }
+}
+
+TEST_F(Cli, CudaBackendWithoutAGpuIsOneLineAndExitOne) {
+  if (cuda::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present: this checks the error without one";
+  const std::string shape = " --batch 1 --heads 2 --seq 7 --head-dim 16 --backend cuda";
+  for (const std::string& args : {"verify mha" + shape, "bench sdpa" + shape + " --repeat 1 --json",
+                                  "bench encoder-layer" + shape + " --repeat 1"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    EXPECT_THAT(r.err, ::testing::StartsWith("qkv: error: no CUDA driver/GPU found: ")) << args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << args;
   }
 }
 
