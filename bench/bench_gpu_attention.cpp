@@ -1,0 +1,88 @@
+// Forward attention on the GPU, fp32: the NVPTX fused attention kernel (qkv/codegen/nvptx.hpp)
+// through qkv::codegen::cuda::AttentionBench, B = 4, H = 16, D = 64 and 128, N = L = S in
+// {1024, …, 16384}, causal and not. Each iteration is one launch timed with CUDA events (kernel
+// time only: q/k/v are on the device before the loop, nothing is copied while timing);
+// TFLOP/s counts 4·B·H·N²·D, half of it for causal.
+//
+//   bench_gpu_attention --benchmark_min_time=0.05        (benchmark 1.7.1: a number, no "s")
+//
+// Without a GPU every benchmark reports "no CUDA driver/GPU found: …" as its error and the
+// program exits 0.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include <qkv/codegen/cuda/executor.hpp>
+#include <qkv/runtime/cuda.hpp>
+
+namespace {
+
+constexpr std::int64_t kBatch = 4;
+constexpr std::int64_t kHeads = 16;
+
+void BM_GpuAttention(benchmark::State& state) {
+  const std::int64_t d = state.range(0), n = state.range(1);
+  const bool causal = state.range(2) != 0;
+  if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  qkv::codegen::cpu::AttentionSpec spec;
+  spec.dk = spec.dv = d;
+  spec.hq = spec.hkv = kHeads;
+  spec.causal = causal;
+  std::unique_ptr<qkv::codegen::cuda::AttentionBench> bench;
+  try {
+    bench = std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, kBatch, n, n);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  double total_ms = 0;
+  std::int64_t launches = 0;
+  for (auto _ : state) {
+    const double ms = bench->launch_ms(1);
+    state.SetIterationTime(ms / 1e3);
+    total_ms += ms;
+    ++launches;
+  }
+  const double ms = launches > 0 ? total_ms / static_cast<double>(launches) : 0;
+  state.counters["ms"] = ms;
+  state.counters["TFLOP/s"] = ms > 0 ? bench->flops() / (ms * 1e-3) / 1e12 : 0;
+  state.SetLabel(bench->kernel());
+}
+
+void arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"D", "N", "causal"});
+  for (std::int64_t d : {64, 128})
+    for (std::int64_t causal : {0, 1})
+      for (std::int64_t n : {1024, 2048, 4096, 8192, 16384}) b->Args({d, n, causal});
+  b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_GpuAttention)->Apply(arguments);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
+    std::printf("%s\n", why.c_str());
+  } else {
+    try {
+      const qkv::cuda::Device gpu = qkv::cuda::Device::open();
+      std::printf("GPU 0: %s, %s, %d SMs, B = %lld, H = %lld, fp32\n", gpu.name().c_str(), gpu.arch().c_str(),
+                  gpu.sm_count(), static_cast<long long>(kBatch), static_cast<long long>(kHeads));
+    } catch (const std::exception& e) {
+      std::printf("%s\n", e.what());
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
