@@ -1,7 +1,7 @@
 // The AOT-compiled function (qkv/codegen/aot.hpp) against the in-process CPU backend
 // (qkv::codegen::cpu::run, the same kernels driven by the executor) on the same graph and inputs,
 // in one run: a multi-head attention layer (E = 512, H = 8) and a post-norm encoder layer.
-// The AOT function runs on the calling thread, so the executor is measured with 1 and 2 threads.
+// The AOT function runs on one thread per online CPU (its default); the executor with 1 and 2.
 //
 //   bench_aot --benchmark_min_time=0.01
 #include <benchmark/benchmark.h>

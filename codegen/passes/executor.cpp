@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/fused_call.hpp>
 #include <qkv/codegen/cpu/gemm.hpp>
 #include <qkv/codegen/cpu/rowwise.hpp>
@@ -142,6 +143,67 @@ std::optional<NdArray> run_rowwise_node(const Graph& g, int id, const std::vecto
   }
 }
 
+/// Any other node (broadcasting add/mul/bias/keep_mask, scale, softmax, causal, dropout,
+/// contract, permute, slice, concat, broadcast, fill, linear/layer_norm over another axis):
+/// compiled on its own through the AOT compiler (a one-node graph under the bound sizes: the
+/// loop nests of aot.hpp), cached by that graph. Views (split, merge, rename, view) only
+/// reinterpret their input and stay with the reference implementation (a copy).
+NdArray run_compiled_node(const Graph& g, int id, const std::vector<const NdArray*>& in, const Bindings& b,
+                          int threads) {
+  const Node& n = g.node(id);
+  Graph one;
+  auto fixed = [&](std::vector<Axis> axes) {
+    for (auto& a : axes) a.extent = Extent::fixed(*a.extent.resolve(b));
+    return axes;
+  };
+  for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+    const Node& x = g.node(n.inputs[k]);
+    Node leaf;
+    leaf.op = Op::input;
+    leaf.name = "in" + std::to_string(k);
+    leaf.axes = fixed(x.axes);
+    leaf.dtype = x.dtype == DType::boolean ? DType::boolean : DType::f32;
+    one.add(std::move(leaf));
+  }
+  Node copy = n;
+  for (std::size_t k = 0; k < copy.inputs.size(); ++k) copy.inputs[k] = static_cast<int>(k);
+  copy.axes = fixed(copy.axes);
+  if (copy.dtype != DType::boolean) copy.dtype = DType::f32;
+  one.mark_output(one.add(std::move(copy)), "out");
+
+  struct Entry {
+    Graph source;
+    std::shared_ptr<const codegen::AotModel> model;
+    std::shared_ptr<std::mutex> busy;  // the thread count is a setting of the compiled function
+  };
+  static std::mutex mutex;
+  static std::map<std::uint64_t, std::vector<Entry>> cache;
+  Entry entry;
+  {
+    std::lock_guard lock(mutex);
+    auto& bucket = cache[one.hash()];
+    auto it = std::find_if(bucket.begin(), bucket.end(), [&](const Entry& e) { return e.source == one; });
+    if (it == bucket.end()) {
+      bucket.push_back({one, std::shared_ptr<const codegen::AotModel>(codegen::AotModel::compile(one, {})),
+                        std::make_shared<std::mutex>()});
+      it = std::prev(bucket.end());
+    }
+    entry = *it;
+  }
+  std::vector<std::int64_t> shape;
+  for (const auto& a : entry.source.nodes().back().axes) shape.push_back(a.extent.value);
+  NdArray out = NdArray::zeros(n.dtype == DType::boolean ? DType::boolean : DType::f32, shape);
+  std::vector<void*> args;
+  for (const NdArray* x : in) args.push_back(const_cast<void*>(static_cast<const void*>(x->bytes.data())));
+  args.push_back(out.bytes.data());
+  std::lock_guard lock(*entry.busy);
+  entry.model->set_threads(threads > 0 ? threads : 0);
+  if (entry.model->run(args.data()) != 0) throw std::bad_alloc();
+  return out;
+}
+
+bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
+
 }  // namespace
 
 RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
@@ -171,8 +233,10 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
                  (n.op == Op::layer_norm || n.op == Op::gelu || n.op == Op::relu || n.op == Op::add) &&
                  (r = run_rowwise_node(g, id, in, threads))) {
         values[static_cast<std::size_t>(id)] = std::move(*r);
-      } else {
+      } else if (is_view(n.op)) {
         values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
+      } else {
+        values[static_cast<std::size_t>(id)] = run_compiled_node(g, id, in, result.bindings, threads);
       }
     }
     for (int x : n.inputs)  // free what this node was the last to read

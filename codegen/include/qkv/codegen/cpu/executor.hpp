@@ -10,8 +10,11 @@
 //     y = x·Wᵀ + b);
 //   - layer_norm over the input's last axis, gelu, relu, and add of two tensors with identical
 //     axes (names and order; the residual add): the JIT-compiled row-wise kernels (rowwise.hpp);
-//   - everything else (linear or layer_norm over another axis, broadcasting add, mul, bias,
-//     scale, softmax, views, …): the reference implementations (qkv::evaluate_node).
+//   - views (split, merge, rename, view): the reference implementation (a copy of the input);
+//   - everything else (broadcasting add, mul, bias, keep-mask, scale, softmax, causal, dropout,
+//     contract, permute, slice, concat, broadcast, fill, linear or layer_norm over another axis):
+//     the node alone compiled ahead of time under the bound sizes (a one-node graph through
+X
 #pragma once
 
 #include <qkv/ir/graph.hpp>
