@@ -14,7 +14,7 @@
 //   - everything else (broadcasting add, mul, bias, keep-mask, scale, softmax, causal, dropout,
 //     contract, permute, slice, concat, broadcast, fill, linear or layer_norm over another axis):
 //     the node alone compiled ahead of time under the bound sizes (a one-node graph through
-X
+//     aot.hpp, cached by that graph: loop nests for the concrete strides, on the calling thread).
 #pragma once
 
 #include <qkv/ir/graph.hpp>
