@@ -168,6 +168,12 @@ NdArray run_compiled_node(const Graph& g, int id, const std::vector<const NdArra
   Node copy = n;
   for (std::size_t k = 0; k < copy.inputs.size(); ++k) copy.inputs[k] = static_cast<int>(k);
   copy.axes = fixed(copy.axes);
+  if (copy.dim) {  // scale by 1/sqrt(a bound extent): the factor itself, so the cache key is concrete
+    const auto d = copy.dim->resolve(b);
+    if (!d) throw ShapeError("execute: the scale's extent " + copy.dim->str() + " is not bound");
+    copy.scalar = 1.0 / std::sqrt(static_cast<double>(*d));
+    copy.dim.reset();
+  }
   if (copy.dtype != DType::boolean) copy.dtype = DType::f32;
   one.mark_output(one.add(std::move(copy)), "out");
 

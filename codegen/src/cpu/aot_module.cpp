@@ -604,7 +604,11 @@ class AotEmitter {
         return emit_broadcasting(id);
       case Op::scale: {
         double factor = n.scalar;
-        if (n.dim) factor = 1.0 / std::sqrt(static_cast<double>(*n.dim->resolve(sizes_)));
+        if (n.dim) {
+          const auto d = n.dim->resolve(sizes_);
+          if (!d) throw ShapeError("aot: the scale's extent " + n.dim->str() + " is not bound; give its size");
+          factor = 1.0 / std::sqrt(static_cast<double>(*d));
+        }
         llvm::Value* f = llvm::ConstantFP::get(f64_, factor);
         map(id, {n.inputs[0]}, {strides_of(shape(id))}, [&](const Values&, const Values& in) {
           return b_.CreateFPTrunc(b_.CreateFMul(b_.CreateFPExt(in[0], f64_), f), f32_);
