@@ -13,13 +13,13 @@
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 #include <llvm/TargetParser/Triple.h>
 
+#include "../src/optimize.hpp"
 #include "geometry.hpp"
 #include "kernel_builder.hpp"
 
@@ -76,18 +76,8 @@ void prepare(llvm::Module& module, llvm::TargetMachine& tm) {
 }
 
 void optimize(llvm::Module& module, llvm::TargetMachine& tm) {
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PassBuilder pb(&tm);
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  mpm.run(module, mam);
+  std::string error;
+  if (!optimize_module(module, tm, "-O3", &error)) fail(error);
   std::string problems;
   llvm::raw_string_ostream os(problems);
   if (llvm::verifyModule(module, &os)) fail("module '" + module.getName().str() + "' broke in -O3:\n" + problems);
