@@ -18,6 +18,8 @@
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
 
+#include "../src/graph_util.hpp"
+
 namespace qkv::codegen::cuda {
 
 namespace {
@@ -31,43 +33,14 @@ constexpr int kMaxCopyRank = 6;
 constexpr std::int64_t kMaxGridX = 2147483647;  // CUDA: grid.x < 2^31, grid.y and grid.z <= 65535
 constexpr std::int64_t kMaxGridYZ = 65535;
 
-bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
-
-std::size_t element_bytes(DType t) { return t == DType::boolean ? 1 : 4; }
-
-std::int64_t numel(const Shape& s) {
-  std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
-
-Shape strides_of(const Shape& s) {
-  Shape st(s.size(), 1);
-  for (std::size_t k = s.size(); k-- > 1;) st[k - 1] = st[k] * s[k];
-  return st;
-}
-
+using util::element_bytes;
+using util::is_view;
+using util::numel;
+using util::same_axes;
+using util::strides_by_name;
+using util::strides_of;
 std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
-  for (std::size_t k = 0; k < axes.size(); ++k)
-    if (axes[k].name == name) return k;
-  throw std::logic_error("qkv internal error: cuda: no axis `" + name + "`");
-}
-
-/// For each axis of `target`, the stride of the same-named axis of `src` (0: broadcast along it).
-Shape strides_by_name(const std::vector<Axis>& target, const std::vector<Axis>& src, const Shape& src_shape) {
-  const Shape st = strides_of(src_shape);
-  Shape out(target.size(), 0);
-  for (std::size_t t = 0; t < target.size(); ++t)
-    for (std::size_t k = 0; k < src.size(); ++k)
-      if (src[k].name == target[t].name) out[t] = st[k];
-  return out;
-}
-
-bool same_axes(const std::vector<Axis>& a, const std::vector<Axis>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    if (a[k].name != b[k].name) return false;
-  return true;
+  return util::axis_pos(axes, name, "cuda");
 }
 
 bool fits(const Dim3& g) { return g.x <= kMaxGridX && g.y <= kMaxGridYZ && g.z <= kMaxGridYZ; }
@@ -327,9 +300,7 @@ class Planner {
 
   bool linear(int id, std::string& why) {
     const Node& n = g_.node(id);
-    const Node& x = g_.node(n.inputs[0]);
-    if (n.attr_axes.size() != 2 || x.axes.empty() || x.axes.back().name != n.attr_axes[0] || n.axes.empty() ||
-        n.axes.back().name != n.attr_axes[1]) {
+    if (!util::linear_on_last_axis(g_, n)) {
       why = "linear over an axis that is not the last";
       return false;
     }
@@ -351,8 +322,7 @@ class Planner {
 
   bool layer_norm(int id, std::string& why) {
     const Node& n = g_.node(id);
-    const Node& x = g_.node(n.inputs[0]);
-    if (n.inputs.size() != 3 || n.attr_axes.size() != 1 || x.axes.empty() || x.axes.back().name != n.attr_axes[0]) {
+    if (n.inputs.size() != 3 || !util::layer_norm_on_last_axis(g_, n)) {
       why = "layer_norm over an axis that is not the last";
       return false;
     }

@@ -17,6 +17,8 @@
 #include <qkv/codegen/passes/buffer_plan.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 
+#include "../src/graph_util.hpp"
+
 namespace qkv::codegen::cpu {
 
 namespace {
@@ -76,9 +78,7 @@ FusedResult run_fused(const Graph& g, int id, const std::vector<const NdArray*>&
 /// return nullopt and go to the reference implementation.
 std::optional<NdArray> run_linear_node(const Graph& g, int id, const std::vector<const NdArray*>& in, int threads) {
   const Node& n = g.node(id);
-  const Node& x_node = g.node(n.inputs[0]);
-  if (n.attr_axes.size() != 2 || x_node.axes.empty() || x_node.axes.back().name != n.attr_axes[0]) return std::nullopt;
-  if (n.axes.empty() || n.axes.back().name != n.attr_axes[1]) return std::nullopt;
+  if (!util::linear_on_last_axis(g, n)) return std::nullopt;
   const NdArray &x = *in[0], &w = *in[1];
   const NdArray* b = in.size() > 2 ? in[2] : nullptr;
   if (x.dtype != DType::f32 || w.dtype != DType::f32 || (b && b->dtype != DType::f32)) return std::nullopt;
@@ -108,10 +108,7 @@ std::optional<NdArray> run_rowwise_node(const Graph& g, int id, const std::vecto
   const NdArray& x = *in[0];
   switch (n.op) {
     case Op::layer_norm: {
-      const Node& x_node = g.node(n.inputs[0]);
-      if (in.size() != 3 || n.attr_axes.size() != 1 || x_node.axes.empty() || x.shape.empty() ||
-          x_node.axes.back().name != n.attr_axes[0])
-        return std::nullopt;
+      if (in.size() != 3 || x.shape.empty() || !util::layer_norm_on_last_axis(g, n)) return std::nullopt;
       const std::int64_t len = x.shape.back();
       for (std::size_t k = 1; k <= 2; ++k)
         if (in[k]->shape.size() != 1 || in[k]->shape[0] != len) return std::nullopt;
@@ -130,10 +127,7 @@ std::optional<NdArray> run_rowwise_node(const Graph& g, int id, const std::vecto
     }
     case Op::add: {
       if (in.size() != 2 || in[1]->shape != x.shape) return std::nullopt;
-      const auto &xa = g.node(n.inputs[0]).axes, &ya = g.node(n.inputs[1]).axes;
-      if (xa.size() != ya.size()) return std::nullopt;
-      for (std::size_t k = 0; k < xa.size(); ++k)
-        if (xa[k].name != ya[k].name) return std::nullopt;
+      if (!util::same_axes(g.node(n.inputs[0]).axes, g.node(n.inputs[1]).axes)) return std::nullopt;
       NdArray y = NdArray::zeros(DType::f32, x.shape);
       run_add(x.as<float>().data(), in[1]->as<float>().data(), y.as<float>().data(), x.numel(), threads);
       return y;
@@ -208,8 +202,6 @@ NdArray run_compiled_node(const Graph& g, int id, const std::vector<const NdArra
   return out;
 }
 
-bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
-
 }  // namespace
 
 RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
@@ -239,7 +231,7 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
                  (n.op == Op::layer_norm || n.op == Op::gelu || n.op == Op::relu || n.op == Op::add) &&
                  (r = run_rowwise_node(g, id, in, threads))) {
         values[static_cast<std::size_t>(id)] = std::move(*r);
-      } else if (is_view(n.op)) {
+      } else if (util::is_view(n.op)) {
         values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
       } else {
         values[static_cast<std::size_t>(id)] = run_compiled_node(g, id, in, result.bindings, threads);

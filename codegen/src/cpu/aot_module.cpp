@@ -32,6 +32,7 @@
 #include <qkv/codegen/cpu/fused_call.hpp>
 #include <qkv/codegen/passes/buffer_plan.hpp>
 
+#include "../graph_util.hpp"
 #include "attention_kernel.hpp"
 #include "gemm_kernel.hpp"
 #include "ir_util.hpp"
@@ -45,55 +46,14 @@ namespace {
 
 using Shape = std::vector<std::int64_t>;
 
-bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
-
-std::size_t element_bytes(DType t) { return t == DType::boolean ? 1 : 4; }
-
-std::int64_t numel(const Shape& s) {
-  std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
-
-Shape strides_of(const Shape& s) {
-  Shape st(s.size(), 1);
-  for (std::size_t k = s.size(); k-- > 1;) st[k - 1] = st[k] * s[k];
-  return st;
-}
-
+using util::element_bytes;
+using util::is_view;
+using util::numel;
+using util::same_axes;
+using util::strides_by_name;
+using util::strides_of;
 std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
-  for (std::size_t k = 0; k < axes.size(); ++k)
-    if (axes[k].name == name) return k;
-  throw std::logic_error("qkv internal error: aot: no axis `" + name + "`");
-}
-
-/// For each axis of `target`, the stride of the same-named axis of `src` (0: broadcast along it).
-Shape strides_by_name(const std::vector<Axis>& target, const std::vector<Axis>& src, const Shape& src_shape) {
-  const Shape st = strides_of(src_shape);
-  Shape out(target.size(), 0);
-  for (std::size_t t = 0; t < target.size(); ++t)
-    for (std::size_t k = 0; k < src.size(); ++k)
-      if (src[k].name == target[t].name) out[t] = st[k];
-  return out;
-}
-
-/// A linear node the GEMM kernel computes: x's projected axis is its last, and stays last.
-bool linear_on_gemm(const Graph& g, const Node& n) {
-  return n.op == Op::linear && n.attr_axes.size() == 2 && !g.node(n.inputs[0]).axes.empty() &&
-         g.node(n.inputs[0]).axes.back().name == n.attr_axes[0] && !n.axes.empty() &&
-         n.axes.back().name == n.attr_axes[1];
-}
-
-bool layer_norm_on_rows(const Graph& g, const Node& n) {
-  return n.op == Op::layer_norm && n.attr_axes.size() == 1 && !g.node(n.inputs[0]).axes.empty() &&
-         g.node(n.inputs[0]).axes.back().name == n.attr_axes[0];
-}
-
-bool same_axes(const std::vector<Axis>& a, const std::vector<Axis>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    if (a[k].name != b[k].name) return false;
-  return true;
+  return util::axis_pos(axes, name, "aot");
 }
 
 }  // namespace
@@ -143,7 +103,7 @@ AotPlan plan_aot(const Graph& g, const Bindings& sizes, const HostTarget& target
     if (n.op == Op::fused_attention) {
       const FusedAttentionCall call = describe_fused_attention(g, id, sizes);
       if (!call.bias_terms.empty()) plan.bias[id] = add(static_cast<std::size_t>(call.len_q * call.len_k) * 4, id, id);
-    } else if (linear_on_gemm(g, n)) {
+    } else if (util::linear_on_last_axis(g, n)) {
       const Shape& w = plan.shape[static_cast<std::size_t>(n.inputs[1])];
       const std::int64_t nr = gemm.cols(), panels = (w[0] + nr - 1) / nr;
       plan.gemm[id] = {add(static_cast<std::size_t>(panels * nr * w[1]) * 4, id, id),
@@ -642,7 +602,7 @@ class AotEmitter {
       case Op::layer_norm:
         return emit_layer_norm(id);
       case Op::linear:
-        return linear_on_gemm(g_, n) ? emit_gemm(id) : emit_linear_strided(id);
+        return util::linear_on_last_axis(g_, n) ? emit_gemm(id) : emit_linear_strided(id);
       case Op::contract:
         return emit_contract(id);
       case Op::fused_attention:
@@ -803,7 +763,7 @@ class AotEmitter {
     const Shape& s = shape(id);
     const double eps = n.scalar;
     llvm::Value *x = buf(n.inputs[0]), *gamma = buf(n.inputs[1]), *beta = buf(n.inputs[2]), *y = buf(id);
-    if (layer_norm_on_rows(g_, n)) {
+    if (util::layer_norm_on_last_axis(g_, n)) {
       const std::int64_t len = s.back(), rows = len > 0 ? numel(s) / len : 0;
       llvm::Function* kernel = rowwise("qkv_layer_norm");
       parallel_ranges(
