@@ -13,7 +13,7 @@
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
 
-#include "cases.hpp"
+#include "../support/cases.hpp"
 #include "host_machine.hpp"
 
 namespace qkv::test {
@@ -158,7 +158,9 @@ TEST(GpuPlan, CliModelsRunEveryNodeOnAGpuKernel) {
       const Step& s = p.steps[id];
       const Node& n = lowered.node(static_cast<int>(id));
       EXPECT_NE(s.kind, Step::Kind::host) << c.name << ": %" << id << " " << op_name(n.op) << " on the host: " << s.why;
-      if (s.kind == Step::Kind::gpu) EXPECT_FALSE(s.launches.empty()) << c.name << ": %" << id;
+      if (s.kind == Step::Kind::gpu) {
+        EXPECT_FALSE(s.launches.empty()) << c.name << ": %" << id;
+      }
     }
     EXPECT_EQ(p.host_steps(), 0) << c.name << "\n" << lowered.table();
     expect_header_geometry(p, c.name);

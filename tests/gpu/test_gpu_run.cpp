@@ -28,7 +28,7 @@
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
 
-#include "cases.hpp"
+#include "../support/cases.hpp"
 #include "host_machine.hpp"
 
 namespace qkv::test {
@@ -79,7 +79,7 @@ TEST_P(Fixture, MatchesTheInterpreter) {
 }
 INSTANTIATE_TEST_SUITE_P(All, Fixture,
                          ::testing::Combine(::testing::ValuesIn(kBackends), ::testing::ValuesIn(fixture_names())),
-                         [](const auto& info) { return param_name(std::get<0>(info.param), std::get<1>(info.param)); });
+                         [](const auto& i) { return param_name(std::get<0>(i.param), std::get<1>(i.param)); });
 
 // --- the sweep
 class Sweep : public ::testing::TestWithParam<std::tuple<std::string, SweepShape>> {};
@@ -89,8 +89,8 @@ TEST_P(Sweep, MatchesTheInterpreter) {
 }
 INSTANTIATE_TEST_SUITE_P(All, Sweep,
                          ::testing::Combine(::testing::ValuesIn(kBackends), ::testing::ValuesIn(sweep_shapes())),
-                         [](const auto& info) {
-                           return param_name(std::get<0>(info.param), sweep_name(std::get<1>(info.param)));
+                         [](const auto& i) {
+                           return param_name(std::get<0>(i.param), sweep_name(std::get<1>(i.param)));
                          });
 
 // --- the CLI's models
@@ -102,9 +102,8 @@ TEST_P(CliModel, MatchesTheInterpreter) {
 INSTANTIATE_TEST_SUITE_P(All, CliModel,
                          ::testing::Combine(::testing::ValuesIn(kBackends),
                                             ::testing::Range<std::size_t>(0, cli_model_cases().size())),
-                         [](const auto& info) {
-                           return param_name(std::get<0>(info.param),
-                                             cli_model_cases().at(std::get<1>(info.param)).name);
+                         [](const auto& i) {
+                           return param_name(std::get<0>(i.param), cli_model_cases().at(std::get<1>(i.param)).name);
                          });
 
 }  // namespace

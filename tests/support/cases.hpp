@@ -1,6 +1,7 @@
-// The graphs the GPU tests run: the PyTorch fixtures (tests/numerics/fixtures, with the state
-// dicts imported as tests/numerics does), a sweep of attention shapes, and the CLI's models
-// (tools/qkv/models.cpp) with the sizes `qkv bench` / `qkv verify` bind.
+// Test graphs shared by the numerics and GPU tests (library qkv_test_cases): the PyTorch fixtures
+// (tests/numerics/fixtures: the state dict imported by qkv's importer, PyTorch's masks converted,
+// the graph built with the qkv::nn block that mirrors the module), a sweep of attention shapes,
+// and the CLI's models (tools/qkv/models.cpp) with the sizes `qkv bench` / `qkv verify` bind.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +21,11 @@ struct Case {
   Bindings sizes;
 };
 
-/// Every fixture under tests/numerics/fixtures, built as tests/numerics/test_fixtures.cpp builds
-/// it (outputs "out", and "weights" for the attention modules).
+/// Every fixture under tests/numerics/fixtures (outputs "out", and "weights" for the attention
+/// modules), and its config.json.
 std::vector<std::string> fixture_names();
 Case fixture_case(const std::string& name);
+std::string fixture_dir(const std::string& name);
 
 /// One attention of the sweep: q [B, H, L, dk], k [B, Hkv, S, dk], v [B, Hkv, S, dv] (GQA when
 /// Hkv < H), masks as asked, optional dropout and weights.

@@ -24,7 +24,7 @@ namespace qkv::test {
 using namespace qkv::nn;
 namespace fs = std::filesystem;
 
-// --- fixtures (as tests/numerics/test_fixtures.cpp loads and builds them) -----------------------
+// --- fixtures --------------------------------------------------------------------------------
 
 namespace {
 
@@ -146,6 +146,8 @@ const std::map<std::string, Builder>& builders() {
 
 }  // namespace
 
+std::string fixture_dir(const std::string& name) { return (fs::path(QKV_FIXTURES_DIR) / name).string(); }
+
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(QKV_FIXTURES_DIR))
@@ -157,7 +159,7 @@ std::vector<std::string> fixture_names() {
 Case fixture_case(const std::string& name) {
   const auto it = builders().find(name);
   if (it == builders().end())
-    throw std::runtime_error("fixture `" + name + "` has no graph in tests/gpu/cases.cpp: add one");
+    throw std::runtime_error("fixture `" + name + "` has no graph in tests/support/cases.cpp: add one");
   Case c;
   c.name = name;
   nlohmann::json cfg;
