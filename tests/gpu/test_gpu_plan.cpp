@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -185,6 +187,33 @@ TEST(GpuPlan, SweepAndFixturesFollowTheHeaderRulesAndLifetimes) {
     expect_header_geometry(p, c.name);
     expect_lifetimes(p, lowered, c.name);
   }
+}
+
+TEST(GpuPlan, EveryKernelOfEveryFixtureAndCliModelAssemblesForSm80AndSm90) {
+  // The PTX the GPU backend would load for each fixture's graph and each CLI model, through
+  // ptxas for both targets (here, without a GPU: the toolkit's assembler is enough).
+  if (!nvptx::find_ptxas()) GTEST_SKIP() << "no ptxas ($QKV_PTXAS, PATH, /usr/local/cuda/bin)";
+  std::vector<Case> cases;
+  for (const auto& name : fixture_names()) cases.push_back(fixture_case(name));
+  for (auto& c : cli_model_cases()) cases.push_back(std::move(c));
+  std::map<std::string, nvptx::KernelRequest> kernels;  // by name: each distinct kernel once
+  for (const auto& c : cases) {
+    const Graph lowered = codegen::lower(c.graph);
+    const Plan p = plan_of(c, lowered);
+    for (const auto& step : p.steps)
+      for (const auto& launch : step.launches) kernels.emplace(nvptx::kernel_name(launch.request), launch.request);
+  }
+  ASSERT_GE(kernels.size(), 8u);  // attention variants, linear, layer norm, elementwise, copies
+  for (const auto& [name, request] : kernels)
+    for (int sm : {80, 90}) {
+      const nvptx::PtxKernel k = nvptx::emit_ptx(request, sm);
+      std::string error;
+      const auto report = nvptx::run_ptxas(k.ptx, sm, &error);
+      ASSERT_TRUE(report) << name << " sm_" << sm << ": " << error;
+      EXPECT_GT(report->registers, 0) << name;
+      EXPECT_EQ(report->spill_stores, 0) << name << " sm_" << sm;
+    }
+  std::cout << "  " << kernels.size() << " distinct kernels assembled for sm_80 and sm_90\n";
 }
 
 TEST(GpuPlan, TheEncoderLayerFreesIntermediatesBeforeTheEnd) {
