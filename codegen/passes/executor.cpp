@@ -231,6 +231,17 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
                  (n.op == Op::layer_norm || n.op == Op::gelu || n.op == Op::relu || n.op == Op::add) &&
                  (r = run_rowwise_node(g, id, in, threads))) {
         values[static_cast<std::size_t>(id)] = std::move(*r);
+      } else if (util::is_view(n.op) && last[static_cast<std::size_t>(n.inputs[0])] == id) {
+        // The input's last reader: take its buffer under the view's shape instead of copying.
+        auto& from = values[static_cast<std::size_t>(n.inputs[0])];
+        NdArray v = std::move(*from);
+        from.reset();
+        std::vector<std::int64_t> shape;
+        for (const auto& a : n.axes) shape.push_back(*a.extent.resolve(result.bindings));
+        if (util::numel(shape) != v.numel())
+          throw std::logic_error("qkv internal error: execute: view %" + std::to_string(id) + " changes the size");
+        v.shape = std::move(shape);
+        values[static_cast<std::size_t>(id)] = std::move(v);
       } else if (util::is_view(n.op)) {
         values[static_cast<std::size_t>(id)] = evaluate_node(g, id, in, result.bindings);
       } else {
