@@ -254,13 +254,22 @@ TEST_F(Cli, EmitWritesEveryFormatAndRefusesBadFlags) {
     EXPECT_TRUE(fs::exists(out)) << f;
     const bool with_header = std::string(f) == "obj" || std::string(f) == "so";
     EXPECT_EQ(fs::exists(fs::path(out).replace_extension(".h")), with_header) << f;
-    if (with_header) EXPECT_THAT(slurp(fs::path(out).replace_extension(".h")), HasSubstr("int attn(const float* q,"));
+    if (with_header) {
+      EXPECT_THAT(slurp(fs::path(out).replace_extension(".h")), HasSubstr("int attn(const float* q,"));
+    }
     fs::remove(fs::path(out).replace_extension(".h"));
   }
   const Result p = run(model + "--target nvptx --sm 90 -o " + tmp("k.ptx"));
   EXPECT_EQ(p.code, 0) << p.err;
   EXPECT_THAT(slurp(tmp("k.ptx")), HasSubstr(".target sm_90"));
   EXPECT_THAT(slurp(tmp("k.ptx")), HasSubstr("// qkv kernel: qkv_attention_"));
+  // A model with several kernels: a directory of them and the launch list.
+  const Result d = run("emit mha --batch 1 --heads 2 --seq 9 --embed-dim 16 --target nvptx -o " + tmp("mha_ptx"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  int ptx_files = 0;
+  for (const auto& f : fs::directory_iterator(tmp("mha_ptx"))) ptx_files += f.path().extension() == ".ptx";
+  EXPECT_GE(ptx_files, 3);  // attention, linear, copies
+  EXPECT_THAT(slurp(tmp("mha_ptx") + "/launches.txt"), HasSubstr("fused_attention: qkv_attention_"));
 
   for (const std::string& bad : std::vector<std::string>{
            model + "--cpu no-such-cpu -o " + tmp("x.so"), model + "--function 9lives -o " + tmp("x.so"),

@@ -86,8 +86,9 @@ struct Heatmap {
 int heatmap(const Heatmap& h);
 
 /// qkv emit: a model by shape compiled ahead of time. cpu: the whole model as one C function
-/// (ll | asm | obj | so; obj and so also write a C header beside the file); nvptx: the model's
-/// fused attention kernel as PTX. `example_dir`: also write the seeded inputs and the reference
+/// (ll | asm | obj | so; obj and so also write a C header beside the file); nvptx: the GPU
+/// kernels the model launches as PTX (one: the file; several: a directory of .ptx files and
+/// launches.txt). `example_dir`: also write the seeded inputs and the reference
 /// interpreter's outputs there as .npy, one file per argument of the generated function.
 struct Emit {
   ShapeModel model;

@@ -224,7 +224,11 @@ int main(int argc, char** argv) {
   emit_cmd->add_option("--sm", emit_opts.sm, "80 | 86 | 87 | 89 | 90 (nvptx)")->capture_default_str();
   emit_cmd->add_option("--format", emit_opts.format, "ll | asm | obj | so (cpu; default so) | ptx (nvptx)")
       ->check(CLI::IsMember({"ll", "asm", "obj", "so", "ptx"}));
-  emit_cmd->add_option("--out,-o", emit_opts.out, "Output file (obj/so: the C header goes beside it, .h)")->required();
+  emit_cmd
+      ->add_option("--out,-o", emit_opts.out,
+                   "Output file (obj/so: the C header goes beside it, .h; nvptx with several kernels: a "
+                   "directory)")
+      ->required();
   emit_cmd->add_option("--function", emit_opts.function, "C name of the generated function (default qkv_<model>)");
   emit_cmd->add_option("--example-dir", emit_opts.example_dir,
                        "Also write the seeded inputs and the reference outputs there, one .npy per argument");
