@@ -256,7 +256,9 @@ TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
     ASSERT_EQ(s.size(), 1u);
     const std::string text = read(dir / "k.s");
     EXPECT_NE(text.find("sdpa8_packed:"), std::string::npos) << cpu;
-    if (std::string(cpu) == "x86-64-v4") EXPECT_NE(text.find("zmm"), std::string::npos) << "AVX-512 code for v4";
+    if (std::string(cpu) == "x86-64-v4") {
+      EXPECT_NE(text.find("zmm"), std::string::npos) << "AVX-512 code for v4";
+    }
     if (std::string(cpu) == "x86-64-v3") {
       EXPECT_NE(text.find("ymm"), std::string::npos) << "AVX2 code for v3";
       EXPECT_EQ(text.find("zmm"), std::string::npos) << "no AVX-512 for v3";
