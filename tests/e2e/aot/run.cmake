@@ -14,15 +14,14 @@ function(step)
 endfunction()
 
 step(${QKV} emit mha --batch 3 --heads 4 --seq 37 --embed-dim 64 --padding --seed 11
-     --target cpu --format so --function mha -o ${WORK}/libmha.so --example-dir ${WORK}/example)
-if(NOT EXISTS ${WORK}/libmha.h)
-  message(FATAL_ERROR "qkv emit wrote no header beside libmha.so")
+     --target cpu --format so --function mha -o ${WORK}/mha.so --example-dir ${WORK}/example)
+if(NOT EXISTS ${WORK}/mha.h)
+  message(FATAL_ERROR "qkv emit wrote no header beside mha.so")
 endif()
-file(RENAME ${WORK}/libmha.h ${WORK}/mha.h)
-step(readelf -d ${WORK}/libmha.so)
+step(readelf -d ${WORK}/mha.so)
 if(last_output MATCHES "NEEDED[^\n]*(qkv|LLVM|stdc\\+\\+)")
-  message(FATAL_ERROR "libmha.so depends on a qkv/LLVM/C++ library:\n${last_output}")
+  message(FATAL_ERROR "mha.so depends on a qkv/LLVM/C++ library:\n${last_output}")
 endif()
-step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} ${SRC}/mha_main.c -o ${WORK}/mha_main
-     -L${WORK} -lmha -Wl,-rpath,${WORK} -lm)
+step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} ${SRC}/mha_main.c ${WORK}/mha.so -Wl,-rpath,${WORK} -lm
+     -o ${WORK}/mha_main)
 step(${WORK}/mha_main ${WORK}/example)
