@@ -756,24 +756,7 @@ RunResult execute(const Graph& lowered, const Feeds& feeds) {
 
 RunResult run(const Graph& g, const Feeds& feeds) {
   (void)gpu();
-  // Lowered graphs by the source graph's hash, as cpu::run keeps them: the source is kept to tell
-  // a collision from a hit, and plans are shared so a replaced entry never pulls one from under
-  // a running call.
-  struct Entry {
-    Graph source;
-    std::shared_ptr<const Graph> lowered;
-  };
-  static std::mutex mutex;
-  static std::map<std::uint64_t, Entry> cache;
-  std::shared_ptr<const Graph> lowered;
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache.find(g.hash());
-    if (it == cache.end() || !(it->second.source == g))
-      it = cache.insert_or_assign(g.hash(), Entry{g, std::make_shared<const Graph>(lower(g))}).first;
-    lowered = it->second.lowered;
-  }
-  return execute(*lowered, feeds);
+  return execute(*lower_cached(g), feeds);
 }
 
 // --- the benchmark's timing entry -----------------------------------------------------------

@@ -259,25 +259,7 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
   return result;
 }
 
-RunResult run(const Graph& g, const Feeds& feeds, int threads) {
-  // Lowered plans by the source graph's hash; the source is kept to tell a hash collision from a
-  // hit, and plans are shared so a replaced entry never pulls the plan from under a running call.
-  struct Entry {
-    Graph source;
-    std::shared_ptr<const Graph> plan;
-  };
-  static std::mutex mutex;
-  static std::map<std::uint64_t, Entry> cache;
-  std::shared_ptr<const Graph> plan;
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache.find(g.hash());
-    if (it == cache.end() || !(it->second.source == g))
-      it = cache.insert_or_assign(g.hash(), Entry{g, std::make_shared<const Graph>(lower(g))}).first;
-    plan = it->second.plan;
-  }
-  return execute(*plan, feeds, threads);
-}
+RunResult run(const Graph& g, const Feeds& feeds, int threads) { return execute(*lower_cached(g), feeds, threads); }
 
 int fused_attention_count(const Graph& g) {
   int n = 0;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
+#include <mutex>
 
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/fuse_attention.hpp>
@@ -30,6 +32,22 @@ Graph lower(const Graph& input, const PipelineOptions& o) {
   step("layout", layout);
   step("cleanup", canonicalize);
   return g;
+}
+
+std::shared_ptr<const Graph> lower_cached(const Graph& g) {
+  // By the source graph's hash; the source is kept to tell a hash collision from a hit, and the
+  // lowered graphs are shared so a replaced entry never pulls one from under a running call.
+  struct Entry {
+    Graph source;
+    std::shared_ptr<const Graph> lowered;
+  };
+  static std::mutex mutex;
+  static std::map<std::uint64_t, Entry> cache;
+  std::lock_guard lock(mutex);
+  auto it = cache.find(g.hash());
+  if (it == cache.end() || !(it->second.source == g))
+    it = cache.insert_or_assign(g.hash(), Entry{g, std::make_shared<const Graph>(lower(g))}).first;
+  return it->second.lowered;
 }
 
 }  // namespace qkv::codegen

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <memory>
 #include <string>
 
 #include <qkv/ir/graph.hpp>
@@ -28,7 +29,11 @@ struct PipelineOptions {
 /// The pass names, in order.
 inline constexpr const char* kPassNames[] = {"verify", "canonicalize", "fuse-attention", "layout", "cleanup"};
 
-/// Runs the pipeline; the result is what the CPU executor (and later the GPU backend) runs.
+/// Runs the pipeline; the result is what the CPU and GPU executors run.
 Graph lower(const Graph& g, const PipelineOptions& options = {});
+
+/// lower(g) with default options, once per graph per process (cached by the graph's hash, the
+/// graph itself compared; thread-safe). Both backends' run() go through it.
+std::shared_ptr<const Graph> lower_cached(const Graph& g);
 
 }  // namespace qkv::codegen
