@@ -221,12 +221,16 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
       << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes << "\n";
   }
-  h << " */\nint " << f << "(";
-  for (std::size_t k = 0; k < sig.args.size(); ++k) {
-    const auto& a = sig.args[k];
-    h << (k ? ", " : "") << (a.output ? "" : "const ") << (a.dtype == DType::boolean ? "uint8_t* " : "float* ")
-      << a.c_name;
+  std::vector<std::string> params;
+  std::size_t width = f.size() + 6;
+  for (const auto& a : sig.args) {
+    params.push_back(std::string(a.output ? "" : "const ") + (a.dtype == DType::boolean ? "uint8_t* " : "float* ") +
+                     a.c_name);
+    width += params.back().size() + 2;
   }
+  h << " */\nint " << f << "(";
+  for (std::size_t k = 0; k < params.size(); ++k)  // one per line when they do not fit on one
+    h << (k == 0 ? "" : width > 100 ? ",\n    " : ", ") << (k == 0 && width > 100 ? "\n    " : "") << params[k];
   h << ");\n\n/* The same, with args[i] pointing at argument i. */\nint " << f << "_packed(void* const* args);\n\n"
     << "/* Threads for later calls: n >= 1, or 0 (the default) for one per online CPU. Returns 0, or 1\n"
     << " * for n < 0. Not to be called while " << f << " runs. */\nint " << f << "_set_threads(int n);\n\n";
