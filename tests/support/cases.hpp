@@ -21,8 +21,8 @@ struct Case {
   Bindings sizes;
 };
 
-/// Every fixture under tests/numerics/fixtures (outputs "out", and "weights" for the attention
-/// modules), and its config.json.
+/// Every fixture under tests/numerics/fixtures, or under $QKV_FIXTURES_DIR when set (outputs
+/// "out", and "weights" for the attention modules), and its folder.
 std::vector<std::string> fixture_names();
 Case fixture_case(const std::string& name);
 std::string fixture_dir(const std::string& name);
