@@ -1,9 +1,6 @@
 // run_ptxas: assemble a PTX module with the CUDA toolkit's ptxas and parse `ptxas -v`.
-// posix_spawn (no shell), output to a temporary file; no LLVM here.
-#include <fcntl.h>
-#include <spawn.h>
+// ptxas runs through codegen/src/process.hpp (posix_spawn, no shell); no LLVM here.
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,13 +9,12 @@
 #include <cstring>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <qkv/codegen/nvptx.hpp>
 
-extern char** environ;
+#include "../src/process.hpp"
 
 namespace qkv::codegen::nvptx {
 
@@ -29,57 +25,9 @@ bool executable(const std::string& path) {
   return !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
-/// A temporary file /tmp/qkv-<tag>-XXXXXX<suffix>, created (closed) — its path, or "" on failure.
-std::string temp_file(const char* tag, const char* suffix) {
-  const char* dir = std::getenv("TMPDIR");
-  std::string pattern = std::string(dir && *dir ? dir : "/tmp") + "/qkv-" + tag + "-XXXXXX" + suffix;
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  const int fd = ::mkstemps(buf.data(), static_cast<int>(std::strlen(suffix)));
-  if (fd < 0) return {};
-  ::close(fd);
-  return buf.data();
-}
-
 bool fail(std::string* error, std::string message) {
   if (error) *error = std::move(message);
   return false;
-}
-
-/// Runs argv[0] with stdout and stderr into `log_path`; returns its exit status (or -1).
-int run(const std::vector<std::string>& args, const std::string& log_path, std::string* error) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_TRUNC | O_CREAT, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    fail(error, "run_ptxas: cannot start " + args[0] + ": " + std::strerror(rc));
-    return -1;
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      fail(error, std::string("run_ptxas: waitpid: ") + std::strerror(errno));
-      return -1;
-    }
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  fail(error, "run_ptxas: " + args[0] + " was terminated by signal " + std::to_string(WTERMSIG(status)));
-  return -1;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
 }
 
 int to_int(const std::string& s) { return static_cast<int>(std::strtol(s.c_str(), nullptr, 10)); }
@@ -138,12 +86,12 @@ std::optional<PtxasReport> run_ptxas(const std::string& ptx, int sm, std::string
                             : "run_ptxas: no ptxas (QKV_PTXAS unset, none on PATH, no /usr/local/cuda/bin/ptxas)");
     return std::nullopt;
   }
-  const std::string in = temp_file("ptx", ".ptx"), out = temp_file("ptx", ".cubin"), log = temp_file("ptxas", ".log");
+  const std::string in = process::temp_file("ptx", ".ptx"), out = process::temp_file("ptx", ".cubin");
   auto cleanup = [&] {
-    for (const auto* p : {&in, &out, &log})
+    for (const auto* p : {&in, &out})
       if (!p->empty()) ::unlink(p->c_str());
   };
-  if (in.empty() || out.empty() || log.empty()) {
+  if (in.empty() || out.empty()) {
     cleanup();
     fail(error, std::string("run_ptxas: cannot create a temporary file: ") + std::strerror(errno));
     return std::nullopt;
@@ -157,13 +105,16 @@ std::optional<PtxasReport> run_ptxas(const std::string& ptx, int sm, std::string
       return std::nullopt;
     }
   }
-  const int rc = run({*ptxas, "-v", "-arch=sm_" + std::to_string(sm), in, "-o", out}, log, error);
-  const std::string text = slurp(log);
+  const process::Result rc = process::run({*ptxas, "-v", "-arch=sm_" + std::to_string(sm), in, "-o", out}, false);
+  const std::string& text = rc.output;
   cleanup();
-  if (rc < 0) return std::nullopt;
-  if (rc != 0) {
-    fail(error, "run_ptxas: " + *ptxas + " -arch=sm_" + std::to_string(sm) + " failed (exit " + std::to_string(rc) +
-                    "):\n" + text);
+  if (rc.status < 0) {
+    fail(error, "run_ptxas: " + rc.error);
+    return std::nullopt;
+  }
+  if (rc.status != 0) {
+    fail(error, "run_ptxas: " + *ptxas + " -arch=sm_" + std::to_string(sm) + " failed (exit " +
+                    std::to_string(rc.status) + "):\n" + text);
     return std::nullopt;
   }
   PtxasReport report;

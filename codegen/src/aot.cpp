@@ -2,12 +2,7 @@
 // and the in-process twin used by tests. The IR itself comes from cpu/aot_module.cpp.
 #include <qkv/codegen/aot.hpp>
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,8 +28,7 @@
 
 #include "cpu/aot_module.hpp"
 #include "optimize.hpp"
-
-extern char** environ;
+#include "process.hpp"
 
 namespace qkv::codegen {
 
@@ -138,37 +132,6 @@ std::string machine_code(llvm::Module& module, llvm::TargetMachine& tm, llvm::Co
   return std::string(buffer.begin(), buffer.end());
 }
 
-/// Runs argv (argv[0] looked up on PATH), returns its exit status (-1: it could not be started)
-/// and its stdout+stderr in *output.
-int run_program(const std::vector<std::string>& argv, std::string* output) {
-  char log_name[] = "/tmp/qkv-link-XXXXXX";
-  const int log = mkstemp(log_name);
-  if (log < 0) return -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, log, 1);
-  posix_spawn_file_actions_adddup2(&actions, log, 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  int status = -1;
-  if (rc == 0) {
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  }
-  close(log);
-  std::ifstream in(log_name);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *output = ss.str();
-  std::remove(log_name);
-  return rc == 0 ? status : -1;
-}
-
 /// Links `object` into the shared library `path` (DT_SONAME `soname`) with the first linker that
 /// can be started. The library's references to the C library stay undefined, to be bound by the
 /// process that loads it (every C program has libc).
@@ -182,10 +145,9 @@ void link_shared(const std::string& object, const std::string& path, const std::
   candidates.push_back({"cc", "-shared", "-Wl,-soname," + soname, "-o", path, object});
   std::string tried;
   for (const auto& argv : candidates) {
-    std::string output;
-    const int status = run_program(argv, &output);
-    if (status == 0) return;
-    if (status > 0) failed("linking " + path + " with " + argv[0] + " failed:\n" + output);
+    const process::Result r = process::run(argv, true);
+    if (r.status == 0) return;
+    if (r.status > 0) failed("linking " + path + " with " + argv[0] + " failed:\n" + r.output);
     tried += (tried.empty() ? "" : ", ") + argv[0];
   }
   failed("no linker found to make " + path + " (tried " + tried + "); install lld-19 or a C compiler");
