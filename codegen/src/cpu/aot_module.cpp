@@ -33,6 +33,7 @@
 #include <qkv/codegen/passes/buffer_plan.hpp>
 
 #include "../graph_util.hpp"
+#include "aot_threads.hpp"
 #include "attention_kernel.hpp"
 #include "gemm_kernel.hpp"
 #include "ir_util.hpp"
@@ -57,141 +58,6 @@ std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
 }
 
 }  // namespace
-
-AotPlan plan_aot(const Graph& g, const Bindings& sizes, const HostTarget& target) {
-  const int count = static_cast<int>(g.size());
-  AotPlan plan;
-  plan.shape.resize(static_cast<std::size_t>(count));
-  plan.alloc.assign(static_cast<std::size_t>(count), -1);
-  for (int id = 0; id < count; ++id) {
-    for (const auto& ax : g.node(id).axes) {
-      const auto v = ax.extent.resolve(sizes);
-      if (!v) throw ShapeError("aot: `" + ax.name + "` (" + ax.extent.str() + ") is not bound; give its size");
-      plan.shape[static_cast<std::size_t>(id)].push_back(*v);
-    }
-  }
-
-  // A value stays alive until the last use of any view of it.
-  const std::vector<int> last = last_uses(g);
-  std::vector<int> root(static_cast<std::size_t>(count)), end(static_cast<std::size_t>(count));
-  for (int id = 0; id < count; ++id) {
-    const Node& n = g.node(id);
-    root[static_cast<std::size_t>(id)] = is_view(n.op) ? root[static_cast<std::size_t>(n.inputs[0])] : id;
-    end[static_cast<std::size_t>(id)] = last[static_cast<std::size_t>(id)];
-  }
-  for (int id = count; id-- > 0;) {
-    const auto r = static_cast<std::size_t>(root[static_cast<std::size_t>(id)]);
-    end[r] = std::max(end[r], end[static_cast<std::size_t>(id)]);
-  }
-
-  auto add = [&](std::size_t bytes, int start, int stop) {
-    plan.allocs.push_back({bytes, 0, start, stop});
-    return static_cast<int>(plan.allocs.size() - 1);
-  };
-  const GemmConfig gemm = choose_gemm_config(GemmSpec{}, target);
-  for (int id = 0; id < count; ++id) {
-    const Node& n = g.node(id);
-    const auto i = static_cast<std::size_t>(id);
-    if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
-    const std::size_t bytes = static_cast<std::size_t>(numel(plan.shape[i])) * element_bytes(n.dtype);
-    if (n.op == Op::attention_weights) {  // written by its fused node: alive from there
-      plan.alloc[i] = add(bytes, n.inputs[0], end[i]);
-      plan.weights[n.inputs[0]] = plan.alloc[i];
-      continue;
-    }
-    plan.alloc[i] = add(bytes, id, end[i]);
-    if (n.op == Op::fused_attention) {
-      const FusedAttentionCall call = describe_fused_attention(g, id, sizes);
-      if (!call.bias_terms.empty()) plan.bias[id] = add(static_cast<std::size_t>(call.len_q * call.len_k) * 4, id, id);
-    } else if (util::linear_on_last_axis(g, n)) {
-      const Shape& w = plan.shape[static_cast<std::size_t>(n.inputs[1])];
-      const std::int64_t nr = gemm.cols(), panels = (w[0] + nr - 1) / nr;
-      plan.gemm[id] = {add(static_cast<std::size_t>(panels * nr * w[1]) * 4, id, id),
-                       add(static_cast<std::size_t>(panels * nr) * 4, id, id)};
-    }
-  }
-  // Weights a fused node writes that nothing reads still need somewhere to go.
-  for (int id = 0; id < count; ++id) {
-    const Node& n = g.node(id);
-    if (n.op == Op::fused_attention && n.attention->write_weights && !plan.weights.count(id)) {
-      const FusedAttentionCall call = describe_fused_attention(g, id, sizes);
-      plan.weights[id] = add(static_cast<std::size_t>(call.batch * call.spec.hq * call.len_q * call.len_k) * 4, id, id);
-    }
-  }
-
-  // First fit, in order of birth: the lowest 64-byte aligned offset that overlaps no block alive
-  // at the same time.
-  std::vector<int> order(plan.allocs.size());
-  for (std::size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
-  std::sort(order.begin(), order.end(), [&](int x, int y) {
-    const int sx = plan.allocs[static_cast<std::size_t>(x)].start, sy = plan.allocs[static_cast<std::size_t>(y)].start;
-    return sx != sy ? sx < sy : x < y;
-  });
-  std::vector<int> placed;
-  for (int k : order) {
-    AotPlan::Alloc& a = plan.allocs[static_cast<std::size_t>(k)];
-    std::vector<std::pair<std::size_t, std::size_t>> busy;  // [offset, offset + bytes) of live blocks
-    for (int p : placed) {
-      const AotPlan::Alloc& o = plan.allocs[static_cast<std::size_t>(p)];
-      if (o.start <= a.end && a.start <= o.end) busy.emplace_back(o.offset, o.offset + o.bytes);
-    }
-    std::sort(busy.begin(), busy.end());
-    std::size_t offset = 0;
-    for (const auto& [lo, hi] : busy) {
-      if (offset + a.bytes <= lo) break;
-      offset = std::max(offset, (hi + 63) / 64 * 64);
-    }
-    a.offset = offset;
-    plan.arena_bytes = std::max(plan.arena_bytes, offset + a.bytes);
-    placed.push_back(k);
-  }
-  return plan;
-}
-
-namespace {
-
-std::string c_identifier(const std::string& name) {
-  std::string s;
-  for (char c : name) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s = "t_" + s;
-  return s;
-}
-
-}  // namespace
-
-AotSignature aot_signature_of(const Graph& g, const Bindings& sizes, const AotOptions& options, const AotPlan& plan) {
-  (void)sizes;
-  AotSignature sig;
-  sig.arena_bytes = plan.arena_bytes;
-  std::vector<std::string> used{options.function, options.function + "_packed"};
-  auto unique = [&](std::string s) {
-    std::string base = s;
-    for (int k = 2; std::find(used.begin(), used.end(), s) != used.end(); ++k) s = base + "_" + std::to_string(k);
-    used.push_back(s);
-    return s;
-  };
-  auto argument = [&](const std::string& name, int id, bool output) {
-    const Node& n = g.node(id);
-    AotArgument a;
-    a.name = name;
-    a.c_name = unique(c_identifier(name));
-    a.dtype = n.dtype == DType::boolean ? DType::boolean : DType::f32;
-    if (n.dtype != DType::boolean && n.dtype != DType::f32)
-      throw std::invalid_argument("aot: `" + name + "` is " + std::string(dtype_name(n.dtype)) +
-                                  "; compiled functions take f32 and bool tensors only");
-    const auto& shape = plan.shape[static_cast<std::size_t>(id)];
-    for (std::size_t k = 0; k < n.axes.size(); ++k) a.axes.push_back({n.axes[k].name, Extent::fixed(shape[k])});
-    a.numel = numel(shape);
-    a.output = output;
-    sig.args.push_back(std::move(a));
-  };
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
-    const Node& n = g.node(id);
-    if (n.op == Op::input || n.op == Op::param) argument(n.name, id, false);
-  }
-  for (const auto& o : g.outputs()) argument(o.name, o.node, true);
-  return sig;
-}
 
 namespace {
 
@@ -360,118 +226,19 @@ class AotEmitter {
     (void)n;
   }
 
-  // --- threads ---------------------------------------------------------------------------------
-  //
-  //   i32 <function>_set_threads(i32 n)   n >= 1: that many threads; 0: one per online CPU
-  //   i32 threads = <function>_threads > 0 ? it : sysconf(_SC_NPROCESSORS_ONLN), in [1, 256]
-  //
-  // A parallel loop hands task indices out one at a time (an atomic counter) to the calling
-  // thread and threads - 1 pthreads created for the loop and joined at its end; a thread that
-  // cannot be created just leaves its share to the others.
+  // --- threads (aot_threads.hpp) ---------------------------------------------------------------
 
-  /// The thread count for this call (an i32 in the entry function).
+  /// The thread count for this call (an i32 in the entry function); adds <name>_set_threads.
   llvm::Value* emit_thread_count(const std::string& name) {
-    auto* setting = new llvm::GlobalVariable(m_, i32_, false, llvm::GlobalValue::InternalLinkage, b_.getInt32(0),
-                                             name + "_threads");
-    {  // <function>_set_threads: 0 on success, 1 (and the default restored) for n < 0
-      auto* set = llvm::Function::Create(llvm::FunctionType::get(i32_, {i32_}, false),
-                                         llvm::GlobalValue::ExternalLinkage, name + "_set_threads", m_);
-      attributes(set);
-      llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", set));
-      llvm::Value* n = set->getArg(0);
-      llvm::Value* ok = b.CreateICmpSGE(n, b.getInt32(0));
-      b.CreateStore(b.CreateSelect(ok, n, b.getInt32(0)), setting);
-      b.CreateRet(b.CreateZExt(b.CreateNot(ok), i32_));
-      exported_.push_back(set);
-    }
-    auto* sysconf = m_.getOrInsertFunction("sysconf", i64_, i32_).getCallee();
-    llvm::Value* set = b_.CreateLoad(i32_, setting);
-    constexpr int kScNprocessorsOnln = 84;  // glibc's _SC_NPROCESSORS_ONLN
-    llvm::Value* online =
-        b_.CreateTrunc(b_.CreateCall(llvm::cast<llvm::Function>(sysconf), {b_.getInt32(kScNprocessorsOnln)}), i32_);
-    llvm::Value* t = b_.CreateSelect(b_.CreateICmpSGT(set, b_.getInt32(0)), set, online);
-    t = b_.CreateSelect(b_.CreateICmpSLT(t, b_.getInt32(1)), b_.getInt32(1), t);
-    return b_.CreateSelect(b_.CreateICmpSGT(t, b_.getInt32(256)), b_.getInt32(256), t, "threads");
+    llvm::Function* set = nullptr;
+    llvm::Value* t = emit_thread_setting(b_, name, [this](llvm::Function* f) { attributes(f); }, &set);
+    exported_.push_back(set);
+    return t;
   }
 
-  /// void qkv_parallel(ptr body, ptr ctx, i64 n, i32 threads): body(ctx, i) for i in [0, n).
+  /// qkv_parallel (aot_threads.hpp), emitted on first use.
   llvm::Function* parallel_runtime() {
-    if (parallel_) return parallel_;
-    auto* par_type = llvm::StructType::get(ctx_, {ptr_, ptr_, i64_, i64_});  // body, ctx, n, next
-    auto* body_type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false);
-    // ptr qkv_par_worker(ptr par): takes tasks until none is left (also the pthread start routine).
-    auto* worker = llvm::Function::Create(llvm::FunctionType::get(ptr_, {ptr_}, false),
-                                          llvm::GlobalValue::InternalLinkage, "qkv_par_worker", m_);
-    attributes(worker);
-    {
-      llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", worker));
-      llvm::Value* par = worker->getArg(0);
-      llvm::Value* body = b.CreateLoad(ptr_, b.CreateStructGEP(par_type, par, 0));
-      llvm::Value* ctx = b.CreateLoad(ptr_, b.CreateStructGEP(par_type, par, 1));
-      llvm::Value* n = b.CreateLoad(i64_, b.CreateStructGEP(par_type, par, 2));
-      auto* take = llvm::BasicBlock::Create(ctx_, "take", worker);
-      auto* run = llvm::BasicBlock::Create(ctx_, "run", worker);
-      auto* done = llvm::BasicBlock::Create(ctx_, "done", worker);
-      b.CreateBr(take);
-      b.SetInsertPoint(take);
-      llvm::Value* i =
-          b.CreateAtomicRMW(llvm::AtomicRMWInst::Add, b.CreateStructGEP(par_type, par, 3),
-                            llvm::ConstantInt::get(i64_, 1), llvm::MaybeAlign(8), llvm::AtomicOrdering::Monotonic);
-      b.CreateCondBr(b.CreateICmpSLT(i, n), run, done);
-      b.SetInsertPoint(run);
-      b.CreateCall(body_type, body, {ctx, i});
-      b.CreateBr(take);
-      b.SetInsertPoint(done);
-      b.CreateRet(llvm::ConstantPointerNull::get(ptr_));
-    }
-    parallel_ = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, ptr_, i64_, i32_}, false),
-                                       llvm::GlobalValue::InternalLinkage, "qkv_parallel", m_);
-    attributes(parallel_);
-    constexpr std::int64_t kMaxThreads = 256;
-    auto* i8 = llvm::Type::getInt8Ty(ctx_);
-    auto* tid_array = llvm::ArrayType::get(i64_, kMaxThreads);  // pthread_t is an unsigned long
-    auto* made_array = llvm::ArrayType::get(i8, kMaxThreads);
-    llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", parallel_));
-    llvm::Value* par = b.CreateAlloca(par_type, nullptr, "par");
-    llvm::Value* tids = b.CreateAlloca(tid_array, nullptr, "tids");
-    llvm::Value* made = b.CreateAlloca(made_array, nullptr, "made");
-    for (unsigned f = 0; f < 3; ++f) b.CreateStore(parallel_->getArg(f), b.CreateStructGEP(par_type, par, f));
-    b.CreateStore(llvm::ConstantInt::get(i64_, 0), b.CreateStructGEP(par_type, par, 3));
-    // helpers = min(threads, n, 256) - 1
-    llvm::Value* n = parallel_->getArg(2);
-    llvm::Value* cap =
-        b.CreateTrunc(b.CreateSelect(b.CreateICmpSLT(n, ir::i64c(b, kMaxThreads)), n, ir::i64c(b, kMaxThreads)), i32_);
-    llvm::Value* t = parallel_->getArg(3);
-    llvm::Value* helpers =
-        b.CreateSExt(b.CreateSub(b.CreateSelect(b.CreateICmpSLT(t, cap), t, cap), b.getInt32(1)), i64_, "helpers");
-    auto* create =
-        llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_create", i32_, ptr_, ptr_, ptr_, ptr_).getCallee());
-    auto* join = llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_join", i32_, i64_, ptr_).getCallee());
-    ir::emit_loop(
-        b, ir::i64c(b, 0), helpers, 1,
-        [&](llvm::Value* k) {
-          llvm::Value* slot = b.CreateInBoundsGEP(tid_array, tids, {ir::i64c(b, 0), k});
-          llvm::Value* rc = b.CreateCall(create, {slot, llvm::ConstantPointerNull::get(ptr_), worker, par});
-          b.CreateStore(b.CreateZExt(b.CreateICmpEQ(rc, b.getInt32(0)), i8),
-                        b.CreateInBoundsGEP(made_array, made, {ir::i64c(b, 0), k}));
-        },
-        "spawn");
-    b.CreateCall(worker, {par});
-    ir::emit_loop(
-        b, ir::i64c(b, 0), helpers, 1,
-        [&](llvm::Value* k) {
-          auto* yes = llvm::BasicBlock::Create(ctx_, "join", parallel_);
-          auto* next = llvm::BasicBlock::Create(ctx_, "joined", parallel_);
-          llvm::Value* ok = b.CreateLoad(i8, b.CreateInBoundsGEP(made_array, made, {ir::i64c(b, 0), k}));
-          b.CreateCondBr(b.CreateICmpNE(ok, b.getInt8(0)), yes, next);
-          b.SetInsertPoint(yes);
-          b.CreateCall(join, {b.CreateLoad(i64_, b.CreateInBoundsGEP(tid_array, tids, {ir::i64c(b, 0), k})),
-                              llvm::ConstantPointerNull::get(ptr_)});
-          b.CreateBr(next);
-          b.SetInsertPoint(next);
-        },
-        "join");
-    b.CreateRetVoid();
+    if (!parallel_) parallel_ = emit_parallel_runtime(m_, [this](llvm::Function* f) { attributes(f); });
     return parallel_;
   }
 
