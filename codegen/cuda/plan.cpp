@@ -1,0 +1,452 @@
+// The GPU backend's plan: which kernel each node gets, its grid and parameters, which device
+// buffers exist and when they die — made without a GPU (executor.cpp runs it). See
+// qkv/codegen/cuda/executor.hpp.
+#include <qkv/codegen/cuda/executor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/passes/buffer_plan.hpp>
+
+#include "../src/graph_util.hpp"
+#include "grid.hpp"
+
+namespace qkv::codegen::cuda {
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+using nvptx::Dim3;
+
+constexpr int kCopyThreads = 256;
+constexpr int kElementwiseThreads = 256;
+constexpr int kMaxCopyRank = 6;
+
+using util::element_bytes;
+using util::is_view;
+using util::numel;
+using util::same_axes;
+using util::strides_by_name;
+using util::strides_of;
+std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
+  return util::axis_pos(axes, name, "cuda");
+}
+
+/// A strided read of `sizes` elements, simplified: extent-1 axes dropped, axes that are
+/// contiguous with the next merged (so most permutes and slices need fewer than 6 axes).
+struct Copy {
+  Shape sizes, strides;
+};
+Copy simplify(const Shape& sizes, const Shape& strides) {
+  Copy c;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] == 1) continue;
+    if (!c.sizes.empty() && c.strides.back() == strides[k] * sizes[k]) {
+      c.sizes.back() *= sizes[k];
+      c.strides.back() = strides[k];
+    } else {
+      c.sizes.push_back(sizes[k]);
+      c.strides.push_back(strides[k]);
+    }
+  }
+  if (c.sizes.empty()) c = {{1}, {1}};
+  return c;
+}
+
+}  // namespace
+
+int pick_sm(int cc_major, int cc_minor) {
+  const int cc = 10 * cc_major + cc_minor;
+  if (cc < 80)
+    throw std::runtime_error("the GPU has compute capability " + std::to_string(cc_major) + "." +
+                             std::to_string(cc_minor) + "; qkv's CUDA backend needs compute capability >= 8.0");
+  int best = 80;
+  for (int sm : {80, 86, 87, 89, 90})
+    if (sm <= cc) best = sm;
+  return best;
+}
+
+int Plan::host_steps() const {
+  return static_cast<int>(
+      std::count_if(steps.begin(), steps.end(), [](const Step& s) { return s.kind == Step::Kind::host; }));
+}
+
+int Plan::launch_count() const {
+  int n = 0;
+  for (const auto& s : steps) n += static_cast<int>(s.launches.size());
+  return n;
+}
+
+std::optional<nvptx::AttentionKernel> choose_attention_kernel(const cpu::AttentionSpec& spec, int max_shared_bytes,
+                                                              std::string* why) {
+  if (max_shared_bytes <= 0) max_shared_bytes = 227 * 1024;
+  nvptx::AttentionKernel k;
+  k.spec = spec;
+  k.spec.vector_floats = k.spec.query_vectors = k.spec.key_tile = k.spec.qk_keys = k.spec.pv_dims = 0;
+  k.threads = 128;
+  // The kernel's defaults first (nvptx.hpp), then smaller query and key blocks: fewer
+  // accumulators per thread and less shared memory.
+  const int bq0 = spec.dv <= 128 ? 64 : 32, bk0 = spec.dk <= 64 && spec.dv <= 64 ? 64 : 32;
+  std::string last;
+  for (int bq : {bq0, 32, 16}) {
+    if (bq > bq0) continue;
+    for (int bk : {bk0, 32, 16, 8}) {
+      if (bk > bk0) continue;
+      k.block_q = bq;
+      k.block_k = bk;
+      try {
+        const int smem = nvptx::attention_shared_bytes(k);
+        if (smem <= max_shared_bytes) return k;
+        last = "attention: " + std::to_string(smem) + " bytes of shared memory per block exceed the device's " +
+               std::to_string(max_shared_bytes);
+      } catch (const std::runtime_error& e) {
+        last = e.what();
+      }
+    }
+  }
+  if (why) *why = "no tiling of the attention kernel fits (" + last + ")";
+  return std::nullopt;
+}
+
+// --- the plan -------------------------------------------------------------------------------
+
+namespace {
+
+class Planner {
+ public:
+  Planner(const Graph& g, const Bindings& sizes, const PlanOptions& options) : g_(g), options_(options) {
+    p_.sizes = sizes;
+    const auto count = g.size();
+    p_.shape.resize(count);
+    p_.buffer.assign(count, -1);
+    p_.steps.resize(count);
+    for (std::size_t id = 0; id < count; ++id)
+      for (const auto& ax : g.node(static_cast<int>(id)).axes) {
+        const auto v = ax.extent.resolve(sizes);
+        if (!v) throw ShapeError("cuda: `" + ax.name + "` (" + ax.extent.str() + ") is not bound; give its size");
+        p_.shape[id].push_back(*v);
+      }
+  }
+
+  Plan run() {
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) node(id);
+    for (const auto& o : g_.outputs()) use(o.node, static_cast<int>(g_.size()));
+    p_.free_after.assign(g_.size(), {});
+    for (std::size_t b = 0; b < p_.buffers.size(); ++b) {
+      const int last = p_.buffers[b].last;
+      if (last < static_cast<int>(g_.size()))
+        p_.free_after[static_cast<std::size_t>(last)].push_back(static_cast<int>(b));
+    }
+    return std::move(p_);
+  }
+
+ private:
+  const Shape& shape(int id) const { return p_.shape[static_cast<std::size_t>(id)]; }
+  int buf(int id) const { return p_.buffer[static_cast<std::size_t>(id)]; }
+  Step& step(int id) { return p_.steps[static_cast<std::size_t>(id)]; }
+
+  int new_buffer(std::size_t bytes, int owner) {
+    p_.buffers.push_back({bytes, owner, owner, owner});
+    return static_cast<int>(p_.buffers.size() - 1);
+  }
+  int value_buffer(int id) {
+    const Node& n = g_.node(id);
+    const int b = new_buffer(static_cast<std::size_t>(numel(shape(id))) * element_bytes(n.dtype), id);
+    p_.buffer[static_cast<std::size_t>(id)] = b;
+    return b;
+  }
+  /// Node `x`'s value is read at step `at`.
+  void use(int x, int at) {
+    BufferInfo& b = p_.buffers[static_cast<std::size_t>(buf(x))];
+    b.last = std::max(b.last, at);
+  }
+  void use_inputs(int id) {
+    for (int x : g_.node(id).inputs) use(x, id);
+  }
+  bool f32_only(int id) const {
+    const Node& n = g_.node(id);
+    if (n.dtype == DType::boolean) return false;
+    return std::none_of(n.inputs.begin(), n.inputs.end(), [&](int x) { return g_.node(x).dtype == DType::boolean; });
+  }
+  void host(int id, std::string why) {
+    Step& s = step(id);
+    s.kind = Step::Kind::host;
+    s.launches.clear();
+    s.why = std::move(why);
+  }
+  /// Adds a launch unless its grid is empty; false (and nothing added) when the grid is too large.
+  bool launch(int id, nvptx::KernelRequest request, Dim3 grid, std::vector<Arg> args) {
+    if (empty_grid(grid)) return true;
+    if (!fits(grid)) return false;
+    step(id).launches.push_back({std::move(request), grid, std::move(args)});
+    return true;
+  }
+
+  /// dst[i] = src[offset + Σ coord·stride] over `sizes`, dst contiguous.
+  bool copy(int id, Arg src, Arg dst, std::int64_t offset, const Shape& sizes, const Shape& strides) {
+    const std::int64_t count = numel(sizes);
+    if (count == 0) return true;
+    const Copy c = simplify(sizes, strides);
+    if (c.sizes.size() > kMaxCopyRank) return false;
+    nvptx::StridedCopyKernel k;
+    k.rank = static_cast<int>(c.sizes.size());
+    k.threads = kCopyThreads;
+    std::vector<Arg> args{src, dst, Arg::i(count), Arg::i(offset)};
+    for (int a = 0; a < kMaxCopyRank; ++a)
+      args.push_back(Arg::i(a < k.rank ? c.sizes[static_cast<std::size_t>(a)] : 1));
+    for (int a = 0; a < kMaxCopyRank; ++a)
+      args.push_back(Arg::i(a < k.rank ? c.strides[static_cast<std::size_t>(a)] : 0));
+    return launch(id, k, nvptx::elementwise_grid(k.threads, count), std::move(args));
+  }
+
+  void node(int id) {
+    const Node& n = g_.node(id);
+    Step& s = step(id);
+    if (n.op == Op::input || n.op == Op::param) {
+      s.kind = Step::Kind::upload;
+      value_buffer(id);
+      return;
+    }
+    if (is_view(n.op)) {
+      s.kind = Step::Kind::view;
+      p_.buffer[static_cast<std::size_t>(id)] = buf(n.inputs[0]);
+      return;
+    }
+    if (n.op == Op::attention_weights) {
+      s.kind = Step::Kind::weights;
+      p_.buffer[static_cast<std::size_t>(id)] = weights_.at(n.inputs[0]);
+      return;
+    }
+    if (n.op == Op::fused_attention) return attention(id);
+    value_buffer(id);
+    use_inputs(id);
+    s.kind = Step::Kind::gpu;
+    bool planned = false;
+    std::string why;
+    if (!f32_only(id)) {
+      why = "bool tensors are not run on the GPU (the kernels move floats)";
+    } else {
+      switch (n.op) {
+        case Op::linear:
+          planned = linear(id, why);
+          break;
+        case Op::layer_norm:
+          planned = layer_norm(id, why);
+          break;
+        case Op::relu:
+        case Op::gelu:
+        case Op::add:
+        case Op::scale:
+          planned = elementwise(id, why);
+          break;
+        case Op::permute:
+        case Op::broadcast:
+        case Op::slice:
+        case Op::concat:
+          planned = strided(id, why);
+          break;
+        default:
+          why = std::string(op_name(n.op)) + " outside a fused attention has no GPU kernel";
+      }
+    }
+    if (!planned) host(id, why.empty() ? "no GPU kernel for this form" : why);
+  }
+
+  void attention(int id) {
+    const Node& n = g_.node(id);
+    Step& s = step(id);
+    auto call = std::make_shared<const cpu::FusedAttentionCall>(cpu::describe_fused_attention(g_, id, p_.sizes));
+    s.call = call;
+    const cpu::AttentionSpec& spec = call->spec;
+    const int out = value_buffer(id);
+    int weights = -1;
+    if (spec.write_weights) {
+      weights = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q * call->len_k) * 4, id);
+      weights_[id] = weights;
+      s.weights_buffer = weights;
+    }
+    use_inputs(id);
+    std::string why;
+    const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
+    if (!kernel) return host(id, why);
+    Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
+    if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
+    if (!call->bias_terms.empty())
+      s.bias_buffer = new_buffer(static_cast<std::size_t>(call->len_q * call->len_k) * 4, id);
+    const Arg key_keep = call->key_padding_input >= 0
+                             ? Arg::buf(buf(n.inputs[static_cast<std::size_t>(call->key_padding_input)]))
+                             : Arg::null();
+    s.kind = Step::Kind::gpu;
+    launch(id, *kernel, grid,
+           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+            weights >= 0 ? Arg::buf(weights) : Arg::null(), key_keep,
+            s.bias_buffer >= 0 ? Arg::buf(s.bias_buffer) : Arg::null(), Arg::i(call->batch), Arg::i(call->len_q),
+            Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
+  }
+
+  bool linear(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    if (!util::linear_on_last_axis(g_, n)) {
+      why = "linear over an axis that is not the last";
+      return false;
+    }
+    const Shape &xs = shape(n.inputs[0]), &ws = shape(n.inputs[1]);
+    if (ws.size() != 2 || xs.back() != ws[1] || (n.inputs.size() > 2 && shape(n.inputs[2]) != Shape{ws[0]})) {
+      why = "linear with weights that are not [out, in] (and a bias [out])";
+      return false;
+    }
+    const std::int64_t k = ws[1], nn = ws[0];
+    const std::int64_t m = k > 0 ? numel(xs) / k : numel(shape(id)) / std::max<std::int64_t>(nn, 1);
+    const nvptx::LinearKernel kernel;
+    const bool ok = launch(id, kernel, nvptx::linear_grid(kernel, m, nn),
+                           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])),
+                            n.inputs.size() > 2 ? Arg::buf(buf(n.inputs[2])) : Arg::null(), Arg::buf(buf(id)),
+                            Arg::i(m), Arg::i(nn), Arg::i(k)});
+    if (!ok) why = "the linear's grid exceeds CUDA's limits";
+    return ok;
+  }
+
+  bool layer_norm(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    if (n.inputs.size() != 3 || !util::layer_norm_on_last_axis(g_, n)) {
+      why = "layer_norm over an axis that is not the last";
+      return false;
+    }
+    const Shape& xs = shape(n.inputs[0]);
+    const std::int64_t len = xs.back(), rows = len > 0 ? numel(xs) / len : 0;
+    if (shape(n.inputs[1]) != Shape{len} || shape(n.inputs[2]) != Shape{len}) {
+      why = "layer_norm with gamma/beta that are not [n]";
+      return false;
+    }
+    const nvptx::LayerNormKernel kernel;
+    const bool ok = launch(id, kernel, nvptx::layer_norm_grid(kernel, rows),
+                           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])),
+                            Arg::buf(buf(id)), Arg::i(rows), Arg::i(len), Arg::f(static_cast<float>(n.scalar))});
+    if (!ok) why = "the layer norm's grid exceeds CUDA's limits";
+    return ok;
+  }
+
+  bool elementwise(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    nvptx::ElementwiseKernel k;
+    k.threads = kElementwiseThreads;
+    Arg b = Arg::null();
+    switch (n.op) {
+      case Op::relu:
+        k.op = nvptx::ElementwiseOp::relu;
+        break;
+      case Op::gelu:
+        k.op = nvptx::ElementwiseOp::gelu;
+        break;
+      case Op::add: {
+        if (n.inputs.size() != 2 || !same_axes(g_.node(n.inputs[0]).axes, g_.node(n.inputs[1]).axes) ||
+            shape(n.inputs[0]) != shape(n.inputs[1])) {
+          why = "add that broadcasts (the GPU adds tensors with identical axes)";
+          return false;
+        }
+        k.op = nvptx::ElementwiseOp::add;
+        b = Arg::buf(buf(n.inputs[1]));
+        break;
+      }
+      default: {  // scale
+        k.op = nvptx::ElementwiseOp::scale;
+        double factor = n.scalar;
+        if (n.dim) {
+          const auto d = n.dim->resolve(p_.sizes);
+          if (!d) throw ShapeError("cuda: the scale's extent " + n.dim->str() + " is not bound");
+          factor = 1.0 / std::sqrt(static_cast<double>(*d));
+        }
+        k.factor = static_cast<float>(factor);
+      }
+    }
+    if (n.inputs.empty() || shape(n.inputs[0]) != shape(id)) {
+      why = "an elementwise op whose input and output shapes differ";
+      return false;
+    }
+    const std::int64_t count = numel(shape(id));
+    return launch(id, k, nvptx::elementwise_grid(k.threads, count),
+                  {Arg::buf(buf(n.inputs[0])), b, Arg::buf(buf(id)), Arg::i(count)});
+  }
+
+  bool strided(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    const Shape& out = shape(id);
+    why = "a strided copy of more than 6 axes that do not merge";
+    switch (n.op) {
+      case Op::permute:
+      case Op::broadcast: {
+        const Node& x = g_.node(n.inputs[0]);
+        return copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), 0, out,
+                    strides_by_name(n.axes, x.axes, shape(n.inputs[0])));
+      }
+      case Op::slice: {
+        const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
+        const Shape in_strides = strides_of(shape(n.inputs[0]));
+        if (in_strides.size() != out.size()) return false;
+        const std::int64_t start = n.offset * out[p];
+        return copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), start * in_strides[p], out, in_strides);
+      }
+      default:
+        return concat(id);
+    }
+  }
+
+  /// Along the leading axis (or one with only extent-1 axes before it) each part is a contiguous
+  /// range of the output: one copy per part. Otherwise each part goes to a scratch buffer laid out
+  /// with the concat axis leading (a contiguous range there), then one copy puts the scratch in
+  /// the output's layout.
+  bool concat(int id) {
+    const Node& n = g_.node(id);
+    const Shape& out = shape(id);
+    const std::size_t p = axis_pos(n.axes, n.attr_axes[0]);
+    std::int64_t outer = 1;
+    for (std::size_t a = 0; a < p; ++a) outer *= out[a];
+    const std::int64_t total = numel(out);
+    const std::int64_t inner = out[p] > 0 ? total / out[p] : 0;  // elements per index of the axis
+    int target = buf(id);
+    if (outer != 1) target = new_buffer(static_cast<std::size_t>(total) * 4, id);
+    std::int64_t at = 0;
+    for (int part : n.inputs) {
+      const Shape& s = shape(part);
+      const Shape st = strides_of(s);
+      Shape sizes{s[p]}, strides{st[p]};
+      for (std::size_t a = 0; a < s.size(); ++a)
+        if (a != p) {
+          sizes.push_back(s[a]);
+          strides.push_back(st[a]);
+        }
+      if (!copy(id, Arg::buf(buf(part)), Arg::buf(target, at * inner * 4), 0, sizes, strides)) return false;
+      at += s[p];
+    }
+    if (outer == 1) return true;
+    // scratch [out_p, others…] → out
+    Shape strides(out.size(), 0);
+    std::int64_t run = 1;
+    for (std::size_t a = out.size(); a-- > 0;)
+      if (a != p) {
+        strides[a] = run;
+        run *= out[a];
+      }
+    strides[p] = inner;
+    return copy(id, Arg::buf(target), Arg::buf(buf(id)), 0, out, strides);
+  }
+
+  const Graph& g_;
+  PlanOptions options_;
+  Plan p_;
+  std::map<int, int> weights_;  // fused node → its weights buffer
+};
+
+}  // namespace
+
+Plan plan(const Graph& lowered, const Bindings& sizes, const PlanOptions& options) {
+  return Planner(lowered, sizes, options).run();
+}
+
+}  // namespace qkv::codegen::cuda
