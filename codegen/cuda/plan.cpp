@@ -21,22 +21,13 @@ namespace qkv::codegen::cuda {
 
 namespace {
 
-using Shape = std::vector<std::int64_t>;
 using nvptx::Dim3;
 
 constexpr int kCopyThreads = 256;
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxCopyRank = 6;
 
-using util::element_bytes;
-using util::is_view;
-using util::numel;
-using util::same_axes;
-using util::strides_by_name;
-using util::strides_of;
-std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
-  return util::axis_pos(axes, name, "cuda");
-}
+using namespace util;  // graph_util.hpp: numel, strides_of, strides_by_name, axis_pos, …
 
 /// A strided read of `sizes` elements, simplified: extent-1 axes dropped, axes that are
 /// contiguous with the next merged (so most permutes and slices need fewer than 6 axes).

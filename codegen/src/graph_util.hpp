@@ -33,8 +33,8 @@ inline Shape strides_of(const Shape& s) {
   return st;
 }
 
-/// Position of the axis `name`; a logic_error naming `who` if it is not there.
-inline std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name, const char* who) {
+/// Position of the axis `name`; a logic_error if it is not there.
+inline std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name, const char* who = "codegen") {
   for (std::size_t k = 0; k < axes.size(); ++k)
     if (axes[k].name == name) return k;
   throw std::logic_error(std::string("qkv internal error: ") + who + ": no axis `" + name + "`");

@@ -45,17 +45,7 @@ namespace qkv::codegen::cpu {
 
 namespace {
 
-using Shape = std::vector<std::int64_t>;
-
-using util::element_bytes;
-using util::is_view;
-using util::numel;
-using util::same_axes;
-using util::strides_by_name;
-using util::strides_of;
-std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name) {
-  return util::axis_pos(axes, name, "aot");
-}
+using namespace util;  // graph_util.hpp: numel, strides_of, strides_by_name, axis_pos, …
 
 }  // namespace
 

@@ -14,10 +14,7 @@
 
 namespace qkv::codegen::cpu {
 
-using util::element_bytes;
-using util::is_view;
-using util::numel;
-using util::Shape;
+using namespace util;  // graph_util.hpp: numel, element_bytes, is_view, Shape
 
 AotPlan plan_aot(const Graph& g, const Bindings& sizes, const HostTarget& target) {
   const int count = static_cast<int>(g.size());
