@@ -15,6 +15,8 @@
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
+#include "backend_cases.hpp"
+
 using ::testing::HasSubstr;
 
 namespace qkv::nn {
@@ -83,64 +85,36 @@ void expect_aot_agrees(const Graph& g, const Feeds& feeds, double tol = 2e-5) {
 }
 
 TEST(Aot, MultiHeadAttentionWithPaddingAndWeights) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
-  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
-  auto [out, w] = MultiHeadAttention<64, 4>::make(g)(x, keep);
-  output(out, "out");
-  output(w, "weights");
-  Feeds f = random_feeds(g, {{"Batch", 3}, {"Seq", 33}, {"Key", 33}}, 5, 0.5f);
-  f["keep"] = keep_first({33, 7, 0}, 33);  // the last sequence sees no key: zero rows
-  expect_aot_agrees(g, f);
+  const auto c = cases::mha_with_padding_and_weights({33, 7, 0});  // the last sequence sees no key
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, CausalBottomRightOnUnequalLengthsWithWiderValues) {
-  Graph g;
-  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
-  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, ValueDim<48>>>(g, "v");
-  auto [out, w] = attention(q, k, v, causal_bottom_right);
-  output(out, "out");
-  output(w, "weights");
-  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", 19}}, 6));
+  const auto c = cases::causal_bottom_right_on_unequal_lengths();
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, GroupedQueryAttentionCausal) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
-  output(GroupedQueryAttention<64, 8, 2>::make(g)(x, causal_mask).first, "out");
-  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 17}}, 7, 0.5f));
+  const auto c = cases::grouped_query_causal();
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, DropoutMasksEqualTheInterpreters) {
-  Graph g;
-  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
-  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
-  auto p = dropout(softmax<Key>(scaled(contract<HeadDim>(q, k))), 0.3, 99);
-  output(contract<Key>(p, v), "out");
-  output(p, "weights");
-  const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 9}, {"Key", 9}}, 8);
-  const auto want = interpret(g, f).outputs.at("weights").to_f32();
-  const auto got = run_aot(g, f).at("weights");
+  const auto c = cases::dropout_with_weights();
+  const auto want = interpret(c.graph, c.feeds).outputs.at("weights").to_f32();
+  const auto got = run_aot(c.graph, c.feeds).at("weights");
   int dropped = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(want[i] == 0.0f, got[i] == 0.0f) << i;
     dropped += want[i] == 0.0f;
   }
   EXPECT_GT(dropped, 0);
-  expect_aot_agrees(g, f);
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, EncoderLayerThenCrossAttention) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
-  auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(g, "key");
-  auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(g, "value");
-  auto enc = EncoderLayer<32, 4, 64, Activation::gelu>::make(g, "enc.", NormPlacement::pre);
-  auto cross = CrossAttention<32, 4, 20, 12>::make(g, "cross.");
-  output(cross(enc(x), key, value).first, "out");
-  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 6}, {"Mem", 11}}, 9, 0.5f));
+  const auto c = cases::encoder_layer_then_cross_attention();
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, PostNormReluEncoderWithHeadsAsModules) {
@@ -155,12 +129,9 @@ TEST(Aot, PostNormReluEncoderWithHeadsAsModules) {
 TEST(Aot, UnfusedChainsRunAsLoopNests) {
   // A per-(batch, head) bias keeps the chain unfused: contract, scale, bias, softmax, contract
   // and the permutes all become generated loops.
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
-  auto bias = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, Key<dyn>>>(g, "bias");
-  output(MultiHeadAttention<16, 2>::make(g)(x, bias).first, "out");
-  ASSERT_EQ(codegen::cpu::fused_attention_count(g), 0);
-  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 3));
+  const auto c = cases::mha_with_per_head_bias();
+  ASSERT_EQ(codegen::cpu::fused_attention_count(c.graph), 0);
+  expect_aot_agrees(c.graph, c.feeds);
 }
 
 TEST(Aot, OpsOverANonContiguousAxis) {

@@ -15,6 +15,8 @@
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
+#include "backend_cases.hpp"
+
 using ::testing::HasSubstr;
 
 namespace qkv::nn {
@@ -133,12 +135,9 @@ TEST(FuseAttention, GroupedQueryAttentionKeepsItsGroups) {
 }
 
 TEST(FuseAttention, AMaskTheKernelCannotTakeLeavesTheChainUnfused) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
-  auto bias = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, Key<dyn>>>(g, "bias");  // per batch and head
-  output(MultiHeadAttention<16, 2>::make(g)(x, bias).first, "out");
-  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 0);
-  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 3));
+  const auto c = cases::mha_with_per_head_bias();
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 0);
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 TEST(BufferPlan, ReusesDeadIntermediates) {
@@ -153,63 +152,35 @@ TEST(BufferPlan, ReusesDeadIntermediates) {
 // --- the CPU backend against the interpreter ----------------------------------------------------
 
 TEST(CpuBackend, MultiHeadAttentionWithPaddingAndWeights) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
-  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
-  auto [out, w] = MultiHeadAttention<64, 4>::make(g)(x, keep);
-  output(out, "out");
-  output(w, "weights");
-  Feeds f = random_feeds(g, {{"Batch", 3}, {"Seq", 33}, {"Key", 33}}, 5, 0.5f);
-  f["keep"] = keep_first({33, 7, 1}, 33);
-  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
-  expect_backends_agree(g, f);
+  const auto c = cases::mha_with_padding_and_weights({33, 7, 1});
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 1);
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 TEST(CpuBackend, CausalBottomRightOnUnequalLengths) {
-  Graph g;
-  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
-  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, ValueDim<48>>>(g, "v");
-  auto [out, w] = attention(q, k, v, causal_bottom_right);
-  output(out, "out");
-  output(w, "weights");
-  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
-  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", 19}}, 6));
+  const auto c = cases::causal_bottom_right_on_unequal_lengths();
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 1);
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 TEST(CpuBackend, GroupedQueryAttention) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(g, "x");
-  output(GroupedQueryAttention<64, 8, 2>::make(g)(x, causal_mask).first, "out");
-  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 17}}, 7, 0.5f));
+  const auto c = cases::grouped_query_causal();
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 TEST(CpuBackend, DropoutMasksAreIdentical) {
-  Graph g;
-  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
-  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
-  auto p = dropout(softmax<Key>(scaled(contract<HeadDim>(q, k))), 0.3, 99);
-  output(contract<Key>(p, v), "out");
-  output(p, "weights");
-  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
-  const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 9}, {"Key", 9}}, 8);
-  const auto want = interpret(g, f).outputs.at("weights").to_f32();
-  const auto got = codegen::cpu::run(g, f, 2).outputs.at("weights").to_f32();
+  const auto c = cases::dropout_with_weights();
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 1);
+  const auto want = interpret(c.graph, c.feeds).outputs.at("weights").to_f32();
+  const auto got = codegen::cpu::run(c.graph, c.feeds, 2).outputs.at("weights").to_f32();
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i] == 0.0f, got[i] == 0.0f) << i;
-  expect_backends_agree(g, f);
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 TEST(CpuBackend, EncoderLayerAndCrossAttention) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
-  auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(g, "key");
-  auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(g, "value");
-  auto enc = EncoderLayer<32, 4, 64, Activation::gelu>::make(g, "enc.", NormPlacement::pre);
-  auto cross = CrossAttention<32, 4, 20, 12>::make(g, "cross.");
-  output(cross(enc(x), key, value).first, "out");
-  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 2);
-  expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 6}, {"Mem", 11}}, 9, 0.5f));
+  const auto c = cases::encoder_layer_then_cross_attention();
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 2);
+  expect_backends_agree(c.graph, c.feeds);
 }
 
 }  // namespace

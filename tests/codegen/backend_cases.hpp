@@ -1,0 +1,93 @@
+// Graphs that every CPU execution path is checked on against the reference interpreter — the
+// in-process executor (test_pipeline.cpp) and the AOT-compiled function (test_aot.cpp) — with
+// their seeded inputs. Each has outputs "out" and, where it says, "weights".
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+
+namespace qkv::nn::cases {
+
+struct GraphCase {
+  Graph graph;
+  Feeds feeds;
+};
+
+/// nn.MultiheadAttention(64, 4) with a key-padding mask (sequence b keeps its first
+/// lengths[b] of 33 keys) and the weights: batch 3, 33 tokens.
+inline GraphCase mha_with_padding_and_weights(const std::vector<std::int64_t>& lengths) {
+  GraphCase c;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(c.graph, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(c.graph, "keep");
+  auto [out, w] = MultiHeadAttention<64, 4>::make(c.graph)(x, keep);
+  output(out, "out");
+  output(w, "weights");
+  c.feeds = random_feeds(c.graph, {{"Batch", 3}, {"Seq", 33}, {"Key", 33}}, 5, 0.5f);
+  c.feeds["keep"] = keep_first(lengths, 33);
+  return c;
+}
+
+/// Causal attention aligned bottom-right, 7 queries over 19 keys, d_v (48) wider than d_k (32);
+/// with the weights.
+inline GraphCase causal_bottom_right_on_unequal_lengths() {
+  GraphCase c;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(c.graph, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(c.graph, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, ValueDim<48>>>(c.graph, "v");
+  auto [out, w] = attention(q, k, v, causal_bottom_right);
+  output(out, "out");
+  output(w, "weights");
+  c.feeds = random_feeds(c.graph, {{"Batch", 2}, {"Seq", 7}, {"Key", 19}}, 6);
+  return c;
+}
+
+/// Grouped-query attention, 8 query heads over 2 key/value heads, causal.
+inline GraphCase grouped_query_causal() {
+  GraphCase c;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<64>>>(c.graph, "x");
+  output(GroupedQueryAttention<64, 8, 2>::make(c.graph)(x, causal_mask).first, "out");
+  c.feeds = random_feeds(c.graph, {{"Batch", 2}, {"Seq", 17}}, 7, 0.5f);
+  return c;
+}
+
+/// Attention with dropout 0.3 (seed 99) on the weights; the dropped weights are an output.
+inline GraphCase dropout_with_weights() {
+  GraphCase c;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(c.graph, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(c.graph, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(c.graph, "v");
+  auto p = dropout(softmax<Key>(scaled(contract<HeadDim>(q, k))), 0.3, 99);
+  output(contract<Key>(p, v), "out");
+  output(p, "weights");
+  c.feeds = random_feeds(c.graph, {{"Batch", 2}, {"Seq", 9}, {"Key", 9}}, 8);
+  return c;
+}
+
+/// A pre-norm GELU encoder layer, then cross-attention to a memory with kdim 20, vdim 12.
+inline GraphCase encoder_layer_then_cross_attention() {
+  GraphCase c;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(c.graph, "x");
+  auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(c.graph, "key");
+  auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(c.graph, "value");
+  auto enc = EncoderLayer<32, 4, 64, Activation::gelu>::make(c.graph, "enc.", NormPlacement::pre);
+  auto cross = CrossAttention<32, 4, 20, 12>::make(c.graph, "cross.");
+  output(cross(enc(x), key, value).first, "out");
+  c.feeds = random_feeds(c.graph, {{"Batch", 2}, {"Seq", 6}, {"Mem", 11}}, 9, 0.5f);
+  return c;
+}
+
+/// Multi-head attention with a bias per (batch, head): a mask the fused kernel cannot take, so
+/// the chain stays unfused.
+inline GraphCase mha_with_per_head_bias() {
+  GraphCase c;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(c.graph, "x");
+  auto bias = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, Key<dyn>>>(c.graph, "bias");
+  output(MultiHeadAttention<16, 2>::make(c.graph)(x, bias).first, "out");
+  c.feeds = random_feeds(c.graph, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 3);
+  return c;
+}
+
+}  // namespace qkv::nn::cases
