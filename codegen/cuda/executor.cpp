@@ -131,32 +131,6 @@ class GpuMachine final : public Machine {
   std::map<std::uint64_t, qkv::cuda::Buffer> buffers_;
 };
 
-/// The key-padding bytes and the [L, S] bias of a fused attention from its masks, as the CPU
-/// executor makes them (fused_call.hpp).
-void masks_on_host(const cpu::FusedAttentionCall& call, const std::vector<const NdArray*>& in,
-                   std::vector<std::uint8_t>* keep, std::vector<float>* bias) {
-  if (keep && call.key_padding_input >= 0) {
-    const auto bits = in[static_cast<std::size_t>(call.key_padding_input)]->as<bool>();
-    keep->assign(static_cast<std::size_t>(call.batch * call.len_k), 1);
-    for (std::size_t i = 0; i < keep->size() && i < bits.size(); ++i) (*keep)[i] = bits[i] ? 1 : 0;
-  }
-  if (!bias || call.bias_terms.empty()) return;
-  bias->assign(static_cast<std::size_t>(call.len_q * call.len_k), 0.0f);
-  for (const auto& term : call.bias_terms) {
-    const std::vector<float> vals = in[static_cast<std::size_t>(term.input)]->to_f32();
-    for (std::int64_t i = 0; i < call.len_q; ++i)
-      for (std::int64_t j = 0; j < call.len_k; ++j) {
-        const float v = vals[static_cast<std::size_t>(i * term.stride_q + j * term.stride_k)];
-        float& dst = (*bias)[static_cast<std::size_t>(i * call.len_k + j)];
-        if (term.keep_mask) {
-          if (v == 0.0f) dst = -std::numeric_limits<float>::infinity();
-        } else {
-          dst += v;
-        }
-      }
-  }
-}
-
 class Executor {
  public:
   Executor(Machine& m, const Graph& g, const Feeds& feeds, Plan plan)
@@ -231,7 +205,7 @@ class Executor {
             ptrs[k] = &in[k];
           }
           std::vector<float> bias;
-          masks_on_host(*s.call, ptrs, nullptr, &bias);
+          combine_masks(*s.call, ptrs, nullptr, &bias);
           m_.upload(address(s.bias_buffer), bias.data(), bias.size() * sizeof(float));
         }
         for (const Launch& l : s.launches) {
@@ -269,10 +243,10 @@ class Executor {
       return;
     }
     // An attention no GPU tiling fits: the CPU's fused kernel.
-    const cpu::FusedAttentionCall& call = *s.call;
+    const FusedAttentionCall& call = *s.call;
     std::vector<std::uint8_t> keep;
     std::vector<float> bias;
-    masks_on_host(call, ptrs, &keep, &bias);
+    combine_masks(call, ptrs, &keep, &bias);
     cpu::AttentionArgs args;
     args.batch = call.batch;
     args.len_q = call.len_q;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/codegen/passes/buffer_plan.hpp>
 
 #include "../src/graph_util.hpp"
@@ -148,7 +149,7 @@ class Planner {
   }
   int value_buffer(int id) {
     const Node& n = g_.node(id);
-    const int b = new_buffer(static_cast<std::size_t>(numel(shape(id))) * element_bytes(n.dtype), id);
+    const int b = new_buffer(static_cast<std::size_t>(numel(shape(id))) * storage_bytes(n.dtype), id);
     p_.buffer[static_cast<std::size_t>(id)] = b;
     return b;
   }
@@ -252,7 +253,7 @@ class Planner {
   void attention(int id) {
     const Node& n = g_.node(id);
     Step& s = step(id);
-    auto call = std::make_shared<const cpu::FusedAttentionCall>(cpu::describe_fused_attention(g_, id, p_.sizes));
+    auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
     s.call = call;
     const cpu::AttentionSpec& spec = call->spec;
     const int out = value_buffer(id);

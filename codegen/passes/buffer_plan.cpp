@@ -4,14 +4,6 @@
 
 namespace qkv::codegen {
 
-std::vector<int> last_uses(const Graph& g) {
-  std::vector<int> last(g.size(), -1);
-  for (int id = 0; id < static_cast<int>(g.size()); ++id)
-    for (int in : g.node(id).inputs) last[static_cast<std::size_t>(in)] = id;
-  for (const auto& o : g.outputs()) last[static_cast<std::size_t>(o.node)] = static_cast<int>(g.size());
-  return last;
-}
-
 BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
   BufferPlan p;
   p.last_use = last_uses(g);

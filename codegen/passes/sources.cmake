@@ -6,6 +6,5 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/buffer_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/fused_call.cpp
   ${CMAKE_CURRENT_LIST_DIR}/executor.cpp
 )

@@ -18,32 +18,6 @@ bool has(const std::vector<Axis>& axes, std::string_view name) {
   return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
 }
 
-/// [min, max] inputs per op (max -1: unbounded).
-std::pair<int, int> arity(Op op) {
-  switch (op) {
-    case Op::input:
-    case Op::param:
-    case Op::fill:
-      return {0, 0};
-    case Op::contract:
-    case Op::add:
-    case Op::mul:
-    case Op::keep_mask:
-    case Op::bias:
-      return {2, 2};
-    case Op::linear:
-      return {2, 3};
-    case Op::layer_norm:
-      return {3, 3};
-    case Op::concat:
-      return {1, -1};
-    case Op::fused_attention:
-      return {3, -1};
-    default:
-      return {1, 1};
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> verify(const Graph& g) {
@@ -54,7 +28,7 @@ std::vector<std::string> verify(const Graph& g) {
       problems.push_back("%" + std::to_string(id) + " (" + std::string(op_name(n.op)) + "): " + what + "; axes " +
                          axes_str(n.axes));
     };
-    const auto [lo, hi] = arity(n.op);
+    const int lo = op_info(n.op).min_inputs, hi = op_info(n.op).max_inputs;
     const int count = static_cast<int>(n.inputs.size());
     if (count < lo || (hi >= 0 && count > hi)) report("has " + std::to_string(count) + " inputs");
     bool inputs_ok = true;
@@ -67,20 +41,8 @@ std::vector<std::string> verify(const Graph& g) {
     if (std::set<std::string>(nm.begin(), nm.end()).size() != nm.size()) report("repeats an axis name");
     if (!inputs_ok || count < lo) continue;
     const Node* x = n.inputs.empty() ? nullptr : &g.node(n.inputs[0]);
+    if (op_info(n.op).keeps_axes && names(x->axes) != nm) report("changes the axes of its input " + axes_str(x->axes));
     switch (n.op) {
-      case Op::scale:
-      case Op::relu:
-      case Op::gelu:
-      case Op::dropout:
-      case Op::softmax:
-      case Op::causal:
-      case Op::add:
-      case Op::mul:
-      case Op::bias:
-      case Op::keep_mask:
-      case Op::layer_norm:
-        if (names(x->axes) != nm) report("changes the axes of its input " + axes_str(x->axes));
-        break;
       case Op::permute: {
         auto a = names(x->axes), b = nm;
         std::sort(a.begin(), a.end());

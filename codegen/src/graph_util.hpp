@@ -14,11 +14,7 @@ namespace qkv::codegen::util {
 
 using Shape = std::vector<std::int64_t>;
 
-/// Ops that only reinterpret their input's memory (the same bytes under other axes).
-inline bool is_view(Op op) { return op == Op::split || op == Op::merge || op == Op::rename || op == Op::view; }
-
-/// Bytes per element as the backends store values: bool 1, everything else f32.
-inline std::size_t element_bytes(DType t) { return t == DType::boolean ? 1 : 4; }
+using qkv::is_view;  // the op table (qkv/ir/ops.hpp)
 
 inline std::int64_t numel(const Shape& s) {
   std::int64_t n = 1;

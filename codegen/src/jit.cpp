@@ -1,6 +1,8 @@
 // The ORC LLJIT wrapper: host target machine, -O3 pipeline, typed lookup, errors as strings.
 #include <qkv/codegen/jit.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <utility>
 
@@ -31,6 +33,17 @@ struct Jit::Impl {
 };
 
 namespace {
+
+std::atomic<std::int64_t> g_modules{0}, g_compile_ns{0};
+
+/// Adds the time from its construction to its destruction to the process's compile time.
+struct CompileTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CompileTimer() {
+    g_compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 bool fail(std::string* error, std::string message) {
   if (error) *error = std::move(message);
   return false;
@@ -46,6 +59,8 @@ llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) 
   return jtmb;
 }
 }  // namespace
+
+JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6}; }
 
 Jit::Jit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Jit::~Jit() = default;
@@ -97,6 +112,8 @@ bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMCo
   // From here the module and its context travel together (the module must die first).
   llvm::orc::ThreadSafeModule tsm(std::move(module), std::move(context));
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  const CompileTimer timer;
+  ++g_modules;
   const bool ok = tsm.withModuleDo([&](llvm::Module& m) { return impl_->run_pipeline(m, error); });
   if (!ok) return false;
   if (auto e = impl_->jit->addIRModule(std::move(tsm)))
@@ -106,6 +123,7 @@ bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMCo
 
 void* Jit::lookup_address(std::string_view name, std::string* error) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  const CompileTimer timer;  // the first lookup of a module's symbol generates its machine code
   auto address = impl_->jit->lookup(llvm::StringRef(name.data(), name.size()));
   if (!address) {
     fail(error, "jit: no symbol '" + std::string(name) + "': " + consume(address.takeError()));

@@ -173,6 +173,76 @@ TEST(Aot, ThreadCountDoesNotChangeTheResult) {
   EXPECT_THROW(model->set_threads(-1), std::invalid_argument);
 }
 
+TEST(Aot, DynamicSizesAreArgumentsOfOneFunction) {
+  // An encoder layer compiled once with Batch and Seq left as run-time sizes, run at several
+  // lengths against the interpreter; invalid sizes are refused with 2.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Seq<dyn>>>(g, "keep");
+  output(EncoderLayer<32, 4, 64, Activation::relu>::make(g, "enc.")(x, keep), "out");
+  codegen::AotOptions opt;
+  opt.function = "enc";
+  opt.dynamic = {"Batch", "Seq"};
+  auto model = codegen::AotModel::compile(g, {}, opt);
+  const auto& sig = model->signature();
+  ASSERT_EQ(sig.sizes.size(), 2u);
+  EXPECT_EQ(sig.sizes[0].symbol, "Batch");
+  EXPECT_EQ(sig.sizes[1].symbol, "Seq");
+  EXPECT_EQ(sig.args.front().numel, -1);  // x depends on the run-time sizes
+  for (std::int64_t seq : {1, 5, 31, 70}) {
+    const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 0.5f);
+    const auto want = interpret(g, feeds).outputs.at("out").to_f32();
+    std::vector<std::vector<float>> f32;
+    std::vector<std::vector<std::uint8_t>> bytes;
+    f32.reserve(sig.args.size());
+    bytes.reserve(sig.args.size());
+    std::vector<void*> args;
+    for (const auto& a : sig.args) {
+      if (a.output) {
+        args.push_back(f32.emplace_back(want.size(), std::nanf("")).data());
+      } else if (a.dtype == DType::boolean) {
+        auto& b = bytes.emplace_back();
+        for (float v : feeds.at(a.name).to_f32()) b.push_back(v != 0.0f ? 1 : 0);
+        args.push_back(b.data());
+      } else {
+        args.push_back(f32.emplace_back(feeds.at(a.name).to_f32()).data());
+      }
+    }
+    const std::int64_t sizes[] = {2, seq};
+    ASSERT_EQ(model->run(sizes, args.data()), 0) << seq;
+    const auto& got = f32.back();
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 5e-5 * std::max(1.0f, std::abs(want[i]))) << "Seq " << seq << " [" << i << "]";
+    const std::int64_t negative[] = {2, -seq};
+    EXPECT_EQ(model->run(negative, args.data()), 2);
+  }
+  const std::string h = codegen::aot_header(g, {}, opt);
+  EXPECT_THAT(h, HasSubstr("int enc(\n    int64_t Batch,\n    int64_t Seq,\n    const float* x,"));
+  EXPECT_THAT(h, HasSubstr("int enc_packed(const int64_t* sizes, void* const* args);"));
+  EXPECT_THAT(h, HasSubstr("x: input f32 [Batch=Batch?, Seq=Seq?, Model=32]"));
+  opt.dynamic = {"Model"};
+  EXPECT_THROW(codegen::aot_header(g, {{"Batch", 1}, {"Seq", 2}}, opt), std::invalid_argument);  // not a symbol
+}
+
+TEST(Aot, AttentionHeadWidthsCannotBeDynamic) {
+  Graph g;
+  auto q = input<Tensor<f32, Heads<2>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+  auto k = input<Tensor<f32, Heads<2>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+  auto v = input<Tensor<f32, Heads<2>, Key<dyn>, HeadDim<dyn>>>(g, "v");
+  output(attention(q, k, v).first, "out");
+  codegen::AotOptions opt;
+  opt.dynamic = {"HeadDim"};
+  try {
+    (void)codegen::aot_signature(g, {{"Seq", 3}, {"Key", 3}, {"HeadDim", 8}}, opt);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("specialised on HeadDim"));
+  }
+  opt.dynamic = {"Seq", "Key"};
+  const auto sig = codegen::aot_signature(g, {{"HeadDim", 8}}, opt);
+  EXPECT_EQ(sig.sizes.size(), 2u);
+}
+
 TEST(Aot, SignatureHeaderAndArenaReuse) {
   Graph g;
   auto x = input<Tensor<f32, Seq<dyn>, Model<64>>>(g, "x.in");

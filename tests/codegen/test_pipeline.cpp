@@ -6,7 +6,9 @@
 #include <cmath>
 #include <sstream>
 
+#include <qkv/codegen/cpu/compiled_graph.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/passes/buffer_plan.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/fuse_attention.hpp>
@@ -53,6 +55,60 @@ void expect_backends_agree(const Graph& g, const Feeds& feeds, double tol = 2e-5
           err, std::abs(static_cast<double>(av[i]) - wv[i]) / std::max(1.0, std::abs(static_cast<double>(wv[i]))));
     }
     EXPECT_LE(err, tol) << name;
+  }
+}
+
+/// Runs `g` at 64 sequence lengths on the CPU backend; returns the LLVM modules compiled after the
+/// first length (the first compiles the graph once). Every 16th length is checked against the
+/// interpreter.
+std::int64_t modules_after_first_length(const Graph& g, std::int64_t batch, bool key_axis) {
+  std::int64_t first = -1;
+  for (std::int64_t seq = 1; seq <= 64; ++seq) {
+    Bindings sizes{{"Batch", batch}, {"Seq", seq}};
+    if (key_axis) sizes["Key"] = seq;
+    const Feeds feeds = random_feeds(g, sizes, static_cast<std::uint64_t>(seq), 0.5f);
+    if (seq % 16 == 1) {
+      expect_backends_agree(g, feeds, 5e-5);
+    } else {
+      (void)codegen::cpu::run(g, feeds, 2);
+    }
+    if (seq == 1) first = codegen::jit_stats().modules;
+  }
+  return codegen::jit_stats().modules - first;
+}
+
+TEST(Executor, CompilesOncePerShapeClassNotPerLength) {
+  {  // a multi-head attention layer with padding, every size but the head width dynamic
+    Graph g;
+    auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+    auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+    auto [out, w] = MultiHeadAttention<32, 4>::make(g, "mha.")(x, keep);
+    output(out, "out");
+    output(w, "weights");
+    EXPECT_EQ(modules_after_first_length(g, 2, true), 0);
+  }
+  {  // an encoder layer (GEMMs, layer norms, GELU, residual adds) with a causal mask
+    Graph g;
+    auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<48>>>(g, "x");
+    output(EncoderLayer<48, 3, 96, Activation::gelu>::make(g, "enc.")(x, causal_mask), "out");
+    EXPECT_EQ(modules_after_first_length(g, 3, false), 0);
+  }
+  {  // the head width specialises: a new width is a new shape class
+    const std::int64_t before = codegen::jit_stats().modules;
+    for (std::int64_t e : {16, 24}) {
+      Graph g;
+      auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+      auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+      auto v = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "v");
+      output(attention(q, k, v).first, "out");
+      const Graph lowered = codegen::lower(g);
+      EXPECT_THAT(codegen::cpu::specialised_sizes(lowered), ::testing::UnorderedElementsAre("Heads", "HeadDim"));
+      for (std::int64_t seq : {3, 9, 17})
+        (void)codegen::cpu::run(g, random_feeds(g, {{"Batch", 1}, {"Heads", 2}, {"Seq", seq}, {"Key", seq},
+                                                    {"HeadDim", e}}, 5),
+                                2);
+    }
+    EXPECT_EQ(codegen::jit_stats().modules - before, 2);
   }
 }
 

@@ -14,28 +14,32 @@
 
 namespace qkv::codegen::cpu {
 
-llvm::Value* emit_thread_setting(llvm::IRBuilder<>& b, const std::string& name,
-                                 const std::function<void(llvm::Function*)>& attributes, llvm::Function** set_threads) {
-  llvm::Module& m = *b.GetInsertBlock()->getModule();
-  llvm::Type *i32 = b.getInt32Ty(), *i64 = b.getInt64Ty();
+llvm::GlobalVariable* emit_thread_setting(llvm::Module& m, const std::string& name,
+                                          const std::function<void(llvm::Function*)>& attributes,
+                                          llvm::Function** set_threads) {
+  llvm::IRBuilder<> b(m.getContext());
+  llvm::Type* i32 = b.getInt32Ty();
   auto* setting =
       new llvm::GlobalVariable(m, i32, false, llvm::GlobalValue::InternalLinkage, b.getInt32(0), name + "_threads");
-  {
-    auto* set = llvm::Function::Create(llvm::FunctionType::get(i32, {i32}, false), llvm::GlobalValue::ExternalLinkage,
-                                       name + "_set_threads", m);
-    attributes(set);
-    llvm::IRBuilder<> sb(llvm::BasicBlock::Create(m.getContext(), "entry", set));
-    llvm::Value* n = set->getArg(0);
-    llvm::Value* ok = sb.CreateICmpSGE(n, sb.getInt32(0));
-    sb.CreateStore(sb.CreateSelect(ok, n, sb.getInt32(0)), setting);
-    sb.CreateRet(sb.CreateZExt(sb.CreateNot(ok), i32));
-    *set_threads = set;
-  }
+  auto* set = llvm::Function::Create(llvm::FunctionType::get(i32, {i32}, false), llvm::GlobalValue::ExternalLinkage,
+                                     name + "_set_threads", m);
+  attributes(set);
+  b.SetInsertPoint(llvm::BasicBlock::Create(m.getContext(), "entry", set));
+  llvm::Value* n = set->getArg(0);
+  llvm::Value* ok = b.CreateICmpSGE(n, b.getInt32(0));
+  b.CreateStore(b.CreateSelect(ok, n, b.getInt32(0)), setting);
+  b.CreateRet(b.CreateZExt(b.CreateNot(ok), i32));
+  *set_threads = set;
+  return setting;
+}
+
+llvm::Value* emit_thread_count(llvm::IRBuilder<>& b, llvm::Value* requested) {
+  llvm::Module& m = *b.GetInsertBlock()->getModule();
+  llvm::Type *i32 = b.getInt32Ty(), *i64 = b.getInt64Ty();
   auto* sysconf = llvm::cast<llvm::Function>(m.getOrInsertFunction("sysconf", i64, i32).getCallee());
-  llvm::Value* set = b.CreateLoad(i32, setting);
   constexpr int kScNprocessorsOnln = 84;  // glibc's _SC_NPROCESSORS_ONLN
   llvm::Value* online = b.CreateTrunc(b.CreateCall(sysconf, {b.getInt32(kScNprocessorsOnln)}), i32);
-  llvm::Value* t = b.CreateSelect(b.CreateICmpSGT(set, b.getInt32(0)), set, online);
+  llvm::Value* t = b.CreateSelect(b.CreateICmpSGT(requested, b.getInt32(0)), requested, online);
   t = b.CreateSelect(b.CreateICmpSLT(t, b.getInt32(1)), b.getInt32(1), t);
   return b.CreateSelect(b.CreateICmpSGT(t, b.getInt32(256)), b.getInt32(256), t, "threads");
 }

@@ -1,7 +1,7 @@
 // codegen/src/cpu/aot_threads.hpp — the threads of AOT-compiled functions, as IR (private).
 //
 //   i32 <function>_set_threads(i32 n)   n >= 1: that many threads; 0: one per online CPU
-//   threads = <function>_threads > 0 ? it : sysconf(_SC_NPROCESSORS_ONLN), clamped to [1, 256]
+//   threads = requested > 0 ? requested : sysconf(_SC_NPROCESSORS_ONLN), clamped to [1, 256]
 //   void qkv_parallel(ptr body, ptr ctx, i64 n, i32 threads)
 //
 // calls body(ctx, i) for every i in [0, n): task indices are handed out one at a time through an
@@ -18,11 +18,16 @@
 
 namespace qkv::codegen::cpu {
 
-/// Adds the setting <name>_threads and the exported <name>_set_threads(i32) -> i32 (0, or 1 for
-/// n < 0) to b's module; at b's insertion point, emits the thread count of this call (an i32).
+/// Adds the setting <name>_threads (an i32, 0 at first) and the exported
+/// <name>_set_threads(i32) -> i32 (0, or 1 for n < 0) to `module`; returns the setting.
 /// `*set_threads` receives the exported function.
-llvm::Value* emit_thread_setting(llvm::IRBuilder<>& b, const std::string& name,
-                                 const std::function<void(llvm::Function*)>& attributes, llvm::Function** set_threads);
+llvm::GlobalVariable* emit_thread_setting(llvm::Module& module, const std::string& name,
+                                          const std::function<void(llvm::Function*)>& attributes,
+                                          llvm::Function** set_threads);
+
+/// At b's insertion point: the thread count of a call that asked for `requested` (an i32; <= 0:
+/// one per online CPU), clamped to [1, 256].
+llvm::Value* emit_thread_count(llvm::IRBuilder<>& b, llvm::Value* requested);
 
 /// Adds qkv_parallel and its worker (internal linkage) to `module`; `attributes` is applied to
 /// both functions (target CPU and features).

@@ -60,6 +60,9 @@ struct AotOptions {
   /// "native" (this host's CPU and features), "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", or
   /// any CPU name LLVM's x86-64 backend knows (e.g. "znver4", "skylake-avx512").
   std::string cpu = "native";
+  /// Symbols (e.g. "Seq", "Key") left as run-time sizes: the entry point takes them as int64_t
+  /// arguments, before the arrays. Empty (the default): every size fixed, fully specialised code.
+  std::vector<std::string> dynamic;
 };
 
 /// One argument of the generated function.
@@ -67,13 +70,21 @@ struct AotArgument {
   std::string name;    // the graph's name (input, parameter or output)
   std::string c_name;  // a C identifier made of it (unique within the function)
   DType dtype = DType::f32;
-  std::vector<Axis> axes;  // names and (concrete) extents, in memory order
-  std::int64_t numel = 0;
+  std::vector<Axis> axes;  // names and extents (concrete unless dynamic), in memory order
+  std::int64_t numel = 0;  // -1 when it depends on a run-time size
   bool output = false;
 };
 
-/// The generated function's arguments, in order, and how many bytes its arena takes.
+/// A size the generated function takes at run time (`--dynamic`): the graph's symbol.
+struct AotSize {
+  std::string symbol;  // e.g. "Seq"
+  std::string c_name;  // its parameter's C name
+};
+
+/// The generated function's arguments, in order: the run-time sizes (none unless some are
+/// dynamic), then the arrays; and how many bytes its arena takes (when every size is fixed).
 struct AotSignature {
+  std::vector<AotSize> sizes;
   std::vector<AotArgument> args;
   std::size_t arena_bytes = 0;
 };
@@ -102,8 +113,10 @@ class AotModel {
   AotModel(const AotModel&) = delete;
   AotModel& operator=(const AotModel&) = delete;
   [[nodiscard]] const AotSignature& signature() const;
-  /// Calls <function>_packed(args): args[i] points at argument i of signature().
+  /// Calls the function with args[i] pointing at argument i of signature() (no dynamic sizes).
   int run(void* const* args) const;
+  /// The same with the run-time sizes (signature().sizes) first.
+  int run(const std::int64_t* sizes, void* const* args) const;
   /// Calls <function>_set_threads(n): n >= 1 threads per call, 0 one per online CPU.
   void set_threads(int n) const;
 

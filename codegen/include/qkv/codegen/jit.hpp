@@ -30,6 +30,14 @@ class Module;
 
 namespace qkv::codegen {
 
+/// What the JIT compiled in this process: LLVM modules added, and the milliseconds spent on them
+/// (the -O3 pipeline and machine code). `qkv run --stats` and `qkv bench --json` report it.
+struct JitStats {
+  std::int64_t modules = 0;
+  double compile_ms = 0;
+};
+JitStats jit_stats();
+
 class Jit {
  public:
   /// A JIT for the host CPU, or nullptr with `*error` set (if error is non-null).

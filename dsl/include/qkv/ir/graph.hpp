@@ -18,6 +18,7 @@
 
 #include <qkv/ir/dtype.hpp>
 #include <qkv/ir/extent.hpp>
+#include <qkv/ir/ops.hpp>
 
 namespace qkv {
 
@@ -26,94 +27,6 @@ struct Axis {
   Extent extent;
   friend bool operator==(const Axis&, const Axis&) = default;
 };
-
-/// Every op a DSL program can contain. Attributes used by each op are listed beside it.
-enum class Op : std::uint8_t {
-  input,       // a tensor fed at run time                          (name)
-  param,       // a weight / bias                                    (name)
-  contract,    // sum over `axes` of lhs*rhs, by-name batch dims     (axes)
-  add,         // elementwise, by-name broadcast of rhs into lhs
-  mul,         // elementwise, by-name broadcast of rhs into lhs
-  scale,       // x * scalar; or, when `dim` is set (dynamic d_k), x / sqrt(dim)
-  split,       // axes[0] of the input -> the output's axes named in axes[1..]
-  merge,       // axes[0..n-1] (adjacent) -> axes[n]
-  permute,     // reorder; output axes give the order
-  rename,      // axes[0] -> axes[1]; data untouched
-  view,        // reinterpret extents, names and order unchanged
-  softmax,     // over axes[0], numerically stable; rows with no visible key -> 0
-  keep_mask,   // inputs (x, bool mask): masked-out entries excluded from the softmax  (mask_kind)
-  bias,        // inputs (x, float bias): x + bias, by-name broadcast
-  causal,      // keep q >= k (top-left) or q + S - L >= k (bottom-right); axes = {query, key}
-  dropout,     // keep with prob 1-p, rescale 1/(1-p); counter-based RNG keyed by seed  (scalar, seed)
-  concat,      // along axes[0]
-  layer_norm,  // inputs (x, gamma, beta) over axes[0], eps = scalar
-  relu,
-  gelu,               // exact (erf) form, as torch.nn.functional.gelu's default
-  linear,             // inputs (x, W[out,in], b?) : contracts axes[0] of x with W's in, yields axes[1]
-  broadcast,          // the input repeated along the output's axes it lacks (matched by name)
-  fill,               // a constant `scalar` with the node's axes (no inputs)
-  fused_attention,    // codegen only: inputs (q, k, v, masks...); see AttentionAttrs
-  attention_weights,  // codegen only: the weights its fused_attention input computed (write_weights)
-  slice,              // part `offset` of attr_axes[0]: indices [offset*P, (offset+1)*P), P = extent of attr_axes[1]
-};
-
-inline std::string_view op_name(Op op) {
-  switch (op) {
-    case Op::input:
-      return "input";
-    case Op::param:
-      return "param";
-    case Op::contract:
-      return "contract";
-    case Op::add:
-      return "add";
-    case Op::mul:
-      return "mul";
-    case Op::scale:
-      return "scale";
-    case Op::split:
-      return "split";
-    case Op::merge:
-      return "merge";
-    case Op::permute:
-      return "permute";
-    case Op::rename:
-      return "rename";
-    case Op::view:
-      return "view";
-    case Op::softmax:
-      return "softmax";
-    case Op::keep_mask:
-      return "keep_mask";
-    case Op::bias:
-      return "bias";
-    case Op::causal:
-      return "causal";
-    case Op::dropout:
-      return "dropout";
-    case Op::concat:
-      return "concat";
-    case Op::layer_norm:
-      return "layer_norm";
-    case Op::relu:
-      return "relu";
-    case Op::gelu:
-      return "gelu";
-    case Op::linear:
-      return "linear";
-    case Op::slice:
-      return "slice";
-    case Op::broadcast:
-      return "broadcast";
-    case Op::fill:
-      return "fill";
-    case Op::fused_attention:
-      return "fused_attention";
-    case Op::attention_weights:
-      return "attention_weights";
-  }
-  return "?";
-}
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
 enum class MaskKind : std::uint8_t { keep, key_padding, attention };

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include <qkv/codegen/cpu/fused_call.hpp>
+#include <qkv/codegen/lowering/attention_call.hpp>
 #include <qkv/codegen/nvptx.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/runtime/interpreter.hpp>
@@ -97,7 +97,7 @@ struct Step {
   /// inputs (call.bias_terms) and uploaded to buffer `bias_buffer` before the launch.
   int bias_buffer = -1;
   int weights_buffer = -1;                              // fused attention with write_weights: where the weights go
-  std::shared_ptr<const cpu::FusedAttentionCall> call;  // fused attention only
+  std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
 };
 
 /// Device memory of one run: a node's value (shared by its views) or a node's scratch.

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/ir/graph.hpp>
 
 namespace qkv::codegen {
@@ -20,9 +21,6 @@ struct BufferPlan {
   std::size_t peak_bytes = 0;      // the sum of the slots
   std::size_t unshared_bytes = 0;  // what one buffer per value would take
 };
-
-/// Last uses only (sizes not needed).
-std::vector<int> last_uses(const Graph& g);
 
 BufferPlan plan_buffers(const Graph& g, const Bindings& sizes);
 

@@ -1,0 +1,37 @@
+// qkv/codegen/lowering/lifetimes.hpp — when each value of a lowered graph is alive, and which
+// values can share memory: the one lifetime analysis of every backend (no LLVM).
+//
+// A value is alive from the node that writes it to its last reader; a view (split, merge,
+// rename, view) shares its input's memory, so it extends its root's life; graph outputs live to
+// the end. Blocks whose lives do not overlap share a slot (greedy in order of birth, the largest
+// free slot first); a slot is as large as its largest block. Sizes only steer the choice of slot:
+// the assignment is correct for any sizes, so code compiled for dynamic sizes computes the slot
+// sizes (a max over their blocks) at run time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <qkv/ir/graph.hpp>
+
+namespace qkv::codegen {
+
+/// Per node: the id of its last reader; g.size() for graph outputs; -1 if nothing reads it.
+std::vector<int> last_uses(const Graph& g);
+
+/// Per node: the node whose memory it is (itself, or for a view its input's root).
+std::vector<int> memory_roots(const Graph& g);
+
+/// Per node: the last node at which its memory (its root's, for a view) is still read.
+std::vector<int> memory_ends(const Graph& g);
+
+/// A block of memory alive over [start, end] (node ids, inclusive) of about `bytes` bytes.
+struct Lifetime {
+  int start = 0, end = 0;
+  std::int64_t bytes = 0;
+};
+
+/// The slot of each block (0, 1, …) such that blocks in one slot are never alive together.
+std::vector<int> assign_slots(const std::vector<Lifetime>& blocks);
+
+}  // namespace qkv::codegen

@@ -1,0 +1,70 @@
+#include <qkv/codegen/lowering/lifetimes.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+#include <qkv/ir/ops.hpp>
+
+namespace qkv::codegen {
+
+std::vector<int> last_uses(const Graph& g) {
+  std::vector<int> last(g.size(), -1);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    for (int in : g.node(id).inputs) last[static_cast<std::size_t>(in)] = id;
+  for (const auto& o : g.outputs()) last[static_cast<std::size_t>(o.node)] = static_cast<int>(g.size());
+  return last;
+}
+
+std::vector<int> memory_roots(const Graph& g) {
+  std::vector<int> root(g.size());
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
+    root[static_cast<std::size_t>(id)] = is_view(n.op) ? root[static_cast<std::size_t>(n.inputs[0])] : id;
+  }
+  return root;
+}
+
+std::vector<int> memory_ends(const Graph& g) {
+  const std::vector<int> root = memory_roots(g);
+  std::vector<int> end = last_uses(g);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {  // a value never read dies where it is born
+    auto& e = end[static_cast<std::size_t>(id)];
+    e = std::max(e, id);
+  }
+  for (int id = static_cast<int>(g.size()); id-- > 0;) {
+    const auto r = static_cast<std::size_t>(root[static_cast<std::size_t>(id)]);
+    end[r] = std::max(end[r], end[static_cast<std::size_t>(id)]);
+  }
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    end[static_cast<std::size_t>(id)] = end[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
+  return end;
+}
+
+std::vector<int> assign_slots(const std::vector<Lifetime>& blocks) {
+  std::vector<std::size_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return blocks[x].start < blocks[y].start; });
+  std::vector<int> slot(blocks.size(), -1);
+  std::vector<int> busy_until;            // per slot: the last node at which it is read
+  std::vector<std::int64_t> slot_bytes;  // per slot: its largest block so far
+  for (std::size_t k : order) {
+    const Lifetime& b = blocks[k];
+    int best = -1;
+    for (std::size_t s = 0; s < busy_until.size(); ++s)
+      if (busy_until[s] < b.start && (best < 0 || slot_bytes[s] > slot_bytes[static_cast<std::size_t>(best)]))
+        best = static_cast<int>(s);
+    if (best < 0) {
+      best = static_cast<int>(busy_until.size());
+      busy_until.push_back(0);
+      slot_bytes.push_back(0);
+    }
+    const auto s = static_cast<std::size_t>(best);
+    busy_until[s] = b.end;
+    slot_bytes[s] = std::max(slot_bytes[s], b.bytes);
+    slot[k] = best;
+  }
+  return slot;
+}
+
+}  // namespace qkv::codegen
