@@ -178,19 +178,21 @@ TEST(Aot, DynamicSizesAreArgumentsOfOneFunction) {
   // lengths against the interpreter; invalid sizes are refused with 2.
   Graph g;
   auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
-  auto keep = input<KeyPaddingMask<Batch<dyn>, Seq<dyn>>>(g, "keep");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
   output(EncoderLayer<32, 4, 64, Activation::relu>::make(g, "enc.")(x, keep), "out");
   codegen::AotOptions opt;
   opt.function = "enc";
-  opt.dynamic = {"Batch", "Seq"};
+  opt.dynamic = {"Batch", "Seq", "Key"};
   auto model = codegen::AotModel::compile(g, {}, opt);
   const auto& sig = model->signature();
-  ASSERT_EQ(sig.sizes.size(), 2u);
+  ASSERT_EQ(sig.sizes.size(), 3u);  // in the symbols' order
   EXPECT_EQ(sig.sizes[0].symbol, "Batch");
-  EXPECT_EQ(sig.sizes[1].symbol, "Seq");
+  EXPECT_EQ(sig.sizes[1].symbol, "Key");
+  EXPECT_EQ(sig.sizes[2].symbol, "Seq");
   EXPECT_EQ(sig.args.front().numel, -1);  // x depends on the run-time sizes
   for (std::int64_t seq : {1, 5, 31, 70}) {
-    const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 0.5f);
+    const Feeds feeds =
+        random_feeds(g, {{"Batch", 2}, {"Seq", seq}, {"Key", seq}}, static_cast<std::uint64_t>(seq), 0.5f);
     const auto want = interpret(g, feeds).outputs.at("out").to_f32();
     std::vector<std::vector<float>> f32;
     std::vector<std::vector<std::uint8_t>> bytes;
@@ -208,20 +210,21 @@ TEST(Aot, DynamicSizesAreArgumentsOfOneFunction) {
         args.push_back(f32.emplace_back(feeds.at(a.name).to_f32()).data());
       }
     }
-    const std::int64_t sizes[] = {2, seq};
+    const std::int64_t sizes[] = {2, seq, seq};
     ASSERT_EQ(model->run(sizes, args.data()), 0) << seq;
     const auto& got = f32.back();
     for (std::size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 5e-5 * std::max(1.0f, std::abs(want[i]))) << "Seq " << seq << " [" << i << "]";
-    const std::int64_t negative[] = {2, -seq};
+    const std::int64_t negative[] = {2, -seq, -seq}, unequal[] = {2, seq + 1, seq};  // Key == Seq is a shape check
     EXPECT_EQ(model->run(negative, args.data()), 2);
+    EXPECT_EQ(model->run(unequal, args.data()), 2);
   }
   const std::string h = codegen::aot_header(g, {}, opt);
-  EXPECT_THAT(h, HasSubstr("int enc(\n    int64_t Batch,\n    int64_t Seq,\n    const float* x,"));
+  EXPECT_THAT(h, HasSubstr("int enc(\n    int64_t Batch,\n    int64_t Key,\n    int64_t Seq,\n    const float* x,"));
   EXPECT_THAT(h, HasSubstr("int enc_packed(const int64_t* sizes, void* const* args);"));
   EXPECT_THAT(h, HasSubstr("x: input f32 [Batch=Batch?, Seq=Seq?, Model=32]"));
   opt.dynamic = {"Model"};
-  EXPECT_THROW(codegen::aot_header(g, {{"Batch", 1}, {"Seq", 2}}, opt), std::invalid_argument);  // not a symbol
+  EXPECT_THROW(codegen::aot_header(g, {{"Batch", 1}, {"Seq", 2}, {"Key", 2}}, opt), std::invalid_argument);  // static
 }
 
 TEST(Aot, AttentionHeadWidthsCannotBeDynamic) {
