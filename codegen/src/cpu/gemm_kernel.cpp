@@ -40,6 +40,7 @@
 
 #include "gemm_kernel.hpp"
 #include "ir_util.hpp"
+#include "schedule.hpp"
 #include "thread_pool.hpp"
 
 namespace qkv::codegen::cpu {
@@ -453,23 +454,12 @@ void run_linear(const float* a, const float* b, const float* bias, float* c, std
     }
   });
 
-  // Tasks: blocks of rows (a multiple of MR, at most 8·MR) × blocks of whole panels. Enough of
-  // them that the threads finish together; few enough that each reuses its packed A and B.
-  const int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::int64_t want = 8 * static_cast<std::int64_t>(workers);
-  std::int64_t mc = (m + want - 1) / want;
-  mc = std::clamp<std::int64_t>((mc + mr - 1) / mr * mr, mr, 8 * mr);
-  const std::int64_t mblocks = (m + mc - 1) / mc;
-  std::int64_t panels_per = std::min<std::int64_t>(panels, std::max<std::int64_t>(1, 512 / nr));
-  if (mblocks * ((panels + panels_per - 1) / panels_per) < want) {
-    const std::int64_t nblocks = std::min<std::int64_t>(panels, (want + mblocks - 1) / mblocks);
-    panels_per = (panels + nblocks - 1) / nblocks;
-  }
-  const std::int64_t nblocks = (panels + panels_per - 1) / panels_per;
+  const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr);  // schedule.hpp
+  const std::int64_t mc = blocks.mc, nblocks = blocks.nblocks, panels_per = blocks.panels_per;
 
   const GemmArgs args{a, bp, bias_pad, c, m, n, k};
   GemmKernelFn* fn = kernel.fn;
-  pool.run(mblocks * nblocks, threads, [&](std::int64_t t) {
+  pool.run(blocks.tasks(), threads, [&](std::int64_t t) {
     const std::int64_t mb = t / nblocks, nb = t % nblocks;
     const std::int64_t m0 = mb * mc, m1 = std::min(m, m0 + mc);
     const std::int64_t n0 = nb * panels_per * nr, n1 = std::min(n, n0 + panels_per * nr);

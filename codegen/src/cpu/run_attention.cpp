@@ -20,6 +20,7 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "attention_kernel.hpp"
+#include "schedule.hpp"
 #include "thread_pool.hpp"
 
 namespace qkv::codegen::cpu {
@@ -138,18 +139,6 @@ const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info) {
   return *bucket.back();
 }
 
-/// Tiles a query block visits (the kernel's own count), as the cost of its task.
-std::int64_t block_cost(const AttentionSpec& s, const KernelConfig& cfg, std::int64_t q0, std::int64_t L,
-                        std::int64_t S) {
-  std::int64_t key_end = S;
-  if (s.causal) {
-    const std::int64_t off = s.align == CausalAlign::bottom_right ? S - L : 0;
-    const std::int64_t rows = std::min<std::int64_t>(cfg.query_rows(), L - q0);
-    key_end = std::clamp<std::int64_t>(q0 + off + rows, 0, S);
-  }
-  return (key_end + cfg.key_tile - 1) / cfg.key_tile;
-}
-
 }  // namespace
 
 KernelInfo prepare_attention(const AttentionSpec& spec) {
@@ -174,29 +163,14 @@ void run_attention(const AttentionSpec& spec, const AttentionArgs& args, int thr
   if (args.batch == 0 || args.len_q == 0) return;
   const Kernel& kernel = get_kernel(spec, nullptr);
 
-  struct Task {
-    std::int64_t batch, head, q0, cost;
-  };
-  const std::int64_t rows = kernel.config.query_rows();
-  std::vector<Task> tasks;
-  tasks.reserve(static_cast<std::size_t>(args.batch * spec.hq * ((args.len_q + rows - 1) / rows)));
-  for (std::int64_t b = 0; b < args.batch; ++b)
-    for (std::int64_t h = 0; h < spec.hq; ++h)
-      for (std::int64_t q0 = 0; q0 < args.len_q; q0 += rows)
-        tasks.push_back({b, h, q0, block_cost(spec, kernel.config, q0, args.len_q, args.len_k)});
-  // Heaviest first: with tasks handed out one at a time, the last ones to start are the
-  // cheapest, so the threads finish together (causal blocks near the top cost almost nothing).
-  // Ties keep the (batch, head, block) order, so neighbouring tasks share K and V in cache.
-  if (spec.causal) {
-    std::sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) {
-      return std::tie(y.cost, x.batch, x.head, x.q0) < std::tie(x.cost, y.batch, y.head, y.q0);
-    });
-  }
-
+  // Tasks (batch, head, block of query rows) in schedule.hpp's order, as the generated code runs
+  // them.
+  const std::int64_t rows = kernel.config.query_rows(), blocks = (args.len_q + rows - 1) / rows;
+  const std::int64_t bh = args.batch * spec.hq;
   AttentionKernelFn* fn = kernel.fn;
-  ThreadPool::shared().run(static_cast<std::int64_t>(tasks.size()), threads, [&](std::int64_t i) {
-    const Task& t = tasks[static_cast<std::size_t>(i)];
-    fn(&args, t.batch, t.head, t.q0);
+  ThreadPool::shared().run(bh * blocks, threads, [&](std::int64_t t) {
+    const std::int64_t blk = attention_task_block(t, bh, blocks, spec.causal), r = t % bh;
+    fn(&args, r / spec.hq, r % spec.hq, blk * rows);
   });
 }
 
