@@ -12,11 +12,11 @@
 #include <utility>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
-#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
 
-#include "grid.hpp"
+#include "cuda/grid.hpp"
 
 namespace qkv::codegen::cuda {
 

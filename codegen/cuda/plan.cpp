@@ -12,11 +12,12 @@
 #include <utility>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
-#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/lowering/lifetimes.hpp>
 
-#include "../src/graph_util.hpp"
-#include "grid.hpp"
+#include "lowering/graph_util.hpp"
+#include "cuda/grid.hpp"
 
 namespace qkv::codegen::cuda {
 
@@ -197,25 +198,29 @@ class Planner {
     return launch(id, k, nvptx::elementwise_grid(k.threads, count), std::move(args));
   }
 
+  /// The GPU's implementation of each kernel kind (lowering/select.hpp); a kind without one, or a
+  /// form its kernel does not take, runs on the host.
   void node(int id) {
-    const Node& n = g_.node(id);
     Step& s = step(id);
-    if (n.op == Op::input || n.op == Op::param) {
-      s.kind = Step::Kind::upload;
-      value_buffer(id);
-      return;
+    const KernelKind kind = select_kernel(g_, id);
+    switch (kind) {
+      case KernelKind::leaf:
+        s.kind = Step::Kind::upload;
+        value_buffer(id);
+        return;
+      case KernelKind::view:
+        s.kind = Step::Kind::view;
+        p_.buffer[static_cast<std::size_t>(id)] = buf(g_.node(id).inputs[0]);
+        return;
+      case KernelKind::attention_weights:
+        s.kind = Step::Kind::weights;
+        p_.buffer[static_cast<std::size_t>(id)] = weights_.at(g_.node(id).inputs[0]);
+        return;
+      case KernelKind::fused_attention:
+        return attention(id);
+      default:
+        break;
     }
-    if (is_view(n.op)) {
-      s.kind = Step::Kind::view;
-      p_.buffer[static_cast<std::size_t>(id)] = buf(n.inputs[0]);
-      return;
-    }
-    if (n.op == Op::attention_weights) {
-      s.kind = Step::Kind::weights;
-      p_.buffer[static_cast<std::size_t>(id)] = weights_.at(n.inputs[0]);
-      return;
-    }
-    if (n.op == Op::fused_attention) return attention(id);
     value_buffer(id);
     use_inputs(id);
     s.kind = Step::Kind::gpu;
@@ -224,27 +229,32 @@ class Planner {
     if (!f32_only(id)) {
       why = "bool tensors are not run on the GPU (the kernels move floats)";
     } else {
-      switch (n.op) {
-        case Op::linear:
+      switch (kind) {
+        case KernelKind::gemm:
           planned = linear(id, why);
           break;
-        case Op::layer_norm:
+        case KernelKind::layer_norm_rows:
           planned = layer_norm(id, why);
           break;
-        case Op::relu:
-        case Op::gelu:
-        case Op::add:
-        case Op::scale:
+        case KernelKind::unary:
+        case KernelKind::add_same:
           planned = elementwise(id, why);
           break;
-        case Op::permute:
-        case Op::broadcast:
-        case Op::slice:
-        case Op::concat:
+        case KernelKind::strided_copy:
           planned = strided(id, why);
           break;
+        case KernelKind::linear_strided:
+          why = "linear over an axis that is not the last";
+          break;
+        case KernelKind::layer_norm_strided:
+          why = "layer_norm over an axis that is not the last";
+          break;
+        case KernelKind::broadcast_binary:
+          why = g_.node(id).op == Op::add ? "add that broadcasts (the GPU adds tensors with identical axes)"
+                                           : std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
+          break;
         default:
-          why = std::string(op_name(n.op)) + " outside a fused attention has no GPU kernel";
+          why = std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
       }
     }
     if (!planned) host(id, why.empty() ? "no GPU kernel for this form" : why);

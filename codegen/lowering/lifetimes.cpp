@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/ir/ops.hpp>
 
 namespace qkv::codegen {
@@ -65,6 +66,39 @@ std::vector<int> assign_slots(const std::vector<Lifetime>& blocks) {
     slot[k] = best;
   }
   return slot;
+}
+
+BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
+  BufferPlan p;
+  p.last_use = last_uses(g);
+  p.slot.assign(g.size(), -1);
+  const std::vector<int> root = memory_roots(g), end = memory_ends(g);
+  std::vector<Lifetime> blocks;
+  std::vector<int> owner;  // the node of each block
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
+    if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
+    std::size_t bytes = storage_bytes(n.dtype);
+    for (const auto& a : n.axes) {
+      auto v = a.extent.resolve(sizes);
+      if (!v) throw ShapeError("plan_buffers: axis `" + a.name + "` (" + a.extent.str() + ") is not bound");
+      bytes *= static_cast<std::size_t>(*v);
+    }
+    p.unshared_bytes += bytes;
+    blocks.push_back({id, end[static_cast<std::size_t>(id)], static_cast<std::int64_t>(bytes)});
+    owner.push_back(id);
+  }
+  const std::vector<int> slots = assign_slots(blocks);
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const auto s = static_cast<std::size_t>(slots[k]);
+    if (p.slot_bytes.size() <= s) p.slot_bytes.resize(s + 1, 0);
+    p.slot_bytes[s] = std::max(p.slot_bytes[s], static_cast<std::size_t>(blocks[k].bytes));
+    p.slot[static_cast<std::size_t>(owner[k])] = slots[k];
+  }
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)  // a view lives in its root's slot
+    if (is_view(g.node(id).op)) p.slot[static_cast<std::size_t>(id)] = p.slot[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
+  for (std::size_t b : p.slot_bytes) p.peak_bytes += b;
+  return p;
 }
 
 }  // namespace qkv::codegen

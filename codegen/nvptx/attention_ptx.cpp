@@ -29,9 +29,9 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 
-#include "../src/cpu/philox_ir.hpp"
-#include "geometry.hpp"
-#include "kernel_builder.hpp"
+#include "llvm/philox_ir.hpp"
+#include "nvptx/geometry.hpp"
+#include "nvptx/kernel_builder.hpp"
 
 namespace qkv::codegen::nvptx::detail {
 

@@ -11,9 +11,9 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Intrinsics.h>
 
-#include "../src/cpu/vector_math.hpp"
-#include "geometry.hpp"
-#include "kernel_builder.hpp"
+#include "llvm/vector_math.hpp"
+#include "nvptx/geometry.hpp"
+#include "nvptx/kernel_builder.hpp"
 
 namespace qkv::codegen::nvptx::detail {
 

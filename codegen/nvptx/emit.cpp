@@ -19,9 +19,9 @@
 #include <llvm/Target/TargetOptions.h>
 #include <llvm/TargetParser/Triple.h>
 
-#include "../src/optimize.hpp"
-#include "geometry.hpp"
-#include "kernel_builder.hpp"
+#include "llvm/optimize.hpp"
+#include "nvptx/geometry.hpp"
+#include "nvptx/kernel_builder.hpp"
 
 namespace qkv::codegen::nvptx {
 

@@ -1,5 +1,5 @@
 // KernelBuilder: the NVPTX plumbing shared by the kernel generators.
-#include "kernel_builder.hpp"
+#include "nvptx/kernel_builder.hpp"
 
 #include <llvm/IR/BasicBlock.h>
 #include <llvm/IR/CallingConv.h>

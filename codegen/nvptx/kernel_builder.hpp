@@ -102,7 +102,7 @@ class KernelBuilder {
   llvm::Value* static_shared(const std::string& name, std::int64_t floats);
 
   /// for (i = begin; i < end; i += step): signed compare in the type of `begin` (end and step are
-  /// converted to it), guarded and rotated like codegen/src/cpu/ir_util.hpp's emit_loop. Returns
+  /// converted to it), guarded and rotated like codegen/llvm/ir_util.hpp's emit_loop. Returns
   /// the carried values after the loop; the builder is left in the exit block. `unroll` false
   /// attaches llvm.loop.unroll.disable.
   std::vector<llvm::Value*> loop(llvm::Value* begin, llvm::Value* end, std::int64_t step,

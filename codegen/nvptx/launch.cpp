@@ -6,7 +6,7 @@
 #include <string>
 #include <type_traits>
 
-#include "geometry.hpp"
+#include "nvptx/geometry.hpp"
 
 namespace qkv::codegen::nvptx {
 

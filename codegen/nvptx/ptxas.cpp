@@ -1,5 +1,5 @@
 // run_ptxas: assemble a PTX module with the CUDA toolkit's ptxas and parse `ptxas -v`.
-// ptxas runs through codegen/src/process.hpp (posix_spawn, no shell); no LLVM here.
+// ptxas runs through codegen/llvm/process.hpp (posix_spawn, no shell); no LLVM here.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 
 #include <qkv/codegen/nvptx.hpp>
 
-#include "../src/process.hpp"
+#include "llvm/process.hpp"
 
 namespace qkv::codegen::nvptx {
 

@@ -17,9 +17,9 @@
 #include <qkv/codegen/jit.hpp>
 #include <qkv/runtime/rng.hpp>
 
-#include "cpu/ir_util.hpp"
-#include "cpu/philox_ir.hpp"
-#include "cpu/vector_math.hpp"
+#include "llvm/ir_util.hpp"
+#include "llvm/philox_ir.hpp"
+#include "llvm/vector_math.hpp"
 
 namespace qkv::codegen {
 namespace {

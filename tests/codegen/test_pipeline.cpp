@@ -9,7 +9,7 @@
 #include <qkv/codegen/cpu/compiled_graph.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/jit.hpp>
-#include <qkv/codegen/passes/buffer_plan.hpp>
+#include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>

@@ -37,8 +37,8 @@
 #include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/nvptx.hpp>
 
-#include "geometry.hpp"
-#include "kernel_builder.hpp"
+#include "nvptx/geometry.hpp"
+#include "nvptx/kernel_builder.hpp"
 
 namespace qkv {
 namespace {

@@ -45,7 +45,7 @@ struct AttentionSpec {
   double dropout_p = 0.0;      // in [0, 1); 0 compiles no dropout code at all
   bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
 
-  // --- tiling: 0 = chosen for the host (see choose_kernel_config in codegen/src/cpu). Exposed
+  // --- tiling: 0 = chosen for the host (see choose_kernel_config in codegen/cpu/kernels). Exposed
   // for tuning and for tests that want to force odd shapes through small tiles.
   int vector_floats = 0;  // f32 lanes per vector (16 = AVX-512, 8 = AVX2, 4 = SSE)
   int query_vectors = 0;  // query rows per task = query_vectors · vector_floats (lanes are queries)

@@ -9,6 +9,7 @@
 // sizes (a max over their blocks) at run time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -33,5 +34,16 @@ struct Lifetime {
 
 /// The slot of each block (0, 1, …) such that blocks in one slot are never alive together.
 std::vector<int> assign_slots(const std::vector<Lifetime>& blocks);
+
+/// The memory of a whole graph under concrete sizes: every value that is not a leaf or a view
+/// has a slot (a view has its root's), slots reused once their values are dead.
+struct BufferPlan {
+  std::vector<int> last_use;  // per node (last_uses)
+  std::vector<int> slot;      // per node; -1 for leaves (fed by the caller)
+  std::vector<std::size_t> slot_bytes;
+  std::size_t peak_bytes = 0;      // the sum of the slots
+  std::size_t unshared_bytes = 0;  // what one buffer per value would take
+};
+BufferPlan plan_buffers(const Graph& g, const Bindings& sizes);
 
 }  // namespace qkv::codegen

@@ -1,0 +1,345 @@
+// AOT: the target machine for a CPU name, the pass pipeline, files (.ll, .s, .o, .so + C header)
+// and the in-process twin used by tests. The IR itself comes from cpu/aot_module.cpp.
+#include <qkv/codegen/aot.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Module.h>
+#include <llvm/MC/MCSubtargetInfo.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Target/TargetOptions.h>
+#include <llvm/TargetParser/Host.h>
+
+#include <qkv/codegen/cpu/compiled_graph.hpp>
+#include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+
+#include "cpu/module/module_builder.hpp"
+#include "llvm/optimize.hpp"
+#include "llvm/process.hpp"
+
+namespace qkv::codegen {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("aot: " + what); }
+[[noreturn]] void failed(const std::string& what) { throw std::runtime_error("aot: " + what); }
+
+bool is_c_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+void init_llvm() {
+  static const bool ok = [] {
+    return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter() &&
+           !llvm::InitializeNativeTargetAsmParser();
+  }();
+  if (!ok) failed("LLVM has no native target for this host");
+}
+
+/// The machine code is generated for, and what the kernel generators need to know of it.
+struct Machine {
+  HostTarget target;
+  std::unique_ptr<llvm::TargetMachine> tm;
+};
+
+Machine machine_for(const std::string& cpu) {
+  init_llvm();
+  Machine m;
+  if (cpu == "native" || cpu.empty()) {
+    m.target = host_target();
+  } else {
+    m.target.triple = llvm::sys::getDefaultTargetTriple();
+    m.target.cpu = cpu;
+  }
+  std::string error;
+  const llvm::Target* t = llvm::TargetRegistry::lookupTarget(m.target.triple, error);
+  if (!t) failed("no LLVM target for " + m.target.triple + ": " + error);
+  {  // ask the target's processor table first: creating a machine for an unknown CPU only warns
+    std::unique_ptr<llvm::MCSubtargetInfo> probe(t->createMCSubtargetInfo(m.target.triple, "", ""));
+    if (!probe || !probe->isCPUStringValid(m.target.cpu))
+      invalid("unknown CPU '" + cpu +
+              "' (use native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4 or a CPU name LLVM knows)");
+  }
+  std::string features;
+  for (std::size_t i = 0; i < m.target.features.size(); ++i) features += (i ? "," : "") + m.target.features[i];
+  m.tm.reset(t->createTargetMachine(m.target.triple, m.target.cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_,
+                                    std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+  if (!m.tm) failed("cannot create a target machine for " + m.target.triple + " (" + m.target.cpu + ")");
+  const llvm::MCSubtargetInfo* sti = m.tm->getMCSubtargetInfo();
+  if (m.target.features.empty()) {  // a named CPU: its features are implied by the name
+    m.target.has_fma = sti->checkFeatures("+fma");
+    m.target.vector_floats = sti->checkFeatures("+avx512f") ? 16 : sti->checkFeatures("+avx") ? 8 : 4;
+  }
+  return m;
+}
+
+struct Compiled {
+  Graph lowered;
+  cpu::ModulePlan plan;
+  AotSignature signature;
+};
+
+/// The sizes the code is specialised on: every binding except the symbols named dynamic.
+Bindings fixed_sizes(const Graph& lowered, const Bindings& sizes, const AotOptions& options) {
+  Bindings fixed = sizes;
+  const std::vector<std::string> kernel = cpu::specialised_sizes(lowered);
+  for (const auto& d : options.dynamic) {
+    bool found = false;
+    for (const auto& n : lowered.nodes())
+      for (const auto& a : n.axes) found = found || (a.extent.is_dynamic() && a.extent.symbol == d);
+    if (!found) invalid("--dynamic " + d + ": the model has no dynamic size named " + d);
+    if (std::find(kernel.begin(), kernel.end(), d) != kernel.end())
+      invalid("--dynamic " + d + ": the attention kernel is specialised on " + d + "; it must be a fixed size");
+    fixed.erase(d);
+  }
+  return fixed;
+}
+
+Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& options, const HostTarget& target) {
+  if (!is_c_identifier(options.function)) invalid("the function name '" + options.function + "' is not a C identifier");
+  Compiled c;
+  c.lowered = lower(g);
+  c.plan = cpu::plan_module(c.lowered, fixed_sizes(c.lowered, sizes, options), target);
+  for (const auto& s : c.plan.dynamic)
+    if (std::find(options.dynamic.begin(), options.dynamic.end(), s) == options.dynamic.end())
+      throw ShapeError("aot: `" + s + "` is not bound; give its size (or make it --dynamic)");
+  c.signature = cpu::module_signature(c.lowered, options, c.plan);
+  auto check_dtype = [&](const std::string& name, const Node& n) {
+    if (n.dtype != DType::f32 && n.dtype != DType::boolean)
+      invalid("`" + name + "` is " + std::string(dtype_name(n.dtype)) +
+              "; compiled functions take f32 and bool tensors only");
+  };
+  for (const auto& n : c.lowered.nodes())
+    if (n.op == Op::input || n.op == Op::param) check_dtype(n.name, n);
+  for (const auto& o : c.lowered.outputs()) check_dtype(o.name, c.lowered.node(o.node));
+  return c;
+}
+
+/// Writes through a temporary file renamed into place, so a failure leaves no partial output.
+void write_file(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) {
+      std::remove(tmp.c_str());
+      failed("cannot write " + path);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    failed("cannot write " + path + ": " + ec.message());
+  }
+}
+
+std::string machine_code(llvm::Module& module, llvm::TargetMachine& tm, llvm::CodeGenFileType type) {
+  llvm::SmallString<0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, type)) failed("the target cannot emit this file type");
+  pm.run(module);
+  return std::string(buffer.begin(), buffer.end());
+}
+
+/// Links `object` into the shared library `path` (DT_SONAME `soname`) with the first linker that
+/// can be started. The library's references to the C library stay undefined, to be bound by the
+/// process that loads it (every C program has libc).
+void link_shared(const std::string& object, const std::string& path, const std::string& soname) {
+  std::vector<std::vector<std::string>> candidates;
+#ifdef QKV_LLD
+  candidates.push_back({QKV_LLD, "-shared", "-soname", soname, "-o", path, object});
+#endif
+  candidates.push_back({"ld.lld-19", "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back({"ld.lld", "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back({"cc", "-shared", "-Wl,-soname," + soname, "-o", path, object});
+  std::string tried;
+  for (const auto& argv : candidates) {
+    const process::Result r = process::run(argv, true);
+    if (r.status == 0) return;
+    if (r.status > 0) failed("linking " + path + " with " + argv[0] + " failed:\n" + r.output);
+    tried += (tried.empty() ? "" : ", ") + argv[0];
+  }
+  failed("no linker found to make " + path + " (tried " + tried + "); install lld-19 or a C compiler");
+}
+
+std::string upper(const std::string& s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string header_text(const AotSignature& sig, const AotOptions& options, const std::string& cpu,
+                        const std::string& file) {
+  const std::string& f = options.function;
+  const std::string guard = upper(f) + "_H";
+  const bool dynamic = !sig.sizes.empty();
+  std::ostringstream h;
+  h << "/* " << file << ": generated by the qkv AOT compiler (qkv emit); do not edit.\n"
+    << " *\n"
+    << " * " << f << "() computes the model for "
+    << (dynamic ? "the sizes it is given (int64_t arguments, first) and the fixed sizes below"
+                : "exactly the sizes below")
+    << ",\n * with machine code for the CPU `" << cpu << "`. It needs only the C library (and its pthreads) at\n"
+    << " * run time. Every array is dense and row-major, axes listed outermost first; bool tensors take\n"
+    << " * one byte per element (keep-masks: 1 = may attend, 0 = masked out).\n";
+  if (dynamic)
+    h << " * Returns 0; 1 when its scratch arena (sized from the sizes, aligned_alloc'd per call) cannot be\n"
+      << " * allocated; 2 when the sizes are invalid (negative, or failing one of the model's shape checks). */\n";
+  else
+    h << " * Returns 0, or 1 when its scratch arena (" << sig.arena_bytes
+      << " bytes, aligned_alloc'd per call) cannot\n * be allocated. */\n";
+  h << "#ifndef " << guard << "\n#define " << guard << "\n\n#include <stdint.h>\n\n"
+    << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  h << "/* Arguments, in order:\n";
+  for (const auto& s : sig.sizes) h << " *   " << s.c_name << ": the size " << s.symbol << " (int64_t)\n";
+  for (const auto& a : sig.args) {
+    std::string axes = "[";
+    for (std::size_t k = 0; k < a.axes.size(); ++k)
+      axes += (k ? ", " : "") + a.axes[k].name + "=" +
+              (a.axes[k].extent.is_static() ? std::to_string(a.axes[k].extent.value) : a.axes[k].extent.str());
+    axes += "]";
+    h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
+      << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes << "\n";
+  }
+  if (dynamic) h << " * (a size written Name? is the run-time size Name; Name?/4, Name?*2, Name?+1 are derived from it)\n";
+  std::vector<std::string> params;
+  std::size_t width = f.size() + 6;
+  for (const auto& s : sig.sizes) {
+    params.push_back("int64_t " + s.c_name);
+    width += params.back().size() + 2;
+  }
+  for (const auto& a : sig.args) {
+    params.push_back(std::string(a.output ? "" : "const ") + (a.dtype == DType::boolean ? "uint8_t* " : "float* ") +
+                     a.c_name);
+    width += params.back().size() + 2;
+  }
+  h << " */\nint " << f << "(";
+  for (std::size_t k = 0; k < params.size(); ++k)  // one per line when they do not fit on one
+    h << (k == 0 ? "" : width > 100 ? ",\n    " : ", ") << (k == 0 && width > 100 ? "\n    " : "") << params[k];
+  h << ");\n\n";
+  if (dynamic)
+    h << "/* The same, with sizes[i] the i-th size and args[i] pointing at array i. */\nint " << f
+      << "_packed(const int64_t* sizes, void* const* args);\n\n";
+  else
+    h << "/* The same, with args[i] pointing at argument i. */\nint " << f << "_packed(void* const* args);\n\n";
+  h << "/* Threads for later calls: n >= 1, or 0 (the default) for one per online CPU. Returns 0, or 1\n"
+    << " * for n < 0. Not to be called while " << f << " runs. */\nint " << f << "_set_threads(int n);\n\n";
+  h << "#define " << upper(f) << "_NUM_SIZES " << sig.sizes.size() << "\n";
+  h << "#define " << upper(f) << "_NUM_ARGS " << sig.args.size() << "\n";
+  for (const auto& a : sig.args)
+    if (a.numel >= 0) h << "#define " << upper(f) << "_" << upper(a.c_name) << "_NUMEL " << a.numel << "\n";
+  h << "\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* " << guard << " */\n";
+  return h.str();
+}
+
+}  // namespace
+
+AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  return prepare(g, sizes, options, host_target()).signature;
+}
+
+std::string aot_header(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  const Machine m = machine_for(options.cpu);
+  return header_text(prepare(g, sizes, options, m.target).signature, options, m.target.cpu, options.function + ".h");
+}
+
+std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const AotOptions& options, AotFormat format,
+                                  const std::string& path) {
+  Machine m = machine_for(options.cpu);
+  const Compiled c = prepare(g, sizes, options, m.target);
+  llvm::LLVMContext context;
+  auto module = cpu::build_graph_module(context, c.lowered, c.signature, c.plan, m.target, options.function, true);
+  std::string error;
+  if (!optimize_module(*module, *m.tm, "aot", &error)) failed(error);
+
+  std::vector<std::string> written{path};
+  switch (format) {
+    case AotFormat::ll: {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      module->print(os, nullptr);
+      os.flush();
+      write_file(path, text);
+      return written;
+    }
+    case AotFormat::assembly:
+      write_file(path, machine_code(*module, *m.tm, llvm::CodeGenFileType::AssemblyFile));
+      return written;
+    case AotFormat::object:
+      write_file(path, machine_code(*module, *m.tm, llvm::CodeGenFileType::ObjectFile));
+      break;
+    case AotFormat::shared: {
+      const std::string object = path + ".o.tmp";
+      write_file(object, machine_code(*module, *m.tm, llvm::CodeGenFileType::ObjectFile));
+      const std::string tmp = path + ".tmp";
+      try {
+        link_shared(object, tmp, std::filesystem::path(path).filename().string());
+      } catch (...) {
+        std::remove(object.c_str());
+        std::remove(tmp.c_str());
+        throw;
+      }
+      std::remove(object.c_str());
+      std::error_code ec;
+      std::filesystem::rename(tmp, path, ec);
+      if (ec) failed("cannot write " + path + ": " + ec.message());
+      break;
+    }
+  }
+  const std::string header = std::filesystem::path(path).replace_extension(".h").string();
+  write_file(header,
+             header_text(c.signature, options, m.target.cpu, std::filesystem::path(header).filename().string()));
+  written.push_back(header);
+  return written;
+}
+
+struct AotModel::Impl {
+  std::shared_ptr<const cpu::CompiledGraph> compiled;
+  std::atomic<int> threads{0};
+};
+
+AotModel::AotModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AotModel::~AotModel() = default;
+
+std::unique_ptr<AotModel> AotModel::compile(const Graph& g, const Bindings& sizes, const AotOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  const Compiled c = prepare(g, sizes, options, host_target());
+  impl->compiled = cpu::CompiledGraph::compile(c.lowered, c.plan.fixed, options.function);
+  return std::unique_ptr<AotModel>(new AotModel(std::move(impl)));
+}
+
+const AotSignature& AotModel::signature() const { return impl_->compiled->signature(); }
+
+int AotModel::run(void* const* args) const { return impl_->compiled->run(nullptr, args, impl_->threads.load()); }
+
+int AotModel::run(const std::int64_t* sizes, void* const* args) const {
+  return impl_->compiled->run(sizes, args, impl_->threads.load());
+}
+
+void AotModel::set_threads(int n) const {
+  if (n < 0) throw std::invalid_argument("aot: the thread count must be >= 0");
+  impl_->threads = n;
+}
+
+}  // namespace qkv::codegen

@@ -1,0 +1,74 @@
+// CompiledGraph (qkv/codegen/cpu/compiled_graph.hpp): plan_module + build_graph_module, JIT'd.
+#include <qkv/codegen/cpu/compiled_graph.hpp>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <qkv/codegen/jit.hpp>
+
+#include "cpu/module/module_builder.hpp"
+
+namespace qkv::codegen::cpu {
+
+using EntryFn = int(const std::int64_t*, void* const*, int);
+
+struct CompiledGraph::Impl {
+  AotSignature signature;
+  std::unique_ptr<Jit> jit;
+  EntryFn* entry = nullptr;
+};
+
+CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledGraph::~CompiledGraph() = default;
+
+std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered, const Bindings& fixed,
+                                                            const std::string& function) {
+  auto impl = std::make_unique<Impl>();
+  std::string error;
+  impl->jit = Jit::create(&error);
+  if (!impl->jit) throw std::runtime_error(error);
+  const ModulePlan plan = plan_module(lowered, fixed, impl->jit->target());
+  impl->signature = module_signature(lowered, AotOptions{.function = function}, plan);
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module = build_graph_module(*context, lowered, impl->signature, plan, impl->jit->target(), function, false);
+  if (!impl->jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
+  impl->entry = impl->jit->lookup<EntryFn>(function + "_entry", &error);
+  if (!impl->entry) throw std::runtime_error(error);
+  return std::shared_ptr<const CompiledGraph>(new CompiledGraph(std::move(impl)));
+}
+
+const AotSignature& CompiledGraph::signature() const { return impl_->signature; }
+
+int CompiledGraph::run(const std::int64_t* sizes, void* const* args, int threads) const {
+  return impl_->entry(sizes, args, threads);
+}
+
+std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes) {
+  Bindings fixed;
+  for (const auto& s : specialised_sizes(lowered)) {
+    auto it = sizes.find(s);
+    if (it == sizes.end()) throw ShapeError("execute: no size given for the dynamic extent '" + s + "'");
+    fixed[s] = it->second;
+  }
+  struct Entry {
+    Graph graph;
+    Bindings fixed;
+    std::shared_ptr<const CompiledGraph> compiled;
+  };
+  static std::mutex mutex;
+  static std::map<std::uint64_t, std::vector<Entry>> cache;
+  std::lock_guard lock(mutex);  // compiling under the lock: one compilation per shape class
+  auto& bucket = cache[lowered.hash()];
+  auto it = std::find_if(bucket.begin(), bucket.end(),
+                         [&](const Entry& e) { return e.fixed == fixed && e.graph == lowered; });
+  if (it != bucket.end()) return it->compiled;
+  bucket.push_back({lowered, fixed, CompiledGraph::compile(lowered, fixed)});
+  return bucket.back().compiled;
+}
+
+}  // namespace qkv::codegen::cpu

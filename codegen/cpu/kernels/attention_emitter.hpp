@@ -1,0 +1,105 @@
+// codegen/cpu/kernels/attention_emitter.hpp — the state of one kernel being emitted, shared by
+// attention_kernel.cpp (prologue, tile loops, epilogue) and attention_tile.cpp (the body of one
+// K/V tile: scores, softmax step, P·V). Private to codegen.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include "cpu/kernels/attention_kernel.hpp"
+
+namespace qkv::codegen::cpu {
+
+class AttentionEmitter {
+ public:
+  AttentionEmitter(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config);
+  llvm::Function* emit(const std::string& name);
+
+ private:
+  /// What a sweep over the K/V tiles computes.
+  enum class Pass {
+    online,      // running max/sum, rescaled accumulator: the whole forward pass in one sweep
+    stats,       // max and sum only (first sweep when the weights are written)
+    normalized,  // final max and 1/sum known: P is exact, written out, accumulated without rescaling
+  };
+
+  // --- attention_kernel.cpp: the task around the tiles
+  void declare(const std::string& name);
+  void load_arguments();
+  void compute_geometry();
+  void allocate_state();
+  void pack_queries();
+  void init_state();
+  void emit_tiles(Pass pass);
+  void finish_stats();
+  void zero_weights_tail();
+  void store_output(Pass pass);
+
+  // --- attention_tile.cpp: one tile of `key_tile` keys starting at key k0
+  void emit_tile(llvm::Value* kt, Pass pass);
+  std::vector<llvm::Value*> emit_scores(llvm::Value* k0, llvm::Value* masked);
+  llvm::Value* apply_common_masks(llvm::Value* s, int v, llvm::Value* padded_out, llvm::Value* krow);
+  std::vector<llvm::Value*> apply_tile_masks(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key,
+                                             llvm::Value* masked);
+  std::vector<llvm::Value*> emit_probabilities(llvm::Value* k0, Pass pass, const std::vector<llvm::Value*>& m_use,
+                                               const std::vector<llvm::Value*>& inv_l);
+  void emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha);
+  void emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,
+                     const std::vector<llvm::Value*>* alpha);
+  void emit_weights_copy(llvm::Value* k0, llvm::Value* nk);
+
+  // --- helpers
+  llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::Value* vconst(double v) { return llvm::ConstantFP::get(vf_, v); }
+  llvm::Value* splat(llvm::Value* scalar) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes_), scalar); }
+  llvm::Value* fma(llvm::Value* a, llvm::Value* x, llvm::Value* c);
+  llvm::Value* smin(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "");
+  llvm::Value* smax(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "");
+  /// Vector number `index` of a stack buffer of vectors.
+  llvm::Value* vec_ptr(llvm::AllocaInst* buffer, llvm::Value* index);
+  llvm::Value* load_vec(llvm::AllocaInst* buffer, llvm::Value* index);
+  void store_vec(llvm::AllocaInst* buffer, llvm::Value* index, llvm::Value* value);
+  /// Row `row` of a stack buffer laid out [rows][R] vectors, and vector v of such a row.
+  llvm::Value* vec_row(llvm::AllocaInst* buffer, llvm::Value* row);
+  llvm::Value* load_at(llvm::Value* row, int v);
+  void store_at(llvm::Value* row, int v, llvm::Value* value);
+  /// Float number `index` of a float array in memory.
+  llvm::Value* float_ptr(llvm::Value* base, llvm::Value* index);
+  llvm::Value* load_float(llvm::Value* base, llvm::Value* index);
+  /// Element offsets (v·lanes + lane) · stride of the lanes of query vector v, as <lanes x i32>.
+  llvm::Value* lane_offsets(int v, std::int64_t stride);
+
+  llvm::Module& module_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const AttentionSpec& spec_;
+  KernelConfig cfg_;
+  int lanes_, qv_, tile_, qk_keys_, pv_dims_, rows_;  // rows_ = query rows per task
+  std::int64_t dk_, dv_;
+
+  llvm::Type *f32_, *i8_, *i32_, *i64_, *ptr_;
+  llvm::VectorType *vf_, *vi32_, *vi64_;
+  llvm::Function* fn_ = nullptr;
+
+  // arguments
+  llvm::Value *args_, *batch_, *head_, *q0_;
+  llvm::Value *len_q_, *len_k_, *seed_;
+  llvm::Value *q_base_, *k_base_, *v_base_, *o_base_, *w_base_ = nullptr, *keep_base_ = nullptr, *bias_ = nullptr;
+  // geometry of the task
+  llvm::Value *nvalid_, *first_visible_ = nullptr, *ntiles_, *nclean_;
+  std::vector<llvm::Value*> lane_rows_;  // per query vector: <lanes x i32> row offsets v·lanes + lane
+  std::vector<llvm::Value*> valid_;      // per query vector: <lanes x i1> row < L (the task's rows)
+  std::vector<llvm::Value*> w_rows_;     // per query vector: <lanes x i64> row offset · S (weights scatter)
+  std::vector<llvm::Value*> abs_rows_;   // per query vector: <lanes x i32> q_begin + row offset (dropout)
+  std::vector<llvm::Value*> bias_rows_;  // per query vector: <lanes x i64> min(row, L−1) · S (bias gather)
+  llvm::Value *batch32_ = nullptr, *head32_ = nullptr;
+  // stack state of the task
+  llvm::AllocaInst *qt_, *ot_, *sp_, *m_, *l_, *m_use_, *inv_l_;
+  std::uint64_t vec_bytes_;  // bytes per vector (its alignment in the stack buffers)
+};
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,360 @@
+// The fused attention kernel, part 1: choosing the blocking, the function and its arguments, the
+// geometry of a task (which tiles to visit, which need masks), the stack state, the sweeps over
+// the K/V tiles and the epilogue. The tile body is in attention_tile.cpp.
+#include "cpu/kernels/attention_kernel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+
+#include "cpu/kernels/attention_emitter.hpp"
+#include "llvm/ir_util.hpp"
+
+namespace qkv::codegen::cpu {
+
+namespace {
+constexpr double kLog2e = 1.4426950408889634;
+constexpr std::uint64_t kVectorAlign = 64;  // a cache line; >= any vector's natural alignment
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// configuration
+
+KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& host) {
+  KernelConfig c;
+  c.lanes = spec.vector_floats > 0 ? spec.vector_floats : std::max(host.vector_floats, 4);
+  // Register budget: accumulators R·Ck (scores) and R·Dc (P·V) plus R operand vectors must fit
+  // the register file with room for the broadcasts: 32 registers with AVX-512, 16 with AVX2/SSE.
+  bool avx512 = false;
+  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
+  if (c.lanes >= 16 && avx512) {
+    c.query_vectors = 4;
+    c.qk_keys = 4;
+    c.pv_dims = 4;
+    c.key_tile = 64;
+  } else if (c.lanes >= 8) {
+    c.query_vectors = 2;
+    c.qk_keys = 4;
+    c.pv_dims = 4;
+    c.key_tile = 64;
+  } else {
+    c.query_vectors = 2;
+    c.qk_keys = 2;
+    c.pv_dims = 2;
+    c.key_tile = 32;
+  }
+  if (spec.query_vectors > 0) c.query_vectors = spec.query_vectors;
+  if (spec.qk_keys > 0) c.qk_keys = spec.qk_keys;
+  if (spec.pv_dims > 0) c.pv_dims = spec.pv_dims;
+  if (spec.key_tile > 0) c.key_tile = spec.key_tile;
+  c.key_tile = (c.key_tile + c.qk_keys - 1) / c.qk_keys * c.qk_keys;  // whole Q·Kᵀ blocks per tile
+  c.cpu = host.cpu;
+  for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
+  return c;
+}
+
+std::unique_ptr<llvm::Module> build_attention_module(llvm::LLVMContext& context, const AttentionSpec& spec,
+                                                     const KernelConfig& config, const std::string& name) {
+  auto module = std::make_unique<llvm::Module>(name, context);
+  emit_attention_kernel(*module, spec, config, name);
+  return module;
+}
+
+void emit_attention_kernel(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config,
+                           const std::string& name) {
+  AttentionEmitter(module, spec, config).emit(name);
+}
+
+// ------------------------------------------------------------------------------------------------
+// emitter: setup
+
+AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config)
+    : module_(module),
+      ctx_(module.getContext()),
+      b_(module.getContext()),
+      spec_(spec),
+      cfg_(config),
+      lanes_(config.lanes),
+      qv_(config.query_vectors),
+      tile_(config.key_tile),
+      qk_keys_(config.qk_keys),
+      pv_dims_(config.pv_dims),
+      rows_(config.query_rows()),
+      dk_(spec.dk),
+      dv_(spec.dv) {
+  f32_ = b_.getFloatTy();
+  i8_ = b_.getInt8Ty();
+  i32_ = b_.getInt32Ty();
+  i64_ = b_.getInt64Ty();
+  ptr_ = b_.getPtrTy();
+  vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
+  vi32_ = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes_));
+  vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
+  vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
+}
+
+llvm::Function* AttentionEmitter::emit(const std::string& name) {
+  declare(name);
+  load_arguments();
+  compute_geometry();
+  allocate_state();
+  pack_queries();
+  init_state();
+  if (!spec_.write_weights) {
+    emit_tiles(Pass::online);
+    store_output(Pass::online);
+  } else {
+    // The weights need the final max and sum before any of them is written: one sweep for the
+    // statistics, a second that recomputes the scores and writes exact probabilities.
+    emit_tiles(Pass::stats);
+    finish_stats();
+    emit_tiles(Pass::normalized);
+    zero_weights_tail();
+    store_output(Pass::normalized);
+  }
+  b_.CreateRetVoid();
+  return fn_;
+}
+
+void AttentionEmitter::declare(const std::string& name) {
+  auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_, i64_, i64_}, false);
+  fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
+  fn_->addFnAttr(llvm::Attribute::NoUnwind);
+  fn_->addFnAttr("target-cpu", cfg_.cpu);
+  fn_->addFnAttr("target-features", cfg_.features);
+  // Without these the X86 backend may split 512-bit vectors in two (prefer-vector-width=256 on
+  // some CPUs); the kernel's vectors are sized on purpose.
+  const std::string width = std::to_string(32 * lanes_);
+  fn_->addFnAttr("min-legal-vector-width", width);
+  fn_->addFnAttr("prefer-vector-width", width);
+  fn_->addParamAttr(0, llvm::Attribute::NoAlias);
+  fn_->addParamAttr(0, llvm::Attribute::NoCapture);
+  fn_->addParamAttr(0, llvm::Attribute::ReadOnly);
+  args_ = fn_->getArg(0);
+  batch_ = fn_->getArg(1);
+  head_ = fn_->getArg(2);
+  q0_ = fn_->getArg(3);
+  args_->setName("args");
+  batch_->setName("batch");
+  head_->setName("head");
+  q0_->setName("q_begin");
+  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+}
+
+void AttentionEmitter::load_arguments() {
+  auto field = [&](std::size_t offset, llvm::Type* t, const char* name) -> llvm::Value* {
+    return b_.CreateLoad(t, b_.CreateConstInBoundsGEP1_64(i8_, args_, offset), name);
+  };
+  llvm::Value* q = field(offsetof(AttentionArgs, q), ptr_, "q");
+  llvm::Value* k = field(offsetof(AttentionArgs, k), ptr_, "k");
+  llvm::Value* v = field(offsetof(AttentionArgs, v), ptr_, "v");
+  llvm::Value* out = field(offsetof(AttentionArgs, out), ptr_, "out");
+  len_q_ = field(offsetof(AttentionArgs, len_q), i64_, "L");
+  len_k_ = field(offsetof(AttentionArgs, len_k), i64_, "S");
+
+  // Base pointers of this task: query head h reads key/value head h / (hq / hkv).
+  const std::int64_t group = spec_.hq / spec_.hkv;
+  llvm::Value* kv_head = b_.CreateUDiv(head_, c64(group), "kv_head");
+  llvm::Value* bh = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head_, "bh");
+  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh, len_q_), q0_, "row0");  // first row in [B·Hq·L]
+  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), len_k_);
+  q_base_ = b_.CreateInBoundsGEP(f32_, q, b_.CreateMul(row0, c64(dk_)), "q_base");
+  k_base_ = b_.CreateInBoundsGEP(f32_, k, b_.CreateMul(kv_rows, c64(dk_)), "k_base");
+  v_base_ = b_.CreateInBoundsGEP(f32_, v, b_.CreateMul(kv_rows, c64(dv_)), "v_base");
+  o_base_ = b_.CreateInBoundsGEP(f32_, out, b_.CreateMul(row0, c64(dv_)), "o_base");
+  if (spec_.write_weights) {
+    llvm::Value* w = field(offsetof(AttentionArgs, weights), ptr_, "weights");
+    w_base_ = b_.CreateInBoundsGEP(f32_, w, b_.CreateMul(row0, len_k_), "w_base");
+  }
+  if (spec_.key_padding) {
+    llvm::Value* keep = field(offsetof(AttentionArgs, key_keep), ptr_, "key_keep");
+    keep_base_ = b_.CreateInBoundsGEP(i8_, keep, b_.CreateMul(batch_, len_k_), "keep_base");
+  }
+  if (spec_.bias) bias_ = field(offsetof(AttentionArgs, bias), ptr_, "bias");
+  if (spec_.dropout_p > 0) {
+    seed_ = field(offsetof(AttentionArgs, seed), i64_, "seed");
+    batch32_ = b_.CreateTrunc(batch_, i32_, "batch32");
+    head32_ = b_.CreateTrunc(head_, i32_, "head32");
+  }
+}
+
+void AttentionEmitter::compute_geometry() {
+  nvalid_ = smin(c64(rows_), b_.CreateSub(len_q_, q0_));
+  llvm::Value* tile = c64(tile_);
+  llvm::Value* key_end = len_k_;
+  llvm::Value* clean = b_.CreateSDiv(len_k_, tile);  // tiles with no key past S
+  if (spec_.causal) {
+    // Row i sees keys j <= i + off. first_visible_ = q_begin + off: the last key of the first row.
+    llvm::Value* off = spec_.align == CausalAlign::bottom_right ? b_.CreateSub(len_k_, len_q_) : c64(0);
+    first_visible_ = b_.CreateAdd(q0_, off, "first_visible");
+    // Keys up to the last valid row's diagonal; tiles wholly at or below the first row's need no mask.
+    key_end = smax(c64(0), smin(len_k_, b_.CreateAdd(first_visible_, nvalid_)));
+    llvm::Value* below = b_.CreateSDiv(smax(c64(0), b_.CreateAdd(first_visible_, c64(1))), tile);
+    clean = smin(clean, below);
+  }
+  ntiles_ = b_.CreateSDiv(b_.CreateAdd(key_end, c64(tile_ - 1)), tile, "ntiles");
+  nclean_ = smin(clean, ntiles_);
+
+  for (int v = 0; v < qv_; ++v) {
+    std::vector<llvm::Constant*> offsets;
+    for (int lane = 0; lane < lanes_; ++lane)
+      offsets.push_back(b_.getInt32(static_cast<std::uint32_t>(v * lanes_ + lane)));
+    llvm::Value* rel = llvm::ConstantVector::get(offsets);
+    lane_rows_.push_back(rel);
+    valid_.push_back(b_.CreateICmpSLT(rel, splat(b_.CreateTrunc(nvalid_, i32_)), "valid"));
+    if (spec_.write_weights) w_rows_.push_back(b_.CreateMul(b_.CreateZExt(rel, vi64_), splat(len_k_), "w_rows"));
+    if (spec_.dropout_p > 0) abs_rows_.push_back(b_.CreateAdd(splat(b_.CreateTrunc(q0_, i32_)), rel, "rows32"));
+    if (spec_.bias) {
+      llvm::Value* rows = b_.CreateAdd(splat(q0_), b_.CreateZExt(rel, vi64_));
+      llvm::Value* last = splat(b_.CreateSub(len_q_, c64(1)));
+      rows = b_.CreateSelect(b_.CreateICmpSLT(rows, last), rows, last);  // rows past L read row L−1
+      bias_rows_.push_back(b_.CreateMul(rows, splat(len_k_), "bias_rows"));
+    }
+  }
+}
+
+void AttentionEmitter::allocate_state() {
+  qt_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dk_ * qv_), kVectorAlign, "qt");    // [dk][R] Qᵀ
+  ot_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ot");    // [dv][R] Oᵀ
+  sp_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(tile_ * qv_), kVectorAlign, "sp");  // [T][R] S, then P
+  m_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "m");  // running max (log2 units)
+  l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "l");  // running sum
+  m_use_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "m_use");  // final max, 0 if −inf
+  inv_l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "inv_l");  // 1/sum, 0 if sum == 0
+}
+
+void AttentionEmitter::pack_queries() {
+  // Qᵀ[d][v] = q[rows of vector v][d] · scale · log2 e, a strided gather per vector; rows past L
+  // are 0 (their results are never stored).
+  llvm::Value* factor = llvm::ConstantFP::get(vf_, spec_.effective_scale() * kLog2e);
+  llvm::Value* zero = vconst(0.0);
+  ir::emit_loop(
+      b_, c64(0), c64(dk_), 1,
+      [&](llvm::Value* d) {
+        llvm::Value* column = b_.CreateInBoundsGEP(f32_, q_base_, d);
+        llvm::Value* row = vec_row(qt_, d);
+        for (int v = 0; v < qv_; ++v) {
+          // Not inbounds: the lanes of rows past L point past the tensor (they are masked off).
+          llvm::Value* ptrs = b_.CreateGEP(f32_, column, lane_offsets(v, dk_));
+          llvm::Value* x = b_.CreateMaskedGather(vf_, ptrs, llvm::Align(4), valid_[v], zero);
+          store_at(row, v, b_.CreateFMul(x, factor));
+        }
+      },
+      "pack");
+}
+
+void AttentionEmitter::init_state() {
+  b_.CreateMemSet(ot_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
+  for (int v = 0; v < qv_; ++v) {
+    store_vec(m_, c64(v), vconst(-std::numeric_limits<double>::infinity()));
+    store_vec(l_, c64(v), vconst(0.0));
+  }
+}
+
+void AttentionEmitter::emit_tiles(Pass pass) {
+  const char* name = pass == Pass::online ? "tiles" : pass == Pass::stats ? "stats" : "exact";
+  ir::emit_loop(b_, c64(0), ntiles_, 1, [&](llvm::Value* kt) { emit_tile(kt, pass); }, name);
+}
+
+void AttentionEmitter::finish_stats() {
+  for (int v = 0; v < qv_; ++v) {
+    llvm::Value* m = load_vec(m_, c64(v));
+    llvm::Value* l = load_vec(l_, c64(v));
+    store_vec(m_use_, c64(v),
+              b_.CreateSelect(b_.CreateFCmpOEQ(m, vconst(-std::numeric_limits<double>::infinity())), vconst(0.0), m));
+    store_vec(inv_l_, c64(v),
+              b_.CreateSelect(b_.CreateFCmpOGT(l, vconst(0.0)), b_.CreateFDiv(vconst(1.0), l), vconst(0.0)));
+  }
+}
+
+void AttentionEmitter::zero_weights_tail() {
+  // Keys past the last visited tile (above the causal diagonal) get weight 0.
+  llvm::Value* done = smin(len_k_, b_.CreateMul(ntiles_, c64(tile_)));
+  llvm::Value* bytes = b_.CreateMul(b_.CreateSub(len_k_, done), c64(4));
+  ir::emit_loop(
+      b_, c64(0), nvalid_, 1,
+      [&](llvm::Value* r) {
+        llvm::Value* row = b_.CreateInBoundsGEP(f32_, w_base_, b_.CreateAdd(b_.CreateMul(r, len_k_), done));
+        b_.CreateMemSet(row, b_.getInt8(0), bytes, llvm::MaybeAlign(4));
+      },
+      "weights.tail");
+}
+
+void AttentionEmitter::store_output(Pass pass) {
+  // out[row][d] = Oᵀ[d][row] / l[row] (a strided scatter per vector); a row that saw no key
+  // (l = 0) gets zeros. After a normalized sweep Oᵀ is already divided.
+  std::vector<llvm::Value*> inv(static_cast<std::size_t>(qv_), nullptr);
+  if (pass == Pass::online) {
+    for (int v = 0; v < qv_; ++v) {
+      llvm::Value* l = load_vec(l_, c64(v));
+      inv[v] = b_.CreateSelect(b_.CreateFCmpOGT(l, vconst(0.0)), b_.CreateFDiv(vconst(1.0), l), vconst(0.0), "inv_l");
+    }
+  }
+  ir::emit_loop(
+      b_, c64(0), c64(dv_), 1,
+      [&](llvm::Value* d) {
+        llvm::Value* column = b_.CreateInBoundsGEP(f32_, o_base_, d);
+        llvm::Value* row = vec_row(ot_, d);
+        for (int v = 0; v < qv_; ++v) {
+          llvm::Value* x = load_at(row, v);
+          if (inv[v]) x = b_.CreateFMul(x, inv[v]);
+          b_.CreateMaskedScatter(x, b_.CreateGEP(f32_, column, lane_offsets(v, dv_)), llvm::Align(4), valid_[v]);
+        }
+      },
+      "store");
+}
+
+// ------------------------------------------------------------------------------------------------
+// helpers
+
+llvm::Value* AttentionEmitter::fma(llvm::Value* a, llvm::Value* x, llvm::Value* c) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {a->getType()}, {a, x, c});
+}
+llvm::Value* AttentionEmitter::smin(llvm::Value* a, llvm::Value* x, const llvm::Twine& name) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::smin, {a->getType()}, {a, x}, nullptr, name);
+}
+llvm::Value* AttentionEmitter::smax(llvm::Value* a, llvm::Value* x, const llvm::Twine& name) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::smax, {a->getType()}, {a, x}, nullptr, name);
+}
+
+llvm::Value* AttentionEmitter::vec_ptr(llvm::AllocaInst* buffer, llvm::Value* index) {
+  return b_.CreateInBoundsGEP(vf_, buffer, index);
+}
+llvm::Value* AttentionEmitter::load_vec(llvm::AllocaInst* buffer, llvm::Value* index) {
+  return b_.CreateAlignedLoad(vf_, vec_ptr(buffer, index), llvm::Align(vec_bytes_));
+}
+void AttentionEmitter::store_vec(llvm::AllocaInst* buffer, llvm::Value* index, llvm::Value* value) {
+  b_.CreateAlignedStore(value, vec_ptr(buffer, index), llvm::Align(vec_bytes_));
+}
+llvm::Value* AttentionEmitter::vec_row(llvm::AllocaInst* buffer, llvm::Value* row) {
+  return b_.CreateInBoundsGEP(vf_, buffer, b_.CreateMul(row, c64(qv_), "", true, true));
+}
+llvm::Value* AttentionEmitter::load_at(llvm::Value* row, int v) {
+  return b_.CreateAlignedLoad(vf_, b_.CreateConstInBoundsGEP1_64(vf_, row, static_cast<std::uint64_t>(v)),
+                              llvm::Align(vec_bytes_));
+}
+void AttentionEmitter::store_at(llvm::Value* row, int v, llvm::Value* value) {
+  b_.CreateAlignedStore(value, b_.CreateConstInBoundsGEP1_64(vf_, row, static_cast<std::uint64_t>(v)),
+                        llvm::Align(vec_bytes_));
+}
+llvm::Value* AttentionEmitter::lane_offsets(int v, std::int64_t stride) {
+  std::vector<llvm::Constant*> offsets;
+  for (int lane = 0; lane < lanes_; ++lane)
+    offsets.push_back(b_.getInt32(static_cast<std::uint32_t>((v * lanes_ + lane) * stride)));
+  return llvm::ConstantVector::get(offsets);
+}
+llvm::Value* AttentionEmitter::float_ptr(llvm::Value* base, llvm::Value* index) {
+  return b_.CreateInBoundsGEP(f32_, base, index);
+}
+llvm::Value* AttentionEmitter::load_float(llvm::Value* base, llvm::Value* index) {
+  return b_.CreateLoad(f32_, float_ptr(base, index));
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,258 @@
+// The fused attention kernel, part 2: one K/V tile of `key_tile` keys starting at key k0, for the
+// task's R vectors of query rows (lanes = rows).
+//
+//   scores  S[c][v] = Qᵀ·K (Q pre-scaled by scale·log2 e) + bias·log2 e, masked to −inf   (emit_scores)
+//   step    m' = max(m, max_c S), α = 2^(m − m'), P = 2^(S − m'), l' = α·l + Σ_c P          (emit_tile)
+//           dropout applied to P after the sum (the softmax is normalised before dropout)
+//   P·V     Oᵀ[d][v] = α·Oᵀ[d][v] + Σ_c P[c][v]·V[k0 + c][d]                               (emit_pv)
+//
+// A row whose keys are all masked keeps m = −inf; the step then uses 0 in place of m' (so
+// 2^(−inf − 0) = 0 rather than NaN), its sum stays 0 and its output row is written as zeros.
+#include <limits>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Intrinsics.h>
+
+#include "cpu/kernels/attention_emitter.hpp"
+#include "llvm/ir_util.hpp"
+#include "llvm/philox_ir.hpp"
+#include "llvm/vector_math.hpp"
+
+namespace qkv::codegen::cpu {
+
+namespace {
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+/// Unroll factor of the d loop of Q·Kᵀ: the largest of 4, 2, 1 dividing dk.
+int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
+}  // namespace
+
+void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
+  llvm::Value* k0 = b_.CreateMul(kt, c64(tile_), "k0", true, true);
+  // Tiles from nclean on cross the causal diagonal or run past S: they take element-wise masks.
+  llvm::Value* masked = b_.CreateICmpSGE(kt, nclean_, "masked");
+  std::vector<llvm::Value*> tile_max = emit_scores(k0, masked);
+
+  std::vector<llvm::Value*> m_use(static_cast<std::size_t>(qv_)), alpha(static_cast<std::size_t>(qv_)),
+      inv_l(static_cast<std::size_t>(qv_));
+  for (int v = 0; v < qv_; ++v) {
+    if (pass == Pass::normalized) {
+      m_use[v] = load_vec(m_use_, c64(v));
+      inv_l[v] = load_vec(inv_l_, c64(v));
+      continue;
+    }
+    llvm::Value* m_old = load_vec(m_, c64(v));
+    llvm::Value* m_new = b_.CreateMaxNum(m_old, tile_max[v], "m_new");
+    m_use[v] = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, vconst(kNegInf)), vconst(0.0), m_new, "m_use");
+    alpha[v] = emit_exp2(b_, b_.CreateFSub(m_old, m_use[v]), /*nonpositive=*/true);
+    store_vec(m_, c64(v), m_new);
+  }
+
+  std::vector<llvm::Value*> sums = emit_probabilities(k0, pass, m_use, inv_l);
+  if (pass != Pass::normalized) {
+    for (int v = 0; v < qv_; ++v) store_vec(l_, c64(v), fma(load_vec(l_, c64(v)), alpha[v], sums[v]));
+  }
+  if (pass == Pass::stats) return;
+
+  llvm::Value* nk = smin(c64(tile_), b_.CreateSub(len_k_, k0), "nk");  // keys of this tile before S
+  emit_pv(k0, nk, pass == Pass::online ? &alpha : nullptr);
+  if (pass == Pass::normalized) emit_weights_copy(k0, nk);
+}
+
+std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* masked) {
+  const int unroll = d_unroll(dk_);
+  llvm::Value* last_key = b_.CreateSub(len_k_, c64(1), "last_key");
+  std::vector<llvm::Value*> max_init(static_cast<std::size_t>(qv_), vconst(kNegInf));
+  return ir::emit_loop(
+      b_, c64(0), c64(tile_), qk_keys_, max_init,
+      [&](llvm::Value* sb, const std::vector<llvm::Value*>& running_max) {
+        // The block's keys; keys past S (last tile only) read row S−1 and are masked below.
+        llvm::Value* kbase = b_.CreateAdd(k0, sb, "", true, true);
+        std::vector<llvm::Value*> key(static_cast<std::size_t>(qk_keys_)), krow(key.size()), kptr(key.size());
+        for (int j = 0; j < qk_keys_; ++j) {
+          key[j] = b_.CreateAdd(kbase, c64(j), "key", true, true);
+          krow[j] = smin(key[j], last_key);
+          kptr[j] = b_.CreateInBoundsGEP(f32_, k_base_, b_.CreateMul(krow[j], c64(dk_), "", true, true), "krow");
+        }
+        // acc[j·R + v] = Σ_d Qᵀ[d][v] · K[key_j][d]
+        std::vector<llvm::Value*> zero(static_cast<std::size_t>(qk_keys_ * qv_), vconst(0.0));
+        std::vector<llvm::Value*> acc = ir::emit_loop(
+            b_, c64(0), c64(dk_), unroll, zero,
+            [&](llvm::Value* d0, const std::vector<llvm::Value*>& in) {
+              std::vector<llvm::Value*> a = in;
+              for (int u = 0; u < unroll; ++u) {
+                llvm::Value* d = b_.CreateAdd(d0, c64(u), "", true, true);
+                llvm::Value* qrow = vec_row(qt_, d);
+                std::vector<llvm::Value*> qv(static_cast<std::size_t>(qv_));
+                for (int v = 0; v < qv_; ++v) qv[v] = load_at(qrow, v);
+                for (int j = 0; j < qk_keys_; ++j) {
+                  llvm::Value* kb = splat(load_float(kptr[j], d));
+                  for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = fma(qv[v], kb, a[j * qv_ + v]);
+                }
+              }
+              return a;
+            },
+            "qk.d");
+
+        // Masks every tile takes: the additive bias and key padding (per key, a scalar select).
+        for (int j = 0; j < qk_keys_; ++j) {
+          llvm::Value* padded_out = nullptr;
+          if (spec_.key_padding) {
+            llvm::Value* flag = b_.CreateLoad(i8_, b_.CreateInBoundsGEP(i8_, keep_base_, krow[j]), "keep");
+            padded_out = b_.CreateICmpEQ(flag, b_.getInt8(0));
+          }
+          for (int v = 0; v < qv_; ++v) acc[j * qv_ + v] = apply_common_masks(acc[j * qv_ + v], v, padded_out, krow[j]);
+        }
+        acc = apply_tile_masks(acc, key, masked);
+
+        std::vector<llvm::Value*> mx = running_max;
+        for (int j = 0; j < qk_keys_; ++j) {
+          llvm::Value* srow = vec_row(sp_, b_.CreateAdd(sb, c64(j), "", true, true));
+          for (int v = 0; v < qv_; ++v) {
+            store_at(srow, v, acc[j * qv_ + v]);
+            mx[v] = b_.CreateMaxNum(mx[v], acc[j * qv_ + v]);
+          }
+        }
+        return mx;
+      },
+      "qk");
+}
+
+llvm::Value* AttentionEmitter::apply_common_masks(llvm::Value* s, int v, llvm::Value* padded_out, llvm::Value* krow) {
+  if (spec_.bias) {
+    // bias[row][key] for the lanes' rows: a strided gather (rows past L read row L−1).
+    llvm::Value* index = b_.CreateAdd(bias_rows_[v], splat(krow));
+    llvm::Value* ptrs = b_.CreateInBoundsGEP(f32_, bias_, index);
+    llvm::Value* bias = b_.CreateMaskedGather(vf_, ptrs, llvm::Align(4));
+    s = fma(bias, vconst(kLog2e), s);
+  }
+  if (padded_out) s = b_.CreateSelect(padded_out, vconst(kNegInf), s);
+  return s;
+}
+
+std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<llvm::Value*>& s,
+                                                             const std::vector<llvm::Value*>& key,
+                                                             llvm::Value* masked) {
+  // Only tiles that cross the causal diagonal or run past S take this branch (a well-predicted
+  // branch per Q·Kᵀ block instead of a second copy of the whole tile).
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::Function* fn = from->getParent();
+  llvm::BasicBlock* mask = llvm::BasicBlock::Create(ctx_, "mask", fn);
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, "mask.done", fn);
+  b_.CreateCondBr(masked, mask, join);
+
+  b_.SetInsertPoint(mask);
+  std::vector<llvm::Value*> out = s;
+  for (int j = 0; j < qk_keys_; ++j) {
+    llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");  // a scalar: key < S
+    llvm::Value* rel = nullptr;
+    if (spec_.causal) {
+      // Row (q_begin + lane) sees the key iff key − first_visible <= lane.
+      llvm::Value* r = smin(c64(rows_), smax(c64(-1), b_.CreateSub(key[j], first_visible_)));
+      rel = splat(b_.CreateTrunc(r, i32_));
+    }
+    for (int v = 0; v < qv_; ++v) {
+      llvm::Value* visible = splat(inside);
+      if (rel) visible = b_.CreateAnd(visible, b_.CreateICmpSLE(rel, lane_rows_[v]));
+      out[j * qv_ + v] = b_.CreateSelect(visible, s[j * qv_ + v], vconst(kNegInf));
+    }
+  }
+  llvm::BasicBlock* mask_end = b_.GetInsertBlock();
+  b_.CreateBr(join);
+
+  b_.SetInsertPoint(join);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    llvm::PHINode* phi = b_.CreatePHI(vf_, 2, "s");
+    phi->addIncoming(s[i], from);
+    phi->addIncoming(out[i], mask_end);
+    out[i] = phi;
+  }
+  return out;
+}
+
+std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, Pass pass,
+                                                               const std::vector<llvm::Value*>& m_use,
+                                                               const std::vector<llvm::Value*>& inv_l) {
+  const bool dropout = spec_.dropout_p > 0 && pass != Pass::stats;
+  llvm::Value* keep_scale = vconst(dropout ? 1.0 / (1.0 - spec_.dropout_p) : 1.0);
+  std::vector<llvm::Value*> zero(static_cast<std::size_t>(qv_), vconst(0.0));
+  return ir::emit_loop(
+      b_, c64(0), c64(tile_), 1, zero,
+      [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
+        std::vector<llvm::Value*> sums = in;
+        llvm::Value* col = dropout ? b_.CreateTrunc(b_.CreateAdd(k0, c), i32_, "col") : nullptr;
+        llvm::Value* row = vec_row(sp_, c);
+        for (int v = 0; v < qv_; ++v) {
+          llvm::Value* p = emit_exp2(b_, b_.CreateFSub(load_at(row, v), m_use[v]), /*nonpositive=*/true);
+          if (pass != Pass::normalized) sums[v] = b_.CreateFAdd(sums[v], p);
+          if (pass == Pass::stats) continue;
+          if (pass == Pass::normalized) p = b_.CreateFMul(p, inv_l[v]);
+          if (dropout) {
+            llvm::Value* keep = emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, abs_rows_[v], col);
+            p = b_.CreateSelect(keep, b_.CreateFMul(p, keep_scale), vconst(0.0));
+          }
+          store_at(row, v, p);
+        }
+        return sums;
+      },
+      "softmax");
+}
+
+void AttentionEmitter::emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha) {
+  const std::int64_t full = dv_ / pv_dims_ * pv_dims_;
+  if (full > 0) {
+    ir::emit_loop(
+        b_, c64(0), c64(full), pv_dims_, [&](llvm::Value* dc) { emit_pv_block(k0, nk, dc, pv_dims_, alpha); }, "pv");
+  }
+  if (full < dv_) emit_pv_block(k0, nk, c64(full), static_cast<int>(dv_ - full), alpha);
+}
+
+void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,
+                                     const std::vector<llvm::Value*>* alpha) {
+  // acc[j·R + v] = α · Oᵀ[dc + j][v], then += P[c][v] · V[k0 + c][dc + j] over the tile's keys.
+  std::vector<llvm::Value*> orow(static_cast<std::size_t>(width));
+  std::vector<llvm::Value*> init;
+  for (int j = 0; j < width; ++j) {
+    orow[j] = vec_row(ot_, b_.CreateAdd(dc, c64(j), "", true, true));
+    for (int v = 0; v < qv_; ++v) {
+      llvm::Value* o = load_at(orow[j], v);
+      init.push_back(alpha ? b_.CreateFMul(o, (*alpha)[v]) : o);
+    }
+  }
+  llvm::Value* vbase = b_.CreateInBoundsGEP(f32_, v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(dv_)), dc), "vtile");
+  std::vector<llvm::Value*> acc = ir::emit_loop(
+      b_, c64(0), nk, 1, init,
+      [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
+        std::vector<llvm::Value*> a = in;
+        llvm::Value* prow = vec_row(sp_, c);
+        std::vector<llvm::Value*> p(static_cast<std::size_t>(qv_));
+        for (int v = 0; v < qv_; ++v) p[v] = load_at(prow, v);
+        llvm::Value* vrow = b_.CreateInBoundsGEP(f32_, vbase, b_.CreateMul(c, c64(dv_), "", true, true));
+        for (int j = 0; j < width; ++j) {
+          llvm::Value* vb = splat(load_float(vrow, c64(j)));
+          for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = fma(p[v], vb, a[j * qv_ + v]);
+        }
+        return a;
+      },
+      "pv.key", ir::Unroll::allowed);
+  for (int j = 0; j < width; ++j)
+    for (int v = 0; v < qv_; ++v) store_at(orow[j], v, acc[j * qv_ + v]);
+}
+
+void AttentionEmitter::emit_weights_copy(llvm::Value* k0, llvm::Value* nk) {
+  // weights[row][k0 + c] = P[c][row]: a strided scatter per vector, for the task's rows and the
+  // tile's keys before S.
+  ir::emit_loop(
+      b_, c64(0), nk, 1,
+      [&](llvm::Value* c) {
+        llvm::Value* column = b_.CreateInBoundsGEP(f32_, w_base_, b_.CreateAdd(k0, c));
+        llvm::Value* prow = vec_row(sp_, c);
+        for (int v = 0; v < qv_; ++v)
+          b_.CreateMaskedScatter(load_at(prow, v), b_.CreateGEP(f32_, column, w_rows_[v]), llvm::Align(4), valid_[v]);
+      },
+      "weights");
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,470 @@
+// The JIT'd GEMM of gemm.hpp: the IR generator of its kernel, the kernel cache, and the driver
+// that packs Bᵀ and splits a call into (row block, column block) tasks on the thread pool.
+//
+// The generated function computes rows [m0, m1) × columns [n0, n1) of C:
+//
+//   void qkv_gemm_<hash>(const GemmArgs* args, i64 m0, i64 m1, i64 n0, i64 n1)
+//
+//   for k0 in [0, K) step KC                         (first block: accumulators start at bias)
+//     for i in [m0, m1) step MR
+//       pack A[i : i+MR, k0 : k0+KC] as [kc][MR] into the stack (rows past m1 are zeros)
+//       for each panel p of NR columns in [n0, n1)
+//         acc[MR][NR/lanes] = k0 == 0 ? bias[p] : C tile (masked loads)
+//         for kk in [0, kc): acc[r][v] += splat(Ap[kk][r]) · Bp[p][k0 + kk][v]
+//         C tile = acc (masked stores: rows < m1, columns < N)
+//
+// n0 is a multiple of NR; Bp (the packed Bᵀ) holds panel p's K × NR block contiguously,
+// zero-padded past N, so the micro-kernel never needs a column mask until the store.
+#include <qkv/codegen/cpu/gemm.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <qkv/codegen/jit.hpp>
+
+#include "cpu/kernels/gemm_kernel.hpp"
+#include "llvm/ir_util.hpp"
+#include "cpu/schedule.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace qkv::codegen::cpu {
+
+GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
+  GemmConfig c;
+  bool avx512 = false;
+  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
+  c.lanes = spec.vector_floats > 0 ? spec.vector_floats : std::max(host.vector_floats, 4);
+  // Accumulators rows · col_vectors plus col_vectors loads of B must fit the register file (the
+  // broadcasts of A fold into the FMAs' memory operand with AVX-512, take one register otherwise).
+  if (c.lanes >= 16 && avx512) {
+    c.rows = 12;
+    c.col_vectors = 2;
+  } else {
+    c.rows = 6;
+    c.col_vectors = 2;
+  }
+  if (spec.rows > 0) c.rows = spec.rows;
+  if (spec.col_vectors > 0) c.col_vectors = spec.col_vectors;
+  c.k_block = spec.k_block > 0 ? spec.k_block : 256;
+  c.cpu = host.cpu;
+  for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
+  return c;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// IR generation
+
+class GemmEmitter {
+ public:
+  GemmEmitter(llvm::Module& module, const GemmConfig& cfg)
+      : module_(module), ctx_(module.getContext()), b_(ctx_), cfg_(cfg) {
+    f32_ = b_.getFloatTy();
+    i8_ = b_.getInt8Ty();
+    i64_ = b_.getInt64Ty();
+    ptr_ = b_.getPtrTy();
+    vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(cfg.lanes));
+  }
+
+  void emit(const std::string& name) {
+    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_, i64_, i64_, i64_}, false);
+    fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    fn_->addFnAttr("target-cpu", cfg_.cpu);
+    fn_->addFnAttr("target-features", cfg_.features);
+    const std::string width = std::to_string(32 * cfg_.lanes);  // keep 512-bit vectors whole
+    fn_->addFnAttr("min-legal-vector-width", width);
+    fn_->addFnAttr("prefer-vector-width", width);
+    fn_->addParamAttr(0, llvm::Attribute::NoAlias);
+    fn_->addParamAttr(0, llvm::Attribute::NoCapture);
+    fn_->addParamAttr(0, llvm::Attribute::ReadOnly);
+    llvm::Value* args = fn_->getArg(0);
+    llvm::Value* m0 = fn_->getArg(1);
+    llvm::Value* m1 = fn_->getArg(2);
+    llvm::Value* n0 = fn_->getArg(3);
+    llvm::Value* n1 = fn_->getArg(4);
+    args->setName("args");
+    m0->setName("m0");
+    m1->setName("m1");
+    n0->setName("n0");
+    n1->setName("n1");
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+
+    auto field = [&](std::size_t offset, llvm::Type* t, const char* nm) -> llvm::Value* {
+      return b_.CreateLoad(t, b_.CreateConstInBoundsGEP1_64(i8_, args, offset), nm);
+    };
+    a_ = field(offsetof(GemmArgs, a), ptr_, "a");
+    bp_ = field(offsetof(GemmArgs, bp), ptr_, "bp");
+    bias_ = field(offsetof(GemmArgs, bias), ptr_, "bias");
+    c_ = field(offsetof(GemmArgs, c), ptr_, "c");
+    n_ = field(offsetof(GemmArgs, n), i64_, "N");
+    k_ = field(offsetof(GemmArgs, k), i64_, "K");
+
+    const std::int64_t mr = cfg_.rows, nr = cfg_.cols(), kc = cfg_.k_block;
+    ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
+    llvm::Value* p0 = b_.CreateSDiv(n0, c64(nr), "p0");
+    llvm::Value* p1 = b_.CreateSDiv(b_.CreateAdd(n1, c64(nr - 1)), c64(nr), "p1");
+
+    ir::emit_loop(
+        b_, c64(0), k_, kc,
+        [&](llvm::Value* k0) {
+          llvm::Value* depth = smin(c64(kc), b_.CreateSub(k_, k0), "kc");
+          llvm::Value* first = b_.CreateICmpEQ(k0, c64(0), "first");
+          ir::emit_loop(
+              b_, m0, m1, mr,
+              [&](llvm::Value* i) {
+                llvm::Value* rows = smin(c64(mr), b_.CreateSub(m1, i), "rows");
+                pack_a(i, k0, depth, rows);
+                ir::emit_loop(
+                    b_, p0, p1, 1, [&](llvm::Value* p) { micro_tile(i, rows, p, k0, depth, first); }, "panel");
+              },
+              "row_block");
+        },
+        "k_block");
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::Value* c64(std::int64_t v) { return ir::i64c(b_, v); }
+  llvm::Value* smin(llvm::Value* x, llvm::Value* y, const llvm::Twine& nm = "") {
+    return b_.CreateSelect(b_.CreateICmpSLT(x, y), x, y, nm);
+  }
+
+  /// Ap[kk][r] = A[i + r][k0 + kk] for r < rows, 0 for rows ≤ r < MR.
+  void pack_a(llvm::Value* i, llvm::Value* k0, llvm::Value* depth, llvm::Value* rows) {
+    const std::int64_t mr = cfg_.rows;
+    ir::emit_loop(
+        b_, c64(0), c64(mr), 1,
+        [&](llvm::Value* r) {
+          llvm::Value* valid = b_.CreateICmpSLT(r, rows);
+          // An invalid row reads row i (always valid) and stores zero: no branch in the loop.
+          llvm::Value* src_row = b_.CreateSelect(valid, b_.CreateAdd(i, r), i);
+          llvm::Value* src = b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(src_row, k_), k0), "a_row");
+          ir::emit_loop(
+              b_, c64(0), depth, 1,
+              [&](llvm::Value* kk) {
+                llvm::Value* x = b_.CreateLoad(f32_, b_.CreateInBoundsGEP(f32_, src, kk));
+                x = b_.CreateSelect(valid, x, llvm::ConstantFP::get(f32_, 0.0));
+                b_.CreateStore(x, b_.CreateInBoundsGEP(f32_, ap_, b_.CreateAdd(b_.CreateMul(kk, c64(mr)), r)));
+              },
+              "pack_k", ir::Unroll::allowed);
+        },
+        "pack_r");
+  }
+
+  void micro_tile(llvm::Value* i, llvm::Value* rows, llvm::Value* p, llvm::Value* k0, llvm::Value* depth,
+                  llvm::Value* first) {
+    const int mr = cfg_.rows, nv = cfg_.col_vectors, lanes = cfg_.lanes;
+    const std::int64_t nr = cfg_.cols();
+    const llvm::Align vec_align(static_cast<std::uint64_t>(lanes) * 4);
+    llvm::Value* col = b_.CreateMul(p, c64(nr), "col");
+    llvm::Value* cols_left = b_.CreateSub(n_, col);
+
+    // Masks: lane l of vector v is a column < N; row r is < m1.
+    std::vector<llvm::Constant*> iota;
+    for (int l = 0; l < lanes; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
+    llvm::Value* lane_ids = llvm::ConstantVector::get(iota);
+    std::vector<llvm::Value*> col_mask(static_cast<std::size_t>(nv));
+    for (int v = 0; v < nv; ++v) {
+      llvm::Value* left = b_.CreateSub(cols_left, c64(static_cast<std::int64_t>(v) * lanes));
+      col_mask[static_cast<std::size_t>(v)] =
+          b_.CreateICmpSLT(lane_ids, b_.CreateVectorSplat(static_cast<unsigned>(lanes), left), "col_mask");
+    }
+    llvm::Value* none = llvm::Constant::getNullValue(col_mask[0]->getType());
+    std::vector<llvm::Value*> mask(static_cast<std::size_t>(mr * nv));
+    std::vector<llvm::Value*> c_ptr(static_cast<std::size_t>(mr * nv));
+    for (int r = 0; r < mr; ++r) {
+      llvm::Value* row_ok = b_.CreateICmpSLT(c64(r), rows);
+      // Not inbounds: rows past m1 may point past C (their stores are masked off).
+      llvm::Value* row_ptr = b_.CreateGEP(f32_, c_, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(i, c64(r)), n_), col));
+      for (int v = 0; v < nv; ++v) {
+        const auto idx = static_cast<std::size_t>(r * nv + v);
+        mask[idx] = b_.CreateSelect(row_ok, col_mask[static_cast<std::size_t>(v)], none);
+        c_ptr[idx] = b_.CreateGEP(f32_, row_ptr, c64(static_cast<std::int64_t>(v) * lanes));
+      }
+    }
+
+    // Accumulators: the bias in the first K block, C's partial sums after it.
+    llvm::BasicBlock* from_bias = llvm::BasicBlock::Create(ctx_, "init_bias", fn_);
+    llvm::BasicBlock* from_c = llvm::BasicBlock::Create(ctx_, "init_c", fn_);
+    llvm::BasicBlock* body = llvm::BasicBlock::Create(ctx_, "tile", fn_);
+    b_.CreateCondBr(first, from_bias, from_c);
+    b_.SetInsertPoint(from_bias);
+    std::vector<llvm::Value*> bias_vec(static_cast<std::size_t>(nv));
+    for (int v = 0; v < nv; ++v)
+      bias_vec[static_cast<std::size_t>(v)] = b_.CreateAlignedLoad(
+          vf_, b_.CreateInBoundsGEP(f32_, bias_, b_.CreateAdd(col, c64(static_cast<std::int64_t>(v) * lanes))),
+          llvm::Align(4), "bias_v");
+    b_.CreateBr(body);
+    b_.SetInsertPoint(from_c);
+    llvm::Value* zero = llvm::Constant::getNullValue(vf_);
+    std::vector<llvm::Value*> c_vals(static_cast<std::size_t>(mr * nv));
+    for (std::size_t x = 0; x < c_vals.size(); ++x)
+      c_vals[x] = b_.CreateMaskedLoad(vf_, c_ptr[x], llvm::Align(4), mask[x], zero, "c_v");
+    b_.CreateBr(body);
+    b_.SetInsertPoint(body);
+    std::vector<llvm::Value*> init(static_cast<std::size_t>(mr * nv));
+    for (int r = 0; r < mr; ++r)
+      for (int v = 0; v < nv; ++v) {
+        const auto idx = static_cast<std::size_t>(r * nv + v);
+        llvm::PHINode* phi = b_.CreatePHI(vf_, 2, "acc0");
+        phi->addIncoming(bias_vec[static_cast<std::size_t>(v)], from_bias);
+        phi->addIncoming(c_vals[idx], from_c);
+        init[idx] = phi;
+      }
+
+    llvm::Value* panel =
+        b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
+    std::vector<llvm::Value*> acc = ir::emit_loop(
+        b_, c64(0), depth, 1, init,
+        [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
+          llvm::Value* brow = b_.CreateInBoundsGEP(f32_, panel, b_.CreateMul(kk, c64(nr)));
+          llvm::Value* arow = b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr)));
+          std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
+          for (int v = 0; v < nv; ++v)
+            bv[static_cast<std::size_t>(v)] =
+                b_.CreateAlignedLoad(vf_,
+                                     b_.CreateConstInBoundsGEP1_64(
+                                         f32_, brow, static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(lanes)),
+                                     vec_align, "b_v");
+          std::vector<llvm::Value*> next(cur.size());
+          for (int r = 0; r < mr; ++r) {
+            llvm::Value* x = b_.CreateAlignedLoad(
+                f32_, b_.CreateConstInBoundsGEP1_64(f32_, arow, static_cast<std::uint64_t>(r)), llvm::Align(4), "a_s");
+            llvm::Value* xs = b_.CreateVectorSplat(static_cast<unsigned>(lanes), x);
+            for (int v = 0; v < nv; ++v) {
+              const auto idx = static_cast<std::size_t>(r * nv + v);
+              next[idx] =
+                  b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vf_}, {xs, bv[static_cast<std::size_t>(v)], cur[idx]});
+            }
+          }
+          return next;
+        },
+        "k");
+    for (std::size_t x = 0; x < acc.size(); ++x) b_.CreateMaskedStore(acc[x], c_ptr[x], llvm::Align(4), mask[x]);
+  }
+
+  llvm::Module& module_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  GemmConfig cfg_;
+  llvm::Type *f32_ = nullptr, *i8_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
+  llvm::FixedVectorType* vf_ = nullptr;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *n_ = nullptr, *k_ = nullptr;
+  llvm::Value* ap_ = nullptr;
+};
+
+}  // namespace
+
+void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::string& name) {
+  GemmEmitter(module, cfg).emit(name);
+}
+
+std::unique_ptr<llvm::Module> build_gemm_module(llvm::LLVMContext& context, const GemmConfig& cfg,
+                                                const std::string& name) {
+  auto module = std::make_unique<llvm::Module>(name, context);
+  emit_gemm_kernel(*module, cfg, name);
+  return module;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// kernel cache
+
+using Clock = std::chrono::steady_clock;
+
+struct Kernel {
+  GemmSpec spec;
+  GemmConfig config;
+  std::string name;
+  GemmKernelFn* fn = nullptr;
+};
+
+struct KernelCache {
+  std::mutex mutex;
+  std::unique_ptr<Jit> jit;
+  std::map<std::pair<std::uint64_t, std::string>, std::vector<std::unique_ptr<Kernel>>> kernels;
+  std::uint64_t added = 0;
+};
+
+KernelCache& cache() {
+  static KernelCache c;
+  return c;
+}
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("run_linear: " + what); }
+
+void check_spec(const GemmSpec& s) {
+  if (s.vector_floats < 0 || s.vector_floats > 64) invalid("vector_floats must be 0 (auto) or in [1, 64]");
+  if (s.rows < 0 || s.rows > 32) invalid("rows must be 0 (auto) or in [1, 32]");
+  if (s.col_vectors < 0 || s.col_vectors > 8) invalid("col_vectors must be 0 (auto) or in [1, 8]");
+  if (s.k_block < 0 || s.k_block > 4096) invalid("k_block must be 0 (auto) or in [1, 4096]");
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Jit& jit_locked(KernelCache& c) {
+  if (!c.jit) {
+    std::string error;
+    c.jit = Jit::create(&error);
+    if (!c.jit) throw std::runtime_error("run_linear: " + error);
+  }
+  return *c.jit;
+}
+
+const Kernel& get_kernel(const GemmSpec& spec, GemmInfo* info) {
+  check_spec(spec);
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  Jit& jit = jit_locked(c);
+  auto& bucket = c.kernels[{spec.hash(), jit.target_key()}];
+  for (const auto& k : bucket)
+    if (k->spec == spec) {
+      if (info) {
+        info->name = k->name;
+        info->cached = true;
+      }
+      return *k;
+    }
+  const auto t0 = Clock::now();
+  auto kernel = std::make_unique<Kernel>();
+  kernel->spec = spec;
+  kernel->config = choose_gemm_config(spec, jit.target());
+  kernel->name = "qkv_gemm_" + hex(spec.hash()) + "_" + std::to_string(c.added++);
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module = build_gemm_module(*context, kernel->config, kernel->name);
+  std::string error;
+  if (!jit.add(std::move(module), std::move(context), &error)) throw std::runtime_error("run_linear: " + error);
+  kernel->fn = jit.lookup<GemmKernelFn>(kernel->name, &error);
+  if (!kernel->fn) throw std::runtime_error("run_linear: " + error);
+  if (info) {
+    info->name = kernel->name;
+    info->compile_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  bucket.push_back(std::move(kernel));
+  return *bucket.back();
+}
+
+/// A 64-byte aligned float buffer (reused by the calling thread between calls).
+float* scratch(std::vector<float>& buf, std::size_t n) {
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  auto addr = reinterpret_cast<std::uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64) / sizeof(float);
+}
+
+}  // namespace
+
+std::uint64_t GemmSpec::hash() const {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (int v : {vector_floats, rows, col_vectors, k_block}) {
+    h ^= static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+GemmInfo prepare_linear(const GemmSpec& spec) {
+  GemmInfo info;
+  const Kernel& k = get_kernel(spec, &info);
+  info.vector_floats = k.config.lanes;
+  info.rows = k.config.rows;
+  info.cols = k.config.cols();
+  info.k_block = k.config.k_block;
+  return info;
+}
+
+void clear_linear_cache() {
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.kernels.clear();
+  c.jit.reset();
+}
+
+std::string gemm_kernel_ir(const GemmSpec& spec, bool optimized) {
+  check_spec(spec);
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  Jit& jit = jit_locked(c);
+  llvm::LLVMContext context;
+  auto module = build_gemm_module(context, choose_gemm_config(spec, jit.target()), "qkv_gemm_" + hex(spec.hash()));
+  std::string error;
+  if (optimized && !jit.optimize(*module, &error)) throw std::runtime_error("gemm_kernel_ir: " + error);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os, nullptr);
+  os.flush();
+  return text;
+}
+
+void run_linear(const float* a, const float* b, const float* bias, float* c, std::int64_t m, std::int64_t n,
+                std::int64_t k, int threads, const GemmSpec& spec) {
+  if (m < 0 || n < 0 || k < 0) invalid("m, n and k must not be negative");
+  if (m == 0 || n == 0) return;
+  if (!c) invalid("c must not be null");
+  if (k == 0) {  // an empty sum: the bias alone
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) c[i * n + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  if (!a || !b) invalid("a and b must not be null");
+  const Kernel& kernel = get_kernel(spec, nullptr);
+  const GemmConfig& cfg = kernel.config;
+  const std::int64_t mr = cfg.rows, nr = cfg.cols();
+  const std::int64_t panels = (n + nr - 1) / nr;
+
+  // Bᵀ in panels: bp[(p·K + kk)·NR + r] = B[p·NR + r][kk], zeros past N; the bias padded alike.
+  thread_local std::vector<float> packed_buf, bias_buf;
+  float* bp = scratch(packed_buf, static_cast<std::size_t>(panels * k * nr));
+  float* bias_pad = scratch(bias_buf, static_cast<std::size_t>(panels * nr));
+  for (std::int64_t j = 0; j < panels * nr; ++j) bias_pad[j] = bias && j < n ? bias[j] : 0.0f;
+  ThreadPool& pool = ThreadPool::shared();
+  pool.run(panels, threads, [&](std::int64_t p) {
+    float* dst = bp + p * k * nr;
+    for (std::int64_t r = 0; r < nr; ++r) {
+      const std::int64_t row = p * nr + r;
+      if (row < n) {
+        const float* src = b + row * k;
+        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = src[kk];
+      } else {
+        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = 0.0f;
+      }
+    }
+  });
+
+  const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr);  // schedule.hpp
+  const std::int64_t mc = blocks.mc, nblocks = blocks.nblocks, panels_per = blocks.panels_per;
+
+  const GemmArgs args{a, bp, bias_pad, c, m, n, k};
+  GemmKernelFn* fn = kernel.fn;
+  pool.run(blocks.tasks(), threads, [&](std::int64_t t) {
+    const std::int64_t mb = t / nblocks, nb = t % nblocks;
+    const std::int64_t m0 = mb * mc, m1 = std::min(m, m0 + mc);
+    const std::int64_t n0 = nb * panels_per * nr, n1 = std::min(n, n0 + panels_per * nr);
+    fn(&args, m0, m1, n0, n1);
+  });
+}
+
+}  // namespace qkv::codegen::cpu

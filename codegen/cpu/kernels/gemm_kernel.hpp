@@ -1,0 +1,50 @@
+// codegen/cpu/kernels/gemm_kernel.hpp — the GEMM kernel's IR generator and ABI (private to codegen):
+// gemm.hpp's run_linear drives it in-process, the AOT compiler (aot.cpp) calls it from generated
+// code. What the generated function computes is described at the top of gemm_kernel.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/codegen/target.hpp>
+
+namespace llvm {
+class LLVMContext;
+class Module;
+}  // namespace llvm
+
+namespace qkv::codegen::cpu {
+
+/// What the generated function reads through its first argument (its layout is the kernel ABI).
+struct GemmArgs {
+  const float* a;     // [M, K]
+  const float* bp;    // packed Bᵀ: ceil(N / NR) panels of [K][NR]
+  const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
+  float* c;           // [M, N]
+  std::int64_t m, n, k;
+};
+
+/// void name(const GemmArgs* args, i64 m0, i64 m1, i64 n0, i64 n1): rows [m0, m1) × columns
+/// [n0, n1) of C; n0 a multiple of NR.
+using GemmKernelFn = void(const GemmArgs* args, std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1);
+
+/// The blocking of one kernel (GemmSpec resolved for a target).
+struct GemmConfig {
+  int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
+  std::string cpu, features;
+  [[nodiscard]] int cols() const { return lanes * col_vectors; }
+};
+
+/// GemmSpec's non-zero fields win; the rest is chosen from the target's vector width.
+GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host);
+
+/// Adds the kernel function `name` to `module`.
+void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::string& name);
+
+/// A module holding only that function.
+std::unique_ptr<llvm::Module> build_gemm_module(llvm::LLVMContext& context, const GemmConfig& cfg,
+                                                const std::string& name);
+
+}  // namespace qkv::codegen::cpu

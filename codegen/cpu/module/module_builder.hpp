@@ -1,0 +1,82 @@
+// codegen/cpu/module/module_builder.hpp — a lowered graph as ONE LLVM module for the CPU: the code
+// generator of every op, for the in-process executor (JIT) and for `qkv emit` (AOT) alike
+// (private to codegen; the public faces are qkv/codegen/cpu/compiled_graph.hpp and aot.hpp).
+//
+// Sizes are `fixed` (static extents and the symbols the code is specialised on: constants in the
+// code) or dynamic (every other symbol of the graph: run-time arguments, in the order of
+// ModulePlan::dynamic). The module defines
+//
+//   i32 <f>_entry(const i64* sizes, void* const* args, i32 threads)   sizes[i]: dynamic[i]
+//   i32 <f>(i64 size…, ptr arg…)         the C entry point (sizes first, then the arrays)
+//   i32 <f>_packed([const i64* sizes,] void* const* args)
+//   i32 <f>_set_threads(i32 n)
+//
+// args are the graph's inputs and parameters in graph order, then its outputs (AotSignature).
+// Returns 0; 1 when the scratch arena cannot be allocated; 2 when the sizes are invalid
+// (negative, or failing one of the graph's shape checks).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <qkv/codegen/aot.hpp>
+#include <qkv/codegen/lowering/attention_call.hpp>
+#include <qkv/codegen/target.hpp>
+#include <qkv/ir/graph.hpp>
+
+namespace llvm {
+class LLVMContext;
+class Module;
+}  // namespace llvm
+
+namespace qkv::codegen::cpu {
+
+/// Where every value of the lowered graph lives while the generated function runs. Block sizes
+/// are computed by the generated code from the sizes (block_bytes); only the assignment of blocks
+/// to arena slots is decided here.
+struct ModulePlan {
+  enum class Block : std::uint8_t { value, weights, mask_bias, gemm_panels, gemm_bias };
+  struct Alloc {
+    Block kind = Block::value;
+    int node = 0;
+    int start = 0, end = 0;  // node ids between which it is live (inclusive)
+    int slot = 0;
+  };
+  Bindings fixed;                     // the sizes the code is specialised on
+  std::vector<std::string> dynamic;   // the run-time sizes, in argument order
+  std::vector<int> alloc;             // per node: its block, -1 for leaves, views and in-place outputs
+  std::vector<int> output_arg;        // per node: the output argument it is computed into, or -1
+  std::map<int, AttentionCall> attention;   // fused_attention id -> its call
+  std::map<int, int> weights;               // fused_attention id -> block of its weights
+  std::map<int, int> mask_bias;             // fused_attention id -> block of its combined bias
+  std::map<int, std::pair<int, int>> gemm;  // linear id on the GEMM kernel -> (packed Bᵀ, padded bias)
+  std::vector<Alloc> allocs;
+  int slots = 0;
+  std::int64_t gemm_cols = 0;  // NR of the GEMM kernel for the target
+};
+
+/// Plans `lowered` for code specialised on `fixed` (a symbol of the graph that `fixed` does not
+/// bind is dynamic). Throws ShapeError when a size a kernel is specialised on is not fixed.
+ModulePlan plan_module(const Graph& lowered, const Bindings& fixed, const HostTarget& target);
+
+/// The arguments of the generated function.
+AotSignature module_signature(const Graph& lowered, const AotOptions& options, const ModulePlan& plan);
+
+/// The bytes of block `a` with extents evaluated by `dim` (an int64 estimate when planning, IR in
+/// the generated code). I is std::int64_t or ir::Int.
+template <class I, class Dim>
+I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a, const Dim& dim);
+
+/// The module (see the top of this file), compiled for `target`. `aot`: only the C entry points
+/// are visible outside the module (<f>_entry is internal).
+std::unique_ptr<llvm::Module> build_graph_module(llvm::LLVMContext& context, const Graph& lowered,
+                                                 const AotSignature& signature, const ModulePlan& plan,
+                                                 const HostTarget& target, const std::string& function, bool aot);
+
+}  // namespace qkv::codegen::cpu
+
+#include "cpu/module/module_plan_bytes.hpp"

@@ -1,0 +1,170 @@
+// The module's plan (module_builder.hpp): which sizes are dynamic, the attention calls, the arena
+// blocks and their slots (lowering/lifetimes.hpp), and the C signature. No LLVM.
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include <qkv/codegen/cpu/compiled_graph.hpp>
+#include <qkv/codegen/lowering/lifetimes.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
+
+#include "lowering/graph_util.hpp"
+#include "cpu/kernels/gemm_kernel.hpp"
+#include "cpu/module/module_builder.hpp"
+
+namespace qkv::codegen::cpu {
+
+namespace {
+
+/// Every symbol the graph's extents use, sorted.
+std::set<std::string> graph_symbols(const Graph& g) {
+  std::set<std::string> s;
+  auto add = [&](const Extent& e) {
+    if (e.is_dynamic()) s.insert(e.symbol);
+  };
+  for (const auto& n : g.nodes()) {
+    for (const auto& a : n.axes) add(a.extent);
+    if (n.dim) add(*n.dim);
+    if (n.attention && n.attention->scale_dim) add(*n.attention->scale_dim);
+  }
+  for (const auto& c : g.constraints()) {
+    add(c.a);
+    add(c.b);
+  }
+  return s;
+}
+
+/// What the planner assumes of a size it does not know (it only steers which blocks share slots).
+constexpr std::int64_t kTypicalSize = 512;
+
+}  // namespace
+
+std::vector<std::string> specialised_sizes(const Graph& g) {
+  std::vector<std::string> out;
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    if (g.node(id).op == Op::fused_attention)
+      for (auto& s : attention_kernel_symbols(g, id))
+        if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& target) {
+  const int count = static_cast<int>(g.size());
+  ModulePlan plan;
+  for (const auto& s : graph_symbols(g)) {
+    if (auto it = fixed.find(s); it != fixed.end())
+      plan.fixed[s] = it->second;
+    else
+      plan.dynamic.push_back(s);
+  }
+  plan.alloc.assign(static_cast<std::size_t>(count), -1);
+  plan.output_arg.assign(static_cast<std::size_t>(count), -1);
+  plan.gemm_cols = choose_gemm_config(GemmSpec{}, target).cols();
+
+  // Outputs computed in place: a node that is neither a leaf nor a view, output under one name.
+  std::size_t arg = 0;
+  for (const auto& n : g.nodes()) arg += n.op == Op::input || n.op == Op::param;
+  for (const auto& o : g.outputs()) {
+    const Node& n = g.node(o.node);
+    auto& slot = plan.output_arg[static_cast<std::size_t>(o.node)];
+    if (n.op != Op::input && n.op != Op::param && !is_view(n.op) && slot < 0) slot = static_cast<int>(arg);
+    ++arg;
+  }
+
+  const std::vector<int> end = memory_ends(g);
+  auto add = [&](ModulePlan::Block kind, int node, int start, int stop) {
+    plan.allocs.push_back({kind, node, start, stop, 0});
+    return static_cast<int>(plan.allocs.size() - 1);
+  };
+  for (int id = 0; id < count; ++id) {
+    const Node& n = g.node(id);
+    const auto i = static_cast<std::size_t>(id);
+    if (n.op == Op::fused_attention) plan.attention.emplace(id, describe_attention(g, id, plan.fixed));
+    if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
+    if (plan.output_arg[i] < 0) {
+      // attention_weights are written by their fused node: alive from there.
+      const int start = n.op == Op::attention_weights ? n.inputs[0] : id;
+      plan.alloc[i] = add(ModulePlan::Block::value, id, start, end[i]);
+      if (n.op == Op::attention_weights) plan.weights[n.inputs[0]] = plan.alloc[i];
+    } else if (n.op == Op::attention_weights) {
+      plan.weights[n.inputs[0]] = -1;  // written straight into its output argument
+    }
+    if (n.op == Op::fused_attention) {
+      if (!plan.attention.at(id).bias_terms.empty()) plan.mask_bias[id] = add(ModulePlan::Block::mask_bias, id, id, id);
+    } else if (util::linear_on_last_axis(g, n)) {
+      plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
+    }
+  }
+  // Weights a fused node writes that nothing reads still need somewhere to go.
+  for (const auto& [id, call] : plan.attention)
+    if (call.spec.write_weights && !plan.weights.count(id))
+      plan.weights[id] = add(ModulePlan::Block::weights, id, id, id);
+
+  auto estimate = [&](const Extent& e) -> std::int64_t {
+    if (auto v = e.resolve(plan.fixed)) return *v;
+    return std::max<std::int64_t>(0, kTypicalSize * e.num / e.den + e.plus);
+  };
+  std::vector<Lifetime> lives;
+  for (const auto& a : plan.allocs)
+    lives.push_back({a.start, a.end, block_bytes<std::int64_t>(g, plan, a, estimate)});
+  const std::vector<int> slot = assign_slots(lives);
+  for (std::size_t k = 0; k < slot.size(); ++k) {
+    plan.allocs[k].slot = slot[k];
+    plan.slots = std::max(plan.slots, slot[k] + 1);
+  }
+  return plan;
+}
+
+namespace {
+
+std::string c_identifier(const std::string& name) {
+  std::string s;
+  for (char c : name) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s = "t_" + s;
+  return s;
+}
+
+}  // namespace
+
+AotSignature module_signature(const Graph& g, const AotOptions& options, const ModulePlan& plan) {
+  AotSignature sig;
+  std::vector<std::string> used{options.function, options.function + "_packed", options.function + "_entry",
+                                options.function + "_set_threads"};
+  auto unique = [&](std::string s) {
+    std::string base = s;
+    for (int k = 2; std::find(used.begin(), used.end(), s) != used.end(); ++k) s = base + "_" + std::to_string(k);
+    used.push_back(s);
+    return s;
+  };
+  for (const auto& s : plan.dynamic) sig.sizes.push_back({s, unique(c_identifier(s))});
+  auto argument = [&](const std::string& name, int id, bool output) {
+    const Node& n = g.node(id);
+    AotArgument a;
+    a.name = name;
+    a.c_name = unique(c_identifier(name));
+    a.dtype = storage_dtype(n.dtype);
+    a.numel = 1;
+    for (const auto& x : n.axes) {
+      Extent e = x.extent;
+      if (auto v = e.resolve(plan.fixed)) e = Extent::fixed(*v);
+      a.axes.push_back({x.name, e});
+      a.numel = a.numel >= 0 && e.is_static() ? a.numel * e.value : -1;
+    }
+    a.output = output;
+    sig.args.push_back(std::move(a));
+  };
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
+    if (n.op == Op::input || n.op == Op::param) argument(n.name, id, false);
+  }
+  for (const auto& o : g.outputs()) argument(o.name, o.node, true);
+  if (plan.dynamic.empty()) {
+    auto fixed = [&](const Extent& e) { return *e.resolve(plan.fixed); };
+    sig.arena_bytes = static_cast<std::size_t>(arena_layout<std::int64_t>(g, plan, fixed).total);
+  }
+  return sig;
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,64 @@
+// codegen/cpu/module/module_plan_bytes.hpp — block_bytes (module_builder.hpp): one formula for the
+// planner's estimates and the generated code's sizes. No LLVM.
+#pragma once
+
+#include <vector>
+
+#include <qkv/codegen/lowering/storage.hpp>
+
+#include "cpu/schedule.hpp"
+
+namespace qkv::codegen::cpu {
+
+template <class I, class Dim>
+I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a, const Dim& dim) {
+  const Node& n = g.node(a.node);
+  auto numel = [&](const std::vector<Axis>& axes) {
+    I count = dim(Extent::fixed(1));
+    for (const auto& x : axes) count = count * dim(x.extent);
+    return count;
+  };
+  switch (a.kind) {
+    case ModulePlan::Block::value:
+      return numel(n.axes) * static_cast<std::int64_t>(storage_bytes(n.dtype));
+    case ModulePlan::Block::weights: {
+      const AttentionCall& c = plan.attention.at(a.node);
+      return dim(c.batch) * c.spec.hq * dim(c.len_q) * dim(c.len_k) * 4;
+    }
+    case ModulePlan::Block::mask_bias: {
+      const AttentionCall& c = plan.attention.at(a.node);
+      return dim(c.len_q) * dim(c.len_k) * 4;
+    }
+    case ModulePlan::Block::gemm_panels:
+    case ModulePlan::Block::gemm_bias: {
+      const auto& w = g.node(n.inputs[1]).axes;  // W [out, in]
+      const I cols = round_up(dim(w[0].extent), plan.gemm_cols) * 4;
+      return a.kind == ModulePlan::Block::gemm_bias ? cols : cols * dim(w[1].extent);
+    }
+  }
+  return dim(Extent::fixed(0));
+}
+
+/// The arena: slot k at offsets[k] (64-byte aligned), as large as its largest block.
+template <class I>
+struct ArenaLayout {
+  std::vector<I> offsets;
+  I total;
+};
+template <class I, class Dim>
+ArenaLayout<I> arena_layout(const Graph& g, const ModulePlan& plan, const Dim& dim) {
+  const I zero = dim(Extent::fixed(0));
+  std::vector<I> size(static_cast<std::size_t>(plan.slots), zero);
+  for (const auto& a : plan.allocs) {
+    auto& s = size[static_cast<std::size_t>(a.slot)];
+    s = imax(s, block_bytes<I>(g, plan, a, dim));
+  }
+  ArenaLayout<I> out{{}, zero};
+  for (const I& s : size) {
+    out.offsets.push_back(out.total);
+    out.total = out.total + round_up(s, 64);
+  }
+  return out;
+}
+
+}  // namespace qkv::codegen::cpu

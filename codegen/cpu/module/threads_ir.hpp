@@ -1,0 +1,36 @@
+// codegen/cpu/module/threads_ir.hpp — the threads of compiled graphs, as IR (private).
+//
+//   i32 <function>_set_threads(i32 n)   n >= 1: that many threads; 0: one per online CPU
+//   threads = requested > 0 ? requested : sysconf(_SC_NPROCESSORS_ONLN), clamped to [1, 256]
+//   void qkv_parallel(ptr body, ptr ctx, i64 n, i32 threads)
+//
+// calls body(ctx, i) for every i in [0, n): task indices are handed out one at a time through an
+// atomic counter to the calling thread and min(threads, n, 256) − 1 pthreads created for the
+// call and joined before it returns; a thread that cannot be created leaves its share to the
+// others. Needs only pthread_create / pthread_join from the C library.
+#pragma once
+
+#include <functional>
+
+#include <string>
+
+#include <llvm/IR/IRBuilder.h>
+
+namespace qkv::codegen::cpu {
+
+/// Adds the setting <name>_threads (an i32, 0 at first) and the exported
+/// <name>_set_threads(i32) -> i32 (0, or 1 for n < 0) to `module`; returns the setting.
+/// `*set_threads` receives the exported function.
+llvm::GlobalVariable* emit_thread_setting(llvm::Module& module, const std::string& name,
+                                          const std::function<void(llvm::Function*)>& attributes,
+                                          llvm::Function** set_threads);
+
+/// At b's insertion point: the thread count of a call that asked for `requested` (an i32; <= 0:
+/// one per online CPU), clamped to [1, 256].
+llvm::Value* emit_thread_count(llvm::IRBuilder<>& b, llvm::Value* requested);
+
+/// Adds qkv_parallel and its worker (internal linkage) to `module`; `attributes` is applied to
+/// both functions (target CPU and features).
+llvm::Function* emit_parallel_runtime(llvm::Module& module, const std::function<void(llvm::Function*)>& attributes);
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,194 @@
+// run_attention: argument checks, the kernel cache (spec hash × target → JIT'd function), and the
+// split of one call into (batch, head, query block) tasks on the thread pool.
+#include <qkv/codegen/cpu/run_attention.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <qkv/codegen/jit.hpp>
+
+#include "cpu/kernels/attention_kernel.hpp"
+#include "cpu/schedule.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace qkv::codegen::cpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+struct Kernel {
+  AttentionSpec spec;
+  KernelConfig config;
+  std::string name;
+  AttentionKernelFn* fn = nullptr;
+};
+
+/// Kernels by (spec hash, target key); the full spec is kept and compared, so a hash collision
+/// costs a compile, never a wrong kernel.
+struct KernelCache {
+  std::mutex mutex;
+  std::unique_ptr<Jit> jit;
+  std::map<std::pair<std::uint64_t, std::string>, std::vector<std::unique_ptr<Kernel>>> kernels;
+  std::uint64_t added = 0;  // makes symbol names unique within one JIT
+};
+
+KernelCache& cache() {
+  static KernelCache c;
+  return c;
+}
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("run_attention: " + what); }
+
+void check_spec(const AttentionSpec& s) {
+  // The kernel keeps a task's Qᵀ and Oᵀ on its stack (dk·rows and dv·rows floats).
+  constexpr std::int64_t kMaxHeadDim = 4096;
+  if (s.dk < 1 || s.dv < 1 || s.dk > kMaxHeadDim || s.dv > kMaxHeadDim)
+    invalid("head widths must be in [1, " + std::to_string(kMaxHeadDim) + "] (dk = " + std::to_string(s.dk) +
+            ", dv = " + std::to_string(s.dv) + ")");
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0)
+    invalid("query heads (" + std::to_string(s.hq) + ") must be a positive multiple of key/value heads (" +
+            std::to_string(s.hkv) + ")");
+  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
+    invalid("dropout_p must be in [0, 1), got " + std::to_string(s.dropout_p));
+  if (!(s.effective_scale() == s.effective_scale())) invalid("scale is NaN");
+  for (int t : {s.vector_floats, s.query_vectors, s.key_tile, s.qk_keys, s.pv_dims})
+    if (t < 0 || t > 1024) invalid("tiling fields must be 0 (auto) or in [1, 1024]");
+}
+
+void check_args(const AttentionSpec& s, const AttentionArgs& a) {
+  constexpr std::int64_t kMaxLen =
+      std::numeric_limits<std::int32_t>::max();  // dropout counters and lane math are 32-bit
+  if (a.batch < 0 || a.len_q < 0 || a.len_k < 0) invalid("batch, len_q and len_k must not be negative");
+  if (a.len_q > kMaxLen || a.len_k > kMaxLen) invalid("len_q and len_k must be below 2^31");
+  const bool empty = a.batch == 0 || a.len_q == 0;
+  if (empty) return;
+  if (!a.q || !a.out) invalid("q and out must not be null");
+  if (a.len_k > 0 && (!a.k || !a.v)) invalid("k and v must not be null");
+  if (s.write_weights && !a.weights) invalid("the spec writes weights but args.weights is null");
+  if (s.key_padding && a.len_k > 0 && !a.key_keep) invalid("the spec has a key-padding mask but args.key_keep is null");
+  if (s.bias && a.len_k > 0 && !a.bias) invalid("the spec has a bias but args.bias is null");
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// The JIT, created on first use. Caller holds the cache mutex.
+Jit& jit_locked(KernelCache& c, KernelInfo* info) {
+  if (!c.jit) {
+    const auto t0 = Clock::now();
+    std::string error;
+    c.jit = Jit::create(&error);
+    if (!c.jit) throw std::runtime_error("run_attention: " + error);
+    if (info) info->jit_create_ms = ms_since(t0);
+  }
+  return *c.jit;
+}
+
+const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info) {
+  check_spec(spec);
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  Jit& jit = jit_locked(c, info);
+  auto& bucket = c.kernels[{spec.hash(), jit.target_key()}];
+  for (const auto& k : bucket) {
+    if (k->spec == spec) {
+      if (info) {
+        info->name = k->name;
+        info->cached = true;
+      }
+      return *k;
+    }
+  }
+
+  auto kernel = std::make_unique<Kernel>();
+  kernel->spec = spec;
+  kernel->config = choose_kernel_config(spec, jit.target());
+  kernel->name = "qkv_attention_" + hex(spec.hash()) + "_" + std::to_string(c.added++);
+  auto t0 = Clock::now();
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module = build_attention_module(*context, spec, kernel->config, kernel->name);
+  const double build_ms = ms_since(t0);
+  t0 = Clock::now();
+  std::string error;
+  if (!jit.add(std::move(module), std::move(context), &error)) throw std::runtime_error("run_attention: " + error);
+  kernel->fn = jit.lookup<AttentionKernelFn>(kernel->name, &error);
+  if (!kernel->fn) throw std::runtime_error("run_attention: " + error);
+  if (info) {
+    info->name = kernel->name;
+    info->build_ms = build_ms;
+    info->compile_ms = ms_since(t0);
+  }
+  bucket.push_back(std::move(kernel));
+  return *bucket.back();
+}
+
+}  // namespace
+
+KernelInfo prepare_attention(const AttentionSpec& spec) {
+  KernelInfo info;
+  const Kernel& k = get_kernel(spec, &info);
+  info.vector_floats = k.config.lanes;
+  info.query_rows = k.config.query_rows();
+  info.key_tile = k.config.key_tile;
+  return info;
+}
+
+void clear_attention_cache() {
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.kernels.clear();
+  c.jit.reset();
+}
+
+void run_attention(const AttentionSpec& spec, const AttentionArgs& args, int threads) {
+  check_spec(spec);
+  check_args(spec, args);
+  if (args.batch == 0 || args.len_q == 0) return;
+  const Kernel& kernel = get_kernel(spec, nullptr);
+
+  // Tasks (batch, head, block of query rows) in schedule.hpp's order, as the generated code runs
+  // them.
+  const std::int64_t rows = kernel.config.query_rows(), blocks = (args.len_q + rows - 1) / rows;
+  const std::int64_t bh = args.batch * spec.hq;
+  AttentionKernelFn* fn = kernel.fn;
+  ThreadPool::shared().run(bh * blocks, threads, [&](std::int64_t t) {
+    const std::int64_t blk = attention_task_block(t, bh, blocks, spec.causal), r = t % bh;
+    fn(&args, r / spec.hq, r % spec.hq, blk * rows);
+  });
+}
+
+std::string attention_kernel_ir(const AttentionSpec& spec, bool optimized) {
+  check_spec(spec);
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  Jit& jit = jit_locked(c, nullptr);
+  llvm::LLVMContext context;
+  const KernelConfig config = choose_kernel_config(spec, jit.target());
+  auto module = build_attention_module(context, spec, config, "qkv_attention_" + hex(spec.hash()));
+  std::string error;
+  if (optimized && !jit.optimize(*module, &error)) throw std::runtime_error("attention_kernel_ir: " + error);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os, nullptr);
+  os.flush();
+  return text;
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,73 @@
+// codegen/cpu/schedule.hpp — how the CPU backend splits its parallel work into tasks: one
+// policy for the C++ drivers (run_linear, run_attention) and the code generated for whole graphs,
+// written once as templates over the integer type (std::int64_t, or ir::Int in generated code).
+// No LLVM here. The split never depends on the thread count, so results are bitwise identical
+// for any number of threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace qkv::codegen::cpu {
+
+// The integer vocabulary the policies use; ir::Int has the same functions (found by ADL).
+inline std::int64_t imin(std::int64_t a, std::int64_t b) { return std::min(a, b); }
+inline std::int64_t imax(std::int64_t a, std::int64_t b) { return std::max(a, b); }
+inline std::int64_t pick(bool c, std::int64_t a, std::int64_t b) { return c ? a : b; }
+template <class I, class J>
+auto ceil_div(I a, J b) {
+  return (a + b - 1) / b;
+}
+template <class I>
+I round_up(I a, std::int64_t to) {
+  return ceil_div(a, to) * to;
+}
+
+/// Tasks a parallel loop aims for: enough that up to a few threads finish together, few enough
+/// that each reuses what it packed.
+inline constexpr std::int64_t kTaskTarget = 32;
+/// Below about this many flops a loop runs on the calling thread (starting threads costs more).
+inline constexpr std::int64_t kParallelMinFlops = 1'000'000;
+
+/// The GEMM's tasks: blocks of `mc` rows (a multiple of MR, at most 8·MR) × blocks of
+/// `panels_per` panels of NR columns; task t covers row block t / nblocks, column block
+/// t % nblocks.
+template <class I>
+struct GemmBlocks {
+  I mc, mblocks, panels_per, nblocks;
+  I tasks() const { return mblocks * nblocks; }
+};
+template <class I>
+GemmBlocks<I> gemm_blocks(I m, I n, std::int64_t mr, std::int64_t nr) {
+  const I panels = ceil_div(n, nr);
+  const I mc = imin(imax(round_up(ceil_div(m, kTaskTarget), mr), mr), 8 * mr);
+  const I mblocks = ceil_div(m, mc);
+  const I wide = imax(imin(panels, std::max<std::int64_t>(1, 512 / nr)), 1);
+  // Too few tasks with wide column blocks: narrower ones, so that there are about kTaskTarget.
+  const I narrow = imax(ceil_div(panels, imax(imin(panels, ceil_div(kTaskTarget, imax(mblocks, 1))), 1)), 1);
+  const I per = pick(mblocks * ceil_div(panels, wide) < kTaskTarget, narrow, wide);
+  return {mc, mblocks, per, ceil_div(panels, per)};
+}
+
+/// A range [0, total) in blocks of at least `grain` units, a multiple of `align`, about
+/// kTaskTarget blocks in all.
+template <class I>
+struct Ranges {
+  I block, tasks;
+};
+template <class I>
+Ranges<I> ranges(I total, std::int64_t grain, std::int64_t align) {
+  const I block = round_up(imax(ceil_div(total, kTaskTarget), grain), align);
+  return {block, ceil_div(total, block)};
+}
+
+/// The attention's tasks: (batch, head, block of query rows), the block index outermost so
+/// neighbouring tasks share K and V in cache; causal: the blocks with the most visible keys
+/// first, so the cheap ones at the top finish the loop together. Task t → its query block.
+template <class I>
+I attention_task_block(I t, I batch_heads, I blocks, bool causal) {
+  const I blk = t / batch_heads;
+  return causal ? blocks - 1 - blk : blk;
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,18 @@
+# The CPU backend: kernels/ (the fused attention, GEMM and row-wise kernel generators), module/
+# (a whole lowered graph as one module: plan, code generator, threads as IR), the task policy
+# (schedule.hpp), the thread pool and C++ kernel drivers, the executor, and AOT files.
+target_sources(qkv_codegen PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_spec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_kernel.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_tile.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/gemm_kernel.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/rowwise_kernel.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/module_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/threads_ir.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/module_builder.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/run_attention.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/compiled_graph.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/executor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/aot.cpp
+)

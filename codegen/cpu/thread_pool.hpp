@@ -1,0 +1,49 @@
+// codegen/cpu/thread_pool.hpp — a small persistent pool of std::threads for the CPU kernels
+// (private). One job at a time; the calling thread takes part; tasks are handed out one by one
+// from a shared counter, so uneven tasks (causal attention) balance themselves.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace qkv::codegen::cpu {
+
+class ThreadPool {
+ public:
+  ThreadPool() = default;
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  /// Calls task(i) for every i in [0, n), on up to `threads` threads (the caller's included;
+  /// threads <= 0 means one per hardware thread). Returns when all are done; rethrows the first
+  /// exception a task threw (the other tasks still run).
+  void run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task);
+
+  /// The process-wide pool.
+  static ThreadPool& shared();
+
+ private:
+  void worker(int index);
+  void drain();
+
+  std::mutex run_mutex_;  // one job at a time
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  bool stop_ = false;
+  std::uint64_t generation_ = 0;
+  int helpers_ = 0;  // workers [0, helpers_) take part in the current job
+  int active_ = 0;   // helpers still working on it
+  const std::function<void(std::int64_t)>* task_ = nullptr;
+  std::int64_t count_ = 0;
+  std::int64_t next_ = 0;  // guarded by mutex_ (tasks are coarse: one lock per task is noise)
+  std::exception_ptr error_;
+};
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,135 @@
+// The ORC LLJIT wrapper: host target machine, -O3 pipeline, typed lookup, errors as strings.
+#include <qkv/codegen/jit.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <utility>
+
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/Error.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/TargetParser/Host.h>
+#include <llvm/TargetParser/Triple.h>
+
+#include "llvm/optimize.hpp"
+
+namespace qkv::codegen {
+
+struct Jit::Impl {
+  HostTarget host;
+  std::string key;
+  std::unique_ptr<llvm::TargetMachine> machine;  // for the optimisation pipeline's cost models
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  std::mutex mutex;  // the pass pipeline and LLJIT's module adds are serialised
+
+  bool run_pipeline(llvm::Module& module, std::string* error);
+};
+
+namespace {
+
+std::atomic<std::int64_t> g_modules{0}, g_compile_ns{0};
+
+/// Adds the time from its construction to its destruction to the process's compile time.
+struct CompileTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CompileTimer() {
+    g_compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+bool fail(std::string* error, std::string message) {
+  if (error) *error = std::move(message);
+  return false;
+}
+
+std::string consume(llvm::Error e) { return llvm::toString(std::move(e)); }
+
+llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) {
+  llvm::orc::JITTargetMachineBuilder jtmb{llvm::Triple(llvm::sys::getProcessTriple())};
+  jtmb.setCPU(host.cpu);
+  jtmb.addFeatures(host.features);
+  jtmb.setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+  return jtmb;
+}
+}  // namespace
+
+JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6}; }
+
+Jit::Jit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Jit::~Jit() = default;
+
+std::unique_ptr<Jit> Jit::create(std::string* error) {
+  static const bool initialised = [] {
+    return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter();
+  }();
+  if (!initialised) {
+    fail(error, "jit: LLVM has no native target for this host (InitializeNativeTarget failed)");
+    return nullptr;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->host = host_target();
+  impl->key = impl->host.cpu + ":";
+  for (std::size_t i = 0; i < impl->host.features.size(); ++i) impl->key += (i ? "," : "") + impl->host.features[i];
+
+  auto machine = host_machine_builder(impl->host).createTargetMachine();
+  if (!machine) {
+    fail(error, "jit: cannot create a target machine for " + impl->host.triple + " (" + impl->host.cpu +
+                    "): " + consume(machine.takeError()));
+    return nullptr;
+  }
+  impl->machine = std::move(*machine);
+
+  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_machine_builder(impl->host)).create();
+  if (!jit) {
+    fail(error, "jit: cannot create LLJIT: " + consume(jit.takeError()));
+    return nullptr;
+  }
+  impl->jit = std::move(*jit);
+  return std::unique_ptr<Jit>(new Jit(std::move(impl)));
+}
+
+const HostTarget& Jit::target() const { return impl_->host; }
+const std::string& Jit::target_key() const { return impl_->key; }
+
+bool Jit::Impl::run_pipeline(llvm::Module& module, std::string* error) {
+  return optimize_module(module, *machine, "jit", error);
+}
+
+bool Jit::optimize(llvm::Module& module, std::string* error) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->run_pipeline(module, error);
+}
+
+bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMContext> context, std::string* error) {
+  if (!module || !context) return fail(error, "jit: add() needs a module and its context");
+  // From here the module and its context travel together (the module must die first).
+  llvm::orc::ThreadSafeModule tsm(std::move(module), std::move(context));
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const CompileTimer timer;
+  ++g_modules;
+  const bool ok = tsm.withModuleDo([&](llvm::Module& m) { return impl_->run_pipeline(m, error); });
+  if (!ok) return false;
+  if (auto e = impl_->jit->addIRModule(std::move(tsm)))
+    return fail(error, "jit: cannot add module: " + consume(std::move(e)));
+  return true;
+}
+
+void* Jit::lookup_address(std::string_view name, std::string* error) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const CompileTimer timer;  // the first lookup of a module's symbol generates its machine code
+  auto address = impl_->jit->lookup(llvm::StringRef(name.data(), name.size()));
+  if (!address) {
+    fail(error, "jit: no symbol '" + std::string(name) + "': " + consume(address.takeError()));
+    return nullptr;
+  }
+  return address->toPtr<void*>();
+}
+
+}  // namespace qkv::codegen

@@ -1,0 +1,24 @@
+// codegen/llvm/vector_math.hpp — elementary functions emitted as plain LLVM IR.
+//
+// Why: `llvm.exp.v16f32` on x86 is lowered to 16 scalar calls to expf. These are branch-free
+// range reduction + polynomial, written with ordinary IR instructions (fadd, fmuladd, bitcast,
+// shl) on any float type — `float` or `<N x float>` — so they vectorise to whatever width the
+// caller chose.
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+
+namespace qkv::codegen::cpu {
+
+/// 2^x. Max relative error ~2e-7 on the normal range. x = −inf (and anything below −126.5)
+/// gives exactly +0 — the masked entries of a softmax contribute nothing; x >= 128 gives +inf;
+/// NaN stays NaN. `nonpositive`: the caller guarantees x <= 0 or NaN (a softmax's x − max), which
+/// saves the upper clamp.
+llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool nonpositive = false);
+
+/// e^x (Cody–Waite reduction by ln 2 in two parts, then the same kind of polynomial). Max
+/// relative error ~3e-7; x = −inf (and x below about −87.7) gives +0, x >= 88.73 gives +inf,
+/// NaN stays NaN.
+llvm::Value* emit_exp(llvm::IRBuilder<>& b, llvm::Value* x);
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,96 @@
+#include <qkv/codegen/lowering/select.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include "lowering/graph_util.hpp"
+
+namespace qkv::codegen {
+
+KernelKind select_kernel(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op == Op::input || n.op == Op::param) return KernelKind::leaf;
+  if (is_view(n.op)) return KernelKind::view;
+  switch (n.op) {
+    case Op::fused_attention:
+      return KernelKind::fused_attention;
+    case Op::attention_weights:
+      return KernelKind::attention_weights;
+    case Op::linear:
+      return util::linear_on_last_axis(g, n) ? KernelKind::gemm : KernelKind::linear_strided;
+    case Op::layer_norm:
+      return util::layer_norm_on_last_axis(g, n) ? KernelKind::layer_norm_rows : KernelKind::layer_norm_strided;
+    case Op::relu:
+    case Op::gelu:
+    case Op::scale:
+      return KernelKind::unary;
+    case Op::add: {
+      const auto &x = g.node(n.inputs[0]).axes, &y = g.node(n.inputs[1]).axes;
+      return x == y ? KernelKind::add_same : KernelKind::broadcast_binary;  // names and extents
+    }
+    case Op::mul:
+    case Op::bias:
+    case Op::keep_mask:
+      return KernelKind::broadcast_binary;
+    case Op::permute:
+    case Op::broadcast:
+    case Op::slice:
+    case Op::concat:
+      return KernelKind::strided_copy;
+    case Op::fill:
+      return KernelKind::fill;
+    case Op::softmax:
+      return KernelKind::softmax;
+    case Op::causal:
+      return KernelKind::causal;
+    case Op::dropout:
+      return KernelKind::dropout;
+    case Op::contract:
+      return KernelKind::contract;
+    default:
+      break;
+  }
+  throw std::logic_error("qkv internal error: select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
+}
+
+std::string_view kernel_kind_name(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::leaf:
+      return "leaf";
+    case KernelKind::view:
+      return "view";
+    case KernelKind::fused_attention:
+      return "fused_attention";
+    case KernelKind::attention_weights:
+      return "attention_weights";
+    case KernelKind::gemm:
+      return "gemm";
+    case KernelKind::linear_strided:
+      return "linear_strided";
+    case KernelKind::layer_norm_rows:
+      return "layer_norm_rows";
+    case KernelKind::layer_norm_strided:
+      return "layer_norm_strided";
+    case KernelKind::unary:
+      return "unary";
+    case KernelKind::add_same:
+      return "add_same";
+    case KernelKind::broadcast_binary:
+      return "broadcast_binary";
+    case KernelKind::strided_copy:
+      return "strided_copy";
+    case KernelKind::fill:
+      return "fill";
+    case KernelKind::softmax:
+      return "softmax";
+    case KernelKind::causal:
+      return "causal";
+    case KernelKind::dropout:
+      return "dropout";
+    case KernelKind::contract:
+      return "contract";
+  }
+  return "?";
+}
+
+}  // namespace qkv::codegen
