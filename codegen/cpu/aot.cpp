@@ -38,7 +38,7 @@ namespace qkv::codegen {
 namespace {
 
 [[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("aot: " + what); }
-[[noreturn]] void failed(const std::string& what) { throw std::runtime_error("aot: " + what); }
+[[noreturn]] void failed(const std::string& what) { throw ToolError("aot: " + what); }
 
 bool is_c_identifier(const std::string& s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;

@@ -31,14 +31,14 @@ std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered
   auto impl = std::make_unique<Impl>();
   std::string error;
   impl->jit = Jit::create(&error);
-  if (!impl->jit) throw std::runtime_error(error);
+  if (!impl->jit) throw ToolError("compiling the graph: " + error);
   const ModulePlan plan = plan_module(lowered, fixed, impl->jit->target());
   impl->signature = module_signature(lowered, AotOptions{.function = function}, plan);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = build_graph_module(*context, lowered, impl->signature, plan, impl->jit->target(), function, false);
-  if (!impl->jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
+  if (!impl->jit->add(std::move(module), std::move(context), &error)) throw ToolError("compiling the graph: " + error);
   impl->entry = impl->jit->lookup<EntryFn>(function + "_entry", &error);
-  if (!impl->entry) throw std::runtime_error(error);
+  if (!impl->entry) throw ToolError("compiling the graph: " + error);
   return std::shared_ptr<const CompiledGraph>(new CompiledGraph(std::move(impl)));
 }
 

@@ -13,7 +13,7 @@ namespace {
 const Axis& axis(const std::vector<Axis>& axes, const std::string& name) {
   for (const auto& a : axes)
     if (a.name == name) return a;
-  throw std::logic_error("qkv internal error: fused attention has no axis `" + name + "`");
+  internal_error("fused attention has no axis `" + name + "`");
 }
 
 std::int64_t bound(const Extent& e, const std::string& name, const Bindings& b) {

@@ -33,7 +33,7 @@ inline Shape strides_of(const Shape& s) {
 inline std::size_t axis_pos(const std::vector<Axis>& axes, const std::string& name, const char* who = "codegen") {
   for (std::size_t k = 0; k < axes.size(); ++k)
     if (axes[k].name == name) return k;
-  throw std::logic_error(std::string("qkv internal error: ") + who + ": no axis `" + name + "`");
+  internal_error(std::string(who) + ": no axis `" + name + "`");
 }
 
 /// For each axis of `target`, the stride of the same-named axis of `src` (0: broadcast along it).

@@ -50,7 +50,7 @@ KernelKind select_kernel(const Graph& g, int id) {
     default:
       break;
   }
-  throw std::logic_error("qkv internal error: select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
+  internal_error("select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
 }
 
 std::string_view kernel_kind_name(KernelKind kind) {

@@ -1,6 +1,7 @@
 #include <qkv/codegen/passes/verify.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <set>
 #include <stdexcept>
 
@@ -18,9 +19,46 @@ bool has(const std::vector<Axis>& axes, std::string_view name) {
   return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
 }
 
+using Names = std::vector<std::string>;
+
+Names cat(std::initializer_list<const Names*> parts, std::initializer_list<std::string> tail) {
+  Names out;
+  for (const Names* p : parts) out.insert(out.end(), p->begin(), p->end());
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+std::string list(const Names& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s + "]";
+}
+
+/// The laid-out grammar of a fused_attention node (verify.hpp).
+void check_laid_out_attention(const Graph& g, const Node& n, const std::function<void(const std::string&)>& report) {
+  const AttentionAttrs& a = *n.attention;
+  auto expect = [&](const char* what, const std::vector<Axis>& axes, const Names& want) {
+    if (names(axes) != want) report(std::string(what) + " is " + axes_str(axes) + ", not laid out as " + list(want));
+  };
+  expect("q", g.node(n.inputs[0]).axes, cat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
+  expect("k", g.node(n.inputs[1]).axes, cat({&a.batch, &a.heads}, {a.key, a.dk}));
+  expect("v", g.node(n.inputs[2]).axes, cat({&a.batch, &a.heads}, {a.key, a.dv}));
+  expect("the output", n.axes, cat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
+  for (std::size_t m = 3; m < n.inputs.size(); ++m) {
+    const Names got = names(g.node(n.inputs[m]).axes);
+    const bool padding = !a.batch.empty() && !got.empty() && got.front() == a.batch.front();
+    const Names want = padding ? Names{a.batch.front(), a.key} : Names{a.query, a.key};
+    Names in_order;  // got's names in want's order
+    for (const auto& w : want)
+      if (std::find(got.begin(), got.end(), w) != got.end()) in_order.push_back(w);
+    if (got != (padding ? want : in_order) || got.empty())
+      report("mask " + std::to_string(m - 3) + " is " + list(got) + ", not laid out within " + list(want));
+  }
+}
+
 }  // namespace
 
-std::vector<std::string> verify(const Graph& g) {
+std::vector<std::string> verify(const Graph& g, Stage stage) {
   std::vector<std::string> problems;
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     const Node& n = g.node(id);
@@ -72,16 +110,28 @@ std::vector<std::string> verify(const Graph& g) {
       for (const auto& a : n.attr_axes)
         if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
     if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");
+    if (stage == Stage::laid_out && n.op == Op::fused_attention && n.attention && count >= 3)
+      check_laid_out_attention(g, n, report);
+    if (stage == Stage::laid_out && n.op == Op::attention_weights) {
+      const Node& f = g.node(n.inputs[0]);
+      if (f.op != Op::fused_attention || !f.attention) {
+        report("reads %" + std::to_string(n.inputs[0]) + ", not a fused_attention");
+      } else {
+        const AttentionAttrs& a = *f.attention;
+        const Names want = cat({&a.batch, &a.heads, &a.group}, {a.query, a.key});
+        if (nm != want) report("is not laid out as " + list(want));
+      }
+    }
   }
   for (const auto& o : g.outputs())
     if (o.node < 0 || o.node >= static_cast<int>(g.size())) problems.push_back("output '" + o.name + "' names no node");
   return problems;
 }
 
-void verify_or_throw(const Graph& g, std::string_view after_pass) {
-  const auto problems = verify(g);
+void verify_or_throw(const Graph& g, std::string_view after_pass, Stage stage) {
+  const auto problems = verify(g, stage);
   if (!problems.empty())
-    throw std::logic_error("qkv internal error: graph invalid after " + std::string(after_pass) + ": " +
+    internal_error("graph invalid after " + std::string(after_pass) + ": " +
                            problems.front());
 }
 

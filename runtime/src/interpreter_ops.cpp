@@ -13,7 +13,6 @@
 
 namespace qkv::interp {
 
-void internal_error(const std::string& what) { throw std::logic_error("qkv internal error: " + what); }
 
 std::string node_label(const Graph& g, int id) {
   const Node& n = g.node(id);

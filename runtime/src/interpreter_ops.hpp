@@ -17,8 +17,8 @@ struct Value {
   std::vector<float> data;
 };
 
-/// Throws std::logic_error("qkv internal error: <what>"): the graph broke a rule the DSL enforces.
-[[noreturn]] void internal_error(const std::string& what);
+/// The graph broke a rule the DSL enforces (qkv/ir/error.hpp).
+using qkv::internal_error;
 
 /// "%3 (softmax)" — how messages name a node.
 std::string node_label(const Graph& g, int id);

@@ -112,6 +112,24 @@ TEST(Executor, CompilesOncePerShapeClassNotPerLength) {
   }
 }
 
+TEST(Verify, LaidOutGrammarChecksTheKernelsOperandOrders) {
+  const auto c = cases::mha_with_padding_and_weights({5, 3, 1});
+  Graph lowered = codegen::lower(c.graph);
+  EXPECT_THAT(codegen::verify(lowered, codegen::Stage::laid_out), ::testing::IsEmpty());
+  // The same graph with the fused node's output axes swapped: still a valid graph, but not the
+  // layout the kernel writes.
+  Graph broken;
+  for (Node n : lowered.nodes()) {
+    if (n.op == Op::fused_attention) std::swap(n.axes[n.axes.size() - 1], n.axes[n.axes.size() - 2]);
+    broken.add(std::move(n));
+  }
+  for (const auto& o : lowered.outputs()) broken.mark_output(o.node, o.name);
+  const auto problems = codegen::verify(broken, codegen::Stage::laid_out);
+  ASSERT_FALSE(problems.empty());
+  EXPECT_THAT(problems.front(), HasSubstr("(fused_attention): the output is"));
+  EXPECT_THAT(problems.front(), HasSubstr("not laid out as"));
+}
+
 TEST(Verify, AcceptsDslGraphsAndNamesTheBrokenNode) {
   Graph g;
   auto x = input<Tensor<f32, Batch<2>, Seq<4>, Model<16>>>(g, "x");

@@ -83,7 +83,7 @@ class ModuleBuilder {
   I dim(const Extent& e) {
     if (auto v = e.resolve(plan_.fixed)) return c64(*v);
     auto it = sym_.find(e.symbol);
-    if (it == sym_.end()) throw std::logic_error("qkv internal error: codegen: the size `" + e.symbol + "` is unknown");
+    if (it == sym_.end()) internal_error("codegen: the size `" + e.symbol + "` is unknown");
     return I(b_, it->second) * e.num / e.den + e.plus;
   }
   Dims shape(int id) {
@@ -159,7 +159,7 @@ class ModuleBuilder {
 
   llvm::Function* callee(const std::string& name) {
     llvm::Function* f = m_.getFunction(name);
-    if (!f) throw std::logic_error("qkv internal error: codegen: kernel `" + name + "` was not emitted");
+    if (!f) internal_error("codegen: kernel `" + name + "` was not emitted");
     return f;
   }
   llvm::Function* rowwise(const char* name) {
@@ -463,7 +463,7 @@ class ModuleBuilder {
       case KernelKind::contract:
         return emit_contract(id);
     }
-    throw std::logic_error("qkv internal error: codegen: op " + std::string(op_name(n.op)) + " has no lowering");
+    internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }
 
   void emit_scale(int id) {

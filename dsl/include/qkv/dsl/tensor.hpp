@@ -151,7 +151,7 @@ void defer_equal(Graph& g, const Extent& a, const Extent& b, Text text) {
 inline const Axis& ir_axis(const Node& n, std::string_view name) {
   for (const auto& a : n.axes)
     if (a.name == name) return a;
-  throw std::logic_error("qkv internal error: node has no axis '" + std::string(name) + "'");
+  internal_error("node has no axis '" + std::string(name) + "'");
 }
 
 template <class DT, class... A, class Trait>

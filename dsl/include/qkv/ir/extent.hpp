@@ -11,14 +11,9 @@
 #include <string>
 #include <utility>
 
-namespace qkv {
+#include <qkv/ir/error.hpp>
 
-/// A shape check that failed once the dynamic extents were bound to concrete sizes. It carries
-/// the same message the compile-time check would have printed, with the bound sizes filled in.
-class ShapeError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace qkv {
 
 /// Concrete sizes for the symbolic extents of a graph, by symbol name (e.g. {"Seq", 128}).
 using Bindings = std::map<std::string, std::int64_t, std::less<>>;
@@ -76,7 +71,7 @@ struct Extent {
       e.value /= k;
     } else {
       if (plus % k != 0)
-        throw std::logic_error("qkv internal error: cannot divide " + str() + " by " + std::to_string(k));
+        internal_error("cannot divide " + str() + " by " + std::to_string(k));
       e.den *= k;
       e.plus /= k;
       e.reduce();
@@ -100,7 +95,7 @@ struct Extent {
       e.plus += o.plus;
       return e;
     }
-    throw std::logic_error("qkv internal error: cannot add extents " + str() + " and " + o.str());
+    internal_error("cannot add extents " + str() + " and " + o.str());
   }
 
   friend bool operator==(const Extent&, const Extent&) = default;
