@@ -24,7 +24,6 @@ constexpr int kMantissaBits = 23;
 constexpr double kExp2Lo = -127.0;
 constexpr double kExp2Hi = 128.0;
 
-constexpr double kLog2e = 1.4426950408889634;
 // ln 2 split in two (Cody–Waite): kLn2Hi has few significant bits, so n·kLn2Hi is exact.
 constexpr double kLn2Hi = 0.693359375;
 constexpr double kLn2Lo = -2.12194440e-4;

@@ -8,6 +8,12 @@
 
 #include <llvm/IR/IRBuilder.h>
 
+namespace qkv::codegen {
+/// log2(e): exponentials are computed as 2^(x·log2 e) (here, and in the attention kernels' scores
+/// on both targets).
+inline constexpr double kLog2e = 1.4426950408889634;
+}  // namespace qkv::codegen
+
 namespace qkv::codegen::cpu {
 
 /// 2^x. Max relative error ~2e-7 on the normal range. x = −inf (and anything below −126.5)

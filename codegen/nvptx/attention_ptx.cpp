@@ -29,6 +29,7 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 
+#include "llvm/vector_math.hpp"
 #include "llvm/philox_ir.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -37,7 +38,6 @@ namespace qkv::codegen::nvptx::detail {
 
 namespace {
 
-constexpr double kLog2e = 1.4426950408889634;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 using Values = std::vector<llvm::Value*>;

@@ -6,6 +6,8 @@
 #include <string>
 #include <type_traits>
 
+#include <qkv/ir/hash.hpp>
+
 #include "nvptx/geometry.hpp"
 
 namespace qkv::codegen::nvptx {
@@ -124,14 +126,6 @@ std::string hex(std::uint64_t h) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
-
-std::uint64_t fnv(std::uint64_t h, std::int64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= static_cast<std::uint64_t>(v >> (8 * i)) & 0xFFu;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 }  // namespace
 
 Dim3 attention_grid(const AttentionKernel& kernel, std::int64_t batch, std::int64_t len_q) {
@@ -169,9 +163,10 @@ std::string kernel_name(const KernelRequest& request) {
           cpu::AttentionSpec s = r.spec;
           s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
           const auto g = detail::attention_geometry(r);
-          std::uint64_t h = s.hash();
-          for (int v : {g.block_q, g.block_k, g.threads}) h = fnv(h, v);
-          return "qkv_attention_" + hex(h);
+          Fnv1a h;
+          h.i(static_cast<std::int64_t>(s.hash()));
+          for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
+          return "qkv_attention_" + hex(h.value());
         } else if constexpr (std::is_same_v<T, LinearKernel>) {
           return "qkv_linear_" + std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" +
                  std::to_string(r.block_k);

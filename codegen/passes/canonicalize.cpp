@@ -1,5 +1,7 @@
 #include <qkv/codegen/passes/canonicalize.hpp>
 
+#include "passes/rewrite.hpp"
+
 #include <vector>
 
 namespace qkv::codegen {
@@ -26,43 +28,27 @@ Graph eliminate_dead_nodes(const Graph& g) {
     if (!live[static_cast<std::size_t>(id)]) continue;
     for (int in : n.inputs) live[static_cast<std::size_t>(in)] = true;
   }
-  Graph out;
-  std::vector<int> map(g.size(), -1);
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
-    if (!live[static_cast<std::size_t>(id)]) continue;
-    Node n = g.node(id);
-    for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
-    map[static_cast<std::size_t>(id)] = out.add(std::move(n));
-  }
-  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
-  for (const auto& c : g.constraints()) out.require(c);
-  return out;
+  return Rewrite(g).run([&](Rewrite& r, int id) {
+    return live[static_cast<std::size_t>(id)] ? r.out.add(r.remapped(id)) : -1;
+  });
 }
 
 Graph canonicalize(const Graph& g) {
-  Graph out;
-  std::vector<int> map(g.size(), -1);
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
-    Node n = g.node(id);
-    for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
+  return eliminate_dead_nodes(Rewrite(g).run([&](Rewrite& r, int id) {
+    Node n = r.remapped(id);
+    Graph& out = r.out;
     if (n.op == Op::permute) {
       const Node& x = out.node(n.inputs[0]);
       if (x.op == Op::permute) n.inputs[0] = x.inputs[0];    // permute(permute(y)) = one reordering of y
-      if (same_names(out.node(n.inputs[0]).axes, n.axes)) {  // keeps the order: not a permute at all
-        map[static_cast<std::size_t>(id)] = n.inputs[0];
-        continue;
-      }
+      if (same_names(out.node(n.inputs[0]).axes, n.axes)) return n.inputs[0];  // keeps the order: not a permute
     }
     if (plain_scale(n) && plain_scale(out.node(n.inputs[0]))) {
       const Node& x = out.node(n.inputs[0]);
       n.scalar *= x.scalar;
       n.inputs[0] = x.inputs[0];
     }
-    map[static_cast<std::size_t>(id)] = out.add(std::move(n));
-  }
-  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
-  for (const auto& c : g.constraints()) out.require(c);
-  return eliminate_dead_nodes(out);
+    return out.add(std::move(n));
+  }));
 }
 
 }  // namespace qkv::codegen

@@ -1,5 +1,7 @@
 #include <qkv/codegen/passes/fuse_attention.hpp>
 
+#include "passes/rewrite.hpp"
+
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -172,37 +174,26 @@ Graph fuse_attention(const Graph& g) {
       if (auto m = match_at(g, uses, id)) matches.push_back(*m);
   if (matches.empty()) return g;
 
-  Graph out;
-  std::vector<int> map(g.size(), -1);
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+  return Rewrite(g).run([&](Rewrite& r, int id) {
     const auto hit = std::find_if(matches.begin(), matches.end(), [&](const Match& m) { return m.output == id; });
-    if (hit == matches.end()) {
-      Node n = g.node(id);
-      for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
-      map[static_cast<std::size_t>(id)] = out.add(std::move(n));
-      continue;
-    }
+    if (hit == matches.end()) return r.out.add(r.remapped(id));
     Node f;
     f.op = Op::fused_attention;
     f.name = "attention";
-    f.inputs = {map[static_cast<std::size_t>(hit->q)], map[static_cast<std::size_t>(hit->k)],
-                map[static_cast<std::size_t>(hit->v)]};
-    for (int m : hit->masks) f.inputs.push_back(map[static_cast<std::size_t>(m)]);
+    f.inputs = {r[hit->q], r[hit->k], r[hit->v]};
+    for (int m : hit->masks) f.inputs.push_back(r[m]);
     f.axes = g.node(id).axes;
     f.attention = hit->attrs;
-    const int fused = out.add(std::move(f));
-    map[static_cast<std::size_t>(id)] = fused;
+    const int fused = r.out.add(std::move(f));
     if (hit->weights) {
       Node w;
       w.op = Op::attention_weights;
       w.inputs = {fused};
       w.axes = g.node(hit->softmax).axes;
-      map[static_cast<std::size_t>(hit->dropout >= 0 ? hit->dropout : hit->softmax)] = out.add(std::move(w));
+      r.set(hit->dropout >= 0 ? hit->dropout : hit->softmax, r.out.add(std::move(w)));
     }
-  }
-  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
-  for (const auto& c : g.constraints()) out.require(c);
-  return out;
+    return fused;
+  });
 }
 
 }  // namespace qkv::codegen

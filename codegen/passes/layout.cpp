@@ -1,5 +1,7 @@
 #include <qkv/codegen/passes/layout.hpp>
 
+#include "passes/rewrite.hpp"
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -38,6 +40,12 @@ int in_order(Graph& out, int id, const Names& order) {
   return out.add(std::move(p));
 }
 
+Names names_of(const std::vector<Axis>& axes) {
+  Names v;
+  for (const auto& x : axes) v.push_back(x.name);
+  return v;
+}
+
 Names concat(std::initializer_list<const Names*> parts, std::initializer_list<std::string> tail) {
   Names out;
   for (const Names* p : parts) out.insert(out.end(), p->begin(), p->end());
@@ -48,23 +56,16 @@ Names concat(std::initializer_list<const Names*> parts, std::initializer_list<st
 }  // namespace
 
 Graph layout(const Graph& g) {
-  Graph out;
-  std::vector<int> map(g.size(), -1);
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
-    Node n = g.node(id);
-    for (int& in : n.inputs) in = map[static_cast<std::size_t>(in)];
+  return Rewrite(g).run([&](Rewrite& r, int id) {
+    Graph& out = r.out;
+    Node n = r.remapped(id);
     if (n.op == Op::fused_attention) {
       const AttentionAttrs& a = *n.attention;
-      const Names none;
       n.inputs[0] = in_order(out, n.inputs[0], concat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
       n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
       n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
       for (std::size_t m = 3; m < n.inputs.size(); ++m) {
-        const Names mask_axes = [&] {
-          Names v;
-          for (const auto& x : out.node(n.inputs[m]).axes) v.push_back(x.name);
-          return v;
-        }();
+        const Names mask_axes = names_of(out.node(n.inputs[m]).axes);
         const bool key_padding =
             !a.batch.empty() && std::find(mask_axes.begin(), mask_axes.end(), a.batch.front()) != mask_axes.end();
         n.inputs[m] = in_order(out, n.inputs[m], key_padding ? Names{a.batch.front(), a.key} : Names{a.query, a.key});
@@ -72,12 +73,7 @@ Graph layout(const Graph& g) {
       const std::vector<Axis> original = n.axes;
       n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
       const int fused = out.add(std::move(n));
-      map[static_cast<std::size_t>(id)] = in_order(out, fused, [&] {
-        Names v;
-        for (const auto& x : original) v.push_back(x.name);
-        return v;
-      }());
-      continue;
+      return in_order(out, fused, names_of(original));
     }
     if (n.op == Op::attention_weights) {
       const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
@@ -88,18 +84,10 @@ Graph layout(const Graph& g) {
       n.inputs[0] = fused;
       n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.key}));
       const int w = out.add(std::move(n));
-      map[static_cast<std::size_t>(id)] = in_order(out, w, [&] {
-        Names v;
-        for (const auto& x : original) v.push_back(x.name);
-        return v;
-      }());
-      continue;
+      return in_order(out, w, names_of(original));
     }
-    map[static_cast<std::size_t>(id)] = out.add(std::move(n));
-  }
-  for (const auto& o : g.outputs()) out.mark_output(map[static_cast<std::size_t>(o.node)], o.name);
-  for (const auto& c : g.constraints()) out.require(c);
-  return out;
+    return out.add(std::move(n));
+  });
 }
 
 }  // namespace qkv::codegen

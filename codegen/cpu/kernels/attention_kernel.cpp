@@ -1,6 +1,7 @@
 // The fused attention kernel, part 1: choosing the blocking, the function and its arguments, the
 // geometry of a task (which tiles to visit, which need masks), the stack state, the sweeps over
 // the K/V tiles and the epilogue. The tile body is in attention_tile.cpp.
+#include "llvm/vector_math.hpp"
 #include "cpu/kernels/attention_kernel.hpp"
 
 #include <algorithm>
@@ -20,7 +21,6 @@
 namespace qkv::codegen::cpu {
 
 namespace {
-constexpr double kLog2e = 1.4426950408889634;
 constexpr std::uint64_t kVectorAlign = 64;  // a cache line; >= any vector's natural alignment
 }  // namespace
 

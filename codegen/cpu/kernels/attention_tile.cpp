@@ -22,7 +22,6 @@
 namespace qkv::codegen::cpu {
 
 namespace {
-constexpr double kLog2e = 1.4426950408889634;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 /// Unroll factor of the d loop of Q·Kᵀ: the largest of 4, 2, 1 dividing dk.

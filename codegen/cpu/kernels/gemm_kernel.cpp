@@ -16,6 +16,7 @@
 // n0 is a multiple of NR; Bp (the packed Bᵀ) holds panel p's K × NR block contiguously,
 // zero-padded past N, so the micro-kernel never needs a column mask until the store.
 #include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/ir/hash.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -378,12 +379,9 @@ float* scratch(std::vector<float>& buf, std::size_t n) {
 }  // namespace
 
 std::uint64_t GemmSpec::hash() const {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (int v : {vector_floats, rows, col_vectors, k_block}) {
-    h ^= static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));
-    h *= 0x100000001b3ULL;
-  }
-  return h;
+  Fnv1a h;
+  for (int v : {vector_floats, rows, col_vectors, k_block}) h.i(v);
+  return h.value();
 }
 
 GemmInfo prepare_linear(const GemmSpec& spec) {

@@ -18,6 +18,7 @@
 
 #include <qkv/ir/dtype.hpp>
 #include <qkv/ir/extent.hpp>
+#include <qkv/ir/hash.hpp>
 #include <qkv/ir/ops.hpp>
 
 namespace qkv {
@@ -193,75 +194,42 @@ inline std::string Graph::table() const {
 }
 
 inline std::uint64_t Graph::hash() const {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix_bytes = [&h](const void* p, std::size_t n) {
-    auto c = static_cast<const unsigned char*>(p);
-    for (std::size_t i = 0; i < n; ++i) {
-      h ^= c[i];
-      h *= 1099511628211ull;
-    }
-  };
-  auto mix_str = [&](const std::string& s) {
-    std::uint64_t n = s.size();
-    mix_bytes(&n, sizeof n);
-    mix_bytes(s.data(), s.size());
-  };
-  auto mix_i = [&](std::int64_t v) { mix_bytes(&v, sizeof v); };
-  auto mix_extent = [&](const Extent& e) {
-    mix_i(e.value);
-    mix_str(e.symbol);
-    mix_i(e.num);
-    mix_i(e.den);
-    mix_i(e.plus);
-  };
+  Fnv1a h;
+  auto mix_extent = [&](const Extent& e) { h.i(e.value).str(e.symbol).i(e.num).i(e.den).i(e.plus); };
   for (const auto& n : nodes_) {
-    mix_i(static_cast<std::int64_t>(n.op));
-    mix_str(n.name);
-    mix_i(static_cast<std::int64_t>(n.inputs.size()));
-    for (int i : n.inputs) mix_i(i);
-    mix_i(static_cast<std::int64_t>(n.axes.size()));
+    h.i(static_cast<std::int64_t>(n.op)).str(n.name).i(static_cast<std::int64_t>(n.inputs.size()));
+    for (int i : n.inputs) h.i(i);
+    h.i(static_cast<std::int64_t>(n.axes.size()));
     for (const auto& a : n.axes) {
-      mix_str(a.name);
+      h.str(a.name);
       mix_extent(a.extent);
     }
-    mix_i(static_cast<std::int64_t>(n.dtype));
-    mix_i(static_cast<std::int64_t>(n.attr_axes.size()));
-    for (const auto& a : n.attr_axes) mix_str(a);
-    mix_bytes(&n.scalar, sizeof n.scalar);
-    mix_i(static_cast<std::int64_t>(n.seed));
-    mix_i(static_cast<std::int64_t>(n.align));
-    mix_i(static_cast<std::int64_t>(n.mask));
-    mix_i(n.offset);
-    mix_i(n.dim.has_value());
+    h.i(static_cast<std::int64_t>(n.dtype)).i(static_cast<std::int64_t>(n.attr_axes.size()));
+    for (const auto& a : n.attr_axes) h.str(a);
+    h.d(n.scalar).i(static_cast<std::int64_t>(n.seed)).i(static_cast<std::int64_t>(n.align));
+    h.i(static_cast<std::int64_t>(n.mask)).i(n.offset).i(n.dim.has_value());
     if (n.dim) mix_extent(*n.dim);
-    mix_i(n.attention.has_value());
+    h.i(n.attention.has_value());
     if (const auto& at = n.attention) {
       for (const auto* list : {&at->batch, &at->heads, &at->group}) {
-        mix_i(static_cast<std::int64_t>(list->size()));
-        for (const auto& a : *list) mix_str(a);
+        h.i(static_cast<std::int64_t>(list->size()));
+        for (const auto& a : *list) h.str(a);
       }
-      for (const auto* name : {&at->query, &at->key, &at->dk, &at->dv}) mix_str(*name);
-      mix_bytes(&at->scale, sizeof at->scale);
-      mix_i(at->scale_dim.has_value());
+      for (const auto* name : {&at->query, &at->key, &at->dk, &at->dv}) h.str(*name);
+      h.d(at->scale).i(at->scale_dim.has_value());
       if (at->scale_dim) mix_extent(*at->scale_dim);
-      mix_i(at->causal);
-      mix_i(static_cast<std::int64_t>(at->align));
-      mix_bytes(&at->dropout, sizeof at->dropout);
-      mix_i(static_cast<std::int64_t>(at->seed));
-      mix_i(at->write_weights);
+      h.i(at->causal).i(static_cast<std::int64_t>(at->align)).d(at->dropout).i(static_cast<std::int64_t>(at->seed));
+      h.i(at->write_weights);
     }
   }
-  for (const auto& o : outputs_) {
-    mix_i(o.node);
-    mix_str(o.name);
-  }
+  for (const auto& o : outputs_) h.i(o.node).str(o.name);
   for (const auto& c : constraints_) {
-    mix_i(static_cast<std::int64_t>(c.kind));
+    h.i(static_cast<std::int64_t>(c.kind));
     mix_extent(c.a);
     mix_extent(c.b);
-    mix_str(c.message);
+    h.str(c.message);
   }
-  return h;
+  return h.value();
 }
 
 }  // namespace qkv
