@@ -1,6 +1,6 @@
 // Lesson 07 — a guided tour of the shape bugs qkv turns into compile errors.
 //
-// Each entry below is a mistake from the catalogue (../shared DESIGN, "The bug catalogue"),
+// Each entry below is a mistake from the bug catalogue (docs/diagnostics.md lists all 13),
 // written the way people make it, with the first line of the diagnostic qkv gives. The
 // mistakes themselves are in comments — uncomment one in a copy of this file to see the
 // compiler reject it. Every entry is a real test: tests/compile_fail/<name>_fail.cpp holds the
