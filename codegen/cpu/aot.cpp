@@ -56,14 +56,14 @@ void init_llvm() {
 }
 
 /// The machine code is generated for, and what the kernel generators need to know of it.
-struct Machine {
+struct EmitTarget {
   HostTarget target;
   std::unique_ptr<llvm::TargetMachine> tm;
 };
 
-Machine machine_for(const std::string& cpu) {
+EmitTarget machine_for(const std::string& cpu) {
   init_llvm();
-  Machine m;
+  EmitTarget m;
   if (cpu == "native" || cpu.empty()) {
     m.target = host_target();
   } else {
@@ -260,13 +260,13 @@ AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptio
 }
 
 std::string aot_header(const Graph& g, const Bindings& sizes, const AotOptions& options) {
-  const Machine m = machine_for(options.cpu);
+  const EmitTarget m = machine_for(options.cpu);
   return header_text(prepare(g, sizes, options, m.target).signature, options, m.target.cpu, options.function + ".h");
 }
 
 std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const AotOptions& options, AotFormat format,
                                   const std::string& path) {
-  Machine m = machine_for(options.cpu);
+  EmitTarget m = machine_for(options.cpu);
   const Compiled c = prepare(g, sizes, options, m.target);
   llvm::LLVMContext context;
   auto module = cpu::build_graph_module(context, c.lowered, c.signature, c.plan, m.target, options.function, true);

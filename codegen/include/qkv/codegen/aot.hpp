@@ -5,37 +5,37 @@
 //   auto files = qkv::codegen::emit_aot(graph, sizes, opt, qkv::codegen::AotFormat::shared, "mha.so");
 //   // files: {"mha.so", "mha.h"}
 //
-// The graph goes through the CPU pass pipeline, then every node of the lowered graph becomes
-// code in ONE LLVM module, specialised on the concrete sizes:
-//   - fused_attention → the flash-style kernel of run_attention.hpp, called per (batch, head,
-//     query block); its masks combined as the in-process executor combines them (fused_call.hpp);
-//   - linear over the contiguous axis → the register-blocked GEMM kernel of gemm.hpp (Bᵀ packed by
-//     generated loops on each call); layer norm over the contiguous axis, gelu, relu and the
-//     equal-shape add → the row-wise kernels of rowwise.hpp;
-//   - everything else (broadcasting add/mul/bias/keep-mask, scale, softmax, causal, dropout,
-//     contract, permute, slice, concat, broadcast, fill, and linear / layer norm over another
-//     axis) → loop nests generated for the concrete strides, with the reference interpreter's
-//     semantics (docs/semantics.md); views (split, merge, rename, view) cost nothing.
-// Intermediates live in one 64-byte aligned arena (aligned_alloc) per call, with buffers reused once their values are
-// dead. The generated code needs only the C library (aligned_alloc, free, memcpy, memset, sysconf,
+// The graph goes through the CPU pass pipeline, then the lowered graph becomes ONE LLVM module
+// (cpu/module/module_builder.cpp, the same code generator the in-process executor uses), with
+// every size fixed unless AotOptions::dynamic names it: each node's kernel kind
+// (lowering/select.hpp) is emitted as in docs/architecture.md — the flash-style attention kernel
+// per (batch, head, query block) with its masks combined as lowering/attention_call.hpp says, the
+// register-blocked GEMM (Bᵀ packed by generated loops on each call), the row-wise kernels, and
+// loop nests with the reference interpreter's semantics for everything else; views cost nothing.
+// Intermediates live in one 64-byte aligned arena (aligned_alloc) per call, in slots shared by
+// values whose lives do not overlap (lowering/lifetimes.hpp); outputs are computed in place. The
+// generated code needs only the C library (aligned_alloc, free, memcpy, memset, sysconf,
 // pthread_create, pthread_join) at run time: no qkv, no LLVM, no C++ runtime.
 //
 // Threads: the attention tasks (batch, head, block of query rows; heaviest first when causal),
-// the GEMM's (row block, column block) tasks and the row-wise kernels' ranges are shared between
-// the calling thread and threads − 1 pthreads created for each parallel loop (an atomic task
-// counter), when a loop has more than one task and about a million flops of work; the generic
-// loop nests run on the calling thread. The split of the work does not depend on the thread
-// count, so results are bitwise identical for any count.
+// the GEMM's (row block, column block) tasks and the row-wise kernels' ranges (cpu/schedule.hpp)
+// are shared between the calling thread and threads − 1 pthreads created for each parallel loop
+// (an atomic task counter), when a loop has more than one task and about a million flops of
+// work; the generic loop nests run on the calling thread. The split of the work does not depend
+// on the thread count, so results are bitwise identical for any count.
 //
 // The C interface (the header emit_aot writes beside an object or a shared library):
 //
-//   int <function>(const float* <input>, …, const uint8_t* <bool input>, …, float* <output>, …);
-//   int <function>_packed(void* const* args);   // the same arguments as an array, in that order
+//   int <function>([int64_t <size>, …,] const float* <input>, …, const uint8_t* <bool input>, …,
+//                  float* <output>, …);
+//   int <function>_packed([const int64_t* sizes,] void* const* args);   // the same, as arrays
 //   int <function>_set_threads(int n);          // n >= 1 threads; 0 (default): one per online CPU
 //
-// Arguments are the graph's inputs and parameters in graph order, then its outputs; every array
-// is dense, row-major, in the axis order the header lists. Returns 0, or 1 when the arena cannot
-// be allocated. Bool tensors (keep-masks: 1 = may attend) are one byte per element.
+// Arguments are the dynamic sizes (only with AotOptions::dynamic, in symbol order), then the
+// graph's inputs and parameters in graph order, then its outputs; every array is dense,
+// row-major, in the axis order the header lists. Returns 0; 1 when the arena cannot be allocated;
+// 2 when dynamic sizes are invalid (negative, or failing a shape check of the model). Bool
+// tensors (keep-masks: 1 = may attend) are one byte per element.
 #pragma once
 
 #include <cstdint>
@@ -105,7 +105,9 @@ std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const A
                                   const std::string& path);
 
 /// The same module compiled in-process for this host (for tests, and to check an AOT build
-/// against the interpreter without a C compiler): call it with the packed arguments.
+/// against the interpreter without a C compiler): call it with the packed arguments. It is a
+/// cpu::CompiledGraph (compiled_graph.hpp) of the lowered graph with every size but
+/// options.dynamic fixed, and its own thread setting.
 class AotModel {
  public:
   static std::unique_ptr<AotModel> compile(const Graph& g, const Bindings& sizes, const AotOptions& options = {});

@@ -2,19 +2,15 @@
 //
 //   RunResult r = qkv::codegen::cpu::run(graph, feeds);   // lower (cached by graph hash), execute
 //
-// The graph goes through the pass pipeline (passes/pipeline.hpp), then runs node by node, with
-// values freed at their last use (buffer_plan.hpp). What runs where:
-//   - fused_attention (the attention the pipeline fused): the JIT-compiled flash-style kernel
-//     (run_attention.hpp);
-//   - linear whose features are the contiguous (last) axis: the JIT-compiled GEMM (gemm.hpp:
-//     y = x·Wᵀ + b);
-//   - layer_norm over the input's last axis, gelu, relu, and add of two tensors with identical
-//     axes (names and order; the residual add): the JIT-compiled row-wise kernels (rowwise.hpp);
-//   - views (split, merge, rename, view): the reference implementation (a copy of the input);
-//   - everything else (broadcasting add, mul, bias, keep-mask, scale, softmax, causal, dropout,
-//     contract, permute, slice, concat, broadcast, fill, linear or layer_norm over another axis):
-//     the node alone compiled ahead of time under the bound sizes (a one-node graph through
-//     aot.hpp, cached by that graph: loop nests for the concrete strides, on the calling thread).
+// The graph goes through the pass pipeline (passes/pipeline.hpp); the lowered graph is compiled
+// into ONE module for its shape class (compiled_graph.hpp: sizes the attention kernels are
+// specialised on are constants, every other size a run-time argument) and cached, so a new batch
+// or sequence length runs without compiling. What runs each node: the kernel kind of
+// lowering/select.hpp, implemented by cpu/module/module_builder.cpp (the table in
+// docs/architecture.md): fused attention, GEMM, row-wise layer norm / gelu / relu / residual add
+// on the kernels, views on nothing, every other kind on generated loop nests with the reference
+// interpreter's semantics. Inputs of another dtype are converted to f32 on the way in; outputs
+// are f32 (bool for boolean nodes), written in place by the compiled code.
 #pragma once
 
 #include <qkv/ir/graph.hpp>
