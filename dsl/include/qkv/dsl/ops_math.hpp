@@ -126,7 +126,7 @@ constexpr auto misweighted() {
       fixed_string("contract: weights are normalised over `") + W::over + "` but contracted over `" + C::name_fs + "`";
   if constexpr (W::keys == W::over && !has_axis_named<Other, axis<W::over, dyn>>)
     return fail<head + ", and the values " + axes_fs<Other>() + " have no axis `" + W::over +
-                "`; fix: the values' sequence axis needs the keys' name: rename<" + C::name_fs + ", " + W::over +
+                "`; fix: rename the sequence axis of the values: rename<" + C::name_fs + ", " + W::over +
                 ">(v), then contract<" + W::over + ">(p, v)">();
   else
     return fail<head + "; fix: softmax<" + C::name_fs + ">(scores)">();
@@ -187,9 +187,16 @@ constexpr auto claim_error() {
                 "`; fix: an attention mask is [query axis, key axis]: build it as AttnMask<" + Claim::key + ", " +
                 Over + ">, or softmax<" + Claim::key + "> if that is the key axis">();
   } else {
+    // causal<Key, Seq> for causal<Seq, Key>: the axes are swapped; else the query axis stands.
+    constexpr auto query = [] {
+      if constexpr (Claim::query == Over)
+        return Claim::key;
+      else
+        return Claim::query;
+    }();
     return fail<fixed_string("causal: causal<") + Claim::query + ", " + Claim::key + "> takes `" + Claim::key +
                 "` as the key axis, but softmax normalises the scores " + axes_fs<L>() + " over `" + Over +
-                "`; fix: causal<query axis, key axis>, here causal<" + Claim::query + ", " + Over + ">(scores)">();
+                "`; fix: the query axis first, then the key axis: causal<" + query + ", " + Over + ">(scores)">();
   }
 }
 
@@ -485,7 +492,7 @@ auto causal_checked(const T& t, Align /*align*/) {
       return unpaired_error<"causal", L, Tr, family_name_fs<K>>();
     } else if constexpr (!has_family<L, Q> || !has_family<L, K>) {
       return fail<fixed_string("causal: scores ") + axes_fs<L>() + " need the query axis `" + family_name_fs<Q> +
-                  "` and the key axis `" + family_name_fs<K> + "`; fix: name the scores' query and key axes">();
+                  "` and the key axis `" + family_name_fs<K> + "`; fix: name the query and key axes of the scores">();
     } else {
       using XQ = find_family<L, Q>;
       using XK = find_family<L, K>;
