@@ -82,6 +82,10 @@ static_assert(std::is_same_v<detail::renamed_t<trait::scores<"Key", ByKey>, "Key
                              trait::scores<"Src", trait::key_claim<trait::claimant::key_padding_mask, "Src", "">>>);
 static_assert(
     std::is_same_v<detail::renamed_t<trait::weights<"Key", "Key">, "Key", "Src">, trait::weights<"Src", "Src">>);
+// `s = masked(s, m)` stores masked scores in the unmasked scores' type: the claim is forgotten.
+static_assert(detail::forgets_only<trait::scores<"Key">, trait::scores<"Key", ByKey>>);
+static_assert(detail::forgets_only<trait::plain, Raw> && !detail::forgets_only<trait::scores<"Key">, Raw>);
+static_assert(!detail::forgets_only<trait::scores<"Key", ByKey>, trait::scores<"Key">>);
 static_assert(is_keep_mask<KeyPaddingMask<Batch<2>, Key<4>>> && !is_keep_mask<Tensor<boolean, Batch<2>, Key<4>>>);
 static_assert(!is_keep_mask<poison> && TensorOrPoison<poison> && !TensorOrPoison<int>);
 

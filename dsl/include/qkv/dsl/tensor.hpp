@@ -144,7 +144,7 @@ class tensor<DT, axes<A...>, Trait> {
   /// Conversion to a declared type: the axes must be the same names in the same order (this is
   /// where a batch_first mix-up or the wrong transpose surfaces), static extents must agree
   /// (dynamic ones are checked at bind time), and the meaning may only be forgotten (any
-  /// tensor converts to a plain one; a mask only to a mask of its own kind).
+  /// tensor converts to a plain one; a mask only to a mask of its own kind; see forgets_only).
   template <class DT2, class L2, class Trait2>
     requires(!std::is_same_v<tensor<DT2, L2, Trait2>, tensor>)
   tensor(const tensor<DT2, L2, Trait2>& other)  // NOLINT(google-explicit-constructor)
@@ -172,7 +172,7 @@ class tensor<DT, axes<A...>, Trait> {
     } else if constexpr (!std::is_same_v<DT2, DT>) {
       fail<fixed_string("convert: dtype ") + DT2::name + " does not convert to " + DT::name +
            " implicitly; fix: keep the dtype of the value">();
-    } else if constexpr (!std::is_same_v<Trait, trait::plain> && !std::is_same_v<Trait, Trait2>) {
+    } else if constexpr (!detail::forgets_only<Trait, Trait2>) {
       fail<fixed_string("convert: ") + axes_fs<Src>() +
            " does not have the meaning the declared type asks for (mask kind or score state); "
            "fix: declare a plain Tensor or build the value with the matching op">();

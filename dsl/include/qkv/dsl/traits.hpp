@@ -131,6 +131,27 @@ struct with_claim<trait::scores<K, Cl...>, Claim> {
 template <class Tr, class Claim>
 using with_claim_t = typename with_claim<Tr, Claim>::type;
 
+/// Tr without what its masks claimed (raw scores stay raw, scaled ones scaled).
+template <class Tr>
+struct unclaimed {
+  using type = Tr;
+};
+template <class C, fixed_string K, class... Cl>
+struct unclaimed<trait::raw_scores<C, K, Cl...>> {
+  using type = trait::raw_scores<C, K>;
+};
+template <fixed_string K, class... Cl>
+struct unclaimed<trait::scores<K, Cl...>> {
+  using type = trait::scores<K>;
+};
+
+/// Whether a value meaning From may be stored as meaning To (a conversion to a declared type, an
+/// assignment `s = masked(s, m)`): the same meaning, or part of it forgotten — all of it (plain),
+/// or the claims of masks (those checks then need the value's own type: `auto`).
+template <class To, class From>
+inline constexpr bool forgets_only =
+    std::is_same_v<To, From> || std::is_same_v<To, trait::plain> || std::is_same_v<To, typename unclaimed<From>::type>;
+
 /// The trait after the values were multiplied on purpose (scaled, scale, mul, unscaled): raw
 /// scores become scores; every other meaning stays.
 template <class Tr>
