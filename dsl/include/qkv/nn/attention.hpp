@@ -32,8 +32,8 @@ template <class A>
 struct is_causal_arg<Causal<A>> : std::true_type {};
 
 namespace detail {
-/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, or an
-/// additive float mask (anything else, poison included, goes to biased(), which says why not).
+/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, or else an
+/// additive float mask (biased() refuses what is not one, and passes poison on silently).
 template <class S, class M>
 auto apply_mask(const S& s, const M& m) {
   if constexpr (is_causal_arg<M>::value)
@@ -175,9 +175,7 @@ auto extend_over_extra_keys(const M& m) {
     return pad<Key, N>(m, 0.0);
   }
 }
-}  // namespace detail
 
-namespace detail {
 /// Whether the third argument of MultiHeadAttention::cross is the values of PyTorch's
 /// cross(x, key, value, masks...) rather than the first mask of cross(x, memory, masks...):
 /// values carry features (`Model`); masks and biases are over the scores' axes, which never
