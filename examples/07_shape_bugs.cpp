@@ -24,7 +24,7 @@ constexpr Bug kBugs[] = {
     {"01_view_scrambles_heads",
      "Catalogue 1 - heads scrambled: reshaping [B, S, E] straight to [B, H, S, Dh] with a view, as `x.view(B, H, S, Dh)` would in PyTorch, moves data between differently named axes.",
      "auto heads = view<Batch<2>, Heads<2>, Seq<4>, HeadDim<8>>(x);",
-     "view: [Batch=2, Seq=4, Model=16] -> [Batch=2, Heads=2, Seq=4, HeadDim=8] would move data between differently named axes (`Batch` is not `Batch`); fix: split<Axis, Factors...> then permute<...> by name"},
+     "view: [Batch=2, Seq=4, Model=16] -> [Batch=2, Heads=2, Seq=4, HeadDim=8] would move data between differently named axes (axis 1 is `Seq` in x but `Heads` in the view); fix: permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<2>, HeadDim<8>>(x))"},
     {"02_padding_mask_on_query_axis",
      "Catalogue 2 - the padding mask built over the query positions (`Seq`) and broadcast over the query axis of the scores, instead of over the keys.",
      "auto p = softmax<Key>(masked(scores, pad));",

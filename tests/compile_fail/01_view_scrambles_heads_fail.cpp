@@ -8,7 +8,7 @@ using namespace qkv::nn;
 int main() {
   Graph g;
   auto x = input<Tensor<f32, Batch<2>, Seq<4>, Model<16>>>(g, "x");
-  // expected-error: view: [Batch=2, Seq=4, Model=16] -> [Batch=2, Heads=2, Seq=4, HeadDim=8] would move data between differently named axes (`Batch` is not `Batch`); fix: split<Axis, Factors...> then permute<...> by name
+  // expected-error: view: [Batch=2, Seq=4, Model=16] -> [Batch=2, Heads=2, Seq=4, HeadDim=8] would move data between differently named axes (axis 1 is `Seq` in x but `Heads` in the view); fix: permute<Batch, Heads, Seq, HeadDim>(split<Model, Heads<2>, HeadDim<8>>(x))
   auto heads = view<Batch<2>, Heads<2>, Seq<4>, HeadDim<8>>(x);
   (void)heads;
 }

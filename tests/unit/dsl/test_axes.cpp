@@ -2,6 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
+#include <tuple>
+
 #include <qkv/qkv.hpp>
 
 using ::testing::HasSubstr;
@@ -13,6 +17,7 @@ QKV_AXIS(Key);
 QKV_AXIS(Model);
 QKV_AXIS(Heads);
 QKV_AXIS(HeadDim);
+QKV_AXIS(Mem);
 }  // namespace
 
 namespace qkv {
@@ -63,6 +68,108 @@ TEST(Dsl, DynamicSplitDefersDivisibilityToBindTime) {
   } catch (const ShapeError& e) {
     EXPECT_THAT(e.what(), HasSubstr("split: `Model` (66) is not a multiple of Heads (4) x HeadDim (dyn) = 4"));
   }
+}
+
+// --- what a value means (traits.hpp) -------------------------------------------------------
+
+using Raw = trait::raw_scores<HeadDim<8>, "Key">;
+using ByKey = trait::key_claim<trait::claimant::key_padding_mask, "Key", "">;
+static_assert(std::is_same_v<detail::rescaled_t<Raw>, trait::scores<"Key">>);  // a scale by hand counts
+static_assert(std::is_same_v<detail::rescaled_t<trait::plain>, trait::plain>);
+static_assert(std::is_same_v<detail::with_claim_t<Raw, ByKey>, trait::raw_scores<HeadDim<8>, "Key", ByKey>>);
+static_assert(std::is_same_v<detail::with_claim_t<trait::plain, ByKey>, trait::plain>);  // plain claims nothing
+static_assert(std::is_same_v<detail::renamed_t<trait::scores<"Key", ByKey>, "Key", "Src">,
+                             trait::scores<"Src", trait::key_claim<trait::claimant::key_padding_mask, "Src", "">>>);
+static_assert(
+    std::is_same_v<detail::renamed_t<trait::weights<"Key", "Key">, "Key", "Src">, trait::weights<"Src", "Src">>);
+// `s = masked(s, m)` stores masked scores in the unmasked scores' type: the claim is forgotten.
+static_assert(detail::forgets_only<trait::scores<"Key">, trait::scores<"Key", ByKey>>);
+static_assert(detail::forgets_only<trait::plain, Raw> && !detail::forgets_only<trait::scores<"Key">, Raw>);
+static_assert(!detail::forgets_only<trait::scores<"Key", ByKey>, trait::scores<"Key">>);
+static_assert(is_keep_mask<KeyPaddingMask<Batch<2>, Key<4>>> && !is_keep_mask<Tensor<boolean, Batch<2>, Key<4>>>);
+static_assert(!is_keep_mask<poison> && TensorOrPoison<poison> && !TensorOrPoison<int>);
+
+// --- poison is accepted by every op and gives poison back ------------------------------------
+
+// Every op, given poison, returns poison (and so prints nothing more).
+constexpr poison none{};
+template <class T>
+constexpr bool poisoned = is_poison<T>;
+static_assert(poisoned<decltype(contract<HeadDim>(none, none))>);
+static_assert(poisoned<decltype(add(none, none))>);
+static_assert(poisoned<decltype(mul(none, none))>);
+static_assert(poisoned<decltype(scale(none, 2.0))>);
+static_assert(poisoned<decltype(scaled(none))>);
+static_assert(poisoned<decltype(unscaled(none))>);
+static_assert(poisoned<decltype(softmax<Key>(none))>);
+static_assert(poisoned<decltype(masked(none, none))>);
+static_assert(poisoned<decltype(biased(none, none))>);
+static_assert(poisoned<decltype(causal<Seq, Key>(none, top_left))>);
+static_assert(poisoned<decltype(dropout(none, 0.1, 1))>);
+static_assert(poisoned<decltype(relu(none))>);
+static_assert(poisoned<decltype(gelu(none))>);
+static_assert(poisoned<decltype(split<Model, Heads<2>, HeadDim<8>>(none))>);
+static_assert(poisoned<decltype(merge<Heads, HeadDim, Model>(none))>);
+static_assert(poisoned<decltype(permute<Seq, Batch>(none))>);
+static_assert(poisoned<decltype(transpose<Seq, Batch>(none))>);
+static_assert(poisoned<decltype(rename<Seq, Key>(none))>);
+static_assert(poisoned<decltype(view<Seq<4>>(none))>);
+static_assert(poisoned<decltype(append<Key>(none, none))>);
+static_assert(poisoned<decltype(pad<Key, 1>(none, 0.0))>);
+static_assert(poisoned<decltype(concat<HeadDim, Model>(std::array<poison, 2>{}))>);
+static_assert(poisoned<decltype(expect_axes<"block", Batch, Seq>(none))>);
+static_assert(poisoned<decltype(none(1, 2))>);
+static_assert(poisoned<decltype(none.cross(1))>);
+static_assert(poisoned<decltype(none(1).first)>);
+static_assert(poisoned<decltype(none.second)>);
+static_assert(std::is_same_v<decltype(chunk<Model, 3, HeadDim>(none)), std::array<poison, 3>>);
+static_assert(std::tuple_size_v<poison> == 2);  // auto [out, weights] = failed_block(x)
+
+TEST(Dsl, PoisonFlowsThroughOutputInputsAndDeclaredTypes) {
+  Graph g;
+  output(poison{}, "nothing");
+  auto in = input<poison>(g, "nothing");
+  auto [out, weights] = poison{}(in);
+  static_assert(poisoned<decltype(out)> && poisoned<decltype(weights)>);
+  EXPECT_EQ(g.size(), 0u);
+  EXPECT_TRUE(g.outputs().empty());
+}
+
+TEST(Dsl, KeyMajorScoresAreMaskedByName) {  // issue 12, item 6
+  Graph g;
+  auto q = input<Tensor<f32, Batch<2>, Seq<4>, HeadDim<8>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<2>, Key<5>, HeadDim<8>>>(g, "k");
+  auto pad = input<KeyPaddingMask<Batch<2>, Key<5>>>(g, "pad");
+  auto s = masked(scaled(contract<HeadDim>(k, q)), pad);  // [Batch, Key, Seq]
+  auto p = softmax<Key>(s);
+  EXPECT_EQ(s.node().op, Op::keep_mask);
+  EXPECT_EQ(s.node().mask, MaskKind::key_padding);
+  EXPECT_EQ(p.node().attr_axes, std::vector<std::string>{"Key"});
+  const auto names = p.names();
+  EXPECT_EQ(std::vector<std::string_view>(names.begin(), names.end()),
+            (std::vector<std::string_view>{"Batch", "Key", "Seq"}));
+}
+
+TEST(Dsl, AScaleByHandCountsAsScaled) {  // issue 12, item 7
+  Graph g;
+  auto q = input<Tensor<f32, Seq<4>, HeadDim<8>>>(g, "q");
+  auto k = input<Tensor<f32, Key<4>, HeadDim<8>>>(g, "k");
+  auto s = scale(contract<HeadDim>(q, k), 1 / std::sqrt(8.0));
+  static_assert(!is_raw_trait<decltype(s)::trait_type>::value);
+  auto p = softmax<Key>(s);
+  EXPECT_EQ(g.node(p.node().inputs[0]).op, Op::scale);
+  EXPECT_DOUBLE_EQ(g.node(p.node().inputs[0]).scalar, 1 / std::sqrt(8.0));
+}
+
+TEST(Dsl, RenameKeepsWhatTheWeightsAreNormalisedOver) {
+  Graph g;
+  auto q = input<Tensor<f32, Seq<4>, HeadDim<8>>>(g, "q");
+  auto k = input<Tensor<f32, Key<4>, HeadDim<8>>>(g, "k");
+  auto v = input<Tensor<f32, Mem<4>, HeadDim<8>>>(g, "v");
+  auto p = rename<Key, Mem>(softmax<Key>(causal<Seq, Key>(scaled(contract<HeadDim>(q, k)))));
+  static_assert(std::is_same_v<decltype(p)::trait_type, trait::weights<"Mem", "Mem">>);
+  auto o = contract<Mem>(p, v);  // normalised over Mem now, so the weighted sum over Mem is right
+  EXPECT_EQ(o.node().op, Op::contract);
 }
 
 }  // namespace

@@ -99,6 +99,26 @@ TEST(Blocks, CrossAttentionTakesKeysFromAnotherSequence) {
   (void)w;
 }
 
+TEST(Blocks, CrossWithAMemoryAndMasksIsTheKeyValueCallWithOneTensor) {  // issue 12, item 3
+  auto build = [](bool one_tensor) {
+    Graph g;
+    auto x = input<Tensor<f32, Batch<2>, Seq<5>, Model<16>>>(g, "x");
+    auto memory = input<Tensor<f32, Batch<2>, Mem<7>, Model<16>>>(g, "memory");
+    auto keep = input<KeyPaddingMask<Batch<2>, Key<7>>>(g, "keep");
+    auto bias = input<Tensor<f32, Seq<5>, Key<7>>>(g, "bias");
+    auto mha = MultiHeadAttention<16, 2>::make(g);
+    output((one_tensor ? mha.cross(x, memory, keep, bias) : mha.cross(x, memory, memory, keep, bias)).first, "out");
+    return g;
+  };
+  const Graph a = build(true), b = build(false);
+  EXPECT_EQ(a.size() + 1, b.size());  // the memory renamed Mem -> Key once, not once for keys and once for values
+  EXPECT_EQ(a.node(a.outputs()[0].node).axes, b.node(b.outputs()[0].node).axes);
+  const int masked = find_op(a, Op::keep_mask);
+  ASSERT_NE(masked, -1);
+  EXPECT_EQ(a.node(a.node(masked).inputs[1]).name, "keep");  // the mask is a mask, not the values
+  EXPECT_NE(find_op(a, Op::bias), -1);
+}
+
 TEST(Blocks, GroupedQueryAttentionSharesKeyValueHeads) {
   Graph g;
   auto x = input<Tensor<f32, Batch<1>, Seq<5>, Model<32>>>(g, "x");

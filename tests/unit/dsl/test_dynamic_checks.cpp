@@ -74,6 +74,29 @@ TEST(DynamicChecks, CausalWithoutAlignment) {  // catalogue 12
       "in PyTorch is_causal, or bottom_right as in FlashAttention");
 }
 
+TEST(DynamicChecks, BlockCausalWithoutAlignment) {  // issue 12, item 3: the fix speaks to the block's caller
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
+  auto memory = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<16>>>(g, "memory");
+  output(MultiHeadAttention<16, 2>::make(g).cross(x, memory, causal_mask).first, "out");
+  EXPECT_EQ(bind_error(g, {{"Batch", 1}, {"Seq", 4}, {"Mem", 4}}), "(no error)");
+  EXPECT_EQ(bind_error(g, {{"Batch", 1}, {"Seq", 4}, {"Mem", 6}}),
+            "causal: `Seq` (4) != `Key` (6), so the alignment of the mask matters; fix: pass causal_top_left (as "
+            "PyTorch is_causal) or causal_bottom_right (as FlashAttention) instead of causal_mask");
+}
+
+TEST(DynamicChecks, BatchAxisOfAContraction) {  // issue 12, item 8: a batch axis is not contracted
+  Graph g;
+  auto q = input<Tensor<f32, Batch<2>, Seq<dyn>, HeadDim<8>>>(g, "q");
+  auto k = rename<Mem, Key>(input<Tensor<f32, Batch<dyn>, Mem<dyn>, HeadDim<8>>>(g, "k"));
+  auto s = contract<HeadDim>(q, k);
+  (void)s;
+  EXPECT_EQ(bind_error(g, {{"Batch", 2}, {"Seq", 3}, {"Mem", 5}}), "(no error)");
+  EXPECT_EQ(bind_error(g, {{"Batch", 3}, {"Seq", 3}, {"Mem", 5}}),
+            "contract: `Batch` of lhs (2) must equal `Batch` of rhs (3); fix: `Batch` is kept by both operands, so it "
+            "is a batch axis and must have one size (the same batch, the same heads)");
+}
+
 TEST(DynamicChecks, AlignedCausalNeedsNoEqualLengths) {
   Graph g;
   auto q = input<Tensor<f32, Seq<dyn>, HeadDim<8>>>(g, "q");

@@ -245,6 +245,29 @@ constexpr auto axes_fs() {
   });
 }
 
+/// "Batch, Seq, Model" (names only, as in a template argument list)
+template <class L>
+constexpr auto names_fs() {
+  return hana::unpack(L::types, [](auto first, auto... rest) {
+    return (decltype(first)::type::name_fs + ... + (fixed_string(", ") + decltype(rest)::type::name_fs));
+  });
+}
+
+/// "Heads<2>" / "Seq<dyn>" — the axis as it is written in code.
+template <class A>
+constexpr auto axis_decl_fs() {
+  return A::name_fs + fixed_string("<") + extent_fs<A>() + fixed_string(">");
+}
+
+/// "Heads<2>, HeadDim<8>"
+template <class L>
+constexpr auto decls_fs() {
+  return hana::unpack(L::types, [](auto first, auto... rest) {
+    return (axis_decl_fs<typename decltype(first)::type>() + ... +
+            (fixed_string(", ") + axis_decl_fs<typename decltype(rest)::type>()));
+  });
+}
+
 // --- conversion to the Graph IR -------------------------------------------------------------
 
 template <class A>

@@ -265,6 +265,7 @@ auto transpose(const T& t) {
 
 /// rename<Seq, Key>(k): the same data under a new axis name — how the key side of
 /// self-attention gets its own axis, so that softmax and masks can tell queries from keys.
+/// The meaning stays (a mask stays a mask; weights stay normalised over the renamed axis).
 template <template <auto> class From, template <auto> class To, class T>
 auto rename(const T& t) {
   if constexpr (any_poison<T>) {
@@ -279,20 +280,69 @@ auto rename(const T& t) {
     } else {
       using A = find_family<L, From>;
       using Out = detail::replace_t<L, A, axes<To<A::param>>>;
+      using Tr = detail::renamed_t<typename T::trait_type, A::name_fs, family_name_fs<To>>;
       Axis renamed = ir_axis(t.node(), A::name);
       renamed.name = std::string(family_name<To>);
       Node n = detail::unary_node(t, Op::rename, detail::ir_replace(t.node().axes, A::name, {renamed}));
       n.attr_axes = {std::string(A::name), renamed.name};
       Graph& g = t.graph();
-      return tensor<typename T::dtype, Out, typename T::trait_type>(g, g.add(std::move(n)));
+      return tensor<typename T::dtype, Out, Tr>(g, g.add(std::move(n)));
     }
   }
 }
 
+namespace detail {
+/// "axis 1 is `Seq` in x but `Heads` in the view" / "the view drops `HeadDim`" / "the view adds
+/// `Model`": the first place where the names of x (L) and of a view (N) part.
+template <class L, class N>
+constexpr auto first_difference_fs() {
+  constexpr std::size_t i = first_name_difference<L, N>();
+  if constexpr (i < L::size && i < N::size)
+    return fixed_string("axis ") + number<static_cast<std::int64_t>(i)>() + " is `" + axis_at<L, i>::name_fs +
+           "` in x but `" + axis_at<N, i>::name_fs + "` in the view";
+  else if constexpr (i < L::size)
+    return fixed_string("the view drops `") + axis_at<L, i>::name_fs + "`";
+  else
+    return fixed_string("the view adds `") + axis_at<N, i>::name_fs + "`";
+}
+
+/// Why a view from axes L to axes N is refused, with the op that does it by name: a reorder is
+/// a permute, one axis into several a split, two adjacent axes into one a merge.
+template <class L, class N>
+constexpr auto view_refusal() {
+  using Gone = without<L, N>;  // axes of x the view does not name
+  using New = without<N, L>;   // axes the view names that x does not have
+  constexpr auto head = fixed_string("view: ") + axes_fs<L>() + " -> " + axes_fs<N>();
+  constexpr auto scrambles =
+      head + " would move data between differently named axes (" + first_difference_fs<L, N>() + ")";
+  if constexpr (Gone::size == 0 && New::size == 0) {
+    return fail<head + " reorders the axes, which moves data; fix: " + permute_fix<N>()>();
+  } else if constexpr (Gone::size == 1 && New::size >= 2) {
+    using X = axis_at<Gone, 0>;
+    constexpr auto split = fixed_string("split<") + X::name_fs + ", " + decls_fs<New>() + ">(x)";
+    if constexpr (same_names<replace_t<L, X, New>, N>)
+      return fail<head + " splits `" + X::name_fs + "`, which a view never does by name; fix: " + split>();
+    else
+      return fail<scrambles + "; fix: permute<" + names_fs<N>() + ">(" + split + ")">();
+  } else if constexpr (Gone::size == 2 && New::size == 1 &&
+                       index_of<L, axis_at<Gone, 1>> == index_of<L, axis_at<Gone, 0>> + 1 &&
+                       same_names<replace_t<without<L, axes<axis_at<Gone, 1>>>, axis_at<Gone, 0>, New>, N>) {
+    using A = axis_at<Gone, 0>;
+    using B = axis_at<Gone, 1>;
+    using M = axis_at<New, 0>;
+    return fail<head + " merges `" + A::name_fs + "` and `" + B::name_fs +
+                "`, which a view never does by name; fix: merge<" + A::name_fs + ", " + B::name_fs + ", " + M::name_fs +
+                ">(x)">();
+  } else {
+    return fail<scrambles + "; fix: split<Axis, Factors...> then permute<...> by name">();
+  }
+}
+}  // namespace detail
+
 /// view<Batch<2>, Seq<4>, Model<16>>(x): a raw reinterpretation, as PyTorch's view. It may only
 /// restate the axes the tensor has (same names, same order — e.g. fix a dynamic extent); moving
 /// data between differently named axes is how heads get scrambled, so it is refused with the
-/// split/permute that does it by name.
+/// split/merge/permute that does it by name.
 template <AxisType... New, class T>
 auto view(const T& t) {
   if constexpr (any_poison<T>) {
@@ -300,13 +350,8 @@ auto view(const T& t) {
   } else {
     using L = typename T::axis_list;
     using N = axes<New...>;
-    if constexpr (L::size != N::size || detail::first_name_difference<L, N>() != N::size) {
-      constexpr std::size_t i = L::size == N::size ? detail::first_name_difference<L, N>() : 0;
-      constexpr std::size_t j = i < N::size ? i : 0;
-      return fail<fixed_string("view: ") + axes_fs<L>() + " -> " + axes_fs<N>() +
-                  " would move data between differently named axes (`" + axis_at<N, j>::name_fs + "` is not `" +
-                  axis_at<L, (i < L::size ? i : 0)>::name_fs +
-                  "`); fix: split<Axis, Factors...> then permute<...> by name">();
+    if constexpr (!detail::same_names<L, N>) {
+      return detail::view_refusal<L, N>();
     } else if constexpr (constexpr auto k = detail::first_extent_difference<L, N>(); k != N::size) {
       return fail<fixed_string("view: `") + axis_at<L, k>::name_fs + "` is " + number<axis_at<L, k>::extent>() +
                   " but the view says " + number<axis_at<N, k>::extent>() +
@@ -332,17 +377,20 @@ auto view(const T& t) {
 /// QKV projection's output split in three.
 template <template <auto> class From, int K, template <auto> class Into, class T>
 auto chunk(const T& t) {
+  using Poisoned = std::array<poison, K>;  // so that `auto [q, k, v] = chunk<...>(x)` stays silent
   if constexpr (any_poison<T>) {
-    return poison{};
+    return Poisoned{};
   } else {
     using L = typename T::axis_list;
     if constexpr (!has_family<L, From>) {
-      return missing_axis<"chunk", L, From>();
+      missing_axis<"chunk", L, From>();
+      return Poisoned{};
     } else {
       using A = find_family<L, From>;
       if constexpr (A::is_static && A::extent % K != 0) {
-        return fail<fixed_string("chunk: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
-                    number<K>() + "; fix: chunk into a number of parts that divides it">();
+        fail<fixed_string("chunk: `") + A::name_fs + "` (" + number<A::extent>() + ") is not divisible by " +
+             number<K>() + "; fix: chunk into a number of parts that divides it">();
+        return Poisoned{};
       } else {
         using P = std::conditional_t<A::is_static, Into<A::extent / K>, Into<dyn>>;
         using Out = tensor<typename T::dtype, detail::replace_t<L, A, axes<P>>, trait::plain>;
@@ -369,25 +417,29 @@ auto chunk(const T& t) {
 
 /// concat<HeadDim, Model>(heads): join tensors of one type along `Along`, renaming it `Into`
 /// (heads-as-modules: H outputs of [Batch, Seq, HeadDim<D>] -> [Batch, Seq, Model<H*D>]).
-template <template <auto> class Along, template <auto> class Into, TensorType T, std::size_t N>
+template <template <auto> class Along, template <auto> class Into, TensorOrPoison T, std::size_t N>
 auto concat(const std::array<T, N>& parts) {
-  using L = typename T::axis_list;
-  if constexpr (!has_family<L, Along>) {
-    return fail<fixed_string("concat: parts ") + axes_fs<L>() + " have no axis `" + family_name_fs<Along> +
-                "`; fix: concatenate along an axis the parts have">();
+  if constexpr (is_poison<T>) {
+    return poison{};
   } else {
-    using A = find_family<L, Along>;
-    using M = std::conditional_t<A::is_static, Into<A::extent* static_cast<std::int64_t>(N)>, Into<dyn>>;
-    using Out = detail::replace_t<L, A, axes<M>>;
-    Graph& g = parts[0].graph();
-    Node n = detail::unary_node(
-        parts[0], Op::concat,
-        detail::ir_replace(parts[0].node().axes, A::name,
-                           {Axis{std::string(M::name), ir_axis(parts[0].node(), A::name).extent.times(N)}}));
-    n.inputs.clear();
-    for (const auto& p : parts) n.inputs.push_back(p.id());
-    n.attr_axes = {std::string(A::name), std::string(M::name)};
-    return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, Along>) {
+      return fail<fixed_string("concat: parts ") + axes_fs<L>() + " have no axis `" + family_name_fs<Along> +
+                  "`; fix: concatenate along an axis the parts have">();
+    } else {
+      using A = find_family<L, Along>;
+      using M = std::conditional_t<A::is_static, Into<A::extent* static_cast<std::int64_t>(N)>, Into<dyn>>;
+      using Out = detail::replace_t<L, A, axes<M>>;
+      Graph& g = parts[0].graph();
+      Node n = detail::unary_node(
+          parts[0], Op::concat,
+          detail::ir_replace(parts[0].node().axes, A::name,
+                             {Axis{std::string(M::name), ir_axis(parts[0].node(), A::name).extent.times(N)}}));
+      n.inputs.clear();
+      for (const auto& p : parts) n.inputs.push_back(p.id());
+      n.attr_axes = {std::string(A::name), std::string(M::name)};
+      return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+    }
   }
 }
 

@@ -5,7 +5,7 @@
 //
 // A tensor is a handle (graph, node id); its type carries the axes and a *trait* that records
 // what the value means where that matters for a check: raw Q·Kᵀ scores (not yet scaled),
-// softmax weights (normalised over which axis), or a mask (which kind).
+// softmax weights (normalised over which axis), or a mask (which kind); see traits.hpp.
 #pragma once
 
 #include <array>
@@ -15,6 +15,7 @@
 
 #include <qkv/dsl/axis.hpp>
 #include <qkv/dsl/diagnose.hpp>
+#include <qkv/dsl/traits.hpp>
 #include <qkv/ir/graph.hpp>
 
 namespace qkv {
@@ -37,28 +38,6 @@ struct boolean {
   static constexpr auto name = fixed_string("bool");
 };
 
-// --- traits -----------------------------------------------------------------------------------
-namespace trait {
-struct plain {};
-/// Q·Kᵀ straight out of contract(): softmax refuses it until it is scaled (or the user opts out).
-template <class Contracted>
-struct raw_scores {
-  using contracted = Contracted;
-};
-/// Scores that were scaled (or explicitly left unscaled).
-struct scores {};
-/// Softmax output, normalised over the axis named Over.
-template <fixed_string Over>
-struct weights {
-  static constexpr auto over = Over;
-};
-/// A boolean keep-mask (true = may attend) of the given kind.
-template <MaskKind K>
-struct mask {
-  static constexpr MaskKind kind = K;
-};
-}  // namespace trait
-
 template <class DT, class L, class Trait = trait::plain>
 class tensor;
 
@@ -69,20 +48,18 @@ struct is_tensor_impl<tensor<DT, L, Tr>> : std::true_type {};
 template <class T>
 concept TensorType = is_tensor_impl<std::remove_cvref_t<T>>::value;
 
+/// What an op accepts as an operand: a tensor, or the poison left by an earlier mistake.
 template <class T>
-struct is_mask_trait : std::false_type {};
-template <MaskKind K>
-struct is_mask_trait<trait::mask<K>> : std::true_type {};
+concept TensorOrPoison = TensorType<T> || is_poison<T>;
 
+/// A keep-mask tensor (KeepMask, KeyPaddingMask, AttnMask); false for anything else.
 template <class T>
-struct is_weights_trait : std::false_type {};
-template <fixed_string O>
-struct is_weights_trait<trait::weights<O>> : std::true_type {};
-
+inline constexpr bool is_keep_mask = false;
+template <class DT, class L, MaskKind K>
+inline constexpr bool is_keep_mask<tensor<DT, L, trait::mask<K>>> = true;
 template <class T>
-struct is_raw_trait : std::false_type {};
-template <class C>
-struct is_raw_trait<trait::raw_scores<C>> : std::true_type {};
+  requires(!std::is_same_v<T, std::remove_cvref_t<T>>)
+inline constexpr bool is_keep_mask<T> = is_keep_mask<std::remove_cvref_t<T>>;
 
 template <MaskKind K>
 constexpr auto mask_kind_fs() {
@@ -97,23 +74,20 @@ constexpr auto mask_kind_fs() {
 /// "<op>: x [...] has no axis `F`; fix: <op> an axis the tensor has" — the first check of every
 /// op that addresses one axis of one operand.
 template <fixed_string Op, class L, template <auto> class F>
-constexpr poison missing_axis() {
+constexpr auto missing_axis() {
   return fail<Op + ": x " + axes_fs<L>() + " has no axis `" + family_name_fs<F> + "`; fix: " + Op +
               " an axis the tensor has">();
 }
 
-/// "permute<Batch, Seq, Model>" — the fix that puts a tensor into the order L.
+/// "permute<Batch, Seq, Model>(x)" — the fix that puts a tensor into the order L.
 template <class L>
 constexpr auto permute_fix() {
-  return hana::unpack(L::types, [](auto first, auto... rest) {
-    return ((fixed_string("permute<") + decltype(first)::type::name_fs) + ... +
-            (fixed_string(", ") + decltype(rest)::type::name_fs)) +
-           fixed_string(">(x)");
-  });
+  return fixed_string("permute<") + names_fs<L>() + ">(x)";
 }
 
 namespace detail {
-/// The first position at which two axis lists of equal length differ in name (size if none).
+/// The first position at which two axis lists differ in name; the shorter length if one is
+/// the start of the other (then, with equal lengths, the lists have the same names).
 template <class L1, class L2>
 constexpr std::size_t first_name_difference() {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -121,8 +95,11 @@ constexpr std::size_t first_name_difference() {
     std::size_t i = 0;
     while (!differ[i]) ++i;
     return i;
-  }(std::make_index_sequence<L1::size>{});
+  }(std::make_index_sequence<(L1::size < L2::size ? L1::size : L2::size)>{});
 }
+
+template <class L1, class L2>
+inline constexpr bool same_names = L1::size == L2::size && first_name_difference<L1, L2>() == L1::size;
 
 /// The first position whose static extents differ (size if none).
 template <class L1, class L2>
@@ -167,7 +144,7 @@ class tensor<DT, axes<A...>, Trait> {
   /// Conversion to a declared type: the axes must be the same names in the same order (this is
   /// where a batch_first mix-up or the wrong transpose surfaces), static extents must agree
   /// (dynamic ones are checked at bind time), and the meaning may only be forgotten (any
-  /// tensor converts to a plain one; a mask only to a mask of its own kind).
+  /// tensor converts to a plain one; a mask only to a mask of its own kind; see forgets_only).
   template <class DT2, class L2, class Trait2>
     requires(!std::is_same_v<tensor<DT2, L2, Trait2>, tensor>)
   tensor(const tensor<DT2, L2, Trait2>& other)  // NOLINT(google-explicit-constructor)
@@ -183,7 +160,8 @@ class tensor<DT, axes<A...>, Trait> {
       fail<fixed_string("convert: ") + axes_fs<Src>() + " has " + number<static_cast<std::int64_t>(Src::size)>() +
            " axes but the declared type " + axes_fs<Dst>() + " has " + number<static_cast<std::int64_t>(Dst::size)>() +
            "; fix: split/merge to the declared axes">();
-    } else if constexpr (constexpr auto i = detail::first_name_difference<Src, Dst>(); i != Dst::size) {
+    } else if constexpr (!detail::same_names<Src, Dst>) {
+      constexpr auto i = detail::first_name_difference<Src, Dst>();
       fail<fixed_string("convert: axis ") + number<static_cast<std::int64_t>(i)>() + " of " + axes_fs<Src>() + " is `" +
            axis_at<Src, i>::name_fs + "` but the declared type " + axes_fs<Dst>() + " wants `" +
            axis_at<Dst, i>::name_fs + "` there; fix: " + permute_fix<Dst>()>();
@@ -194,7 +172,7 @@ class tensor<DT, axes<A...>, Trait> {
     } else if constexpr (!std::is_same_v<DT2, DT>) {
       fail<fixed_string("convert: dtype ") + DT2::name + " does not convert to " + DT::name +
            " implicitly; fix: keep the dtype of the value">();
-    } else if constexpr (!std::is_same_v<Trait, trait::plain> && !std::is_same_v<Trait, Trait2>) {
+    } else if constexpr (!detail::forgets_only<Trait, Trait2>) {
       fail<fixed_string("convert: ") + axes_fs<Src>() +
            " does not have the meaning the declared type asks for (mask kind or score state); "
            "fix: declare a plain Tensor or build the value with the matching op">();
@@ -287,22 +265,28 @@ T leaf(Graph& g, Op op, std::string name) {
 }  // namespace detail
 
 /// A tensor fed at run time. Dynamic axes get the axis name as their size symbol, so two inputs
-/// with `Seq<dyn>` must be fed the same length.
-template <TensorType T>
+/// with `Seq<dyn>` must be fed the same length. (`input<decltype(p)>` of a poisoned `p` is poison.)
+template <TensorOrPoison T>
 T input(Graph& g, std::string name) {
-  return detail::leaf<T>(g, Op::input, std::move(name));
+  if constexpr (is_poison<T>)
+    return {};
+  else
+    return detail::leaf<T>(g, Op::input, std::move(name));
 }
 
 /// A weight or bias, loaded by name (e.g. from a safetensors file).
-template <TensorType T>
+template <TensorOrPoison T>
 T param(Graph& g, std::string name) {
-  return detail::leaf<T>(g, Op::param, std::move(name));
+  if constexpr (is_poison<T>)
+    return {};
+  else
+    return detail::leaf<T>(g, Op::param, std::move(name));
 }
 
-/// Marks `t` as an output of its graph.
-template <TensorType T>
+/// Marks `t` as an output of its graph (nothing, for poison).
+template <TensorOrPoison T>
 void output(const T& t, std::string name) {
-  t.graph().mark_output(t.id(), std::move(name));
+  if constexpr (!is_poison<T>) t.graph().mark_output(t.id(), std::move(name));
 }
 
 }  // namespace qkv

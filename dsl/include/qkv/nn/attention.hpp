@@ -19,7 +19,9 @@ namespace qkv::nn {
 /// A causal mask as an argument to the blocks: `causal_mask` (L == S), or with an explicit
 /// alignment for L != S.
 template <class Align = unaligned_t>
-struct Causal {};
+struct Causal {
+  using align = Align;
+};
 inline constexpr Causal<> causal_mask{};
 inline constexpr Causal<top_left_t> causal_top_left{};
 inline constexpr Causal<bottom_right_t> causal_bottom_right{};
@@ -30,20 +32,16 @@ template <class A>
 struct is_causal_arg<Causal<A>> : std::true_type {};
 
 namespace detail {
+/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, or else an
+/// additive float mask (biased() refuses what is not one, and passes poison on silently).
 template <class S, class M>
 auto apply_mask(const S& s, const M& m) {
-  if constexpr (is_causal_arg<M>::value) {
-    if constexpr (std::is_same_v<M, Causal<>>)
-      return causal<Seq, Key>(s);
-    else if constexpr (std::is_same_v<M, Causal<top_left_t>>)
-      return causal<Seq, Key>(s, top_left);
-    else
-      return causal<Seq, Key>(s, bottom_right);
-  } else if constexpr (TensorType<M> && is_mask_trait<typename M::trait_type>::value) {
+  if constexpr (is_causal_arg<M>::value)
+    return qkv::detail::causal_checked<Seq, Key, qkv::detail::causal_fix::block>(s, typename M::align{});
+  else if constexpr (is_keep_mask<M>)
     return masked(s, m);
-  } else {
-    return biased(s, m);  // an additive float mask
-  }
+  else
+    return biased(s, m);
 }
 template <class S>
 auto apply_masks(const S& s) {
@@ -171,12 +169,30 @@ auto extend_over_extra_keys(const M& m) {
   } else if constexpr (is_causal_arg<M>::value) {
     return fail<fixed_string("multi_head_attention: a causal mask with add_bias_kv/add_zero_attn is ambiguous (the ") +
                 number<N>() + " appended keys have no position); fix: pass an explicit attention mask">();
-  } else if constexpr (is_mask_trait<typename M::trait_type>::value) {
+  } else if constexpr (is_keep_mask<M>) {
     return pad<Key, N>(m, 1.0);
   } else {
     return pad<Key, N>(m, 0.0);
   }
 }
+
+/// Whether the third argument of MultiHeadAttention::cross is the values of PyTorch's
+/// cross(x, key, value, masks...) rather than the first mask of cross(x, memory, masks...):
+/// values carry features (`Model`); masks and biases are over the scores' axes, which never
+/// include `Model`.
+template <class T>
+consteval bool values_arg() {
+  if constexpr (TensorType<T> && !is_keep_mask<T>)
+    return has_family<typename T::axis_list, Model>;
+  else
+    return false;
+}
+template <class T>
+inline constexpr bool is_values_arg = values_arg<T>();
+template <class... M>
+inline constexpr bool starts_with_values = false;
+template <class V, class... M>
+inline constexpr bool starts_with_values<V, M...> = is_values_arg<V>;
 }  // namespace detail
 
 /// torch.nn.MultiheadAttention (batch_first=True): one fused in-projection [3E, E] cut in three,
@@ -241,6 +257,7 @@ struct MultiHeadAttention {
 
   /// Cross-attention: queries x [Batch, Seq, Model], keys/values from memory [Batch, Mem, Model].
   template <class X, class Mm, class... M>
+    requires(!detail::starts_with_values<M...>)
   auto cross(const X& x, const Mm& memory, const M&... masks) const {
     auto xs = expect_axes<"cross_attention", Batch, Seq, Model>(x);
     auto ms = rename<Mem, Key>(expect_axes<"cross_attention memory", Batch, Mem, Model>(memory));
@@ -248,7 +265,9 @@ struct MultiHeadAttention {
   }
 
   /// PyTorch's general call: keys and values from two tensors [Batch, Mem, Model] of one length.
+  /// (The third argument is the values when it has a `Model` axis; masks never do.)
   template <class X, class Km, class Vm, class... M>
+    requires(detail::is_values_arg<Vm>)
   auto cross(const X& x, const Km& key, const Vm& value, const M&... masks) const {
     auto xs = expect_axes<"cross_attention", Batch, Seq, Model>(x);
     auto ks = rename<Mem, Key>(expect_axes<"cross_attention key", Batch, Mem, Model>(key));

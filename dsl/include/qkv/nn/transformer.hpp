@@ -45,13 +45,17 @@ struct EncoderLayer {
   /// x [Batch, Seq, Model] -> [Batch, Seq, Model]; masks as for attention().
   template <class X, class... M>
   auto operator()(const X& x, const M&... masks) const {
-    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
-    if (placement == NormPlacement::pre) {
-      auto a = add(x, self_attn(layer_norm(x, norm1), masks...).first);
-      return Out(add(a, feed_forward(layer_norm(a, norm2))));
+    if constexpr (any_poison<X>) {
+      return poison{};
+    } else {
+      using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
+      if (placement == NormPlacement::pre) {
+        auto a = add(x, self_attn(layer_norm(x, norm1), masks...).first);
+        return Out(add(a, feed_forward(layer_norm(a, norm2))));
+      }
+      auto a = layer_norm(add(x, self_attn(x, masks...).first), norm1);
+      return Out(layer_norm(add(a, feed_forward(a)), norm2));
     }
-    auto a = layer_norm(add(x, self_attn(x, masks...).first), norm1);
-    return Out(layer_norm(add(a, feed_forward(a)), norm2));
   }
 };
 
