@@ -178,8 +178,7 @@ namespace {
 fs::path existing_directory(const fs::path& dir, const std::string& who) {
   struct stat st{};
   if (::stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) refuse(who, "cannot create a temporary file in '" + dir.string() + "': no such directory");
-    refuse(who, "cannot use the directory '" + dir.string() + "': " + errno_text(errno));
+    refuse(who, "cannot create a temporary file in '" + dir.string() + "': " + errno_text(errno));
   }
   if (!S_ISDIR(st.st_mode)) refuse(who, "'" + dir.string() + "' is not a directory");
   std::error_code ec;
