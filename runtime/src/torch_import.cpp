@@ -39,7 +39,10 @@ Shape shape_of(const SafetensorsFile& sd, const std::string& key, std::size_t ra
 void all_or_nothing(const SafetensorsFile& sd, const std::vector<std::string>& keys, const std::string& why) {
   const std::string* present = nullptr;
   const std::string* missing = nullptr;
-  for (const auto& k : keys) (sd.contains(k) ? present : missing) = &k;
+  for (const auto& k : keys) {
+    const std::string*& first = sd.contains(k) ? present : missing;
+    if (!first) first = &k;
+  }
   if (present && missing)
     throw StateDictError(where(sd) + "missing key '" + *missing + "' (there is '" + *present + "', and " + why + ")");
 }

@@ -98,18 +98,20 @@ struct Example {
   std::vector<std::pair<std::string, std::size_t>> files;  // argument, output index
 };
 
-Example declare_example(OutputGroup& outputs, const codegen::AotSignature& sig, const std::string& dir) {
+/// Declares the example's files and checks there is memory for the reference run.
+Example declare_example(OutputGroup& outputs, const Instance& in, const codegen::AotSignature& sig,
+                        const std::string& dir) {
   outputs.add_directory(dir, "--example-dir");
   Example ex;
   for (const auto& a : sig.args)
     ex.files.emplace_back(a.name, outputs.add_file(fs::path(dir) / (a.c_name + ".npy"), "--example-dir"));
+  require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, Backend::reference),
+                 "--example-dir (the reference run)");
   return ex;
 }
 
 void stage_example(OutputGroup& outputs, const Example& ex, const Instance& in, const ShapeModel& model,
                    const codegen::AotSignature& sig) {
-  require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, Backend::reference),
-                 "--example-dir (the reference run)");
   const Feeds feeds = seeded_feeds(in, model);
   const RunResult want = [&] {
     const Activity running("running the reference interpreter for --example-dir");
@@ -224,7 +226,7 @@ int emit(const Emit& e) {
       throw UsageError(x.what());
     }
   }();
-  const Example example = e.example_dir.empty() ? Example{} : declare_example(outputs, sig, e.example_dir);
+  const Example example = e.example_dir.empty() ? Example{} : declare_example(outputs, in, sig, e.example_dir);
 
   // emit_aot writes the file (and the header beside it, with its extension replaced) itself: it
   // gets the staging path, which has the destination's file name.

@@ -5,6 +5,12 @@
 #include "commands.hpp"
 #include "out_of_memory.hpp"
 
+namespace {
+// Before the shared libraries' static constructors (LLVM's allocate): .preinit_array runs first.
+void install_early(int, char**, char**) { qkv::cli::install_allocation_handlers(); }
+}  // namespace
+__attribute__((section(".preinit_array"), used)) static void (*const qkv_preinit)(int, char**, char**) = install_early;
+
 int main(int argc, char** argv) {
   qkv::cli::install_out_of_memory_handlers();
   return qkv::cli::run_cli(argc, argv);

@@ -123,7 +123,7 @@ std::vector<std::uint64_t> value_bytes(const Graph& g, const Bindings& sizes) {
         break;
       }
       if (*v != 0 && b > kMaxBytes / static_cast<std::uint64_t>(*v))
-        throw UsageError("the sizes are too large: a " + std::string(op_name(n.op)) +
+        throw UsageError("the sizes overflow: a " + std::string(op_name(n.op)) +
                          " value would hold more than 2^63 bytes");
       b *= static_cast<std::uint64_t>(*v);
     }

@@ -82,16 +82,22 @@ void on_terminate() {
 
 }  // namespace
 
-void install_out_of_memory_handlers() {
+void install_allocation_handlers() noexcept {
   std::set_new_handler(on_new_failure);
+  std::set_terminate(on_terminate);
+}
+
+void install_out_of_memory_handlers() {
+  install_allocation_handlers();
   llvm::install_bad_alloc_error_handler(on_llvm_bad_alloc, nullptr);
   llvm::install_fatal_error_handler(on_llvm_fatal_error, nullptr);
-  std::set_terminate(on_terminate);
   std::signal(SIGXFSZ, SIG_IGN);
 }
 
-Activity::Activity(const char* what) : previous_(g_activity.exchange(what)) {}
-Activity::~Activity() { g_activity.store(previous_); }
+Activity::Activity(const char* what) : previous_(g_activity.exchange(what)), uncaught_(std::uncaught_exceptions()) {}
+Activity::~Activity() {
+  if (std::uncaught_exceptions() == uncaught_) g_activity.store(previous_);
+}
 
 std::optional<std::string> describe_out_of_memory(const std::exception& e) {
   char note[64];
@@ -101,7 +107,7 @@ std::optional<std::string> describe_out_of_memory(const std::exception& e) {
   if (const auto* s = dynamic_cast<const std::system_error*>(&e)) {
     const int code = s->code().value();
     if (s->code().category() == std::generic_category() || s->code().category() == std::system_category())
-      if (code == ENOMEM || code == EAGAIN) return head + " (" + s->what() + ")" + note;
+      if (code == ENOMEM || code == EAGAIN) return head + " (a thread could not start: " + s->what() + ")" + note;
   }
   return std::nullopt;
 }

@@ -16,12 +16,18 @@
 
 namespace qkv::cli {
 
-/// Installs the handlers (operator new, LLVM's bad-alloc and fatal-error handlers, std::terminate)
-/// and ignores SIGXFSZ, so a file-size limit is a write error naming the file instead of a signal.
+/// Installs the handlers of operator new and std::terminate: safe before any static constructor
+/// has run (main.cpp calls it from .preinit_array, since LLVM's static constructors allocate).
+void install_allocation_handlers() noexcept;
+
+/// install_allocation_handlers, LLVM's bad-alloc and fatal-error handlers, and SIGXFSZ ignored,
+/// so that a file-size limit is a write error naming the file instead of a signal.
 void install_out_of_memory_handlers();
 
 /// What the process is doing, for the out-of-memory line ("reading the inputs"); the previous
-/// activity comes back when this one ends. `what` must outlive the scope (a string literal).
+/// activity comes back when this one ends normally, but not when an exception ends it (the line
+/// is printed after the unwinding and names the activity that failed). `what` must outlive the
+/// scope (a string literal).
 class Activity {
  public:
   explicit Activity(const char* what);
@@ -31,6 +37,7 @@ class Activity {
 
  private:
   const char* previous_;
+  int uncaught_;
 };
 
 /// The one-line message for an exception that means the process ran out of memory (std::bad_alloc,
