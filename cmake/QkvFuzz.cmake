@@ -1,6 +1,6 @@
 # Fuzz targets (libFuzzer, clang's -fsanitize=fuzzer, with ASan + UBSan).
 #
-#   qkv_fuzz_target(<name> SOURCES <files...> LIBS <targets...> CORPUS <dir>)
+#   qkv_fuzz_target(<name> SOURCES <files...> LIBS <targets...> CORPUS <dir> [ARGS <libFuzzer flags...>])
 #
 # Built only when QKV_BUILD_FUZZ is ON and the compiler is clang. Each target gets a CTest
 # `fuzz.<name>` (label `fuzz`) that runs it for QKV_FUZZ_SECONDS on a copy of its committed seed
@@ -8,7 +8,7 @@
 set(QKV_FUZZ_SECONDS 20 CACHE STRING "Seconds each fuzz target runs under CTest")
 
 function(qkv_fuzz_target name)
-  cmake_parse_arguments(ARG "" "CORPUS" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "CORPUS" "SOURCES;LIBS;ARGS" ${ARGN})
   if(NOT QKV_BUILD_FUZZ)
     return()
   endif()
@@ -25,6 +25,6 @@ function(qkv_fuzz_target name)
            COMMAND ${CMAKE_COMMAND} -E env UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
                    sh -c "rm -rf '${work}' && mkdir -p '${work}' && cp -r '${ARG_CORPUS}'/. '${work}'/ && \
 exec '$<TARGET_FILE:fuzz_${name}>' -max_total_time=${QKV_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 \
--print_final_stats=1 '${work}'")
+-print_final_stats=1 ${ARG_ARGS} '${work}'")
   set_tests_properties(fuzz.${name} PROPERTIES LABELS fuzz TIMEOUT 300)
 endfunction()
