@@ -151,7 +151,8 @@ std::int64_t encoder_layer_count(const SafetensorsFile& sd) {
   for (std::int64_t i : seen) {
     if (i != expected)
       throw StateDictError(where(sd) + "has 'layers." + std::to_string(i) + ".*' but no 'layers." +
-                           std::to_string(expected) + ".*' (nn.TransformerEncoder numbers its layers 0, 1, ... without gaps)");
+                           std::to_string(expected) +
+                           ".*' (nn.TransformerEncoder numbers its layers 0, 1, ... without gaps)");
     ++expected;
   }
   return expected;

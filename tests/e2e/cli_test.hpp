@@ -51,8 +51,8 @@ constexpr bool kSanitized =
 #endif
 
 struct Result {
-  int code = -1;       // the exit code, or -1 when killed by a signal
-  int signal = 0;      // the signal that ended it, or 0
+  int code = -1;   // the exit code, or -1 when killed by a signal
+  int signal = 0;  // the signal that ended it, or 0
   bool timed_out = false;
   std::string out, err;
 };
@@ -77,9 +77,7 @@ inline std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-inline void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary) << text;
-}
+inline void write_text(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
 class Cli : public ::testing::Test {
  protected:

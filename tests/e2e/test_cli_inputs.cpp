@@ -72,10 +72,9 @@ TEST_F(Cli, AHugeSafetensorsHeaderParsesQuickly) {
   Limits limits;
   limits.timeout_s = 60;
   const auto t0 = std::chrono::steady_clock::now();
-  const Result r =
-      run_argv({"run", "mha", "--weights", tmp("many.safetensors"), "--query", tmp("x.npy"), "--heads", "1", "-o",
-                tmp("o.npy")},
-               limits);
+  const Result r = run_argv(
+      {"run", "mha", "--weights", tmp("many.safetensors"), "--query", tmp("x.npy"), "--heads", "1", "-o", tmp("o.npy")},
+      limits);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   expect_one_line_exit_one(r, "200k entries");
   EXPECT_THAT(r.err, HasSubstr("missing key 'out_proj.weight'"));
@@ -88,8 +87,9 @@ TEST_F(Cli, RunsThatCannotFitAreRefusedFromTheirShapes) {
   const Result s = run("shapes sdpa" + huge);
   ASSERT_EQ(s.code, 0) << s.err;
   EXPECT_THAT(s.out, HasSubstr("Seq=1000000000"));
-  for (const std::string& cmd : {"bench sdpa" + huge + " --repeat 1", "verify sdpa" + huge,
-                                 "emit sdpa" + huge + " --format ll -o " + tmp("x.ll") + " --example-dir " + tmp("ex")}) {
+  for (const std::string& cmd :
+       {"bench sdpa" + huge + " --repeat 1", "verify sdpa" + huge,
+        "emit sdpa" + huge + " --format ll -o " + tmp("x.ll") + " --example-dir " + tmp("ex")}) {
     const Result r = run(cmd);
     EXPECT_EQ(r.code, 1) << cmd << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr("needs about ")) << cmd;
@@ -191,8 +191,8 @@ TEST_F(Cli, HeatmapTokensFileThatIsADirectoryIsRefused) {
 // Item 26: a file name with a newline stays on one line.
 TEST_F(Cli, AMissingInputWithANewlineInItsNameIsOneLine) {
   write_sdpa_inputs(dir_, 3, 3);
-  const Result r = run_argv({"run", "sdpa", "--query", tmp("a\nb.npy"), "--key", tmp("k.npy"), "--value",
-                             tmp("v.npy"), "-o", tmp("o.npy")});
+  const Result r = run_argv(
+      {"run", "sdpa", "--query", tmp("a\nb.npy"), "--key", tmp("k.npy"), "--value", tmp("v.npy"), "-o", tmp("o.npy")});
   expect_one_line_exit_one(r, "newline in a name");
   EXPECT_THAT(r.err, HasSubstr("a\\nb.npy"));
 }

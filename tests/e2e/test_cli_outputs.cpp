@@ -24,8 +24,8 @@ class Outputs : public Cli {
   }
   /// run sdpa on the inputs in the test directory (reference backend: no compile time).
   [[nodiscard]] std::vector<std::string> sdpa(const std::string& out, const std::string& weights_out = "") const {
-    std::vector<std::string> a{"run",    "sdpa",    "--query", tmp("q.npy"), "--key",   tmp("k.npy"),
-                               "--value", tmp("v.npy"), "--backend", "reference", "--out", out};
+    std::vector<std::string> a{"run",     "sdpa",       "--query",   tmp("q.npy"), "--key", tmp("k.npy"),
+                               "--value", tmp("v.npy"), "--backend", "reference",  "--out", out};
     if (!weights_out.empty()) a.insert(a.end(), {"--weights-out", weights_out});
     return a;
   }
@@ -50,8 +50,12 @@ TEST_F(Outputs, ConcurrentRunsNeverFailAndNeverMixTheirOutputs) {
   write_sdpa_inputs(dir_ / "a", 4, 512, 0.0f);
   write_sdpa_inputs(dir_ / "b", 4, 512, 1.0f);
   auto args = [&](const std::string& in, const std::string& out, const std::string& w) {
-    return std::vector<std::string>{"run",   "sdpa",    "--query",     tmp(in + "/q.npy"), "--key", tmp(in + "/k.npy"),
-                                    "--value", tmp(in + "/v.npy"), "--backend",   "reference",   "--out", out,
+    return std::vector<std::string>{"run",           "sdpa",
+                                    "--query",       tmp(in + "/q.npy"),
+                                    "--key",         tmp(in + "/k.npy"),
+                                    "--value",       tmp(in + "/v.npy"),
+                                    "--backend",     "reference",
+                                    "--out",         out,
                                     "--weights-out", w};
   };
   for (const char* in : {"a", "b"}) {
@@ -171,7 +175,8 @@ TEST_F(Outputs, AnOutputThatIsAnInputIsRefused) {
 // Items 13 and 4: emit's outputs (the library, its header, the example directory) are checked
 // like any other before anything is compiled.
 TEST_F(Outputs, EmitRefusesOutputsInTheWayAndLeavesNothing) {
-  const std::vector<std::string> model{"emit", "sdpa", "--batch", "1", "--heads", "2", "--seq", "9", "--head-dim", "16"};
+  const std::vector<std::string> model{"emit", "sdpa",  "--batch", "1",          "--heads",
+                                       "2",    "--seq", "9",       "--head-dim", "16"};
   auto emit = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = model;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -196,8 +201,8 @@ TEST_F(Outputs, EmitRefusesOutputsInTheWayAndLeavesNothing) {
 
 // Item 14: files of the user's that look like the temporaries qkv once used survive a run.
 TEST_F(Outputs, TheUsersFilesAreNeverTouched) {
-  const std::vector<std::string> mine{"o.npy.qkv-partial", ".o.npy.tmp", "x.so.tmp", "x.so.o.tmp", "x.h.tmp",
-                                      "x.h.qkv-partial"};
+  const std::vector<std::string> mine{"o.npy.qkv-partial", ".o.npy.tmp", "x.so.tmp",
+                                      "x.so.o.tmp",        "x.h.tmp",    "x.h.qkv-partial"};
   for (const auto& f : mine) write_text(tmp(f), kOld);
   ASSERT_EQ(run_argv(sdpa(tmp("o.npy"))).code, 0);
   const Result e = run_argv({"emit", "sdpa", "--batch", "1", "--heads", "2", "--seq", "9", "--head-dim", "16", "-o",
@@ -251,8 +256,8 @@ TEST_F(Outputs, LongNamesWorkAndWriteErrorsNameTheUsersPath) {
 
 // Item 28: a model that launches several GPU kernels needs a directory for them.
 TEST_F(Outputs, NvptxWithSeveralKernelsSaysThatOutMustBeADirectory) {
-  const std::vector<std::string> mha{"emit", "mha", "--batch", "1", "--heads", "2", "--seq", "9", "--embed-dim", "16",
-                                     "--target", "nvptx", "-o"};
+  const std::vector<std::string> mha{"emit", "mha",         "--batch", "1",        "--heads", "2", "--seq",
+                                     "9",    "--embed-dim", "16",      "--target", "nvptx",   "-o"};
   auto emit = [&](const std::string& out) {
     std::vector<std::string> a = mha;
     a.push_back(out);

@@ -59,16 +59,19 @@ TEST_F(Cli, CausalIsHonouredByEveryCommand) {
   };
   write_sdpa_inputs(dir_, 6, 6);
   const std::vector<Command> commands{
-      {"encoder-layer", "run encoder-layer --weights " + fixture(layer, "weights.safetensors") + " --src " +
-                            fixture(layer, "src.npy") + " --heads 4",
+      {"encoder-layer",
+       "run encoder-layer --weights " + fixture(layer, "weights.safetensors") + " --src " + fixture(layer, "src.npy") +
+           " --heads 4",
        "--src-mask"},
-      {"encoder", "run encoder --weights " + tmp("stack.safetensors") + " --src " + fixture(layer, "src.npy") + " --heads 4",
+      {"encoder",
+       "run encoder --weights " + tmp("stack.safetensors") + " --src " + fixture(layer, "src.npy") + " --heads 4",
        "--src-mask"},
       {"mha",
        "run mha --weights " + fixture("key_padding", "weights.safetensors") + " --query " +
            fixture("key_padding", "query.npy") + " --heads 4",
        "--attn-mask"},
-      {"sdpa", "run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy"), "--attn-mask"},
+      {"sdpa", "run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy"),
+       "--attn-mask"},
   };
   for (const auto& c : commands) {
     // mha's fixture has L = 6, like sdpa's inputs; the encoder's has its own L.
@@ -153,7 +156,7 @@ TEST_F(Cli, StateDictsAreCheckedAgainstTheModel) {
 TEST_F(Cli, EmitRefusesFunctionNamesThatBreakTheHeaderOrTheCLibrary) {
   const std::string model = "emit sdpa --batch 1 --heads 2 --seq 9 --head-dim 16 -o " + tmp("x.so") + " --function ";
   for (const std::string name : {"int", "memset", "free", "class", "errno", "uint8_t", "INT8_MAX", "__x", "_Foo",
-                                  "qkv_gemm", "my-fn", "9lives", "printf", "malloc", "sin", "pthread_create"}) {
+                                 "qkv_gemm", "my-fn", "9lives", "printf", "malloc", "sin", "pthread_create"}) {
     const Result r = run(model + "'" + name + "'");
     expect_usage_error(r, "--function '" + name + "'", name);
     EXPECT_FALSE(fs::exists(tmp("x.so"))) << name;
@@ -198,15 +201,15 @@ TEST_F(Cli, NonFiniteScaleAndDropoutAreUsageErrorsOnEveryBackend) {
   const std::string base = "run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy");
   for (const char* backend : {"reference", "cpu", "cuda"}) {
     for (const std::string flag : {"--scale nan", "--scale inf", "--scale -inf", "--scale 1e999", "--dropout nan",
-                                    "--dropout inf", "--dropout -0.5", "--dropout 1"}) {
+                                   "--dropout inf", "--dropout -0.5", "--dropout 1"}) {
       const Result r = run(base + " " + flag + " --backend " + backend + " -o " + tmp("o.npy"));
       expect_usage_error(r, flag.substr(0, flag.find(' ')), flag + " on " + backend);
       EXPECT_FALSE(fs::exists(tmp("o.npy"))) << flag;
     }
   }
-  const Result eps = run("run encoder-layer --weights " + fixture("encoder_relu_post", "weights.safetensors") +
-                         " --src " + fixture("encoder_relu_post", "src.npy") + " --heads 4 --layer-norm-eps nan -o " +
-                         tmp("o.npy"));
+  const Result eps =
+      run("run encoder-layer --weights " + fixture("encoder_relu_post", "weights.safetensors") + " --src " +
+          fixture("encoder_relu_post", "src.npy") + " --heads 4 --layer-norm-eps nan -o " + tmp("o.npy"));
   expect_usage_error(eps, "--layer-norm-eps", "--layer-norm-eps nan");
 }
 
@@ -242,8 +245,8 @@ TEST_F(Cli, BadSizesAreUsageErrors) {
       {"verify sdpa" + ok + " --tolerance nan", "--tolerance"},
       {"emit sdpa" + ok + " --sm -1 --target nvptx -o " + tmp("k.ptx"), "--sm"},
       {"emit sdpa --heads 2 --seq 4 --head-dim 8 --batch 0 -o " + tmp("x.so"), "--batch"},
-      {"run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy") +
-           " --seed -1 -o " + tmp("o.npy"),
+      {"run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy") + " --seed -1 -o " +
+           tmp("o.npy"),
        "--seed"},
       {"run mha --weights " + fixture("key_padding", "weights.safetensors") + " --query " +
            fixture("key_padding", "query.npy") + " --heads -4 -o " + tmp("o.npy"),
@@ -259,9 +262,9 @@ TEST_F(Cli, MhaRefusesAnAttnMaskOfAnotherRank) {
   write_npy(tmp("s.npy"), NdArray::zeros(DType::boolean, {6}));
   write_npy(tmp("bls.npy"), NdArray::zeros(DType::boolean, {1, 1, 6, 6}));
   for (const char* mask : {"s.npy", "bls.npy"}) {
-    const Result r = run("run mha --weights " + fixture("key_padding", "weights.safetensors") + " --query " +
-                         fixture("key_padding", "query.npy") + " --heads 4 --attn-mask " + tmp(mask) + " -o " +
-                         tmp("o.npy"));
+    const Result r =
+        run("run mha --weights " + fixture("key_padding", "weights.safetensors") + " --query " +
+            fixture("key_padding", "query.npy") + " --heads 4 --attn-mask " + tmp(mask) + " -o " + tmp("o.npy"));
     EXPECT_EQ(r.code, 1) << mask << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr("must be [L, S] = (6, 6) or [batch*heads, L, S] = (12, 6, 6)")) << mask;
     expect_one_line_error(r);

@@ -41,6 +41,7 @@ class Bytes {
   std::size_t size_, at_ = 0;
 };
 
+// clang-format off
 const char* const kCommands[][2] = {
     {"run", "mha"},   {"run", "sdpa"},  {"run", "encoder-layer"}, {"run", "encoder"}, {"shapes", "sdpa"},
     {"shapes", "mha"}, {"bench", "sdpa"}, {"verify", "mha"},        {"heatmap", ""},    {"emit", "sdpa"},
@@ -60,6 +61,7 @@ const char* const kValues[] = {
     "@outdir", "0", "1", "2", "3", "4", "8", "-1", "-8", "99999999999999999999", "9223372036854775807",
     "4611686018427387904", "nan", "inf", "1e999", "0.5", "abc", "", "top-left", "bottom-right", "reference", "cpu",
     "cuda", "relu", "gelu", "so", "ll", "nvptx", "int", "memset", "x y z", "all", "x86-64-v2", "80"};
+// clang-format on
 
 template <class T, std::size_t N>
 const T& pick(const T (&pool)[N], std::uint8_t b) {

@@ -35,7 +35,8 @@ CLI::Validator integer_in(std::int64_t lo, std::int64_t hi) {
   return {[lo, hi, range](std::string& s) -> std::string {
             std::int64_t v = 0;
             const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-            if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == s.data() + s.size() && (v < lo || v > hi)))
+            if (ec == std::errc::result_out_of_range ||
+                (ec == std::errc() && end == s.data() + s.size() && (v < lo || v > hi)))
               return "'" + s + "' is out of range: give an integer in " + range;
             if (ec != std::errc() || end != s.data() + s.size()) return "'" + s + "' is not an integer";
             return "";
@@ -49,8 +50,7 @@ CLI::Validator unsigned_integer() {
             std::uint64_t v = 0;
             const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
             if (ec == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
-            if (ec != std::errc() || end != s.data() + s.size())
-              return "'" + s + "' is not a non-negative integer";
+            if (ec != std::errc() || end != s.data() + s.size()) return "'" + s + "' is not a non-negative integer";
             return "";
           },
           "UINT", "unsigned_integer"};

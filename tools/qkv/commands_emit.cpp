@@ -40,6 +40,7 @@ codegen::AotFormat cpu_format(const std::string& f) {
 
 // --- --function: the C name of the generated function ------------------------------------------
 
+// clang-format off
 /// C (C23) and C++ keywords: the header is meant for both.
 constexpr std::string_view kKeywords[] = {
     "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
@@ -52,12 +53,13 @@ constexpr std::string_view kKeywords[] = {
     "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "typeof",
     "typeof_unqual", "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor",
     "xor_eq"};
+// clang-format on
 
 /// The C libraries every program that loads the library has: a symbol of theirs with the same
 /// name would be displaced by (or displace) the generated one.
 bool in_c_library(const std::string& symbol) {
-  static const std::array<void*, 3> libs = {dlopen("libc.so.6", RTLD_LAZY),
-                                            dlopen("libm.so.6", RTLD_LAZY), dlopen("libpthread.so.0", RTLD_LAZY)};
+  static const std::array<void*, 3> libs = {dlopen("libc.so.6", RTLD_LAZY), dlopen("libm.so.6", RTLD_LAZY),
+                                            dlopen("libpthread.so.0", RTLD_LAZY)};
   for (void* lib : libs)
     if (lib && dlsym(lib, symbol.c_str())) return true;
   return false;
@@ -71,8 +73,7 @@ void check_function_name(const std::string& f, bool user_given) {
       !f.empty() && !std::isdigit(static_cast<unsigned char>(f[0])) &&
       std::all_of(f.begin(), f.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
   if (!identifier) refuse("is not a C identifier (letters, digits and '_', not starting with a digit)");
-  if (std::find(std::begin(kKeywords), std::end(kKeywords), f) != std::end(kKeywords))
-    refuse("is a C or C++ keyword");
+  if (std::find(std::begin(kKeywords), std::end(kKeywords), f) != std::end(kKeywords)) refuse("is a C or C++ keyword");
   if (f[0] == '_' && (f.size() == 1 || f[1] == '_' || std::isupper(static_cast<unsigned char>(f[1]))))
     refuse("is reserved to the C implementation (it starts with '__' or '_' and a capital)");
   // <stdint.h>, which the header includes, owns int*_t / uint*_t and INT*_ / UINT* macros.
@@ -160,7 +161,8 @@ int emit_ptx(const Emit& e, const Instance& in) {
       throw UsageError("-o " + e.out + ": the model launches " + std::to_string(requests.size()) +
                        " kernels, so -o must name a directory (it gets one .ptx per kernel and launches.txt)");
     outputs.add_directory(e.out, "-o");
-    for (const auto& [name, request] : requests) files[name] = outputs.add_file(fs::path(e.out) / (name + ".ptx"), "-o");
+    for (const auto& [name, request] : requests)
+      files[name] = outputs.add_file(fs::path(e.out) / (name + ".ptx"), "-o");
     launches_file = outputs.add_file(fs::path(e.out) / "launches.txt", "-o");
   }
 

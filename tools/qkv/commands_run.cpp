@@ -131,9 +131,9 @@ void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_ro
     bias = NdArray::zeros(DType::f32, {len_q, len_k});
   }
   if (!leading_ones && bias->shape.size() == 2) {
-    require_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(batch, heads, flag), bias->numel(), flag)) *
-                       sizeof(float),
-                   flag);
+    require_memory(
+        static_cast<std::uint64_t>(checked_mul(checked_mul(batch, heads, flag), bias->numel(), flag)) * sizeof(float),
+        flag);
     NdArray wide = NdArray::zeros(DType::f32, full);
     const auto src = bias->as<float>();
     auto dst = wide.as<float>();
@@ -261,9 +261,9 @@ int run_mha(const RunMha& o) {
     const bool two_d = am.shape == std::vector<std::int64_t>{L, S};
     const bool three_d = am.shape.size() == 3 && am.shape[1] == L && am.shape[2] == S;
     if (!two_d && !three_d)
-      throw IoError("--attn-mask: shape " + shape_str(am) + " must be [L, S] = " + shape_to_string(std::vector{L, S}) +
-                    " or [batch*heads, L, S] = " +
-                    shape_to_string(std::vector{checked_mul(B, o.heads, "--attn-mask"), L, S}));
+      throw IoError(
+          "--attn-mask: shape " + shape_str(am) + " must be [L, S] = " + shape_to_string(std::vector{L, S}) +
+          " or [batch*heads, L, S] = " + shape_to_string(std::vector{checked_mul(B, o.heads, "--attn-mask"), L, S}));
     masks.add(std::move(am), "--attn-mask", three_d);
   }
   const Causal causal = m.masks.causal;

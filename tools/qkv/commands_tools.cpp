@@ -97,9 +97,9 @@ Feeds seeded_feeds(const Instance& in, const ShapeModel& s) {
     const std::int64_t S = in.sizes.at("Key");
     std::vector<std::int64_t> lengths;
     for (std::int64_t b = 0; b < s.batch; ++b)
-      lengths.push_back(1 + static_cast<std::int64_t>(
-                                dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) *
-                                static_cast<double>(S)));
+      lengths.push_back(1 +
+                        static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) *
+                                                  static_cast<double>(S)));
     feeds["key_keep"] = keep_first(lengths, S);
   }
   return feeds;

@@ -73,7 +73,9 @@ std::string gib(std::uint64_t bytes) {
   return buf;
 }
 
-std::uint64_t add(std::uint64_t a, std::uint64_t b) { return a > kMaxBytes - std::min(b, kMaxBytes) ? kMaxBytes : a + b; }
+std::uint64_t add(std::uint64_t a, std::uint64_t b) {
+  return a > kMaxBytes - std::min(b, kMaxBytes) ? kMaxBytes : a + b;
+}
 
 std::uint64_t outputs_bytes(const Graph& g, const std::vector<std::uint64_t>& bytes) {
   std::uint64_t total = 0;
@@ -140,7 +142,8 @@ std::uint64_t feed_bytes(const Graph& g, const Bindings& sizes) {
   const auto bytes = value_bytes(g, sizes);
   std::uint64_t total = 0;
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
-    if (g.node(id).op == Op::input || g.node(id).op == Op::param) total = add(total, bytes[static_cast<std::size_t>(id)]);
+    if (g.node(id).op == Op::input || g.node(id).op == Op::param)
+      total = add(total, bytes[static_cast<std::size_t>(id)]);
   return total;
 }
 

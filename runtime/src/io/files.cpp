@@ -154,7 +154,8 @@ void InputFile::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw IoError(what_ + ": read failed: " + errno_text(errno));
     if (r == 0)
-      throw IoError(what_ + ": the file ended at byte " + std::to_string(offset + got) + " (it shrank while being read)");
+      throw IoError(what_ + ": the file ended at byte " + std::to_string(offset + got) +
+                    " (it shrank while being read)");
     got += static_cast<std::size_t>(r);
   }
 }
@@ -172,7 +173,9 @@ std::vector<std::byte> InputFile::read_all(std::uint64_t limit, const std::strin
 
 namespace {
 
-[[noreturn]] void refuse(const std::string& who, const std::string& problem) { throw OutputRefused(who + ": " + problem); }
+[[noreturn]] void refuse(const std::string& who, const std::string& problem) {
+  throw OutputRefused(who + ": " + problem);
+}
 
 /// An existing directory, absolute with symbolic links resolved; refuses a missing one.
 fs::path existing_directory(const fs::path& dir, const std::string& who) {
@@ -236,8 +239,7 @@ std::size_t OutputGroup::add_file(const fs::path& path, const std::string& label
     if (::stat(path.c_str(), &st) != 0)
       refuse(who, S_ISLNK(ls.st_mode) ? "is a symbolic link to a missing file" : errno_text(errno));
     if (S_ISDIR(st.st_mode)) refuse(who, "is a directory; give a file name");
-    if (!S_ISREG(st.st_mode))
-      refuse(who, "is " + kind_of(st.st_mode) + ", not a regular file; qkv never replaces one");
+    if (!S_ISREG(st.st_mode)) refuse(who, "is " + kind_of(st.st_mode) + ", not a regular file; qkv never replaces one");
     std::error_code ec;
     o.dest = fs::canonical(path, ec);
     if (ec) refuse(who, "cannot resolve the path: " + ec.message());
@@ -364,8 +366,8 @@ void OutputGroup::commit() {
     ::close(fd);
     if (!synced) throw IoError(who + ": cannot write (fsync): " + errno_text(e));
     if (created_directory(o.dest.parent_path())) continue;  // moves with its directory
-    moves.push_back({staged.string(), o.dest.string(), (staged.parent_path() / (".old-" + std::to_string(i))).string(),
-                     who});
+    moves.push_back(
+        {staged.string(), o.dest.string(), (staged.parent_path() / (".old-" + std::to_string(i))).string(), who});
   }
 
   // Lock every destination directory, in one order for every process (no deadlock), so that
@@ -390,8 +392,9 @@ void OutputGroup::commit() {
     }
     locks.push_back({fd, {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)}});
   }
-  std::sort(locks.begin(), locks.end(),
-            [](const Locked& a, const Locked& b) { return a.id.dev != b.id.dev ? a.id.dev < b.id.dev : a.id.ino < b.id.ino; });
+  std::sort(locks.begin(), locks.end(), [](const Locked& a, const Locked& b) {
+    return a.id.dev != b.id.dev ? a.id.dev < b.id.dev : a.id.ino < b.id.ino;
+  });
   for (const Locked& l : locks)
     while (::flock(l.fd, LOCK_EX) != 0 && errno == EINTR) {
     }

@@ -262,8 +262,7 @@ Prefix parse_prefix(std::span<const std::byte> first, std::uint64_t total, std::
   if (total - p.dict_offset < p.dict_len)
     fail(what, "truncated header: header length is " + std::to_string(p.dict_len) + " bytes but only " +
                    std::to_string(total - p.dict_offset) + " follow");
-  if (p.dict_len > kMaxHeader)
-    fail(what, "header length " + std::to_string(p.dict_len) + " exceeds the 16 MiB limit");
+  if (p.dict_len > kMaxHeader) fail(what, "header length " + std::to_string(p.dict_len) + " exceeds the 16 MiB limit");
   return p;
 }
 

@@ -79,8 +79,9 @@ TEST(OutputGroup, RefusesOutputsItCannotWriteSafely) {
             std::string::npos);
   EXPECT_NE(refusal([&] { g.add_file(""); }).find("empty"), std::string::npos);
   g.add_file(out, "--out");
-  EXPECT_NE(refusal([&] { g.add_file(dir.path / "sub" / ".." / "out.npy", "--weights-out"); })
-                .find("is the same file as --out"),
+  EXPECT_NE(refusal([&] {
+              g.add_file(dir.path / "sub" / ".." / "out.npy", "--weights-out");
+            }).find("is the same file as --out"),
             std::string::npos);
   EXPECT_EQ(slurp(in), "input");
 }
