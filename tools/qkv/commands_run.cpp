@@ -83,12 +83,16 @@ RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend) {
 /// What the state dict's tensors take once imported (as f32).
 void require_memory_for(const SafetensorsFile& sd) {
   std::uint64_t total = 0;
-  for (const auto& name : sd.names()) total += checked_nbytes(sd.get(name).shape, DType::f32, sd.what());
+  for (const auto& name : sd.names())
+    if (__builtin_add_overflow(total, checked_nbytes(sd.get(name).shape, DType::f32, sd.what()), &total))
+      total = std::numeric_limits<std::uint64_t>::max();
   require_memory(total, "reading the weights " + sd.what());
 }
 }  // namespace
 
 std::string shape_str(const NdArray& a) { return shape_to_string(a.shape); }
+
+constexpr std::int64_t kF32Bytes = sizeof(float);
 
 void MaskBuilder::key_padding(const NdArray& kpm, const std::string& flag) {
   if (kpm.dtype != DType::boolean)
@@ -127,13 +131,12 @@ void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_ro
   }
   // Keep the bias [L, S] (which the fused kernel takes) unless this mask varies over B or H.
   if (!bias) {
-    require_memory(static_cast<std::uint64_t>(checked_mul(len_q, len_k, flag)) * sizeof(float), flag);
+    require_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(len_q, len_k, flag), kF32Bytes, flag)), flag);
     bias = NdArray::zeros(DType::f32, {len_q, len_k});
   }
   if (!leading_ones && bias->shape.size() == 2) {
-    require_memory(
-        static_cast<std::uint64_t>(checked_mul(checked_mul(batch, heads, flag), bias->numel(), flag)) * sizeof(float),
-        flag);
+    const std::int64_t wide_elements = checked_mul(checked_mul(batch, heads, flag), bias->numel(), flag);
+    require_memory(static_cast<std::uint64_t>(checked_mul(wide_elements, kF32Bytes, flag)), flag);
     NdArray wide = NdArray::zeros(DType::f32, full);
     const auto src = bias->as<float>();
     auto dst = wide.as<float>();
