@@ -54,6 +54,7 @@ struct Result {
   int code = -1;   // the exit code, or -1 when killed by a signal
   int signal = 0;  // the signal that ended it, or 0
   bool timed_out = false;
+  double cpu_s = 0;  // user + system CPU time (run_argv only)
   std::string out, err;
 };
 
@@ -146,17 +147,22 @@ class Cli : public ::testing::Test {
     Result r;
     int status = 0;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(p.limits.timeout_s);
+    rusage usage{};
     for (;;) {
-      const pid_t done = ::waitpid(p.pid, &status, WNOHANG);
+      const pid_t done = ::wait4(p.pid, &status, WNOHANG, &usage);
       if (done == p.pid) break;
       if (std::chrono::steady_clock::now() > deadline) {
         ::kill(p.pid, SIGKILL);
-        ::waitpid(p.pid, &status, 0);
+        ::wait4(p.pid, &status, 0, &usage);
         r.timed_out = true;
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    auto seconds = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+    };
+    r.cpu_s = seconds(usage.ru_utime) + seconds(usage.ru_stime);
     if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
     r.out = slurp(p.out);
