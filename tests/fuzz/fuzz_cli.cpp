@@ -1,9 +1,10 @@
 // libFuzzer target for the CLI: qkv::cli::run_cli over argv variants (a command, flags and values
 // from fixed pools) and small input files (raw bytes, valid .npy arrays of fuzzed shapes, or the
 // PyTorch fixtures' state dicts), in a fresh directory per input. run_cli must return 0, 1 or 2 —
-// any crash, hang, leak or sanitizer report is a finding — and afterwards every input file must
-// be unchanged and no staging directory (.qkv-*) may be left: outputs never overwrite inputs and
-// are committed whole or not at all. Run with -close_fd_mask=3 (the CLI prints).
+// any crash, hang, leak or sanitizer report is a finding — and afterwards every file the command
+// read (the value of an input flag) must be unchanged and no staging directory (.qkv-*) may be
+// left: outputs never overwrite inputs and are committed whole or not at all. Run with
+// -close_fd_mask=3 (the CLI prints).
 //
 // Input layout (missing bytes read as 0): [command] [flag count] ([flag] [value])... then, for
 // each of the four input files, [mode] and its bytes: 0 raw (a length byte and that many bytes),
@@ -97,6 +98,13 @@ void make_file(const fs::path& p, Bytes& in) {
   }
 }
 
+bool is_input_flag(const std::string& flag) {
+  for (const char* f : {"--weights", "--query", "--key", "--value", "--src", "--tokens-file", "--attn-mask",
+                        "--key-padding-mask", "--attn-bias", "--src-mask", "--src-key-padding-mask"})
+    if (flag == f) return true;
+  return false;
+}
+
 [[noreturn]] void finding(const std::string& what) {
   std::fputs(("fuzz_cli: " + what + "\n").c_str(), stderr);
   std::abort();
@@ -128,11 +136,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!value.empty() && value[0] == '@') value = (dir / value.substr(1)).string();
     args.push_back(value);
   }
+  for (const char* name : {"a.npy", "b.npy", "c.npy", "w.safetensors"}) make_file(dir / name, in);
+  // The files the command reads: the values of its input flags. No output may change them.
   std::vector<std::pair<fs::path, std::string>> inputs;
-  for (const char* name : {"a.npy", "b.npy", "c.npy", "w.safetensors"}) {
-    make_file(dir / name, in);
-    inputs.emplace_back(dir / name, slurp(dir / name));
-  }
+  for (std::size_t i = 2; i + 1 < args.size(); ++i)
+    if (is_input_flag(args[i]) && fs::is_regular_file(args[i + 1]))
+      inputs.emplace_back(args[i + 1], slurp(args[i + 1]));
 
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
