@@ -2,9 +2,10 @@
 #
 #   qkv_fuzz_target(<name> SOURCES <files...> LIBS <targets...> CORPUS <dir> [ARGS <libFuzzer flags...>])
 #
-# Built only when QKV_BUILD_FUZZ is ON and the compiler is clang. Each target gets a CTest
-# `fuzz.<name>` (label `fuzz`) that runs it for QKV_FUZZ_SECONDS on a copy of its committed seed
-# corpus; any crash, leak or sanitizer report fails the test.
+# Built only when QKV_BUILD_FUZZ is ON and the compiler is clang (the LIBS are then instrumented
+# for coverage as well). Each target gets a CTest `fuzz.<name>` (label `fuzz`) that runs it for
+# QKV_FUZZ_SECONDS on a copy of its committed seed corpus; any crash, leak or sanitizer report
+# fails the test.
 set(QKV_FUZZ_SECONDS 20 CACHE STRING "Seconds each fuzz target runs under CTest")
 
 function(qkv_fuzz_target name)
@@ -16,6 +17,15 @@ function(qkv_fuzz_target name)
     message(WARNING "qkv: fuzz target ${name} needs clang (-fsanitize=fuzzer); skipped")
     return()
   endif()
+  # The libraries under test get libFuzzer's coverage instrumentation too, so that the fuzzer is
+  # guided by the code it is testing and not only by the target's own file.
+  foreach(lib IN LISTS ARG_LIBS)
+    get_target_property(real ${lib} ALIASED_TARGET)
+    if(NOT real)
+      set(real ${lib})
+    endif()
+    target_compile_options(${real} PRIVATE -fsanitize=fuzzer-no-link)
+  endforeach()
   add_executable(fuzz_${name} ${ARG_SOURCES})
   target_link_libraries(fuzz_${name} PRIVATE ${ARG_LIBS})
   target_compile_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
