@@ -31,10 +31,11 @@ function(qkv_fuzz_target name)
   target_compile_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
   target_link_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined)
   set(work ${CMAKE_CURRENT_BINARY_DIR}/fuzz_${name}_corpus)
+  list(JOIN ARG_ARGS " " args)  # one shell command line
   add_test(NAME fuzz.${name}
            COMMAND ${CMAKE_COMMAND} -E env UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
                    sh -c "rm -rf '${work}' && mkdir -p '${work}' && cp -r '${ARG_CORPUS}'/. '${work}'/ && \
 exec '$<TARGET_FILE:fuzz_${name}>' -max_total_time=${QKV_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 \
--print_final_stats=1 ${ARG_ARGS} '${work}'")
+-print_final_stats=1 ${args} '${work}'")
   set_tests_properties(fuzz.${name} PROPERTIES LABELS fuzz TIMEOUT 300)
 endfunction()
