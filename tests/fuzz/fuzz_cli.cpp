@@ -98,6 +98,12 @@ void make_file(const fs::path& p, Bytes& in) {
   }
 }
 
+fs::path g_root;  // removed when the fuzzer exits
+void remove_root() {
+  std::error_code ec;
+  fs::remove_all(g_root, ec);
+}
+
 bool is_input_flag(const std::string& flag) {
   for (const char* f : {"--weights", "--query", "--key", "--value", "--src", "--tokens-file", "--attn-mask",
                         "--key-padding-mask", "--attn-bias", "--src-mask", "--src-key-padding-mask"})
@@ -116,8 +122,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const fs::path root = [] {
     std::string t = (fs::temp_directory_path() / "qkv_fuzz_cli_XXXXXX").string();
     if (!::mkdtemp(t.data())) std::abort();
+    std::atexit(remove_root);
     return fs::path(t);
   }();
+  g_root = root;
   const fs::path dir = root / "in";
   fs::remove_all(dir);
   fs::create_directories(dir);
