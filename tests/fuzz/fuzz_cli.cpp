@@ -98,10 +98,18 @@ void make_file(const fs::path& p, Bytes& in) {
   }
 }
 
-fs::path g_root;  // removed when the fuzzer exits
-void remove_root() {
-  std::error_code ec;
-  fs::remove_all(g_root, ec);
+/// A private directory for the inputs, removed when the fuzzer exits.
+const fs::path& root() {
+  static const fs::path r = [] {
+    std::string t = (fs::temp_directory_path() / "qkv_fuzz_cli_XXXXXX").string();
+    if (!::mkdtemp(t.data())) std::abort();
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(root(), ec);
+    });
+    return fs::path(t);
+  }();
+  return r;
 }
 
 bool is_input_flag(const std::string& flag) {
@@ -119,14 +127,7 @@ bool is_input_flag(const std::string& flag) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const fs::path root = [] {
-    std::string t = (fs::temp_directory_path() / "qkv_fuzz_cli_XXXXXX").string();
-    if (!::mkdtemp(t.data())) std::abort();
-    std::atexit(remove_root);
-    return fs::path(t);
-  }();
-  g_root = root;
-  const fs::path dir = root / "in";
+  const fs::path dir = root() / "in";
   fs::remove_all(dir);
   fs::create_directories(dir);
   ::mkfifo((dir / "fifo").c_str(), 0644);
