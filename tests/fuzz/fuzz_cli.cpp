@@ -98,18 +98,20 @@ void make_file(const fs::path& p, Bytes& in) {
   }
 }
 
-/// A private directory for the inputs, removed when the fuzzer exits.
+/// A private directory for the inputs, removed when the fuzzer exits (never destroyed itself, so
+/// the exit handler can still read it).
 const fs::path& root() {
-  static const fs::path r = [] {
+  static const fs::path* const r = [] {
     std::string t = (fs::temp_directory_path() / "qkv_fuzz_cli_XXXXXX").string();
     if (!::mkdtemp(t.data())) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(root(), ec);
-    });
-    return fs::path(t);
+    return new fs::path(t);
   }();
-  return r;
+  static const bool registered = std::atexit([] {
+                                   std::error_code ec;
+                                   fs::remove_all(*r, ec);
+                                 }) == 0;
+  (void)registered;
+  return *r;
 }
 
 bool is_input_flag(const std::string& flag) {
