@@ -1,5 +1,7 @@
 #include <qkv/runtime/torch_import.hpp>
 
+#include <cctype>
+#include <set>
 #include <vector>
 
 #include <qkv/runtime/io/array.hpp>
@@ -32,6 +34,19 @@ Shape shape_of(const SafetensorsFile& sd, const std::string& key, std::size_t ra
   return s;
 }
 
+/// Bias sets are all or nothing, as PyTorch's `bias=` switch makes them: every key in `keys`
+/// present, or none. Throws naming one that is there and one that is not.
+void all_or_nothing(const SafetensorsFile& sd, const std::vector<std::string>& keys, const std::string& why) {
+  const std::string* present = nullptr;
+  const std::string* missing = nullptr;
+  for (const auto& k : keys) {
+    const std::string*& first = sd.contains(k) ? present : missing;
+    if (!first) first = &k;
+  }
+  if (present && missing)
+    throw StateDictError(where(sd) + "missing key '" + *missing + "' (there is '" + *present + "', and " + why + ")");
+}
+
 }  // namespace
 
 MhaConfig infer_mha_config(const SafetensorsFile& sd, std::int64_t num_heads, const std::string& prefix) {
@@ -54,6 +69,9 @@ MhaConfig infer_mha_config(const SafetensorsFile& sd, std::int64_t num_heads, co
                          "in_proj_weight' (nn.MultiheadAttention stores in_proj_weight, or "
                          "q_proj_weight/k_proj_weight/v_proj_weight when kdim or vdim differ from embed_dim)");
   }
+  all_or_nothing(sd, {p + "in_proj_bias", p + "out_proj.bias"},
+                 "nn.MultiheadAttention(bias=...) makes both biases or neither");
+  all_or_nothing(sd, {p + "bias_k", p + "bias_v"}, "nn.MultiheadAttention(add_bias_kv=True) makes both");
   c.bias = sd.contains(p + "in_proj_bias");
   c.add_bias_kv = sd.contains(p + "bias_k");
   return c;
@@ -97,17 +115,54 @@ Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& 
   if (c.self_attn.separate_qkv || c.self_attn.add_bias_kv)
     throw StateDictError(where(sd) +
                          "nn.TransformerEncoderLayer's self-attention has neither kdim/vdim nor add_bias_kv");
+  all_or_nothing(sd,
+                 {p + "self_attn.in_proj_bias", p + "self_attn.out_proj.bias", p + "linear1.bias", p + "linear2.bias",
+                  p + "norm1.bias", p + "norm2.bias"},
+                 "nn.TransformerEncoderLayer(bias=...) makes every bias or none");
   Feeds f = import_mha(sd, c.self_attn, p + "self_attn.");
   const std::int64_t E = c.self_attn.embed_dim, F = c.dim_feedforward;
   f[p + "linear1.weight"] = take(sd, p + "linear1.weight", {F, E}, "[dim_feedforward, d_model]");
   f[p + "linear1.bias"] = take(sd, p + "linear1.bias", {F}, "[dim_feedforward]");
   f[p + "linear2.weight"] = take(sd, p + "linear2.weight", {E, F}, "[d_model, dim_feedforward]");
   f[p + "linear2.bias"] = take(sd, p + "linear2.bias", {E}, "[d_model]");
-  for (const char* norm : {"norm1.", "norm2."}) {
-    f[p + norm + "weight"] = take(sd, p + norm + "weight", {E}, "layer norm gain [d_model]");
-    f[p + norm + "bias"] = take(sd, p + norm + "bias", {E}, "layer norm shift [d_model]");
-  }
+  for (const char* norm : {"norm1", "norm2"}) f.merge(import_layer_norm(sd, p + norm, E));
   return f;
+}
+
+Feeds import_layer_norm(const SafetensorsFile& sd, const std::string& name, std::int64_t dim) {
+  Feeds f;
+  f[name + ".weight"] = take(sd, name + ".weight", {dim}, "layer norm gain [d_model]");
+  f[name + ".bias"] = take(sd, name + ".bias", {dim}, "layer norm shift [d_model]");
+  return f;
+}
+
+std::int64_t encoder_layer_count(const SafetensorsFile& sd) {
+  std::set<std::int64_t> seen;
+  for (const std::string& name : sd.names()) {
+    if (name.rfind("layers.", 0) != 0) continue;
+    std::int64_t i = 0;
+    std::size_t k = 7;
+    for (; k < name.size() && std::isdigit(static_cast<unsigned char>(name[k])) && i < (1LL << 40); ++k)
+      i = i * 10 + (name[k] - '0');
+    if (k > 7 && k < name.size() && name[k] == '.') seen.insert(i);
+  }
+  if (seen.empty()) throw StateDictError(where(sd) + "no 'layers.0.*' keys (nn.TransformerEncoder)");
+  std::int64_t expected = 0;
+  for (std::int64_t i : seen) {
+    if (i != expected)
+      throw StateDictError(where(sd) + "has 'layers." + std::to_string(i) + ".*' but no 'layers." +
+                           std::to_string(expected) +
+                           ".*' (nn.TransformerEncoder numbers its layers 0, 1, ... without gaps)");
+    ++expected;
+  }
+  return expected;
+}
+
+void check_no_unexpected_keys(const SafetensorsFile& sd, const Feeds& used, const std::string& module) {
+  for (const std::string& name : sd.names())
+    if (!used.contains(name))
+      throw StateDictError(where(sd) + "unexpected key '" + name + "': " + module +
+                           " has no such parameter (PyTorch's load_state_dict refuses it too)");
 }
 
 }  // namespace qkv

@@ -1,6 +1,7 @@
-// The qkv subcommands, free of CLI11: main.cpp parses flags into these structs and calls the
-// functions. Errors: UsageError (exit 2) for flag combinations that make no sense; anything
-// about files and their contents throws another std::exception (exit 1).
+// The qkv subcommands, free of CLI11: cli.cpp parses flags into these structs and calls the
+// functions. Errors: UsageError and OutputRefused (exit 2) for flags that make no sense together
+// and for outputs that cannot be written as asked; anything about input files and their contents,
+// and running out of memory, throws another std::exception (exit 1).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,11 @@
 #include "models.hpp"
 
 namespace qkv::cli {
+
+/// The whole command line: parses argv (CLI11), runs the command, prints any error as one line
+/// on stderr and returns the exit code (0, 1 or 2; docs/cli.md). main.cpp adds the
+/// out-of-memory handlers (out_of_memory.hpp) around it.
+int run_cli(int argc, char** argv);
 
 class UsageError : public std::runtime_error {
  public:

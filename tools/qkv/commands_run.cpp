@@ -12,6 +12,8 @@
 #include <qkv/runtime/torch_import.hpp>
 
 #include "commands.hpp"
+#include "memory.hpp"
+#include "out_of_memory.hpp"
 #include "run_common.hpp"
 
 namespace qkv::cli {
@@ -49,13 +51,48 @@ RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int thr
 
 NdArray load_npy(const std::string& path, const std::string& flag) {
   try {
+    const NpyInfo info = read_npy_info(path);
+    // An array that is not f32 is converted after it is read: room for both.
+    const std::uint64_t f32 = checked_nbytes(info.shape, DType::f32, path);
+    require_memory(info.nbytes + (info.dtype == DType::f32 || info.dtype == DType::boolean ? 0 : f32),
+                   "reading " + flag + " " + path);
     return read_npy(path);
   } catch (const IoError& e) {
     throw IoError(flag + ": " + e.what());
   }
 }
 
+void protect_inputs(OutputGroup& outputs, std::initializer_list<NamedPath> inputs) {
+  for (const auto& [path, flag] : inputs)
+    if (!path.empty()) outputs.protect(path, flag);
+}
+
+void stage_npy(OutputGroup& outputs, std::size_t i, const NdArray& array) {
+  const std::vector<std::byte> header = npy_header(array);
+  outputs.write(i, {header, array.bytes});
+}
+
+namespace {
+/// Checks there is memory to run `g` on `feeds`, then runs it.
+RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend) {
+  require_memory(run_bytes(g, bind_extents(g, feeds), backend));
+  const Activity running("running the model");
+  return run_graph(g, feeds, backend);
+}
+
+/// What the state dict's tensors take once imported (as f32).
+void require_memory_for(const SafetensorsFile& sd) {
+  std::uint64_t total = 0;
+  for (const auto& name : sd.names())
+    if (__builtin_add_overflow(total, checked_nbytes(sd.get(name).shape, DType::f32, sd.what()), &total))
+      total = std::numeric_limits<std::uint64_t>::max();
+  require_memory(total, "reading the weights " + sd.what());
+}
+}  // namespace
+
 std::string shape_str(const NdArray& a) { return shape_to_string(a.shape); }
+
+constexpr std::int64_t kF32Bytes = sizeof(float);
 
 void MaskBuilder::key_padding(const NdArray& kpm, const std::string& flag) {
   if (kpm.dtype != DType::boolean)
@@ -70,6 +107,10 @@ void MaskBuilder::key_padding(const NdArray& kpm, const std::string& flag) {
 }
 
 void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_rows) {
+  if (m.dtype != DType::boolean && m.dtype != DType::f32 && m.dtype != DType::f64 && m.dtype != DType::f16 &&
+      m.dtype != DType::bf16)  // as PyTorch: "only bool and floating types of masks are supported"
+    throw IoError(flag + ": an integer mask (" + std::string(dtype_name(m.dtype)) +
+                  ") is ambiguous; give bool (true = not allowed) or float (added)");
   if (per_batch_head_rows) {  // PyTorch MHA's 3-D attn_mask: [B*H, L, S], row b*H + h
     if (m.shape.size() != 3 || m.shape[0] != batch * heads)
       throw IoError(flag + ": shape " + shape_str(m) +
@@ -89,8 +130,13 @@ void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_ro
     if (t < 2 && m.shape[a] != 1) leading_ones = false;
   }
   // Keep the bias [L, S] (which the fused kernel takes) unless this mask varies over B or H.
-  if (!bias) bias = NdArray::zeros(DType::f32, {len_q, len_k});
+  if (!bias) {
+    require_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(len_q, len_k, flag), kF32Bytes, flag)), flag);
+    bias = NdArray::zeros(DType::f32, {len_q, len_k});
+  }
   if (!leading_ones && bias->shape.size() == 2) {
+    const std::int64_t wide_elements = checked_mul(checked_mul(batch, heads, flag), bias->numel(), flag);
+    require_memory(static_cast<std::uint64_t>(checked_mul(wide_elements, kF32Bytes, flag)), flag);
     NdArray wide = NdArray::zeros(DType::f32, full);
     const auto src = bias->as<float>();
     auto dst = wide.as<float>();
@@ -155,9 +201,25 @@ void expect_width(const NdArray& a, std::int64_t want, const std::string& flag, 
 
 int run_mha(const RunMha& o) {
   if (o.heads <= 0) throw UsageError("--heads must be positive");
+  const bool want_weights = o.need_weights || o.per_head_weights || !o.weights_out.empty();
+  if (want_weights && o.weights_out.empty())
+    throw UsageError("--need-weights/--per-head-weights: say where with --weights-out");
+  OutputGroup outputs;
+  protect_inputs(outputs, {{o.weights, "--weights"},
+                           {o.query, "--query"},
+                           {o.key, "--key"},
+                           {o.value, "--value"},
+                           {o.key_padding_mask, "--key-padding-mask"},
+                           {o.attn_mask, "--attn-mask"}});
+  const std::size_t out_file = outputs.add_file(o.out, "--out");
+  const std::size_t weights_file = want_weights ? outputs.add_file(o.weights_out, "--weights-out") : 0;
+
+  const Activity reading("reading the inputs");
   const SafetensorsFile sd = SafetensorsFile::open(o.weights);
   const MhaConfig cfg = infer_mha_config(sd, o.heads);
+  require_memory_for(sd);
   Feeds feeds = import_mha(sd, cfg);
+  check_no_unexpected_keys(sd, feeds, "nn.MultiheadAttention");
 
   NdArray q = load_npy(o.query, "--query");
   expect_rank(q, 3, "--query", "[batch, L, embed_dim]");
@@ -187,7 +249,7 @@ int run_mha(const RunMha& o) {
   m.bias = cfg.bias;
   m.add_bias_kv = cfg.add_bias_kv;
   m.add_zero_attn = o.add_zero_attn;
-  m.weights = o.need_weights || o.per_head_weights || !o.weights_out.empty();
+  m.weights = want_weights;
   m.masks.causal = parse_causal(o.causal, L, S);
   if (m.masks.causal != Causal::none && extra > 0)
     throw UsageError(
@@ -198,11 +260,14 @@ int run_mha(const RunMha& o) {
     masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
   if (!o.attn_mask.empty()) {
     NdArray am = load_npy(o.attn_mask, "--attn-mask");
-    if (am.shape.size() == 2 && am.shape != std::vector<std::int64_t>{L, S})
-      throw IoError("--attn-mask: shape " + shape_str(am) + " must be [L, S] = " + shape_to_string(std::vector{L, S}) +
-                    " or [batch*heads, L, S]");
-    const bool rows = am.shape.size() == 3;
-    masks.add(std::move(am), "--attn-mask", rows);
+    // nn.MultiheadAttention takes exactly these two forms (no broadcasting from fewer axes).
+    const bool two_d = am.shape == std::vector<std::int64_t>{L, S};
+    const bool three_d = am.shape.size() == 3 && am.shape[1] == L && am.shape[2] == S;
+    if (!two_d && !three_d)
+      throw IoError(
+          "--attn-mask: shape " + shape_str(am) + " must be [L, S] = " + shape_to_string(std::vector{L, S}) +
+          " or [batch*heads, L, S] = " + shape_to_string(std::vector{checked_mul(B, o.heads, "--attn-mask"), L, S}));
+    masks.add(std::move(am), "--attn-mask", three_d);
   }
   const Causal causal = m.masks.causal;
   m.masks = masks.finish(feeds);
@@ -212,19 +277,32 @@ int run_mha(const RunMha& o) {
     feeds["key"] = std::move(k);
     feeds["value"] = std::move(v);
   }
-  const RunResult r = run_graph(build_mha(m), feeds, o.backend);
+  const RunResult r = run_model(build_mha(m), feeds, o.backend);
 
-  std::vector<std::pair<std::string, NdArray>> files{{o.out, r.outputs.at("out")}};
-  if (o.need_weights || !o.weights_out.empty() || o.per_head_weights) {
-    if (o.weights_out.empty()) throw UsageError("--need-weights/--per-head-weights: say where with --weights-out");
+  const Activity writing("writing the outputs");
+  stage_npy(outputs, out_file, r.outputs.at("out"));
+  if (want_weights) {
     const NdArray& w = r.outputs.at("weights");
-    files.emplace_back(o.weights_out, o.per_head_weights ? w : mean_over_axis(w, 1));
+    stage_npy(outputs, weights_file, o.per_head_weights ? w : mean_over_axis(w, 1));
   }
-  write_all(files);
+  outputs.commit();
   return 0;
 }
 
 int run_sdpa(const RunSdpa& o) {
+  if (!(o.dropout >= 0.0 && o.dropout < 1.0)) throw UsageError("--dropout must be in [0, 1)");
+  if (o.scale && !std::isfinite(*o.scale)) throw UsageError("--scale must be a finite number");
+  OutputGroup outputs;
+  protect_inputs(outputs, {{o.query, "--query"},
+                           {o.key, "--key"},
+                           {o.value, "--value"},
+                           {o.attn_bias, "--attn-bias"},
+                           {o.attn_mask, "--attn-mask"},
+                           {o.key_padding_mask, "--key-padding-mask"}});
+  const std::size_t out_file = outputs.add_file(o.out, "--out");
+  const std::size_t weights_file = o.weights_out.empty() ? 0 : outputs.add_file(o.weights_out, "--weights-out");
+
+  const Activity reading("reading the inputs");
   NdArray q = load_npy(o.query, "--query"), k = load_npy(o.key, "--key"), v = load_npy(o.value, "--value");
   expect_rank(q, 4, "--query", "[batch, heads, L, D]");
   expect_rank(k, 4, "--key", "[batch, heads, S, D]");
@@ -240,7 +318,6 @@ int run_sdpa(const RunSdpa& o) {
     throw IoError("--key: D = " + std::to_string(dim(k, 3)) + " but --query has D = " + std::to_string(dim(q, 3)));
   if (dim(v, 2) != dim(k, 2))
     throw IoError("--value has S = " + std::to_string(dim(v, 2)) + " but --key has S = " + std::to_string(dim(k, 2)));
-  if (o.dropout < 0.0 || o.dropout >= 1.0) throw UsageError("--dropout must be in [0, 1)");
   const std::int64_t B = dim(q, 0), H = dim(q, 1), L = dim(q, 2), S = dim(k, 2);
 
   SdpaModel m;
@@ -260,7 +337,8 @@ int run_sdpa(const RunSdpa& o) {
   if (!o.attn_mask.empty()) {
     NdArray mk = load_npy(o.attn_mask, "--attn-mask");
     if (mk.dtype != DType::boolean)
-      throw IoError("--attn-mask: must be bool (true = not allowed); use --attn-bias for floats");
+      throw IoError("--attn-mask: must be bool (true = not allowed), got " + std::string(dtype_name(mk.dtype)) +
+                    "; use --attn-bias for floats");
     masks.add(std::move(mk), "--attn-mask", false);
   }
   if (!o.key_padding_mask.empty())
@@ -270,10 +348,12 @@ int run_sdpa(const RunSdpa& o) {
   if (m.kv_heads != H && m.masks.bias == Masks::Bias::per_head)
     throw IoError("a mask per batch and head cannot be combined with grouped-query attention (" +
                   std::to_string(m.kv_heads) + " key/value heads for " + std::to_string(H) + " query heads)");
-  const RunResult r = run_graph(build_sdpa(m), feeds, o.backend);
-  std::vector<std::pair<std::string, NdArray>> files{{o.out, r.outputs.at("out")}};
-  if (!o.weights_out.empty()) files.emplace_back(o.weights_out, r.outputs.at("weights"));
-  write_all(files);
+  const RunResult r = run_model(build_sdpa(m), feeds, o.backend);
+
+  const Activity writing("writing the outputs");
+  stage_npy(outputs, out_file, r.outputs.at("out"));
+  if (!o.weights_out.empty()) stage_npy(outputs, weights_file, r.outputs.at("weights"));
+  outputs.commit();
   return 0;
 }
 
@@ -281,6 +361,15 @@ int run_encoder(const RunEncoder& o) {
   if (o.heads <= 0) throw UsageError("--heads must be positive");
   if (o.activation != "relu" && o.activation != "gelu") throw UsageError("--activation must be relu or gelu");
   if (o.causal && !o.src_mask.empty()) throw UsageError("--src-mask and --causal are alternatives; give one");
+  if (!(std::isfinite(o.eps) && o.eps > 0)) throw UsageError("--layer-norm-eps must be a positive finite number");
+  OutputGroup outputs;
+  protect_inputs(outputs, {{o.weights, "--weights"},
+                           {o.src, "--src"},
+                           {o.src_key_padding_mask, "--src-key-padding-mask"},
+                           {o.src_mask, "--src-mask"}});
+  const std::size_t out_file = outputs.add_file(o.out, "--out");
+
+  const Activity reading("reading the inputs");
   const SafetensorsFile sd = SafetensorsFile::open(o.weights);
   EncoderModel m;
   m.heads = o.heads;
@@ -290,26 +379,23 @@ int run_encoder(const RunEncoder& o) {
   m.stack = o.stack;
   Feeds feeds;
   std::int64_t E = 0;
+  require_memory_for(sd);
   if (o.stack) {
-    while (sd.contains("layers." + std::to_string(m.layers) + ".linear1.weight")) ++m.layers;
-    m.layers = std::max<std::int64_t>(m.layers, 0);
-    if (m.layers == 0)
-      throw StateDictError("state dict " + o.weights + ": no 'layers.0.*' keys (nn.TransformerEncoder)");
+    m.layers = encoder_layer_count(sd);
     for (std::int64_t i = 0; i < m.layers; ++i) {
       const std::string p = "layers." + std::to_string(i) + ".";
       const auto cfg = infer_encoder_layer_config(sd, o.heads, p);
       E = cfg.self_attn.embed_dim;
       feeds.merge(import_encoder_layer(sd, cfg, p));
     }
-    m.final_norm = sd.contains("norm.weight");
-    if (m.final_norm) {
-      feeds["norm.weight"] = sd.load("norm.weight");
-      feeds["norm.bias"] = sd.load("norm.bias");
-    }
+    m.final_norm = sd.contains("norm.weight") || sd.contains("norm.bias");
+    if (m.final_norm) feeds.merge(import_layer_norm(sd, "norm", E));
+    check_no_unexpected_keys(sd, feeds, "nn.TransformerEncoder");
   } else {
     const auto cfg = infer_encoder_layer_config(sd, o.heads);
     E = cfg.self_attn.embed_dim;
     feeds = import_encoder_layer(sd, cfg);
+    check_no_unexpected_keys(sd, feeds, "nn.TransformerEncoderLayer");
   }
   NdArray src = load_npy(o.src, "--src");
   expect_rank(src, 3, "--src", "[batch, L, d_model]");
@@ -327,8 +413,11 @@ int run_encoder(const RunEncoder& o) {
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, L);
   feeds["src"] = std::move(src);
-  const RunResult r = run_graph(build_encoder(m), feeds, o.backend);
-  write_all({{o.out, r.outputs.at("out")}});
+  const RunResult r = run_model(build_encoder(m), feeds, o.backend);
+
+  const Activity writing("writing the outputs");
+  stage_npy(outputs, out_file, r.outputs.at("out"));
+  outputs.commit();
   return 0;
 }
 

@@ -6,9 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <span>
 #include <sstream>
 
 #include <qkv/codegen/passes/pipeline.hpp>
@@ -19,34 +18,18 @@
 
 #include "commands.hpp"
 #include "heatmap.hpp"
+#include "memory.hpp"
+#include "out_of_memory.hpp"
 #include "run_common.hpp"
 
 namespace qkv::cli {
 
-void write_all(const std::vector<std::pair<std::string, NdArray>>& files) {
-  for (const auto& [path, array] : files)
-    if (path.empty()) throw UsageError("an output path is empty (--out / -o)");
-  // Every file goes to a temporary name next to its target first; only when all of them are
-  // written are they renamed into place, so a failure leaves no output behind.
-  std::vector<std::filesystem::path> temps;
-  try {
-    for (const auto& [path, array] : files) {
-      std::filesystem::path tmp = path;
-      tmp += ".qkv-partial";
-      write_npy(tmp, array);
-      temps.push_back(std::move(tmp));
-    }
-    for (std::size_t i = 0; i < files.size(); ++i) std::filesystem::rename(temps[i], files[i].first);
-  } catch (...) {
-    for (const auto& t : temps) std::filesystem::remove(t);
-    throw;
-  }
-}
-
 Instance instantiate(const ShapeModel& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
+  if (s.kv_heads < 0 || s.kv_seq < 0 || s.head_dim < 0 || s.embed_dim < 0 || s.ffn_dim < 0)
+    throw UsageError("--kv-heads, --kv-seq, --head-dim, --embed-dim and --ffn-dim must not be negative");
   const std::int64_t kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
-  if (s.kv_heads < 0 || s.heads % kv_heads != 0)
+  if (s.heads % kv_heads != 0)
     throw UsageError("--kv-heads " + std::to_string(s.kv_heads) + " must divide --heads " + std::to_string(s.heads));
   if (kv_heads != s.heads && s.kind != "sdpa")
     throw UsageError(
@@ -55,7 +38,7 @@ Instance instantiate(const ShapeModel& s) {
   const std::int64_t S = s.kv_seq > 0 ? s.kv_seq : s.seq;
   std::int64_t E = s.embed_dim, D = s.head_dim;
   if (E == 0 && D == 0) throw UsageError("give --head-dim or --embed-dim");
-  if (E == 0) E = D * s.heads;
+  if (E == 0) E = checked_mul(D, s.heads, "--head-dim x --heads");
   if (D == 0) {
     if (E % s.heads != 0)
       throw UsageError("--embed-dim " + std::to_string(E) + " is not divisible by --heads " + std::to_string(s.heads));
@@ -66,7 +49,8 @@ Instance instantiate(const ShapeModel& s) {
   Masks masks;
   masks.causal = causal;
   masks.key_padding = s.padding;
-  in.flops = 4.0 * s.batch * s.heads * s.seq * S * D * (causal == Causal::none ? 1.0 : 0.5);
+  in.flops = 4.0 * static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
+             static_cast<double>(S) * static_cast<double>(D) * (causal == Causal::none ? 1.0 : 0.5);
   in.sizes = {{"Batch", s.batch},
               {"Seq", s.seq},
               {"Key", S},
@@ -75,8 +59,8 @@ Instance instantiate(const ShapeModel& s) {
               {"HeadDim", D},
               {"ValueDim", D},
               {"Model", E},
-              {"Proj", 3 * E},
-              {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : 4 * E},
+              {"Proj", checked_mul(3, E, "3 x the model width")},
+              {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : checked_mul(4, E, "4 x the model width")},
               {"KvHeads", kv_heads},
               {"Group", s.heads / kv_heads}};
   if (s.kind == "sdpa") {
@@ -102,15 +86,23 @@ Instance instantiate(const ShapeModel& s) {
   } else {
     throw UsageError("unknown model '" + s.kind + "' (sdpa, mha, encoder-layer)");
   }
-  in.feeds = random_feeds(in.graph, in.sizes, s.seed, 0.5f);
+  (void)value_bytes(in.graph, in.sizes);  // UsageError when a value's size overflows
+  return in;
+}
+
+Feeds seeded_feeds(const Instance& in, const ShapeModel& s) {
+  const Activity drawing("drawing the seeded inputs");
+  Feeds feeds = random_feeds(in.graph, in.sizes, s.seed, 0.5f);
   if (s.padding) {  // keys after a seeded length per sequence are padding
+    const std::int64_t S = in.sizes.at("Key");
     std::vector<std::int64_t> lengths;
     for (std::int64_t b = 0; b < s.batch; ++b)
-      lengths.push_back(
-          1 + static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) * S));
-    in.feeds["key_keep"] = keep_first(lengths, S);
+      lengths.push_back(1 +
+                        static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) *
+                                                  static_cast<double>(S)));
+    feeds["key_keep"] = keep_first(lengths, S);
   }
-  return in;
+  return feeds;
 }
 
 namespace {
@@ -136,7 +128,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int shapes(const ShapeModel& m, const std::string& dump_after, bool time_passes) {
-  const Instance in = instantiate(m);
+  const Instance in = instantiate(m);  // the graph and its sizes: nothing is allocated for them
   std::cout << m.kind << " with batch " << m.batch << ", " << m.heads << " heads, L " << m.seq << ", S "
             << (m.kv_seq > 0 ? m.kv_seq : m.seq) << ":\n\n"
             << with_sizes(in.graph, in.sizes).table();
@@ -160,13 +152,16 @@ int shapes(const ShapeModel& m, const std::string& dump_after, bool time_passes)
 int bench(const Bench& b) {
   if (b.repeat <= 0) throw UsageError("--repeat must be positive");
   const Instance in = instantiate(b.model);
+  require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, b.backend));
+  const Feeds feeds = seeded_feeds(in, b.model);
+  const Activity running("running the model");
   const bool bar = !b.json && isatty(STDOUT_FILENO);
   const double rss_before = peak_rss_mib();
-  run_graph(in.graph, in.feeds, b.backend, b.threads);  // warm-up (and JIT compile), not counted
+  run_graph(in.graph, feeds, b.backend, b.threads);  // warm-up (and JIT compile), not counted
   std::vector<double> ms;
   for (int i = 0; i < b.repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    run_graph(in.graph, in.feeds, b.backend, b.threads);
+    run_graph(in.graph, feeds, b.backend, b.threads);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (bar) {
       const int done = (i + 1) * 30 / b.repeat;
@@ -203,9 +198,15 @@ int bench(const Bench& b) {
 int verify(const Verify& v) {
   if (v.backend == Backend::reference)
     throw UsageError("verify compares a backend with the reference interpreter: give --backend cpu or cuda");
+  if (!(std::isfinite(v.tolerance) && v.tolerance >= 0))
+    throw UsageError("--tolerance must be a non-negative finite number");
   const Instance in = instantiate(v.model);
-  const RunResult want = interpret(in.graph, in.feeds);
-  const RunResult got = run_graph(in.graph, in.feeds, v.backend);
+  require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, Backend::reference) +
+                 run_bytes(in.graph, in.sizes, v.backend));
+  const Feeds feeds = seeded_feeds(in, v.model);
+  const Activity running("running the model");
+  const RunResult want = interpret(in.graph, feeds);
+  const RunResult got = run_graph(in.graph, feeds, v.backend);
   double abs_err = 0, rel_err = 0;
   for (const auto& [name, w] : want.outputs) {
     const auto a = got.outputs.at(name).to_f32(), e = w.to_f32();
@@ -229,7 +230,11 @@ std::vector<std::string> words(const std::string& s) {
 }  // namespace
 
 int heatmap(const Heatmap& h) {
-  NdArray w = read_npy(h.weights);
+  OutputGroup outputs;
+  protect_inputs(outputs, {{h.weights, "--weights"}, {h.tokens_file, "--tokens-file"}});
+  const std::size_t png_file = outputs.add_file(h.out, "--out");
+  const Activity reading("reading the inputs");
+  NdArray w = load_npy(h.weights, "--weights");
   if (w.shape.size() != 3 && w.shape.size() != 4)
     throw IoError("--weights: shape " + shape_to_string(w.shape) + " must be [B, L, S] or [B, H, L, S]");
   const std::int64_t B = w.shape[0], H = w.shape.size() == 4 ? w.shape[1] : 1, L = w.shape[w.shape.size() - 2],
@@ -245,23 +250,17 @@ int heatmap(const Heatmap& h) {
 
   std::vector<std::string> rows, cols;
   if (!h.tokens_file.empty()) {
-    std::ifstream f(h.tokens_file);
-    if (!f) throw IoError("--tokens-file: cannot read '" + h.tokens_file + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    rows = cols = words(ss.str());
+    constexpr std::uint64_t kMaxTokensFile = 16u << 20;
+    std::vector<std::byte> bytes;
+    try {
+      bytes = InputFile::open(h.tokens_file).read_all(kMaxTokensFile, "tokens file");
+    } catch (const IoError& e) {
+      throw IoError(std::string("--tokens-file: ") + e.what());
+    }
+    rows = cols = words(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   } else if (!h.tokens.empty()) {
     rows = cols = words(h.tokens);
   }
-  if (!h.query_tokens.empty()) rows = words(h.query_tokens);
-  if (!h.key_tokens.empty()) cols = words(h.key_tokens);
-  if (!rows.empty() && static_cast<std::int64_t>(rows.size()) != L)
-    throw UsageError("the query tokens are " + std::to_string(rows.size()) +
-                     " but the weights have L = " + std::to_string(L));
-  if (!cols.empty() && static_cast<std::int64_t>(cols.size()) != S)
-    throw UsageError("the key tokens are " + std::to_string(cols.size()) +
-                     " but the weights have S = " + std::to_string(S));
-
   const auto v = w.to_f32();
   auto panel = [&](std::int64_t head) {
     heatmap::Panel p{"head " + std::to_string(head), L, S, {}};
@@ -293,7 +292,10 @@ int heatmap(const Heatmap& h) {
                   : "attention weights, batch " + std::to_string(h.batch_index) + (what.empty() ? "" : ", " + what);
   opt.row_labels = rows;
   opt.col_labels = cols;
-  heatmap::write_png(h.out, heatmap::render(panels, opt));
+  const std::vector<std::uint8_t> png = heatmap::encode_png(h.out, heatmap::render(panels, opt));
+  const Activity writing("writing the outputs");
+  outputs.write(png_file, {std::as_bytes(std::span(png))});
+  outputs.commit();
   return 0;
 }
 

@@ -456,7 +456,13 @@ namespace {
   throw std::runtime_error("cannot write PNG '" + path.string() + "': " + why);
 }
 
+}  // namespace
+
 std::vector<std::uint8_t> encode_png(const std::filesystem::path& path, const Image& img) {
+  if (img.width <= 0 || img.height <= 0 || img.width > kMaxSide || img.height > kMaxSide ||
+      img.rgb.size() != static_cast<std::size_t>(img.width) * static_cast<std::size_t>(img.height) * 3)
+    throw std::invalid_argument("write_png: image of " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                                " pixels has " + std::to_string(img.rgb.size()) + " bytes of RGB");
   png_image image;
   std::memset(&image, 0, sizeof image);
   image.version = PNG_IMAGE_VERSION;
@@ -480,18 +486,11 @@ std::vector<std::uint8_t> encode_png(const std::filesystem::path& path, const Im
   return out;
 }
 
-}  // namespace
-
 void write_png(const std::filesystem::path& path, const Image& img) {
-  if (img.width <= 0 || img.height <= 0 || img.width > kMaxSide || img.height > kMaxSide ||
-      img.rgb.size() != static_cast<std::size_t>(img.width) * static_cast<std::size_t>(img.height) * 3)
-    throw std::invalid_argument("write_png: image of " + std::to_string(img.width) + "x" + std::to_string(img.height) +
-                                " pixels has " + std::to_string(img.rgb.size()) + " bytes of RGB");
   if (!path.has_filename()) write_failure(path, "the path has no file name");
   const std::vector<std::uint8_t> data = encode_png(path, img);
-
   try {
-    write_file_atomic(path, std::as_bytes(std::span(data)));  // temporary file + fsync + rename
+    write_file_atomic(path, std::as_bytes(std::span(data)));  // staged, fsync'ed, renamed into place
   } catch (const IoError& e) {
     write_failure(path, e.what());
   }

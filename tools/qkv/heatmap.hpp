@@ -120,6 +120,9 @@ Layout compute_layout(const std::vector<Panel>& panels, const Options& options);
 /// Renders the panels (see the file comment); throws like compute_layout.
 Image render(const std::vector<Panel>& panels, const Options& options);
 
+/// img as an 8-bit RGB PNG file image (`path` names it in messages). Throws like write_png.
+std::vector<std::uint8_t> encode_png(const std::filesystem::path& path, const Image& img);
+
 /// Writes img as an 8-bit RGB PNG. Atomic: the data goes to a temporary file next to path, which is
 /// then renamed over it, so path is either untouched or complete. Throws std::invalid_argument for a
 /// malformed Image and std::runtime_error (message naming the path and the reason) when encoding or

@@ -1,12 +1,14 @@
 // Helpers shared by the subcommands (not part of any public API).
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/io/files.hpp>
 
 #include "commands.hpp"
 
@@ -15,19 +17,29 @@ namespace qkv::cli {
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0);
 
-/// A model given by shape alone, built with the same builders as `qkv run`, with seeded
-/// weights and inputs (shapes, bench, verify, emit).
+/// A model given by shape alone, built with the same builders as `qkv run` (shapes, bench,
+/// verify, emit). Nothing is allocated for it: the seeded weights and inputs come from
+/// seeded_feeds, after the caller has checked there is memory for them.
 struct Instance {
   Graph graph;
-  Bindings sizes;
-  Feeds feeds;
+  Bindings sizes;    // every extent of the graph
   double flops = 0;  // of the attention core: 4*B*H*L*S*D, half when causal
 };
+/// Throws UsageError for sizes that make no sense or overflow.
 Instance instantiate(const ShapeModel& s);
+/// The seeded weights and inputs of the instance (and the padding mask, with --padding).
+Feeds seeded_feeds(const Instance& in, const ShapeModel& s);
 
-/// Writes every (path, array) as .npy only after all outputs exist, each atomically (temporary
-/// file + rename), so a failure leaves no partial output behind.
-void write_all(const std::vector<std::pair<std::string, NdArray>>& files);
+/// An input file of a command and the flag that named it (an empty path: not given).
+struct NamedPath {
+  std::string path, flag;
+};
+/// Outputs may not overwrite any of the inputs (OutputGroup::protect).
+void protect_inputs(OutputGroup& outputs, std::initializer_list<NamedPath> inputs);
+/// Stages `array` as .npy output `i` of `outputs`.
+void stage_npy(OutputGroup& outputs, std::size_t i, const NdArray& array);
+/// Reads the .npy input of `flag`, after checking from its header that it fits in memory.
+NdArray load_npy(const std::string& path, const std::string& flag);
 
 /// Turns PyTorch-convention masks into a model's mask inputs: the key-padding mask becomes the
 /// keep-mask `key_keep` [B, S]; attention masks and biases (bool true = not allowed -> -inf,

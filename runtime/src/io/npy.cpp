@@ -1,19 +1,13 @@
-// npy.cpp — .npy reading/writing (see qkv/runtime/io/npy.hpp for the accepted subset), plus the
-// shared write_file_atomic helper.
+// npy.cpp — .npy reading/writing (see qkv/runtime/io/npy.hpp for the accepted subset).
 #include <qkv/runtime/io/npy.hpp>
 
-#include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
-#include <cstring>
-#include <optional>
-#include <random>
-#include <string>
+#include <qkv/runtime/io/files.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstring>
+#include <string>
 
 namespace qkv {
 namespace {
@@ -242,72 +236,69 @@ std::vector<std::byte> fortran_to_c(std::span<const std::byte> src, const std::v
   return dst;
 }
 
-std::string read_whole_file(const std::filesystem::path& path, std::vector<std::byte>& out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::string("cannot open: ") + std::strerror(errno);
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return "not a regular file";
-  }
-  out.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t r = ::read(fd, out.data() + got, out.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int e = errno;
-      ::close(fd);
-      return std::string("read failed: ") + std::strerror(e);
-    }
-    if (r == 0) break;  // shrank while reading: parse what we got
-    got += static_cast<std::size_t>(r);
-  }
-  out.resize(got);
-  ::close(fd);
-  return {};
-}
+// The magic, the version and the header length, checked against the size of the whole file
+// (`total`); `first` holds the file's first min(total, 12) bytes. Returns the offset of the dict.
+struct Prefix {
+  std::size_t dict_offset = 0, dict_len = 0;
+  [[nodiscard]] std::size_t data_offset() const { return dict_offset + dict_len; }
+};
 
-}  // namespace
+constexpr std::size_t kMaxHeader = 16u << 20;  // numpy's own headers are a few KB at most
 
-NdArray parse_npy(std::span<const std::byte> data, std::string_view what) {
-  if (data.size() < 8 || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0)
+Prefix parse_prefix(std::span<const std::byte> first, std::uint64_t total, std::string_view what) {
+  if (first.size() < 8 || std::memcmp(first.data(), kMagic, sizeof kMagic) != 0)
     fail(what, "bad magic: not an .npy file (expected \\x93NUMPY)");
-  const unsigned major = std::to_integer<unsigned>(data[6]);
-  const unsigned minor = std::to_integer<unsigned>(data[7]);
+  const unsigned major = std::to_integer<unsigned>(first[6]);
+  const unsigned minor = std::to_integer<unsigned>(first[7]);
   if (major < 1 || major > 3 || minor != 0)
     fail(what, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
                    " (supported: 1.0, 2.0, 3.0)");
   const std::size_t len_size = major == 1 ? 2 : 4;
-  const std::size_t prefix = 8 + len_size;
-  if (data.size() < prefix) fail(what, "truncated header: file ends inside the header length");
-  const std::size_t header_len = read_le(data.data() + 8, len_size);
-  if (data.size() - prefix < header_len)
-    fail(what, "truncated header: header length is " + std::to_string(header_len) + " bytes but only " +
-                   std::to_string(data.size() - prefix) + " follow");
+  Prefix p;
+  p.dict_offset = 8 + len_size;
+  if (total < p.dict_offset || first.size() < p.dict_offset)
+    fail(what, "truncated header: file ends inside the header length");
+  p.dict_len = read_le(first.data() + 8, len_size);
+  if (total - p.dict_offset < p.dict_len)
+    fail(what, "truncated header: header length is " + std::to_string(p.dict_len) + " bytes but only " +
+                   std::to_string(total - p.dict_offset) + " follow");
+  if (p.dict_len > kMaxHeader) fail(what, "header length " + std::to_string(p.dict_len) + " exceeds the 16 MiB limit");
+  return p;
+}
+
+// Everything the header says, checked against the size of the data that follows it.
+struct Layout {
+  Header header;
+  Descr descr;
+  std::size_t data_offset = 0, nbytes = 0;
+};
+
+Layout parse_layout(const Prefix& p, std::span<const std::byte> dict, std::uint64_t total, std::string_view what) {
   // Versions 1.0/2.0 are latin-1 and 3.0 is UTF-8; both agree on the ASCII the parser accepts
   // outside strings, and strings are compared byte-wise against ASCII descrs, so no decoding.
-  const std::string_view text(reinterpret_cast<const char*>(data.data() + prefix), header_len);
-  const Header h = DictParser(text, what).parse();
-  const Descr d = parse_descr(h.descr, what);
+  const std::string_view text(reinterpret_cast<const char*>(dict.data()), dict.size());
+  Layout l{DictParser(text, what).parse(), {}, p.data_offset(), 0};
+  l.descr = parse_descr(l.header.descr, what);
+  l.nbytes = checked_nbytes(l.header.shape, l.descr.dtype, what);
+  const std::uint64_t payload = total - l.data_offset;
+  if (payload != l.nbytes)
+    fail(what, "shape " + shape_to_string(l.header.shape) + " needs " + std::to_string(l.nbytes) + " bytes of " +
+                   std::string(dtype_name(l.descr.dtype)) + " data, file has " + std::to_string(payload) +
+                   (payload < l.nbytes ? " (truncated data)" : " (trailing data)"));
+  return l;
+}
 
-  const std::size_t isz = dtype_size(d.dtype);
-  const std::size_t need = checked_nbytes(h.shape, d.dtype, what);
-  const std::span<const std::byte> payload = data.subspan(prefix + header_len);
-  if (payload.size() != need)
-    fail(what, "shape " + shape_to_string(h.shape) + " needs " + std::to_string(need) + " bytes of " +
-                   std::string(dtype_name(d.dtype)) + " data, file has " + std::to_string(payload.size()) +
-                   (payload.size() < need ? " (truncated data)" : " (trailing data)"));
-
+// The array from its raw payload: C order, native byte order, booleans 0/1.
+NdArray decode(const Layout& l, std::vector<std::byte> payload) {
   NdArray a;
-  a.dtype = d.dtype;
-  a.shape = h.shape;
-  const std::int64_t n = a.numel();
-  if (h.fortran_order && a.shape.size() > 1)
-    a.bytes = fortran_to_c(payload, a.shape, isz, n);
+  a.dtype = l.descr.dtype;
+  a.shape = l.header.shape;
+  const std::size_t isz = dtype_size(a.dtype);
+  if (l.header.fortran_order && a.shape.size() > 1)
+    a.bytes = fortran_to_c(payload, a.shape, isz, a.numel());
   else
-    a.bytes.assign(payload.begin(), payload.end());
-  if (d.big_endian)
+    a.bytes = std::move(payload);
+  if (l.descr.big_endian)
     for (std::size_t off = 0; off < a.bytes.size(); off += isz)
       std::reverse(a.bytes.begin() + static_cast<std::ptrdiff_t>(off),
                    a.bytes.begin() + static_cast<std::ptrdiff_t>(off + isz));
@@ -316,44 +307,69 @@ NdArray parse_npy(std::span<const std::byte> data, std::string_view what) {
   return a;
 }
 
+// The header of an open file, read before any of its data.
+Layout read_layout(const InputFile& f) {
+  std::array<std::byte, 12> first{};
+  const auto head = std::span(first).first(static_cast<std::size_t>(std::min<std::uint64_t>(f.size(), first.size())));
+  f.read_at(0, head);
+  const Prefix p = parse_prefix(head, f.size(), f.what());
+  std::vector<std::byte> dict(p.dict_len);
+  f.read_at(p.dict_offset, dict);
+  return parse_layout(p, dict, f.size(), f.what());
+}
+
+}  // namespace
+
+NdArray parse_npy(std::span<const std::byte> data, std::string_view what) {
+  const Prefix p = parse_prefix(data.first(std::min<std::size_t>(data.size(), 12)), data.size(), what);
+  const Layout l = parse_layout(p, data.subspan(p.dict_offset, p.dict_len), data.size(), what);
+  const auto payload = data.subspan(l.data_offset);
+  return decode(l, std::vector<std::byte>(payload.begin(), payload.end()));
+}
+
+NpyInfo read_npy_info(const std::filesystem::path& path) {
+  const Layout l = read_layout(InputFile::open(path));
+  return {l.descr.dtype, l.header.shape, l.nbytes};
+}
+
 NdArray read_npy(const std::filesystem::path& path) {
-  std::vector<std::byte> data;
-  if (std::string err = read_whole_file(path, data); !err.empty()) fail(path.string(), err);
-  return parse_npy(data, path.string());
+  const InputFile f = InputFile::open(path);
+  const Layout l = read_layout(f);
+  std::vector<std::byte> payload(l.nbytes);  // the header has been checked against the file size
+  f.read_at(l.data_offset, payload);
+  return decode(l, std::move(payload));
 }
 
 namespace {
-std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view what) {
-  std::string descr;
-  switch (array.dtype) {
+std::string_view descr_of(DType t, std::string_view what) {
+  switch (t) {
     case DType::f32:
-      descr = "<f4";
-      break;
+      return "<f4";
     case DType::f64:
-      descr = "<f8";
-      break;
+      return "<f8";
     case DType::f16:
-      descr = "<f2";
-      break;
+      return "<f2";
     case DType::boolean:
-      descr = "|b1";
-      break;
+      return "|b1";
     case DType::i32:
-      descr = "<i4";
-      break;
+      return "<i4";
     case DType::i64:
-      descr = "<i8";
-      break;
+      return "<i8";
     case DType::bf16:
-      fail(what, "unsupported dtype bf16: the .npy format has no bfloat16 (convert with to_f32())");
+      break;
   }
+  fail(what, "unsupported dtype bf16: the .npy format has no bfloat16 (convert with to_f32())");
+}
+
+std::vector<std::byte> header_impl(const NdArray& array, std::string_view what) {
+  const std::string_view descr = descr_of(array.dtype, what);
   const std::size_t need = checked_nbytes(array.shape, array.dtype, what);
   if (array.bytes.size() != need)
     fail(what, "shape " + shape_to_string(array.shape) + " needs " + std::to_string(need) + " bytes of " +
                    std::string(dtype_name(array.dtype)) + " data, array has " + std::to_string(array.bytes.size()));
 
-  const std::string dict =
-      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_to_string(array.shape) + ", }";
+  const std::string dict = "{'descr': '" + std::string(descr) +
+                           "', 'fortran_order': False, 'shape': " + shape_to_string(array.shape) + ", }";
   // Version 1.0 stores the header length in 2 bytes; fall back to 2.0 (4 bytes) if needed.
   unsigned major = 1;
   std::size_t prefix = 10;
@@ -365,7 +381,7 @@ std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view wha
   const std::size_t header_len = padded_len();
 
   std::vector<std::byte> out;
-  out.reserve(prefix + header_len + need);
+  out.reserve(prefix + header_len);
   for (unsigned char c : kMagic) out.push_back(std::byte{c});
   out.push_back(static_cast<std::byte>(major));
   out.push_back(std::byte{0});
@@ -373,54 +389,24 @@ std::vector<std::byte> serialize_impl(const NdArray& array, std::string_view wha
   for (char c : dict) out.push_back(static_cast<std::byte>(c));
   out.resize(prefix + header_len - 1, std::byte{' '});
   out.push_back(std::byte{'\n'});
-  out.insert(out.end(), array.bytes.begin(), array.bytes.end());
   return out;
 }
 }  // namespace
 
-std::vector<std::byte> serialize_npy(const NdArray& array) { return serialize_impl(array, "serialize_npy"); }
+std::vector<std::byte> npy_header(const NdArray& array) { return header_impl(array, "npy_header"); }
 
-void write_npy(const std::filesystem::path& path, const NdArray& array) {
-  write_file_atomic(path, serialize_impl(array, path.string()));
+std::vector<std::byte> serialize_npy(const NdArray& array) {
+  std::vector<std::byte> out = header_impl(array, "serialize_npy");
+  out.insert(out.end(), array.bytes.begin(), array.bytes.end());
+  return out;
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data) {
-  const std::string what = path.string();
-  if (!path.has_filename()) fail(what, "cannot write: path has no file name");
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-
-  // O_EXCL on a random name rather than mkstemp, so the final file gets the usual 0666 & ~umask.
-  static std::atomic<unsigned> counter{0};
-  std::random_device rd;
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    tmp = (dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                  std::to_string(counter++) + "." + std::to_string(rd())))
-              .string();
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) fail(what, "cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
-
-  auto abandon = [&](const std::string& problem) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    fail(what, problem + ": " + std::strerror(e));
-  };
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) abandon("write failed");
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0) abandon("fsync failed");
-  const int rc = ::close(fd);
-  fd = -1;
-  if (rc != 0) abandon("close failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) abandon("rename failed");
+void write_npy(const std::filesystem::path& path, const NdArray& array) {
+  const std::vector<std::byte> header = header_impl(array, path.string());
+  OutputGroup group;
+  const std::size_t i = group.add_file(path);
+  group.write(i, {header, array.bytes});
+  group.commit();
 }
 
 }  // namespace qkv

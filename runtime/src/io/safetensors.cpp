@@ -4,18 +4,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <qkv/runtime/io/files.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <set>
+#include <unordered_set>
 #include <utility>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace qkv {
 namespace {
@@ -46,40 +45,61 @@ std::string_view name_of(DType t) {
   return "?";
 }
 
-// Parses the header JSON, rejecting duplicate keys in any object (nlohmann itself would silently
-// keep the last one). A duplicate at depth 1 (the top-level object) is a duplicate tensor name.
-json parse_header(std::string_view text, std::string_view what) {
-  std::vector<std::set<std::string>> open_objects;  // keys seen in each object being parsed
-  std::optional<std::string> dup;
-  std::size_t dup_depth = 0;
-  const json::parser_callback_t on_event = [&](int, json::parse_event_t ev, json& parsed) {
-    switch (ev) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!dup && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second) {
-          dup = parsed.get<std::string>();
-          dup_depth = open_objects.size();
-        }
-        break;
-      default:
-        break;
+// nlohmann's DOM parser with a check for duplicate keys in every object (nlohmann itself would
+// silently keep the last one), in time linear in the number of keys: one hash set per open
+// object. (Its callback parser rescans the parent object after every child object: quadratic.)
+class DuplicateCheckingSax {
+ public:
+  explicit DuplicateCheckingSax(json& result) : dom_(result, true) {}
+  std::optional<std::string> duplicate;
+  std::size_t duplicate_depth = 0;  // 1: the top-level object, so a duplicate tensor name
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    keys_.emplace_back();
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    if (!keys_.back().insert(k).second) {
+      duplicate = k;
+      duplicate_depth = keys_.size();
+      return false;  // stops the parse
     }
-    return true;  // keep everything
-  };
+    return dom_.key(k);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return dom_.start_array(n); }
+  bool end_array() { return dom_.end_array(); }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& e) {
+    return dom_.parse_error(position, token, e);  // throws e
+  }
+
+ private:
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<std::unordered_set<std::string>> keys_;
+};
+
+json parse_header(std::string_view text, std::string_view what) {
   json header;
+  DuplicateCheckingSax sax(header);
   try {
-    header = json::parse(text.begin(), text.end(), on_event);
+    json::sax_parse(text.begin(), text.end(), &sax);
   } catch (const json::exception& e) {
     fail(what, std::string("header is not valid JSON: ") + e.what());
   }
-  if (dup) {
-    if (dup_depth == 1) fail(what, "duplicate tensor name '" + *dup + "' in the header");
-    fail(what, "duplicate key '" + *dup + "' in the header");
+  if (sax.duplicate) {
+    if (sax.duplicate_depth == 1) fail(what, "duplicate tensor name '" + *sax.duplicate + "' in the header");
+    fail(what, "duplicate key '" + *sax.duplicate + "' in the header");
   }
   if (!header.is_object()) fail(what, std::string("header is not a JSON object (it is ") + header.type_name() + ")");
   return header;
@@ -161,23 +181,13 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile f;
   f.what_ = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(f.what_, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(f.what_, "not a regular file");
-  }
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size < 8) {  // also avoids mmap of length 0
-    ::close(fd);
+  const InputFile in = InputFile::open(path);  // regular files only, never blocks on a FIFO
+  const auto size = static_cast<std::size_t>(in.size());
+  if (size < 8)  // also avoids mmap of length 0
     fail(f.what_, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
-  }
-  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (m == MAP_FAILED) fail(f.what_, std::string("mmap failed: ") + std::strerror(e));
-  f.map_ = m;
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, in.fd(), 0);
+  if (m == MAP_FAILED) fail(f.what_, std::string("mmap failed: ") + std::strerror(errno));
+  f.map_ = m;  // the mapping keeps the file alive after `in` closes it
   f.map_size_ = size;
   f.parse();  // on error f's destructor unmaps
   return f;

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Regenerates the seed corpora for tests/fuzz/fuzz_npy.cpp and fuzz_safetensors.cpp.
+"""Regenerates the seed corpora for tests/fuzz/fuzz_npy.cpp, fuzz_safetensors.cpp and fuzz_cli.cpp.
 
 Small hand-built files (no numpy needed), valid and invalid, each a few hundred bytes at most:
     python3 tests/fuzz/corpus/make_corpus.py
-writes tests/fuzz/corpus/npy/*.npy and tests/fuzz/corpus/safetensors/*.safetensors.
+writes tests/fuzz/corpus/npy/*.npy, tests/fuzz/corpus/safetensors/*.safetensors and
+tests/fuzz/corpus/cli/*.bin (command lines in fuzz_cli.cpp's input layout, its pools read from it).
 """
 import json
 import pathlib
+import re
 import struct
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -38,6 +40,33 @@ def safetensors(header, data, pad=True):
 
 def entry(dtype, shape, begin, end):
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def cli_pools():
+    """fuzz_cli.cpp's kCommands, kFlags and kValues, in order."""
+    src = (HERE.parent / "fuzz_cli.cpp").read_text()
+    pools = {}
+    for name in ("kCommands", "kFlags", "kValues"):
+        body = re.search(name + r"\[\][^=]*= \{(.*?)\};", src, re.S).group(1)
+        strings = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
+        if name == "kCommands":  # pairs
+            strings = [" ".join(x for x in strings[i:i + 2] if x) for i in range(0, len(strings), 2)]
+        pools[name] = strings
+    return pools
+
+
+def cli_seed(pools, command, args, files):
+    """One fuzz_cli input: `args` are (flag, value or None); `files` four (mode, bytes) pairs."""
+    out = bytes([pools["kCommands"].index(command), len(args)])
+    for flag, value in args:
+        out += bytes([pools["kFlags"].index(flag), 255 if value is None else pools["kValues"].index(value)])
+    for mode, data in files:
+        out += bytes([mode]) + data
+    return out
+
+
+def f32_npy(*dims):  # mode 1: rank, dims (a byte >= 200 is 32), then one byte per element byte
+    return (1, bytes([len(dims) - 1]) + bytes(200 if d == 32 else d for d in dims))
 
 
 def main():
@@ -78,7 +107,29 @@ def main():
         "huge_header_len.safetensors": struct.pack("<Q", 1 << 40) + b"{}",
         "bad_metadata.safetensors": safetensors({"__metadata__": {"epoch": 3}}, b""),
     }
-    for sub, files in (("npy", npy_files), ("safetensors", st_files)):
+    p = cli_pools()
+    sdpa = [("--query", "@a.npy"), ("--key", "@b.npy"), ("--value", "@c.npy"), ("--out", "@out.npy")]
+    mha = [("--weights", "@w.safetensors"), ("--query", "@a.npy"), ("--heads", "4"), ("-o", "@out.npy")]
+    small = [f32_npy(1, 2, 3, 4)] * 3 + [(3, b"")]
+    cli_files = {
+        "run_sdpa.bin": cli_seed(p, "run sdpa", sdpa + [("--backend", "reference"), ("--weights-out", "@out2.npy")],
+                                 small),
+        "run_sdpa_causal_cpu.bin": cli_seed(p, "run sdpa", sdpa + [("--causal", None), ("--backend", "cpu")], small),
+        "run_sdpa_out_is_input.bin": cli_seed(p, "run sdpa", sdpa[:3] + [("--out", "@b.npy")], small),
+        "run_mha.bin": cli_seed(p, "run mha", mha + [("--weights-out", "@out2.npy"), ("--backend", "reference")],
+                                [f32_npy(1, 3, 32), (0, b"\x00"), (0, b""), (3, b"")]),
+        "run_encoder_layer.bin": cli_seed(p, "run encoder-layer",
+                                          [("--weights", "@w.safetensors"), ("--src", "@a.npy"), ("--heads", "4"),
+                                           ("--causal", None), ("-o", "@outdir"), ("--backend", "reference")],
+                                          [f32_npy(1, 3, 32), (0, b""), (0, b""), (4, b"")]),
+        "shapes.bin": cli_seed(p, "shapes sdpa", [("--heads", "2"), ("--seq", "4"), ("--head-dim", "8"),
+                                                  ("--dump-after", "all")], [(0, b"")] * 4),
+        "heatmap_fifo.bin": cli_seed(p, "heatmap", [("--weights", "@a.npy"), ("--tokens-file", "@fifo"),
+                                                    ("-o", "@out.npy")], [f32_npy(1, 3, 3)] + [(0, b"")] * 3),
+        "bench_overflow.bin": cli_seed(p, "bench sdpa", [("--heads", "4611686018427387904"), ("--seq", "4"),
+                                                         ("--head-dim", "8"), ("--seed", "-1")], [(0, b"")] * 4),
+    }
+    for sub, files in (("npy", npy_files), ("safetensors", st_files), ("cli", cli_files)):
         out = HERE / sub
         out.mkdir(exist_ok=True)
         for name, data in files.items():

@@ -5,7 +5,9 @@
 // hyper-parameters from the tensors' shapes (as nn.MultiheadAttention and
 // nn.TransformerEncoderLayer would have been constructed), check every tensor the block needs
 // is there with the right shape, and adapt the two layouts that differ (bias_k/bias_v are
-// [1, 1, E] in PyTorch, [1, E] in qkv). Errors name the key and both shapes.
+// [1, 1, E] in PyTorch, [1, E] in qkv). Errors name the key and both shapes. Bias sets are all
+// or nothing, as PyTorch's `bias=` switches make them (in_proj_bias with out_proj.bias; bias_k
+// with bias_v; in an encoder layer every bias or none).
 #pragma once
 
 #include <cstdint>
@@ -53,5 +55,17 @@ struct EncoderLayerConfig {
 EncoderLayerConfig infer_encoder_layer_config(const SafetensorsFile& sd, std::int64_t num_heads,
                                               const std::string& prefix = "");
 Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& cfg, const std::string& prefix = "");
+
+/// nn.LayerNorm `name` (e.g. "norm" for nn.TransformerEncoder's final norm): name.weight and
+/// name.bias, both [dim].
+Feeds import_layer_norm(const SafetensorsFile& sd, const std::string& name, std::int64_t dim);
+
+/// nn.TransformerEncoder: how many layers the state dict holds under layers.N. — the indices
+/// must be 0, 1, ..., N-1 (StateDictError naming the first one missing, or when there is none).
+std::int64_t encoder_layer_count(const SafetensorsFile& sd);
+
+/// Throws StateDictError naming a key of `sd` that is none of `used` (the tensors the model
+/// takes), as PyTorch's load_state_dict(strict=True) does; `module` names the model.
+void check_no_unexpected_keys(const SafetensorsFile& sd, const Feeds& used, const std::string& module);
 
 }  // namespace qkv

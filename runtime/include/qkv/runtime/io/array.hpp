@@ -231,9 +231,10 @@ struct NdArray {
   }
 };
 
-/// Writes `data` to `path` atomically: a temporary file is created in the same directory, written,
-/// fsync'ed and renamed over `path`. On failure the temporary is removed, `path` is untouched and
-/// IoError is thrown. (Defined in runtime/src/io/npy.cpp; shared by all writers.)
+/// Writes `data` to `path` atomically, as a one-file OutputGroup (qkv/runtime/io/files.hpp): staged
+/// in a private directory beside `path`, fsync'ed and renamed over it. On failure nothing is left,
+/// `path` is untouched and IoError is thrown (OutputRefused for a path it will not replace: a
+/// directory, device or FIFO, or a missing directory). (Defined in runtime/src/io/files.cpp.)
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
 
 }  // namespace qkv

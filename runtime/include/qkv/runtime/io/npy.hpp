@@ -18,6 +18,7 @@
 #include <qkv/runtime/io/array.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string_view>
@@ -25,8 +26,18 @@
 
 namespace qkv {
 
-/// Reads and parses the whole file.
+/// Reads and parses the file: a regular file only (qkv/runtime/io/files.hpp: InputFile), its
+/// header parsed and checked against the file size before any data is read or allocated.
 NdArray read_npy(const std::filesystem::path& path);
+
+/// What an .npy file holds, from its header alone.
+struct NpyInfo {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::size_t nbytes = 0;  // of the data
+};
+/// Reads and checks the header only (including that the file holds exactly the data it announces).
+NpyInfo read_npy_info(const std::filesystem::path& path);
 
 /// Parses an in-memory .npy image; `what` names it in error messages.
 NdArray parse_npy(std::span<const std::byte> data, std::string_view what);
@@ -34,7 +45,10 @@ NdArray parse_npy(std::span<const std::byte> data, std::string_view what);
 /// Serialises `array` (validated: bytes.size() must match shape × itemsize) to an .npy image.
 std::vector<std::byte> serialize_npy(const NdArray& array);
 
-/// serialize_npy + write_file_atomic (temporary file in the same directory, then rename).
+/// The header serialize_npy writes before the data (magic, version, dict, padding).
+std::vector<std::byte> npy_header(const NdArray& array);
+
+/// Writes `array` as one OutputGroup (qkv/runtime/io/files.hpp): a staged file renamed into place.
 void write_npy(const std::filesystem::path& path, const NdArray& array);
 
 }  // namespace qkv

@@ -5,12 +5,14 @@
 // (offsets relative to the data section), plus an optional "__metadata__" object of string →
 // string. Supported dtypes: F32 F64 F16 BF16 BOOL I32 I64.
 //
-// Validation on open (each failure is an IoError starting with the file name): file shorter than
-// 8 bytes; header length beyond the file or above 100 MB; header not JSON or not an object;
-// duplicate keys (at any depth — so duplicate tensor names); entries that are not objects or lack
-// dtype/shape/data_offsets or have the wrong JSON types; unsupported dtypes; negative or
-// overflowing shapes; data_offsets not [begin, end] with begin <= end; end beyond the data
-// section; end − begin != numel × itemsize; overlapping tensors; a malformed __metadata__.
+// Validation on open (each failure is an IoError starting with the file name): not a regular
+// file (qkv/runtime/io/files.hpp: InputFile, so a FIFO never blocks); file shorter than 8 bytes;
+// header length beyond the file or above 100 MB; header not JSON or not an object; duplicate keys
+// (at any depth — so duplicate tensor names; found in time linear in the number of keys); entries
+// that are not objects or lack dtype/shape/data_offsets or have the wrong JSON types; unsupported
+// dtypes; negative or overflowing shapes; data_offsets not [begin, end] with begin <= end; end
+// beyond the data section; end − begin != numel × itemsize; overlapping tensors; a malformed
+// __metadata__.
 // Tolerated (as the data is still unambiguous): unknown extra keys in an entry, gaps between
 // tensors and unused bytes at the end of the data section.
 //

@@ -1,0 +1,430 @@
+// qkv's command line (CLI11): flags into the commands' structs (commands.hpp), errors into one
+// line and an exit code (docs/cli.md).
+//
+// Exit codes: 0 success; 2 usage errors (unknown command or flag, a malformed or out-of-range
+// value, flags that contradict each other, an output path that cannot be written as asked);
+// 1 everything about input files and their contents, and running out of memory.
+// CLI11 is included here only (it costs ~6 s per translation unit).
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include <qkv/codegen/target.hpp>
+#include <qkv/ir/extent.hpp>
+#include <qkv/runtime/io/files.hpp>
+
+#include "commands.hpp"
+#include "out_of_memory.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+
+/// An integer in [lo, hi], written in decimal (CLI11 alone would clamp 99999999999999999999).
+CLI::Validator integer_in(std::int64_t lo, std::int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return {[lo, hi, range](std::string& s) -> std::string {
+            std::int64_t v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec == std::errc::result_out_of_range ||
+                (ec == std::errc() && end == s.data() + s.size() && (v < lo || v > hi)))
+              return "'" + s + "' is out of range: give an integer in " + range;
+            if (ec != std::errc() || end != s.data() + s.size()) return "'" + s + "' is not an integer";
+            return "";
+          },
+          "INT in " + range, "integer_in"};
+}
+
+/// A non-negative integer that fits in 64 bits (for seeds).
+CLI::Validator unsigned_integer() {
+  return {[](std::string& s) -> std::string {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
+            if (ec != std::errc() || end != s.data() + s.size()) return "'" + s + "' is not a non-negative integer";
+            return "";
+          },
+          "UINT", "unsigned_integer"};
+}
+
+/// A finite number (no nan, inf or overflow such as 1e999).
+CLI::Validator finite_number() {
+  return {[](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || end != s.c_str() + s.size()) return "'" + s + "' is not a number";
+            if (!std::isfinite(v)) return "'" + s + "' is not a finite number";
+            return "";
+          },
+          "FLOAT", "finite_number"};
+}
+
+/// --causal [top-left|bottom-right]: a flag with an optional value.
+struct CausalFlag {
+  std::string value;
+  CLI::Option* opt = nullptr;
+  void add(CLI::App* app) {
+    opt = app->add_option("--causal", value,
+                          "Causal mask; with L != S say top-left (PyTorch is_causal) or bottom-right (FlashAttention)")
+              ->expected(0, 1);
+  }
+  [[nodiscard]] std::optional<std::string> get() const {
+    if (!opt || opt->count() == 0) return std::nullopt;
+    return value;
+  }
+};
+
+struct BackendFlag {
+  std::string value = "cpu";
+  void add(CLI::App* app, const std::string& help = "cpu (compiled kernels) | reference (the interpreter) | cuda") {
+    app->add_option("--backend", value, help)
+        ->check(CLI::IsMember({"reference", "cpu", "cuda"}))
+        ->capture_default_str();
+  }
+  [[nodiscard]] Backend get() const { return parse_backend(value); }
+};
+
+// Every command has its own flag objects: an object shared by two commands would be bound to
+// the second one's option only (encoder-layer's --causal was once ignored that way).
+
+struct RunMhaFlags {
+  RunMha o;
+  CausalFlag causal;
+  BackendFlag backend;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* run) {
+    cmd = run->add_subcommand("mha", "nn.MultiheadAttention(batch_first=True), eval mode");
+    cmd->footer(
+        "Example: qkv run mha --weights mha.safetensors --query q.npy --heads 8 --key-padding-mask pad.npy "
+        "--out out.npy --weights-out w.npy");
+    cmd->add_option("--weights", o.weights, "state_dict() as safetensors")->required();
+    cmd->add_option("--query", o.query, "[B, L, E] float")->required();
+    cmd->add_option("--key", o.key, "[B, S, kdim] (default: the query)");
+    cmd->add_option("--value", o.value, "[B, S, vdim] (default: the key)");
+    cmd->add_option("--heads", o.heads, "num_heads")->required()->check(integer_in(1, kInt64Max));
+    cmd->add_option("--key-padding-mask", o.key_padding_mask, "bool [B, S], true = ignore");
+    cmd->add_option("--attn-mask", o.attn_mask, "bool [L, S] or [B*H, L, S] (true = not allowed), or float (added)");
+    causal.add(cmd);
+    cmd->add_flag("--add-zero-attn", o.add_zero_attn, "PyTorch's add_zero_attn=True");
+    cmd->add_flag("--need-weights", o.need_weights, "Write attention weights (averaged over heads)");
+    cmd->add_flag("--per-head-weights", o.per_head_weights, "Write weights per head [B, H, L, S]");
+    cmd->add_option("--out,-o", o.out, "Output [B, L, E] .npy")->required();
+    cmd->add_option("--weights-out", o.weights_out, "Attention weights .npy (implies --need-weights)");
+    backend.add(cmd);
+  }
+  RunMha get() {
+    o.causal = causal.get();
+    o.backend = backend.get();
+    return o;
+  }
+};
+
+struct RunSdpaFlags {
+  RunSdpa o;
+  CausalFlag causal;
+  BackendFlag backend;
+  double scale = 0;
+  CLI::Option* scale_opt = nullptr;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* run) {
+    cmd = run->add_subcommand("sdpa", "Scaled dot-product attention on [B, H, L, D] tensors");
+    cmd->footer("Example: qkv run sdpa --query q.npy --key k.npy --value v.npy --causal --out o.npy");
+    cmd->add_option("--query", o.query, "[B, H, L, D]")->required();
+    cmd->add_option("--key", o.key, "[B, H, S, D]")->required();
+    cmd->add_option("--value", o.value, "[B, H, S, Dv]")->required();
+    cmd->add_option("--attn-bias", o.attn_bias, "float, broadcastable to [B, H, L, S], added (-inf allowed)");
+    cmd->add_option("--attn-mask", o.attn_mask, "bool, broadcastable to [B, H, L, S], true = not allowed");
+    cmd->add_option("--key-padding-mask", o.key_padding_mask, "bool [B, S], true = ignore");
+    causal.add(cmd);
+    scale_opt = cmd->add_option("--scale", scale, "Score scale (default 1/sqrt(D))")->check(finite_number());
+    cmd->add_option("--dropout", o.dropout, "Dropout probability on the weights, in [0, 1)")->check(finite_number());
+    cmd->add_option("--seed", o.seed, "Dropout seed (counter-based: same seed, same mask)")->check(unsigned_integer());
+    cmd->add_option("--out,-o", o.out, "Output [B, H, L, Dv] .npy")->required();
+    cmd->add_option("--weights-out", o.weights_out, "Attention weights [B, H, L, S] .npy");
+    backend.add(cmd);
+  }
+  RunSdpa get() {
+    o.causal = causal.get();
+    if (scale_opt->count()) o.scale = scale;
+    o.backend = backend.get();
+    return o;
+  }
+};
+
+struct RunEncoderFlags {
+  RunEncoder o;
+  CausalFlag causal;
+  BackendFlag backend;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* run, bool stack) {
+    o.stack = stack;
+    if (stack) {
+      cmd = run->add_subcommand("encoder", "nn.TransformerEncoder: layers.N.* (and norm.*) in the state dict");
+      cmd->footer(
+          "Example: qkv run encoder --weights gpt.safetensors --src x.npy --heads 8 --causal --norm-first --out y.npy");
+    } else {
+      cmd = run->add_subcommand("encoder-layer", "nn.TransformerEncoderLayer(batch_first=True), eval mode");
+      cmd->footer("Example: qkv run encoder-layer --weights layer.safetensors --src x.npy --heads 4 --out y.npy");
+    }
+    cmd->add_option("--weights", o.weights, "state_dict() as safetensors")->required();
+    cmd->add_option("--src", o.src, "[B, L, d_model]")->required();
+    cmd->add_option("--heads", o.heads, "nhead")->required()->check(integer_in(1, kInt64Max));
+    cmd->add_option("--activation", o.activation, "relu | gelu")
+        ->check(CLI::IsMember({"relu", "gelu"}))
+        ->capture_default_str();
+    cmd->add_flag("--norm-first", o.norm_first, "Pre-norm (norm_first=True)");
+    cmd->add_option("--layer-norm-eps", o.eps, "layer_norm_eps")->check(finite_number())->capture_default_str();
+    cmd->add_option("--src-key-padding-mask", o.src_key_padding_mask, "bool [B, L], true = ignore");
+    cmd->add_option("--src-mask", o.src_mask, "bool [L, L] (true = not allowed) or float (added)");
+    causal.add(cmd);
+    cmd->add_option("--out,-o", o.out, "Output [B, L, d_model] .npy")->required();
+    backend.add(cmd);
+  }
+  RunEncoder get() {
+    o.causal = causal.get();
+    o.backend = backend.get();
+    return o;
+  }
+};
+
+/// A model by shape (shapes, bench, verify, emit).
+struct ShapeFlags {
+  ShapeModel m;
+  CausalFlag causal;
+  void add(CLI::App* app) {
+    const auto positive = integer_in(1, kInt64Max), non_negative = integer_in(0, kInt64Max);
+    app->add_option("model", m.kind, "sdpa | mha | encoder-layer")
+        ->required()
+        ->check(CLI::IsMember({"sdpa", "mha", "encoder-layer"}));
+    app->add_option("--batch", m.batch, "Batch size")->check(positive)->capture_default_str();
+    app->add_option("--heads", m.heads, "Attention heads")->required()->check(positive);
+    app->add_option("--kv-heads", m.kv_heads, "Key/value heads (grouped-query attention)")->check(non_negative);
+    app->add_option("--seq", m.seq, "Query length L")->required()->check(positive);
+    app->add_option("--kv-seq", m.kv_seq, "Key length S (default: L)")->check(non_negative);
+    auto* d = app->add_option("--head-dim", m.head_dim, "Per-head width D")->check(positive);
+    auto* e = app->add_option("--embed-dim", m.embed_dim, "Model width E (= heads * D)")->check(positive);
+    d->excludes(e);
+    app->add_option("--ffn-dim", m.ffn_dim, "Feed-forward width (encoder-layer; default 4E)")->check(positive);
+    causal.add(app);
+    app->add_flag("--padding", m.padding, "Pad each sequence after a seeded length");
+    app->add_option("--seed", m.seed, "Seed for weights and inputs")->check(unsigned_integer())->capture_default_str();
+  }
+  ShapeModel get() {
+    m.causal = causal.get();
+    return m;
+  }
+};
+
+int host() {
+  const auto t = qkv::codegen::host_target();
+  std::cout << "triple:   " << t.triple << "\ncpu:      " << t.cpu << "\nvector:   " << t.vector_floats << " x f32"
+            << (t.has_fma ? ", FMA" : ", no FMA") << "\nbackends:";
+  for (const auto& b : qkv::codegen::available_backends()) std::cout << " " << b;
+  std::cout << "\n";
+  return 0;
+}
+
+/// The first word on the command line that is not a command of its parent ("generate" in
+/// `qkv generate --help`, which CLI11 would answer with the top-level help and exit 0).
+std::optional<std::string> unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return std::nullopt;
+    if (at->get_subcommands([](CLI::App*) { return true; }).empty()) return std::nullopt;  // a positional
+    const auto match = at->get_subcommands([&](CLI::App* s) { return s->get_name() == word; });
+    if (match.empty()) return word;
+    at = match.front();
+  }
+  return std::nullopt;
+}
+
+/// `message` as one line: control characters (a newline in a file name, a compiler's report)
+/// are written as escapes.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (u < 0x20 || u == 0x7f)
+      out += "\\x" + std::string(1, "0123456789abcdef"[u >> 4]) + "0123456789abcdef"[u & 15];
+    else
+      out += c;
+  }
+  return out;
+}
+
+int usage_error(const std::string& message) {
+  std::cerr << "qkv: error: " << one_line(message) << "\nRun with --help for more information.\n";
+  return 2;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  const Activity setup("reading the command line");
+  CLI::App app{"qkv: attention models with shapes in the type system, compiled to fused kernels"};
+  // CLI11's own parse errors read like ours: "qkv: error: …" and a pointer to --help (exit 2).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "qkv: error: " + one_line(e.what()) + "\nRun with --help for more information.\n";
+  });
+  app.set_version_flag("--version", std::string("qkv ") + QKV_VERSION);
+  app.require_subcommand(1);
+  app.footer("Run `qkv <command> --help` for the flags of a command.");
+
+  // --- run
+  auto* run = app.add_subcommand("run", "Run a PyTorch attention module on .npy inputs")->require_subcommand(1);
+  RunMhaFlags mha;
+  mha.add(run);
+  RunSdpaFlags sdpa;
+  sdpa.add(run);
+  RunEncoderFlags layer, stack;
+  layer.add(run, false);
+  stack.add(run, true);
+
+  // --- models by shape
+  ShapeFlags shape_flags;
+  auto* shapes_cmd = app.add_subcommand("shapes", "Print a model's shape table (op, inputs, output axes and sizes)");
+  shapes_cmd->footer("Example: qkv shapes mha --batch 2 --heads 2 --seq 4 --embed-dim 16");
+  shape_flags.add(shapes_cmd);
+  std::string dump_after;
+  bool time_passes = false;
+  shapes_cmd->add_option("--dump-after", dump_after,
+                         "Also print the graph after a pass of the CPU pipeline (or 'all')");
+  shapes_cmd->add_flag("--time-passes", time_passes, "Also time each pass of the CPU pipeline");
+
+  Bench bench_opts;
+  ShapeFlags bench_flags;
+  BackendFlag bench_backend;
+  auto* bench_cmd = app.add_subcommand("bench", "Time a model: median/min/max ms, GFLOP/s, peak memory");
+  bench_cmd->footer("Example: qkv bench sdpa --batch 1 --heads 8 --seq 512 --head-dim 64 --causal --json");
+  bench_flags.add(bench_cmd);
+  bench_backend.add(bench_cmd);
+  bench_cmd->add_option("--threads", bench_opts.threads, "Threads (cpu backend; 0: one per hardware thread)")
+      ->check(integer_in(0, kIntMax));
+  bench_cmd->add_option("--repeat", bench_opts.repeat, "Timed runs after one warm-up")
+      ->check(integer_in(1, kIntMax))
+      ->capture_default_str();
+  bench_cmd->add_flag("--json", bench_opts.json, "One JSON object on stdout");
+
+  Verify verify_opts;
+  ShapeFlags verify_flags;
+  BackendFlag verify_backend;
+  auto* verify_cmd = app.add_subcommand("verify", "Run a backend and the reference interpreter on the same inputs");
+  verify_cmd->footer("Example: qkv verify sdpa --batch 1 --heads 2 --seq 33 --head-dim 64 --backend cpu");
+  verify_flags.add(verify_cmd);
+  verify_backend.add(verify_cmd, "cpu | cuda");
+  verify_cmd->add_option("--tolerance", verify_opts.tolerance, "Largest allowed max abs error")
+      ->check(finite_number())
+      ->capture_default_str();
+
+  Heatmap hm;
+  std::int64_t head = 0;
+  auto* heatmap_cmd = app.add_subcommand("heatmap", "Attention weights as a PNG heatmap");
+  heatmap_cmd->footer("Example: qkv heatmap --weights w.npy --tokens \"the cat sat\" --all-heads --out heat.png");
+  heatmap_cmd->add_option("--weights", hm.weights, "[B, L, S] or [B, H, L, S] .npy")->required();
+  auto* tok = heatmap_cmd->add_option("--tokens", hm.tokens, "Tokens for both axes, space separated");
+  auto* tokf = heatmap_cmd->add_option("--tokens-file", hm.tokens_file, "File of whitespace-separated tokens");
+  tok->excludes(tokf);
+  heatmap_cmd->add_option("--query-tokens", hm.query_tokens, "Row labels");
+  heatmap_cmd->add_option("--key-tokens", hm.key_tokens, "Column labels");
+  heatmap_cmd->add_option("--batch-index", hm.batch_index, "Which sequence of the batch")
+      ->check(integer_in(0, kInt64Max))
+      ->capture_default_str();
+  auto* head_opt =
+      heatmap_cmd->add_option("--head", head, "One head (default: mean over heads)")->check(integer_in(0, kInt64Max));
+  auto* all_opt = heatmap_cmd->add_flag("--all-heads", hm.all_heads, "One panel per head");
+  head_opt->excludes(all_opt);
+  heatmap_cmd->add_option("--title", hm.title, "Title");
+  heatmap_cmd->add_option("--out,-o", hm.out, "PNG file")->required();
+
+  Emit emit_opts;
+  ShapeFlags emit_flags;
+  auto* emit_cmd = app.add_subcommand("emit", "Compile a model ahead of time (.ll/.s/.o/.so + C header, or .ptx)");
+  emit_cmd->footer(
+      "Example: qkv emit mha --batch 1 --heads 8 --seq 128 --embed-dim 512 --target cpu --cpu x86-64-v3 --format so "
+      "-o mha.so");
+  emit_flags.add(emit_cmd);
+  emit_cmd->add_option("--target", emit_opts.target, "cpu | nvptx")
+      ->check(CLI::IsMember({"cpu", "nvptx"}))
+      ->capture_default_str();
+  emit_cmd->add_option("--cpu", emit_opts.cpu, "native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM CPU name")
+      ->capture_default_str();
+  emit_cmd->add_option("--sm", emit_opts.sm, "80 | 86 | 87 | 89 | 90 (nvptx)")
+      ->check(integer_in(0, kIntMax))
+      ->capture_default_str();
+  emit_cmd->add_option("--format", emit_opts.format, "ll | asm | obj | so (cpu; default so) | ptx (nvptx)")
+      ->check(CLI::IsMember({"ll", "asm", "obj", "so", "ptx"}));
+  emit_cmd
+      ->add_option("--out,-o", emit_opts.out,
+                   "Output file (obj/so: the C header goes beside it, .h; nvptx with several kernels: a "
+                   "directory)")
+      ->required();
+  emit_cmd->add_option("--function", emit_opts.function,
+                       "C name of the generated function (default qkv_<model>); not a keyword or a C library name");
+  emit_cmd->add_option("--example-dir", emit_opts.example_dir,
+                       "Also write the seeded inputs and the reference outputs there, one .npy per argument");
+  auto* host_cmd = app.add_subcommand("host", "Print the host CPU as the code generator sees it");
+
+  if (const auto word = unknown_command(app, argc, argv)) return usage_error("unknown command '" + *word + "'");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  try {
+    if (*mha.cmd) return run_mha(mha.get());
+    if (*sdpa.cmd) return run_sdpa(sdpa.get());
+    if (*layer.cmd) return run_encoder(layer.get());
+    if (*stack.cmd) return run_encoder(stack.get());
+    if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
+    if (*bench_cmd) {
+      bench_opts.model = bench_flags.get();
+      bench_opts.backend = bench_backend.get();
+      return bench(bench_opts);
+    }
+    if (*verify_cmd) {
+      verify_opts.model = verify_flags.get();
+      verify_opts.backend = verify_backend.get();
+      return verify(verify_opts);
+    }
+    if (*heatmap_cmd) {
+      if (head_opt->count()) hm.head = head;
+      return heatmap(hm);
+    }
+    if (*emit_cmd) {
+      emit_opts.model = emit_flags.get();
+      return emit(emit_opts);
+    }
+    if (*host_cmd) return host();
+  } catch (const UsageError& e) {
+    return usage_error(e.what());
+  } catch (const OutputRefused& e) {
+    return usage_error(e.what());
+  } catch (const std::exception& e) {
+    const auto oom = describe_out_of_memory(e);
+    std::cerr << "qkv: error: " << one_line(oom ? *oom : e.what()) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace qkv::cli

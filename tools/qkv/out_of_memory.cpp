@@ -1,0 +1,115 @@
+#include "out_of_memory.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <system_error>
+
+#include <llvm/Support/ErrorHandling.h>
+
+#include <qkv/runtime/io/files.hpp>
+
+namespace qkv::cli {
+
+namespace {
+
+std::atomic<const char*> g_activity{"starting"};
+std::atomic<bool> g_exiting{false};
+
+/// " (ulimit -v: N MiB)" when an address-space limit is set, else "".
+void limit_note(char* buf, std::size_t size) {
+  rlimit r{};
+  buf[0] = '\0';
+  if (getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    std::snprintf(buf, size, " (ulimit -v: %llu MiB)", static_cast<unsigned long long>(r.rlim_cur >> 20));
+}
+
+/// Writes "qkv: error: <text>" as one line to stderr, removes the staged outputs and exits 1 —
+/// without allocating (the heap may be exhausted) and without unwinding.
+[[noreturn]] void die(const char* prefix, const char* detail) noexcept {
+  if (g_exiting.exchange(true)) {  // another thread is already on its way out
+    for (;;) pause();
+  }
+  static char line[1024];
+  char note[64];
+  limit_note(note, sizeof note);
+  const int n = std::snprintf(line, sizeof line, "qkv: error: %s%s%s%s", prefix, g_activity.load(), detail, note);
+  std::size_t len = n < 0 ? 0 : std::min(static_cast<std::size_t>(n), sizeof line - 2);
+  for (std::size_t i = 0; i < len; ++i)
+    if (line[i] == '\n' || line[i] == '\r') line[i] = ' ';
+  line[len++] = '\n';
+  if (::write(STDERR_FILENO, line, len) < 0) {
+    // nothing left to report it with
+  }
+  abandon_staged_outputs();
+  _exit(1);
+}
+
+void on_new_failure() { die("out of memory while ", ""); }
+
+void on_llvm_bad_alloc(void*, const char*, bool) { die("out of memory while ", ""); }
+
+void on_llvm_fatal_error(void*, const char* reason, bool) {
+  static char detail[512];
+  const bool oom = std::strstr(reason, "out of memory") || std::strstr(reason, "Allocation failed");
+  if (oom) die("out of memory while ", "");
+  std::snprintf(detail, sizeof detail, ": LLVM: %s", reason);
+  die("internal error while ", detail);
+}
+
+void on_terminate() {
+  static char detail[512];
+  if (const std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      die("out of memory while ", "");
+    } catch (const std::exception& x) {
+      std::snprintf(detail, sizeof detail, ": %s", x.what());
+    } catch (...) {
+      std::snprintf(detail, sizeof detail, ": an unknown exception");
+    }
+  }
+  die("internal error while ", detail);
+}
+
+}  // namespace
+
+void install_allocation_handlers() noexcept {
+  std::set_new_handler(on_new_failure);
+  std::set_terminate(on_terminate);
+}
+
+void install_out_of_memory_handlers() {
+  install_allocation_handlers();
+  llvm::install_bad_alloc_error_handler(on_llvm_bad_alloc, nullptr);
+  llvm::install_fatal_error_handler(on_llvm_fatal_error, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
+Activity::Activity(const char* what) : previous_(g_activity.exchange(what)), uncaught_(std::uncaught_exceptions()) {}
+Activity::~Activity() {
+  if (std::uncaught_exceptions() == uncaught_) g_activity.store(previous_);
+}
+
+std::optional<std::string> describe_out_of_memory(const std::exception& e) {
+  char note[64];
+  limit_note(note, sizeof note);
+  const std::string head = std::string("out of memory while ") + g_activity.load();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return head + note;
+  if (const auto* s = dynamic_cast<const std::system_error*>(&e)) {
+    const int code = s->code().value();
+    if (s->code().category() == std::generic_category() || s->code().category() == std::system_category())
+      if (code == ENOMEM || code == EAGAIN) return head + " (a thread could not start: " + s->what() + ")" + note;
+  }
+  return std::nullopt;
+}
+
+}  // namespace qkv::cli
