@@ -74,7 +74,6 @@ int main() {
               << worst << "\n";
     ok = ok && worst < 2e-5 && (seq == 5 || compiled == 0);
   }
-  std::cout << "compile time so far: " << codegen::jit_stats().compile_ms << " ms\n"
-            << (ok ? "ok" : "FAILED") << "\n";
+  std::cout << "compile time so far: " << codegen::jit_stats().compile_ms << " ms\n" << (ok ? "ok" : "FAILED") << "\n";
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -222,7 +222,8 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
       << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes << "\n";
   }
-  if (dynamic) h << " * (a size written Name? is the run-time size Name; Name?/4, Name?*2, Name?+1 are derived from it)\n";
+  if (dynamic)
+    h << " * (a size written Name? is the run-time size Name; Name?/4, Name?*2, Name?+1 are derived from it)\n";
   std::vector<std::string> params;
   std::size_t width = f.size() + 6;
   for (const auto& s : sig.sizes) {

@@ -165,8 +165,7 @@ class Executor {
 
  private:
   std::uint64_t address(int b) const {
-    if (!live_.at(static_cast<std::size_t>(b)))
-      internal_error("cuda: a step uses a buffer that is not allocated");
+    if (!live_.at(static_cast<std::size_t>(b))) internal_error("cuda: a step uses a buffer that is not allocated");
     return addr_[static_cast<std::size_t>(b)];
   }
   std::uint64_t address_of(int id) const { return address(p_.buffer[static_cast<std::size_t>(id)]); }

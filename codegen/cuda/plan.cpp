@@ -12,12 +12,12 @@
 #include <utility>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
-#include <qkv/codegen/lowering/lifetimes.hpp>
 
-#include "lowering/graph_util.hpp"
 #include "cuda/grid.hpp"
+#include "lowering/graph_util.hpp"
 
 namespace qkv::codegen::cuda {
 
@@ -250,8 +250,9 @@ class Planner {
           why = "layer_norm over an axis that is not the last";
           break;
         case KernelKind::broadcast_binary:
-          why = g_.node(id).op == Op::add ? "add that broadcasts (the GPU adds tensors with identical axes)"
-                                           : std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
+          why = g_.node(id).op == Op::add
+                    ? "add that broadcasts (the GPU adds tensors with identical axes)"
+                    : std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
           break;
         default:
           why = std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";

@@ -53,9 +53,9 @@ class Bool {
   llvm::Value* v_;
 };
 
-#define QKV_IR_INT_OP(op, make)                                                                             \
-  inline Int operator op(Int x, Int y) { return Int(x.b(), x.b().make(x.v(), y.v())); }                   \
-  inline Int operator op(Int x, std::int64_t y) { return x op x.c(y); }                                   \
+#define QKV_IR_INT_OP(op, make)                                                         \
+  inline Int operator op(Int x, Int y) { return Int(x.b(), x.b().make(x.v(), y.v())); } \
+  inline Int operator op(Int x, std::int64_t y) { return x op x.c(y); }                 \
   inline Int operator op(std::int64_t x, Int y) { return y.c(x) op y; }
 QKV_IR_INT_OP(+, CreateAdd)
 QKV_IR_INT_OP(-, CreateSub)
@@ -64,9 +64,9 @@ QKV_IR_INT_OP(/, CreateSDiv)
 QKV_IR_INT_OP(%, CreateSRem)
 #undef QKV_IR_INT_OP
 
-#define QKV_IR_CMP_OP(op, make)                                                                             \
-  inline Bool operator op(Int x, Int y) { return Bool(x.b(), x.b().make(x.v(), y.v())); }                 \
-  inline Bool operator op(Int x, std::int64_t y) { return x op x.c(y); }                                  \
+#define QKV_IR_CMP_OP(op, make)                                                           \
+  inline Bool operator op(Int x, Int y) { return Bool(x.b(), x.b().make(x.v(), y.v())); } \
+  inline Bool operator op(Int x, std::int64_t y) { return x op x.c(y); }                  \
   inline Bool operator op(std::int64_t x, Int y) { return y.c(x) op y; }
 QKV_IR_CMP_OP(<, CreateICmpSLT)
 QKV_IR_CMP_OP(<=, CreateICmpSLE)

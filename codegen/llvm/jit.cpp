@@ -40,7 +40,8 @@ std::atomic<std::int64_t> g_modules{0}, g_compile_ns{0};
 struct CompileTimer {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~CompileTimer() {
-    g_compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    g_compile_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 };
 

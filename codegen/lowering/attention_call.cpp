@@ -76,8 +76,8 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
       continue;
     }
     // [query, key], [key] or [query] (the layout pass ordered them).
-    call.bias_terms.push_back({static_cast<int>(m), mn.dtype == DType::boolean, has(mn.axes, a.query),
-                               has(mn.axes, a.key)});
+    call.bias_terms.push_back(
+        {static_cast<int>(m), mn.dtype == DType::boolean, has(mn.axes, a.query), has(mn.axes, a.key)});
     spec.bias = true;
   }
   return call;

@@ -47,7 +47,7 @@ std::vector<int> assign_slots(const std::vector<Lifetime>& blocks) {
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t x, std::size_t y) { return blocks[x].start < blocks[y].start; });
   std::vector<int> slot(blocks.size(), -1);
-  std::vector<int> busy_until;            // per slot: the last node at which it is read
+  std::vector<int> busy_until;           // per slot: the last node at which it is read
   std::vector<std::int64_t> slot_bytes;  // per slot: its largest block so far
   for (std::size_t k : order) {
     const Lifetime& b = blocks[k];
@@ -96,7 +96,8 @@ BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
     p.slot[static_cast<std::size_t>(owner[k])] = slots[k];
   }
   for (int id = 0; id < static_cast<int>(g.size()); ++id)  // a view lives in its root's slot
-    if (is_view(g.node(id).op)) p.slot[static_cast<std::size_t>(id)] = p.slot[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
+    if (is_view(g.node(id).op))
+      p.slot[static_cast<std::size_t>(id)] = p.slot[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
   for (std::size_t b : p.slot_bytes) p.peak_bytes += b;
   return p;
 }

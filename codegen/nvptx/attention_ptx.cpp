@@ -29,8 +29,8 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 
-#include "llvm/vector_math.hpp"
 #include "llvm/philox_ir.hpp"
+#include "llvm/vector_math.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
 

@@ -28,9 +28,8 @@ Graph eliminate_dead_nodes(const Graph& g) {
     if (!live[static_cast<std::size_t>(id)]) continue;
     for (int in : n.inputs) live[static_cast<std::size_t>(in)] = true;
   }
-  return Rewrite(g).run([&](Rewrite& r, int id) {
-    return live[static_cast<std::size_t>(id)] ? r.out.add(r.remapped(id)) : -1;
-  });
+  return Rewrite(g).run(
+      [&](Rewrite& r, int id) { return live[static_cast<std::size_t>(id)] ? r.out.add(r.remapped(id)) : -1; });
 }
 
 Graph canonicalize(const Graph& g) {
@@ -39,7 +38,7 @@ Graph canonicalize(const Graph& g) {
     Graph& out = r.out;
     if (n.op == Op::permute) {
       const Node& x = out.node(n.inputs[0]);
-      if (x.op == Op::permute) n.inputs[0] = x.inputs[0];    // permute(permute(y)) = one reordering of y
+      if (x.op == Op::permute) n.inputs[0] = x.inputs[0];  // permute(permute(y)) = one reordering of y
       if (same_names(out.node(n.inputs[0]).axes, n.axes)) return n.inputs[0];  // keeps the order: not a permute
     }
     if (plain_scale(n) && plain_scale(out.node(n.inputs[0]))) {

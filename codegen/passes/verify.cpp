@@ -130,9 +130,7 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
 
 void verify_or_throw(const Graph& g, std::string_view after_pass, Stage stage) {
   const auto problems = verify(g, stage);
-  if (!problems.empty())
-    internal_error("graph invalid after " + std::string(after_pass) + ": " +
-                           problems.front());
+  if (!problems.empty()) internal_error("graph invalid after " + std::string(after_pass) + ": " + problems.front());
 }
 
 }  // namespace qkv::codegen

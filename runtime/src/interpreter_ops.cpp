@@ -13,7 +13,6 @@
 
 namespace qkv::interp {
 
-
 std::string node_label(const Graph& g, int id) {
   const Node& n = g.node(id);
   std::string s = "%" + std::to_string(id) + " (" + std::string(op_name(n.op));

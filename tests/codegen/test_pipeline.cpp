@@ -104,9 +104,8 @@ TEST(Executor, CompilesOncePerShapeClassNotPerLength) {
       const Graph lowered = codegen::lower(g);
       EXPECT_THAT(codegen::cpu::specialised_sizes(lowered), ::testing::UnorderedElementsAre("Heads", "HeadDim"));
       for (std::int64_t seq : {3, 9, 17})
-        (void)codegen::cpu::run(g, random_feeds(g, {{"Batch", 1}, {"Heads", 2}, {"Seq", seq}, {"Key", seq},
-                                                    {"HeadDim", e}}, 5),
-                                2);
+        (void)codegen::cpu::run(
+            g, random_feeds(g, {{"Batch", 1}, {"Heads", 2}, {"Seq", seq}, {"Key", seq}, {"HeadDim", e}}, 5), 2);
     }
     EXPECT_EQ(codegen::jit_stats().modules - before, 2);
   }

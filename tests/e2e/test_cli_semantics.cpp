@@ -5,6 +5,7 @@
 #include "cli_test.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 using ::testing::HasSubstr;
@@ -280,6 +281,38 @@ TEST_F(Cli, AnUnknownCommandWithHelpIsAUsageError) {
     expect_usage_error(r, "unknown command '" + word + "'", args);
     EXPECT_EQ(r.out, "") << args;
   }
+}
+
+/// The integer after `key` in a one-line JSON object (-1 when absent).
+long long json_int(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::atoll(json.c_str() + at + key.size() + 4);
+}
+
+// One compilation per shape class, as the CLI reports it: `bench --json` counts the LLVM modules
+// the warm-up compiled (at least one on the cpu backend) and those the timed runs compiled (none);
+// `run --stats` says on stderr what a run compiled.
+TEST_F(Cli, CompileStatisticsAreReported) {
+  const Result b = run("bench encoder-layer --batch 2 --heads 2 --seq 9 --embed-dim 16 --repeat 3 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_GE(json_int(b.out, "modules_compiled"), 1) << b.out;
+  EXPECT_EQ(json_int(b.out, "modules_compiled_timed"), 0) << b.out;
+  EXPECT_NE(b.out.find("\"compile_ms\": "), std::string::npos) << b.out;
+  const Result ref =
+      run("bench encoder-layer --batch 2 --heads 2 --seq 9 --embed-dim 16 --repeat 2 --json "
+          "--backend reference");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  EXPECT_EQ(json_int(ref.out, "modules_compiled"), 0) << ref.out;  // the interpreter compiles nothing
+
+  write_sdpa_inputs(dir_, 5, 7);
+  const Result r = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy") +
+                       " -o " + tmp("o.npy") + " --stats");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("qkv: stats: 1 LLVM module(s) compiled in "), std::string::npos) << r.err;
+  const Result quiet = run("run sdpa --query " + tmp("q.npy") + " --key " + tmp("k.npy") + " --value " + tmp("v.npy") +
+                           " -o " + tmp("o.npy"));
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("stats"), std::string::npos) << quiet.err;
 }
 
 }  // namespace

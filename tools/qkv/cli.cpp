@@ -120,6 +120,7 @@ struct RunMhaFlags {
     cmd->add_option("--out,-o", o.out, "Output [B, L, E] .npy")->required();
     cmd->add_option("--weights-out", o.weights_out, "Attention weights .npy (implies --need-weights)");
     backend.add(cmd);
+    cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunMha get() {
     o.causal = causal.get();
@@ -151,6 +152,7 @@ struct RunSdpaFlags {
     cmd->add_option("--out,-o", o.out, "Output [B, H, L, Dv] .npy")->required();
     cmd->add_option("--weights-out", o.weights_out, "Attention weights [B, H, L, S] .npy");
     backend.add(cmd);
+    cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunSdpa get() {
     o.causal = causal.get();
@@ -188,6 +190,7 @@ struct RunEncoderFlags {
     causal.add(cmd);
     cmd->add_option("--out,-o", o.out, "Output [B, L, d_model] .npy")->required();
     backend.add(cmd);
+    cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunEncoder get() {
     o.causal = causal.get();
@@ -372,6 +375,11 @@ int run_cli(int argc, char** argv) {
       ->required();
   emit_cmd->add_option("--function", emit_opts.function,
                        "C name of the generated function (default qkv_<model>); not a keyword or a C library name");
+  emit_cmd
+      ->add_option("--dynamic", emit_opts.dynamic,
+                   "Sizes the function takes at run time as int64_t arguments, e.g. Batch,Seq,Key (cpu; "
+                   "default: every size fixed)")
+      ->delimiter(',');
   emit_cmd->add_option("--example-dir", emit_opts.example_dir,
                        "Also write the seeded inputs and the reference outputs there, one .npy per argument");
   auto* host_cmd = app.add_subcommand("host", "Print the host CPU as the code generator sees it");

@@ -35,6 +35,7 @@ struct RunMha {
   std::optional<std::string> causal;
   bool add_zero_attn = false, need_weights = false, per_head_weights = false;
   Backend backend = Backend::cpu;
+  bool stats = false;  // print what was compiled, and the time, to stderr
 };
 struct RunSdpa {
   std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
@@ -43,6 +44,7 @@ struct RunSdpa {
   double dropout = 0.0;
   std::uint64_t seed = 0;
   Backend backend = Backend::cpu;
+  bool stats = false;
 };
 struct RunEncoder {
   std::string weights, src, src_key_padding_mask, src_mask, out;
@@ -52,6 +54,7 @@ struct RunEncoder {
   double eps = 1e-5;
   std::optional<std::string> causal;
   Backend backend = Backend::cpu;
+  bool stats = false;
 };
 int run_mha(const RunMha& o);
 int run_sdpa(const RunSdpa& o);
@@ -103,6 +106,7 @@ struct Emit {
   int sm = 80;
   std::string format;  // ll | asm | obj | so | ptx (default: so for cpu, ptx for nvptx)
   std::string out, function, example_dir;
+  std::vector<std::string> dynamic;  // sizes left as run-time arguments of the generated function
 };
 int emit(const Emit& e);
 

@@ -203,12 +203,14 @@ int emit(const Emit& e) {
   if (e.out.empty()) throw UsageError("give the output file with -o / --out");
   if (e.target != "cpu" && e.target != "nvptx") throw UsageError("--target must be cpu or nvptx, not " + e.target);
   if (e.target == "nvptx" && !e.example_dir.empty()) throw UsageError("--example-dir goes with --target cpu");
+  if (e.target == "nvptx" && !e.dynamic.empty()) throw UsageError("--dynamic goes with --target cpu");
   const Instance in = instantiate(e.model);
   if (e.target == "nvptx") return emit_ptx(e, in);
 
   codegen::AotOptions options;
   options.cpu = e.cpu;
   options.function = e.function;
+  options.dynamic = e.dynamic;
   if (options.function.empty()) {  // qkv_sdpa, qkv_mha, qkv_encoder_layer
     options.function = "qkv_" + e.model.kind;
     std::replace(options.function.begin(), options.function.end(), '-', '_');

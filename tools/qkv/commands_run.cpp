@@ -1,11 +1,14 @@
 // qkv run mha | sdpa | encoder-layer | encoder: PyTorch's modules on .npy inputs and a
 // safetensors state dict, through the reference interpreter.
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cuda/executor.hpp>
+#include <qkv/codegen/jit.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -73,11 +76,21 @@ void stage_npy(OutputGroup& outputs, std::size_t i, const NdArray& array) {
 }
 
 namespace {
-/// Checks there is memory to run `g` on `feeds`, then runs it.
-RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend) {
+/// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
+/// was compiled for the run and how long it took.
+RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool stats) {
   require_memory(run_bytes(g, bind_extents(g, feeds), backend));
   const Activity running("running the model");
-  return run_graph(g, feeds, backend);
+  const codegen::JitStats before = codegen::jit_stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = run_graph(g, feeds, backend);
+  if (stats) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const codegen::JitStats after = codegen::jit_stats();
+    std::fprintf(stderr, "qkv: stats: %lld LLVM module(s) compiled in %.1f ms; the run took %.1f ms in all\n",
+                 static_cast<long long>(after.modules - before.modules), after.compile_ms - before.compile_ms, ms);
+  }
+  return r;
 }
 
 /// What the state dict's tensors take once imported (as f32).
@@ -277,7 +290,7 @@ int run_mha(const RunMha& o) {
     feeds["key"] = std::move(k);
     feeds["value"] = std::move(v);
   }
-  const RunResult r = run_model(build_mha(m), feeds, o.backend);
+  const RunResult r = run_model(build_mha(m), feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));
@@ -348,7 +361,7 @@ int run_sdpa(const RunSdpa& o) {
   if (m.kv_heads != H && m.masks.bias == Masks::Bias::per_head)
     throw IoError("a mask per batch and head cannot be combined with grouped-query attention (" +
                   std::to_string(m.kv_heads) + " key/value heads for " + std::to_string(H) + " query heads)");
-  const RunResult r = run_model(build_sdpa(m), feeds, o.backend);
+  const RunResult r = run_model(build_sdpa(m), feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));
@@ -413,7 +426,7 @@ int run_encoder(const RunEncoder& o) {
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, L);
   feeds["src"] = std::move(src);
-  const RunResult r = run_model(build_encoder(m), feeds, o.backend);
+  const RunResult r = run_model(build_encoder(m), feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));

@@ -10,6 +10,7 @@
 #include <span>
 #include <sstream>
 
+#include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
@@ -157,7 +158,9 @@ int bench(const Bench& b) {
   const Activity running("running the model");
   const bool bar = !b.json && isatty(STDOUT_FILENO);
   const double rss_before = peak_rss_mib();
+  const codegen::JitStats before = codegen::jit_stats();
   run_graph(in.graph, feeds, b.backend, b.threads);  // warm-up (and JIT compile), not counted
+  const codegen::JitStats warm = codegen::jit_stats();
   std::vector<double> ms;
   for (int i = 0; i < b.repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -177,20 +180,28 @@ int bench(const Bench& b) {
       sorted.size() % 2 ? sorted[sorted.size() / 2] : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
   const double gflops = in.flops / (median * 1e-3) / 1e9;
   const double peak = peak_rss_mib();
+  const codegen::JitStats after = codegen::jit_stats();
+  // Modules compiled by the warm-up, and by the timed runs (0: one compilation per shape class).
+  const long long modules = after.modules - before.modules, modules_timed = after.modules - warm.modules;
+  const double compile_ms = after.compile_ms - before.compile_ms;
   const auto& s = b.model;
   if (b.json) {
     std::printf(
         "{\"model\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"seq\": %lld, \"kv_seq\": %lld, \"head_dim\": %lld, "
         "\"causal\": %s, \"backend\": \"%s\", \"repeat\": %d, \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
-        "\"gflops\": %.6g, \"peak_mem_mib\": %.6g}\n",
+        "\"gflops\": %.6g, \"peak_mem_mib\": %.6g, \"modules_compiled\": %lld, \"modules_compiled_timed\": %lld, "
+        "\"compile_ms\": %.6g}\n",
         s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
         static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
         s.causal ? "true" : "false",
         b.backend == Backend::reference ? "reference" : (b.backend == Backend::cuda ? "cuda" : "cpu"), b.repeat, median,
-        sorted.front(), sorted.back(), gflops, peak);
+        sorted.front(), sorted.back(), gflops, peak, modules, modules_timed, compile_ms);
   } else {
-    std::printf("%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f)\n",
-                s.kind.c_str(), median, sorted.front(), sorted.back(), b.repeat, gflops, peak, peak - rss_before);
+    std::printf(
+        "%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f); "
+        "%lld LLVM module(s) compiled in %.1f ms\n",
+        s.kind.c_str(), median, sorted.front(), sorted.back(), b.repeat, gflops, peak, peak - rss_before, modules,
+        compile_ms);
   }
   return 0;
 }

@@ -1,8 +1,8 @@
 // The fused attention kernel, part 1: choosing the blocking, the function and its arguments, the
 // geometry of a task (which tiles to visit, which need masks), the stack state, the sweeps over
 // the K/V tiles and the epilogue. The tile body is in attention_tile.cpp.
-#include "llvm/vector_math.hpp"
 #include "cpu/kernels/attention_kernel.hpp"
+#include "llvm/vector_math.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -40,9 +40,9 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "cpu/kernels/gemm_kernel.hpp"
-#include "llvm/ir_util.hpp"
 #include "cpu/schedule.hpp"
 #include "cpu/thread_pool.hpp"
+#include "llvm/ir_util.hpp"
 
 namespace qkv::codegen::cpu {
 

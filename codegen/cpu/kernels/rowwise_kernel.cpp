@@ -34,9 +34,9 @@
 
 #include <qkv/codegen/jit.hpp>
 
-#include "llvm/ir_util.hpp"
 #include "cpu/kernels/rowwise_kernel.hpp"
 #include "cpu/thread_pool.hpp"
+#include "llvm/ir_util.hpp"
 #include "llvm/vector_math.hpp"
 
 namespace qkv::codegen::cpu {

@@ -32,16 +32,16 @@
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 
-#include "lowering/graph_util.hpp"
-#include "cpu/module/threads_ir.hpp"
 #include "cpu/kernels/attention_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
+#include "cpu/kernels/rowwise_kernel.hpp"
+#include "cpu/module/threads_ir.hpp"
+#include "cpu/schedule.hpp"
 #include "llvm/ir_int.hpp"
 #include "llvm/ir_util.hpp"
 #include "llvm/philox_ir.hpp"
-#include "cpu/kernels/rowwise_kernel.hpp"
-#include "cpu/schedule.hpp"
 #include "llvm/vector_math.hpp"
+#include "lowering/graph_util.hpp"
 
 namespace qkv::codegen::cpu {
 
@@ -140,8 +140,10 @@ class ModuleBuilder {
   /// then() when c holds, else otherwise(); one of them alone when c is a constant.
   void branch(const ir::Bool& c, const std::function<void()>& then, const std::function<void()>& otherwise = {}) {
     if (auto k = c.constant()) {
-      if (*k) then();
-      else if (otherwise) otherwise();
+      if (*k)
+        then();
+      else if (otherwise)
+        otherwise();
       return;
     }
     auto* yes = llvm::BasicBlock::Create(ctx_, "then", fn_);
@@ -323,7 +325,8 @@ class ModuleBuilder {
         buf_[i] = block(layout, plan_.alloc[i], arena);
     }
     for (const auto& [id, k] : plan_.mask_bias) mask_bias_[id] = block(layout, k, arena);
-    for (const auto& [id, k] : plan_.gemm) gemm_blocks_[id] = {block(layout, k.first, arena), block(layout, k.second, arena)};
+    for (const auto& [id, k] : plan_.gemm)
+      gemm_blocks_[id] = {block(layout, k.first, arena), block(layout, k.second, arena)};
     for (const auto& [id, k] : plan_.weights)
       if (k >= 0) weights_[id] = block(layout, k, arena);
     for (int id = 0; id < static_cast<int>(g_.size()); ++id)
@@ -500,8 +503,9 @@ class ModuleBuilder {
   void emit_add_same(int id) {
     const Node& n = g_.node(id);
     llvm::Function* kernel = rowwise("qkv_add");
-    parallel_ranges(numel(shape(id)), 16384, 64, c64(1), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
-                    [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0.v(), i1.v()}); });
+    parallel_ranges(
+        numel(shape(id)), 16384, 64, c64(1), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
+        [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0.v(), i1.v()}); });
   }
 
   void emit_slice(int id) {
@@ -827,9 +831,17 @@ class ModuleBuilder {
     // AttentionArgs, field by field (attention.hpp: its layout is the kernel ABI).
     auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_});
     llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "attention_args");
-    const Values fields{buf(n.inputs[0]), buf(n.inputs[1]), buf(n.inputs[2]), buf(id),
-                        weights,          keep,             bias,             batch.v(),
-                        lq.v(),           lk.v(),           c64(static_cast<std::int64_t>(call.seed)).v()};
+    const Values fields{buf(n.inputs[0]),
+                        buf(n.inputs[1]),
+                        buf(n.inputs[2]),
+                        buf(id),
+                        weights,
+                        keep,
+                        bias,
+                        batch.v(),
+                        lq.v(),
+                        lk.v(),
+                        c64(static_cast<std::int64_t>(call.seed)).v()};
     for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
     const std::int64_t rows = cfg.query_rows();
     const I blocks = ceil_div(lq, rows), bh = batch * spec.hq;

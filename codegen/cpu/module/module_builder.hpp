@@ -46,10 +46,10 @@ struct ModulePlan {
     int start = 0, end = 0;  // node ids between which it is live (inclusive)
     int slot = 0;
   };
-  Bindings fixed;                     // the sizes the code is specialised on
-  std::vector<std::string> dynamic;   // the run-time sizes, in argument order
-  std::vector<int> alloc;             // per node: its block, -1 for leaves, views and in-place outputs
-  std::vector<int> output_arg;        // per node: the output argument it is computed into, or -1
+  Bindings fixed;                           // the sizes the code is specialised on
+  std::vector<std::string> dynamic;         // the run-time sizes, in argument order
+  std::vector<int> alloc;                   // per node: its block, -1 for leaves, views and in-place outputs
+  std::vector<int> output_arg;              // per node: the output argument it is computed into, or -1
   std::map<int, AttentionCall> attention;   // fused_attention id -> its call
   std::map<int, int> weights;               // fused_attention id -> block of its weights
   std::map<int, int> mask_bias;             // fused_attention id -> block of its combined bias

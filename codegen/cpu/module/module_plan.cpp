@@ -10,9 +10,9 @@
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 
-#include "lowering/graph_util.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/module/module_builder.hpp"
+#include "lowering/graph_util.hpp"
 
 namespace qkv::codegen::cpu {
 
@@ -107,8 +107,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     return std::max<std::int64_t>(0, kTypicalSize * e.num / e.den + e.plus);
   };
   std::vector<Lifetime> lives;
-  for (const auto& a : plan.allocs)
-    lives.push_back({a.start, a.end, block_bytes<std::int64_t>(g, plan, a, estimate)});
+  for (const auto& a : plan.allocs) lives.push_back({a.start, a.end, block_bytes<std::int64_t>(g, plan, a, estimate)});
   const std::vector<int> slot = assign_slots(lives);
   for (std::size_t k = 0; k < slot.size(); ++k) {
     plan.allocs[k].slot = slot[k];

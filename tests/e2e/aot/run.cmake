@@ -22,6 +22,16 @@ step(readelf -d ${WORK}/mha.so)
 if(last_output MATCHES "NEEDED[^\n]*(qkv|LLVM|stdc\\+\\+)")
   message(FATAL_ERROR "mha.so depends on a qkv/LLVM/C++ library:\n${last_output}")
 endif()
-step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} ${SRC}/mha_main.c ${WORK}/mha.so -Wl,-rpath,${WORK} -lm
+step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} -I${SRC} ${SRC}/mha_main.c ${WORK}/mha.so -Wl,-rpath,${WORK} -lm
      -o ${WORK}/mha_main)
 step(${WORK}/mha_main ${WORK}/example)
+
+# The same model with Batch, Seq and Key left as run-time sizes: one library, called by a C program
+# at the sizes of two example directories (written by emits at other sizes).
+step(${QKV} emit mha --batch 3 --heads 4 --seq 37 --embed-dim 64 --padding --seed 11 --dynamic Batch,Seq,Key
+     --target cpu --format so --function mha_dyn -o ${WORK}/mha_dyn.so --example-dir ${WORK}/example_37)
+step(${QKV} emit mha --batch 2 --heads 4 --seq 90 --embed-dim 64 --padding --seed 12
+     --target cpu --format so --function mha_other -o ${WORK}/other.so --example-dir ${WORK}/example_90)
+step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} -I${SRC} ${SRC}/mha_dynamic_main.c ${WORK}/mha_dyn.so
+     -Wl,-rpath,${WORK} -lm -o ${WORK}/mha_dynamic_main)
+step(${WORK}/mha_dynamic_main ${WORK}/example_37 3 37 ${WORK}/example_90 2 90)

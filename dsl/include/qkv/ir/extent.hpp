@@ -70,8 +70,7 @@ struct Extent {
     if (is_static()) {
       e.value /= k;
     } else {
-      if (plus % k != 0)
-        internal_error("cannot divide " + str() + " by " + std::to_string(k));
+      if (plus % k != 0) internal_error("cannot divide " + str() + " by " + std::to_string(k));
       e.den *= k;
       e.plus /= k;
       e.reduce();

@@ -47,10 +47,10 @@ struct OpInfo {
   Op op;
   std::string_view name;
   int min_inputs = 0, max_inputs = 0;  // max -1: any number
-  bool view = false;        // shares its input's memory (same bytes under other axes)
-  bool keeps_axes = false;  // the output has exactly its first input's axes, in order
-  bool codegen_only = false;  // made by the pass pipeline, never by the DSL
-  std::string_view attributes;  // what attr_axes / scalar / seed / align / mask / offset / dim mean
+  bool view = false;                   // shares its input's memory (same bytes under other axes)
+  bool keeps_axes = false;             // the output has exactly its first input's axes, in order
+  bool codegen_only = false;           // made by the pass pipeline, never by the DSL
+  std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
 inline constexpr std::array<OpInfo, 26> kOps{{
@@ -95,11 +95,13 @@ constexpr const OpInfo& op_info(Op op) {
   return k < kOps.size() ? kOps[k] : kUnknownOp;
 }
 
-static_assert([] {
-  for (std::size_t k = 0; k < kOps.size(); ++k)
-    if (static_cast<std::size_t>(kOps[k].op) != k) return false;
-  return true;
-}(), "kOps must list the ops in the order of the enum");
+static_assert(
+    [] {
+      for (std::size_t k = 0; k < kOps.size(); ++k)
+        if (static_cast<std::size_t>(kOps[k].op) != k) return false;
+      return true;
+    }(),
+    "kOps must list the ops in the order of the enum");
 
 inline std::string_view op_name(Op op) { return op_info(op).name; }
 

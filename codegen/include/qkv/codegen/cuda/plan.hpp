@@ -19,7 +19,6 @@
 
 namespace qkv::codegen::cuda {
 
-
 /// The sm the kernels are emitted for on a GPU of compute capability major.minor: the largest
 /// supported sm (80, 86, 87, 89, 90) not above it. Throws std::runtime_error below 8.0.
 int pick_sm(int cc_major, int cc_minor);
@@ -63,7 +62,7 @@ struct Step {
   /// gpu, fused attention with bias terms: the [L, S] bias built on the host from the node's mask
   /// inputs (call.bias_terms) and uploaded to buffer `bias_buffer` before the launch.
   int bias_buffer = -1;
-  int weights_buffer = -1;                              // fused attention with write_weights: where the weights go
+  int weights_buffer = -1;                         // fused attention with write_weights: where the weights go
   std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
 };
 

@@ -11,23 +11,23 @@
 namespace qkv::codegen {
 
 enum class KernelKind : std::uint8_t {
-  leaf,               // input / param: the caller's buffer
-  view,               // split, merge, rename, view: the input's memory under other axes (no code)
-  fused_attention,    // the flash-style attention kernel
-  attention_weights,  // written by its fused_attention input (no code of its own)
-  gemm,               // linear whose features are the contiguous axis: y = x·Wᵀ + b
-  linear_strided,     // linear over another axis
-  layer_norm_rows,    // layer norm over the contiguous axis: independent rows
-  layer_norm_strided, // layer norm over another axis
-  unary,              // relu, gelu, scale: one value in, one out, same layout
-  add_same,           // add of two tensors with the same axes and sizes (the residual add)
-  broadcast_binary,   // add, mul, bias, keep_mask with the rhs broadcast by name
-  strided_copy,       // permute, broadcast, slice, concat: a strided read into a dense write
-  fill,               // a constant
-  softmax,            // along one axis, max-subtracted, empty rows → 0
-  causal,             // the causal mask outside a fused attention
-  dropout,            // the counter-based dropout outside a fused attention
-  contract,           // a general contraction outside a fused attention
+  leaf,                // input / param: the caller's buffer
+  view,                // split, merge, rename, view: the input's memory under other axes (no code)
+  fused_attention,     // the flash-style attention kernel
+  attention_weights,   // written by its fused_attention input (no code of its own)
+  gemm,                // linear whose features are the contiguous axis: y = x·Wᵀ + b
+  linear_strided,      // linear over another axis
+  layer_norm_rows,     // layer norm over the contiguous axis: independent rows
+  layer_norm_strided,  // layer norm over another axis
+  unary,               // relu, gelu, scale: one value in, one out, same layout
+  add_same,            // add of two tensors with the same axes and sizes (the residual add)
+  broadcast_binary,    // add, mul, bias, keep_mask with the rhs broadcast by name
+  strided_copy,        // permute, broadcast, slice, concat: a strided read into a dense write
+  fill,                // a constant
+  softmax,             // along one axis, max-subtracted, empty rows → 0
+  causal,              // the causal mask outside a fused attention
+  dropout,             // the counter-based dropout outside a fused attention
+  contract,            // a general contraction outside a fused attention
 };
 
 /// The kind that runs node `id`.
