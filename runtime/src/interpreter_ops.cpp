@@ -73,11 +73,16 @@ std::size_t axis_pos(const OpArgs& a, const std::vector<Axis>& axes, std::string
   internal_error(where(a) + std::string(whose) + " " + axes_str(axes) + " has no axis `" + std::string(name) + "`");
 }
 
-void expect_inputs(const OpArgs& a, std::size_t lo, std::size_t hi) {
+/// The number of inputs the op table (qkv/ir/ops.hpp) gives the node's op.
+void expect_inputs(const OpArgs& a) {
+  const OpInfo& op = op_info(a.node.op);
+  const auto lo = static_cast<std::size_t>(op.min_inputs);
+  const std::size_t hi = op.max_inputs < 0 ? std::numeric_limits<std::size_t>::max()
+                                           : static_cast<std::size_t>(op.max_inputs);
   const std::size_t n = a.in.size();
   if (n < lo || n > hi)
     internal_error(where(a) + "expects " +
-                   (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + std::to_string(hi)) + " inputs, has " +
+                   (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + (op.max_inputs < 0 ? "" : std::to_string(hi))) + " inputs, has " +
                    std::to_string(n));
 }
 
@@ -145,7 +150,7 @@ void expect_same_size(const OpArgs& a, const std::string& axis, std::int64_t lhs
 }
 
 Value unary_map(const OpArgs& a, float (*f)(float)) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   Value out{a.in[0]->shape, a.in[0]->data};
   for (float& x : out.data) x = f(x);
   return out;
@@ -155,7 +160,7 @@ Value unary_map(const OpArgs& a, float (*f)(float)) {
 
 /// out[o] = Σ_c lhs[o, c] · rhs[o, c], axes matched by name; accumulated in double.
 Value op_contract(const OpArgs& a) {
-  expect_inputs(a, 2, 2);
+  expect_inputs(a);
   expect_attrs(a, 1);
   const Node &ln = *a.in_nodes[0], &rn = *a.in_nodes[1];
   const Value &L = *a.in[0], &R = *a.in[1];
@@ -213,7 +218,7 @@ Value op_contract(const OpArgs& a) {
 
 /// add / mul / bias / keep_mask: the rhs is broadcast into the lhs by axis name.
 Value op_broadcast(const OpArgs& a) {
-  expect_inputs(a, 2, 2);
+  expect_inputs(a);
   const Node &xn = *a.in_nodes[0], &yn = *a.in_nodes[1];
   const Value &X = *a.in[0], &Y = *a.in[1];
   for (std::size_t j = 0; j < yn.axes.size(); ++j)
@@ -244,7 +249,7 @@ Value op_broadcast(const OpArgs& a) {
 
 /// x * scalar, or x / sqrt(d) with d the bound size of node.dim; the factor in double.
 Value op_scale(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   double factor = a.node.scalar;
   if (a.node.dim) {
     const auto d = a.node.dim->resolve(a.bindings);
@@ -258,7 +263,7 @@ Value op_scale(const OpArgs& a) {
 
 /// split / view: the data unchanged under the declared shape.
 Value op_reshape(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   if (a.node.op == Op::split) {
     expect_attrs(a, 2);
     axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
@@ -274,7 +279,7 @@ Value op_reshape(const OpArgs& a) {
 
 /// merge: two adjacent axes into one, data unchanged.
 Value op_merge(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   expect_attrs(a, 3);
   const auto& in_axes = a.in_nodes[0]->axes;
   const std::size_t ia = axis_pos(a, in_axes, a.node.attr_axes[0], "input");
@@ -290,7 +295,7 @@ Value op_merge(const OpArgs& a) {
 
 /// rename: the same data under a new axis name.
 Value op_rename(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   expect_attrs(a, 2);
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
   if (axis_pos(a, a.node.axes, a.node.attr_axes[1], "output") != p) internal_error(where(a) + "the renamed axis moved");
@@ -299,7 +304,7 @@ Value op_rename(const OpArgs& a) {
 
 /// permute: out[idx] = in[the same indices, read by name].
 Value op_permute(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   const Node& xn = *a.in_nodes[0];
   const Value& X = *a.in[0];
   if (xn.axes.size() != a.node.axes.size())
@@ -316,7 +321,7 @@ Value op_permute(const OpArgs& a) {
 
 /// broadcast: the input repeated along the output axes it lacks (matched by name).
 Value op_broadcast_to(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   const Node& xn = *a.in_nodes[0];
   const Value& X = *a.in[0];
   const Shape out_shape = declared_shape(a);
@@ -332,7 +337,7 @@ Value op_broadcast_to(const OpArgs& a) {
 
 /// fill: the constant `scalar` in the node's shape (booleans: nonzero is true).
 Value op_fill(const OpArgs& a) {
-  expect_inputs(a, 0, 0);
+  expect_inputs(a);
   const Shape out_shape = declared_shape(a);
   const float v =
       a.node.dtype == DType::boolean ? (a.node.scalar != 0.0 ? 1.0f : 0.0f) : static_cast<float>(a.node.scalar);
@@ -341,7 +346,7 @@ Value op_fill(const OpArgs& a) {
 
 /// softmax over attr_axes[0]: max-subtracted, sums in double; an all −inf row gives zeros.
 Value op_softmax(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   expect_attrs(a, 1);
   const Value& X = *a.in[0];
   const Around r = around(X.shape, axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input"));
@@ -370,7 +375,7 @@ Value op_softmax(const OpArgs& a) {
 /// causal: entry (i, j) of query i and key j is kept iff j <= i (top-left) or j <= i + S - L
 /// (bottom-right); the others become −inf.
 Value op_causal(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   expect_attrs(a, 2);
   const Value& X = *a.in[0];
   const std::size_t pq = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
@@ -388,7 +393,7 @@ Value op_causal(const OpArgs& a) {
 /// col = last index, row = second-to-last, batch = first when rank >= 3, head = the row-major
 /// flattened index over the axes strictly between the first and the second-to-last.
 Value op_dropout(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   const Value& X = *a.in[0];
   const double p = a.node.scalar;
   if (!(p >= 0.0 && p < 1.0))
@@ -413,7 +418,7 @@ Value op_dropout(const OpArgs& a) {
 
 /// concat along attr_axes[0], in input order; the axis is called attr_axes[1] in the output.
 Value op_concat(const OpArgs& a) {
-  expect_inputs(a, 1, std::numeric_limits<std::size_t>::max());
+  expect_inputs(a);
   expect_attrs(a, 2);
   const auto& axes0 = a.in_nodes[0]->axes;
   const std::size_t p = axis_pos(a, axes0, a.node.attr_axes[0], "input");
@@ -443,7 +448,7 @@ Value op_concat(const OpArgs& a) {
 
 /// slice: output axis attr_axes[1] (extent P) is input axis attr_axes[0] at [offset*P, (offset+1)*P).
 Value op_slice(const OpArgs& a) {
-  expect_inputs(a, 1, 1);
+  expect_inputs(a);
   expect_attrs(a, 2);
   const Value& X = *a.in[0];
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
@@ -467,7 +472,7 @@ Value op_slice(const OpArgs& a) {
 
 /// layer_norm over attr_axes[0] (PyTorch: biased variance, eps inside the square root).
 Value op_layer_norm(const OpArgs& a) {
-  expect_inputs(a, 3, 3);
+  expect_inputs(a);
   expect_attrs(a, 1);
   const Value &X = *a.in[0], &G = *a.in[1], &B = *a.in[2];
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
@@ -504,7 +509,7 @@ Value op_layer_norm(const OpArgs& a) {
 /// linear (x, W[out, in], b?[out]): x's axis attr_axes[0] becomes attr_axes[1] in place;
 /// y[.., o, ..] = Σ_i x[.., i, ..]·W[o, i] + b[o], accumulated in double.
 Value op_linear(const OpArgs& a) {
-  expect_inputs(a, 2, 3);
+  expect_inputs(a);
   expect_attrs(a, 2);
   const Value &X = *a.in[0], &W = *a.in[1];
   const Value* bias = a.in.size() == 3 ? a.in[2] : nullptr;
