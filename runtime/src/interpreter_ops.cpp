@@ -77,13 +77,14 @@ std::size_t axis_pos(const OpArgs& a, const std::vector<Axis>& axes, std::string
 void expect_inputs(const OpArgs& a) {
   const OpInfo& op = op_info(a.node.op);
   const auto lo = static_cast<std::size_t>(op.min_inputs);
-  const std::size_t hi = op.max_inputs < 0 ? std::numeric_limits<std::size_t>::max()
-                                           : static_cast<std::size_t>(op.max_inputs);
+  const std::size_t hi =
+      op.max_inputs < 0 ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(op.max_inputs);
   const std::size_t n = a.in.size();
   if (n < lo || n > hi)
-    internal_error(where(a) + "expects " +
-                   (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + (op.max_inputs < 0 ? "" : std::to_string(hi))) + " inputs, has " +
-                   std::to_string(n));
+    internal_error(
+        where(a) + "expects " +
+        (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + (op.max_inputs < 0 ? "" : std::to_string(hi))) +
+        " inputs, has " + std::to_string(n));
 }
 
 void expect_attrs(const OpArgs& a, std::size_t n) {
