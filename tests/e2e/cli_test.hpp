@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -22,7 +25,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -146,19 +148,26 @@ class Cli : public ::testing::Test {
   static Result wait(const Process& p) {
     Result r;
     int status = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(p.limits.timeout_s);
     rusage usage{};
-    for (;;) {
-      const pid_t done = ::wait4(p.pid, &status, WNOHANG, &usage);
-      if (done == p.pid) break;
-      if (std::chrono::steady_clock::now() > deadline) {
+    // The child's pidfd becomes readable when it exits: poll it with the timeout (no sleeping),
+    // then reap it; on a timeout it is killed first.
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+    if (fd >= 0) {
+      pollfd exited{fd, POLLIN, 0};
+      int ready = 0;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(p.limits.timeout_s);
+      do {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        ready = ::poll(&exited, 1, static_cast<int>(std::max<std::int64_t>(0, left.count())));
+      } while (ready < 0 && errno == EINTR);
+      ::close(fd);
+      if (ready == 0) {
         ::kill(p.pid, SIGKILL);
-        ::wait4(p.pid, &status, 0, &usage);
         r.timed_out = true;
-        break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    ::wait4(p.pid, &status, 0, &usage);  // without pidfd_open (Linux < 5.3): no timeout, just wait
     auto seconds = [](const timeval& t) {
       return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
     };
