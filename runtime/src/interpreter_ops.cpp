@@ -390,6 +390,61 @@ Value op_causal(const OpArgs& a) {
   return out;
 }
 
+/// score_mod: out = keep ? score' : −inf per entry, the expression evaluated in double over
+/// the entry's coordinates (mod_eval in qkv/ir/mod_expr.hpp: the reference semantics).
+Value op_score_mod(const OpArgs& a) {
+  expect_inputs(a);
+  if (!a.node.mod) internal_error(where(a) + "a score_mod node without its expression");
+  const ModExpr& e = *a.node.mod;
+  const Value& X = *a.in[0];
+  const auto& axes = a.in_nodes[0]->axes;
+  for (std::size_t i = 0; i < e.nodes.size(); ++i) {
+    const ModNode& n = e.nodes[i];
+    if (n.op == ModOp::index || n.op == ModOp::position || n.op == ModOp::length) axis_pos(a, axes, n.axis, "scores");
+    if (n.op == ModOp::load) {
+      if (n.input < 1 || static_cast<std::size_t>(n.input) >= a.in.size() ||
+          a.in[static_cast<std::size_t>(n.input)]->shape.size() != n.at.size())
+        internal_error(where(a) + "load " + std::to_string(i) + " does not match an input of the node");
+    }
+  }
+  if (!e.query.empty()) {
+    axis_pos(a, axes, e.query, "scores");
+    axis_pos(a, axes, e.key, "scores");
+  }
+  Shape idx(X.shape.size(), 0);
+  struct Env {
+    const OpArgs& a;
+    const std::vector<Axis>& axes;
+    const Value& x;
+    const Shape& idx;
+    [[nodiscard]] std::size_t pos(const std::string& axis) const {
+      for (std::size_t k = 0; k < axes.size(); ++k)
+        if (axes[k].name == axis) return k;
+      return 0;  // checked above
+    }
+    [[nodiscard]] double index(const std::string& axis) const { return static_cast<double>(idx[pos(axis)]); }
+    [[nodiscard]] double length(const std::string& axis) const { return static_cast<double>(x.shape[pos(axis)]); }
+    [[nodiscard]] std::int64_t extent(int input, std::size_t k) const {
+      return a.in[static_cast<std::size_t>(input)]->shape[k];
+    }
+    [[nodiscard]] double load(int input, const std::vector<double>& at) const {
+      const Value& t = *a.in[static_cast<std::size_t>(input)];
+      std::int64_t off = 0;
+      for (std::size_t k = 0; k < at.size(); ++k) off = off * t.shape[k] + static_cast<std::int64_t>(at[k]);
+      return t.data.empty() ? 0.0 : static_cast<double>(t.data[static_cast<std::size_t>(off)]);
+    }
+  } env{a, axes, X, idx};
+  Value out{X.shape, X.data};
+  std::vector<double> v;
+  for (std::size_t i = 0; i < out.data.size(); ++i, next_index(idx, X.shape)) {
+    mod_eval(e, static_cast<double>(X.data[i]), env, v);
+    const bool keep = e.keep < 0 || v[static_cast<std::size_t>(e.keep)] != 0.0;
+    const double s = e.score < 0 ? X.data[i] : v[static_cast<std::size_t>(e.score)];
+    out.data[i] = keep ? static_cast<float>(s) : kNegInf;
+  }
+  return out;
+}
+
 /// dropout: keep iff dropout_keep(p, seed, batch, head, row, col); kept entries scaled 1/(1-p).
 /// col = last index, row = second-to-last, batch = first when rank >= 3, head = the row-major
 /// flattened index over the axes strictly between the first and the second-to-last.
@@ -578,6 +633,8 @@ Value eval_op(const OpArgs& a) {
       return op_softmax(a);
     case Op::causal:
       return op_causal(a);
+    case Op::score_mod:
+      return op_score_mod(a);
     case Op::dropout:
       return op_dropout(a);
     case Op::concat:

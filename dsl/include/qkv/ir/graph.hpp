@@ -19,6 +19,7 @@
 #include <qkv/ir/dtype.hpp>
 #include <qkv/ir/extent.hpp>
 #include <qkv/ir/hash.hpp>
+#include <qkv/ir/mod_expr.hpp>
 #include <qkv/ir/ops.hpp>
 
 namespace qkv {
@@ -29,7 +30,6 @@ struct Axis {
   friend bool operator==(const Axis&, const Axis&) = default;
 };
 
-enum class CausalAlign : std::uint8_t { top_left, bottom_right };
 enum class MaskKind : std::uint8_t { keep, key_padding, attention };
 
 /// What a fused attention node computes, in terms of the axes of its inputs (made by the
@@ -37,8 +37,9 @@ enum class MaskKind : std::uint8_t { keep, key_padding, attention };
 ///   out = dropout(softmax_key(scale * contract_dk(q, k) + masks, causal)) contracted with v over key
 /// q has axes batch ++ heads ++ group ++ [query, dk], k has batch ++ heads ++ [key, dk], v has
 /// batch ++ heads ++ [key, dv] (each in some order the executor lays out); `group` axes are the
-/// query heads that share a key/value head (GQA). Masks (inputs 3...) are bool keep-masks or
-/// float biases over a subset of the score axes.
+/// query heads that share a key/value head (GQA). Every score and mask modification — biases,
+/// keep-masks, causal, score_mod nodes — is folded into `mod`, an expression over the score
+/// axes (batch ++ heads ++ group ++ [query, key]) whose loads read the node's inputs 3...
 struct AttentionAttrs {
   std::vector<std::string> batch, heads, group;
   std::string query, key, dk, dv;
@@ -49,6 +50,7 @@ struct AttentionAttrs {
   double dropout = 0.0;
   std::uint64_t seed = 0;
   bool write_weights = false;
+  ModExpr mod;  // applied after the scale: out = keep ? score' : −inf (mod_expr.hpp)
   friend bool operator==(const AttentionAttrs&, const AttentionAttrs&) = default;
 };
 
@@ -67,6 +69,7 @@ struct Node {
   std::int64_t offset = 0;                  // slice: which part (in units of the output extent)
   std::optional<Extent> dim;                // scale: divide by sqrt(dim) (a dynamic contracted extent)
   std::optional<AttentionAttrs> attention;  // fused_attention only
+  std::optional<ModExpr> mod;               // score_mod only
 
   friend bool operator==(const Node&, const Node&) = default;
 };
@@ -220,7 +223,10 @@ inline std::uint64_t Graph::hash() const {
       if (at->scale_dim) mix_extent(*at->scale_dim);
       h.i(at->causal).i(static_cast<std::int64_t>(at->align)).d(at->dropout).i(static_cast<std::int64_t>(at->seed));
       h.i(at->write_weights);
+      mix_hash(h, at->mod);
     }
+    h.i(n.mod.has_value());
+    if (n.mod) mix_hash(h, *n.mod);
   }
   for (const auto& o : outputs_) h.i(o.node).str(o.name);
   for (const auto& c : constraints_) {

@@ -41,6 +41,7 @@ enum class Op : std::uint8_t {
   fused_attention,
   attention_weights,
   slice,
+  score_mod,
 };
 
 struct OpInfo {
@@ -53,7 +54,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 26> kOps{{
+inline constexpr std::array<OpInfo, 27> kOps{{
     {Op::input, "input", 0, 0, false, false, false, "name: the feed"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
     {Op::contract, "contract", 2, 2, false, false, false,
@@ -84,6 +85,8 @@ inline constexpr std::array<OpInfo, 26> kOps{{
      "the weights its fused_attention input wrote (write_weights)"},
     {Op::slice, "slice", 1, 1, false, false, false,
      "part `offset` of attr_axes[0]: [offset*P, (offset+1)*P), P the extent of attr_axes[1]"},
+    {Op::score_mod, "score_mod", 1, -1, false, true, false,
+     "(scores, captured tensors...): mod (ModExpr): keep ? score' : -inf per entry"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.
