@@ -33,7 +33,7 @@ std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered
   impl->jit = Jit::create(&error);
   if (!impl->jit) throw ToolError("compiling the graph: " + error);
   const ModulePlan plan = plan_module(lowered, fixed, impl->jit->target());
-  impl->signature = module_signature(lowered, AotOptions{.function = function}, plan);
+  impl->signature = module_signature(lowered, AotOptions{.function = function, .dynamic = {}}, plan);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = build_graph_module(*context, lowered, impl->signature, plan, impl->jit->target(), function, false);
   if (!impl->jit->add(std::move(module), std::move(context), &error)) throw ToolError("compiling the graph: " + error);

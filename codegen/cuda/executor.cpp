@@ -195,18 +195,6 @@ class Executor {
       case Step::Kind::weights:
         return;
       case Step::Kind::gpu: {
-        if (s.bias_buffer >= 0) {
-          std::vector<NdArray> in(n.inputs.size());
-          std::vector<const NdArray*> ptrs(n.inputs.size(), nullptr);
-          for (const auto& term : s.call->bias_terms) {
-            const auto k = static_cast<std::size_t>(term.input);
-            in[k] = download(n.inputs[k]);
-            ptrs[k] = &in[k];
-          }
-          std::vector<float> bias;
-          combine_masks(*s.call, ptrs, nullptr, &bias);
-          m_.upload(address(s.bias_buffer), bias.data(), bias.size() * sizeof(float));
-        }
         for (const Launch& l : s.launches) {
           std::vector<ParamValue> values(l.args.size());
           for (std::size_t a = 0; a < l.args.size(); ++a) {
@@ -243,9 +231,8 @@ class Executor {
     }
     // An attention no GPU tiling fits: the CPU's fused kernel.
     const FusedAttentionCall& call = *s.call;
-    std::vector<std::uint8_t> keep;
-    std::vector<float> bias;
-    combine_masks(call, ptrs, &keep, &bias);
+    std::vector<const void*> tensors;
+    for (int m : call.tensor_inputs) tensors.push_back(in[static_cast<std::size_t>(m)].bytes.data());
     cpu::AttentionArgs args;
     args.batch = call.batch;
     args.len_q = call.len_q;
@@ -254,8 +241,8 @@ class Executor {
     args.q = in[0].as<float>().data();
     args.k = in[1].as<float>().data();
     args.v = in[2].as<float>().data();
-    args.key_keep = keep.empty() ? nullptr : keep.data();
-    args.bias = bias.empty() ? nullptr : bias.data();
+    args.tensors = tensors.data();
+    args.extents = call.tensor_extents.data();
     NdArray out = NdArray::zeros(DType::f32, call.out_shape), weights;
     args.out = out.as<float>().data();
     if (call.spec.write_weights) {

@@ -280,11 +280,8 @@ class Planner {
     if (!kernel) return host(id, why);
     Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
     if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
-    if (!call->bias_terms.empty())
-      s.bias_buffer = new_buffer(static_cast<std::size_t>(call->len_q * call->len_k) * 4, id);
-    const Arg key_keep = call->key_padding_input >= 0
-                             ? Arg::buf(buf(n.inputs[static_cast<std::size_t>(call->key_padding_input)]))
-                             : Arg::null();
+    if (!spec.mod.empty()) return host(id, "score / mask modifications have no GPU kernel yet");
+    const Arg key_keep = Arg::null();
     s.kind = Step::Kind::gpu;
     launch(id, *kernel, grid,
            {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),

@@ -8,4 +8,5 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ir_util.cpp
   ${CMAKE_CURRENT_LIST_DIR}/vector_math.cpp
   ${CMAKE_CURRENT_LIST_DIR}/philox_ir.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/mod_ir.cpp
 )

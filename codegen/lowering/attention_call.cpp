@@ -1,4 +1,5 @@
 #include <qkv/codegen/lowering/attention_call.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -20,10 +21,6 @@ std::int64_t bound(const Extent& e, const std::string& name, const Bindings& b) 
   auto v = e.resolve(b);
   if (!v) throw ShapeError("execute: `" + name + "` (" + e.str() + ") is not bound");
   return *v;
-}
-
-bool has(const std::vector<Axis>& axes, const std::string& name) {
-  return std::any_of(axes.begin(), axes.end(), [&](const Axis& x) { return x.name == name; });
 }
 
 }  // namespace
@@ -59,8 +56,6 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
   double scale = a.scale;
   if (a.scale_dim) scale /= std::sqrt(static_cast<double>(bound(*a.scale_dim, "the attention scale's extent", b)));
   spec.scale = scale;
-  spec.causal = a.causal;
-  spec.align = a.align;
   spec.dropout_p = a.dropout;
   spec.write_weights = a.write_weights;
 
@@ -68,18 +63,27 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
   call.len_q = axis(q_axes, a.query).extent;
   call.len_k = axis(g.node(n.inputs[1]).axes, a.key).extent;
   call.seed = a.seed;
+  // The mod, its loads renumbered onto spec.tensors; the score axes' roles.
+  spec.mod = a.mod;
+  for (ModNode& x : spec.mod.nodes)
+    if (x.op == ModOp::load) x.input -= 3;
   for (std::size_t m = 3; m < n.inputs.size(); ++m) {
-    const Node& mn = g.node(n.inputs[m]);
-    if (!a.batch.empty() && mn.axes.size() == 2 && mn.axes[0].name == a.batch.front()) {
-      call.key_padding_input = static_cast<int>(m);
-      spec.key_padding = true;
-      continue;
-    }
-    // [query, key], [key] or [query] (the layout pass ordered them).
-    call.bias_terms.push_back(
-        {static_cast<int>(m), mn.dtype == DType::boolean, has(mn.axes, a.query), has(mn.axes, a.key)});
-    spec.bias = true;
+    const Node& t = g.node(n.inputs[m]);
+    call.tensor_inputs.push_back(static_cast<int>(m));
+    spec.tensors.push_back({cpu::ModTensor::Source::captured, storage_dtype(t.dtype), static_cast<int>(t.axes.size())});
   }
+  spec.axes.batch = a.batch.empty() ? std::string() : a.batch.front();
+  spec.axes.query = a.query;
+  spec.axes.key = a.key;
+  std::vector<std::string> head_axes = a.heads;
+  head_axes.insert(head_axes.end(), a.group.begin(), a.group.end());
+  std::int64_t stride = 1;
+  for (auto it = head_axes.rbegin(); it != head_axes.rend(); ++it) {
+    const std::int64_t extent = bound(axis(q_axes, *it).extent, *it, b);
+    spec.axes.heads.insert(spec.axes.heads.begin(), {*it, stride, extent});
+    stride *= extent;
+  }
+  if (spec.axes.heads.empty()) spec.axes.heads.push_back({"", 1, 1});
   return call;
 }
 
@@ -92,34 +96,11 @@ FusedAttentionCall describe_fused_attention(const Graph& g, int id, const Bindin
   call.len_k = bound(sym.len_k, "key", b);
   call.seed = sym.seed;
   for (const auto& x : g.node(id).axes) call.out_shape.push_back(bound(x.extent, x.name, b));
-  call.key_padding_input = sym.key_padding_input;
-  for (const auto& t : sym.bias_terms)
-    call.bias_terms.push_back({t.input, t.keep_mask, t.has_q ? (t.has_k ? call.len_k : 1) : 0, t.has_k ? 1 : 0});
+  call.tensor_inputs = sym.tensor_inputs;
+  for (int m : call.tensor_inputs)
+    for (const auto& x : g.node(g.node(id).inputs[static_cast<std::size_t>(m)]).axes)
+      call.tensor_extents.push_back(bound(x.extent, x.name, b));
   return call;
-}
-
-void combine_masks(const FusedAttentionCall& call, const std::vector<const NdArray*>& in,
-                   std::vector<std::uint8_t>* key_keep, std::vector<float>* bias) {
-  if (key_keep && call.key_padding_input >= 0) {
-    const auto bits = in[static_cast<std::size_t>(call.key_padding_input)]->as<bool>();
-    key_keep->assign(static_cast<std::size_t>(call.batch * call.len_k), 1);
-    for (std::size_t i = 0; i < key_keep->size() && i < bits.size(); ++i) (*key_keep)[i] = bits[i] ? 1 : 0;
-  }
-  if (!bias || call.bias_terms.empty()) return;
-  bias->assign(static_cast<std::size_t>(call.len_q * call.len_k), 0.0f);
-  for (const auto& term : call.bias_terms) {
-    const std::vector<float> vals = in[static_cast<std::size_t>(term.input)]->to_f32();
-    for (std::int64_t i = 0; i < call.len_q; ++i)
-      for (std::int64_t j = 0; j < call.len_k; ++j) {
-        const float v = vals[static_cast<std::size_t>(i * term.stride_q + j * term.stride_k)];
-        float& dst = (*bias)[static_cast<std::size_t>(i * call.len_k + j)];
-        if (term.keep_mask) {
-          if (v == 0.0f) dst = -std::numeric_limits<float>::infinity();
-        } else {
-          dst += v;
-        }
-      }
-  }
 }
 
 }  // namespace qkv::codegen

@@ -43,6 +43,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::softmax;
     case Op::causal:
       return KernelKind::causal;
+    case Op::score_mod:
+      return KernelKind::score_mod;
     case Op::dropout:
       return KernelKind::dropout;
     case Op::contract:
@@ -89,6 +91,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "dropout";
     case KernelKind::contract:
       return "contract";
+    case KernelKind::score_mod:
+      return "score_mod";
   }
   return "?";
 }

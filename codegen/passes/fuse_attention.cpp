@@ -39,19 +39,103 @@ struct Uses {
 struct Match {
   int scores = -1, softmax = -1, dropout = -1, output = -1;  // contract<Dk>, softmax, dropout, contract<Key>
   int q = -1, k = -1, v = -1;
-  std::vector<int> masks;
+  std::vector<int> chain;  // bias / keep_mask / causal / score_mod nodes, from the softmax upward
   bool weights = false;
   AttentionAttrs attrs;
+  std::vector<int> captured;  // graph ids of the tensors the mod loads: the fused node's inputs 3...
 };
 
-/// Whether the kernel can take this mask: a keep-mask over [batch, key] (key padding), or a
-/// keep-mask / bias over a subset of [query, key].
-bool supported_mask(const Node& m, const AttentionAttrs& a) {
-  const Names n = names_of(m.axes);
-  const bool key_padding = m.dtype == DType::boolean && !a.batch.empty() && n == Names{a.batch.front(), a.key};
-  const bool query_key =
-      std::all_of(n.begin(), n.end(), [&](const std::string& x) { return x == a.query || x == a.key; });
-  return key_padding || query_key;
+/// The chain's modifications as one expression over the score axes (applied in graph order,
+/// from the contraction down to the softmax), its loads reading the fused node's inputs 3...
+/// (`captured`, graph node ids, is filled as tensors are met). Nullopt when the chain cannot be
+/// one expression: a score_mod with a score part after a mask (the mask's −inf would reach the
+/// mod, e.g. tanh(−inf) = −1), or two mods aligning the query position differently.
+std::optional<ModExpr> chain_expr(const Graph& g, const Match& m, std::vector<int>& captured) {
+  ModExpr e;
+  auto add = [&](ModNode n) { return e.add(std::move(n)); };
+  auto leaf = [&](ModOp op, const std::string& axis) {
+    ModNode n;
+    n.op = op;
+    n.axis = axis;
+    return add(std::move(n));
+  };
+  auto node = [&](ModOp op, int a, int b = -1) {
+    ModNode n;
+    n.op = op;
+    n.a = a;
+    n.b = b;
+    return add(std::move(n));
+  };
+  auto tensor_input = [&](int graph_id) {
+    auto it = std::find(captured.begin(), captured.end(), graph_id);
+    if (it == captured.end()) it = captured.insert(captured.end(), graph_id);
+    return 3 + static_cast<int>(it - captured.begin());
+  };
+  auto load_by_name = [&](int graph_id) {
+    ModNode n;
+    n.op = ModOp::load;
+    n.input = tensor_input(graph_id);
+    for (const auto& ax : g.node(graph_id).axes) n.at.push_back(leaf(ModOp::index, ax.name));
+    return add(std::move(n));
+  };
+  const int score_leaf = leaf(ModOp::score, "");
+  int score = score_leaf, keep = -1;
+  bool aligned = false;
+  auto and_keep = [&](int k) { keep = keep < 0 ? k : node(ModOp::logical_and, keep, k); };
+  for (auto it = m.chain.rbegin(); it != m.chain.rend(); ++it) {
+    const Node& n = g.node(*it);
+    switch (n.op) {
+      case Op::bias:  // after a mask too: −inf + b = −inf, so the order does not matter
+        score = node(ModOp::add, score, load_by_name(n.inputs[1]));
+        break;
+      case Op::keep_mask: {
+        ModNode zero;
+        zero.op = ModOp::constant;
+        and_keep(node(ModOp::ne, load_by_name(n.inputs[1]), add(zero)));
+        break;
+      }
+      case Op::causal: {
+        int row = leaf(ModOp::index, n.attr_axes[0]);
+        if (n.align == CausalAlign::bottom_right)
+          row = node(ModOp::add, row,
+                     node(ModOp::sub, leaf(ModOp::length, n.attr_axes[1]), leaf(ModOp::length, n.attr_axes[0])));
+        and_keep(node(ModOp::le, leaf(ModOp::index, n.attr_axes[1]), row));
+        break;
+      }
+      case Op::score_mod: {
+        const ModExpr& x = *n.mod;
+        if (x.score >= 0 && keep >= 0) return std::nullopt;
+        if (!x.query.empty()) {
+          if (aligned && (e.query != x.query || e.key != x.key || e.align != x.align)) return std::nullopt;
+          aligned = true;
+          e.query = x.query;
+          e.key = x.key;
+          e.align = x.align;
+        }
+        std::vector<int> id(x.nodes.size());
+        for (std::size_t i = 0; i < x.nodes.size(); ++i) {
+          ModNode c = x.nodes[i];
+          if (c.op == ModOp::score) {
+            id[i] = score;
+            continue;
+          }
+          for (int* o : {&c.a, &c.b, &c.c})
+            if (*o >= 0) *o = id[static_cast<std::size_t>(*o)];
+          for (int& o : c.at) o = id[static_cast<std::size_t>(o)];
+          if (c.op == ModOp::load) c.input = tensor_input(n.inputs[static_cast<std::size_t>(c.input)]);
+          id[i] = add(std::move(c));
+        }
+        if (x.score >= 0) score = id[static_cast<std::size_t>(x.score)];
+        if (x.keep >= 0) and_keep(id[static_cast<std::size_t>(x.keep)]);
+        break;
+      }
+      default:
+        return std::nullopt;
+    }
+  }
+  e.score = score == score_leaf ? -1 : score;
+  e.keep = keep;
+  return e;
 }
 
 std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) {
@@ -61,8 +145,9 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
   m.softmax = softmax_id;
   m.attrs.key = p.attr_axes[0];
 
-  // Upward: masks, scales and causal between the scores and the softmax. The kernel computes
-  // scale * q.k + bias, so walking up from the softmax a bias may not come after (above) a scale.
+  // Upward: masks, scales, causal and mods between the scores and the softmax. The kernel
+  // computes mod(scale * q.k), so walking up from the softmax a score-changing node (bias, a
+  // score_mod with a score part) may not come after (above) a scale.
   bool seen_scale = false;
   int id = p.inputs[0], next = softmax_id;
   for (;;) {
@@ -82,14 +167,17 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
       case Op::keep_mask:
       case Op::bias:
         if (n.op == Op::bias && seen_scale) return std::nullopt;  // (s + b) * c: not the kernel's form
-        m.masks.push_back(n.inputs[1]);
+        m.chain.push_back(id);
+        break;
+      case Op::score_mod:
+        if (!n.mod || (n.mod->score >= 0 && seen_scale)) return std::nullopt;
+        m.chain.push_back(id);
         break;
       case Op::causal:
-        if (m.attrs.causal || n.attr_axes.size() != 2) return std::nullopt;
-        m.attrs.causal = true;
-        m.attrs.align = n.align;
+        if (n.attr_axes.size() != 2 || n.attr_axes[1] != m.attrs.key) return std::nullopt;
+        if (!m.attrs.query.empty() && m.attrs.query != n.attr_axes[0]) return std::nullopt;
         m.attrs.query = n.attr_axes[0];
-        if (n.attr_axes[1] != m.attrs.key) return std::nullopt;
+        m.chain.push_back(id);
         break;
       default:
         return std::nullopt;
@@ -149,8 +237,14 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
     m.attrs.heads.assign(shared.begin() + 1, shared.end());
   }
   m.attrs.write_weights = m.weights;
-  for (int mask : m.masks)
-    if (!supported_mask(g.node(mask), m.attrs)) return std::nullopt;
+  // Every axis a mod or mask reads must be an axis of the scores.
+  const Names score_axes = names_of(p.axes);
+  for (int c : m.chain) {
+    const Node& n = g.node(c);
+    for (std::size_t i = 1; i < n.inputs.size() && n.op != Op::score_mod; ++i)
+      for (const auto& a : g.node(n.inputs[i]).axes)
+        if (!contains(score_axes, a.name)) return std::nullopt;
+  }
   // Dropout entries are keyed by position in the weights [batch, heads..., query, key]: the
   // softmax must be laid out in the kernel's order for the masks to agree.
   if (m.dropout >= 0) {
@@ -171,7 +265,12 @@ Graph fuse_attention(const Graph& g) {
   std::vector<Match> matches;
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
     if (g.node(id).op == Op::softmax)
-      if (auto m = match_at(g, uses, id)) matches.push_back(*m);
+      if (auto m = match_at(g, uses, id)) {
+        auto e = chain_expr(g, *m, m->captured);
+        if (!e) continue;
+        m->attrs.mod = std::move(*e);
+        matches.push_back(*m);
+      }
   if (matches.empty()) return g;
 
   return Rewrite(g).run([&](Rewrite& r, int id) {
@@ -181,7 +280,7 @@ Graph fuse_attention(const Graph& g) {
     f.op = Op::fused_attention;
     f.name = "attention";
     f.inputs = {r[hit->q], r[hit->k], r[hit->v]};
-    for (int m : hit->masks) f.inputs.push_back(r[m]);
+    for (int t : hit->captured) f.inputs.push_back(r[t]);
     f.axes = g.node(id).axes;
     f.attention = hit->attrs;
     const int fused = r.out.add(std::move(f));

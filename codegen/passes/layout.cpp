@@ -64,12 +64,7 @@ Graph layout(const Graph& g) {
       n.inputs[0] = in_order(out, n.inputs[0], concat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
       n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
       n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
-      for (std::size_t m = 3; m < n.inputs.size(); ++m) {
-        const Names mask_axes = names_of(out.node(n.inputs[m]).axes);
-        const bool key_padding =
-            !a.batch.empty() && std::find(mask_axes.begin(), mask_axes.end(), a.batch.front()) != mask_axes.end();
-        n.inputs[m] = in_order(out, n.inputs[m], key_padding ? Names{a.batch.front(), a.key} : Names{a.query, a.key});
-      }
+      // Inputs 3... are the mod's tensors: its loads index them by their own axes, in any order.
       const std::vector<Axis> original = n.axes;
       n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
       const int fused = out.add(std::move(n));

@@ -44,15 +44,16 @@ void check_laid_out_attention(const Graph& g, const Node& n, const std::function
   expect("k", g.node(n.inputs[1]).axes, cat({&a.batch, &a.heads}, {a.key, a.dk}));
   expect("v", g.node(n.inputs[2]).axes, cat({&a.batch, &a.heads}, {a.key, a.dv}));
   expect("the output", n.axes, cat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
-  for (std::size_t m = 3; m < n.inputs.size(); ++m) {
-    const Names got = names(g.node(n.inputs[m]).axes);
-    const bool padding = !a.batch.empty() && !got.empty() && got.front() == a.batch.front();
-    const Names want = padding ? Names{a.batch.front(), a.key} : Names{a.query, a.key};
-    Names in_order;  // got's names in want's order
-    for (const auto& w : want)
-      if (std::find(got.begin(), got.end(), w) != got.end()) in_order.push_back(w);
-    if (got != (padding ? want : in_order) || got.empty())
-      report("mask " + std::to_string(m - 3) + " is " + list(got) + ", not laid out within " + list(want));
+  for (const ModNode& x : a.mod.nodes) {
+    if (x.op != ModOp::load) continue;
+    if (x.input < 3 || static_cast<std::size_t>(x.input) >= n.inputs.size()) {
+      report("a mod loads input " + std::to_string(x.input) + ", which is not one of its tensors (3.." +
+             std::to_string(n.inputs.size() - 1) + ")");
+    } else if (g.node(n.inputs[static_cast<std::size_t>(x.input)]).axes.size() != x.at.size()) {
+      report("a mod loads input " + std::to_string(x.input) + " with " + std::to_string(x.at.size()) +
+             " indices, but it has " + std::to_string(g.node(n.inputs[static_cast<std::size_t>(x.input)]).axes.size()) +
+             " axes");
+    }
   }
 }
 

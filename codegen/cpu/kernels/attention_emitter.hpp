@@ -11,6 +11,7 @@
 #include <llvm/IR/Module.h>
 
 #include "cpu/kernels/attention_kernel.hpp"
+#include "llvm/mod_ir.hpp"
 
 namespace qkv::codegen::cpu {
 
@@ -36,15 +37,33 @@ class AttentionEmitter {
   void init_state();
   void emit_tiles(Pass pass);
   void finish_stats();
-  void zero_weights_tail();
+  void zero_weights(llvm::Value* k0, llvm::Value* nk);
   void store_output(Pass pass);
+
+  // --- the mod expression (effective_mod): leaves, levels, tile classes
+  class Leaves;
+  class BoundsLeaves;
+  void prepare_mod();
+  /// Nodes that depend on neither the key nor the score, for query vector v (v < 0: the ones
+  /// that depend on no query either), computed in the task's prologue.
+  std::vector<llvm::Value*>& row_values(int v);
+  /// The values of the key-level nodes reachable from `root` for key `key` (i64), seeded with
+  /// the task-level ones.
+  std::vector<llvm::Value*> key_values(llvm::Value* key, int root, const std::vector<llvm::Value*>* seed);
+  llvm::Value* mod_value(int root, int v, llvm::Value* key, llvm::Value* score, std::vector<llvm::Value*>& keyc);
+  /// The tile's class: (always kept, never kept) as i1.
+  std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
+  llvm::Value* load_element(const ModNode& n, const std::vector<llvm::Value*>& index_i64);
+  llvm::Value* axis_value(const std::string& axis, int v, llvm::Value* key, bool position);
 
   // --- attention_tile.cpp: one tile of `key_tile` keys starting at key k0
   void emit_tile(llvm::Value* kt, Pass pass);
-  std::vector<llvm::Value*> emit_scores(llvm::Value* k0, llvm::Value* masked);
-  llvm::Value* apply_common_masks(llvm::Value* s, int v, llvm::Value* padded_out, llvm::Value* krow);
+  std::vector<llvm::Value*> emit_scores(llvm::Value* k0, llvm::Value* masked, llvm::Value* partial);
+  std::vector<llvm::Value*> apply_score_mod(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key,
+                                            std::vector<std::vector<llvm::Value*>>& keyc);
   std::vector<llvm::Value*> apply_tile_masks(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key,
-                                             llvm::Value* masked);
+                                             llvm::Value* masked, llvm::Value* partial,
+                                             std::vector<std::vector<llvm::Value*>>& keyc);
   std::vector<llvm::Value*> emit_probabilities(llvm::Value* k0, Pass pass, const std::vector<llvm::Value*>& m_use,
                                                const std::vector<llvm::Value*>& inv_l);
   void emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha);
@@ -80,6 +99,7 @@ class AttentionEmitter {
   KernelConfig cfg_;
   int lanes_, qv_, tile_, qk_keys_, pv_dims_, rows_;  // rows_ = query rows per task
   std::int64_t dk_, dv_;
+  EffectiveMod mod_;  // the one expression of every score / mask modification (effective_mod)
 
   llvm::Type *f32_, *i8_, *i32_, *i64_, *ptr_;
   llvm::VectorType *vf_, *vi32_, *vi64_;
@@ -88,14 +108,27 @@ class AttentionEmitter {
   // arguments
   llvm::Value *args_, *batch_, *head_, *q0_;
   llvm::Value *len_q_, *len_k_, *seed_;
-  llvm::Value *q_base_, *k_base_, *v_base_, *o_base_, *w_base_ = nullptr, *keep_base_ = nullptr, *bias_ = nullptr;
+  llvm::Value *q_base_, *k_base_, *v_base_, *o_base_, *w_base_ = nullptr;
   // geometry of the task
-  llvm::Value *nvalid_, *first_visible_ = nullptr, *ntiles_, *nclean_;
+  llvm::Value *nvalid_, *ntiles_, *nclean_;
+  // the mod expression
+  std::vector<unsigned> deps_;
+  std::vector<bool> reach_;  // reachable from the score or keep root
+  int score_add_ = -1;       // score' = score ± nodes[score_add_]: added in log2 units, no conversion
+  double score_add_sign_ = 1.0;
+  struct TensorIn {
+    llvm::Value* base = nullptr;
+    std::vector<llvm::Value*> extent, extent_f32, stride;  // i64, f32, i64
+  };
+  std::vector<TensorIn> tensors_;
+  llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr, *nbatch_ = nullptr;
+  std::vector<llvm::Value*> task_cache_;
+  std::vector<std::vector<llvm::Value*>> row_cache_;
   std::vector<llvm::Value*> lane_rows_;  // per query vector: <lanes x i32> row offsets v·lanes + lane
   std::vector<llvm::Value*> valid_;      // per query vector: <lanes x i1> row < L (the task's rows)
   std::vector<llvm::Value*> w_rows_;     // per query vector: <lanes x i64> row offset · S (weights scatter)
   std::vector<llvm::Value*> abs_rows_;   // per query vector: <lanes x i32> q_begin + row offset (dropout)
-  std::vector<llvm::Value*> bias_rows_;  // per query vector: <lanes x i64> min(row, L−1) · S (bias gather)
+  std::vector<llvm::Value*> rows_f32_;   // per query vector: <lanes x f32> q_begin + row offset
   llvm::Value *batch32_ = nullptr, *head32_ = nullptr;
   // stack state of the task
   llvm::AllocaInst *qt_, *ot_, *sp_, *m_, *l_, *m_use_, *inv_l_;

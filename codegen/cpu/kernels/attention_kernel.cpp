@@ -88,7 +88,8 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
       pv_dims_(config.pv_dims),
       rows_(config.query_rows()),
       dk_(spec.dk),
-      dv_(spec.dv) {
+      dv_(spec.dv),
+      mod_(effective_mod(spec)) {
   f32_ = b_.getFloatTy();
   i8_ = b_.getInt8Ty();
   i32_ = b_.getInt32Ty();
@@ -116,7 +117,6 @@ llvm::Function* AttentionEmitter::emit(const std::string& name) {
     emit_tiles(Pass::stats);
     finish_stats();
     emit_tiles(Pass::normalized);
-    zero_weights_tail();
     store_output(Pass::normalized);
   }
   b_.CreateRetVoid();
@@ -158,6 +158,7 @@ void AttentionEmitter::load_arguments() {
   llvm::Value* out = field(offsetof(AttentionArgs, out), ptr_, "out");
   len_q_ = field(offsetof(AttentionArgs, len_q), i64_, "L");
   len_k_ = field(offsetof(AttentionArgs, len_k), i64_, "S");
+  nbatch_ = field(offsetof(AttentionArgs, batch), i64_, "B");
 
   // Base pointers of this task: query head h reads key/value head h / (hq / hkv).
   const std::int64_t group = spec_.hq / spec_.hkv;
@@ -173,11 +174,45 @@ void AttentionEmitter::load_arguments() {
     llvm::Value* w = field(offsetof(AttentionArgs, weights), ptr_, "weights");
     w_base_ = b_.CreateInBoundsGEP(f32_, w, b_.CreateMul(row0, len_k_), "w_base");
   }
-  if (spec_.key_padding) {
-    llvm::Value* keep = field(offsetof(AttentionArgs, key_keep), ptr_, "key_keep");
-    keep_base_ = b_.CreateInBoundsGEP(i8_, keep, b_.CreateMul(batch_, len_k_), "keep_base");
+
+  // The mod's tensors: base pointers, extents and row-major strides.
+  llvm::Value* tensors = nullptr;
+  llvm::Value* extents = nullptr;
+  std::int64_t ext_at = 0;
+  for (const ModTensor& t : mod_.tensors) {
+    TensorIn in;
+    switch (t.source) {
+      case ModTensor::Source::key_keep:
+        in.base = field(offsetof(AttentionArgs, key_keep), ptr_, "key_keep");
+        in.extent = {nbatch_, len_k_};
+        break;
+      case ModTensor::Source::bias:
+        in.base = field(offsetof(AttentionArgs, bias), ptr_, "bias");
+        in.extent = {len_q_, len_k_};
+        break;
+      case ModTensor::Source::captured:
+        if (!tensors) {
+          tensors = field(offsetof(AttentionArgs, tensors), ptr_, "tensors");
+          extents = field(offsetof(AttentionArgs, extents), ptr_, "extents");
+        }
+        break;
+    }
+    tensors_.push_back(std::move(in));
   }
-  if (spec_.bias) bias_ = field(offsetof(AttentionArgs, bias), ptr_, "bias");
+  std::uint64_t captured = 0;
+  for (std::size_t ti = 0; ti < mod_.tensors.size(); ++ti) {
+    const ModTensor& t = mod_.tensors[ti];
+    TensorIn& in = tensors_[ti];
+    if (t.source == ModTensor::Source::captured) {
+      in.base = b_.CreateLoad(ptr_, b_.CreateConstInBoundsGEP1_64(ptr_, tensors, captured++), "tensor");
+      for (int d = 0; d < t.rank; ++d)
+        in.extent.push_back(
+            b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, extents, static_cast<std::uint64_t>(ext_at++))));
+    }
+    in.stride.assign(in.extent.size(), c64(1));
+    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b_.CreateMul(in.stride[d], in.extent[d]);
+    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b_.CreateSIToFP(e, f32_));
+  }
   if (spec_.dropout_p > 0) {
     seed_ = field(offsetof(AttentionArgs, seed), i64_, "seed");
     batch32_ = b_.CreateTrunc(batch_, i32_, "batch32");
@@ -188,19 +223,11 @@ void AttentionEmitter::load_arguments() {
 void AttentionEmitter::compute_geometry() {
   nvalid_ = smin(c64(rows_), b_.CreateSub(len_q_, q0_));
   llvm::Value* tile = c64(tile_);
-  llvm::Value* key_end = len_k_;
-  llvm::Value* clean = b_.CreateSDiv(len_k_, tile);  // tiles with no key past S
-  if (spec_.causal) {
-    // Row i sees keys j <= i + off. first_visible_ = q_begin + off: the last key of the first row.
-    llvm::Value* off = spec_.align == CausalAlign::bottom_right ? b_.CreateSub(len_k_, len_q_) : c64(0);
-    first_visible_ = b_.CreateAdd(q0_, off, "first_visible");
-    // Keys up to the last valid row's diagonal; tiles wholly at or below the first row's need no mask.
-    key_end = smax(c64(0), smin(len_k_, b_.CreateAdd(first_visible_, nvalid_)));
-    llvm::Value* below = b_.CreateSDiv(smax(c64(0), b_.CreateAdd(first_visible_, c64(1))), tile);
-    clean = smin(clean, below);
-  }
-  ntiles_ = b_.CreateSDiv(b_.CreateAdd(key_end, c64(tile_ - 1)), tile, "ntiles");
-  nclean_ = smin(clean, ntiles_);
+  ntiles_ = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(tile_ - 1)), tile, "ntiles");
+  nclean_ = b_.CreateSDiv(len_k_, tile, "nclean");  // tiles with no key past S
+  len_qf_ = b_.CreateSIToFP(len_q_, f32_, "Lf");
+  len_kf_ = b_.CreateSIToFP(len_k_, f32_, "Sf");
+  batchf_ = b_.CreateSIToFP(batch_, f32_, "bf");
 
   for (int v = 0; v < qv_; ++v) {
     std::vector<llvm::Constant*> offsets;
@@ -211,13 +238,9 @@ void AttentionEmitter::compute_geometry() {
     valid_.push_back(b_.CreateICmpSLT(rel, splat(b_.CreateTrunc(nvalid_, i32_)), "valid"));
     if (spec_.write_weights) w_rows_.push_back(b_.CreateMul(b_.CreateZExt(rel, vi64_), splat(len_k_), "w_rows"));
     if (spec_.dropout_p > 0) abs_rows_.push_back(b_.CreateAdd(splat(b_.CreateTrunc(q0_, i32_)), rel, "rows32"));
-    if (spec_.bias) {
-      llvm::Value* rows = b_.CreateAdd(splat(q0_), b_.CreateZExt(rel, vi64_));
-      llvm::Value* last = splat(b_.CreateSub(len_q_, c64(1)));
-      rows = b_.CreateSelect(b_.CreateICmpSLT(rows, last), rows, last);  // rows past L read row L−1
-      bias_rows_.push_back(b_.CreateMul(rows, splat(len_k_), "bias_rows"));
-    }
+    rows_f32_.push_back(b_.CreateSIToFP(b_.CreateAdd(splat(b_.CreateTrunc(q0_, i32_)), rel), vf_, "rows_f"));
   }
+  prepare_mod();
 }
 
 void AttentionEmitter::allocate_state() {
@@ -274,17 +297,16 @@ void AttentionEmitter::finish_stats() {
   }
 }
 
-void AttentionEmitter::zero_weights_tail() {
-  // Keys past the last visited tile (above the causal diagonal) get weight 0.
-  llvm::Value* done = smin(len_k_, b_.CreateMul(ntiles_, c64(tile_)));
-  llvm::Value* bytes = b_.CreateMul(b_.CreateSub(len_k_, done), c64(4));
+void AttentionEmitter::zero_weights(llvm::Value* k0, llvm::Value* nk) {
+  // An empty tile's keys get weight 0 in every valid row.
+  llvm::Value* bytes = b_.CreateMul(nk, c64(4));
   ir::emit_loop(
       b_, c64(0), nvalid_, 1,
       [&](llvm::Value* r) {
-        llvm::Value* row = b_.CreateInBoundsGEP(f32_, w_base_, b_.CreateAdd(b_.CreateMul(r, len_k_), done));
+        llvm::Value* row = b_.CreateInBoundsGEP(f32_, w_base_, b_.CreateAdd(b_.CreateMul(r, len_k_), k0));
         b_.CreateMemSet(row, b_.getInt8(0), bytes, llvm::MaybeAlign(4));
       },
-      "weights.tail");
+      "weights.zero");
 }
 
 void AttentionEmitter::store_output(Pass pass) {

@@ -1,7 +1,7 @@
 // The fused attention kernel, part 2: one K/V tile of `key_tile` keys starting at key k0, for the
 // task's R vectors of query rows (lanes = rows).
 //
-//   scores  S[c][v] = Qᵀ·K (Q pre-scaled by scale·log2 e) + bias·log2 e, masked to −inf   (emit_scores)
+//   scores  S[c][v] = Qᵀ·K (Q pre-scaled by scale·log2 e), modified, masked to −inf     (emit_scores)
 //   step    m' = max(m, max_c S), α = 2^(m − m'), P = 2^(S − m'), l' = α·l + Σ_c P          (emit_tile)
 //           dropout applied to P after the sum (the softmax is normalised before dropout)
 //   P·V     Oᵀ[d][v] = α·Oᵀ[d][v] + Σ_c P[c][v]·V[k0 + c][d]                               (emit_pv)
@@ -30,9 +30,23 @@ int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
 
 void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
   llvm::Value* k0 = b_.CreateMul(kt, c64(tile_), "k0", true, true);
-  // Tiles from nclean on cross the causal diagonal or run past S: they take element-wise masks.
-  llvm::Value* masked = b_.CreateICmpSGE(kt, nclean_, "masked");
-  std::vector<llvm::Value*> tile_max = emit_scores(k0, masked);
+  llvm::Value* nk = smin(c64(tile_), b_.CreateSub(len_k_, k0), "nk");  // keys of this tile before S
+  // The tile's class under the keep predicate: never kept → skipped (its weights are zeros);
+  // always kept → no per-entry mask unless it runs past S.
+  auto [always, never] = classify_tile(k0);
+  llvm::Function* fn = b_.GetInsertBlock()->getParent();
+  llvm::BasicBlock* body = llvm::BasicBlock::Create(ctx_, "tile.body", fn);
+  llvm::BasicBlock* skip = llvm::BasicBlock::Create(ctx_, "tile.skip", fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "tile.done", fn);
+  b_.CreateCondBr(never, skip, body);
+  b_.SetInsertPoint(skip);
+  if (pass == Pass::normalized) zero_weights(k0, nk);
+  b_.CreateBr(done);
+  b_.SetInsertPoint(body);
+
+  llvm::Value* partial = b_.CreateNot(always, "partial");
+  llvm::Value* masked = b_.CreateOr(partial, b_.CreateICmpSGE(kt, nclean_), "masked");
+  std::vector<llvm::Value*> tile_max = emit_scores(k0, masked, partial);
 
   std::vector<llvm::Value*> m_use(static_cast<std::size_t>(qv_)), alpha(static_cast<std::size_t>(qv_)),
       inv_l(static_cast<std::size_t>(qv_));
@@ -53,14 +67,15 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
   if (pass != Pass::normalized) {
     for (int v = 0; v < qv_; ++v) store_vec(l_, c64(v), fma(load_vec(l_, c64(v)), alpha[v], sums[v]));
   }
-  if (pass == Pass::stats) return;
-
-  llvm::Value* nk = smin(c64(tile_), b_.CreateSub(len_k_, k0), "nk");  // keys of this tile before S
-  emit_pv(k0, nk, pass == Pass::online ? &alpha : nullptr);
-  if (pass == Pass::normalized) emit_weights_copy(k0, nk);
+  if (pass != Pass::stats) {
+    emit_pv(k0, nk, pass == Pass::online ? &alpha : nullptr);
+    if (pass == Pass::normalized) emit_weights_copy(k0, nk);
+  }
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
 }
 
-std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* masked) {
+std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* masked, llvm::Value* partial) {
   const int unroll = d_unroll(dk_);
   llvm::Value* last_key = b_.CreateSub(len_k_, c64(1), "last_key");
   std::vector<llvm::Value*> max_init(static_cast<std::size_t>(qv_), vconst(kNegInf));
@@ -95,16 +110,11 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
             },
             "qk.d");
 
-        // Masks every tile takes: the additive bias and key padding (per key, a scalar select).
-        for (int j = 0; j < qk_keys_; ++j) {
-          llvm::Value* padded_out = nullptr;
-          if (spec_.key_padding) {
-            llvm::Value* flag = b_.CreateLoad(i8_, b_.CreateInBoundsGEP(i8_, keep_base_, krow[j]), "keep");
-            padded_out = b_.CreateICmpEQ(flag, b_.getInt8(0));
-          }
-          for (int v = 0; v < qv_; ++v) acc[j * qv_ + v] = apply_common_masks(acc[j * qv_ + v], v, padded_out, krow[j]);
-        }
-        acc = apply_tile_masks(acc, key, masked);
+        // The score modification on every tile; the keep predicate where the tile needs it. The
+        // mod reads keys clamped to S − 1 (their entries are masked anyway).
+        std::vector<std::vector<llvm::Value*>> keyc(static_cast<std::size_t>(qk_keys_), task_cache_);
+        acc = apply_score_mod(acc, krow, keyc);
+        acc = apply_tile_masks(acc, key, masked, partial, keyc);
 
         std::vector<llvm::Value*> mx = running_max;
         for (int j = 0; j < qk_keys_; ++j) {
@@ -119,23 +129,12 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
       "qk");
 }
 
-llvm::Value* AttentionEmitter::apply_common_masks(llvm::Value* s, int v, llvm::Value* padded_out, llvm::Value* krow) {
-  if (spec_.bias) {
-    // bias[row][key] for the lanes' rows: a strided gather (rows past L read row L−1).
-    llvm::Value* index = b_.CreateAdd(bias_rows_[v], splat(krow));
-    llvm::Value* ptrs = b_.CreateInBoundsGEP(f32_, bias_, index);
-    llvm::Value* bias = b_.CreateMaskedGather(vf_, ptrs, llvm::Align(4));
-    s = fma(bias, vconst(kLog2e), s);
-  }
-  if (padded_out) s = b_.CreateSelect(padded_out, vconst(kNegInf), s);
-  return s;
-}
-
 std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<llvm::Value*>& s,
                                                              const std::vector<llvm::Value*>& key,
-                                                             llvm::Value* masked) {
-  // Only tiles that cross the causal diagonal or run past S take this branch (a well-predicted
-  // branch per Q·Kᵀ block instead of a second copy of the whole tile).
+                                                             llvm::Value* masked, llvm::Value* partial,
+                                                             std::vector<std::vector<llvm::Value*>>& keyc) {
+  // Only partial tiles and the tile that runs past S take this branch (a well-predicted branch
+  // per Q·Kᵀ block instead of a second copy of the whole tile).
   llvm::BasicBlock* from = b_.GetInsertBlock();
   llvm::Function* fn = from->getParent();
   llvm::BasicBlock* mask = llvm::BasicBlock::Create(ctx_, "mask", fn);
@@ -143,18 +142,19 @@ std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<l
   b_.CreateCondBr(masked, mask, join);
 
   b_.SetInsertPoint(mask);
+  const int keep = mod_.expr.keep;
+  llvm::Value* last_key = b_.CreateSub(len_k_, c64(1));
   std::vector<llvm::Value*> out = s;
   for (int j = 0; j < qk_keys_; ++j) {
     llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");  // a scalar: key < S
-    llvm::Value* rel = nullptr;
-    if (spec_.causal) {
-      // Row (q_begin + lane) sees the key iff key − first_visible <= lane.
-      llvm::Value* r = smin(c64(rows_), smax(c64(-1), b_.CreateSub(key[j], first_visible_)));
-      rel = splat(b_.CreateTrunc(r, i32_));
-    }
+    llvm::Value* krow = smin(key[j], last_key);
+    if (keep >= 0) keyc[j] = key_values(krow, keep, &keyc[j]);
     for (int v = 0; v < qv_; ++v) {
       llvm::Value* visible = splat(inside);
-      if (rel) visible = b_.CreateAnd(visible, b_.CreateICmpSLE(rel, lane_rows_[v]));
+      if (keep >= 0) {
+        llvm::Value* k = mod_value(keep, v, krow, nullptr, keyc[j]);
+        visible = b_.CreateAnd(visible, b_.CreateOr(k, splat(b_.CreateNot(partial))));
+      }
       out[j * qv_ + v] = b_.CreateSelect(visible, s[j * qv_ + v], vconst(kNegInf));
     }
   }

@@ -33,6 +33,7 @@
 #include <qkv/codegen/lowering/storage.hpp>
 
 #include "cpu/kernels/attention_kernel.hpp"
+#include "llvm/mod_ir.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/kernels/rowwise_kernel.hpp"
 #include "cpu/module/threads_ir.hpp"
@@ -324,7 +325,6 @@ class ModuleBuilder {
       else
         buf_[i] = block(layout, plan_.alloc[i], arena);
     }
-    for (const auto& [id, k] : plan_.mask_bias) mask_bias_[id] = block(layout, k, arena);
     for (const auto& [id, k] : plan_.gemm)
       gemm_blocks_[id] = {block(layout, k.first, arena), block(layout, k.second, arena)};
     for (const auto& [id, k] : plan_.weights)
@@ -465,6 +465,8 @@ class ModuleBuilder {
         return emit_dropout(id);
       case KernelKind::contract:
         return emit_contract(id);
+      case KernelKind::score_mod:
+        return emit_score_mod(id);
     }
     internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }
@@ -489,6 +491,58 @@ class ModuleBuilder {
     const I shift = n.align == CausalAlign::bottom_right ? s[pk] - s[pq] : c64(0);
     map(id, {n.inputs[0]}, {strides_of(s)}, [&, pq, pk](const Dims& idx, const Values& in) {
       return b_.CreateSelect((idx[pk] > idx[pq] + shift).v(), neg_inf(), in[0]);
+    });
+  }
+
+  /// score_mod entry by entry: the expression on scalars (mod_ir), loads from the captured
+  /// inputs' buffers.
+  void emit_score_mod(int id) {
+    const Node& n = g_.node(id);
+    const ModExpr& e = *n.mod;
+    const auto& axes = g_.node(n.inputs[0]).axes;
+    const Dims s = shape(n.inputs[0]);
+    struct Leaves final : ModLeaves {
+      ModuleBuilder& mb;
+      const Node& n;
+      const std::vector<Axis>& axes;
+      const Dims& s;
+      const Dims* idx = nullptr;
+      llvm::Value* x = nullptr;
+      Leaves(ModuleBuilder& m, const Node& nn, const std::vector<Axis>& a, const Dims& sh) : mb(m), n(nn), axes(a), s(sh) {}
+      std::size_t pos(const std::string& axis) const { return util::axis_pos(axes, axis); }
+      llvm::Value* score() override { return x; }
+      llvm::Value* index(const std::string& axis) override {
+        return mb.b_.CreateSIToFP((*idx)[pos(axis)].v(), mb.f32_);
+      }
+      llvm::Value* position(const std::string& axis) override {
+        const ModExpr& e = *n.mod;
+        llvm::Value* v = index(axis);
+        if (axis == e.query && e.align == CausalAlign::bottom_right)
+          v = mb.b_.CreateFAdd(v, mb.b_.CreateSIToFP((s[pos(e.key)] - s[pos(e.query)]).v(), mb.f32_));
+        return v;
+      }
+      llvm::Value* length(const std::string& axis) override { return mb.b_.CreateSIToFP(s[pos(axis)].v(), mb.f32_); }
+      llvm::Value* extent(const ModNode& m, std::size_t k) override {
+        const Node& t = mb.g_.node(n.inputs[static_cast<std::size_t>(m.input)]);
+        return mb.b_.CreateSIToFP(mb.dim(t.axes[k].extent).v(), mb.f32_);
+      }
+      llvm::Value* load(const ModNode& m, const std::vector<llvm::Value*>& at) override {
+        const int tid = n.inputs[static_cast<std::size_t>(m.input)];
+        const Node& t = mb.g_.node(tid);
+        const Dims ts = mb.shape(tid), st = mb.strides_of(ts);
+        I off = mb.c64(0);
+        for (std::size_t k = 0; k < at.size(); ++k) off = off + I(mb.b_, at[k]) * st[k];
+        llvm::Value* v = mb.load(mb.elem(t), mb.buf(tid), off);
+        return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
+      }
+    } leaves(*this, n, axes, s);
+    map(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) {
+      leaves.idx = &idx;
+      leaves.x = in[0];
+      std::vector<llvm::Value*> cache;
+      llvm::Value* out = e.score >= 0 ? emit_mod(b_, e, e.score, leaves, cache) : in[0];
+      if (e.keep >= 0) out = b_.CreateSelect(emit_mod(b_, e, e.keep, leaves, cache), out, neg_inf());
+      return out;
     });
   }
 
@@ -808,36 +862,38 @@ class ModuleBuilder {
     llvm::Function* kernel = callee(name);
     const I batch = dim(call.batch), lq = dim(call.len_q), lk = dim(call.len_k);
 
-    // The masks other than key padding, combined into one [L, S] bias (combine_masks, as IR).
-    llvm::Value* bias = llvm::ConstantPointerNull::get(ptr_);
-    if (!call.bias_terms.empty()) {
-      bias = mask_bias_.at(id);
-      memset0(bias, lq * lk * 4);
-      for (const auto& term : call.bias_terms) {
-        const int mask = n.inputs[static_cast<std::size_t>(term.input)];
-        llvm::Type* t = elem(g_.node(mask));
-        const I stride_q = term.has_q ? (term.has_k ? lk : c64(1)) : c64(0), stride_k = c64(term.has_k ? 1 : 0);
-        nest({lq, lk}, {{lk, c64(1)}, {stride_q, stride_k}}, {c64(0), c64(0)}, [&](const Dims&, const Dims& off) {
-          llvm::Value* cur = load(f32_, bias, off[0]);
-          llvm::Value* v = load(t, buf(mask), off[1]);
-          store(term.keep_mask ? b_.CreateSelect(to_bool(v), cur, neg_inf()) : b_.CreateFAdd(cur, v), bias, off[0]);
-        });
+    // The mod's tensors: their base pointers and extents, as the kernel reads them.
+    llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+    llvm::Value* tensors = null;
+    llvm::Value* extents = null;
+    if (!call.tensor_inputs.empty()) {
+      std::size_t rank_sum = 0;
+      for (int m : call.tensor_inputs) rank_sum += g_.node(n.inputs[static_cast<std::size_t>(m)]).axes.size();
+      tensors = ir::entry_alloca(b_, ptr_, call.tensor_inputs.size(), 8, "mod_tensors");
+      extents = ir::entry_alloca(b_, i64_, std::max<std::size_t>(rank_sum, 1), 8, "mod_extents");
+      std::uint64_t e = 0;
+      for (std::size_t t = 0; t < call.tensor_inputs.size(); ++t) {
+        const int tid = n.inputs[static_cast<std::size_t>(call.tensor_inputs[t])];
+        b_.CreateStore(buf(tid), b_.CreateConstInBoundsGEP1_64(ptr_, tensors, t));
+        for (const auto& x : g_.node(tid).axes)
+          b_.CreateStore(dim(x.extent).v(), b_.CreateConstInBoundsGEP1_64(i64_, extents, e++));
       }
     }
-    llvm::Value* keep = call.key_padding_input >= 0 ? buf(n.inputs[static_cast<std::size_t>(call.key_padding_input)])
-                                                    : llvm::ConstantPointerNull::get(ptr_);
     llvm::Value* weights = spec.write_weights ? weights_.at(id) : llvm::ConstantPointerNull::get(ptr_);
 
     // AttentionArgs, field by field (attention.hpp: its layout is the kernel ABI).
-    auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_});
+    auto* args_type =
+        llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_});
     llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "attention_args");
     const Values fields{buf(n.inputs[0]),
                         buf(n.inputs[1]),
                         buf(n.inputs[2]),
                         buf(id),
                         weights,
-                        keep,
-                        bias,
+                        null,
+                        null,
+                        tensors,
+                        extents,
                         batch.v(),
                         lq.v(),
                         lk.v(),
@@ -846,7 +902,7 @@ class ModuleBuilder {
     const std::int64_t rows = cfg.query_rows();
     const I blocks = ceil_div(lq, rows), bh = batch * spec.hq;
     const I work = bh * lq * lk * (spec.dk + spec.dv) * 2;
-    const bool causal = spec.causal;
+    const bool causal = triangular_work(spec);
     parallel_for(bh * blocks, work, {args, bh.v(), blocks.v()}, [&](I t, const Values& cap) {
       const I heads(b_, cap[1]), nblocks(b_, cap[2]);
       const I blk = attention_task_block(t, heads, nblocks, causal);
@@ -868,7 +924,7 @@ class ModuleBuilder {
   llvm::Function* fn_ = nullptr;
   std::map<std::string, llvm::Value*> sym_;  // the run-time sizes in the function being built
   std::vector<llvm::Value*> buf_;
-  std::map<int, llvm::Value*> mask_bias_, weights_;
+  std::map<int, llvm::Value*> weights_;
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
   bool rowwise_emitted_ = false;
   llvm::Function* gemm_ = nullptr;

@@ -91,9 +91,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     } else if (n.op == Op::attention_weights) {
       plan.weights[n.inputs[0]] = -1;  // written straight into its output argument
     }
-    if (n.op == Op::fused_attention) {
-      if (!plan.attention.at(id).bias_terms.empty()) plan.mask_bias[id] = add(ModulePlan::Block::mask_bias, id, id, id);
-    } else if (util::linear_on_last_axis(g, n)) {
+    if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
     }
   }

@@ -34,7 +34,7 @@ enum class MaskKind : std::uint8_t { keep, key_padding, attention };
 
 /// What a fused attention node computes, in terms of the axes of its inputs (made by the
 /// fuse-attention pass, never by the DSL):
-///   out = dropout(softmax_key(scale * contract_dk(q, k) + masks, causal)) contracted with v over key
+///   out = dropout(softmax_key(mod(scale * contract_dk(q, k)))) contracted with v over key
 /// q has axes batch ++ heads ++ group ++ [query, dk], k has batch ++ heads ++ [key, dk], v has
 /// batch ++ heads ++ [key, dv] (each in some order the executor lays out); `group` axes are the
 /// query heads that share a key/value head (GQA). Every score and mask modification — biases,
@@ -45,8 +45,6 @@ struct AttentionAttrs {
   std::string query, key, dk, dv;
   double scale = 1.0;
   std::optional<Extent> scale_dim;  // set: multiply by 1/sqrt(dim) instead of `scale`
-  bool causal = false;
-  CausalAlign align = CausalAlign::top_left;
   double dropout = 0.0;
   std::uint64_t seed = 0;
   bool write_weights = false;
@@ -221,7 +219,7 @@ inline std::uint64_t Graph::hash() const {
       for (const auto* name : {&at->query, &at->key, &at->dk, &at->dv}) h.str(*name);
       h.d(at->scale).i(at->scale_dim.has_value());
       if (at->scale_dim) mix_extent(*at->scale_dim);
-      h.i(at->causal).i(static_cast<std::int64_t>(at->align)).d(at->dropout).i(static_cast<std::int64_t>(at->seed));
+      h.d(at->dropout).i(static_cast<std::int64_t>(at->seed));
       h.i(at->write_weights);
       mix_hash(h, at->mod);
     }

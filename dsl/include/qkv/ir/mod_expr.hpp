@@ -133,6 +133,16 @@ struct ModExpr {
   friend bool operator==(const ModExpr&, const ModExpr&) = default;
 };
 
+/// Per node, whether its value is a boolean (mod_op_is_bool, and `where` of boolean arms).
+inline std::vector<bool> mod_bool_nodes(const ModExpr& e) {
+  std::vector<bool> out(e.nodes.size(), false);
+  for (std::size_t i = 0; i < e.nodes.size(); ++i) {
+    const ModNode& n = e.nodes[i];
+    out[i] = n.op == ModOp::where ? (n.b >= 0 && out[static_cast<std::size_t>(n.b)]) : mod_op_is_bool(n.op);
+  }
+  return out;
+}
+
 inline void mix_hash(Fnv1a& h, const ModExpr& e) {
   h.i(static_cast<std::int64_t>(e.nodes.size()));
   for (const auto& n : e.nodes) {
@@ -250,6 +260,7 @@ template <class Env>
 void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   v.assign(e.nodes.size(), ModInterval{});
+  const std::vector<bool> is_bool = mod_bool_nodes(e);
   auto lo_of = [](double a, double b, double c, double d) {
     if (std::isnan(a) || std::isnan(b) || std::isnan(c) || std::isnan(d)) return std::nan("");
     return std::min(std::min(a, b), std::min(c, d));
@@ -329,7 +340,7 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
       }
     }
     // A NaN bound (inf − inf, 0 · inf) poisons the interval: unknown.
-    if (std::isnan(r.lo) || std::isnan(r.hi)) r = mod_op_is_bool(n.op) ? ModInterval{0.0, 1.0} : ModInterval{};
+    if (std::isnan(r.lo) || std::isnan(r.hi)) r = is_bool[i] ? ModInterval{0.0, 1.0} : ModInterval{};
     v[i] = r;
   }
 }

@@ -7,6 +7,10 @@
 //              + bias[i,j]                                          (if spec.bias)
 //              → −inf where key_keep[b,j] == 0                       (if spec.key_padding)
 //              → −inf where j > i (top-left) or j > i + S − L        (if spec.causal; `align`)
+//              → spec.mod: s' = score expression, −inf where the keep expression is false
+//                (qkv/ir/mod_expr.hpp; its loads read args.tensors)
+// The flags causal / key_padding / bias are shorthands: the kernel turns them into terms of one
+// expression (effective_mod) and has a single code path for every modification.
 //   p[b,h,i,:] = softmax_j(s[b,h,i,:])        a row with no visible key: all zeros, never NaN
 //   p          = dropout(p)                   keep iff qkv::dropout_keep(p, seed, b, h, i, j);
 //                                             kept entries scaled by 1/(1 − dropout_p)
@@ -24,9 +28,35 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <qkv/ir/graph.hpp>  // CausalAlign
+#include <string>
+#include <vector>
+
+#include <qkv/ir/dtype.hpp>
+#include <qkv/ir/mod_expr.hpp>
 
 namespace qkv::codegen::cpu {
+
+/// How the axis names of a mod expression map onto the kernel's (batch, head, query, key):
+/// a head axis's coordinate is (h / stride) % extent of the flat query head h.
+struct ModAxes {
+  std::string batch = "b", query = "q", key = "k";
+  struct Head {
+    std::string name;
+    std::int64_t stride = 1, extent = 1;
+    friend bool operator==(const Head&, const Head&) = default;
+  };
+  std::vector<Head> heads;  // empty: one axis "h" spanning all query heads
+  friend bool operator==(const ModAxes&, const ModAxes&) = default;
+};
+
+/// Where a load of the mod expression reads: args.tensors[k] for captured tensor k (row-major,
+/// its extents at args.extents[offset...]), or the shorthand masks.
+struct ModTensor {
+  enum class Source : std::uint8_t { captured, key_keep, bias } source = Source::captured;
+  DType dtype = DType::f32;
+  int rank = 1;
+  friend bool operator==(const ModTensor&, const ModTensor&) = default;
+};
 
 /// Everything the generated code is specialised on. Two equal specs share one compiled kernel
 /// (per host target); the sizes that vary from call to call (batch, L, S) and the dropout seed
@@ -44,6 +74,11 @@ struct AttentionSpec {
   bool bias = false;           // AttentionArgs::bias is an f32 additive mask [L, S], broadcast over B and H
   double dropout_p = 0.0;      // in [0, 1); 0 compiles no dropout code at all
   bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
+  /// Score / mask modifications (after the flags above); loads read `tensors` (load input k =
+  /// tensors[k]).
+  ModExpr mod;
+  ModAxes axes;
+  std::vector<ModTensor> tensors;
 
   // --- tiling: 0 = chosen for the host (see choose_kernel_config in codegen/cpu/kernels). Exposed
   // for tuning and for tests that want to force odd shapes through small tiles.
@@ -73,11 +108,26 @@ struct AttentionArgs {
   float* weights = nullptr;
   const std::uint8_t* key_keep = nullptr;
   const float* bias = nullptr;
+  const void* const* tensors = nullptr;  // spec.tensors' captured data, in order
+  const std::int64_t* extents = nullptr;  // their extents, concatenated (rank of each)
   std::int64_t batch = 0;
   std::int64_t len_q = 0;  // L
   std::int64_t len_k = 0;  // S
   std::uint64_t seed = 0;  // dropout seed (the Philox key)
 };
+
+/// The one expression the kernel computes: the flags' terms (bias, key padding, causal) followed
+/// by spec.mod, over spec.axes' names, with tensors() listing where each load reads.
+struct EffectiveMod {
+  ModExpr expr;
+  std::vector<ModTensor> tensors;
+  ModAxes axes;
+};
+[[nodiscard]] EffectiveMod effective_mod(const AttentionSpec& spec);
+
+/// Whether the work per query block grows with the query (causal-like: the keep predicate
+/// relates query and key positions): tasks are then handed out heaviest first.
+[[nodiscard]] bool triangular_work(const AttentionSpec& spec);
 
 /// FLOPs of the forward pass as the benchmarks count them: 4·B·Hq·L·S·D, D = (dk + dv) / 2;
 /// half of that for causal attention with L == S.

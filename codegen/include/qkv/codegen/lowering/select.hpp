@@ -28,6 +28,7 @@ enum class KernelKind : std::uint8_t {
   causal,              // the causal mask outside a fused attention
   dropout,             // the counter-based dropout outside a fused attention
   contract,            // a general contraction outside a fused attention
+  score_mod,           // a score / mask modification outside a fused attention, entry by entry
 };
 
 /// The kind that runs node `id`.

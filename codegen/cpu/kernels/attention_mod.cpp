@@ -1,0 +1,288 @@
+// The fused attention kernel, part 3: the score / mask modification (effective_mod) inside the
+// kernel. Lanes are query rows, so a node's value is a scalar when it depends on no query and a
+// <lanes x f32> vector when it does. Each node is computed at the outermost level it can be:
+//   task   (batch, head, lengths, constants)        once per task, in the prologue
+//   row    (+ the query coordinate)                  once per task and query vector
+//   key    (+ the key coordinate, no query)          once per key: a scalar (e.g. key padding)
+//   entry  (query and key, or the score)             per key and query vector
+// Tiles are classified by the keep predicate's bounds over the tile (emit_mod_classify): never
+// kept → skipped, always kept → no per-entry mask, else the mask is evaluated per entry. A load
+// whose indices range over the tile along one axis is bounded by scanning that range (document
+// ids: a tile inside one document is full, a tile between two is empty).
+#include <limits>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Intrinsics.h>
+
+#include "cpu/kernels/attention_emitter.hpp"
+#include "llvm/ir_util.hpp"
+#include "llvm/vector_math.hpp"
+
+#include <qkv/ir/error.hpp>
+
+namespace qkv::codegen::cpu {
+
+namespace {
+constexpr double kLn2 = 0.6931471805599453;
+}  // namespace
+
+/// Entry values of the leaves for query vector v (−1: none) and key `key` (null: none).
+class AttentionEmitter::Leaves final : public ModLeaves {
+ public:
+  Leaves(AttentionEmitter& k, int v, llvm::Value* key, llvm::Value* score) : k_(k), v_(v), key_(key), score_(score) {}
+  llvm::Value* score() override {
+    if (!score_) internal_error("attention kernel: the keep predicate of a mod may not read the score");
+    return score_;
+  }
+  llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, v_, key_, false); }
+  llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, v_, key_, true); }
+  llvm::Value* length(const std::string& axis) override {
+    const ModAxes& a = k_.mod_.axes;
+    if (axis == a.query) return k_.len_qf_;
+    if (axis == a.key) return k_.len_kf_;
+    if (axis == a.batch) return k_.b_.CreateSIToFP(k_.nbatch_, k_.f32_);
+    for (const auto& h : a.heads)
+      if (h.name == axis) return llvm::ConstantFP::get(k_.f32_, static_cast<double>(h.extent));
+    internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
+  }
+  llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& at) override { return k_.load_element(n, at); }
+  llvm::Value* extent(const ModNode& n, std::size_t d) override {
+    return k_.tensors_.at(static_cast<std::size_t>(n.input)).extent_f32.at(d);
+  }
+
+ private:
+  AttentionEmitter& k_;
+  int v_;
+  llvm::Value* key_;
+  llvm::Value* score_;
+};
+
+/// Bounds of the leaves over one tile: the task's query rows × keys [k0, k0 + T) ∩ [0, S).
+class AttentionEmitter::BoundsLeaves final : public ModBoundsLeaves {
+ public:
+  BoundsLeaves(AttentionEmitter& k, llvm::Value* k0) : k_(k), k0_(k0) {}
+  IrInterval index(const std::string& axis) override { return range(axis, false); }
+  IrInterval position(const std::string& axis) override { return range(axis, true); }
+  llvm::Value* length(const std::string& axis) override { return Leaves(k_, -1, nullptr, nullptr).length(axis); }
+  IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
+    auto& b = k_.b_;
+    const TensorIn& t = k_.tensors_.at(static_cast<std::size_t>(n.input));
+    int ranging = -1, count = 0;
+    for (std::size_t d = 0; d < n.at.size(); ++d) {
+      if (k_.deps_[static_cast<std::size_t>(n.at[d])] & (kDepQuery | kDepKey)) {
+        ranging = static_cast<int>(d);
+        ++count;
+      }
+    }
+    if (count > 1) return {};
+    if (count == 1) {
+      const ModOp op = k_.mod_.expr.nodes[static_cast<std::size_t>(n.at[static_cast<std::size_t>(ranging)])].op;
+      if (op != ModOp::index && op != ModOp::position) return {};  // not a contiguous range of indices
+    }
+    std::vector<llvm::Value*> idx;
+    for (std::size_t d = 0; d < n.at.size(); ++d) idx.push_back(mod_clamp_index(b, at[d].lo, t.extent_f32[d]));
+    if (count == 0) {
+      llvm::Value* x = k_.load_element(n, idx);
+      return {x, x};
+    }
+    // Scan the range of the one ranging index for the element's min and max.
+    const auto r = static_cast<std::size_t>(ranging);
+    llvm::Value* hi = b.CreateAdd(mod_clamp_index(b, at[r].hi, t.extent_f32[r]), k_.c64(1));
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<llvm::Value*> init{llvm::ConstantFP::get(k_.f32_, inf), llvm::ConstantFP::get(k_.f32_, -inf)};
+    std::vector<llvm::Value*> mm = ir::emit_loop(
+        b, idx[r], hi, 1, init,
+        [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
+          std::vector<llvm::Value*> at_i = idx;
+          at_i[r] = i;
+          llvm::Value* x = k_.load_element(n, at_i);
+          return std::vector<llvm::Value*>{b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, in[0], x),
+                                           b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, in[1], x)};
+        },
+        "mod.scan");
+    return {mm[0], mm[1]};
+  }
+
+ private:
+  IrInterval range(const std::string& axis, bool position) {
+    auto& b = k_.b_;
+    const ModAxes& a = k_.mod_.axes;
+    if (axis == a.query) {
+      llvm::Value* lo = b.CreateSIToFP(k_.q0_, k_.f32_);
+      llvm::Value* hi = b.CreateSIToFP(b.CreateSub(b.CreateAdd(k_.q0_, k_.nvalid_), k_.c64(1)), k_.f32_);
+      if (position && k_.mod_.expr.query == axis && k_.mod_.expr.align == CausalAlign::bottom_right) {
+        llvm::Value* off = b.CreateFSub(k_.len_kf_, k_.len_qf_);
+        lo = b.CreateFAdd(lo, off);
+        hi = b.CreateFAdd(hi, off);
+      }
+      return {lo, hi};
+    }
+    if (axis == a.key) {
+      llvm::Value* end = k_.smin(b.CreateAdd(k0_, k_.c64(k_.tile_)), k_.len_k_);
+      return {b.CreateSIToFP(k0_, k_.f32_), b.CreateSIToFP(b.CreateSub(end, k_.c64(1)), k_.f32_)};
+    }
+    llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
+    return {x, x};
+  }
+
+  AttentionEmitter& k_;
+  llvm::Value* k0_;
+};
+
+llvm::Value* AttentionEmitter::axis_value(const std::string& axis, int v, llvm::Value* key, bool position) {
+  const ModAxes& a = mod_.axes;
+  if (axis == a.query) {
+    if (v < 0) internal_error("attention kernel: a query coordinate outside the entry loop");
+    llvm::Value* x = rows_f32_[static_cast<std::size_t>(v)];
+    if (position && mod_.expr.query == axis && mod_.expr.align == CausalAlign::bottom_right)
+      x = b_.CreateFAdd(x, splat(b_.CreateFSub(len_kf_, len_qf_)));
+    return x;
+  }
+  if (axis == a.key) {
+    if (!key) internal_error("attention kernel: a key coordinate outside the key loop");
+    return b_.CreateSIToFP(key, f32_);
+  }
+  if (axis == a.batch) return batchf_;
+  for (const auto& h : a.heads) {
+    if (h.name != axis) continue;
+    llvm::Value* c = b_.CreateURem(b_.CreateUDiv(head_, c64(h.stride)), c64(h.extent));
+    return b_.CreateSIToFP(c, f32_);
+  }
+  internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
+}
+
+llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<llvm::Value*>& index) {
+  const TensorIn& t = tensors_.at(static_cast<std::size_t>(n.input));
+  const ModTensor& mt = mod_.tensors.at(static_cast<std::size_t>(n.input));
+  llvm::Value* off = c64(0);
+  bool vector = false;
+  for (std::size_t d = 0; d < index.size(); ++d) {
+    llvm::Value* i = index[d];
+    llvm::Value* s = t.stride[d];
+    if (i->getType()->isVectorTy()) {
+      vector = true;
+      s = splat(s);
+      if (!off->getType()->isVectorTy()) off = splat(off);
+    } else if (off->getType()->isVectorTy()) {
+      i = splat(i);
+      s = splat(s);
+    }
+    off = b_.CreateAdd(off, b_.CreateMul(i, s));
+  }
+  llvm::Type* et = nullptr;
+  switch (mt.dtype) {
+    case DType::f32: et = f32_; break;
+    case DType::f64: et = b_.getDoubleTy(); break;
+    case DType::boolean: et = i8_; break;
+    case DType::i32: et = i32_; break;
+    case DType::i64: et = i64_; break;
+    default: internal_error("attention kernel: a mod loads a tensor of an unsupported dtype");
+  }
+  llvm::Value* x = nullptr;
+  if (vector) {
+    llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes_));
+    llvm::Value* ptrs = b_.CreateGEP(et, t.base, off);
+    x = b_.CreateMaskedGather(vt, ptrs, llvm::Align(static_cast<unsigned>(dtype_size(mt.dtype))));
+  } else {
+    x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off));
+  }
+  llvm::Type* ft = vector ? static_cast<llvm::Type*>(vf_) : f32_;
+  switch (mt.dtype) {
+    case DType::f32: return x;
+    case DType::f64: return b_.CreateFPTrunc(x, ft);
+    case DType::boolean: return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), ft);
+    default: return b_.CreateSIToFP(x, ft);
+  }
+}
+
+void AttentionEmitter::prepare_mod() {
+  const ModExpr& e = mod_.expr;
+  deps_ = mod_deps(e, mod_.axes.query, mod_.axes.key);
+  reach_.assign(e.nodes.size(), false);
+  for (int root : {e.score, e.keep}) {
+    const auto r = mod_reachable(e, root);
+    for (std::size_t i = 0; i < r.size(); ++i) reach_[i] = reach_[i] || r[i];
+  }
+  if (e.keep >= 0 && (deps_[static_cast<std::size_t>(e.keep)] & kDepScore))
+    throw std::invalid_argument("codegen: a mask modification may not read the score (use a score modification)");
+  for (const ModTensor& t : mod_.tensors)
+    if (t.dtype == DType::f16 || t.dtype == DType::bf16)
+      throw std::invalid_argument("codegen: a mod loads a 16-bit float tensor; convert it to f32");
+  // score' = score + X (or − X) with X free of the score: added in log2 units, no conversion.
+  if (e.score >= 0) {
+    const ModNode& n = e.nodes[static_cast<std::size_t>(e.score)];
+    auto is_score = [&](int id) { return id >= 0 && e.nodes[static_cast<std::size_t>(id)].op == ModOp::score; };
+    auto free = [&](int id) { return id >= 0 && !(deps_[static_cast<std::size_t>(id)] & kDepScore); };
+    if (n.op == ModOp::add && is_score(n.a) && free(n.b)) score_add_ = n.b;
+    if (n.op == ModOp::add && is_score(n.b) && free(n.a)) score_add_ = n.a;
+    if (n.op == ModOp::sub && is_score(n.a) && free(n.b)) {
+      score_add_ = n.b;
+      score_add_sign_ = -1.0;
+    }
+  }
+  // Task-level nodes, then row-level ones per query vector (the prologue dominates every use).
+  task_cache_.assign(e.nodes.size(), nullptr);
+  Leaves task(*this, -1, nullptr, nullptr);
+  for (std::size_t i = 0; i < e.nodes.size(); ++i)
+    if (reach_[i] && deps_[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
+  row_cache_.assign(static_cast<std::size_t>(qv_), task_cache_);
+  for (int v = 0; v < qv_; ++v) {
+    Leaves row(*this, v, nullptr, nullptr);
+    for (std::size_t i = 0; i < e.nodes.size(); ++i)
+      if (reach_[i] && deps_[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[v]);
+  }
+}
+
+std::vector<llvm::Value*> AttentionEmitter::key_values(llvm::Value* key, int root,
+                                                       const std::vector<llvm::Value*>* seed) {
+  std::vector<llvm::Value*> cache = seed ? *seed : task_cache_;
+  if (root < 0) return cache;
+  const auto r = mod_reachable(mod_.expr, root);
+  Leaves leaves(*this, -1, key, nullptr);
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (r[i] && deps_[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
+  return cache;
+}
+
+llvm::Value* AttentionEmitter::mod_value(int root, int v, llvm::Value* key, llvm::Value* score,
+                                         std::vector<llvm::Value*>& keyc) {
+  std::vector<llvm::Value*> cache = row_cache_[static_cast<std::size_t>(v)];
+  for (std::size_t i = 0; i < cache.size() && i < keyc.size(); ++i)
+    if (!cache[i]) cache[i] = keyc[i];
+  Leaves leaves(*this, v, key, score);
+  llvm::Value* x = emit_mod(b_, mod_.expr, root, leaves, cache);
+  return x->getType()->isVectorTy() ? x : splat(x);
+}
+
+std::pair<llvm::Value*, llvm::Value*> AttentionEmitter::classify_tile(llvm::Value* k0) {
+  if (mod_.expr.keep < 0) return {b_.getTrue(), b_.getFalse()};
+  BoundsLeaves leaves(*this, k0);
+  return emit_mod_classify(b_, mod_.expr, leaves);
+}
+
+std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<llvm::Value*>& s,
+                                                            const std::vector<llvm::Value*>& key,
+                                                            std::vector<std::vector<llvm::Value*>>& keyc) {
+  const ModExpr& e = mod_.expr;
+  if (e.score < 0) return s;
+  const int root = score_add_ >= 0 ? score_add_ : e.score;
+  std::vector<llvm::Value*> out = s;
+  for (int j = 0; j < qk_keys_; ++j) {
+    keyc[j] = key_values(key[j], root, &keyc[j]);
+    for (int v = 0; v < qv_; ++v) {
+      llvm::Value*& x = out[j * qv_ + v];
+      if (score_add_ >= 0) {
+        llvm::Value* add = mod_value(root, v, key[j], nullptr, keyc[j]);
+        x = fma(add, vconst(score_add_sign_ * kLog2e), x);
+      } else {
+        // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
+        llvm::Value* nat = b_.CreateFMul(x, vconst(kLn2));
+        x = b_.CreateFMul(mod_value(root, v, key[j], nat, keyc[j]), vconst(kLog2e));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,273 @@
+// Mod expressions as IR: values (emit_mod) and block bounds (emit_mod_classify). The interval
+// rules are mod_bounds' (qkv/ir/mod_expr.hpp), in f32 with the NaN-propagating llvm.minimum /
+// llvm.maximum so that an unknown bound never decides.
+#include "llvm/mod_ir.hpp"
+
+#include <limits>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Intrinsics.h>
+
+#include "llvm/vector_math.hpp"
+
+namespace qkv::codegen {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// Splats a scalar to the other operand's vector width when one of the two is a vector.
+std::pair<llvm::Value*, llvm::Value*> unify(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  auto* vx = llvm::dyn_cast<llvm::FixedVectorType>(x->getType());
+  auto* vy = llvm::dyn_cast<llvm::FixedVectorType>(y->getType());
+  if (vx && !vy) y = b.CreateVectorSplat(vx->getNumElements(), y);
+  if (vy && !vx) x = b.CreateVectorSplat(vy->getNumElements(), x);
+  return {x, y};
+}
+
+llvm::Value* fconst(llvm::IRBuilder<>& /*b*/, llvm::Type* like, double v) { return llvm::ConstantFP::get(like, v); }
+
+llvm::Value* minimum(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, x, y);
+}
+llvm::Value* maximum(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, x, y);
+}
+
+}  // namespace
+
+std::vector<unsigned> mod_deps(const ModExpr& e, const std::string& query_axis, const std::string& key_axis) {
+  std::vector<unsigned> d(e.nodes.size(), 0);
+  for (std::size_t i = 0; i < e.nodes.size(); ++i) {
+    const ModNode& n = e.nodes[i];
+    unsigned x = 0;
+    if (n.op == ModOp::score) x = kDepScore;
+    if (n.op == ModOp::index || n.op == ModOp::position) {
+      if (n.axis == query_axis) x |= kDepQuery;
+      if (n.axis == key_axis) x |= kDepKey;
+    }
+    for (int o : {n.a, n.b, n.c})
+      if (o >= 0) x |= d[static_cast<std::size_t>(o)];
+    for (int o : n.at) x |= d[static_cast<std::size_t>(o)];
+    d[i] = x;
+  }
+  return d;
+}
+
+llvm::Value* ModLeaves::exp(llvm::Value* /*x*/) { return nullptr; }
+llvm::Value* ModLeaves::log(llvm::Value* /*x*/) { return nullptr; }
+
+llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* extent_f32) {
+  llvm::Value* hi = b.CreateFSub(extent_f32, fconst(b, extent_f32->getType(), 1.0));
+  hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, hi, fconst(b, hi->getType(), 0.0));
+  auto [xx, hh] = unify(b, b.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x), hi);
+  // maxnum/minnum return the other operand for NaN: NaN → 0.
+  llvm::Value* c = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, xx, fconst(b, xx->getType(), 0.0));
+  c = b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, c, hh);
+  llvm::Type* i64 = b.getInt64Ty();
+  if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType())) i64 = llvm::FixedVectorType::get(i64, vt->getNumElements());
+  return b.CreateFPToSI(c, i64);
+}
+
+llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves,
+                      std::vector<llvm::Value*>& cache) {
+  cache.resize(e.nodes.size(), nullptr);
+  if (llvm::Value* v = cache[static_cast<std::size_t>(root)]) return v;
+  const ModNode& n = e.nodes[static_cast<std::size_t>(root)];
+  auto x = [&](int id) { return emit_mod(b, e, id, leaves, cache); };
+  auto bin = [&](auto&& f) {
+    auto [l, r] = unify(b, x(n.a), x(n.b));
+    return f(l, r);
+  };
+  llvm::Value* out = nullptr;
+  switch (n.op) {
+    case ModOp::score: out = leaves.score(); break;
+    case ModOp::index: out = leaves.index(n.axis); break;
+    case ModOp::position: out = leaves.position(n.axis); break;
+    case ModOp::length: out = leaves.length(n.axis); break;
+    case ModOp::constant: out = llvm::ConstantFP::get(b.getFloatTy(), n.value); break;
+    case ModOp::load: {
+      std::vector<llvm::Value*> at;
+      for (std::size_t k = 0; k < n.at.size(); ++k) at.push_back(mod_clamp_index(b, x(n.at[k]), leaves.extent(n, k)));
+      out = leaves.load(n, at);
+      break;
+    }
+    case ModOp::add: out = bin([&](auto l, auto r) { return b.CreateFAdd(l, r); }); break;
+    case ModOp::sub: out = bin([&](auto l, auto r) { return b.CreateFSub(l, r); }); break;
+    case ModOp::mul: out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); }); break;
+    case ModOp::div: out = bin([&](auto l, auto r) { return b.CreateFDiv(l, r); }); break;
+    case ModOp::min: out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, l, r); }); break;
+    case ModOp::max: out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, l, r); }); break;
+    case ModOp::neg: out = b.CreateFNeg(x(n.a)); break;
+    case ModOp::abs: out = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x(n.a)); break;
+    case ModOp::exp: {
+      llvm::Value* a = x(n.a);
+      out = leaves.exp(a);
+      if (!out) out = cpu::emit_exp(b, a);
+      break;
+    }
+    case ModOp::log: {
+      llvm::Value* a = x(n.a);
+      out = leaves.log(a);
+      if (!out) out = b.CreateUnaryIntrinsic(llvm::Intrinsic::log, a);
+      break;
+    }
+    case ModOp::tanh: {
+      // tanh x = 1 − 2 / (e^(2x) + 1): ±1 at the ends, absolute error ~1e-7.
+      llvm::Value* a = x(n.a);
+      llvm::Value* two = b.CreateFMul(a, fconst(b, a->getType(), 2.0));
+      llvm::Value* ex = leaves.exp(two);
+      if (!ex) ex = cpu::emit_exp(b, two);
+      llvm::Value* den = b.CreateFAdd(ex, fconst(b, a->getType(), 1.0));
+      out = b.CreateFSub(fconst(b, a->getType(), 1.0), b.CreateFDiv(fconst(b, a->getType(), 2.0), den));
+      break;
+    }
+    case ModOp::lt: out = bin([&](auto l, auto r) { return b.CreateFCmpOLT(l, r); }); break;
+    case ModOp::le: out = bin([&](auto l, auto r) { return b.CreateFCmpOLE(l, r); }); break;
+    case ModOp::gt: out = bin([&](auto l, auto r) { return b.CreateFCmpOGT(l, r); }); break;
+    case ModOp::ge: out = bin([&](auto l, auto r) { return b.CreateFCmpOGE(l, r); }); break;
+    case ModOp::eq: out = bin([&](auto l, auto r) { return b.CreateFCmpOEQ(l, r); }); break;
+    case ModOp::ne: out = bin([&](auto l, auto r) { return b.CreateFCmpUNE(l, r); }); break;
+    case ModOp::logical_and: out = bin([&](auto l, auto r) { return b.CreateAnd(l, r); }); break;
+    case ModOp::logical_or: out = bin([&](auto l, auto r) { return b.CreateOr(l, r); }); break;
+    case ModOp::logical_not: out = b.CreateNot(x(n.a)); break;
+    case ModOp::where: {
+      llvm::Value* c = x(n.a);
+      auto [l, r] = unify(b, x(n.b), x(n.c));
+      auto [cc, ll] = unify(b, c, l);
+      auto [cc2, rr] = unify(b, cc, r);
+      auto [ll2, rr2] = unify(b, ll, rr);
+      out = b.CreateSelect(cc2, ll2, rr2);
+      break;
+    }
+  }
+  cache[static_cast<std::size_t>(root)] = out;
+  return out;
+}
+
+IrInterval ModBoundsLeaves::load(const ModNode& /*n*/, const std::vector<IrInterval>& /*at*/) { return {}; }
+
+std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, const ModExpr& e,
+                                                        ModBoundsLeaves& leaves) {
+  llvm::Type* f = b.getFloatTy();
+  auto c = [&](double v) { return llvm::ConstantFP::get(f, v); };
+  const std::vector<bool> used = mod_reachable(e, e.keep);
+  const std::vector<bool> bools = mod_bool_nodes(e);
+  // Numbers: intervals; booleans: (always, never) as i1.
+  std::vector<IrInterval> num(e.nodes.size());
+  std::vector<std::pair<llvm::Value*, llvm::Value*>> tri(e.nodes.size());
+  const IrInterval unbounded{c(-kInf), c(kInf)};
+  llvm::Value* no = b.getFalse();
+  auto lo4 = [&](llvm::Value* p, llvm::Value* q, llvm::Value* r, llvm::Value* s) {
+    return minimum(b, minimum(b, p, q), minimum(b, r, s));
+  };
+  auto hi4 = [&](llvm::Value* p, llvm::Value* q, llvm::Value* r, llvm::Value* s) {
+    return maximum(b, maximum(b, p, q), maximum(b, r, s));
+  };
+  // A NaN bound means "unknown": widen it to unbounded (a NaN never compares true below).
+  auto clean = [&](IrInterval r) -> IrInterval {
+    llvm::Value* nan = b.CreateFCmpUNO(r.lo, r.hi);
+    return {b.CreateSelect(nan, c(-kInf), r.lo), b.CreateSelect(nan, c(kInf), r.hi)};
+  };
+  for (std::size_t i = 0; i < e.nodes.size(); ++i) {
+    if (!used[i]) continue;
+    const ModNode& n = e.nodes[i];
+    auto A = [&] { return num[static_cast<std::size_t>(n.a)]; };
+    auto B = [&] { return num[static_cast<std::size_t>(n.b)]; };
+    auto TA = [&] { return tri[static_cast<std::size_t>(n.a)]; };
+    auto TB = [&] { return tri[static_cast<std::size_t>(n.b)]; };
+    IrInterval r = unbounded;
+    std::pair<llvm::Value*, llvm::Value*> t{no, no};
+    const bool is_bool = bools[i];
+    switch (n.op) {
+      case ModOp::score: break;
+      case ModOp::index: r = leaves.index(n.axis); break;
+      case ModOp::position: r = leaves.position(n.axis); break;
+      case ModOp::length: {
+        llvm::Value* l = leaves.length(n.axis);
+        r = {l, l};
+        break;
+      }
+      case ModOp::constant: r = {c(n.value), c(n.value)}; break;
+      case ModOp::load: {
+        std::vector<IrInterval> at;
+        for (int k : n.at) at.push_back(num[static_cast<std::size_t>(k)]);
+        r = leaves.load(n, at);
+        if (!r.lo) r = unbounded;
+        break;
+      }
+      case ModOp::add: r = {b.CreateFAdd(A().lo, B().lo), b.CreateFAdd(A().hi, B().hi)}; break;
+      case ModOp::sub: r = {b.CreateFSub(A().lo, B().hi), b.CreateFSub(A().hi, B().lo)}; break;
+      case ModOp::mul: {
+        llvm::Value* p[4] = {b.CreateFMul(A().lo, B().lo), b.CreateFMul(A().lo, B().hi), b.CreateFMul(A().hi, B().lo),
+                             b.CreateFMul(A().hi, B().hi)};
+        r = {lo4(p[0], p[1], p[2], p[3]), hi4(p[0], p[1], p[2], p[3])};
+        break;
+      }
+      case ModOp::div: break;
+      case ModOp::min: r = {minimum(b, A().lo, B().lo), minimum(b, A().hi, B().hi)}; break;
+      case ModOp::max: r = {maximum(b, A().lo, B().lo), maximum(b, A().hi, B().hi)}; break;
+      case ModOp::neg: r = {b.CreateFNeg(A().hi), b.CreateFNeg(A().lo)}; break;
+      case ModOp::abs: {
+        const IrInterval a = A();
+        llvm::Value* pos = b.CreateFCmpOGE(a.lo, c(0.0));
+        llvm::Value* neg = b.CreateFCmpOLE(a.hi, c(0.0));
+        llvm::Value* mx = maximum(b, b.CreateFNeg(a.lo), a.hi);
+        r.lo = b.CreateSelect(pos, a.lo, b.CreateSelect(neg, b.CreateFNeg(a.hi), c(0.0)));
+        r.hi = b.CreateSelect(pos, a.hi, b.CreateSelect(neg, b.CreateFNeg(a.lo), mx));
+        // NaN bounds: neither select fires, mx is NaN → cleaned below.
+        break;
+      }
+      case ModOp::exp:
+      case ModOp::log:
+      case ModOp::tanh:
+        break;  // monotone, but the kernels' approximations are not checked for monotonicity: unbounded
+      case ModOp::lt: t = {b.CreateFCmpOLT(A().hi, B().lo), b.CreateFCmpOGE(A().lo, B().hi)}; break;
+      case ModOp::le: t = {b.CreateFCmpOLE(A().hi, B().lo), b.CreateFCmpOGT(A().lo, B().hi)}; break;
+      case ModOp::gt: t = {b.CreateFCmpOGT(A().lo, B().hi), b.CreateFCmpOLE(A().hi, B().lo)}; break;
+      case ModOp::ge: t = {b.CreateFCmpOGE(A().lo, B().hi), b.CreateFCmpOLT(A().hi, B().lo)}; break;
+      case ModOp::eq:
+      case ModOp::ne: {
+        llvm::Value* point = b.CreateAnd(b.CreateAnd(b.CreateFCmpOEQ(A().lo, A().hi), b.CreateFCmpOEQ(B().lo, B().hi)),
+                                         b.CreateFCmpOEQ(A().lo, B().lo));
+        llvm::Value* apart = b.CreateOr(b.CreateFCmpOLT(A().hi, B().lo), b.CreateFCmpOLT(B().hi, A().lo));
+        t = n.op == ModOp::eq ? std::pair{point, apart} : std::pair{apart, point};
+        break;
+      }
+      case ModOp::logical_and:
+        t = {b.CreateAnd(TA().first, TB().first), b.CreateOr(TA().second, TB().second)};
+        break;
+      case ModOp::logical_or:
+        t = {b.CreateOr(TA().first, TB().first), b.CreateAnd(TA().second, TB().second)};
+        break;
+      case ModOp::logical_not: t = {TA().second, TA().first}; break;
+      case ModOp::where: {
+        const auto cnd = TA();
+        if (is_bool) {
+          const auto x = TB(), y = tri[static_cast<std::size_t>(n.c)];
+          // always: (c always ∧ x always) ∨ (c never ∧ y always) ∨ (x always ∧ y always)
+          t.first = b.CreateOr(b.CreateOr(b.CreateAnd(cnd.first, x.first), b.CreateAnd(cnd.second, y.first)),
+                               b.CreateAnd(x.first, y.first));
+          t.second = b.CreateOr(b.CreateOr(b.CreateAnd(cnd.first, x.second), b.CreateAnd(cnd.second, y.second)),
+                                b.CreateAnd(x.second, y.second));
+        } else {
+          const IrInterval x = B(), y = num[static_cast<std::size_t>(n.c)];
+          llvm::Value* lo = minimum(b, x.lo, y.lo);
+          llvm::Value* hi = maximum(b, x.hi, y.hi);
+          r.lo = b.CreateSelect(cnd.first, x.lo, b.CreateSelect(cnd.second, y.lo, lo));
+          r.hi = b.CreateSelect(cnd.first, x.hi, b.CreateSelect(cnd.second, y.hi, hi));
+        }
+        break;
+      }
+    }
+    if (is_bool) {
+      tri[i] = t;
+    } else {
+      num[i] = clean(r);
+    }
+  }
+  return tri[static_cast<std::size_t>(e.keep)];
+}
+
+}  // namespace qkv::codegen
