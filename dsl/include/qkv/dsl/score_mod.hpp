@@ -787,12 +787,20 @@ template <class SV, class MV, class F, class A>
 constexpr auto check_one(std::type_identity<mask_mod_t<F, A>>) {
   return check_result<"mask_mod", true, mask_result<MV, F>>();
 }
-template <class SV, class MV, class A, class B, template <class, class> class Node>
-constexpr auto check_one(std::type_identity<Node<A, B>>) {
+template <class SV, class MV, class A, class B>
+constexpr auto check_both() {
   if constexpr (is_poison<decltype(check_mod<SV, MV, A>())>)
     return poison{};
   else
     return check_mod<SV, MV, B>();
+}
+template <class SV, class MV, class A, class B>
+constexpr auto check_one(std::type_identity<mask_and_t<A, B>>) {
+  return check_both<SV, MV, A, B>();
+}
+template <class SV, class MV, class A, class B>
+constexpr auto check_one(std::type_identity<mask_or_t<A, B>>) {
+  return check_both<SV, MV, A, B>();
 }
 template <class SV, class MV, class A>
 constexpr auto check_one(std::type_identity<mask_not_t<A>>) {
