@@ -116,7 +116,8 @@ TEST(ScoreMod, SlidingWindow) {
   Attn<5, 7> a;
   for (auto [left, right] : {std::pair{2, 1}, std::pair{-1, 0}, std::pair{1, -1}, std::pair{0, 0}}) {
     auto keep = [&](int ip, int j) { return (left < 0 || j >= ip - left) && (right < 0 || j <= ip + right); };
-    auto br = a.modded_weights([&](Graph&, auto s) { return modded(s, mods::sliding_window(left, right, bottom_right)); });
+    auto br =
+        a.modded_weights([&](Graph&, auto s) { return modded(s, mods::sliding_window(left, right, bottom_right)); });
     expect_near_all(br, a.biased_weights([&](int, int, int i, int j) { return keep(i + 2, j) ? 0.0 : kNegInf; }));
     auto tl = a.modded_weights([&](Graph&, auto s) { return modded(s, mods::sliding_window(left, right, top_left)); });
     expect_near_all(tl, a.biased_weights([&](int, int, int i, int j) { return keep(i, j) ? 0.0 : kNegInf; }));
@@ -132,9 +133,8 @@ TEST(ScoreMod, SlidingWindow) {
 TEST(ScoreMod, Alibi) {
   Attn<5, 7> a;
   a.feeds.insert_or_assign("slopes", f32_array({0.5f, 0.25f, 0.125f}, {H}));
-  auto w = a.modded_weights([](Graph& g, auto s) {
-    return modded(s, mods::alibi(input<Tensor<f32, Heads<H>>>(g, "slopes"), bottom_right));
-  });
+  auto w = a.modded_weights(
+      [](Graph& g, auto s) { return modded(s, mods::alibi(input<Tensor<f32, Heads<H>>>(g, "slopes"), bottom_right)); });
   const double slope[] = {0.5, 0.25, 0.125};
   expect_near_all(w, a.biased_weights([&](int, int h, int i, int j) { return -slope[h] * std::abs(i + 2 - j); }));
 
@@ -206,11 +206,11 @@ TEST(ScoreMod, PrefixLm) {
   expect_near_all(w, a.biased_weights([](int, int, int i, int j) { return j < 3 || j <= i + 2 ? 0.0 : kNegInf; }));
   // Per-batch prefix lengths [Batch], top-left.
   a.feeds.insert_or_assign("prefix", i32_array({4, 0}, {B}));
-  auto w2 = a.modded_weights([](Graph& g, auto s) {
-    return modded(s, mods::prefix_lm(input<Tensor<i32, Batch<B>>>(g, "prefix"), top_left));
-  });
+  auto w2 = a.modded_weights(
+      [](Graph& g, auto s) { return modded(s, mods::prefix_lm(input<Tensor<i32, Batch<B>>>(g, "prefix"), top_left)); });
   const int prefix[] = {4, 0};
-  expect_near_all(w2, a.biased_weights([&](int b, int, int i, int j) { return j < prefix[b] || j <= i ? 0.0 : kNegInf; }));
+  expect_near_all(w2,
+                  a.biased_weights([&](int b, int, int i, int j) { return j < prefix[b] || j <= i ? 0.0 : kNegInf; }));
 }
 
 TEST(ScoreMod, RelativeBiasWithClamping) {
@@ -252,15 +252,16 @@ TEST(ScoreMod, HandWrittenAlibiWindowAndDocuments) {  // the example of score_mo
     auto slopes = input<Tensor<f32, Heads<H>>>(g, "slopes");
     auto q_doc = input<Tensor<i32, Batch<B>, Seq<5>>>(g, "q_doc");
     auto kv_doc = input<Tensor<i32, Batch<B>, Key<7>>>(g, "kv_doc");
-    auto alibi = score_mod([&](auto s, auto, auto h, auto q, auto k) { return s - slopes[h] * abs(q - k); }, bottom_right);
+    auto alibi =
+        score_mod([&](auto s, auto, auto h, auto q, auto k) { return s - slopes[h] * abs(q - k); }, bottom_right);
     auto window = mask_mod([](auto, auto, auto q, auto k) { return abs(q - k) <= 2; }, bottom_right);
     auto docs = mask_mod([&](auto b, auto, auto q, auto k) { return q_doc[b][q] == kv_doc[b][k]; });
     return modded(scores, alibi, window && docs);
   });
   const double slope[] = {0.5, 0.25, 0.125};
   expect_near_all(w, a.biased_weights([&](int b, int h, int i, int j) {
-    const bool keep = std::abs(i + 2 - j) <= 2 &&
-                      qd[static_cast<std::size_t>(b * 5 + i)] == kd[static_cast<std::size_t>(b * 7 + j)];
+    const bool keep =
+        std::abs(i + 2 - j) <= 2 && qd[static_cast<std::size_t>(b * 5 + i)] == kd[static_cast<std::size_t>(b * 7 + j)];
     return keep ? -slope[h] * std::abs(i + 2 - j) : kNegInf;
   }));
 }

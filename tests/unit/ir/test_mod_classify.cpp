@@ -145,8 +145,8 @@ TEST(ModClassify, BandsMatchBruteForceExactly) {
     for (auto align : {CausalAlign::top_left, CausalAlign::bottom_right})
       for (auto [tq, tk] : {std::pair<std::int64_t, std::int64_t>{8, 16}, {16, 16}, {5, 7}, {1, 32}}) {
         SCOPED_TRACE(testing::Message() << g.L << "x" << g.S << " tiles " << tq << "x" << tk);
-        for (const ModExpr& e : {causal(align), window(align, 6, 0), window(align, 3, 9), window(align, 0, 0),
-                                 abs_window(align, 4)}) {
+        for (const ModExpr& e :
+             {causal(align), window(align, 6, 0), window(align, 3, 9), window(align, 0, 0), abs_window(align, 4)}) {
           const auto [got, truth] = classify_grid(e, g, tq, tk);
           EXPECT_EQ(got, truth);
         }
