@@ -5,6 +5,7 @@
 #include <qkv/dsl/ops_math.hpp>
 #include <qkv/dsl/ops_structure.hpp>
 #include <qkv/dsl/params.hpp>
+#include <qkv/dsl/score_mod.hpp>
 #include <qkv/dsl/tensor.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/nn/attention.hpp>

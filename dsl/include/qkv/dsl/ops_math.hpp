@@ -186,6 +186,10 @@ constexpr auto claim_error() {
                 axes_fs<L>() + " over `" + Over +
                 "`; fix: an attention mask is [query axis, key axis]: build it as AttnMask<" + Claim::key + ", " +
                 Over + ">, or softmax<" + Claim::key + "> if that is the key axis">();
+  } else if constexpr (Claim::by == trait::claimant::mod) {
+    return fail<fixed_string("modded: the mods take `") + Claim::key +
+                "` (the last axis) as the key axis, but softmax normalises the scores " + axes_fs<L>() + " over `" +
+                Over + "`; fix: lay the scores out [..., query, key] (contract<HeadDim>(q, k)) before modded()">();
   } else {
     // causal<Key, Seq> for causal<Seq, Key>: the axes are swapped; else the query axis stands.
     constexpr auto query = [] {

@@ -37,6 +37,15 @@ struct boolean {
   static constexpr DType value = DType::boolean;
   static constexpr auto name = fixed_string("bool");
 };
+/// Integer tensors (document ids, prefix lengths): read by score and mask mods (score_mod.hpp).
+struct i32 {
+  static constexpr DType value = DType::i32;
+  static constexpr auto name = fixed_string("i32");
+};
+struct i64 {
+  static constexpr DType value = DType::i64;
+  static constexpr auto name = fixed_string("i64");
+};
 
 template <class DT, class L, class Trait = trait::plain>
 class tensor;
@@ -125,6 +134,12 @@ void defer_equal(Graph& g, const Extent& a, const Extent& b, Text text) {
       Constraint{Constraint::Kind::equal, a, b, std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
 }
 
+namespace detail {
+/// t[i]: one index of a load inside a score or mask mod (defined in score_mod.hpp).
+template <class T, class I>
+auto mod_subscript(const T& t, const I& i);
+}  // namespace detail
+
 inline const Axis& ir_axis(const Node& n, std::string_view name) {
   for (const auto& a : n.axes)
     if (a.name == name) return a;
@@ -192,6 +207,13 @@ class tensor<DT, axes<A...>, Trait> {
   [[nodiscard]] Graph& graph() const { return *graph_; }
   [[nodiscard]] int id() const { return id_; }
   [[nodiscard]] const Node& node() const { return graph_->node(id_); }
+
+  /// Inside a score_mod / mask_mod: `t[h][k]` reads one element, one index per axis (an axis the
+  /// scores have takes its own index variable; see score_mod.hpp).
+  template <class I>
+  auto operator[](const I& i) const {
+    return detail::mod_subscript(*this, i);
+  }
 
   /// The axis names in layout order, as the IR sees them.
   [[nodiscard]] static std::array<std::string_view, rank> names() { return {A::name...}; }

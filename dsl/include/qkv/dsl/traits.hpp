@@ -28,8 +28,9 @@ namespace trait {
 struct plain {};
 
 /// Who said which axis of the scores is the key axis: a key-padding mask [Batch, K] and an
-/// attention mask [Q, K] say K (their last axis); causal<Q, K> says K.
-enum class claimant : std::uint8_t { key_padding_mask, attention_mask, causal };
+/// attention mask [Q, K] say K (their last axis); causal<Q, K> says K; modded() says the last axis
+/// of the scores (its mods take it for the key axis).
+enum class claimant : std::uint8_t { key_padding_mask, attention_mask, causal, mod };
 
 template <claimant By, fixed_string Key, fixed_string Query>
 struct key_claim {

@@ -1,0 +1,16 @@
+// Positive twin of 29_mod_key_ids_by_query_fail.cpp: the key ids read with the key index.
+#include <qkv/qkv.hpp>
+
+using namespace qkv;
+using namespace qkv::nn;
+
+int main() {
+  Graph g;
+  auto q_ = input<Tensor<f32, Batch<2>, Heads<2>, Seq<5>, HeadDim<4>>>(g, "q");
+  auto k_ = input<Tensor<f32, Batch<2>, Heads<2>, Key<7>, HeadDim<4>>>(g, "k");
+  auto s = scaled(contract<HeadDim>(q_, k_));
+  auto q_doc = input<Tensor<i32, Batch<2>, Seq<5>>>(g, "q_doc");
+  auto kv_doc = input<Tensor<i32, Batch<2>, Key<7>>>(g, "kv_doc");
+  auto p = softmax<Key>(modded(s, mask_mod([&](auto b, auto, auto q, auto k) { return q_doc[b][q] == kv_doc[b][k]; })));
+  output(p, "weights");
+}
