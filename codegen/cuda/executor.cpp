@@ -195,6 +195,18 @@ class Executor {
       case Step::Kind::weights:
         return;
       case Step::Kind::gpu: {
+        if (s.bias_buffer >= 0) {
+          std::vector<NdArray> in(n.inputs.size());
+          std::vector<const NdArray*> ptrs(n.inputs.size(), nullptr);
+          for (const auto& term : s.masks->bias_terms) {
+            const auto k = static_cast<std::size_t>(term.input);
+            in[k] = download(n.inputs[k]);
+            ptrs[k] = &in[k];
+          }
+          std::vector<float> bias;
+          combine_masks(*s.call, *s.masks, ptrs, nullptr, &bias);
+          m_.upload(address(s.bias_buffer), bias.data(), bias.size() * sizeof(float));
+        }
         for (const Launch& l : s.launches) {
           std::vector<ParamValue> values(l.args.size());
           for (std::size_t a = 0; a < l.args.size(); ++a) {

@@ -266,7 +266,18 @@ class Planner {
     Step& s = step(id);
     auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
     s.call = call;
-    const cpu::AttentionSpec& spec = call->spec;
+    // The PTX kernel takes the classic masks as flags (classic_masks); any other mod runs on the
+    // host's fused kernel.
+    s.masks = classic_masks(g_, id, p_.sizes);
+    cpu::AttentionSpec spec = call->spec;
+    spec.mod = {};
+    spec.tensors.clear();
+    if (s.masks) {
+      spec.causal = s.masks->causal;
+      spec.align = s.masks->align;
+      spec.key_padding = s.masks->key_padding_input >= 0;
+      spec.bias = !s.masks->bias_terms.empty();
+    }
     const int out = value_buffer(id);
     int weights = -1;
     if (spec.write_weights) {
@@ -280,8 +291,12 @@ class Planner {
     if (!kernel) return host(id, why);
     Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
     if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
-    if (!spec.mod.empty()) return host(id, "score / mask modifications have no GPU kernel yet");
-    const Arg key_keep = Arg::null();
+    if (!s.masks) return host(id, "score / mask modifications beyond masks, biases and causal have no GPU kernel yet");
+    if (!s.masks->bias_terms.empty())
+      s.bias_buffer = new_buffer(static_cast<std::size_t>(call->len_q * call->len_k) * 4, id);
+    const Arg key_keep = s.masks->key_padding_input >= 0
+                             ? Arg::buf(buf(n.inputs[static_cast<std::size_t>(s.masks->key_padding_input)]))
+                             : Arg::null();
     s.kind = Step::Kind::gpu;
     launch(id, *kernel, grid,
            {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),

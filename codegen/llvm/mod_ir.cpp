@@ -66,7 +66,8 @@ llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* 
   llvm::Value* c = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, xx, fconst(b, xx->getType(), 0.0));
   c = b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, c, hh);
   llvm::Type* i64 = b.getInt64Ty();
-  if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType())) i64 = llvm::FixedVectorType::get(i64, vt->getNumElements());
+  if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType()))
+    i64 = llvm::FixedVectorType::get(i64, vt->getNumElements());
   return b.CreateFPToSI(c, i64);
 }
 
@@ -82,25 +83,51 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
   };
   llvm::Value* out = nullptr;
   switch (n.op) {
-    case ModOp::score: out = leaves.score(); break;
-    case ModOp::index: out = leaves.index(n.axis); break;
-    case ModOp::position: out = leaves.position(n.axis); break;
-    case ModOp::length: out = leaves.length(n.axis); break;
-    case ModOp::constant: out = llvm::ConstantFP::get(b.getFloatTy(), n.value); break;
+    case ModOp::score:
+      out = leaves.score();
+      break;
+    case ModOp::index:
+      out = leaves.index(n.axis);
+      break;
+    case ModOp::position:
+      out = leaves.position(n.axis);
+      break;
+    case ModOp::length:
+      out = leaves.length(n.axis);
+      break;
+    case ModOp::constant:
+      out = llvm::ConstantFP::get(b.getFloatTy(), n.value);
+      break;
     case ModOp::load: {
       std::vector<llvm::Value*> at;
       for (std::size_t k = 0; k < n.at.size(); ++k) at.push_back(mod_clamp_index(b, x(n.at[k]), leaves.extent(n, k)));
       out = leaves.load(n, at);
       break;
     }
-    case ModOp::add: out = bin([&](auto l, auto r) { return b.CreateFAdd(l, r); }); break;
-    case ModOp::sub: out = bin([&](auto l, auto r) { return b.CreateFSub(l, r); }); break;
-    case ModOp::mul: out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); }); break;
-    case ModOp::div: out = bin([&](auto l, auto r) { return b.CreateFDiv(l, r); }); break;
-    case ModOp::min: out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, l, r); }); break;
-    case ModOp::max: out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, l, r); }); break;
-    case ModOp::neg: out = b.CreateFNeg(x(n.a)); break;
-    case ModOp::abs: out = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x(n.a)); break;
+    case ModOp::add:
+      out = bin([&](auto l, auto r) { return b.CreateFAdd(l, r); });
+      break;
+    case ModOp::sub:
+      out = bin([&](auto l, auto r) { return b.CreateFSub(l, r); });
+      break;
+    case ModOp::mul:
+      out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); });
+      break;
+    case ModOp::div:
+      out = bin([&](auto l, auto r) { return b.CreateFDiv(l, r); });
+      break;
+    case ModOp::min:
+      out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, l, r); });
+      break;
+    case ModOp::max:
+      out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, l, r); });
+      break;
+    case ModOp::neg:
+      out = b.CreateFNeg(x(n.a));
+      break;
+    case ModOp::abs:
+      out = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x(n.a));
+      break;
     case ModOp::exp: {
       llvm::Value* a = x(n.a);
       out = leaves.exp(a);
@@ -123,15 +150,33 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       out = b.CreateFSub(fconst(b, a->getType(), 1.0), b.CreateFDiv(fconst(b, a->getType(), 2.0), den));
       break;
     }
-    case ModOp::lt: out = bin([&](auto l, auto r) { return b.CreateFCmpOLT(l, r); }); break;
-    case ModOp::le: out = bin([&](auto l, auto r) { return b.CreateFCmpOLE(l, r); }); break;
-    case ModOp::gt: out = bin([&](auto l, auto r) { return b.CreateFCmpOGT(l, r); }); break;
-    case ModOp::ge: out = bin([&](auto l, auto r) { return b.CreateFCmpOGE(l, r); }); break;
-    case ModOp::eq: out = bin([&](auto l, auto r) { return b.CreateFCmpOEQ(l, r); }); break;
-    case ModOp::ne: out = bin([&](auto l, auto r) { return b.CreateFCmpUNE(l, r); }); break;
-    case ModOp::logical_and: out = bin([&](auto l, auto r) { return b.CreateAnd(l, r); }); break;
-    case ModOp::logical_or: out = bin([&](auto l, auto r) { return b.CreateOr(l, r); }); break;
-    case ModOp::logical_not: out = b.CreateNot(x(n.a)); break;
+    case ModOp::lt:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpOLT(l, r); });
+      break;
+    case ModOp::le:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpOLE(l, r); });
+      break;
+    case ModOp::gt:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpOGT(l, r); });
+      break;
+    case ModOp::ge:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpOGE(l, r); });
+      break;
+    case ModOp::eq:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpOEQ(l, r); });
+      break;
+    case ModOp::ne:
+      out = bin([&](auto l, auto r) { return b.CreateFCmpUNE(l, r); });
+      break;
+    case ModOp::logical_and:
+      out = bin([&](auto l, auto r) { return b.CreateAnd(l, r); });
+      break;
+    case ModOp::logical_or:
+      out = bin([&](auto l, auto r) { return b.CreateOr(l, r); });
+      break;
+    case ModOp::logical_not:
+      out = b.CreateNot(x(n.a));
+      break;
     case ModOp::where: {
       llvm::Value* c = x(n.a);
       auto [l, r] = unify(b, x(n.b), x(n.c));
@@ -181,15 +226,22 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
     std::pair<llvm::Value*, llvm::Value*> t{no, no};
     const bool is_bool = bools[i];
     switch (n.op) {
-      case ModOp::score: break;
-      case ModOp::index: r = leaves.index(n.axis); break;
-      case ModOp::position: r = leaves.position(n.axis); break;
+      case ModOp::score:
+        break;
+      case ModOp::index:
+        r = leaves.index(n.axis);
+        break;
+      case ModOp::position:
+        r = leaves.position(n.axis);
+        break;
       case ModOp::length: {
         llvm::Value* l = leaves.length(n.axis);
         r = {l, l};
         break;
       }
-      case ModOp::constant: r = {c(n.value), c(n.value)}; break;
+      case ModOp::constant:
+        r = {c(n.value), c(n.value)};
+        break;
       case ModOp::load: {
         std::vector<IrInterval> at;
         for (int k : n.at) at.push_back(num[static_cast<std::size_t>(k)]);
@@ -197,18 +249,29 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
         if (!r.lo) r = unbounded;
         break;
       }
-      case ModOp::add: r = {b.CreateFAdd(A().lo, B().lo), b.CreateFAdd(A().hi, B().hi)}; break;
-      case ModOp::sub: r = {b.CreateFSub(A().lo, B().hi), b.CreateFSub(A().hi, B().lo)}; break;
+      case ModOp::add:
+        r = {b.CreateFAdd(A().lo, B().lo), b.CreateFAdd(A().hi, B().hi)};
+        break;
+      case ModOp::sub:
+        r = {b.CreateFSub(A().lo, B().hi), b.CreateFSub(A().hi, B().lo)};
+        break;
       case ModOp::mul: {
         llvm::Value* p[4] = {b.CreateFMul(A().lo, B().lo), b.CreateFMul(A().lo, B().hi), b.CreateFMul(A().hi, B().lo),
                              b.CreateFMul(A().hi, B().hi)};
         r = {lo4(p[0], p[1], p[2], p[3]), hi4(p[0], p[1], p[2], p[3])};
         break;
       }
-      case ModOp::div: break;
-      case ModOp::min: r = {minimum(b, A().lo, B().lo), minimum(b, A().hi, B().hi)}; break;
-      case ModOp::max: r = {maximum(b, A().lo, B().lo), maximum(b, A().hi, B().hi)}; break;
-      case ModOp::neg: r = {b.CreateFNeg(A().hi), b.CreateFNeg(A().lo)}; break;
+      case ModOp::div:
+        break;
+      case ModOp::min:
+        r = {minimum(b, A().lo, B().lo), minimum(b, A().hi, B().hi)};
+        break;
+      case ModOp::max:
+        r = {maximum(b, A().lo, B().lo), maximum(b, A().hi, B().hi)};
+        break;
+      case ModOp::neg:
+        r = {b.CreateFNeg(A().hi), b.CreateFNeg(A().lo)};
+        break;
       case ModOp::abs: {
         const IrInterval a = A();
         llvm::Value* pos = b.CreateFCmpOGE(a.lo, c(0.0));
@@ -223,10 +286,18 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
       case ModOp::log:
       case ModOp::tanh:
         break;  // monotone, but the kernels' approximations are not checked for monotonicity: unbounded
-      case ModOp::lt: t = {b.CreateFCmpOLT(A().hi, B().lo), b.CreateFCmpOGE(A().lo, B().hi)}; break;
-      case ModOp::le: t = {b.CreateFCmpOLE(A().hi, B().lo), b.CreateFCmpOGT(A().lo, B().hi)}; break;
-      case ModOp::gt: t = {b.CreateFCmpOGT(A().lo, B().hi), b.CreateFCmpOLE(A().hi, B().lo)}; break;
-      case ModOp::ge: t = {b.CreateFCmpOGE(A().lo, B().hi), b.CreateFCmpOLT(A().hi, B().lo)}; break;
+      case ModOp::lt:
+        t = {b.CreateFCmpOLT(A().hi, B().lo), b.CreateFCmpOGE(A().lo, B().hi)};
+        break;
+      case ModOp::le:
+        t = {b.CreateFCmpOLE(A().hi, B().lo), b.CreateFCmpOGT(A().lo, B().hi)};
+        break;
+      case ModOp::gt:
+        t = {b.CreateFCmpOGT(A().lo, B().hi), b.CreateFCmpOLE(A().hi, B().lo)};
+        break;
+      case ModOp::ge:
+        t = {b.CreateFCmpOGE(A().lo, B().hi), b.CreateFCmpOLT(A().hi, B().lo)};
+        break;
       case ModOp::eq:
       case ModOp::ne: {
         llvm::Value* point = b.CreateAnd(b.CreateAnd(b.CreateFCmpOEQ(A().lo, A().hi), b.CreateFCmpOEQ(B().lo, B().hi)),
@@ -241,7 +312,9 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
       case ModOp::logical_or:
         t = {b.CreateOr(TA().first, TB().first), b.CreateAnd(TA().second, TB().second)};
         break;
-      case ModOp::logical_not: t = {TA().second, TA().first}; break;
+      case ModOp::logical_not:
+        t = {TA().second, TA().first};
+        break;
       case ModOp::where: {
         const auto cnd = TA();
         if (is_bool) {

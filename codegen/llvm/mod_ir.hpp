@@ -31,7 +31,7 @@ std::vector<unsigned> mod_deps(const ModExpr& e, const std::string& query_axis, 
 class ModLeaves {
  public:
   virtual ~ModLeaves() = default;
-  virtual llvm::Value* score() = 0;                           // f32
+  virtual llvm::Value* score() = 0;                            // f32
   virtual llvm::Value* index(const std::string& axis) = 0;     // f32: the coordinate
   virtual llvm::Value* position(const std::string& axis) = 0;  // f32: aligned for the query axis
   virtual llvm::Value* length(const std::string& axis) = 0;    // f32 scalar

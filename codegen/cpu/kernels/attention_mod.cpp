@@ -172,12 +172,23 @@ llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<
   }
   llvm::Type* et = nullptr;
   switch (mt.dtype) {
-    case DType::f32: et = f32_; break;
-    case DType::f64: et = b_.getDoubleTy(); break;
-    case DType::boolean: et = i8_; break;
-    case DType::i32: et = i32_; break;
-    case DType::i64: et = i64_; break;
-    default: internal_error("attention kernel: a mod loads a tensor of an unsupported dtype");
+    case DType::f32:
+      et = f32_;
+      break;
+    case DType::f64:
+      et = b_.getDoubleTy();
+      break;
+    case DType::boolean:
+      et = i8_;
+      break;
+    case DType::i32:
+      et = i32_;
+      break;
+    case DType::i64:
+      et = i64_;
+      break;
+    default:
+      internal_error("attention kernel: a mod loads a tensor of an unsupported dtype");
   }
   llvm::Value* x = nullptr;
   if (vector) {
@@ -189,10 +200,14 @@ llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<
   }
   llvm::Type* ft = vector ? static_cast<llvm::Type*>(vf_) : f32_;
   switch (mt.dtype) {
-    case DType::f32: return x;
-    case DType::f64: return b_.CreateFPTrunc(x, ft);
-    case DType::boolean: return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), ft);
-    default: return b_.CreateSIToFP(x, ft);
+    case DType::f32:
+      return x;
+    case DType::f64:
+      return b_.CreateFPTrunc(x, ft);
+    case DType::boolean:
+      return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), ft);
+    default:
+      return b_.CreateSIToFP(x, ft);
   }
 }
 

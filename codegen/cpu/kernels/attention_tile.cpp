@@ -130,8 +130,8 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
 }
 
 std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<llvm::Value*>& s,
-                                                             const std::vector<llvm::Value*>& key,
-                                                             llvm::Value* masked, llvm::Value* partial,
+                                                             const std::vector<llvm::Value*>& key, llvm::Value* masked,
+                                                             llvm::Value* partial,
                                                              std::vector<std::vector<llvm::Value*>>& keyc) {
   // Only partial tiles and the tile that runs past S take this branch (a well-predicted branch
   // per Q·Kᵀ block instead of a second copy of the whole tile).

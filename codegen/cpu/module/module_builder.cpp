@@ -33,13 +33,13 @@
 #include <qkv/codegen/lowering/storage.hpp>
 
 #include "cpu/kernels/attention_kernel.hpp"
-#include "llvm/mod_ir.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/kernels/rowwise_kernel.hpp"
 #include "cpu/module/threads_ir.hpp"
 #include "cpu/schedule.hpp"
 #include "llvm/ir_int.hpp"
 #include "llvm/ir_util.hpp"
+#include "llvm/mod_ir.hpp"
 #include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
 #include "lowering/graph_util.hpp"
@@ -508,7 +508,8 @@ class ModuleBuilder {
       const Dims& s;
       const Dims* idx = nullptr;
       llvm::Value* x = nullptr;
-      Leaves(ModuleBuilder& m, const Node& nn, const std::vector<Axis>& a, const Dims& sh) : mb(m), n(nn), axes(a), s(sh) {}
+      Leaves(ModuleBuilder& m, const Node& nn, const std::vector<Axis>& a, const Dims& sh)
+          : mb(m), n(nn), axes(a), s(sh) {}
       std::size_t pos(const std::string& axis) const { return util::axis_pos(axes, axis); }
       llvm::Value* score() override { return x; }
       llvm::Value* index(const std::string& axis) override {

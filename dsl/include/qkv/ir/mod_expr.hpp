@@ -77,9 +77,7 @@ inline const char* mod_op_name(ModOp op) {
 }
 
 /// Whether the node's value is a boolean (comparisons and logic; `where` takes its arms' type).
-inline bool mod_op_is_bool(ModOp op) {
-  return op >= ModOp::lt && op <= ModOp::logical_not;
-}
+inline bool mod_op_is_bool(ModOp op) { return op >= ModOp::lt && op <= ModOp::logical_not; }
 
 /// Operand count of an op (load: `at.size()` indices instead).
 inline int mod_op_arity(ModOp op) {
@@ -195,14 +193,22 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
     auto x = [&](int id) { return v[static_cast<std::size_t>(id)]; };
     double r = 0.0;
     switch (n.op) {
-      case ModOp::score: r = score; break;
-      case ModOp::index: r = env.index(n.axis); break;
+      case ModOp::score:
+        r = score;
+        break;
+      case ModOp::index:
+        r = env.index(n.axis);
+        break;
       case ModOp::position:
         r = env.index(n.axis);
         if (n.axis == e.query && e.align == CausalAlign::bottom_right) r += env.length(e.key) - env.length(e.query);
         break;
-      case ModOp::length: r = env.length(n.axis); break;
-      case ModOp::constant: r = n.value; break;
+      case ModOp::length:
+        r = env.length(n.axis);
+        break;
+      case ModOp::constant:
+        r = n.value;
+        break;
       case ModOp::load: {
         std::vector<double> at;
         for (std::size_t k = 0; k < n.at.size(); ++k) {
@@ -213,27 +219,69 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
         r = env.load(n.input, at);
         break;
       }
-      case ModOp::add: r = x(n.a) + x(n.b); break;
-      case ModOp::sub: r = x(n.a) - x(n.b); break;
-      case ModOp::mul: r = x(n.a) * x(n.b); break;
-      case ModOp::div: r = x(n.a) / x(n.b); break;
-      case ModOp::min: r = std::min(x(n.a), x(n.b)); break;
-      case ModOp::max: r = std::max(x(n.a), x(n.b)); break;
-      case ModOp::neg: r = -x(n.a); break;
-      case ModOp::abs: r = std::fabs(x(n.a)); break;
-      case ModOp::exp: r = std::exp(x(n.a)); break;
-      case ModOp::log: r = std::log(x(n.a)); break;
-      case ModOp::tanh: r = std::tanh(x(n.a)); break;
-      case ModOp::lt: r = x(n.a) < x(n.b); break;
-      case ModOp::le: r = x(n.a) <= x(n.b); break;
-      case ModOp::gt: r = x(n.a) > x(n.b); break;
-      case ModOp::ge: r = x(n.a) >= x(n.b); break;
-      case ModOp::eq: r = x(n.a) == x(n.b); break;
-      case ModOp::ne: r = x(n.a) != x(n.b); break;
-      case ModOp::logical_and: r = (x(n.a) != 0.0) && (x(n.b) != 0.0); break;
-      case ModOp::logical_or: r = (x(n.a) != 0.0) || (x(n.b) != 0.0); break;
-      case ModOp::logical_not: r = x(n.a) == 0.0; break;
-      case ModOp::where: r = x(n.a) != 0.0 ? x(n.b) : x(n.c); break;
+      case ModOp::add:
+        r = x(n.a) + x(n.b);
+        break;
+      case ModOp::sub:
+        r = x(n.a) - x(n.b);
+        break;
+      case ModOp::mul:
+        r = x(n.a) * x(n.b);
+        break;
+      case ModOp::div:
+        r = x(n.a) / x(n.b);
+        break;
+      case ModOp::min:
+        r = std::min(x(n.a), x(n.b));
+        break;
+      case ModOp::max:
+        r = std::max(x(n.a), x(n.b));
+        break;
+      case ModOp::neg:
+        r = -x(n.a);
+        break;
+      case ModOp::abs:
+        r = std::fabs(x(n.a));
+        break;
+      case ModOp::exp:
+        r = std::exp(x(n.a));
+        break;
+      case ModOp::log:
+        r = std::log(x(n.a));
+        break;
+      case ModOp::tanh:
+        r = std::tanh(x(n.a));
+        break;
+      case ModOp::lt:
+        r = x(n.a) < x(n.b);
+        break;
+      case ModOp::le:
+        r = x(n.a) <= x(n.b);
+        break;
+      case ModOp::gt:
+        r = x(n.a) > x(n.b);
+        break;
+      case ModOp::ge:
+        r = x(n.a) >= x(n.b);
+        break;
+      case ModOp::eq:
+        r = x(n.a) == x(n.b);
+        break;
+      case ModOp::ne:
+        r = x(n.a) != x(n.b);
+        break;
+      case ModOp::logical_and:
+        r = (x(n.a) != 0.0) && (x(n.b) != 0.0);
+        break;
+      case ModOp::logical_or:
+        r = (x(n.a) != 0.0) || (x(n.b) != 0.0);
+        break;
+      case ModOp::logical_not:
+        r = x(n.a) == 0.0;
+        break;
+      case ModOp::where:
+        r = x(n.a) != 0.0 ? x(n.b) : x(n.c);
+        break;
     }
     v[i] = r;
   }
@@ -275,8 +323,11 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
     auto x = [&](int id) { return v[static_cast<std::size_t>(id)]; };
     ModInterval r;
     switch (n.op) {
-      case ModOp::score: break;
-      case ModOp::index: r = env.index(n.axis); break;
+      case ModOp::score:
+        break;
+      case ModOp::index:
+        r = env.index(n.axis);
+        break;
       case ModOp::position:
         r = env.index(n.axis);
         if (n.axis == e.query && e.align == CausalAlign::bottom_right) {
@@ -284,42 +335,75 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
           r = {r.lo + off, r.hi + off};
         }
         break;
-      case ModOp::length: r = {env.length(n.axis), env.length(n.axis)}; break;
-      case ModOp::constant: r = {n.value, n.value}; break;
+      case ModOp::length:
+        r = {env.length(n.axis), env.length(n.axis)};
+        break;
+      case ModOp::constant:
+        r = {n.value, n.value};
+        break;
       case ModOp::load: {
         std::vector<ModInterval> at;
         for (int k : n.at) at.push_back(x(k));
         r = env.load(n.input, n, at);
         break;
       }
-      case ModOp::add: r = {x(n.a).lo + x(n.b).lo, x(n.a).hi + x(n.b).hi}; break;
-      case ModOp::sub: r = {x(n.a).lo - x(n.b).hi, x(n.a).hi - x(n.b).lo}; break;
+      case ModOp::add:
+        r = {x(n.a).lo + x(n.b).lo, x(n.a).hi + x(n.b).hi};
+        break;
+      case ModOp::sub:
+        r = {x(n.a).lo - x(n.b).hi, x(n.a).hi - x(n.b).lo};
+        break;
       case ModOp::mul: {
         const ModInterval a = x(n.a), b = x(n.b);
         r = {lo_of(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi),
              hi_of(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)};
         break;
       }
-      case ModOp::div: break;  // unbounded (division by an interval holding 0)
-      case ModOp::min: r = {lo_of(x(n.a).lo, x(n.b).lo, inf, inf), lo_of(x(n.a).hi, x(n.b).hi, inf, inf)}; break;
-      case ModOp::max: r = {hi_of(x(n.a).lo, x(n.b).lo, -inf, -inf), hi_of(x(n.a).hi, x(n.b).hi, -inf, -inf)}; break;
-      case ModOp::neg: r = {-x(n.a).hi, -x(n.a).lo}; break;
+      case ModOp::div:
+        break;  // unbounded (division by an interval holding 0)
+      case ModOp::min:
+        r = {lo_of(x(n.a).lo, x(n.b).lo, inf, inf), lo_of(x(n.a).hi, x(n.b).hi, inf, inf)};
+        break;
+      case ModOp::max:
+        r = {hi_of(x(n.a).lo, x(n.b).lo, -inf, -inf), hi_of(x(n.a).hi, x(n.b).hi, -inf, -inf)};
+        break;
+      case ModOp::neg:
+        r = {-x(n.a).hi, -x(n.a).lo};
+        break;
       case ModOp::abs: {
         const ModInterval a = x(n.a);
-        if (a.lo >= 0) r = a;
-        else if (a.hi <= 0) r = {-a.hi, -a.lo};
-        else if (a.lo < 0 && a.hi > 0) r = {0.0, std::max(-a.lo, a.hi)};
-        else r = {std::nan(""), std::nan("")};
+        if (a.lo >= 0)
+          r = a;
+        else if (a.hi <= 0)
+          r = {-a.hi, -a.lo};
+        else if (a.lo < 0 && a.hi > 0)
+          r = {0.0, std::max(-a.lo, a.hi)};
+        else
+          r = {std::nan(""), std::nan("")};
         break;
       }
-      case ModOp::exp: r = {std::exp(x(n.a).lo), std::exp(x(n.a).hi)}; break;
-      case ModOp::log: r = x(n.a).lo >= 0 ? ModInterval{std::log(x(n.a).lo), std::log(x(n.a).hi)} : ModInterval{}; break;
-      case ModOp::tanh: r = {std::tanh(x(n.a).lo), std::tanh(x(n.a).hi)}; break;
+      case ModOp::exp:
+        r = {std::exp(x(n.a).lo), std::exp(x(n.a).hi)};
+        break;
+      case ModOp::log:
+        r = x(n.a).lo >= 0 ? ModInterval{std::log(x(n.a).lo), std::log(x(n.a).hi)} : ModInterval{};
+        break;
+      case ModOp::tanh:
+        r = {std::tanh(x(n.a).lo), std::tanh(x(n.a).hi)};
+        break;
       // Comparisons: decided only when the intervals separate (NaN bounds compare false).
-      case ModOp::lt: r = tri(x(n.a).hi < x(n.b).lo, x(n.a).lo >= x(n.b).hi); break;
-      case ModOp::le: r = tri(x(n.a).hi <= x(n.b).lo, x(n.a).lo > x(n.b).hi); break;
-      case ModOp::gt: r = tri(x(n.a).lo > x(n.b).hi, x(n.a).hi <= x(n.b).lo); break;
-      case ModOp::ge: r = tri(x(n.a).lo >= x(n.b).hi, x(n.a).hi < x(n.b).lo); break;
+      case ModOp::lt:
+        r = tri(x(n.a).hi < x(n.b).lo, x(n.a).lo >= x(n.b).hi);
+        break;
+      case ModOp::le:
+        r = tri(x(n.a).hi <= x(n.b).lo, x(n.a).lo > x(n.b).hi);
+        break;
+      case ModOp::gt:
+        r = tri(x(n.a).lo > x(n.b).hi, x(n.a).hi <= x(n.b).lo);
+        break;
+      case ModOp::ge:
+        r = tri(x(n.a).lo >= x(n.b).hi, x(n.a).hi < x(n.b).lo);
+        break;
       case ModOp::eq:
         r = tri(x(n.a).lo == x(n.a).hi && x(n.b).lo == x(n.b).hi && x(n.a).lo == x(n.b).lo,
                 x(n.a).hi < x(n.b).lo || x(n.b).hi < x(n.a).lo);
@@ -328,14 +412,23 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
         r = tri(x(n.a).hi < x(n.b).lo || x(n.b).hi < x(n.a).lo,
                 x(n.a).lo == x(n.a).hi && x(n.b).lo == x(n.b).hi && x(n.a).lo == x(n.b).lo);
         break;
-      case ModOp::logical_and: r = tri(x(n.a).always() && x(n.b).always(), x(n.a).never() || x(n.b).never()); break;
-      case ModOp::logical_or: r = tri(x(n.a).always() || x(n.b).always(), x(n.a).never() && x(n.b).never()); break;
-      case ModOp::logical_not: r = tri(x(n.a).never(), x(n.a).always()); break;
+      case ModOp::logical_and:
+        r = tri(x(n.a).always() && x(n.b).always(), x(n.a).never() || x(n.b).never());
+        break;
+      case ModOp::logical_or:
+        r = tri(x(n.a).always() || x(n.b).always(), x(n.a).never() && x(n.b).never());
+        break;
+      case ModOp::logical_not:
+        r = tri(x(n.a).never(), x(n.a).always());
+        break;
       case ModOp::where: {
         const ModInterval c = x(n.a), a = x(n.b), b = x(n.c);
-        if (c.always()) r = a;
-        else if (c.never()) r = b;
-        else r = {lo_of(a.lo, b.lo, inf, inf), hi_of(a.hi, b.hi, -inf, -inf)};
+        if (c.always())
+          r = a;
+        else if (c.never())
+          r = b;
+        else
+          r = {lo_of(a.lo, b.lo, inf, inf), hi_of(a.hi, b.hi, -inf, -inf)};
         break;
       }
     }

@@ -108,7 +108,7 @@ struct AttentionArgs {
   float* weights = nullptr;
   const std::uint8_t* key_keep = nullptr;
   const float* bias = nullptr;
-  const void* const* tensors = nullptr;  // spec.tensors' captured data, in order
+  const void* const* tensors = nullptr;   // spec.tensors' captured data, in order
   const std::int64_t* extents = nullptr;  // their extents, concatenated (rank of each)
   std::int64_t batch = 0;
   std::int64_t len_q = 0;  // L

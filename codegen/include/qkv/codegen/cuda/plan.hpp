@@ -64,6 +64,7 @@ struct Step {
   int bias_buffer = -1;
   int weights_buffer = -1;                         // fused attention with write_weights: where the weights go
   std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
+  std::optional<ClassicMasks> masks;               // fused attention on the GPU: its masks as the kernel's flags
 };
 
 /// Device memory of one run: a node's value (shared by its views) or a node's scratch.
