@@ -77,6 +77,13 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
   if (llvm::Value* v = cache[static_cast<std::size_t>(root)]) return v;
   const ModNode& n = e.nodes[static_cast<std::size_t>(root)];
   auto x = [&](int id) { return emit_mod(b, e, id, leaves, cache); };
+  // A number where a boolean is due (a literal true / false is a constant): non-zero is true.
+  auto truth = [&](int id) {
+    llvm::Value* v = x(id);
+    if (v->getType()->getScalarType()->isFloatingPointTy())
+      v = b.CreateFCmpUNE(v, llvm::Constant::getNullValue(v->getType()));
+    return v;
+  };
   auto bin = [&](auto&& f) {
     auto [l, r] = unify(b, x(n.a), x(n.b));
     return f(l, r);
@@ -220,8 +227,16 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
     const ModNode& n = e.nodes[i];
     auto A = [&] { return num[static_cast<std::size_t>(n.a)]; };
     auto B = [&] { return num[static_cast<std::size_t>(n.b)]; };
-    auto TA = [&] { return tri[static_cast<std::size_t>(n.a)]; };
-    auto TB = [&] { return tri[static_cast<std::size_t>(n.b)]; };
+    // A number used as a boolean (a literal): always if its interval excludes 0, never if it is 0.
+    auto tri_of = [&](int id) -> std::pair<llvm::Value*, llvm::Value*> {
+      const auto& t = tri[static_cast<std::size_t>(id)];
+      if (t.first) return t;
+      const IrInterval v = num[static_cast<std::size_t>(id)];
+      return {b.CreateOr(b.CreateFCmpOGT(v.lo, c(0.0)), b.CreateFCmpOLT(v.hi, c(0.0))),
+              b.CreateAnd(b.CreateFCmpOEQ(v.lo, c(0.0)), b.CreateFCmpOEQ(v.hi, c(0.0)))};
+    };
+    auto TA = [&] { return tri_of(n.a); };
+    auto TB = [&] { return tri_of(n.b); };
     IrInterval r = unbounded;
     std::pair<llvm::Value*, llvm::Value*> t{no, no};
     const bool is_bool = bools[i];
@@ -318,7 +333,7 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
       case ModOp::where: {
         const auto cnd = TA();
         if (is_bool) {
-          const auto x = TB(), y = tri[static_cast<std::size_t>(n.c)];
+          const auto x = TB(), y = tri_of(n.c);
           // always: (c always ∧ x always) ∨ (c never ∧ y always) ∨ (x always ∧ y always)
           t.first = b.CreateOr(b.CreateOr(b.CreateAnd(cnd.first, x.first), b.CreateAnd(cnd.second, y.first)),
                                b.CreateAnd(x.first, y.first));
@@ -340,7 +355,11 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
       num[i] = clean(r);
     }
   }
-  return tri[static_cast<std::size_t>(e.keep)];
+  const auto& t = tri[static_cast<std::size_t>(e.keep)];
+  if (t.first) return t;
+  const IrInterval v = num[static_cast<std::size_t>(e.keep)];
+  return {b.CreateOr(b.CreateFCmpOGT(v.lo, c(0.0)), b.CreateFCmpOLT(v.hi, c(0.0))),
+          b.CreateAnd(b.CreateFCmpOEQ(v.lo, c(0.0)), b.CreateFCmpOEQ(v.hi, c(0.0)))};
 }
 
 }  // namespace qkv::codegen

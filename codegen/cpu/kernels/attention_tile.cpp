@@ -153,6 +153,7 @@ std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<l
       llvm::Value* visible = splat(inside);
       if (keep >= 0) {
         llvm::Value* k = mod_value(keep, v, krow, nullptr, keyc[j]);
+        if (k->getType()->getScalarType()->isFloatingPointTy()) k = b_.CreateFCmpUNE(k, vconst(0.0));  // a literal
         visible = b_.CreateAnd(visible, b_.CreateOr(k, splat(b_.CreateNot(partial))));
       }
       out[j * qv_ + v] = b_.CreateSelect(visible, s[j * qv_ + v], vconst(kNegInf));
