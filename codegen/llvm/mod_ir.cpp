@@ -175,22 +175,26 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     case ModOp::ne:
       out = bin([&](auto l, auto r) { return b.CreateFCmpUNE(l, r); });
       break;
-    case ModOp::logical_and:
-      out = bin([&](auto l, auto r) { return b.CreateAnd(l, r); });
+    case ModOp::logical_and: {
+      auto [l, r] = unify(b, truth(n.a), truth(n.b));
+      out = b.CreateAnd(l, r);
       break;
-    case ModOp::logical_or:
-      out = bin([&](auto l, auto r) { return b.CreateOr(l, r); });
+    }
+    case ModOp::logical_or: {
+      auto [l, r] = unify(b, truth(n.a), truth(n.b));
+      out = b.CreateOr(l, r);
       break;
+    }
     case ModOp::logical_not:
-      out = b.CreateNot(x(n.a));
+      out = b.CreateNot(truth(n.a));
       break;
     case ModOp::where: {
-      llvm::Value* c = x(n.a);
+      // Splat whichever of the three is a scalar when another is a vector.
       auto [l, r] = unify(b, x(n.b), x(n.c));
-      auto [cc, ll] = unify(b, c, l);
-      auto [cc2, rr] = unify(b, cc, r);
-      auto [ll2, rr2] = unify(b, ll, rr);
-      out = b.CreateSelect(cc2, ll2, rr2);
+      auto [c, l2] = unify(b, truth(n.a), l);
+      auto [c2, r2] = unify(b, c, r);
+      auto [l3, r3] = unify(b, l2, r2);
+      out = b.CreateSelect(c2, l3, r3);
       break;
     }
   }

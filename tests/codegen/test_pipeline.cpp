@@ -339,9 +339,7 @@ void expect_mods_agree(const ModShape& sh) {
   expect_backends_agree(g, feeds, 5e-5);
 }
 
-// DISABLED: the combined mods graph fails IR verification (an f32 literal reaching an i1 `or`);
-// to be fixed before issue #14 is resolved (see the closing note of session 4).
-TEST(CpuBackend, DISABLED_BuiltInAndHandWrittenModsMatchTheInterpreter) {
+TEST(CpuBackend, BuiltInAndHandWrittenModsMatchTheInterpreter) {
   expect_mods_agree<4, 2, 32>({2, 37, 37, 32, false});
   expect_mods_agree<4, 4, 64>({1, 29, 71, 64, true});
   expect_mods_agree<2, 1, 80>({2, 45, 23, 80, false});
