@@ -26,7 +26,7 @@ std::pair<llvm::Value*, llvm::Value*> unify(llvm::IRBuilder<>& b, llvm::Value* x
   return {x, y};
 }
 
-llvm::Value* fconst(llvm::IRBuilder<>& /*b*/, llvm::Type* like, double v) { return llvm::ConstantFP::get(like, v); }
+llvm::Value* fconst(llvm::Type* like, double v) { return llvm::ConstantFP::get(like, v); }
 
 llvm::Value* minimum(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
   return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, x, y);
@@ -59,11 +59,11 @@ llvm::Value* ModLeaves::exp(llvm::Value* /*x*/) { return nullptr; }
 llvm::Value* ModLeaves::log(llvm::Value* /*x*/) { return nullptr; }
 
 llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* extent_f32) {
-  llvm::Value* hi = b.CreateFSub(extent_f32, fconst(b, extent_f32->getType(), 1.0));
-  hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, hi, fconst(b, hi->getType(), 0.0));
+  llvm::Value* hi = b.CreateFSub(extent_f32, fconst(extent_f32->getType(), 1.0));
+  hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, hi, fconst(hi->getType(), 0.0));
   auto [xx, hh] = unify(b, b.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x), hi);
   // maxnum/minnum return the other operand for NaN: NaN → 0.
-  llvm::Value* c = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, xx, fconst(b, xx->getType(), 0.0));
+  llvm::Value* c = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, xx, fconst(xx->getType(), 0.0));
   c = b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, c, hh);
   llvm::Type* i64 = b.getInt64Ty();
   if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType()))
@@ -150,11 +150,11 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     case ModOp::tanh: {
       // tanh x = 1 − 2 / (e^(2x) + 1): ±1 at the ends, absolute error ~1e-7.
       llvm::Value* a = x(n.a);
-      llvm::Value* two = b.CreateFMul(a, fconst(b, a->getType(), 2.0));
+      llvm::Value* two = b.CreateFMul(a, fconst(a->getType(), 2.0));
       llvm::Value* ex = leaves.exp(two);
       if (!ex) ex = cpu::emit_exp(b, two);
-      llvm::Value* den = b.CreateFAdd(ex, fconst(b, a->getType(), 1.0));
-      out = b.CreateFSub(fconst(b, a->getType(), 1.0), b.CreateFDiv(fconst(b, a->getType(), 2.0), den));
+      llvm::Value* den = b.CreateFAdd(ex, fconst(a->getType(), 1.0));
+      out = b.CreateFSub(fconst(a->getType(), 1.0), b.CreateFDiv(fconst(a->getType(), 2.0), den));
       break;
     }
     case ModOp::lt:

@@ -51,91 +51,45 @@ struct Match {
 /// one expression: a score_mod with a score part after a mask (the mask's −inf would reach the
 /// mod, e.g. tanh(−inf) = −1), or two mods aligning the query position differently.
 std::optional<ModExpr> chain_expr(const Graph& g, const Match& m, std::vector<int>& captured) {
-  ModExpr e;
-  auto add = [&](ModNode n) { return e.add(std::move(n)); };
-  auto leaf = [&](ModOp op, const std::string& axis) {
-    ModNode n;
-    n.op = op;
-    n.axis = axis;
-    return add(std::move(n));
-  };
-  auto node = [&](ModOp op, int a, int b = -1) {
-    ModNode n;
-    n.op = op;
-    n.a = a;
-    n.b = b;
-    return add(std::move(n));
-  };
+  ModBuilder e;
   auto tensor_input = [&](int graph_id) {
     auto it = std::find(captured.begin(), captured.end(), graph_id);
     if (it == captured.end()) it = captured.insert(captured.end(), graph_id);
     return 3 + static_cast<int>(it - captured.begin());
   };
-  auto load_by_name = [&](int graph_id) {
-    ModNode n;
-    n.op = ModOp::load;
-    n.input = tensor_input(graph_id);
-    for (const auto& ax : g.node(graph_id).axes) n.at.push_back(leaf(ModOp::index, ax.name));
-    return add(std::move(n));
-  };
-  const int score_leaf = leaf(ModOp::score, "");
-  int score = score_leaf, keep = -1;
+  auto load = [&](int graph_id) { return e.load_by_axes(tensor_input(graph_id), names_of(g.node(graph_id).axes)); };
   bool aligned = false;
-  auto and_keep = [&](int k) { keep = keep < 0 ? k : node(ModOp::logical_and, keep, k); };
   for (auto it = m.chain.rbegin(); it != m.chain.rend(); ++it) {
     const Node& n = g.node(*it);
     switch (n.op) {
       case Op::bias:  // after a mask too: −inf + b = −inf, so the order does not matter
-        score = node(ModOp::add, score, load_by_name(n.inputs[1]));
+        e.add_to_score(load(n.inputs[1]));
         break;
-      case Op::keep_mask: {
-        ModNode zero;
-        zero.op = ModOp::constant;
-        and_keep(node(ModOp::ne, load_by_name(n.inputs[1]), add(zero)));
+      case Op::keep_mask:
+        e.keep_nonzero(load(n.inputs[1]));
         break;
-      }
-      case Op::causal: {
-        int row = leaf(ModOp::index, n.attr_axes[0]);
-        if (n.align == CausalAlign::bottom_right)
-          row = node(ModOp::add, row,
-                     node(ModOp::sub, leaf(ModOp::length, n.attr_axes[1]), leaf(ModOp::length, n.attr_axes[0])));
-        and_keep(node(ModOp::le, leaf(ModOp::index, n.attr_axes[1]), row));
+      case Op::causal:
+        e.keep_causal(n.attr_axes[0], n.attr_axes[1], n.align);
         break;
-      }
       case Op::score_mod: {
         const ModExpr& x = *n.mod;
-        if (x.score >= 0 && keep >= 0) return std::nullopt;
+        if (x.score >= 0 && e.masked()) return std::nullopt;
         if (!x.query.empty()) {
-          if (aligned && (e.query != x.query || e.key != x.key || e.align != x.align)) return std::nullopt;
+          ModExpr& r = e.expr();
+          if (aligned && (r.query != x.query || r.key != x.key || r.align != x.align)) return std::nullopt;
           aligned = true;
-          e.query = x.query;
-          e.key = x.key;
-          e.align = x.align;
+          r.query = x.query;
+          r.key = x.key;
+          r.align = x.align;
         }
-        std::vector<int> id(x.nodes.size());
-        for (std::size_t i = 0; i < x.nodes.size(); ++i) {
-          ModNode c = x.nodes[i];
-          if (c.op == ModOp::score) {
-            id[i] = score;
-            continue;
-          }
-          for (int* o : {&c.a, &c.b, &c.c})
-            if (*o >= 0) *o = id[static_cast<std::size_t>(*o)];
-          for (int& o : c.at) o = id[static_cast<std::size_t>(o)];
-          if (c.op == ModOp::load) c.input = tensor_input(n.inputs[static_cast<std::size_t>(c.input)]);
-          id[i] = add(std::move(c));
-        }
-        if (x.score >= 0) score = id[static_cast<std::size_t>(x.score)];
-        if (x.keep >= 0) and_keep(id[static_cast<std::size_t>(x.keep)]);
+        e.splice(x, [&](int input) { return tensor_input(n.inputs[static_cast<std::size_t>(input)]); });
         break;
       }
       default:
         return std::nullopt;
     }
   }
-  e.score = score == score_leaf ? -1 : score;
-  e.keep = keep;
-  return e;
+  return e.finish();
 }
 
 std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) {

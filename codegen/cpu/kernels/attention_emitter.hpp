@@ -44,9 +44,6 @@ class AttentionEmitter {
   class Leaves;
   class BoundsLeaves;
   void prepare_mod();
-  /// Nodes that depend on neither the key nor the score, for query vector v (v < 0: the ones
-  /// that depend on no query either), computed in the task's prologue.
-  std::vector<llvm::Value*>& row_values(int v);
   /// The values of the key-level nodes reachable from `root` for key `key` (i64), seeded with
   /// the task-level ones.
   std::vector<llvm::Value*> key_values(llvm::Value* key, int root, const std::vector<llvm::Value*>* seed);
@@ -55,6 +52,7 @@ class AttentionEmitter {
   std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
   llvm::Value* load_element(const ModNode& n, const std::vector<llvm::Value*>& index_i64);
   llvm::Value* axis_value(const std::string& axis, int v, llvm::Value* key, bool position);
+  llvm::Value* axis_length(const std::string& axis);
 
   // --- attention_tile.cpp: one tile of `key_tile` keys starting at key k0
   void emit_tile(llvm::Value* kt, Pass pass);

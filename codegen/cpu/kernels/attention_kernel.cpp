@@ -175,10 +175,11 @@ void AttentionEmitter::load_arguments() {
     w_base_ = b_.CreateInBoundsGEP(f32_, w, b_.CreateMul(row0, len_k_), "w_base");
   }
 
-  // The mod's tensors: base pointers, extents and row-major strides.
+  // The mod's tensors: base pointers, extents and row-major strides. Captured tensors come in
+  // order from args.tensors, their extents from args.extents.
   llvm::Value* tensors = nullptr;
   llvm::Value* extents = nullptr;
-  std::int64_t ext_at = 0;
+  std::uint64_t captured = 0, ext_at = 0;
   for (const ModTensor& t : mod_.tensors) {
     TensorIn in;
     switch (t.source) {
@@ -195,23 +196,15 @@ void AttentionEmitter::load_arguments() {
           tensors = field(offsetof(AttentionArgs, tensors), ptr_, "tensors");
           extents = field(offsetof(AttentionArgs, extents), ptr_, "extents");
         }
+        in.base = b_.CreateLoad(ptr_, b_.CreateConstInBoundsGEP1_64(ptr_, tensors, captured++), "tensor");
+        for (int d = 0; d < t.rank; ++d)
+          in.extent.push_back(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, extents, ext_at++)));
         break;
-    }
-    tensors_.push_back(std::move(in));
-  }
-  std::uint64_t captured = 0;
-  for (std::size_t ti = 0; ti < mod_.tensors.size(); ++ti) {
-    const ModTensor& t = mod_.tensors[ti];
-    TensorIn& in = tensors_[ti];
-    if (t.source == ModTensor::Source::captured) {
-      in.base = b_.CreateLoad(ptr_, b_.CreateConstInBoundsGEP1_64(ptr_, tensors, captured++), "tensor");
-      for (int d = 0; d < t.rank; ++d)
-        in.extent.push_back(
-            b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, extents, static_cast<std::uint64_t>(ext_at++))));
     }
     in.stride.assign(in.extent.size(), c64(1));
     for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b_.CreateMul(in.stride[d], in.extent[d]);
     for (llvm::Value* e : in.extent) in.extent_f32.push_back(b_.CreateSIToFP(e, f32_));
+    tensors_.push_back(std::move(in));
   }
   if (spec_.dropout_p > 0) {
     seed_ = field(offsetof(AttentionArgs, seed), i64_, "seed");

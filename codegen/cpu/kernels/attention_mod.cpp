@@ -37,15 +37,7 @@ class AttentionEmitter::Leaves final : public ModLeaves {
   }
   llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, v_, key_, false); }
   llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, v_, key_, true); }
-  llvm::Value* length(const std::string& axis) override {
-    const ModAxes& a = k_.mod_.axes;
-    if (axis == a.query) return k_.len_qf_;
-    if (axis == a.key) return k_.len_kf_;
-    if (axis == a.batch) return k_.b_.CreateSIToFP(k_.nbatch_, k_.f32_);
-    for (const auto& h : a.heads)
-      if (h.name == axis) return llvm::ConstantFP::get(k_.f32_, static_cast<double>(h.extent));
-    internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
-  }
+  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
   llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& at) override { return k_.load_element(n, at); }
   llvm::Value* extent(const ModNode& n, std::size_t d) override {
     return k_.tensors_.at(static_cast<std::size_t>(n.input)).extent_f32.at(d);
@@ -64,7 +56,7 @@ class AttentionEmitter::BoundsLeaves final : public ModBoundsLeaves {
   BoundsLeaves(AttentionEmitter& k, llvm::Value* k0) : k_(k), k0_(k0) {}
   IrInterval index(const std::string& axis) override { return range(axis, false); }
   IrInterval position(const std::string& axis) override { return range(axis, true); }
-  llvm::Value* length(const std::string& axis) override { return Leaves(k_, -1, nullptr, nullptr).length(axis); }
+  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
   IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
     auto& b = k_.b_;
     const TensorIn& t = k_.tensors_.at(static_cast<std::size_t>(n.input));
@@ -149,6 +141,16 @@ llvm::Value* AttentionEmitter::axis_value(const std::string& axis, int v, llvm::
     llvm::Value* c = b_.CreateURem(b_.CreateUDiv(head_, c64(h.stride)), c64(h.extent));
     return b_.CreateSIToFP(c, f32_);
   }
+  internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
+}
+
+llvm::Value* AttentionEmitter::axis_length(const std::string& axis) {
+  const ModAxes& a = mod_.axes;
+  if (axis == a.query) return len_qf_;
+  if (axis == a.key) return len_kf_;
+  if (axis == a.batch) return b_.CreateSIToFP(nbatch_, f32_);
+  for (const auto& h : a.heads)
+    if (h.name == axis) return llvm::ConstantFP::get(f32_, static_cast<double>(h.extent));
   internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
 }
 

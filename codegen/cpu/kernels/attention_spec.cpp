@@ -33,80 +33,27 @@ EffectiveMod effective_mod(const AttentionSpec& spec) {
   EffectiveMod out;
   out.axes = spec.axes;
   if (out.axes.heads.empty()) out.axes.heads.push_back({"h", 1, spec.hq});
-  ModExpr& e = out.expr;
-  const std::string& b = out.axes.batch;
-  const std::string& q = out.axes.query;
-  const std::string& k = out.axes.key;
-  int score = -1, keep = -1;
-  auto add = [&](ModNode n) { return e.add(std::move(n)); };
-  auto node = [&](ModOp op, int x, int y = -1) {
-    ModNode n;
-    n.op = op;
-    n.a = x;
-    n.b = y;
-    return add(n);
+  const ModAxes& a = out.axes;
+  ModBuilder m;
+  auto tensor = [&](ModTensor::Source src, DType t) {
+    out.tensors.push_back({src, t, 2});
+    return static_cast<int>(out.tensors.size()) - 1;
   };
-  auto leaf = [&](ModOp op, const std::string& axis) {
-    ModNode n;
-    n.op = op;
-    n.axis = axis;
-    return add(n);
-  };
-  auto and_keep = [&](int x) { keep = keep < 0 ? x : node(ModOp::logical_and, keep, x); };
-  auto tensor = [&](ModTensor::Source src, DType t, std::vector<int> at) {
-    out.tensors.push_back({src, t, static_cast<int>(at.size())});
-    ModNode n;
-    n.op = ModOp::load;
-    n.input = static_cast<int>(out.tensors.size()) - 1;
-    n.at = std::move(at);
-    return add(n);
-  };
-  if (spec.bias) {
-    score = node(ModOp::add, leaf(ModOp::score, ""),
-                 tensor(ModTensor::Source::bias, DType::f32, {leaf(ModOp::index, q), leaf(ModOp::index, k)}));
-  }
-  if (spec.key_padding) {
-    ModNode zero;
-    zero.op = ModOp::constant;
-    const int flag =
-        tensor(ModTensor::Source::key_keep, DType::boolean, {leaf(ModOp::index, b), leaf(ModOp::index, k)});
-    and_keep(node(ModOp::ne, flag, add(zero)));
-  }
-  if (spec.causal) {
-    // key <= query (+ S − L bottom-right), written with indices so that spec.mod may align
-    // its own positions otherwise.
-    int row = leaf(ModOp::index, q);
-    if (spec.align == CausalAlign::bottom_right)
-      row = node(ModOp::add, row, node(ModOp::sub, leaf(ModOp::length, k), leaf(ModOp::length, q)));
-    and_keep(node(ModOp::le, leaf(ModOp::index, k), row));
-  }
+  if (spec.bias) m.add_to_score(m.load_by_axes(tensor(ModTensor::Source::bias, DType::f32), {a.query, a.key}));
+  if (spec.key_padding)
+    m.keep_nonzero(m.load_by_axes(tensor(ModTensor::Source::key_keep, DType::boolean), {a.batch, a.key}));
+  if (spec.causal) m.keep_causal(a.query, a.key, spec.align);
   if (!spec.mod.empty()) {
-    // Append spec.mod with its node ids shifted; its score leaf reads the flags' score.
-    const int tbase = static_cast<int>(out.tensors.size());
-    std::vector<int> id(spec.mod.nodes.size());
-    for (std::size_t i = 0; i < spec.mod.nodes.size(); ++i) {
-      ModNode n = spec.mod.nodes[i];
-      if (n.op == ModOp::score && score >= 0) {
-        id[i] = score;
-        continue;
-      }
-      for (int* x : {&n.a, &n.b, &n.c})
-        if (*x >= 0) *x = id[static_cast<std::size_t>(*x)];
-      for (int& x : n.at) x = id[static_cast<std::size_t>(x)];
-      if (n.op == ModOp::load) n.input += tbase;
-      id[i] = add(std::move(n));
-    }
-    if (spec.mod.score >= 0) score = id[static_cast<std::size_t>(spec.mod.score)];
-    if (spec.mod.keep >= 0) and_keep(id[static_cast<std::size_t>(spec.mod.keep)]);
+    const int base = static_cast<int>(out.tensors.size());
+    m.splice(spec.mod, [base](int input) { return input + base; });
+    out.tensors.insert(out.tensors.end(), spec.tensors.begin(), spec.tensors.end());
     if (!spec.mod.query.empty()) {
-      e.query = spec.mod.query;
-      e.key = spec.mod.key;
-      e.align = spec.mod.align;
+      m.expr().query = spec.mod.query;
+      m.expr().key = spec.mod.key;
+      m.expr().align = spec.mod.align;
     }
-    for (const auto& t : spec.tensors) out.tensors.push_back(t);
   }
-  e.score = score;
-  e.keep = keep;
+  out.expr = m.finish();
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <qkv/ir/hash.hpp>
@@ -286,6 +287,95 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
     v[i] = r;
   }
 }
+
+/// Assembles an expression term by term, as the fuse pass (from masked / biased / causal /
+/// score_mod nodes) and the kernel (from its shorthand flags) do: score terms rewrite the
+/// current score, keep terms are and-ed. finish() leaves `score` at −1 when no term changed it.
+class ModBuilder {
+ public:
+  ModBuilder() : score_(leaf(ModOp::score)), leaf_(score_) {}
+
+  int leaf(ModOp op, std::string axis = {}) {
+    ModNode n;
+    n.op = op;
+    n.axis = std::move(axis);
+    return e_.add(std::move(n));
+  }
+  int op(ModOp op, int a, int b = -1) {
+    ModNode n;
+    n.op = op;
+    n.a = a;
+    n.b = b;
+    return e_.add(std::move(n));
+  }
+  int constant(double v) {
+    ModNode n;
+    n.op = ModOp::constant;
+    n.value = v;
+    return e_.add(std::move(n));
+  }
+  int load(int input, std::vector<int> at) {
+    ModNode n;
+    n.op = ModOp::load;
+    n.input = input;
+    n.at = std::move(at);
+    return e_.add(std::move(n));
+  }
+  /// A load whose indices are the coordinates along the named axes.
+  int load_by_axes(int input, const std::vector<std::string>& axes) {
+    std::vector<int> at;
+    for (const auto& a : axes) at.push_back(leaf(ModOp::index, a));
+    return load(input, std::move(at));
+  }
+
+  [[nodiscard]] int score() const { return score_; }
+  [[nodiscard]] bool masked() const { return keep_ >= 0; }
+  void add_to_score(int x) { score_ = op(ModOp::add, score_, x); }
+  void keep_also(int k) { keep_ = keep_ < 0 ? k : op(ModOp::logical_and, keep_, k); }
+  /// keep ∧= (x != 0): a keep-mask tensor's value.
+  void keep_nonzero(int x) { keep_also(op(ModOp::ne, x, constant(0.0))); }
+  /// keep ∧= key <= query (+ S − L bottom-right), written with indices so that the expression's
+  /// own alignment (of `position` leaves) stays free for other terms.
+  void keep_causal(const std::string& query, const std::string& key, CausalAlign align) {
+    int row = leaf(ModOp::index, query);
+    if (align == CausalAlign::bottom_right)
+      row = op(ModOp::add, row, op(ModOp::sub, leaf(ModOp::length, key), leaf(ModOp::length, query)));
+    keep_also(op(ModOp::le, leaf(ModOp::index, key), row));
+  }
+  /// Appends `from`: its score leaf reads the current score, each load's input becomes
+  /// input_of(input); then its score and keep roots apply. Alignment is the caller's to merge.
+  template <class F>
+  void splice(const ModExpr& from, F input_of) {
+    std::vector<int> id(from.nodes.size());
+    for (std::size_t i = 0; i < from.nodes.size(); ++i) {
+      ModNode n = from.nodes[i];
+      if (n.op == ModOp::score) {
+        id[i] = score_;
+        continue;
+      }
+      for (int* x : {&n.a, &n.b, &n.c})
+        if (*x >= 0) *x = id[static_cast<std::size_t>(*x)];
+      for (int& x : n.at) x = id[static_cast<std::size_t>(x)];
+      if (n.op == ModOp::load) n.input = input_of(n.input);
+      id[i] = e_.add(std::move(n));
+    }
+    if (from.score >= 0) score_ = id[static_cast<std::size_t>(from.score)];
+    if (from.keep >= 0) keep_also(id[static_cast<std::size_t>(from.keep)]);
+  }
+
+  /// The aligning axes (ModExpr::query / key / align) of the result.
+  ModExpr& expr() { return e_; }
+  ModExpr finish() {
+    e_.score = score_ == leaf_ ? -1 : score_;
+    e_.keep = keep_;
+    return std::move(e_);
+  }
+
+ private:
+  ModExpr e_;
+  int score_, leaf_;
+  int keep_ = -1;
+};
 
 // ------------------------------------------------------------------------------------------------
 // Intervals: what a block of entries can make of an expression (block skipping).
