@@ -35,6 +35,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/ir/mod_expr.hpp>
 
 namespace {
 
@@ -321,15 +322,137 @@ void BM_Fused(benchmark::State& state) {
   report(state, p, seconds, std::max(peak_before, probe_peak()), "fused");
 }
 
+// --- score / mask modifications ----------------------------------------------------------------
+// The mod expression compiled into the kernel (qkv/ir/mod_expr.hpp), side by side with plain
+// attention at the same N. GFLOP/s counts the useful FLOPs (entries the mask keeps); x_plain is
+// that rate over plain attention's at the same N, in the same run.
+
+enum class ModCase : std::int64_t { plain, alibi, softcap, window256, docs8, docs8_dense_mask };
+constexpr std::int64_t kWindow = 256, kDocs = 8;
+
+struct ModProblem {
+  Problem p;
+  ModCase c;
+  AttentionSpec spec = bench_spec(false);
+  std::vector<float> slopes, q_doc, kv_doc, dense;
+  std::vector<const void*> tensors;
+  std::vector<std::int64_t> extents;
+  ModProblem(std::int64_t n, ModCase mc) : p(n, false), c(mc) {
+    using namespace qkv;
+    ModBuilder m;
+    const std::string b = "b", h = "h", q = "q", k = "k";
+    switch (c) {
+      case ModCase::plain:
+        break;
+      case ModCase::alibi: {  // score − slope[h]·|i − j|, slopes 2^(−8(h+1)/H)
+        for (std::int64_t i = 0; i < kHeads; ++i) slopes.push_back(std::exp2(-8.0f * float(i + 1) / kHeads));
+        tensors = {slopes.data()};
+        extents = {kHeads};
+        spec.tensors = {{qkv::codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+        const int dist = m.op(ModOp::abs, m.op(ModOp::sub, m.leaf(ModOp::position, q), m.leaf(ModOp::position, k)));
+        const int slope = m.load_by_axes(0, {h});
+        m.expr().query = q;
+        m.expr().key = k;
+        m.add_to_score(m.op(ModOp::neg, m.op(ModOp::mul, slope, dist)));
+        break;
+      }
+      case ModCase::softcap: {  // 30·tanh(s / 30): replaces the score
+        const int cap = m.constant(30.0);
+        m.replace_score(m.op(ModOp::mul, cap, m.op(ModOp::tanh, m.op(ModOp::div, m.score(), cap))));
+        break;
+      }
+      case ModCase::window256: {  // i − 256 <= j <= i
+        m.expr().query = q;
+        m.expr().key = k;
+        const int qi = m.leaf(ModOp::position, q), kj = m.leaf(ModOp::position, k);
+        m.keep_also(m.op(ModOp::ge, kj, m.op(ModOp::sub, qi, m.constant(kWindow))));
+        m.keep_also(m.op(ModOp::le, kj, qi));
+        break;
+      }
+      case ModCase::docs8: {  // 8 packed documents of equal length: q_doc[b][i] == kv_doc[b][j]
+        for (std::int64_t i = 0; i < n; ++i) q_doc.push_back(static_cast<float>(i * kDocs / n));
+        kv_doc = q_doc;
+        tensors = {q_doc.data(), kv_doc.data()};
+        extents = {1, n, 1, n};
+        const auto f32 = qkv::codegen::cpu::ModTensor{qkv::codegen::cpu::ModTensor::Source::captured, DType::f32, 2};
+        spec.tensors = {f32, f32};
+        m.keep_also(m.op(ModOp::eq, m.load_by_axes(0, {b, q}), m.load_by_axes(1, {b, k})));
+        break;
+      }
+      case ModCase::docs8_dense_mask:  // the same documents as an explicit [L, S] bias of 0 / −inf
+        dense.assign(static_cast<std::size_t>(n * n), -std::numeric_limits<float>::infinity());
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t j = 0; j < n; ++j)
+            if (i * kDocs / n == j * kDocs / n) dense[static_cast<std::size_t>(i * n + j)] = 0.0f;
+        spec.bias = true;
+        break;
+    }
+    spec.mod = m.finish();
+  }
+  [[nodiscard]] double useful_flops() const {
+    const double n = static_cast<double>(p.n), per_entry = 4.0 * kHeads * kDim;
+    switch (c) {
+      case ModCase::window256: {
+        double kept = 0;
+        for (std::int64_t i = 0; i < p.n; ++i) kept += static_cast<double>(std::min<std::int64_t>(i + 1, kWindow + 1));
+        return per_entry * kept;
+      }
+      case ModCase::docs8:
+      case ModCase::docs8_dense_mask:
+        return per_entry * n * n / kDocs;
+      default:
+        return per_entry * n * n;
+    }
+  }
+  AttentionArgs args() {
+    AttentionArgs a = args_of(p);
+    a.tensors = tensors.empty() ? nullptr : tensors.data();
+    a.extents = extents.empty() ? nullptr : extents.data();
+    a.bias = dense.empty() ? nullptr : dense.data();
+    return a;
+  }
+};
+
+std::map<std::int64_t, double> g_plain_fraction;  // N → plain attention's GFLOP/s ÷ peak
+
+void BM_Mod(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const auto c = static_cast<ModCase>(state.range(1));
+  ModProblem mp(n, c);
+  const AttentionArgs args = mp.args();
+  qkv::codegen::cpu::run_attention(mp.spec, args, kThreads);  // compiles the kernel
+  double seconds = 0;
+  const double peak_before = probe_peak();
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    qkv::codegen::cpu::run_attention(mp.spec, args, kThreads);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(mp.p.out.data());
+  }
+  const double peak = std::max(peak_before, probe_peak());
+  const double per_call = seconds / static_cast<double>(state.iterations());
+  const double gflops = mp.useful_flops() / per_call * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["peak"] = peak;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  state.counters["ms_per_1k_queries"] = per_call * 1e3 / (static_cast<double>(n) / 1000.0);
+  if (c == ModCase::plain) g_plain_fraction[n] = gflops / peak;
+  if (auto it = g_plain_fraction.find(n); it != g_plain_fraction.end())
+    state.counters["x_plain"] = gflops / peak / it->second;
+}
+
 // --- JIT compile time ---------------------------------------------------------------------------
 
 /// Cold: an empty kernel cache and no JIT (so jit_create_ms is counted apart), then the kernel
 /// generated, optimised and compiled.
 void BM_JitCompileCold(benchmark::State& state) {
   double build = 0, compile = 0, create = 0;
+  // mod = 1: the sliding-window and ALiBi kernels of BM_Mod instead (causal ignored).
+  const AttentionSpec spec = state.range(1) == 0 ? bench_spec(state.range(0) != 0)
+                                                 : ModProblem(64, state.range(1) == 1 ? ModCase::window256 : ModCase::alibi).spec;
   for (auto _ : state) {
     qkv::codegen::cpu::clear_attention_cache();
-    const auto info = qkv::codegen::cpu::prepare_attention(bench_spec(state.range(0) != 0));
+    const auto info = qkv::codegen::cpu::prepare_attention(spec);
     build += info.build_ms;
     compile += info.compile_ms;
     create += info.jit_create_ms;
@@ -353,10 +476,27 @@ BENCHMARK(BM_Fused)
     ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+BENCHMARK(BM_Mod)
+    ->ArgNames({"N", "mod"})
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Args({4096, 2})
+    ->Args({4096, 3})
+    ->Args({8192, 0})
+    ->Args({8192, 3})
+    ->Args({8192, 4})
+    ->Args({8192, 5})
+    ->Args({16384, 0})
+    ->Args({16384, 3})
+    ->Args({32768, 3})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_JitCompileCold)
-    ->ArgName("causal")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"causal", "mod"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({0, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);

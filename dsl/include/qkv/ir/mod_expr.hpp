@@ -331,6 +331,8 @@ class ModBuilder {
   [[nodiscard]] int score() const { return score_; }
   [[nodiscard]] bool masked() const { return keep_ >= 0; }
   void add_to_score(int x) { score_ = op(ModOp::add, score_, x); }
+  /// A term that computes the new score itself (from score()).
+  void replace_score(int x) { score_ = x; }
   void keep_also(int k) { keep_ = keep_ < 0 ? k : op(ModOp::logical_and, keep_, k); }
   /// keep ∧= (x != 0): a keep-mask tensor's value.
   void keep_nonzero(int x) { keep_also(op(ModOp::ne, x, constant(0.0))); }
