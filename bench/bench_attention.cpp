@@ -448,8 +448,9 @@ void BM_Mod(benchmark::State& state) {
 void BM_JitCompileCold(benchmark::State& state) {
   double build = 0, compile = 0, create = 0;
   // mod = 1: the sliding-window and ALiBi kernels of BM_Mod instead (causal ignored).
-  const AttentionSpec spec = state.range(1) == 0 ? bench_spec(state.range(0) != 0)
-                                                 : ModProblem(64, state.range(1) == 1 ? ModCase::window256 : ModCase::alibi).spec;
+  const AttentionSpec spec = state.range(1) == 0
+                                 ? bench_spec(state.range(0) != 0)
+                                 : ModProblem(64, state.range(1) == 1 ? ModCase::window256 : ModCase::alibi).spec;
   for (auto _ : state) {
     qkv::codegen::cpu::clear_attention_cache();
     const auto info = qkv::codegen::cpu::prepare_attention(spec);

@@ -40,6 +40,10 @@ struct RunMha {
 struct RunSdpa {
   std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
   std::optional<std::string> causal;
+  // score / mask modifications (qkv::mods)
+  std::string window, align, alibi_slopes, q_doc_ids, kv_doc_ids;
+  std::optional<double> softcap;
+  std::optional<std::int64_t> prefix_len;
   std::optional<double> scale;
   double dropout = 0.0;
   std::uint64_t seed = 0;

@@ -302,6 +302,70 @@ int run_mha(const RunMha& o) {
   return 0;
 }
 
+namespace {
+
+/// An int64 copy of an integer .npy (document ids), or IoError.
+NdArray ids_of(NdArray a, const std::string& flag, std::int64_t batch, std::int64_t len, const char* len_name) {
+  if (a.dtype != DType::i32 && a.dtype != DType::i64)
+    throw IoError(flag + ": document ids must be int32 or int64, got " + std::string(dtype_name(a.dtype)));
+  if (a.shape != std::vector<std::int64_t>{batch, len})
+    throw IoError(flag + ": shape " + shape_str(a) + ", expected [B, " + len_name + "] = (" + std::to_string(batch) +
+                  ", " + std::to_string(len) + ")");
+  return a;
+}
+
+/// --window, --softcap, --alibi-slopes, --q-doc-ids / --kv-doc-ids, --prefix-len, --align: the
+/// mods and their inputs (into `feeds`).
+Mods parse_mods(const RunSdpa& o, Feeds& feeds, std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t S) {
+  Mods m;
+  if (!o.align.empty()) m.align = o.align == "bottom-right" ? CausalAlign::bottom_right : CausalAlign::top_left;
+  if (o.softcap) {
+    if (!(*o.softcap > 0)) throw UsageError("--softcap must be a positive number");
+    m.softcap = o.softcap;
+  }
+  if (!o.window.empty()) {
+    const auto comma = o.window.find(',');
+    std::int64_t left = 0, right = 0;
+    try {
+      std::size_t a = 0, b = 0;
+      if (comma == std::string::npos) throw std::invalid_argument("no comma");
+      left = std::stoll(o.window.substr(0, comma), &a);
+      right = std::stoll(o.window.substr(comma + 1), &b);
+      if (a != comma || b != o.window.size() - comma - 1) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw UsageError("--window takes LEFT,RIGHT (integers, -1 = unbounded), not '" + o.window + "'");
+    }
+    if (left < -1 || right < -1) throw UsageError("--window: LEFT and RIGHT must be >= -1");
+    m.window = {left, right};
+  }
+  if (!o.alibi_slopes.empty()) {
+    NdArray s = load_npy(o.alibi_slopes, "--alibi-slopes");
+    if (s.dtype != DType::f32)
+      throw IoError("--alibi-slopes: must be float32, got " + std::string(dtype_name(s.dtype)));
+    if (s.shape == std::vector<std::int64_t>{H})
+      m.alibi_rank = 1;
+    else if (s.shape == std::vector<std::int64_t>{B, H})
+      m.alibi_rank = 2;
+    else
+      throw IoError("--alibi-slopes: shape " + shape_str(s) + ", expected [H] = (" + std::to_string(H) + ") or [B, H]");
+    feeds["alibi_slopes"] = std::move(s);
+  }
+  if (o.q_doc_ids.empty() != o.kv_doc_ids.empty()) throw UsageError("--q-doc-ids and --kv-doc-ids go together");
+  if (!o.q_doc_ids.empty()) {
+    feeds["q_doc_ids"] = ids_of(load_npy(o.q_doc_ids, "--q-doc-ids"), "--q-doc-ids", B, L, "L");
+    feeds["kv_doc_ids"] = ids_of(load_npy(o.kv_doc_ids, "--kv-doc-ids"), "--kv-doc-ids", B, S, "S");
+    m.documents = true;
+  }
+  m.prefix_len = o.prefix_len;
+  if (m.positional() && !m.align && L != S)
+    throw UsageError(std::to_string(L) + " queries and " + std::to_string(S) +
+                     " keys, so the positions of --window / --alibi-slopes / --prefix-len need an alignment: say "
+                     "--align top-left or --align bottom-right");
+  return m;
+}
+
+}  // namespace
+
 int run_sdpa(const RunSdpa& o) {
   if (!(o.dropout >= 0.0 && o.dropout < 1.0)) throw UsageError("--dropout must be in [0, 1)");
   if (o.scale && !std::isfinite(*o.scale)) throw UsageError("--scale must be a finite number");
@@ -311,7 +375,10 @@ int run_sdpa(const RunSdpa& o) {
                            {o.value, "--value"},
                            {o.attn_bias, "--attn-bias"},
                            {o.attn_mask, "--attn-mask"},
-                           {o.key_padding_mask, "--key-padding-mask"}});
+                           {o.key_padding_mask, "--key-padding-mask"},
+                           {o.alibi_slopes, "--alibi-slopes"},
+                           {o.q_doc_ids, "--q-doc-ids"},
+                           {o.kv_doc_ids, "--kv-doc-ids"}});
   const std::size_t out_file = outputs.add_file(o.out, "--out");
   const std::size_t weights_file = o.weights_out.empty() ? 0 : outputs.add_file(o.weights_out, "--weights-out");
 
@@ -358,9 +425,7 @@ int run_sdpa(const RunSdpa& o) {
     masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, S);
-  if (m.kv_heads != H && m.masks.bias == Masks::Bias::per_head)
-    throw IoError("a mask per batch and head cannot be combined with grouped-query attention (" +
-                  std::to_string(m.kv_heads) + " key/value heads for " + std::to_string(H) + " query heads)");
+  m.mods = parse_mods(o, feeds, B, H, L, S);
   const RunResult r = run_model(build_sdpa(m), feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");

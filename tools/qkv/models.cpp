@@ -84,18 +84,71 @@ Graph build_mha(const MhaModel& m) {
 }
 
 namespace {
+
+/// A per-(batch, head) bias [Batch, Heads, Seq, Key] seen as [Batch, KvHeads, Group, Seq, Key]
+/// under GQA; every other mask as it is.
+template <class G, class M>
+auto groups_of_mask(G&& groups, const M& mask) {
+  if constexpr (std::is_same_v<M, PerHeadBias>)
+    return groups(mask);
+  else
+    return mask;
+}
+
+/// Calls f(align) with the mods' alignment as the DSL's tag type.
+template <class F>
+auto with_alignment(const Mods& m, F&& f) {
+  if (!m.align) return f(unaligned_t{});
+  if (*m.align == CausalAlign::bottom_right) return f(bottom_right);
+  return f(top_left);
+}
+
+/// Each requested qkv::mods built-in by its own modded() (the fuse pass folds them into one
+/// expression); the scores keep their declared type. `heads` adapts a [Heads]-indexed input to
+/// the scores' head axes (GQA: [KvHeads, Group]).
+template <class S, class Heads>
+S score_mods(Graph& g, S s, const Mods& m, Heads&& heads) {
+  return with_alignment(m, [&](auto align) {
+    if (m.softcap) s = S(g, modded(s, mods::softcap(*m.softcap)).id());
+    if (m.alibi_rank == 1)
+      s = S(g, modded(s, mods::alibi(heads(input<Tensor<f32, nn::Heads<dyn>>>(g, "alibi_slopes")), align)).id());
+    if (m.alibi_rank == 2)
+      s = S(
+          g,
+          modded(s, mods::alibi(heads(input<Tensor<f32, Batch<dyn>, nn::Heads<dyn>>>(g, "alibi_slopes")), align)).id());
+    return s;
+  });
+}
+
+template <class S>
+S mask_mods(Graph& g, S s, const Mods& m) {
+  return with_alignment(m, [&](auto align) {
+    if (m.window) s = S(g, modded(s, mods::sliding_window(m.window->first, m.window->second, align)).id());
+    if (m.documents) {
+      auto q_ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "q_doc_ids");
+      auto kv_ids = input<Tensor<i64, Batch<dyn>, Key<dyn>>>(g, "kv_doc_ids");
+      s = S(g, modded(s, mods::document_mask(q_ids, kv_ids)).id());
+    }
+    if (m.prefix_len) s = S(g, modded(s, mods::prefix_lm(*m.prefix_len, align)).id());
+    return s;
+  });
+}
+
 /// Grouped-query SDPA: q [B, Heads = KvHeads·Group, L, D] viewed as [B, KvHeads, Group, L, D]
 /// against k/v [B, KvHeads, S, D]; query head h reads key/value head h / Group.
 Graph gqa_sdpa(const SdpaModel& m) {
-  if (m.masks.bias == Masks::Bias::per_head)
-    throw std::invalid_argument("a per-head mask cannot be combined with grouped-query attention");
   Graph g;
   auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
   auto k = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
   auto v = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
-  auto qg = split<Heads, KvHeads<dyn>, Group<dyn>>(q, {m.kv_heads, m.heads / m.kv_heads});
-  with_masks<true, false>(g, m.masks, [&](auto... masks) {
-    auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(qg, k), m.scale), masks...);
+  // Query head h = kv_head · Group + g: a [.., Heads, ..] input is the same memory as [.., KvHeads, Group, ..].
+  auto groups = [&](const auto& t) {
+    return split<Heads, KvHeads<dyn>, Group<dyn>>(t, {m.kv_heads, m.heads / m.kv_heads});
+  };
+  auto qg = groups(q);
+  with_masks(g, m.masks, [&](auto... masks) {
+    auto scores = score_mods(g, scaled(contract<HeadDim>(qg, k), m.scale), m.mods, groups);
+    auto s = mask_mods(g, qkv::nn::detail::apply_masks(scores, groups_of_mask(groups, masks)...), m.mods);
     auto p = softmax<Key>(s);
     if (m.weights) output(merge<KvHeads, Group, Heads>(p), "weights");
     auto o = m.dropout > 0.0 ? contract<Key>(dropout(p, m.dropout, m.seed), v) : contract<Key>(p, v);
@@ -113,7 +166,8 @@ Graph build_sdpa(const SdpaModel& m) {
   auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
   auto v = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
   with_masks(g, m.masks, [&](auto... masks) {
-    auto s = qkv::nn::detail::apply_masks(scaled(contract<HeadDim>(q, k), m.scale), masks...);
+    auto scores = score_mods(g, scaled(contract<HeadDim>(q, k), m.scale), m.mods, [](const auto& t) { return t; });
+    auto s = mask_mods(g, qkv::nn::detail::apply_masks(scores, masks...), m.mods);
     auto p = softmax<Key>(s);
     if (m.weights) output(p, "weights");
     if (m.dropout > 0.0)

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <qkv/ir/graph.hpp>
 
@@ -24,6 +25,21 @@ struct Masks {
   bool key_padding = false;                                         // input `key_keep` [Batch, Key], true = may attend
   enum class Bias { none, query_key, per_head } bias = Bias::none;  // input `attn_bias`
   Causal causal = Causal::none;
+};
+
+/// Score and mask modifications of `qkv run sdpa` (qkv::mods built-ins), with their inputs:
+/// `alibi_slopes` [Heads] or [Batch, Heads] (f32), `q_doc_ids` [Batch, Seq] and `kv_doc_ids`
+/// [Batch, Key] (ints). Score mods apply before the masks above, mask mods after them.
+struct Mods {
+  std::optional<double> softcap;                                // c·tanh(s / c)
+  int alibi_rank = 0;                                           // 0: none; 1: [Heads]; 2: [Batch, Heads]
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;  // (left, right), −1 = unbounded
+  bool documents = false;
+  std::optional<std::int64_t> prefix_len;
+  /// How positions of queries and keys compare (unset: L must equal S).
+  std::optional<CausalAlign> align;
+  /// Whether some mod compares query and key positions (and so needs an alignment when L != S).
+  [[nodiscard]] bool positional() const { return alibi_rank > 0 || window || prefix_len; }
 };
 
 struct MhaModel {
@@ -42,6 +58,7 @@ Graph build_mha(const MhaModel& m);
 
 struct SdpaModel {
   Masks masks;
+  Mods mods;
   /// Grouped-query attention when kv_heads > 0 and != heads: k and v have kv_heads heads, each
   /// shared by heads / kv_heads query heads (heads % kv_heads == 0; PyTorch's enable_gqa).
   std::int64_t heads = 0, kv_heads = 0;
