@@ -47,8 +47,8 @@ TEST_F(Cli, RunSdpaModsMatchPyTorchOnBothBackends) {
 
 TEST_F(Cli, RunSdpaModFlagsRefuseWhatTheyCannotMean) {
   const std::string d = (kModFixtures / "window_gqa_bottom_right").string();
-  const std::string base = "run sdpa --query " + d + "/q.npy --key " + d + "/k.npy --value " + d + "/v.npy --out " +
-                           tmp("o.npy");
+  const std::string base =
+      "run sdpa --query " + d + "/q.npy --key " + d + "/k.npy --value " + d + "/v.npy --out " + tmp("o.npy");
   expect_usage_error(run(base + " --window 9,3"), "need an alignment", "L != S without --align");
   expect_usage_error(run(base + " --align top-left --window 9"), "--window takes LEFT,RIGHT", "one number");
   expect_usage_error(run(base + " --align top-left --window 9,x"), "--window takes LEFT,RIGHT", "not a number");
@@ -59,6 +59,23 @@ TEST_F(Cli, RunSdpaModFlagsRefuseWhatTheyCannotMean) {
   EXPECT_EQ(slopes.code, 1) << slopes.err;
   EXPECT_THAT(slopes.err, HasSubstr("--alibi-slopes: shape"));
   EXPECT_FALSE(fs::exists(tmp("o.npy")));
+}
+
+TEST_F(Cli, ShapeCommandsTakeTheModsAndTheHeaderListsTheirTensors) {
+  const std::string shape = " sdpa --heads 4 --kv-heads 2 --seq 45 --kv-seq 70 --head-dim 32";
+  const Result v = run("verify" + shape + " --window 16,2 --alibi --documents 3 --softcap 20 --align bottom-right");
+  EXPECT_EQ(v.code, 0) << v.err;
+  const Result b = run("bench" + shape + " --window 16,2 --align top-left --repeat 1 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_THAT(b.out, HasSubstr("\"gflops\""));
+  const Result e =
+      run("emit sdpa --heads 4 --seq 64 --head-dim 32 --window 16,0 --documents 2 --alibi --out " + tmp("m.so"));
+  ASSERT_EQ(e.code, 0) << e.err;
+  const std::string h = slurp(tmp("m.h"));
+  for (const char* arg : {"const float* alibi_slopes", "const float* q_doc_ids", "const float* kv_doc_ids"})
+    EXPECT_THAT(h, HasSubstr(arg));
+  expect_usage_error(run("verify mha --heads 2 --seq 8 --embed-dim 16 --window 2,2"), "are the sdpa model's",
+                     "mods on mha");
 }
 
 }  // namespace

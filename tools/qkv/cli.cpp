@@ -129,6 +129,25 @@ struct RunMhaFlags {
   }
 };
 
+/// --window, --softcap, --prefix-len, --align (run sdpa and the shape commands).
+struct ModFlagsOptions {
+  double softcap = 0;
+  std::int64_t prefix_len = 0;
+  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr;
+  void add(CLI::App* cmd, ModFlags& f) {
+    cmd->add_option("--window", f.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
+    softcap_opt = cmd->add_option("--softcap", softcap, "C: scores become C*tanh(s/C)")->check(finite_number());
+    prefix_opt =
+        cmd->add_option("--prefix-len", prefix_len, "N: prefix-LM, keys j < N or j <= i'")->check(unsigned_integer());
+    cmd->add_option("--align", f.align, "top-left | bottom-right: how query positions i' align with keys (L != S)")
+        ->check(CLI::IsMember({"top-left", "bottom-right"}));
+  }
+  void get(ModFlags& f) const {
+    if (softcap_opt->count()) f.softcap = softcap;
+    if (prefix_opt->count()) f.prefix_len = prefix_len;
+  }
+};
+
 struct RunSdpaFlags {
   RunSdpa o;
   CausalFlag causal;
@@ -151,25 +170,17 @@ struct RunSdpaFlags {
     cmd->add_option("--seed", o.seed, "Dropout seed (counter-based: same seed, same mask)")->check(unsigned_integer());
     cmd->add_option("--out,-o", o.out, "Output [B, H, L, Dv] .npy")->required();
     cmd->add_option("--weights-out", o.weights_out, "Attention weights [B, H, L, S] .npy");
-    cmd->add_option("--window", o.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
-    softcap_opt = cmd->add_option("--softcap", softcap, "C: scores become C*tanh(s/C)")->check(finite_number());
+    mods.add(cmd, o.mods);
     cmd->add_option("--alibi-slopes", o.alibi_slopes, "f32 [H] or [B, H]: ALiBi, score - slope*|i' - j|");
     cmd->add_option("--q-doc-ids", o.q_doc_ids, "int [B, L]: document of each query (with --kv-doc-ids)");
     cmd->add_option("--kv-doc-ids", o.kv_doc_ids, "int [B, S]: document of each key; only equal ids attend");
-    prefix_opt =
-        cmd->add_option("--prefix-len", prefix_len, "N: prefix-LM, keys j < N or j <= i'")->check(unsigned_integer());
-    cmd->add_option("--align", o.align, "top-left | bottom-right: how query positions i' align with keys (L != S)")
-        ->check(CLI::IsMember({"top-left", "bottom-right"}));
     backend.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
-  double softcap = 0;
-  std::int64_t prefix_len = 0;
-  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr;
+  ModFlagsOptions mods;
   RunSdpa get() {
     o.causal = causal.get();
-    if (softcap_opt->count()) o.softcap = softcap;
-    if (prefix_opt->count()) o.prefix_len = prefix_len;
+    mods.get(o.mods);
     if (scale_opt->count()) o.scale = scale;
     o.backend = backend.get();
     return o;
@@ -234,9 +245,15 @@ struct ShapeFlags {
     causal.add(app);
     app->add_flag("--padding", m.padding, "Pad each sequence after a seeded length");
     app->add_option("--seed", m.seed, "Seed for weights and inputs")->check(unsigned_integer())->capture_default_str();
+    mods.add(app, m.mods);
+    app->add_flag("--alibi", m.alibi, "sdpa: ALiBi with the paper's slopes 2^(-8(h+1)/H)");
+    app->add_option("--documents", m.documents, "sdpa: N packed documents of equal length (a document mask)")
+        ->check(positive);
   }
+  ModFlagsOptions mods;
   ShapeModel get() {
     m.causal = causal.get();
+    mods.get(m.mods);
     return m;
   }
 };

@@ -37,13 +37,21 @@ struct RunMha {
   Backend backend = Backend::cpu;
   bool stats = false;  // print what was compiled, and the time, to stderr
 };
+/// The score / mask modification flags `run sdpa` and the shape commands share.
+struct ModFlags {
+  std::string window, align;  // "LEFT,RIGHT"; "top-left" | "bottom-right"
+  std::optional<double> softcap;
+  std::optional<std::int64_t> prefix_len;
+};
+/// The flags as Mods (without ALiBi and documents, whose inputs each command makes), or
+/// UsageError. `positional`: ALiBi is on too (so an alignment is needed when L != S).
+Mods parse_mod_flags(const ModFlags& f, bool alibi, std::int64_t len_q, std::int64_t len_k);
+
 struct RunSdpa {
   std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
   std::optional<std::string> causal;
-  // score / mask modifications (qkv::mods)
-  std::string window, align, alibi_slopes, q_doc_ids, kv_doc_ids;
-  std::optional<double> softcap;
-  std::optional<std::int64_t> prefix_len;
+  ModFlags mods;
+  std::string alibi_slopes, q_doc_ids, kv_doc_ids;
   std::optional<double> scale;
   double dropout = 0.0;
   std::uint64_t seed = 0;
@@ -72,6 +80,9 @@ struct ShapeModel {
   std::optional<std::string> causal;
   bool padding = false;
   std::uint64_t seed = 0;
+  ModFlags mods;               // sdpa only
+  bool alibi = false;          // slopes 2^(-8(h+1)/H), as in the ALiBi paper
+  std::int64_t documents = 0;  // that many equal-length packed documents (ids i·N/L, j·N/S)
 };
 /// Prints the shape table; with `dump_after` (a pass name or "all") or `time_passes`, also runs
 /// the CPU backend's pass pipeline and prints the graph after that pass / each pass's time.

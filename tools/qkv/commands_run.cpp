@@ -28,6 +28,36 @@ Backend parse_backend(const std::string& s) {
   throw UsageError("--backend must be reference, cpu or cuda, not '" + s + "'");
 }
 
+Mods parse_mod_flags(const ModFlags& f, bool alibi, std::int64_t len_q, std::int64_t len_k) {
+  Mods m;
+  if (!f.align.empty()) m.align = f.align == "bottom-right" ? CausalAlign::bottom_right : CausalAlign::top_left;
+  if (f.softcap) {
+    if (!(*f.softcap > 0)) throw UsageError("--softcap must be a positive number");
+    m.softcap = f.softcap;
+  }
+  if (!f.window.empty()) {
+    const auto comma = f.window.find(',');
+    std::int64_t left = 0, right = 0;
+    try {
+      std::size_t a = 0, b = 0;
+      if (comma == std::string::npos) throw std::invalid_argument("no comma");
+      left = std::stoll(f.window.substr(0, comma), &a);
+      right = std::stoll(f.window.substr(comma + 1), &b);
+      if (a != comma || b != f.window.size() - comma - 1) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw UsageError("--window takes LEFT,RIGHT (integers, -1 = unbounded), not '" + f.window + "'");
+    }
+    if (left < -1 || right < -1) throw UsageError("--window: LEFT and RIGHT must be >= -1");
+    m.window = {left, right};
+  }
+  m.prefix_len = f.prefix_len;
+  if ((alibi || m.positional()) && !m.align && len_q != len_k)
+    throw UsageError(std::to_string(len_q) + " queries and " + std::to_string(len_k) +
+                     " keys, so the positions of --window / --alibi-slopes / --prefix-len need an alignment: say "
+                     "--align top-left or --align bottom-right");
+  return m;
+}
+
 Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, std::int64_t len_k) {
   if (!flag) return Causal::none;
   if (*flag == "top-left") return Causal::top_left;
@@ -314,30 +344,10 @@ NdArray ids_of(NdArray a, const std::string& flag, std::int64_t batch, std::int6
   return a;
 }
 
-/// --window, --softcap, --alibi-slopes, --q-doc-ids / --kv-doc-ids, --prefix-len, --align: the
-/// mods and their inputs (into `feeds`).
+/// run sdpa's mods: the shared flags, then --alibi-slopes and --q-doc-ids / --kv-doc-ids (their
+/// inputs go into `feeds`).
 Mods parse_mods(const RunSdpa& o, Feeds& feeds, std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t S) {
-  Mods m;
-  if (!o.align.empty()) m.align = o.align == "bottom-right" ? CausalAlign::bottom_right : CausalAlign::top_left;
-  if (o.softcap) {
-    if (!(*o.softcap > 0)) throw UsageError("--softcap must be a positive number");
-    m.softcap = o.softcap;
-  }
-  if (!o.window.empty()) {
-    const auto comma = o.window.find(',');
-    std::int64_t left = 0, right = 0;
-    try {
-      std::size_t a = 0, b = 0;
-      if (comma == std::string::npos) throw std::invalid_argument("no comma");
-      left = std::stoll(o.window.substr(0, comma), &a);
-      right = std::stoll(o.window.substr(comma + 1), &b);
-      if (a != comma || b != o.window.size() - comma - 1) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      throw UsageError("--window takes LEFT,RIGHT (integers, -1 = unbounded), not '" + o.window + "'");
-    }
-    if (left < -1 || right < -1) throw UsageError("--window: LEFT and RIGHT must be >= -1");
-    m.window = {left, right};
-  }
+  Mods m = parse_mod_flags(o.mods, !o.alibi_slopes.empty(), L, S);
   if (!o.alibi_slopes.empty()) {
     NdArray s = load_npy(o.alibi_slopes, "--alibi-slopes");
     if (s.dtype != DType::f32)
@@ -356,11 +366,6 @@ Mods parse_mods(const RunSdpa& o, Feeds& feeds, std::int64_t B, std::int64_t H, 
     feeds["kv_doc_ids"] = ids_of(load_npy(o.kv_doc_ids, "--kv-doc-ids"), "--kv-doc-ids", B, S, "S");
     m.documents = true;
   }
-  m.prefix_len = o.prefix_len;
-  if (m.positional() && !m.align && L != S)
-    throw UsageError(std::to_string(L) + " queries and " + std::to_string(S) +
-                     " keys, so the positions of --window / --alibi-slopes / --prefix-len need an alignment: say "
-                     "--align top-left or --align bottom-right");
   return m;
 }
 

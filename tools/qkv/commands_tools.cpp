@@ -25,6 +25,35 @@
 
 namespace qkv::cli {
 
+namespace {
+
+/// Entries the masks keep, for the FLOP count: per query row the kept keys form one interval
+/// (window ∩ causal ∩ its document ∩ the prefix rule), counted row by row. Padding is ignored.
+double kept_entries(const Mods& m, Causal causal, std::int64_t documents, std::int64_t L, std::int64_t S) {
+  const std::int64_t off = m.align == CausalAlign::bottom_right ? S - L : 0;
+  const std::int64_t causal_off = causal == Causal::bottom_right ? S - L : 0;
+  double kept = 0;
+  for (std::int64_t i = 0; i < L; ++i) {
+    const std::int64_t pos = i + off;
+    std::int64_t lo = 0, hi = S - 1;
+    if (m.window) {
+      if (m.window->first >= 0) lo = std::max(lo, pos - m.window->first);
+      if (m.window->second >= 0) hi = std::min(hi, pos + m.window->second);
+    }
+    if (causal != Causal::none) hi = std::min(hi, i + causal_off);
+    if (documents > 0) {  // ids i·N/L and j·N/S: the keys whose id equals the query's
+      const std::int64_t d = i * documents / L;
+      lo = std::max(lo, (d * S + documents - 1) / documents);
+      hi = std::min(hi, ((d + 1) * S + documents - 1) / documents - 1);
+    }
+    if (m.prefix_len) hi = std::min(hi, std::max(*m.prefix_len - 1, pos));
+    kept += static_cast<double>(std::max<std::int64_t>(0, hi - lo + 1));
+  }
+  return kept;
+}
+
+}  // namespace
+
 Instance instantiate(const ShapeModel& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq <= 0) throw UsageError("--batch, --heads and --seq must be positive");
   if (s.kv_heads < 0 || s.kv_seq < 0 || s.head_dim < 0 || s.embed_dim < 0 || s.ffn_dim < 0)
@@ -64,10 +93,19 @@ Instance instantiate(const ShapeModel& s) {
               {"Hidden", s.ffn_dim > 0 ? s.ffn_dim : checked_mul(4, E, "4 x the model width")},
               {"KvHeads", kv_heads},
               {"Group", s.heads / kv_heads}};
+  const bool modded = s.alibi || s.documents > 0 || !s.mods.window.empty() || s.mods.softcap || s.mods.prefix_len;
+  if (modded && s.kind != "sdpa")
+    throw UsageError("--window, --softcap, --alibi, --documents and --prefix-len are the sdpa model's");
   if (s.kind == "sdpa") {
     SdpaModel m;
     m.weights = false;
     m.masks = masks;
+    m.mods = parse_mod_flags(s.mods, s.alibi, s.seq, S);
+    m.mods.alibi_rank = s.alibi ? 1 : 0;
+    m.mods.documents = s.documents > 0;
+    if (modded)  // the FLOPs of the kept entries only
+      in.flops = 4.0 * static_cast<double>(s.batch) * static_cast<double>(s.heads) *
+                 kept_entries(m.mods, causal, s.documents, s.seq, S) * static_cast<double>(D);
     m.heads = s.heads;
     m.kv_heads = kv_heads;
     in.graph = build_sdpa(m);
@@ -102,6 +140,24 @@ Feeds seeded_feeds(const Instance& in, const ShapeModel& s) {
                         static_cast<std::int64_t>(dropout_uniform(s.seed, 0xFFFF, 0, 0, static_cast<std::uint32_t>(b)) *
                                                   static_cast<double>(S)));
     feeds["key_keep"] = keep_first(lengths, S);
+  }
+  if (s.alibi) {  // the ALiBi paper's geometric slopes
+    NdArray slopes = NdArray::zeros(DType::f32, {s.heads});
+    auto v = slopes.as<float>();
+    for (std::int64_t h = 0; h < s.heads; ++h)
+      v[static_cast<std::size_t>(h)] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.heads));
+    feeds["alibi_slopes"] = std::move(slopes);
+  }
+  if (s.documents > 0) {  // equal-length packed documents: position i of n is in document i·N/n
+    auto ids = [&](std::int64_t n) {
+      NdArray a = NdArray::zeros(DType::i64, {s.batch, n});
+      auto v = a.as<std::int64_t>();
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(b * n + i)] = i * s.documents / n;
+      return a;
+    };
+    feeds["q_doc_ids"] = ids(in.sizes.at("Seq"));
+    feeds["kv_doc_ids"] = ids(in.sizes.at("Key"));
   }
   return feeds;
 }

@@ -125,8 +125,9 @@ S mask_mods(Graph& g, S s, const Mods& m) {
   return with_alignment(m, [&](auto align) {
     if (m.window) s = S(g, modded(s, mods::sliding_window(m.window->first, m.window->second, align)).id());
     if (m.documents) {
-      auto q_ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "q_doc_ids");
-      auto kv_ids = input<Tensor<i64, Batch<dyn>, Key<dyn>>>(g, "kv_doc_ids");
+      // f32: what the compiled code stores ids as (exact below 2^24), so an AOT header takes floats.
+      auto q_ids = input<Tensor<f32, Batch<dyn>, Seq<dyn>>>(g, "q_doc_ids");
+      auto kv_ids = input<Tensor<f32, Batch<dyn>, Key<dyn>>>(g, "kv_doc_ids");
       s = S(g, modded(s, mods::document_mask(q_ids, kv_ids)).id());
     }
     if (m.prefix_len) s = S(g, modded(s, mods::prefix_lm(*m.prefix_len, align)).id());
