@@ -103,6 +103,93 @@ FusedAttentionCall describe_fused_attention(const Graph& g, int id, const Bindin
   return call;
 }
 
+std::vector<BlockClass> classify_tiles(const Graph& g, int id, const std::vector<const NdArray*>& in,
+                                       const Bindings& sizes, std::int64_t batch, std::int64_t head,
+                                       std::int64_t tile_q, std::int64_t tile_k) {
+  const FusedAttentionCall call = describe_fused_attention(g, id, sizes);
+  const ModExpr& e = g.node(id).attention->mod;
+  const cpu::ModAxes& axes = call.spec.axes;
+  std::vector<std::vector<float>> values(in.size());
+  for (int m : call.tensor_inputs) values[static_cast<std::size_t>(m)] = in[static_cast<std::size_t>(m)]->to_f32();
+  struct Env {
+    const Graph& g;
+    const Node& n;
+    const cpu::ModAxes& axes;
+    const FusedAttentionCall& call;
+    const std::vector<std::vector<float>>& values;
+    const Bindings& sizes;
+    std::int64_t batch, head, q0, q1, k0, k1;
+    [[nodiscard]] ModInterval index(const std::string& a) const {
+      if (a == axes.query) return {double(q0), double(q1)};
+      if (a == axes.key) return {double(k0), double(k1)};
+      if (a == axes.batch) return {double(batch), double(batch)};
+      for (const auto& h : axes.heads)
+        if (h.name == a) {
+          const double c = double((head / h.stride) % h.extent);
+          return {c, c};
+        }
+      internal_error("classify_tiles: the mod names the axis `" + a + "`, which the scores do not have");
+    }
+    [[nodiscard]] double length(const std::string& a) const {
+      if (a == axes.query) return double(call.len_q);
+      if (a == axes.key) return double(call.len_k);
+      if (a == axes.batch) return double(call.batch);
+      for (const auto& h : axes.heads)
+        if (h.name == a) return double(h.extent);
+      return 0;
+    }
+    [[nodiscard]] ModInterval load(int input, const ModNode& ld, const std::vector<ModInterval>& at) const {
+      const auto& v = values[static_cast<std::size_t>(input)];
+      const auto& shape = g.node(n.inputs[static_cast<std::size_t>(input)]).axes;
+      std::vector<std::int64_t> lo(at.size()), hi(at.size()), ext(at.size());
+      int ranging = 0;
+      for (std::size_t d = 0; d < at.size(); ++d) {
+        ext[d] = bound(shape[d].extent, shape[d].name, sizes);
+        auto clamp = [&](double x) {
+          if (std::isnan(x)) return std::int64_t{0};
+          return static_cast<std::int64_t>(
+              std::clamp(std::trunc(x), 0.0, double(std::max<std::int64_t>(ext[d], 1) - 1)));
+        };
+        lo[d] = clamp(at[d].lo);
+        hi[d] = clamp(at[d].hi);
+        if (lo[d] != hi[d]) {
+          // As the kernels: one ranging index, itself a coordinate, is scanned; else unbounded.
+          const ModOp op = n.attention->mod.nodes[static_cast<std::size_t>(ld.at[d])].op;
+          if (op != ModOp::index && op != ModOp::position) return {};
+          ++ranging;
+        }
+      }
+      if (ranging > 1) return {};
+      double mn = std::numeric_limits<double>::infinity(), mx = -mn;
+      std::vector<std::int64_t> idx = lo;
+      for (;;) {
+        std::int64_t off = 0;
+        for (std::size_t d = 0; d < idx.size(); ++d) off = off * ext[d] + idx[d];
+        const double x = off < static_cast<std::int64_t>(v.size()) ? v[static_cast<std::size_t>(off)] : 0.0;
+        mn = std::min(mn, x);
+        mx = std::max(mx, x);
+        std::size_t d = 0;
+        while (d < idx.size() && idx[d] == hi[d]) ++d;
+        if (d == idx.size()) break;
+        ++idx[d];
+      }
+      return {mn, mx};
+    }
+  };
+  std::vector<BlockClass> out;
+  for (std::int64_t q0 = 0; q0 < call.len_q; q0 += tile_q)
+    for (std::int64_t k0 = 0; k0 < call.len_k; k0 += tile_k) {
+      const Env env{g,      g.node(id),
+                    axes,   call,
+                    values, sizes,
+                    batch,  head,
+                    q0,     std::min(q0 + tile_q, call.len_q) - 1,
+                    k0,     std::min(k0 + tile_k, call.len_k) - 1};
+      out.push_back(mod_classify(e, env));
+    }
+  return out;
+}
+
 std::optional<ClassicMasks> classic_masks(const Graph& g, int id, const Bindings& sizes) {
   const Node& n = g.node(id);
   const AttentionAttrs& a = *n.attention;

@@ -45,6 +45,15 @@ struct FusedAttentionCall {
 /// Throws ShapeError when a size the node needs is not bound.
 FusedAttentionCall describe_fused_attention(const Graph& lowered, int id, const Bindings& sizes);
 
+/// How the tiles of one (batch, head) stand under the fused node's keep predicate: the host-side
+/// reference of the bounds the kernels emit (mod_classify over each tile's index ranges; a load
+/// whose indices range over the tile is bounded by scanning its values, as the CPU kernel does).
+/// Row-major [ceil(L / tile_q)][ceil(S / tile_k)]. `in[k]` is input k of the node (only the mod's
+/// tensors are read). For lessons, tests and tools, not the hot path.
+std::vector<BlockClass> classify_tiles(const Graph& lowered, int id, const std::vector<const NdArray*>& in,
+                                       const Bindings& sizes, std::int64_t batch, std::int64_t head,
+                                       std::int64_t tile_q, std::int64_t tile_k);
+
 /// What the PTX attention kernel's flags express (it takes no mod expression yet): a causal
 /// mask, one key-padding keep-mask over [batch, key], and an additive [L, S] bias combined from
 /// biases and keep-masks over [query, key], [query] or [key]. `classic_masks` recognises a mod

@@ -1,0 +1,27 @@
+# Lessons 07 and 11 quote qkv's diagnostics; each quote must be the expected-error text of the
+# compile-fail test it names, so a lesson cannot drift from what the compilers print.
+#   cmake -DLESSON=<file> -DCASES=<tests/compile_fail> -DMIN=<entries at least> -P check_lesson_quotes.cmake
+file(READ ${LESSON} lesson)
+string(REPLACE ";" "<semicolon>" lesson "${lesson}")  # CMake lists split on ;
+string(REGEX MATCHALL "\\{\"[0-9a-z_]+\",\n[^\n]*\n[^\n]*\n[^\n]*\"\\}" entries "${lesson}")
+list(LENGTH entries n)
+if(NOT DEFINED MIN)
+  set(MIN 13)
+endif()
+get_filename_component(name_of_lesson ${LESSON} NAME_WE)
+if(n LESS MIN)
+  message(FATAL_ERROR "${name_of_lesson} lists ${n} quoted diagnostics, expected at least ${MIN}")
+endif()
+foreach(e IN LISTS entries)
+  string(REGEX MATCH "^\\{\"([0-9a-z_]+)\"" _ "${e}")
+  set(name ${CMAKE_MATCH_1})
+  string(REGEX MATCH "\n     \"([^\n]*)\"\\}$" _ "${e}")
+  set(quoted "${CMAKE_MATCH_1}")
+  file(READ ${CASES}/${name}_fail.cpp case)
+  string(REPLACE ";" "<semicolon>" case "${case}")
+  string(FIND "${case}" "// expected-error: ${quoted}\n" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "${name_of_lesson} quotes for ${name}:\n  ${quoted}\nbut ${name}_fail.cpp expects a different diagnostic")
+  endif()
+endforeach()
+message(STATUS "${name_of_lesson}: ${n} quotes match their compile-fail tests")
