@@ -82,8 +82,8 @@ int main() {
   int fused = -1;
   for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
     if (lowered.node(id).op == Op::fused_attention) fused = id;
-  std::printf("the mods fused into one attention node: %s (its expression has %zu nodes)\n",
-              fused >= 0 ? "yes" : "no", fused >= 0 ? lowered.node(fused).attention->mod.nodes.size() : 0);
+  std::printf("the mods fused into one attention node: %s (its expression has %zu nodes)\n", fused >= 0 ? "yes" : "no",
+              fused >= 0 ? lowered.node(fused).attention->mod.nodes.size() : 0);
 
   // 2. The tiles of head 0 under the keep predicate, as the kernel classifies them.
   std::vector<const NdArray*> in;
@@ -99,8 +99,8 @@ int main() {
     if (t % static_cast<std::size_t>(per_row) == static_cast<std::size_t>(per_row) - 1) std::putchar('\n');
     (c == BlockClass::empty ? skipped : c == BlockClass::full ? full : partial)++;
   }
-  std::printf("%d tiles: %d skipped, %d without a mask, %d masked per entry\n", static_cast<int>(tiles.size()),
-              skipped, full, partial);
+  std::printf("%d tiles: %d skipped, %d without a mask, %d masked per entry\n", static_cast<int>(tiles.size()), skipped,
+              full, partial);
 
   // The compiled kernel against the interpreter (the reference semantics).
   const RunResult want = interpret(g, feeds), got = codegen::cpu::run(g, feeds, 2);

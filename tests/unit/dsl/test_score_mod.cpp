@@ -14,6 +14,7 @@
 
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 namespace qkv::nn {
 namespace {
@@ -128,6 +129,32 @@ TEST(ScoreMod, SlidingWindow) {
     return modded(s, mask_mod([](auto, auto, auto q, auto k) { return k >= q + 6; }, top_left));
   });
   EXPECT_EQ(zero_rows(far, 7), B * H * 4);  // only query 0 sees key 6
+}
+
+TEST(ScoreMod, BlocksTakeModsAmongTheirMasks) {
+  // MultiHeadAttention(x, mods...) applies each mod like a mask: the same weights as the same
+  // window given as an explicit bias.
+  constexpr int L = 6;
+  auto weights = [&](auto... masks) {
+    Graph g;
+    auto x = input<Tensor<f32, Batch<B>, Seq<L>, Model<8>>>(g, "x");
+    output(MultiHeadAttention<8, 2>::make(g)(x, masks...).second, "w");
+    return g;
+  };
+  Graph with_mod = weights(mods::sliding_window(2, 0));
+  Feeds feeds = random_feeds(with_mod, {}, 3);
+  std::vector<float> bias;
+  for (int i = 0; i < L; ++i)
+    for (int j = 0; j < L; ++j) bias.push_back(j <= i && j >= i - 2 ? 0.0f : -INFINITY);
+  Graph g2;
+  {
+    auto x = input<Tensor<f32, Batch<B>, Seq<L>, Model<8>>>(g2, "x");
+    auto b = input<Tensor<f32, Seq<L>, Key<L>>>(g2, "bias");
+    output(MultiHeadAttention<8, 2>::make(g2)(x, b).second, "w");
+  }
+  Feeds f2 = feeds;
+  f2.insert_or_assign("bias", f32_array(bias, {L, L}));
+  expect_near_all(interpret(with_mod, feeds).outputs.at("w").to_f32(), interpret(g2, f2).outputs.at("w").to_f32());
 }
 
 TEST(ScoreMod, Alibi) {

@@ -32,12 +32,16 @@ template <class A>
 struct is_causal_arg<Causal<A>> : std::true_type {};
 
 namespace detail {
-/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, or else an
-/// additive float mask (biased() refuses what is not one, and passes poison on silently).
+/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, a score or
+/// mask mod (qkv::mods, score_mod, mask_mod: modded()), or else an additive float mask (biased()
+/// refuses what is not one, and passes poison on silently). Pass score mods before masks: a
+/// score mod after a mask keeps the attention unfused (the mask's −inf would reach it).
 template <class S, class M>
 auto apply_mask(const S& s, const M& m) {
   if constexpr (is_causal_arg<M>::value)
     return qkv::detail::causal_checked<Seq, Key, qkv::detail::causal_fix::block>(s, typename M::align{});
+  else if constexpr (is_score_mod<M> || is_mask_mod<M>)
+    return modded(s, m);
   else if constexpr (is_keep_mask<M>)
     return masked(s, m);
   else
