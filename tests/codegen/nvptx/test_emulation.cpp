@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -123,6 +124,9 @@ float emu_ex2(float x) {  // ex2.approx.ftz.f32: subnormal results flush to +0
   const float r = std::exp2(x);
   return r < std::numeric_limits<float>::min() ? 0.0f : r;
 }
+float emu_lg2(float x) {  // lg2.approx.ftz.f32: subnormal inputs flush to 0 (→ −inf)
+  return std::log2(std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x);
+}
 
 /// A kernel's emulation, compiled for the host, plus its shared memory.
 struct Emulated {
@@ -170,6 +174,7 @@ Emulated emulate(const KernelRequest& request) {
   hooks.warp_sync = emu_warp_sync;
   hooks.shfl_xor = emu_shfl_xor;
   hooks.ex2 = emu_ex2;
+  hooks.lg2 = emu_lg2;
   hooks.shared = e.shared.data();
   std::string error;
   e.jit = codegen::Jit::create(&error);
@@ -205,10 +210,61 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 // ------------------------------------------------------------------------------------------------
 // attention against the CPU kernel
 
+/// A captured tensor of a mod (spec.tensors[k]): its extents and its bytes as the kernels read
+/// them (f32, bool as one byte, i32).
+struct ModData {
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> bytes;
+};
+
 struct AttnCase {
   std::string label;
   AttentionKernel kernel;
   std::int64_t batch, len_q, len_k;
+  /// The data of spec.tensors (captured), made from (B, L, S) and a generator.
+  std::function<std::vector<ModData>(std::int64_t, std::int64_t, std::int64_t, std::mt19937&)> tensors;
+  bool batch1_masked = false;  // the mod masks out every key of batch 1
+};
+
+template <class T>
+ModData mod_data(std::vector<std::int64_t> shape, const std::vector<T>& values) {
+  ModData d;
+  d.shape = std::move(shape);
+  d.bytes.resize(values.size() * sizeof(T));
+  std::memcpy(d.bytes.data(), values.data(), d.bytes.size());
+  return d;
+}
+
+/// Builds a ModExpr node by node.
+struct Expr {
+  ModExpr e;
+  int node(ModOp op, int a = -1, int b = -1, int c = -1) {
+    ModNode n;
+    n.op = op;
+    n.a = a;
+    n.b = b;
+    n.c = c;
+    return e.add(std::move(n));
+  }
+  int axis(ModOp op, const std::string& name) {
+    ModNode n;
+    n.op = op;
+    n.axis = name;
+    return e.add(std::move(n));
+  }
+  int constant(double v) {
+    ModNode n;
+    n.op = ModOp::constant;
+    n.value = v;
+    return e.add(std::move(n));
+  }
+  int load(int input, std::vector<int> at) {
+    ModNode n;
+    n.op = ModOp::load;
+    n.input = input;
+    n.at = std::move(at);
+    return e.add(std::move(n));
+  }
 };
 
 std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.label; }
@@ -223,14 +279,14 @@ std::vector<AttnCase> attention_cases() {
     a.spec.hkv = hkv;
     return a;
   };
-  cases.push_back({"d64_gqa", base(64, 64, 4, 2), 2, 70, 90});
+  cases.push_back({"d64_gqa", base(64, 64, 4, 2), 2, 70, 90, {}});
   {
     auto a = base(64, 32, 2, 1);
     a.spec.causal = true;
-    cases.push_back({"causal_top_left", a, 1, 70, 90});
+    cases.push_back({"causal_top_left", a, 1, 70, 90, {}});
     a.spec.align = CausalAlign::bottom_right;
     a.spec.key_padding = true;
-    cases.push_back({"causal_bottom_right_padding_L_gt_S", a, 2, 90, 70});
+    cases.push_back({"causal_bottom_right_padding_L_gt_S", a, 2, 90, 70, {}});
   }
   {
     auto a = base(33, 17, 2, 2);  // scalar shared-memory path, partial value chunks
@@ -240,7 +296,7 @@ std::vector<AttnCase> attention_cases() {
     a.block_q = 32;
     a.block_k = 16;
     a.threads = 64;
-    cases.push_back({"scalar_bias_dropout_weights", a, 1, 45, 40});
+    cases.push_back({"scalar_bias_dropout_weights", a, 1, 45, 40, {}});
   }
   {
     auto a = base(80, 80, 4, 1);
@@ -250,7 +306,76 @@ std::vector<AttnCase> attention_cases() {
     a.spec.key_padding = true;
     a.spec.dropout_p = 0.2;
     a.spec.scale = 0.2;
-    cases.push_back({"d80_mqa_everything", a, 2, 40, 75});
+    cases.push_back({"d80_mqa_everything", a, 2, 40, 75, {}});
+  }
+  {
+    // GQA with a mod: a sliding window over bottom-right positions (|i + S − L − j| <= 20), an
+    // ALiBi-style score term −e^(slope[h])·|i + S − L − j| plus a per-key bias [B, S], and a
+    // captured [B, S] keep-mask (batch 1: every key masked out). Tiles outside the window are
+    // skipped; the keep-mask's tiles are bounded by scanning it.
+    auto a = base(64, 64, 4, 2);
+    Expr x;
+    const int score = x.node(ModOp::score);
+    const int q = x.axis(ModOp::position, "q"), k = x.axis(ModOp::index, "k");
+    const int dist = x.node(ModOp::abs, x.node(ModOp::sub, q, k));
+    const int slope = x.node(ModOp::exp, x.load(0, {x.axis(ModOp::index, "h")}));
+    const int key_bias = x.load(1, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")});
+    x.e.score = x.node(ModOp::add, score, x.node(ModOp::sub, key_bias, x.node(ModOp::mul, slope, dist)));
+    const int window = x.node(ModOp::le, dist, x.constant(20.0));
+    const int keep = x.node(ModOp::ne, x.load(2, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")}),
+                            x.constant(0.0));
+    x.e.keep = x.node(ModOp::logical_and, window, keep);
+    x.e.query = "q";
+    x.e.key = "k";
+    x.e.align = CausalAlign::bottom_right;
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::f32, 1},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 2},
+                      {codegen::cpu::ModTensor::Source::captured, DType::boolean, 2}};
+    a.block_k = 16;  // many tiles: most outside the window
+    auto tensors = [](std::int64_t B, std::int64_t, std::int64_t S, std::mt19937& gen) {
+      std::uniform_real_distribution<float> u(-2.0f, 0.0f), w(-1.0f, 1.0f);
+      std::bernoulli_distribution drop(0.2);
+      std::vector<float> slopes(4), biases(static_cast<std::size_t>(B * S));
+      std::vector<std::uint8_t> kept(static_cast<std::size_t>(B * S));
+      for (auto& v : slopes) v = u(gen);
+      for (auto& v : biases) v = w(gen);
+      for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int64_t>(i) >= S || drop(gen) ? 0 : 1;
+      return std::vector<ModData>{mod_data({4}, slopes), mod_data({B, S}, biases), mod_data({B, S}, kept)};
+    };
+    cases.push_back({"mod_window_alibi_keep_gqa", a, 2, 70, 150, tensors, true});
+    a.spec.write_weights = true;
+    a.spec.dropout_p = 0.25;
+    cases.push_back({"mod_window_alibi_keep_gqa_weights_dropout", a, 2, 70, 150, tensors, true});
+  }
+  {
+    // Document masking with a causal flag: keep iff doc[i] == doc[j] (an i32 document id per
+    // position, sorted: tiles inside one document are full, between two are skipped); the score
+    // soft-capped 30·tanh(s / 30) plus log w[j] (the converted path: nats in and out, lg2).
+    auto a = base(33, 17, 2, 2);
+    a.spec.causal = true;
+    a.spec.write_weights = true;
+    a.block_q = 32;
+    a.block_k = 16;
+    a.threads = 64;
+    Expr x;
+    const int score = x.node(ModOp::score);
+    const int cap = x.constant(30.0);
+    const int soft = x.node(ModOp::mul, cap, x.node(ModOp::tanh, x.node(ModOp::div, score, cap)));
+    x.e.score = x.node(ModOp::add, soft, x.node(ModOp::log, x.load(1, {x.axis(ModOp::index, "k")})));
+    x.e.keep = x.node(ModOp::eq, x.load(0, {x.axis(ModOp::index, "q")}), x.load(0, {x.axis(ModOp::index, "k")}));
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::i32, 1},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    auto tensors = [](std::int64_t, std::int64_t, std::int64_t S, std::mt19937& gen) {
+      std::vector<std::int32_t> doc(static_cast<std::size_t>(S));
+      for (std::int64_t j = 0; j < S; ++j) doc[static_cast<std::size_t>(j)] = j < 20 ? 0 : j < 53 ? 1 : j < 60 ? 2 : 3;
+      std::uniform_real_distribution<float> u(0.5f, 2.0f);
+      std::vector<float> w(static_cast<std::size_t>(S));
+      for (auto& v : w) v = u(gen);
+      return std::vector<ModData>{mod_data({S}, doc), mod_data({S}, w)};
+    };
+    cases.push_back({"mod_documents_softcap_log_causal_weights", a, 1, 80, 80, tensors});
   }
   return cases;
 }
@@ -279,6 +404,15 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
     if (B > 1)
       for (std::int64_t j = 0; j < S; ++j) keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
   }
+  std::vector<ModData> mods;
+  if (c.tensors) mods = c.tensors(B, L, S, gen);
+  ASSERT_EQ(mods.size(), s.tensors.size());
+  std::vector<const void*> tensor_ptrs;
+  std::vector<std::int64_t> extents;
+  for (const auto& m : mods) {
+    tensor_ptrs.push_back(m.bytes.data());
+    extents.insert(extents.end(), m.shape.begin(), m.shape.end());
+  }
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
   const std::size_t w_n = s.write_weights ? static_cast<std::size_t>(B * s.hq * L * S) : 0;
   std::vector<float> out_cpu(out_n), w_cpu(w_n);
@@ -292,6 +426,8 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   args.weights = w_n ? w_cpu.data() : nullptr;
   args.key_keep = keep.empty() ? nullptr : keep.data();
   args.bias = bias.empty() ? nullptr : bias.data();
+  args.tensors = tensor_ptrs.empty() ? nullptr : tensor_ptrs.data();
+  args.extents = extents.empty() ? nullptr : extents.data();
   args.batch = B;
   args.len_q = L;
   args.len_k = S;
@@ -300,15 +436,15 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
 
   Emulated e = emulate(c.kernel);
   using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
-                  std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
   auto* fn = e.fn<Fn>();
   e.launch(attention_grid(c.kernel, B, L), [&] {
-    fn(q.data(), k.data(), v.data(), out_gpu.data(), w_n ? w_gpu.data() : nullptr, args.key_keep, args.bias, B, L, S,
-       static_cast<std::int64_t>(args.seed));
+    fn(q.data(), k.data(), v.data(), out_gpu.data(), w_n ? w_gpu.data() : nullptr, args.key_keep, args.bias,
+       args.tensors, args.extents, B, L, S, static_cast<std::int64_t>(args.seed));
   });
   expect_close(out_gpu, out_cpu, 2e-5, "out");
   if (w_n) expect_close(w_gpu, w_cpu, 2e-5, "weights");
-  if (s.key_padding && B > 1) {  // a batch with every key padded: zeros, not NaN
+  if ((s.key_padding || c.batch1_masked) && B > 1) {  // a batch with every key padded: zeros, not NaN
     for (std::size_t i = out_n / static_cast<std::size_t>(B); i < 2 * out_n / static_cast<std::size_t>(B); ++i)
       ASSERT_EQ(out_gpu[i], 0.0f);
   }
