@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -101,108 +100,6 @@ FusedAttentionCall describe_fused_attention(const Graph& g, int id, const Bindin
     for (const auto& x : g.node(g.node(id).inputs[static_cast<std::size_t>(m)]).axes)
       call.tensor_extents.push_back(bound(x.extent, x.name, b));
   return call;
-}
-
-std::optional<ClassicMasks> classic_masks(const Graph& g, int id, const Bindings& sizes) {
-  const Node& n = g.node(id);
-  const AttentionAttrs& a = *n.attention;
-  const ModExpr& e = a.mod;
-  ClassicMasks out;
-  auto node = [&](int x) -> const ModNode& { return e.nodes.at(static_cast<std::size_t>(x)); };
-  auto is_index = [&](int x, const std::string& axis) {
-    return x >= 0 && node(x).op == ModOp::index && node(x).axis == axis;
-  };
-  // A load whose indices are the tensor's own axes by name, each the query or the key axis.
-  auto bias_term = [&](int x, bool keep) -> bool {
-    const ModNode& l = node(x);
-    if (l.op != ModOp::load || l.input < 3 || static_cast<std::size_t>(l.input) >= n.inputs.size()) return false;
-    const auto& axes = g.node(n.inputs[static_cast<std::size_t>(l.input)]).axes;
-    if (axes.size() != l.at.size()) return false;
-    ClassicMasks::BiasTerm t{l.input, keep, 0, 0};
-    std::int64_t stride = 1;
-    for (std::size_t k = axes.size(); k-- > 0;) {
-      if (!is_index(l.at[k], axes[k].name)) return false;
-      if (axes[k].name == a.query)
-        t.stride_q = stride;
-      else if (axes[k].name == a.key)
-        t.stride_k = stride;
-      else
-        return false;
-      stride *= bound(axes[k].extent, axes[k].name, sizes);
-    }
-    out.bias_terms.push_back(t);
-    return true;
-  };
-  if (e.score >= 0) {
-    int x = e.score;
-    while (node(x).op == ModOp::add && node(node(x).a).op != ModOp::score) {
-      if (!bias_term(node(x).b, false)) return std::nullopt;
-      x = node(x).a;
-    }
-    if (node(x).op != ModOp::add || node(node(x).a).op != ModOp::score || !bias_term(node(x).b, false))
-      return std::nullopt;
-  }
-  std::vector<int> todo;
-  if (e.keep >= 0) todo.push_back(e.keep);
-  while (!todo.empty()) {
-    const int x = todo.back();
-    todo.pop_back();
-    const ModNode& k = node(x);
-    if (k.op == ModOp::logical_and) {
-      todo.push_back(k.a);
-      todo.push_back(k.b);
-    } else if (k.op == ModOp::ne && node(k.b).op == ModOp::constant && node(k.b).value == 0.0 &&
-               node(k.a).op == ModOp::load) {
-      const ModNode& l = node(k.a);
-      const auto& axes = g.node(n.inputs[static_cast<std::size_t>(l.input)]).axes;
-      const bool padding = !a.batch.empty() && axes.size() == 2 && axes[0].name == a.batch.front() &&
-                           axes[1].name == a.key && is_index(l.at[0], a.batch.front()) && is_index(l.at[1], a.key);
-      if (padding && out.key_padding_input < 0)
-        out.key_padding_input = l.input;
-      else if (!bias_term(k.a, true))
-        return std::nullopt;
-    } else if (k.op == ModOp::le && is_index(k.a, a.key) && !out.causal) {
-      out.causal = true;
-      if (is_index(k.b, a.query)) {
-        out.align = CausalAlign::top_left;
-      } else {
-        const ModNode& add = node(k.b);
-        if (add.op != ModOp::add || !is_index(add.a, a.query) || node(add.b).op != ModOp::sub) return std::nullopt;
-        const ModNode& sub = node(add.b);
-        if (node(sub.a).op != ModOp::length || node(sub.a).axis != a.key || node(sub.b).op != ModOp::length ||
-            node(sub.b).axis != a.query)
-          return std::nullopt;
-        out.align = CausalAlign::bottom_right;
-      }
-    } else {
-      return std::nullopt;
-    }
-  }
-  return out;
-}
-
-void combine_masks(const FusedAttentionCall& call, const ClassicMasks& masks, const std::vector<const NdArray*>& in,
-                   std::vector<std::uint8_t>* key_keep, std::vector<float>* bias) {
-  if (key_keep && masks.key_padding_input >= 0) {
-    const auto bits = in[static_cast<std::size_t>(masks.key_padding_input)]->as<bool>();
-    key_keep->assign(static_cast<std::size_t>(call.batch * call.len_k), 1);
-    for (std::size_t i = 0; i < key_keep->size() && i < bits.size(); ++i) (*key_keep)[i] = bits[i] ? 1 : 0;
-  }
-  if (!bias || masks.bias_terms.empty()) return;
-  bias->assign(static_cast<std::size_t>(call.len_q * call.len_k), 0.0f);
-  for (const auto& term : masks.bias_terms) {
-    const std::vector<float> vals = in[static_cast<std::size_t>(term.input)]->to_f32();
-    for (std::int64_t i = 0; i < call.len_q; ++i)
-      for (std::int64_t j = 0; j < call.len_k; ++j) {
-        const float v = vals[static_cast<std::size_t>(i * term.stride_q + j * term.stride_k)];
-        float& dst = (*bias)[static_cast<std::size_t>(i * call.len_k + j)];
-        if (term.keep_mask) {
-          if (v == 0.0f) dst = -std::numeric_limits<float>::infinity();
-        } else {
-          dst += v;
-        }
-      }
-  }
 }
 
 }  // namespace qkv::codegen
