@@ -290,11 +290,11 @@ class Planner {
       extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
     }
     s.kind = Step::Kind::gpu;
-    launch(id, *kernel, grid,
-           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
-            weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
-            Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k),
-            Arg::i(static_cast<std::int64_t>(call->seed))});
+    launch(
+        id, *kernel, grid,
+        {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+         weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
+         Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
   }
 
   bool linear(int id, std::string& why) {

@@ -211,11 +211,10 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
 
 void AttentionPtx::declare(const std::string& name) {
   llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn =
-      kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
-                         {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents", "batch", "len_q",
-                          "len_k", "seed"},
-                         g_.threads, /*min_blocks=*/1);
+  llvm::Function* fn = kb_.declare_kernel(
+      name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
+      {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
+      g_.threads, /*min_blocks=*/1);
   for (unsigned a = 0; a < 9; ++a) {
     fn->addParamAttr(a, llvm::Attribute::NoAlias);
     fn->addParamAttr(a, llvm::Attribute::NoCapture);
@@ -380,84 +379,84 @@ void AttentionPtx::sweep(Pass pass, Values& m, Values& l, Values& o, const Value
 Values AttentionPtx::visit_tile(Pass pass, llvm::Value* k0, const Values& key, llvm::Value* always,
                                 const Values& carried, std::ptrdiff_t nm, bool dropout, const Values& m_final,
                                 const Values& inv_l) {
-        Values cm(carried.begin(), carried.begin() + nm);
-        Values cl(carried.begin() + nm, carried.begin() + 2 * nm);
-        Values co(carried.begin() + 2 * nm, carried.end());
-        kb_.barrier();  // every warp is done with the previous tile's K, V (and the queries are staged)
-        stage_tile(k0, pass);
-        kb_.barrier();
+  Values cm(carried.begin(), carried.begin() + nm);
+  Values cl(carried.begin() + nm, carried.begin() + 2 * nm);
+  Values co(carried.begin() + 2 * nm, carried.end());
+  kb_.barrier();  // every warp is done with the previous tile's K, V (and the queries are staged)
+  stage_tile(k0, pass);
+  kb_.barrier();
 
-        // The keep predicate only where the tile is partial; keys past S only on the last tile.
-        llvm::Value* partial = b_.CreateNot(always, "partial");
-        llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
-        Values s = apply_mod(emit_qk_tile(), key, b_.CreateOr(partial, past_s, "masked"), partial);
+  // The keep predicate only where the tile is partial; keys past S only on the last tile.
+  llvm::Value* partial = b_.CreateNot(always, "partial");
+  llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
+  Values s = apply_mod(emit_qk_tile(), key, b_.CreateOr(partial, past_s, "masked"), partial);
 
-        // Softmax step, row by row (the 8 lanes of a row group hold the row's KJ·8 keys).
-        Values p(s.size());
-        Values alpha(static_cast<std::size_t>(R_));
-        for (int i = 0; i < R_; ++i) {
-          llvm::Value* m_use = nullptr;
-          if (pass == Pass::normalized) {
-            m_use = m_final[i];
-          } else {
-            llvm::Value* mx = kb_.cf(kNegInf);
-            for (int j = 0; j < KJ_; ++j) mx = b_.CreateMaxNum(mx, s[si(i, j)]);
-            mx = kb_.group_max(mx, 8);
-            llvm::Value* m_new = b_.CreateMaxNum(cm[i], mx, "m_new");
-            m_use = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, kb_.cf(kNegInf)), kb_.cf(0.0), m_new, "m_use");
-            alpha[i] = kb_.ex2(b_.CreateFSub(cm[i], m_use));
-            cm[i] = m_new;
-          }
-          llvm::Value* sum = kb_.cf(0.0);
-          for (int j = 0; j < KJ_; ++j) {
-            llvm::Value* x = kb_.ex2(b_.CreateFSub(s[si(i, j)], m_use));
-            if (pass != Pass::normalized) sum = b_.CreateFAdd(sum, x);
-            if (pass == Pass::normalized) x = b_.CreateFMul(x, inv_l[i]);
-            p[si(i, j)] = x;
-          }
-          if (pass != Pass::normalized) cl[i] = kb_.fma(cl[i], alpha[i], kb_.group_sum(sum, 8));
-        }
-        if (pass == Pass::stats) {
-          Values next = cm;
-          next.insert(next.end(), cl.begin(), cl.end());
-          return next;
-        }
+  // Softmax step, row by row (the 8 lanes of a row group hold the row's KJ·8 keys).
+  Values p(s.size());
+  Values alpha(static_cast<std::size_t>(R_));
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* m_use = nullptr;
+    if (pass == Pass::normalized) {
+      m_use = m_final[i];
+    } else {
+      llvm::Value* mx = kb_.cf(kNegInf);
+      for (int j = 0; j < KJ_; ++j) mx = b_.CreateMaxNum(mx, s[si(i, j)]);
+      mx = kb_.group_max(mx, 8);
+      llvm::Value* m_new = b_.CreateMaxNum(cm[i], mx, "m_new");
+      m_use = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, kb_.cf(kNegInf)), kb_.cf(0.0), m_new, "m_use");
+      alpha[i] = kb_.ex2(b_.CreateFSub(cm[i], m_use));
+      cm[i] = m_new;
+    }
+    llvm::Value* sum = kb_.cf(0.0);
+    for (int j = 0; j < KJ_; ++j) {
+      llvm::Value* x = kb_.ex2(b_.CreateFSub(s[si(i, j)], m_use));
+      if (pass != Pass::normalized) sum = b_.CreateFAdd(sum, x);
+      if (pass == Pass::normalized) x = b_.CreateFMul(x, inv_l[i]);
+      p[si(i, j)] = x;
+    }
+    if (pass != Pass::normalized) cl[i] = kb_.fma(cl[i], alpha[i], kb_.group_sum(sum, 8));
+  }
+  if (pass == Pass::stats) {
+    Values next = cm;
+    next.insert(next.end(), cl.begin(), cl.end());
+    return next;
+  }
 
-        if (dropout) {
-          llvm::Value* keep_scale = kb_.cf(1.0 / (1.0 - spec_.dropout_p));
-          for (int i = 0; i < R_; ++i) {
-            llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
-            for (int j = 0; j < KJ_; ++j) {
-              llvm::Value* col32 = b_.CreateTrunc(key[j], kb_.i32());
-              llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, row32, col32);
-              p[si(i, j)] = b_.CreateSelect(keep, b_.CreateFMul(p[si(i, j)], keep_scale), kb_.cf(0.0), "p_drop");
-            }
-          }
-        }
-        if (pass == Pass::normalized) {
-          // weights[row][key] = P for rows < L and keys < S (masked entries are exact zeros).
-          for (int i = 0; i < R_; ++i) {
-            llvm::Value* wrow = at(w_blk_, b_.CreateMul(zext64(local_row_[i]), len_k_));
-            for (int j = 0; j < KJ_; ++j) {
-              llvm::Value* ok = b_.CreateAnd(row_ok_[i], b_.CreateICmpSLT(key[j], len_k_));
-              kb_.if_then(ok, [&] { b_.CreateStore(p[si(i, j)], at(wrow, key[j])); }, "store_w");
-            }
-          }
-        }
-        for (int i = 0; i < R_; ++i)
-          for (int j = 0; j < KJ_; ++j) b_.CreateStore(p[si(i, j)], at(p_rows_[i], b_.CreateAdd(kg_, c32(8 * j))));
-        kb_.warp_sync();  // P rows are written and read by the same warp
+  if (dropout) {
+    llvm::Value* keep_scale = kb_.cf(1.0 / (1.0 - spec_.dropout_p));
+    for (int i = 0; i < R_; ++i) {
+      llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
+      for (int j = 0; j < KJ_; ++j) {
+        llvm::Value* col32 = b_.CreateTrunc(key[j], kb_.i32());
+        llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, row32, col32);
+        p[si(i, j)] = b_.CreateSelect(keep, b_.CreateFMul(p[si(i, j)], keep_scale), kb_.cf(0.0), "p_drop");
+      }
+    }
+  }
+  if (pass == Pass::normalized) {
+    // weights[row][key] = P for rows < L and keys < S (masked entries are exact zeros).
+    for (int i = 0; i < R_; ++i) {
+      llvm::Value* wrow = at(w_blk_, b_.CreateMul(zext64(local_row_[i]), len_k_));
+      for (int j = 0; j < KJ_; ++j) {
+        llvm::Value* ok = b_.CreateAnd(row_ok_[i], b_.CreateICmpSLT(key[j], len_k_));
+        kb_.if_then(ok, [&] { b_.CreateStore(p[si(i, j)], at(wrow, key[j])); }, "store_w");
+      }
+    }
+  }
+  for (int i = 0; i < R_; ++i)
+    for (int j = 0; j < KJ_; ++j) b_.CreateStore(p[si(i, j)], at(p_rows_[i], b_.CreateAdd(kg_, c32(8 * j))));
+  kb_.warp_sync();  // P rows are written and read by the same warp
 
-        if (pass == Pass::online) {
-          for (int i = 0; i < R_; ++i)
-            for (int t = 0; t < TC_; ++t)
-              for (int e = 0; e < g_.wv; ++e) co[oi(i, t, e)] = b_.CreateFMul(co[oi(i, t, e)], alpha[i]);
-        }
-        co = emit_pv_tile(co);
-        Values next = cm;
-        next.insert(next.end(), cl.begin(), cl.end());
-        next.insert(next.end(), co.begin(), co.end());
-        return next;
+  if (pass == Pass::online) {
+    for (int i = 0; i < R_; ++i)
+      for (int t = 0; t < TC_; ++t)
+        for (int e = 0; e < g_.wv; ++e) co[oi(i, t, e)] = b_.CreateFMul(co[oi(i, t, e)], alpha[i]);
+  }
+  co = emit_pv_tile(co);
+  Values next = cm;
+  next.insert(next.end(), cl.begin(), cl.end());
+  next.insert(next.end(), co.begin(), co.end());
+  return next;
 }
 
 void AttentionPtx::stage_rows(llvm::Value* src, llvm::Value* k0, std::int64_t width, std::int64_t offset,

@@ -72,9 +72,8 @@ void check_mod(const cpu::AttentionSpec& s) {
   for (const ModNode& n : e.nodes) {
     if ((n.op == ModOp::index || n.op == ModOp::position || n.op == ModOp::length) && !known_axis(n.axis))
       fail("attention: a mod names the axis `" + n.axis + "`, which the scores do not have");
-    if (n.op == ModOp::load &&
-        (n.input < 0 || static_cast<std::size_t>(n.input) >= m.tensors.size() ||
-         static_cast<int>(n.at.size()) != m.tensors[static_cast<std::size_t>(n.input)].rank))
+    if (n.op == ModOp::load && (n.input < 0 || static_cast<std::size_t>(n.input) >= m.tensors.size() ||
+                                static_cast<int>(n.at.size()) != m.tensors[static_cast<std::size_t>(n.input)].rank))
       fail("attention: a mod loads tensor " + std::to_string(n.input) + " with indices that do not match its rank");
   }
 }

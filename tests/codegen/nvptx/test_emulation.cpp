@@ -1,12 +1,14 @@
 // The GPU kernels' logic on the CPU: each generator's host-emulation variant (the same IR, with
-// thread ids, __syncthreads, __syncwarp, warp shuffles and ex2 turned into calls to the hooks
+// thread ids, __syncthreads, __syncwarp, warp shuffles, ex2 and lg2 turned into calls to the hooks
 // below and shared memory a host buffer) is JIT-compiled for the host and run with one host
 // thread per GPU thread, block after block — then compared with the CPU kernels (attention,
 // linear, layer norm, GELU/ReLU/add) or exact expectations (scale, strided copy).
 //
-// What this checks: the tiling, indexing, masks, causal tile skipping, online softmax, dropout
-// counters, weights, GQA, bounds handling and the barrier / shuffle protocol (a barrier reached by
-// only part of a block deadlocks here and aborts the test after a minute). What it cannot check:
+// What this checks: the tiling, indexing, masks and mods (loads of captured tensors, named head
+// axes, exp / log / tanh), tile skipping by the keep predicate's bounds (every thread of a block
+// must take the same branch: a skipped barrier deadlocks), online softmax, dropout counters,
+// weights, GQA, bounds handling and the barrier / shuffle protocol (a barrier reached by only part
+// of a block deadlocks here and aborts the test after a minute). What it cannot check:
 // the NVPTX backend's lowering and the hardware itself — that needs a GPU.
 //
 // Shared memory is filled with NaN before every block, so a read of a shared word the kernel did
@@ -322,8 +324,8 @@ std::vector<AttnCase> attention_cases() {
     const int key_bias = x.load(1, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")});
     x.e.score = x.node(ModOp::add, score, x.node(ModOp::sub, key_bias, x.node(ModOp::mul, slope, dist)));
     const int window = x.node(ModOp::le, dist, x.constant(20.0));
-    const int keep = x.node(ModOp::ne, x.load(2, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")}),
-                            x.constant(0.0));
+    const int keep =
+        x.node(ModOp::ne, x.load(2, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")}), x.constant(0.0));
     x.e.keep = x.node(ModOp::logical_and, window, keep);
     x.e.query = "q";
     x.e.key = "k";
@@ -376,6 +378,37 @@ std::vector<AttnCase> attention_cases() {
       return std::vector<ModData>{mod_data({S}, doc), mod_data({S}, w)};
     };
     cases.push_back({"mod_documents_softcap_log_causal_weights", a, 1, 80, 80, tensors});
+  }
+  {
+    // Named head axes as describe_attention makes them for GQA (query head h = kvh·2 + g): a
+    // per-(batch, kv head) keep-mask [B, kvh, L, S] (what a [batch, heads, L, S] mask fuses to)
+    // and a per-group score offset [g]; the key padding and bias flags on top.
+    auto a = base(32, 32, 4, 2);
+    a.spec.key_padding = true;
+    a.spec.bias = true;
+    a.spec.axes.batch = "batch";
+    a.spec.axes.query = "i";
+    a.spec.axes.key = "j";
+    a.spec.axes.heads = {{"kvh", 2, 2}, {"g", 1, 2}};
+    Expr x;
+    const int score = x.node(ModOp::score);
+    x.e.score = x.node(ModOp::add, score, x.load(1, {x.axis(ModOp::index, "g")}));
+    x.e.keep = x.node(ModOp::ne,
+                      x.load(0, {x.axis(ModOp::index, "batch"), x.axis(ModOp::index, "kvh"), x.axis(ModOp::index, "i"),
+                                 x.axis(ModOp::index, "j")}),
+                      x.constant(0.0));
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::boolean, 4},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    a.block_k = 16;
+    auto tensors = [](std::int64_t B, std::int64_t L, std::int64_t S, std::mt19937& gen) {
+      std::bernoulli_distribution drop(0.3);
+      std::vector<std::uint8_t> kept(static_cast<std::size_t>(B * 2 * L * S));
+      for (auto& v : kept) v = drop(gen) ? 0 : 1;
+      std::vector<float> offset{0.5f, -1.5f};
+      return std::vector<ModData>{mod_data({B, 2, L, S}, kept), mod_data({2}, offset)};
+    };
+    cases.push_back({"mod_named_heads_4d_mask_with_flags", a, 2, 37, 50, tensors, true});
   }
   return cases;
 }

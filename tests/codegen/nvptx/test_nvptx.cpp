@@ -68,8 +68,9 @@ void window_alibi_mod(AttentionKernel& a) {
   const int bias = load(e, 1, {node(e, ModOp::index, -1, -1, "b"), node(e, ModOp::index, -1, -1, "k")});
   e.score = node(e, ModOp::add, score, node(e, ModOp::sub, bias, node(e, ModOp::mul, slope, dist)));
   const int window = node(e, ModOp::le, dist, node(e, ModOp::constant, -1, -1, {}, 128.0));
-  const int keep = node(e, ModOp::ne, load(e, 2, {node(e, ModOp::index, -1, -1, "b"), node(e, ModOp::index, -1, -1, "k")}),
-                        node(e, ModOp::constant));
+  const int keep =
+      node(e, ModOp::ne, load(e, 2, {node(e, ModOp::index, -1, -1, "b"), node(e, ModOp::index, -1, -1, "k")}),
+           node(e, ModOp::constant));
   e.keep = node(e, ModOp::logical_and, window, keep);
   e.query = "q";
   e.key = "k";
