@@ -38,7 +38,13 @@
 #include <qkv/codegen/cpu/rowwise.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/lowering/attention_call.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/nvptx.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -170,7 +176,7 @@ Emulated emulate(const KernelRequest& request) {
   const PtxKernel real = emit_ptx(request, 80);  // launch geometry, and proof the request is valid
   e.threads = real.block_x;
   e.shared.assign(static_cast<std::size_t>(real.shared_bytes + real.static_shared_bytes) / 4 + 16, 0.0f);
-  detail::HostEmulation hooks;
+  codegen::nvptx::detail::HostEmulation hooks;
   hooks.sreg = emu_sreg;
   hooks.barrier = emu_barrier;
   hooks.warp_sync = emu_warp_sync;
@@ -183,7 +189,7 @@ Emulated emulate(const KernelRequest& request) {
   if (!e.jit) throw std::runtime_error(error);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = std::make_unique<llvm::Module>("emulation", *context);
-  const auto info = detail::build_emulation(*module, request, hooks);
+  const auto info = codegen::nvptx::detail::build_emulation(*module, request, hooks);
   if (!e.jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
   e.entry = e.jit->lookup_address(info.name, &error);
   if (!e.entry) throw std::runtime_error(error);
@@ -486,6 +492,127 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
 std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& param) { return param.param.label; }
 
 INSTANTIATE_TEST_SUITE_P(Emulation, EmulatedAttention, ::testing::ValuesIn(attention_cases()), attn_case_name);
+
+// ------------------------------------------------------------------------------------------------
+// attention as the fuse pass makes it: the DSL's built-in mods through the whole pipeline
+
+/// The fused node of `g` after lowering, its inputs computed by the interpreter (as the GPU
+/// executor's host steps would) and stored as the GPU stores them (storage.hpp), then the
+/// emulated PTX kernel against the CPU kernel on the very spec the GPU plan would launch.
+void expect_fused_mods_agree(const Graph& g, const Feeds& feeds) {
+  const Graph lowered = codegen::lower(g);
+  const Bindings sizes = bind_extents(lowered, feeds);
+  int fused = -1;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    if (lowered.node(id).op == Op::fused_attention) fused = id;
+  ASSERT_GE(fused, 0) << lowered.table();
+  std::vector<NdArray> values(lowered.size());
+  for (int id = 0; id < fused; ++id) {
+    const Node& n = lowered.node(id);
+    if (codegen::select_kernel(lowered, id) == codegen::KernelKind::leaf) {
+      values[static_cast<std::size_t>(id)] = feeds.at(n.name);
+      continue;
+    }
+    std::vector<const NdArray*> in;
+    for (int x : n.inputs) in.push_back(&values[static_cast<std::size_t>(x)]);
+    values[static_cast<std::size_t>(id)] = evaluate_node(lowered, id, in, sizes);
+  }
+  const codegen::FusedAttentionCall call = codegen::describe_fused_attention(lowered, fused, sizes);
+  const Node& n = lowered.node(fused);
+  auto f32 = [&](int input) {
+    return values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(input)])].to_f32();
+  };
+  const std::vector<float> q = f32(0), k = f32(1), v = f32(2);
+  std::vector<std::vector<std::byte>> stored;
+  std::vector<const void*> tensors;
+  for (int m : call.tensor_inputs) {
+    const NdArray& a = values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(m)])];
+    if (a.dtype == DType::boolean) {
+      stored.push_back(a.bytes);
+    } else {
+      const std::vector<float> x = a.to_f32();
+      stored.emplace_back(x.size() * sizeof(float));
+      std::memcpy(stored.back().data(), x.data(), stored.back().size());
+    }
+  }
+  for (const auto& b : stored) tensors.push_back(b.data());
+  AttentionKernel kernel;
+  kernel.spec = call.spec;
+  ASSERT_FALSE(kernel.spec.mod.empty());
+  const auto& s = kernel.spec;
+  const std::int64_t B = call.batch, L = call.len_q, S = call.len_k;
+  const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
+  std::vector<float> out_cpu(out_n), out_gpu(out_n, NAN);
+  codegen::cpu::AttentionArgs args;
+  args.q = q.data();
+  args.k = k.data();
+  args.v = v.data();
+  args.out = out_cpu.data();
+  args.tensors = tensors.data();
+  args.extents = call.tensor_extents.data();
+  args.batch = B;
+  args.len_q = L;
+  args.len_k = S;
+  codegen::cpu::run_attention(s, args, 1);
+  Emulated e = emulate(kernel);
+  using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
+                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+  auto* fn = e.fn<Fn>();
+  e.launch(attention_grid(kernel, B, L), [&] {
+    fn(q.data(), k.data(), v.data(), out_gpu.data(), nullptr, nullptr, nullptr, args.tensors, args.extents, B, L, S, 0);
+  });
+  expect_close(out_gpu, out_cpu, 2e-5, "out");
+}
+
+template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
+void built_in_mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool br) {
+  using namespace nn;
+  constexpr std::int64_t G = H / Hkv;
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Group<G>, Seq<dyn>, HeadDim<D>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "v");
+  auto slopes = input<Tensor<f32, KvHeads<Hkv>, Group<G>>>(g, "slopes");
+  auto q_doc = input<Tensor<i32, Batch<dyn>, Seq<dyn>>>(g, "q_doc");
+  auto kv_doc = input<Tensor<i32, Batch<dyn>, Key<dyn>>>(g, "kv_doc");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto sc = scaled(contract<HeadDim>(q, k));
+  auto run = [&](auto align) {
+    auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
+    auto m = modded(sc, mods::softcap(2.0), mods::alibi(slopes, align), hand,
+                    mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc));
+    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
+  };
+  if (br)
+    run(bottom_right);
+  else
+    run(top_left);
+  Feeds feeds = random_feeds(g, {{"Batch", batch}, {"Seq", l}, {"Key", s}}, 21, 0.5f);
+  // Documents of 13 queries / 11 keys (ids increase along the sequence).
+  std::vector<std::int32_t> qd, kd;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t i = 0; i < l; ++i) qd.push_back(static_cast<std::int32_t>(i / 13));
+    for (std::int64_t j = 0; j < s; ++j) kd.push_back(static_cast<std::int32_t>(j / 11));
+  }
+  auto ids = [](const std::vector<std::int32_t>& x, std::vector<std::int64_t> shape) {
+    NdArray a;
+    a.dtype = DType::i32;
+    a.shape = std::move(shape);
+    a.bytes.resize(x.size() * sizeof(std::int32_t));
+    std::memcpy(a.bytes.data(), x.data(), a.bytes.size());
+    return a;
+  };
+  feeds["q_doc"] = ids(qd, {batch, l});
+  feeds["kv_doc"] = ids(kd, {batch, s});
+  expect_fused_mods_agree(g, feeds);
+}
+
+TEST(EmulatedAttentionFromTheDsl, BuiltInModsMatchTheCpuKernel) {
+  // softcap, ALiBi over named head axes (GQA), a hand-written score mod, a sliding window and
+  // document masks, key padding: the spec the fuse pass makes and the GPU plan launches.
+  built_in_mods<4, 2, 32>(2, 37, 37, false);
+  built_in_mods<2, 1, 32>(1, 29, 71, true);
+}
 
 // ------------------------------------------------------------------------------------------------
 // the dense kernels
