@@ -195,17 +195,13 @@ class Executor {
       case Step::Kind::weights:
         return;
       case Step::Kind::gpu: {
-        if (s.bias_buffer >= 0) {
-          std::vector<NdArray> in(n.inputs.size());
-          std::vector<const NdArray*> ptrs(n.inputs.size(), nullptr);
-          for (const auto& term : s.masks->bias_terms) {
-            const auto k = static_cast<std::size_t>(term.input);
-            in[k] = download(n.inputs[k]);
-            ptrs[k] = &in[k];
-          }
-          std::vector<float> bias;
-          combine_masks(*s.call, *s.masks, ptrs, nullptr, &bias);
-          m_.upload(address(s.bias_buffer), bias.data(), bias.size() * sizeof(float));
+        if (s.tensor_table >= 0) {
+          // The mod's tensors: their device addresses, then their extents.
+          const FusedAttentionCall& call = *s.call;
+          std::vector<std::uint64_t> table;
+          for (int m : call.tensor_inputs) table.push_back(address_of(n.inputs[static_cast<std::size_t>(m)]));
+          for (std::int64_t e : call.tensor_extents) table.push_back(static_cast<std::uint64_t>(e));
+          m_.upload(address(s.tensor_table), table.data(), table.size() * sizeof(std::uint64_t));
         }
         for (const Launch& l : s.launches) {
           std::vector<ParamValue> values(l.args.size());
@@ -336,6 +332,8 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
   s.spec.write_weights = false;
   s.spec.key_padding = false;
   s.spec.bias = false;
+  if (!s.spec.tensors.empty())
+    throw std::runtime_error("attention bench: the mod loads tensors, which the bench does not make");
   s.batch = batch;
   s.len_q = len_q;
   s.len_k = len_k;
@@ -354,7 +352,7 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
   auto ptr = [](const qkv::cuda::Buffer& b) { return ParamValue{Arg::Kind::buffer, b.ptr(), 0, 0.0f}; };
   auto i64 = [](std::int64_t v) { return ParamValue{Arg::Kind::i64, 0, v, 0.0f}; };
   const ParamValue null{};
-  s.params = {ptr(*s.bufs[0]), ptr(*s.bufs[1]), ptr(*s.bufs[2]), ptr(*s.bufs[3]), null, null, null,
+  s.params = {ptr(*s.bufs[0]), ptr(*s.bufs[1]), ptr(*s.bufs[2]), ptr(*s.bufs[3]), null, null, null, null, null,
               i64(batch),      i64(len_q),      i64(len_k),      i64(0)};
   s.kernel_text = s.kernel->name + " block_q " + std::to_string(kernel->block_q) + " block_k " +
                   std::to_string(kernel->block_k) + " threads " + std::to_string(kernel->threads) + " smem " +

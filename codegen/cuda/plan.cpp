@@ -266,18 +266,9 @@ class Planner {
     Step& s = step(id);
     auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
     s.call = call;
-    // The PTX kernel takes the classic masks as flags (classic_masks); any other mod runs on the
-    // host's fused kernel.
-    s.masks = classic_masks(g_, id, p_.sizes);
-    cpu::AttentionSpec spec = call->spec;
-    spec.mod = {};
-    spec.tensors.clear();
-    if (s.masks) {
-      spec.causal = s.masks->causal;
-      spec.align = s.masks->align;
-      spec.key_padding = s.masks->key_padding_input >= 0;
-      spec.bias = !s.masks->bias_terms.empty();
-    }
+    // The PTX kernel evaluates the whole mod expression (spec.mod, its loads reading the node's
+    // tensor inputs through a table of device addresses and extents).
+    const cpu::AttentionSpec& spec = call->spec;
     const int out = value_buffer(id);
     int weights = -1;
     if (spec.write_weights) {
@@ -291,18 +282,19 @@ class Planner {
     if (!kernel) return host(id, why);
     Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
     if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
-    if (!s.masks) return host(id, "score / mask modifications beyond masks, biases and causal have no GPU kernel yet");
-    if (!s.masks->bias_terms.empty())
-      s.bias_buffer = new_buffer(static_cast<std::size_t>(call->len_q * call->len_k) * 4, id);
-    const Arg key_keep = s.masks->key_padding_input >= 0
-                             ? Arg::buf(buf(n.inputs[static_cast<std::size_t>(s.masks->key_padding_input)]))
-                             : Arg::null();
+    Arg tensors = Arg::null(), extents = Arg::null();
+    if (!call->tensor_inputs.empty()) {
+      const std::size_t count = call->tensor_inputs.size();
+      s.tensor_table = new_buffer((count + call->tensor_extents.size()) * 8, id);
+      tensors = Arg::buf(s.tensor_table);
+      extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
+    }
     s.kind = Step::Kind::gpu;
-    launch(id, *kernel, grid,
-           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
-            weights >= 0 ? Arg::buf(weights) : Arg::null(), key_keep,
-            s.bias_buffer >= 0 ? Arg::buf(s.bias_buffer) : Arg::null(), Arg::i(call->batch), Arg::i(call->len_q),
-            Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
+    launch(
+        id, *kernel, grid,
+        {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+         weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
+         Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
   }
 
   bool linear(int id, std::string& why) {

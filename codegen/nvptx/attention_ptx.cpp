@@ -2,11 +2,18 @@
 //
 // One block per (query tile, query head, batch) = (ctaid.x, ctaid.y, ctaid.z). The block stages
 // its block_q queries once (pre-multiplied by scale·log2 e, so scores are in log2 units, as in the
-// CPU kernel), then sweeps the K/V tiles that are not wholly above the causal diagonal:
+// CPU kernel), then sweeps the K/V tiles, each first classified under the keep predicate of the
+// mod expression (effective_mod: the flags causal / key padding / bias and spec.mod as one
+// expression) over the tile's bounds — block-uniform values only (q0, the valid rows, k0, S,
+// batch, head), so every thread takes the same branch and the barriers stay matched:
 //
-//   barrier; K (and V) tile → shared memory (keys past S as zeros); barrier
+//   never kept         skipped (carried m, l, O pass through; the normalized sweep writes zero
+//                      weights for its entries)
+//   otherwise          barrier; K (and V) tile → shared memory (keys past S as zeros); barrier
 //   S = Q·Kᵀ           per thread an R × KJ micro-tile, fma over d in order    (emit_qk_tile)
-//   masks              bias·log2 e added, then key padding / past S / causal → −inf
+//   mod                the score modification on every tile (score + X: X·log2 e added; else
+//                      ×ln 2 → mod → ×log2 e); the keep predicate (→ −inf) and keys past S only
+//                      on partial tiles and the tile that runs past S               (apply_mod)
 //   softmax step       m' = max(m, rowmax S), α = 2^(m − m'), P = 2^(S − m'), l' = α·l + Σ P
 //                      (a row with m' = −inf uses 0 in place of m': P = 0, α = 0, never NaN)
 //   dropout            P kept by the Philox test of (seed, batch, head, row, key), scaled by
@@ -17,7 +24,15 @@
 // and writes out = O / l (0 for rows with l = 0). With write_weights it makes two sweeps like the
 // CPU kernel: the first computes only the final max and sum per row; the second recomputes S,
 // forms exact probabilities 2^(S − m)/l (after dropout), writes them to weights and accumulates
-// O without rescaling; keys past the last visited tile get weight 0.
+// O without rescaling.
+//
+// The mod's nodes are computed per thread as scalars, each at the outermost level it can be (as
+// in the CPU kernel, attention_mod.cpp): nodes of neither the query nor the key once in the
+// prologue, of the query only once per thread row in the prologue, of the key only once per
+// tile key, the rest per entry. Loads are scalar global loads (indices clamped into range) from
+// the tensor table: captured tensor k at tensors[k], its extents at extents[...] in order; the
+// flags' key_keep [B, S] and bias [L, S] from their own parameters. e^x is ex2(x·log2 e), ln x
+// is lg2(x)·ln 2 (the .approx.ftz instructions).
 //
 // The thread mapping and the shared-memory layout are in geometry.hpp. S = Q·Kᵀ and O += P·V are
 // separate member functions over shared-memory tiles so that a tensor-core (mma.sync) version can
@@ -28,7 +43,11 @@
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
+#include <llvm/IR/Intrinsics.h>
 
+#include <qkv/ir/error.hpp>
+
+#include "llvm/mod_ir.hpp"
 #include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
 #include "nvptx/geometry.hpp"
@@ -39,6 +58,7 @@ namespace qkv::codegen::nvptx::detail {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kLn2 = 0.6931471805599453;
 
 using Values = std::vector<llvm::Value*>;
 
@@ -53,12 +73,20 @@ class AttentionPtx {
         KJ_(g_.keys_per_thread),
         TC_(g_.col_chunks),
         dk_(spec_.dk),
-        dv_(spec_.dv) {}
+        dv_(spec_.dv),
+        mod_(cpu::effective_mod(spec_)) {}
 
   KernelInfo emit(const std::string& name);
 
  private:
   enum class Pass { online, stats, normalized };
+  class Leaves;
+  class BoundsLeaves;
+  /// A tensor the mod loads: base pointer, extents (i64 and f32) and row-major strides.
+  struct TensorIn {
+    llvm::Value* base = nullptr;
+    Values extent, extent_f32, stride;
+  };
 
   void declare(const std::string& name);
   void prologue();
@@ -66,14 +94,34 @@ class AttentionPtx {
   void zero_value_padding();
   /// One sweep over the tiles; m, l (online, stats) and o (online, normalized) are carried.
   void sweep(Pass pass, Values& m, Values& l, Values& o, const Values& m_final, const Values& inv_l);
+  /// One tile that is not skipped: the carried values in (nm = R, or 0 in the normalized sweep),
+  /// the next ones out.
+  Values visit_tile(Pass pass, llvm::Value* k0, const Values& key, llvm::Value* always, const Values& carried,
+                    std::ptrdiff_t nm, bool dropout, const Values& m_final, const Values& inv_l);
   void stage_tile(llvm::Value* k0, Pass pass);
   void stage_rows(llvm::Value* src, llvm::Value* k0, std::int64_t width, std::int64_t offset, std::int64_t stride,
                   const std::string& name);
   Values emit_qk_tile();
-  Values apply_masks(Values s, const Values& key);
   Values emit_pv_tile(Values o);
-  void zero_weights_tail();
   void store_output(const Values& o, const Values* inv);
+
+  // the mod expression
+  void setup_tensors();
+  void prepare_mod();
+  /// The coordinate along `axis` of thread row i (−1: none) and key `key` (null: none), as f32.
+  llvm::Value* axis_value(const std::string& axis, int i, llvm::Value* key, bool position);
+  llvm::Value* axis_length(const std::string& axis);
+  llvm::Value* load_element(const ModNode& n, const Values& index);
+  /// The task-level cache (or `seed`) plus the key-level nodes `root` needs, for key `key`.
+  Values key_values(llvm::Value* key, int root, const Values* seed);
+  /// Node `root` for thread row i, key `key` and score `score` (null: none).
+  llvm::Value* mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc);
+  /// (always kept, never kept) over the tile at k0: block-uniform i1s.
+  std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
+  /// The score modification, then the keep predicate and keys past S where `masked`.
+  Values apply_mod(Values s, const Values& key, llvm::Value* masked, llvm::Value* partial);
+  /// The normalized sweep's weights for a skipped tile: zeros.
+  void zero_tile_weights(const Values& key);
 
   // helpers
   llvm::Value* shared(std::int64_t offset) { return b_.CreateConstInBoundsGEP1_64(kb_.f32(), smem_, offset); }
@@ -95,17 +143,28 @@ class AttentionPtx {
 
   // parameters
   llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *weights_ = nullptr, *keep_ = nullptr,
-              *bias_ = nullptr, *len_q_ = nullptr, *len_k_ = nullptr, *seed_ = nullptr;
+              *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
+              *len_k_ = nullptr, *seed_ = nullptr;
   // block and thread geometry
-  llvm::Value *tid_ = nullptr, *kg_ = nullptr, *head32_ = nullptr, *batch32_ = nullptr;
-  llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *diag_off_ = nullptr, *ntiles_ = nullptr;
+  llvm::Value *tid_ = nullptr, *kg_ = nullptr, *head32_ = nullptr, *batch32_ = nullptr, *head_ = nullptr,
+              *batch_ = nullptr;
+  llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *ntiles_ = nullptr;
   Values local_row_;  // i32, per thread row i
   Values row_abs_;    // i64 absolute query row
+  Values row_f32_;    // its f32 coordinate
   Values row_ok_;     // i1 row < L
-  Values bias_row_;   // i64 min(row, L − 1) · S
   // global bases of this (batch, head, query tile)
-  llvm::Value *q_blk_ = nullptr, *k_blk_ = nullptr, *v_blk_ = nullptr, *o_blk_ = nullptr, *w_blk_ = nullptr,
-              *keep_blk_ = nullptr;
+  llvm::Value *q_blk_ = nullptr, *k_blk_ = nullptr, *v_blk_ = nullptr, *o_blk_ = nullptr, *w_blk_ = nullptr;
+  // the mod expression (effective_mod) and its per-level caches
+  cpu::EffectiveMod mod_;
+  std::vector<unsigned> deps_;  // mod_deps
+  std::vector<bool> reach_;     // nodes the score or keep roots read
+  int score_add_ = -1;          // score' = score + sign·X: X's node (added in log2 units)
+  double score_add_sign_ = 1.0;
+  std::vector<TensorIn> tensors_m_;
+  llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;
+  Values task_cache_;              // nodes of neither query nor key
+  std::vector<Values> row_cache_;  // per thread row: + the query's nodes
   // shared memory
   llvm::Value* smem_ = nullptr;
   llvm::Value *qs_ = nullptr, *ks_ = nullptr, *vs_ = nullptr, *ps_ = nullptr;
@@ -137,7 +196,6 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
       inv_l.push_back(b_.CreateSelect(b_.CreateFCmpOGT(l[i], f0), b_.CreateFDiv(kb_.cf(1.0), l[i]), f0, "inv_l"));
     }
     sweep(Pass::normalized, m, l, o, m_final, inv_l);
-    if (spec_.causal) zero_weights_tail();
     store_output(o, nullptr);
   }
   b_.CreateRetVoid();
@@ -153,11 +211,11 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
 
 void AttentionPtx::declare(const std::string& name) {
   llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn =
-      kb_.declare_kernel(name, {p, p, p, p, p, p, p, i64, i64, i64, i64},
-                         {"q", "k", "v", "out", "weights", "key_keep", "bias", "batch", "len_q", "len_k", "seed"},
-                         g_.threads, /*min_blocks=*/1);
-  for (unsigned a = 0; a < 7; ++a) {
+  llvm::Function* fn = kb_.declare_kernel(
+      name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
+      {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
+      g_.threads, /*min_blocks=*/1);
+  for (unsigned a = 0; a < 9; ++a) {
     fn->addParamAttr(a, llvm::Attribute::NoAlias);
     fn->addParamAttr(a, llvm::Attribute::NoCapture);
     fn->addParamAttr(a, a == 3 || a == 4 ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
@@ -169,9 +227,12 @@ void AttentionPtx::declare(const std::string& name) {
   weights_ = fn->getArg(4);
   keep_ = fn->getArg(5);
   bias_ = fn->getArg(6);
-  len_q_ = fn->getArg(8);
-  len_k_ = fn->getArg(9);
-  seed_ = fn->getArg(10);
+  tensors_ = fn->getArg(7);
+  extents_ = fn->getArg(8);
+  nbatch_ = fn->getArg(9);
+  len_q_ = fn->getArg(10);
+  len_k_ = fn->getArg(11);
+  seed_ = fn->getArg(12);
   smem_ = kb_.dynamic_shared("qkv_attention_smem");
 }
 
@@ -183,26 +244,22 @@ void AttentionPtx::prologue() {
   kg_ = b_.CreateAnd(lane, c32(7), "kg");
   batch32_ = kb_.ctaid_z();
   head32_ = kb_.ctaid_y();
-  llvm::Value* batch = zext64(batch32_);
-  llvm::Value* head = zext64(head32_);
+  batch_ = zext64(batch32_);
+  head_ = zext64(head32_);
+  llvm::Value* batch = batch_;
+  llvm::Value* head = head_;
   q0_ = b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_q), "q0");
   nvalid_ = kb_.smin(c64(g_.block_q), b_.CreateSub(len_q_, q0_));
+  // Every tile is visited; the mod's keep predicate decides which are skipped (sweep).
+  ntiles_ = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
 
-  // Row i of the thread sees keys j <= row + diag_off (causal); the block's last valid row bounds
-  // the keys worth visiting, and so the number of tiles.
-  diag_off_ = spec_.causal && spec_.align == CausalAlign::bottom_right ? b_.CreateSub(len_k_, len_q_) : c64(0);
-  llvm::Value* key_end = len_k_;
-  if (spec_.causal) key_end = kb_.smax(c64(0), kb_.smin(len_k_, b_.CreateAdd(b_.CreateAdd(q0_, diag_off_), nvalid_)));
-  ntiles_ = b_.CreateSDiv(b_.CreateAdd(key_end, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
-
-  llvm::Value* last_row = b_.CreateSub(len_q_, c64(1));
   for (int i = 0; i < R_; ++i) {
     llvm::Value* r = b_.CreateAdd(b_.CreateMul(warp, c32(4 * R_)), b_.CreateAdd(rg, c32(4 * i)), "row");
     local_row_.push_back(r);
     llvm::Value* abs = b_.CreateAdd(q0_, zext64(r), "row_abs");
     row_abs_.push_back(abs);
+    row_f32_.push_back(b_.CreateSIToFP(abs, kb_.f32(), "row_f"));
     row_ok_.push_back(b_.CreateICmpSLT(abs, len_q_, "row_ok"));
-    if (spec_.bias) bias_row_.push_back(b_.CreateMul(kb_.smin(abs, last_row), len_k_, "bias_row"));
   }
 
   // Query head h reads key/value head h / (hq / hkv).
@@ -215,7 +272,6 @@ void AttentionPtx::prologue() {
   v_blk_ = at(v_, b_.CreateMul(kv_rows, c64(dv_)));
   o_blk_ = at(out_, b_.CreateMul(row0, c64(dv_)));
   if (spec_.write_weights) w_blk_ = at(weights_, b_.CreateMul(row0, len_k_));
-  if (spec_.key_padding) keep_blk_ = b_.CreateInBoundsGEP(kb_.i8(), keep_, b_.CreateMul(batch, len_k_));
 
   qs_ = shared(g_.q_offset);
   ks_ = shared(g_.k_offset);
@@ -228,6 +284,9 @@ void AttentionPtx::prologue() {
   for (int j = 0; j < KJ_; ++j)
     k_rows_.push_back(at(ks_, b_.CreateMul(b_.CreateAdd(kg_, c32(8 * j)), c32(g_.qk_stride))));
   v_lane_ = at(vs_, b_.CreateMul(kg_, c32(g_.wv)));
+
+  setup_tensors();
+  prepare_mod();
 }
 
 void AttentionPtx::stage_queries() {
@@ -279,84 +338,34 @@ void AttentionPtx::sweep(Pass pass, Values& m, Values& l, Values& o, const Value
   Values result = kb_.loop(
       c64(0), ntiles_, 1, init,
       [&](llvm::Value* kt, const Values& carried) {
-        Values cm(carried.begin(), carried.begin() + nm);
-        Values cl(carried.begin() + nm, carried.begin() + 2 * nm);
-        Values co(carried.begin() + 2 * nm, carried.end());
         llvm::Value* k0 = b_.CreateMul(kt, c64(g_.block_k), "k0");
-        kb_.barrier();  // every warp is done with the previous tile's K, V (and the queries are staged)
-        stage_tile(k0, pass);
-        kb_.barrier();
-
         Values key;
         for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
-        Values s = apply_masks(emit_qk_tile(), key);
-
-        // Softmax step, row by row (the 8 lanes of a row group hold the row's KJ·8 keys).
-        Values p(s.size());
-        Values alpha(static_cast<std::size_t>(R_));
-        for (int i = 0; i < R_; ++i) {
-          llvm::Value* m_use = nullptr;
-          if (pass == Pass::normalized) {
-            m_use = m_final[i];
-          } else {
-            llvm::Value* mx = kb_.cf(kNegInf);
-            for (int j = 0; j < KJ_; ++j) mx = b_.CreateMaxNum(mx, s[si(i, j)]);
-            mx = kb_.group_max(mx, 8);
-            llvm::Value* m_new = b_.CreateMaxNum(cm[i], mx, "m_new");
-            m_use = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, kb_.cf(kNegInf)), kb_.cf(0.0), m_new, "m_use");
-            alpha[i] = kb_.ex2(b_.CreateFSub(cm[i], m_use));
-            cm[i] = m_new;
-          }
-          llvm::Value* sum = kb_.cf(0.0);
-          for (int j = 0; j < KJ_; ++j) {
-            llvm::Value* x = kb_.ex2(b_.CreateFSub(s[si(i, j)], m_use));
-            if (pass != Pass::normalized) sum = b_.CreateFAdd(sum, x);
-            if (pass == Pass::normalized) x = b_.CreateFMul(x, inv_l[i]);
-            p[si(i, j)] = x;
-          }
-          if (pass != Pass::normalized) cl[i] = kb_.fma(cl[i], alpha[i], kb_.group_sum(sum, 8));
+        // The tile's class under the keep predicate (block-uniform): never kept → skipped, with
+        // the carried values unchanged and, in the normalized sweep, zero weights.
+        auto [always, never] = classify_tile(k0);
+        llvm::Function* fn = kb_.fn();
+        llvm::BasicBlock* skip = llvm::BasicBlock::Create(kb_.ctx(), std::string(name) + ".skip", fn);
+        llvm::BasicBlock* visit = llvm::BasicBlock::Create(kb_.ctx(), std::string(name) + ".visit", fn);
+        llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), std::string(name) + ".joined", fn);
+        b_.CreateCondBr(never, skip, visit);
+        b_.SetInsertPoint(skip);
+        if (pass == Pass::normalized) zero_tile_weights(key);
+        llvm::BasicBlock* skip_end = b_.GetInsertBlock();
+        b_.CreateBr(join);
+        b_.SetInsertPoint(visit);
+        Values next = visit_tile(pass, k0, key, always, carried, nm, dropout, m_final, inv_l);
+        llvm::BasicBlock* visit_end = b_.GetInsertBlock();
+        b_.CreateBr(join);
+        b_.SetInsertPoint(join);
+        Values out;
+        for (std::size_t k = 0; k < next.size(); ++k) {
+          llvm::PHINode* phi = b_.CreatePHI(next[k]->getType(), 2, "carried");
+          phi->addIncoming(carried[k], skip_end);
+          phi->addIncoming(next[k], visit_end);
+          out.push_back(phi);
         }
-        if (pass == Pass::stats) {
-          Values next = cm;
-          next.insert(next.end(), cl.begin(), cl.end());
-          return next;
-        }
-
-        if (dropout) {
-          llvm::Value* keep_scale = kb_.cf(1.0 / (1.0 - spec_.dropout_p));
-          for (int i = 0; i < R_; ++i) {
-            llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
-            for (int j = 0; j < KJ_; ++j) {
-              llvm::Value* col32 = b_.CreateTrunc(key[j], kb_.i32());
-              llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, row32, col32);
-              p[si(i, j)] = b_.CreateSelect(keep, b_.CreateFMul(p[si(i, j)], keep_scale), kb_.cf(0.0), "p_drop");
-            }
-          }
-        }
-        if (pass == Pass::normalized) {
-          // weights[row][key] = P for rows < L and keys < S (masked entries are exact zeros).
-          for (int i = 0; i < R_; ++i) {
-            llvm::Value* wrow = at(w_blk_, b_.CreateMul(zext64(local_row_[i]), len_k_));
-            for (int j = 0; j < KJ_; ++j) {
-              llvm::Value* ok = b_.CreateAnd(row_ok_[i], b_.CreateICmpSLT(key[j], len_k_));
-              kb_.if_then(ok, [&] { b_.CreateStore(p[si(i, j)], at(wrow, key[j])); }, "store_w");
-            }
-          }
-        }
-        for (int i = 0; i < R_; ++i)
-          for (int j = 0; j < KJ_; ++j) b_.CreateStore(p[si(i, j)], at(p_rows_[i], b_.CreateAdd(kg_, c32(8 * j))));
-        kb_.warp_sync();  // P rows are written and read by the same warp
-
-        if (pass == Pass::online) {
-          for (int i = 0; i < R_; ++i)
-            for (int t = 0; t < TC_; ++t)
-              for (int e = 0; e < g_.wv; ++e) co[oi(i, t, e)] = b_.CreateFMul(co[oi(i, t, e)], alpha[i]);
-        }
-        co = emit_pv_tile(co);
-        Values next = cm;
-        next.insert(next.end(), cl.begin(), cl.end());
-        next.insert(next.end(), co.begin(), co.end());
-        return next;
+        return out;
       },
       name, /*unroll=*/false);
 
@@ -365,6 +374,89 @@ void AttentionPtx::sweep(Pass pass, Values& m, Values& l, Values& o, const Value
     l[static_cast<std::size_t>(i)] = result[static_cast<std::size_t>(nm + i)];
   }
   for (std::size_t i = 0; i < o.size(); ++i) o[i] = result[static_cast<std::size_t>(2 * nm) + i];
+}
+
+Values AttentionPtx::visit_tile(Pass pass, llvm::Value* k0, const Values& key, llvm::Value* always,
+                                const Values& carried, std::ptrdiff_t nm, bool dropout, const Values& m_final,
+                                const Values& inv_l) {
+  Values cm(carried.begin(), carried.begin() + nm);
+  Values cl(carried.begin() + nm, carried.begin() + 2 * nm);
+  Values co(carried.begin() + 2 * nm, carried.end());
+  kb_.barrier();  // every warp is done with the previous tile's K, V (and the queries are staged)
+  stage_tile(k0, pass);
+  kb_.barrier();
+
+  // The keep predicate only where the tile is partial; keys past S only on the last tile.
+  llvm::Value* partial = b_.CreateNot(always, "partial");
+  llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
+  Values s = apply_mod(emit_qk_tile(), key, b_.CreateOr(partial, past_s, "masked"), partial);
+
+  // Softmax step, row by row (the 8 lanes of a row group hold the row's KJ·8 keys).
+  Values p(s.size());
+  Values alpha(static_cast<std::size_t>(R_));
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* m_use = nullptr;
+    if (pass == Pass::normalized) {
+      m_use = m_final[i];
+    } else {
+      llvm::Value* mx = kb_.cf(kNegInf);
+      for (int j = 0; j < KJ_; ++j) mx = b_.CreateMaxNum(mx, s[si(i, j)]);
+      mx = kb_.group_max(mx, 8);
+      llvm::Value* m_new = b_.CreateMaxNum(cm[i], mx, "m_new");
+      m_use = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, kb_.cf(kNegInf)), kb_.cf(0.0), m_new, "m_use");
+      alpha[i] = kb_.ex2(b_.CreateFSub(cm[i], m_use));
+      cm[i] = m_new;
+    }
+    llvm::Value* sum = kb_.cf(0.0);
+    for (int j = 0; j < KJ_; ++j) {
+      llvm::Value* x = kb_.ex2(b_.CreateFSub(s[si(i, j)], m_use));
+      if (pass != Pass::normalized) sum = b_.CreateFAdd(sum, x);
+      if (pass == Pass::normalized) x = b_.CreateFMul(x, inv_l[i]);
+      p[si(i, j)] = x;
+    }
+    if (pass != Pass::normalized) cl[i] = kb_.fma(cl[i], alpha[i], kb_.group_sum(sum, 8));
+  }
+  if (pass == Pass::stats) {
+    Values next = cm;
+    next.insert(next.end(), cl.begin(), cl.end());
+    return next;
+  }
+
+  if (dropout) {
+    llvm::Value* keep_scale = kb_.cf(1.0 / (1.0 - spec_.dropout_p));
+    for (int i = 0; i < R_; ++i) {
+      llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
+      for (int j = 0; j < KJ_; ++j) {
+        llvm::Value* col32 = b_.CreateTrunc(key[j], kb_.i32());
+        llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, row32, col32);
+        p[si(i, j)] = b_.CreateSelect(keep, b_.CreateFMul(p[si(i, j)], keep_scale), kb_.cf(0.0), "p_drop");
+      }
+    }
+  }
+  if (pass == Pass::normalized) {
+    // weights[row][key] = P for rows < L and keys < S (masked entries are exact zeros).
+    for (int i = 0; i < R_; ++i) {
+      llvm::Value* wrow = at(w_blk_, b_.CreateMul(zext64(local_row_[i]), len_k_));
+      for (int j = 0; j < KJ_; ++j) {
+        llvm::Value* ok = b_.CreateAnd(row_ok_[i], b_.CreateICmpSLT(key[j], len_k_));
+        kb_.if_then(ok, [&] { b_.CreateStore(p[si(i, j)], at(wrow, key[j])); }, "store_w");
+      }
+    }
+  }
+  for (int i = 0; i < R_; ++i)
+    for (int j = 0; j < KJ_; ++j) b_.CreateStore(p[si(i, j)], at(p_rows_[i], b_.CreateAdd(kg_, c32(8 * j))));
+  kb_.warp_sync();  // P rows are written and read by the same warp
+
+  if (pass == Pass::online) {
+    for (int i = 0; i < R_; ++i)
+      for (int t = 0; t < TC_; ++t)
+        for (int e = 0; e < g_.wv; ++e) co[oi(i, t, e)] = b_.CreateFMul(co[oi(i, t, e)], alpha[i]);
+  }
+  co = emit_pv_tile(co);
+  Values next = cm;
+  next.insert(next.end(), cl.begin(), cl.end());
+  next.insert(next.end(), co.begin(), co.end());
+  return next;
 }
 
 void AttentionPtx::stage_rows(llvm::Value* src, llvm::Value* k0, std::int64_t width, std::int64_t offset,
@@ -419,31 +511,6 @@ Values AttentionPtx::emit_qk_tile() {
       "qk");
 }
 
-Values AttentionPtx::apply_masks(Values s, const Values& key) {
-  llvm::Value* last_key = b_.CreateSub(len_k_, c64(1));
-  llvm::Value* ninf = kb_.cf(kNegInf);
-  for (int j = 0; j < KJ_; ++j) {
-    llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");
-    llvm::Value* kc = kb_.smin(key[j], last_key);  // keys past S read key S − 1 (then masked)
-    llvm::Value* padded_out = nullptr;
-    if (spec_.key_padding)
-      padded_out = b_.CreateICmpEQ(b_.CreateLoad(kb_.i8(), b_.CreateInBoundsGEP(kb_.i8(), keep_blk_, kc)),
-                                   b_.getInt8(0), "padded_out");
-    for (int i = 0; i < R_; ++i) {
-      llvm::Value* x = s[si(i, j)];
-      if (spec_.bias) {
-        llvm::Value* bias = b_.CreateLoad(kb_.f32(), at(bias_, b_.CreateAdd(bias_row_[i], kc)));
-        x = kb_.fma(bias, kb_.cf(kLog2e), x);
-      }
-      if (padded_out) x = b_.CreateSelect(padded_out, ninf, x);
-      llvm::Value* visible = inside;
-      if (spec_.causal) visible = b_.CreateAnd(visible, b_.CreateICmpSLE(key[j], b_.CreateAdd(row_abs_[i], diag_off_)));
-      s[si(i, j)] = b_.CreateSelect(visible, x, ninf);
-    }
-  }
-  return s;
-}
-
 Values AttentionPtx::emit_pv_tile(Values o) {
   // o[i][t][e] += Σ_c P[row_i][c] · V[c][t·8·wv + kg·wv + e], keys c in increasing order; P is
   // read 4 keys at a time (ld.shared.v4), V rows wv columns at a time.
@@ -464,21 +531,6 @@ Values AttentionPtx::emit_pv_tile(Values o) {
         return acc;
       },
       "pv");
-}
-
-void AttentionPtx::zero_weights_tail() {
-  // Keys from the end of the last visited tile to S (above every row's diagonal) get weight 0.
-  llvm::Value* done = kb_.smin(len_k_, b_.CreateMul(ntiles_, c64(g_.block_k)));
-  llvm::Value* tail = b_.CreateSub(len_k_, done, "tail");
-  llvm::Value* total = b_.CreateMul(nvalid_, tail);
-  kb_.loop(
-      zext64(tid_), total, g_.threads,
-      [&](llvm::Value* idx) {
-        llvm::Value* r = b_.CreateUDiv(idx, tail);
-        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, tail));
-        b_.CreateStore(kb_.cf(0.0), at(w_blk_, b_.CreateAdd(b_.CreateMul(r, len_k_), b_.CreateAdd(done, c))));
-      },
-      "weights_tail", /*unroll=*/false);
 }
 
 void AttentionPtx::store_output(const Values& o, const Values* inv) {
@@ -502,6 +554,336 @@ void AttentionPtx::store_output(const Values& o, const Values* inv) {
             }
         },
         "store_row");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// the mod expression
+
+/// Entry values of the leaves for thread row i (−1: none) and key `key` (null: none).
+class AttentionPtx::Leaves final : public ModLeaves {
+ public:
+  Leaves(AttentionPtx& k, int i, llvm::Value* key, llvm::Value* score) : k_(k), i_(i), key_(key), score_(score) {}
+  llvm::Value* score() override {
+    if (!score_) internal_error("nvptx attention: the keep predicate of a mod may not read the score");
+    return score_;
+  }
+  llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, i_, key_, false); }
+  llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, i_, key_, true); }
+  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
+  llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& at) override { return k_.load_element(n, at); }
+  llvm::Value* extent(const ModNode& n, std::size_t d) override {
+    return k_.tensors_m_.at(static_cast<std::size_t>(n.input)).extent_f32.at(d);
+  }
+  llvm::Value* exp(llvm::Value* x) override { return k_.kb_.ex2(k_.b_.CreateFMul(x, k_.kb_.cf(kLog2e))); }
+  llvm::Value* log(llvm::Value* x) override { return k_.b_.CreateFMul(k_.kb_.lg2(x), k_.kb_.cf(kLn2)); }
+
+ private:
+  AttentionPtx& k_;
+  int i_;
+  llvm::Value* key_;
+  llvm::Value* score_;
+};
+
+/// Bounds of the leaves over one tile: the block's rows [q0, q0 + nvalid) × keys [k0, k0 +
+/// block_k) ∩ [0, S). Block-uniform: every thread computes the same.
+class AttentionPtx::BoundsLeaves final : public ModBoundsLeaves {
+ public:
+  BoundsLeaves(AttentionPtx& k, llvm::Value* k0) : k_(k), k0_(k0) {}
+  IrInterval index(const std::string& axis) override { return range(axis, false); }
+  IrInterval position(const std::string& axis) override { return range(axis, true); }
+  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
+  IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
+    auto& b = k_.b_;
+    const TensorIn& t = k_.tensors_m_.at(static_cast<std::size_t>(n.input));
+    int ranging = -1, count = 0;
+    for (std::size_t d = 0; d < n.at.size(); ++d) {
+      if (k_.deps_[static_cast<std::size_t>(n.at[d])] & (kDepQuery | kDepKey)) {
+        ranging = static_cast<int>(d);
+        ++count;
+      }
+    }
+    if (count > 1) return {};
+    if (count == 1) {
+      const ModOp op = k_.mod_.expr.nodes[static_cast<std::size_t>(n.at[static_cast<std::size_t>(ranging)])].op;
+      if (op != ModOp::index && op != ModOp::position) return {};  // not a contiguous range of indices
+    }
+    std::vector<llvm::Value*> idx;
+    for (std::size_t d = 0; d < n.at.size(); ++d) idx.push_back(mod_clamp_index(b, at[d].lo, t.extent_f32[d]));
+    if (count == 0) {
+      llvm::Value* x = k_.load_element(n, idx);
+      return {x, x};
+    }
+    // Scan the range of the one ranging index for the element's min and max (the same addresses
+    // in every thread: broadcast loads).
+    const auto r = static_cast<std::size_t>(ranging);
+    llvm::Value* hi = b.CreateAdd(mod_clamp_index(b, at[r].hi, t.extent_f32[r]), k_.c64(1));
+    const double inf = std::numeric_limits<double>::infinity();
+    Values mm = k_.kb_.loop(
+        idx[r], hi, 1, {k_.kb_.cf(inf), k_.kb_.cf(-inf)},
+        [&](llvm::Value* i, const Values& in) {
+          std::vector<llvm::Value*> at_i = idx;
+          at_i[r] = i;
+          llvm::Value* x = k_.load_element(n, at_i);
+          return Values{b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, in[0], x),
+                        b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, in[1], x)};
+        },
+        "mod_scan", /*unroll=*/false);
+    return {mm[0], mm[1]};
+  }
+
+ private:
+  IrInterval range(const std::string& axis, bool position) {
+    auto& b = k_.b_;
+    const cpu::ModAxes& a = k_.mod_.axes;
+    llvm::Type* f = k_.kb_.f32();
+    if (axis == a.query) {
+      llvm::Value* lo = b.CreateSIToFP(k_.q0_, f);
+      llvm::Value* hi = b.CreateSIToFP(b.CreateSub(b.CreateAdd(k_.q0_, k_.nvalid_), k_.c64(1)), f);
+      if (position && k_.mod_.expr.query == axis && k_.mod_.expr.align == CausalAlign::bottom_right) {
+        llvm::Value* off = b.CreateFSub(k_.len_kf_, k_.len_qf_);
+        lo = b.CreateFAdd(lo, off);
+        hi = b.CreateFAdd(hi, off);
+      }
+      return {lo, hi};
+    }
+    if (axis == a.key) {
+      llvm::Value* end = k_.kb_.smin(b.CreateAdd(k0_, k_.c64(k_.g_.block_k)), k_.len_k_);
+      return {b.CreateSIToFP(k0_, f), b.CreateSIToFP(b.CreateSub(end, k_.c64(1)), f)};
+    }
+    llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
+    return {x, x};
+  }
+
+  AttentionPtx& k_;
+  llvm::Value* k0_;
+};
+
+void AttentionPtx::setup_tensors() {
+  // Captured tensors in order from the table `tensors`, their extents from `extents`; the flags'
+  // masks from their own parameters.
+  len_qf_ = b_.CreateSIToFP(len_q_, kb_.f32(), "len_qf");
+  len_kf_ = b_.CreateSIToFP(len_k_, kb_.f32(), "len_kf");
+  batchf_ = b_.CreateSIToFP(batch_, kb_.f32(), "batchf");
+  std::uint64_t captured = 0, ext_at = 0;
+  for (const cpu::ModTensor& t : mod_.tensors) {
+    TensorIn in;
+    switch (t.source) {
+      case cpu::ModTensor::Source::key_keep:
+        in.base = keep_;
+        in.extent = {nbatch_, len_k_};
+        break;
+      case cpu::ModTensor::Source::bias:
+        in.base = bias_;
+        in.extent = {len_q_, len_k_};
+        break;
+      case cpu::ModTensor::Source::captured:
+        in.base = b_.CreateLoad(kb_.ptr(), b_.CreateConstInBoundsGEP1_64(kb_.ptr(), tensors_, captured++), "tensor");
+        for (int d = 0; d < t.rank; ++d)
+          in.extent.push_back(b_.CreateLoad(kb_.i64(), b_.CreateConstInBoundsGEP1_64(kb_.i64(), extents_, ext_at++)));
+        break;
+    }
+    in.stride.assign(in.extent.size(), c64(1));
+    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b_.CreateMul(in.stride[d], in.extent[d]);
+    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b_.CreateSIToFP(e, kb_.f32()));
+    tensors_m_.push_back(std::move(in));
+  }
+}
+
+llvm::Value* AttentionPtx::axis_value(const std::string& axis, int i, llvm::Value* key, bool position) {
+  const cpu::ModAxes& a = mod_.axes;
+  if (axis == a.query) {
+    if (i < 0) internal_error("nvptx attention: a query coordinate outside the entry loop");
+    llvm::Value* x = row_f32_[static_cast<std::size_t>(i)];
+    if (position && mod_.expr.query == axis && mod_.expr.align == CausalAlign::bottom_right)
+      x = b_.CreateFAdd(x, b_.CreateFSub(len_kf_, len_qf_));
+    return x;
+  }
+  if (axis == a.key) {
+    if (!key) internal_error("nvptx attention: a key coordinate outside the key loop");
+    return b_.CreateSIToFP(key, kb_.f32());
+  }
+  if (axis == a.batch) return batchf_;
+  for (const auto& h : a.heads) {
+    if (h.name != axis) continue;
+    llvm::Value* c = b_.CreateURem(b_.CreateUDiv(head_, c64(h.stride)), c64(h.extent));
+    return b_.CreateSIToFP(c, kb_.f32());
+  }
+  internal_error("nvptx attention: a mod names the axis `" + axis + "`, which the scores do not have");
+}
+
+llvm::Value* AttentionPtx::axis_length(const std::string& axis) {
+  const cpu::ModAxes& a = mod_.axes;
+  if (axis == a.query) return len_qf_;
+  if (axis == a.key) return len_kf_;
+  if (axis == a.batch) return b_.CreateSIToFP(nbatch_, kb_.f32());
+  for (const auto& h : a.heads)
+    if (h.name == axis) return kb_.cf(static_cast<double>(h.extent));
+  internal_error("nvptx attention: a mod names the axis `" + axis + "`, which the scores do not have");
+}
+
+llvm::Value* AttentionPtx::load_element(const ModNode& n, const Values& index) {
+  const TensorIn& t = tensors_m_.at(static_cast<std::size_t>(n.input));
+  const cpu::ModTensor& mt = mod_.tensors.at(static_cast<std::size_t>(n.input));
+  llvm::Value* off = c64(0);
+  for (std::size_t d = 0; d < index.size(); ++d) off = b_.CreateAdd(off, b_.CreateMul(index[d], t.stride[d]));
+  llvm::Type* et = nullptr;
+  switch (mt.dtype) {
+    case DType::f32:
+      et = kb_.f32();
+      break;
+    case DType::f64:
+      et = b_.getDoubleTy();
+      break;
+    case DType::boolean:
+      et = kb_.i8();
+      break;
+    case DType::i32:
+      et = kb_.i32();
+      break;
+    case DType::i64:
+      et = kb_.i64();
+      break;
+    default:
+      internal_error("nvptx attention: a mod loads a tensor of an unsupported dtype");
+  }
+  llvm::Value* x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off), "mod_load");
+  switch (mt.dtype) {
+    case DType::f32:
+      return x;
+    case DType::f64:
+      return b_.CreateFPTrunc(x, kb_.f32());
+    case DType::boolean:
+      return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), kb_.f32());
+    default:
+      return b_.CreateSIToFP(x, kb_.f32());
+  }
+}
+
+void AttentionPtx::prepare_mod() {
+  const ModExpr& e = mod_.expr;
+  deps_ = mod_deps(e, mod_.axes.query, mod_.axes.key);
+  reach_.assign(e.nodes.size(), false);
+  for (int root : {e.score, e.keep}) {
+    const auto r = mod_reachable(e, root);
+    for (std::size_t i = 0; i < r.size(); ++i) reach_[i] = reach_[i] || r[i];
+  }
+  // (attention_geometry has refused a keep predicate that reads the score and 16-bit tensors.)
+  // score' = score + X (or − X) with X free of the score: added in log2 units, no conversion.
+  if (e.score >= 0) {
+    const ModNode& n = e.nodes[static_cast<std::size_t>(e.score)];
+    auto is_score = [&](int id) { return id >= 0 && e.nodes[static_cast<std::size_t>(id)].op == ModOp::score; };
+    auto free = [&](int id) { return id >= 0 && !(deps_[static_cast<std::size_t>(id)] & kDepScore); };
+    if (n.op == ModOp::add && is_score(n.a) && free(n.b)) score_add_ = n.b;
+    if (n.op == ModOp::add && is_score(n.b) && free(n.a)) score_add_ = n.a;
+    if (n.op == ModOp::sub && is_score(n.a) && free(n.b)) {
+      score_add_ = n.b;
+      score_add_sign_ = -1.0;
+    }
+  }
+  // Block-level nodes, then row-level ones per thread row (the prologue dominates every use).
+  task_cache_.assign(e.nodes.size(), nullptr);
+  Leaves task(*this, -1, nullptr, nullptr);
+  for (std::size_t i = 0; i < e.nodes.size(); ++i)
+    if (reach_[i] && deps_[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
+  row_cache_.assign(static_cast<std::size_t>(R_), task_cache_);
+  for (int r = 0; r < R_; ++r) {
+    Leaves row(*this, r, nullptr, nullptr);
+    for (std::size_t i = 0; i < e.nodes.size(); ++i)
+      if (reach_[i] && deps_[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[r]);
+  }
+}
+
+Values AttentionPtx::key_values(llvm::Value* key, int root, const Values* seed) {
+  Values cache = seed ? *seed : task_cache_;
+  if (root < 0) return cache;
+  const auto r = mod_reachable(mod_.expr, root);
+  Leaves leaves(*this, -1, key, nullptr);
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (r[i] && deps_[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
+  return cache;
+}
+
+llvm::Value* AttentionPtx::mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc) {
+  Values cache = row_cache_[static_cast<std::size_t>(i)];
+  for (std::size_t n = 0; n < cache.size() && n < keyc.size(); ++n)
+    if (!cache[n]) cache[n] = keyc[n];
+  Leaves leaves(*this, i, key, score);
+  return emit_mod(b_, mod_.expr, root, leaves, cache);
+}
+
+std::pair<llvm::Value*, llvm::Value*> AttentionPtx::classify_tile(llvm::Value* k0) {
+  if (mod_.expr.keep < 0) return {b_.getTrue(), b_.getFalse()};
+  BoundsLeaves leaves(*this, k0);
+  return emit_mod_classify(b_, mod_.expr, leaves);
+}
+
+Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked, llvm::Value* partial) {
+  const ModExpr& e = mod_.expr;
+  llvm::Value* last_key = b_.CreateSub(len_k_, c64(1));
+  llvm::Value* ninf = kb_.cf(kNegInf);
+  // The mod reads keys clamped to S − 1 (their entries are masked below anyway).
+  Values kc;
+  for (int j = 0; j < KJ_; ++j) kc.push_back(kb_.smin(key[j], last_key));
+  std::vector<Values> keyc(static_cast<std::size_t>(KJ_), task_cache_);
+  if (e.score >= 0) {
+    const int root = score_add_ >= 0 ? score_add_ : e.score;
+    for (int j = 0; j < KJ_; ++j) {
+      keyc[j] = key_values(kc[j], root, &keyc[j]);
+      for (int i = 0; i < R_; ++i) {
+        llvm::Value*& x = s[si(i, j)];
+        if (score_add_ >= 0) {
+          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), kb_.cf(score_add_sign_ * kLog2e), x);
+        } else {
+          // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
+          llvm::Value* nat = b_.CreateFMul(x, kb_.cf(kLn2));
+          x = b_.CreateFMul(mod_value(root, i, kc[j], nat, keyc[j]), kb_.cf(kLog2e));
+        }
+      }
+    }
+  }
+
+  // The keep predicate and the keys past S, only where the tile needs them (a block-uniform branch).
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* mask = llvm::BasicBlock::Create(kb_.ctx(), "mask", kb_.fn());
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), "mask.done", kb_.fn());
+  b_.CreateCondBr(masked, mask, join);
+  b_.SetInsertPoint(mask);
+  Values out = s;
+  llvm::Value* full = b_.CreateNot(partial);
+  for (int j = 0; j < KJ_; ++j) {
+    llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");
+    if (e.keep >= 0) keyc[j] = key_values(kc[j], e.keep, &keyc[j]);
+    for (int i = 0; i < R_; ++i) {
+      llvm::Value* visible = inside;
+      if (e.keep >= 0) {
+        llvm::Value* k = mod_value(e.keep, i, kc[j], nullptr, keyc[j]);
+        if (k->getType()->isFloatingPointTy()) k = b_.CreateFCmpUNE(k, kb_.cf(0.0));  // a literal
+        visible = b_.CreateAnd(visible, b_.CreateOr(k, full));
+      }
+      out[si(i, j)] = b_.CreateSelect(visible, s[si(i, j)], ninf);
+    }
+  }
+  llvm::BasicBlock* mask_end = b_.GetInsertBlock();
+  b_.CreateBr(join);
+  b_.SetInsertPoint(join);
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    llvm::PHINode* phi = b_.CreatePHI(kb_.f32(), 2, "s");
+    phi->addIncoming(s[k], from);
+    phi->addIncoming(out[k], mask_end);
+    out[k] = phi;
+  }
+  return out;
+}
+
+void AttentionPtx::zero_tile_weights(const Values& key) {
+  // This thread's entries of the tile (rows < L, keys < S), as the visited tiles write them.
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* wrow = at(w_blk_, b_.CreateMul(zext64(local_row_[i]), len_k_));
+    for (int j = 0; j < KJ_; ++j) {
+      llvm::Value* ok = b_.CreateAnd(row_ok_[i], b_.CreateICmpSLT(key[j], len_k_));
+      kb_.if_then(ok, [&] { b_.CreateStore(kb_.cf(0.0), at(wrow, key[j])); }, "zero_w");
+    }
   }
 }
 

@@ -11,6 +11,8 @@
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/Metadata.h>
 
+#include <stdexcept>
+
 namespace qkv::codegen::nvptx::detail {
 
 KernelBuilder::KernelBuilder(llvm::Module& module, const HostEmulation* emulation)
@@ -99,6 +101,14 @@ llvm::Value* KernelBuilder::group_max(llvm::Value* x, int width) {
 llvm::Value* KernelBuilder::ex2(llvm::Value* x) {
   if (emu_) return host_call(reinterpret_cast<const void*>(emu_->ex2), f32(), {x});
   return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {}, {x});
+}
+
+llvm::Value* KernelBuilder::lg2(llvm::Value* x) {
+  if (emu_) {
+    if (!emu_->lg2) throw std::runtime_error("nvptx emulation: no lg2 hook");
+    return host_call(reinterpret_cast<const void*>(emu_->lg2), f32(), {x});
+  }
+  return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_lg2_approx_ftz_f, {}, {x});
 }
 
 llvm::Value* KernelBuilder::fma(llvm::Value* a, llvm::Value* x, llvm::Value* c) {

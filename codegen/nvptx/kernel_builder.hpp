@@ -1,6 +1,6 @@
 // codegen/nvptx/kernel_builder.hpp — what every NVPTX kernel generator needs: the kernel
 // declaration (ptx_kernel calling convention + nvvm.annotations), special registers, barriers,
-// warp shuffles, ex2, shared-memory arrays and counted loops of any integer type. Private.
+// warp shuffles, ex2 / lg2, shared-memory arrays and counted loops of any integer type. Private.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,7 @@ struct HostEmulation {
   void (*warp_sync)() = nullptr;                       // bar.warp.sync -1
   float (*shfl_xor)(float x, std::int32_t lane_xor) = nullptr;
   float (*ex2)(float x) = nullptr;  // ex2.approx.ftz.f32
+  float (*lg2)(float x) = nullptr;  // lg2.approx.ftz.f32
   float* shared = nullptr;          // the block's shared memory (16-byte aligned, large enough)
 };
 
@@ -91,6 +92,8 @@ class KernelBuilder {
   llvm::Value* group_max(llvm::Value* x, int width);
   /// 2^x by ex2.approx.ftz.f32 (−inf → +0; results below 2^-126 flush to 0).
   llvm::Value* ex2(llvm::Value* x);
+  /// log2 x by lg2.approx.ftz.f32 (subnormal inputs flush to 0: −inf; x < 0: NaN).
+  llvm::Value* lg2(llvm::Value* x);
   /// fma.rn.f32
   llvm::Value* fma(llvm::Value* a, llvm::Value* x, llvm::Value* c);
   llvm::Value* smin(llvm::Value* a, llvm::Value* x);

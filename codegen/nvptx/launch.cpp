@@ -46,6 +46,39 @@ void check_threads(int threads, int limit, const char* what) {
          std::to_string(limit) + "]");
 }
 
+namespace {
+/// What the kernel cannot evaluate in a mod expression: refused up front (std::runtime_error), so a
+/// planner can fall back before emitting anything.
+void check_mod(const cpu::AttentionSpec& s) {
+  const cpu::EffectiveMod m = cpu::effective_mod(s);
+  const ModExpr& e = m.expr;
+  if (e.keep >= 0) {
+    const auto used = mod_reachable(e, e.keep);
+    for (std::size_t i = 0; i < e.nodes.size(); ++i)
+      if (used[i] && e.nodes[i].op == ModOp::score)
+        fail("attention: a mask modification may not read the score (use a score modification)");
+  }
+  for (const cpu::ModTensor& t : m.tensors)
+    if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::boolean && t.dtype != DType::i32 &&
+        t.dtype != DType::i64)
+      fail("attention: a mod loads a tensor of dtype " + std::string(dtype_name(t.dtype)) +
+           " (f32, f64, bool, i32 or i64)");
+  auto known_axis = [&](const std::string& axis) {
+    if (axis == m.axes.query || axis == m.axes.key || axis == m.axes.batch) return true;
+    for (const auto& h : m.axes.heads)
+      if (h.name == axis) return true;
+    return false;
+  };
+  for (const ModNode& n : e.nodes) {
+    if ((n.op == ModOp::index || n.op == ModOp::position || n.op == ModOp::length) && !known_axis(n.axis))
+      fail("attention: a mod names the axis `" + n.axis + "`, which the scores do not have");
+    if (n.op == ModOp::load && (n.input < 0 || static_cast<std::size_t>(n.input) >= m.tensors.size() ||
+                                static_cast<int>(n.at.size()) != m.tensors[static_cast<std::size_t>(n.input)].rank))
+      fail("attention: a mod loads tensor " + std::to_string(n.input) + " with indices that do not match its rank");
+  }
+}
+}  // namespace
+
 AttentionGeometry attention_geometry(const AttentionKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
   if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096)
@@ -57,6 +90,7 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
     fail("attention: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
   if (!(s.effective_scale() == s.effective_scale())) fail("attention: the scale is NaN");
   check_threads(request.threads, 512, "attention");
+  check_mod(s);
 
   AttentionGeometry g;
   g.threads = request.threads;
@@ -101,7 +135,8 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
 
 std::string attention_params() {
   return "const float* q, const float* k, const float* v, float* out, float* weights, const uint8_t* key_keep, "
-         "const float* bias, int64_t batch, int64_t len_q, int64_t len_k, int64_t seed";
+         "const float* bias, const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, "
+         "int64_t len_k, int64_t seed";
 }
 std::string linear_params() {
   return "const float* x, const float* w, const float* b, float* y, int64_t m, int64_t n, int64_t k";

@@ -79,7 +79,7 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
         using T = std::decay_t<decltype(r)>;
         if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
           const auto& s = r.spec;
-          const std::int64_t B = p.at(7).i64, L = p.at(8).i64, S = p.at(9).i64;
+          const std::int64_t B = p.at(9).i64, L = p.at(10).i64, S = p.at(11).i64;
           expect_grid(nvptx::attention_grid(r, B, L), "attention");
           const auto f = sizeof(float);
           need(0, static_cast<std::size_t>(B * s.hq * L * s.dk) * f, "attention q");
@@ -90,6 +90,29 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           if (s.key_padding) need(5, static_cast<std::size_t>(B * S), "attention key_keep");
           if (s.bias) need(6, static_cast<std::size_t>(L * S) * f, "attention bias");
           if (p[4].address != 0 && !s.write_weights) errors.push_back("attention: weights passed but not asked for");
+          // The mod's tensor table: one device address per captured tensor, their extents, and
+          // each tensor's memory as large as its extents say.
+          std::size_t captured = 0, ranks = 0;
+          for (const auto& t : s.tensors)
+            if (t.source == codegen::cpu::ModTensor::Source::captured) {
+              ++captured;
+              ranks += static_cast<std::size_t>(t.rank);
+            }
+          const void* const* tensors = captured ? ptr<const void* const>(p.at(7)) : nullptr;
+          const std::int64_t* extents = captured ? ptr<const std::int64_t>(p.at(8)) : nullptr;
+          if (captured) {
+            need(7, captured * sizeof(std::uint64_t), "attention tensors");
+            if (ranks) need(8, ranks * sizeof(std::int64_t), "attention extents");
+            std::size_t k = 0, e = 0;
+            for (const auto& t : s.tensors) {
+              if (t.source != codegen::cpu::ModTensor::Source::captured) continue;
+              std::size_t count = 1;
+              for (int d = 0; d < t.rank; ++d) count *= static_cast<std::size_t>(extents[e++]);
+              check(reinterpret_cast<std::uint64_t>(tensors[k++]), count * dtype_size(t.dtype), "attention mod tensor");
+            }
+          } else if (p.at(7).address != 0 || p.at(8).address != 0) {
+            errors.push_back("attention: a tensor table passed but the mod loads no tensor");
+          }
           codegen::cpu::AttentionArgs a;
           a.q = ptr<const float>(p[0]);
           a.k = ptr<const float>(p[1]);
@@ -98,10 +121,12 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           a.weights = s.write_weights ? ptr<float>(p[4]) : nullptr;
           a.key_keep = s.key_padding ? ptr<const std::uint8_t>(p[5]) : nullptr;
           a.bias = s.bias ? ptr<const float>(p[6]) : nullptr;
+          a.tensors = tensors;
+          a.extents = extents;
           a.batch = B;
           a.len_q = L;
           a.len_k = S;
-          a.seed = static_cast<std::uint64_t>(p.at(10).i64);
+          a.seed = static_cast<std::uint64_t>(p.at(12).i64);
           codegen::cpu::run_attention(s, a, 1);
         } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
           const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;

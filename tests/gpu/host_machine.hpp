@@ -1,7 +1,7 @@
 // A host emulation of the GPU for the executor (qkv::codegen::cuda::Machine): every kernel of
 // qkv/codegen/nvptx.hpp implemented on the CPU from the header's contract (parameters in the
 // documented order, the grid checked against its rule), so the whole GPU run path — plan, buffer
-// lifetimes, launch parameters, the host-built masks, the fallbacks — runs on machines without a
+// lifetimes, launch parameters, the mods' tensor tables, the fallbacks — runs on machines without a
 // GPU. The attention kernel is emulated by the CPU fused kernel (same semantics, attention.hpp).
 //
 // Memory is checked: fresh allocations are filled with 0xFF bytes (NaN floats) so a read of

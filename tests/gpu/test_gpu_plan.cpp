@@ -88,12 +88,21 @@ void expect_header_geometry(const Plan& p, const std::string& name) {
             nvptx::Dim3 want;
             std::size_t params = 0;
             if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
-              params = 11;
+              params = 13;
               const int bq = r.block_q > 0 ? r.block_q : (r.spec.dv <= 128 ? 64 : 32);
-              want = {ceil_div(i64(a, 8), bq), r.spec.hq, i64(a, 7)};
+              want = {ceil_div(i64(a, 10), bq), r.spec.hq, i64(a, 9)};
               EXPECT_EQ(r.spec.write_weights, a.at(4).kind == Arg::Kind::buffer) << name;
               EXPECT_EQ(r.spec.key_padding, a.at(5).kind == Arg::Kind::buffer) << name;
               EXPECT_EQ(r.spec.bias, a.at(6).kind == Arg::Kind::buffer) << name;
+              // The mod's tensors: one table, addresses then extents.
+              const bool table = !r.spec.tensors.empty();
+              EXPECT_EQ(table, a.at(7).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(table, a.at(8).kind == Arg::Kind::buffer) << name;
+              if (table) {
+                EXPECT_EQ(a.at(7).buffer, a.at(8).buffer) << name;
+                EXPECT_EQ(a.at(7).offset, 0) << name;
+                EXPECT_EQ(a.at(8).offset, static_cast<std::int64_t>(8 * r.spec.tensors.size())) << name;
+              }
               EXPECT_LE(nvptx::attention_shared_bytes(r), 227 * 1024) << name;
             } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
               params = 7;
@@ -184,6 +193,12 @@ TEST(GpuPlan, SweepAndFixturesFollowTheHeaderRulesAndLifetimes) {
     const Case c = fixture_case(name);
     const Graph lowered = codegen::lower(c.graph);
     const Plan p = plan_of(c, lowered);
+    // Every fused attention runs on the GPU, whatever its mod (the kernel evaluates it).
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+      if (lowered.node(static_cast<int>(id)).op == Op::fused_attention) {
+        EXPECT_EQ(p.steps[id].kind, Step::Kind::gpu) << c.name << ": " << p.steps[id].why;
+      }
+    }
     expect_header_geometry(p, c.name);
     expect_lifetimes(p, lowered, c.name);
   }
@@ -231,25 +246,34 @@ TEST(GpuPlan, TheEncoderLayerFreesIntermediatesBeforeTheEnd) {
   }
 }
 
-TEST(GpuPlan, PerHeadMasksFallBackToTheHostAndStayCorrect) {
-  // A [batch, heads, L, S] keep-mask fuses (a load of the mod expression), but the PTX kernel
-  // takes only the classic flags: the fused node runs on the host's fused CPU kernel.
+TEST(GpuPlan, PerHeadMasksRunInTheGpuAttentionKernelAndStayCorrect) {
+  // A [batch, heads, L, S] keep-mask fuses (a load of the mod expression). The PTX kernel
+  // evaluates the mod itself, so the fused node runs on the GPU, reading the mask through its
+  // tensor table. (This used to be a host fallback when the kernel took only the classic
+  // causal / key-padding / bias flags: an improvement, not a looser check.)
   const Case c = fixture_case("mask_3d");
   const Graph lowered = codegen::lower(c.graph);
   const Plan p = plan_of(c, lowered);
-  EXPECT_GT(p.host_steps(), 0);
-  bool attention_on_host = false;
+  int attention_on_gpu = 0;
   for (std::size_t id = 0; id < p.steps.size(); ++id)
     if (lowered.node(static_cast<int>(id)).op == Op::fused_attention) {
-      EXPECT_EQ(p.steps[id].kind, Step::Kind::host);
-      EXPECT_THAT(p.steps[id].why, ::testing::HasSubstr("no GPU kernel yet"));
-      attention_on_host = true;
+      const Step& s = p.steps[id];
+      EXPECT_EQ(s.kind, Step::Kind::gpu) << s.why;
+      ASSERT_EQ(s.launches.size(), 1u);
+      EXPECT_GE(s.tensor_table, 0);
+      const auto& r = std::get<nvptx::AttentionKernel>(s.launches[0].request);
+      EXPECT_FALSE(r.spec.mod.empty());
+      EXPECT_FALSE(r.spec.tensors.empty());
+      ++attention_on_gpu;
     }
-  EXPECT_TRUE(attention_on_host) << lowered.table();
+  EXPECT_EQ(attention_on_gpu, 1) << lowered.table();
+  expect_header_geometry(p, c.name);
+  expect_lifetimes(p, lowered, c.name);
   HostMachine m;
   const RunResult got = codegen::cuda::execute_on(m, lowered, c.feeds);
   const RunResult want = interpret(c.graph, c.feeds);
-  EXPECT_TRUE(m.errors.empty());
+  EXPECT_TRUE(m.errors.empty()) << (m.errors.empty() ? "" : m.errors.front());
+  EXPECT_EQ(m.launches["attention"], 1);
   for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name;
 }
 

@@ -1,12 +1,14 @@
 // The GPU kernels' logic on the CPU: each generator's host-emulation variant (the same IR, with
-// thread ids, __syncthreads, __syncwarp, warp shuffles and ex2 turned into calls to the hooks
+// thread ids, __syncthreads, __syncwarp, warp shuffles, ex2 and lg2 turned into calls to the hooks
 // below and shared memory a host buffer) is JIT-compiled for the host and run with one host
 // thread per GPU thread, block after block — then compared with the CPU kernels (attention,
 // linear, layer norm, GELU/ReLU/add) or exact expectations (scale, strided copy).
 //
-// What this checks: the tiling, indexing, masks, causal tile skipping, online softmax, dropout
-// counters, weights, GQA, bounds handling and the barrier / shuffle protocol (a barrier reached by
-// only part of a block deadlocks here and aborts the test after a minute). What it cannot check:
+// What this checks: the tiling, indexing, masks and mods (loads of captured tensors, named head
+// axes, exp / log / tanh), tile skipping by the keep predicate's bounds (every thread of a block
+// must take the same branch: a skipped barrier deadlocks), online softmax, dropout counters,
+// weights, GQA, bounds handling and the barrier / shuffle protocol (a barrier reached by only part
+// of a block deadlocks here and aborts the test after a minute). What it cannot check:
 // the NVPTX backend's lowering and the hardware itself — that needs a GPU.
 //
 // Shared memory is filled with NaN before every block, so a read of a shared word the kernel did
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -35,7 +38,13 @@
 #include <qkv/codegen/cpu/rowwise.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/lowering/attention_call.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/nvptx.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -123,6 +132,9 @@ float emu_ex2(float x) {  // ex2.approx.ftz.f32: subnormal results flush to +0
   const float r = std::exp2(x);
   return r < std::numeric_limits<float>::min() ? 0.0f : r;
 }
+float emu_lg2(float x) {  // lg2.approx.ftz.f32: subnormal inputs flush to 0 (→ −inf)
+  return std::log2(std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x);
+}
 
 /// A kernel's emulation, compiled for the host, plus its shared memory.
 struct Emulated {
@@ -164,19 +176,20 @@ Emulated emulate(const KernelRequest& request) {
   const PtxKernel real = emit_ptx(request, 80);  // launch geometry, and proof the request is valid
   e.threads = real.block_x;
   e.shared.assign(static_cast<std::size_t>(real.shared_bytes + real.static_shared_bytes) / 4 + 16, 0.0f);
-  detail::HostEmulation hooks;
+  codegen::nvptx::detail::HostEmulation hooks;
   hooks.sreg = emu_sreg;
   hooks.barrier = emu_barrier;
   hooks.warp_sync = emu_warp_sync;
   hooks.shfl_xor = emu_shfl_xor;
   hooks.ex2 = emu_ex2;
+  hooks.lg2 = emu_lg2;
   hooks.shared = e.shared.data();
   std::string error;
   e.jit = codegen::Jit::create(&error);
   if (!e.jit) throw std::runtime_error(error);
   auto context = std::make_unique<llvm::LLVMContext>();
   auto module = std::make_unique<llvm::Module>("emulation", *context);
-  const auto info = detail::build_emulation(*module, request, hooks);
+  const auto info = codegen::nvptx::detail::build_emulation(*module, request, hooks);
   if (!e.jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
   e.entry = e.jit->lookup_address(info.name, &error);
   if (!e.entry) throw std::runtime_error(error);
@@ -205,10 +218,61 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 // ------------------------------------------------------------------------------------------------
 // attention against the CPU kernel
 
+/// A captured tensor of a mod (spec.tensors[k]): its extents and its bytes as the kernels read
+/// them (f32, bool as one byte, i32).
+struct ModData {
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> bytes;
+};
+
 struct AttnCase {
   std::string label;
   AttentionKernel kernel;
   std::int64_t batch, len_q, len_k;
+  /// The data of spec.tensors (captured), made from (B, L, S) and a generator.
+  std::function<std::vector<ModData>(std::int64_t, std::int64_t, std::int64_t, std::mt19937&)> tensors;
+  bool batch1_masked = false;  // the mod masks out every key of batch 1
+};
+
+template <class T>
+ModData mod_data(std::vector<std::int64_t> shape, const std::vector<T>& values) {
+  ModData d;
+  d.shape = std::move(shape);
+  d.bytes.resize(values.size() * sizeof(T));
+  std::memcpy(d.bytes.data(), values.data(), d.bytes.size());
+  return d;
+}
+
+/// Builds a ModExpr node by node.
+struct Expr {
+  ModExpr e;
+  int node(ModOp op, int a = -1, int b = -1, int c = -1) {
+    ModNode n;
+    n.op = op;
+    n.a = a;
+    n.b = b;
+    n.c = c;
+    return e.add(std::move(n));
+  }
+  int axis(ModOp op, const std::string& name) {
+    ModNode n;
+    n.op = op;
+    n.axis = name;
+    return e.add(std::move(n));
+  }
+  int constant(double v) {
+    ModNode n;
+    n.op = ModOp::constant;
+    n.value = v;
+    return e.add(std::move(n));
+  }
+  int load(int input, std::vector<int> at) {
+    ModNode n;
+    n.op = ModOp::load;
+    n.input = input;
+    n.at = std::move(at);
+    return e.add(std::move(n));
+  }
 };
 
 std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.label; }
@@ -223,14 +287,14 @@ std::vector<AttnCase> attention_cases() {
     a.spec.hkv = hkv;
     return a;
   };
-  cases.push_back({"d64_gqa", base(64, 64, 4, 2), 2, 70, 90});
+  cases.push_back({"d64_gqa", base(64, 64, 4, 2), 2, 70, 90, {}});
   {
     auto a = base(64, 32, 2, 1);
     a.spec.causal = true;
-    cases.push_back({"causal_top_left", a, 1, 70, 90});
+    cases.push_back({"causal_top_left", a, 1, 70, 90, {}});
     a.spec.align = CausalAlign::bottom_right;
     a.spec.key_padding = true;
-    cases.push_back({"causal_bottom_right_padding_L_gt_S", a, 2, 90, 70});
+    cases.push_back({"causal_bottom_right_padding_L_gt_S", a, 2, 90, 70, {}});
   }
   {
     auto a = base(33, 17, 2, 2);  // scalar shared-memory path, partial value chunks
@@ -240,7 +304,7 @@ std::vector<AttnCase> attention_cases() {
     a.block_q = 32;
     a.block_k = 16;
     a.threads = 64;
-    cases.push_back({"scalar_bias_dropout_weights", a, 1, 45, 40});
+    cases.push_back({"scalar_bias_dropout_weights", a, 1, 45, 40, {}});
   }
   {
     auto a = base(80, 80, 4, 1);
@@ -250,7 +314,107 @@ std::vector<AttnCase> attention_cases() {
     a.spec.key_padding = true;
     a.spec.dropout_p = 0.2;
     a.spec.scale = 0.2;
-    cases.push_back({"d80_mqa_everything", a, 2, 40, 75});
+    cases.push_back({"d80_mqa_everything", a, 2, 40, 75, {}});
+  }
+  {
+    // GQA with a mod: a sliding window over bottom-right positions (|i + S − L − j| <= 20), an
+    // ALiBi-style score term −e^(slope[h])·|i + S − L − j| plus a per-key bias [B, S], and a
+    // captured [B, S] keep-mask (batch 1: every key masked out). Tiles outside the window are
+    // skipped; the keep-mask's tiles are bounded by scanning it.
+    auto a = base(64, 64, 4, 2);
+    Expr x;
+    const int score = x.node(ModOp::score);
+    const int q = x.axis(ModOp::position, "q"), k = x.axis(ModOp::index, "k");
+    const int dist = x.node(ModOp::abs, x.node(ModOp::sub, q, k));
+    const int slope = x.node(ModOp::exp, x.load(0, {x.axis(ModOp::index, "h")}));
+    const int key_bias = x.load(1, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")});
+    x.e.score = x.node(ModOp::add, score, x.node(ModOp::sub, key_bias, x.node(ModOp::mul, slope, dist)));
+    const int window = x.node(ModOp::le, dist, x.constant(20.0));
+    const int keep =
+        x.node(ModOp::ne, x.load(2, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")}), x.constant(0.0));
+    x.e.keep = x.node(ModOp::logical_and, window, keep);
+    x.e.query = "q";
+    x.e.key = "k";
+    x.e.align = CausalAlign::bottom_right;
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::f32, 1},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 2},
+                      {codegen::cpu::ModTensor::Source::captured, DType::boolean, 2}};
+    a.block_k = 16;  // many tiles: most outside the window
+    auto tensors = [](std::int64_t B, std::int64_t, std::int64_t S, std::mt19937& gen) {
+      std::uniform_real_distribution<float> u(-2.0f, 0.0f), w(-1.0f, 1.0f);
+      std::bernoulli_distribution drop(0.2);
+      std::vector<float> slopes(4), biases(static_cast<std::size_t>(B * S));
+      std::vector<std::uint8_t> kept(static_cast<std::size_t>(B * S));
+      for (auto& v : slopes) v = u(gen);
+      for (auto& v : biases) v = w(gen);
+      for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int64_t>(i) >= S || drop(gen) ? 0 : 1;
+      return std::vector<ModData>{mod_data({4}, slopes), mod_data({B, S}, biases), mod_data({B, S}, kept)};
+    };
+    cases.push_back({"mod_window_alibi_keep_gqa", a, 2, 70, 150, tensors, true});
+    a.spec.write_weights = true;
+    a.spec.dropout_p = 0.25;
+    cases.push_back({"mod_window_alibi_keep_gqa_weights_dropout", a, 2, 70, 150, tensors, true});
+  }
+  {
+    // Document masking with a causal flag: keep iff doc[i] == doc[j] (an i32 document id per
+    // position, sorted: tiles inside one document are full, between two are skipped); the score
+    // soft-capped 30·tanh(s / 30) plus log w[j] (the converted path: nats in and out, lg2).
+    auto a = base(33, 17, 2, 2);
+    a.spec.causal = true;
+    a.spec.write_weights = true;
+    a.block_q = 32;
+    a.block_k = 16;
+    a.threads = 64;
+    Expr x;
+    const int score = x.node(ModOp::score);
+    const int cap = x.constant(30.0);
+    const int soft = x.node(ModOp::mul, cap, x.node(ModOp::tanh, x.node(ModOp::div, score, cap)));
+    x.e.score = x.node(ModOp::add, soft, x.node(ModOp::log, x.load(1, {x.axis(ModOp::index, "k")})));
+    x.e.keep = x.node(ModOp::eq, x.load(0, {x.axis(ModOp::index, "q")}), x.load(0, {x.axis(ModOp::index, "k")}));
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::i32, 1},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    auto tensors = [](std::int64_t, std::int64_t, std::int64_t S, std::mt19937& gen) {
+      std::vector<std::int32_t> doc(static_cast<std::size_t>(S));
+      for (std::int64_t j = 0; j < S; ++j) doc[static_cast<std::size_t>(j)] = j < 20 ? 0 : j < 53 ? 1 : j < 60 ? 2 : 3;
+      std::uniform_real_distribution<float> u(0.5f, 2.0f);
+      std::vector<float> w(static_cast<std::size_t>(S));
+      for (auto& v : w) v = u(gen);
+      return std::vector<ModData>{mod_data({S}, doc), mod_data({S}, w)};
+    };
+    cases.push_back({"mod_documents_softcap_log_causal_weights", a, 1, 80, 80, tensors});
+  }
+  {
+    // Named head axes as describe_attention makes them for GQA (query head h = kvh·2 + g): a
+    // per-(batch, kv head) keep-mask [B, kvh, L, S] (what a [batch, heads, L, S] mask fuses to)
+    // and a per-group score offset [g]; the key padding and bias flags on top.
+    auto a = base(32, 32, 4, 2);
+    a.spec.key_padding = true;
+    a.spec.bias = true;
+    a.spec.axes.batch = "batch";
+    a.spec.axes.query = "i";
+    a.spec.axes.key = "j";
+    a.spec.axes.heads = {{"kvh", 2, 2}, {"g", 1, 2}};
+    Expr x;
+    const int score = x.node(ModOp::score);
+    x.e.score = x.node(ModOp::add, score, x.load(1, {x.axis(ModOp::index, "g")}));
+    x.e.keep = x.node(ModOp::ne,
+                      x.load(0, {x.axis(ModOp::index, "batch"), x.axis(ModOp::index, "kvh"), x.axis(ModOp::index, "i"),
+                                 x.axis(ModOp::index, "j")}),
+                      x.constant(0.0));
+    a.spec.mod = x.e;
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::boolean, 4},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    a.block_k = 16;
+    auto tensors = [](std::int64_t B, std::int64_t L, std::int64_t S, std::mt19937& gen) {
+      std::bernoulli_distribution drop(0.3);
+      std::vector<std::uint8_t> kept(static_cast<std::size_t>(B * 2 * L * S));
+      for (auto& v : kept) v = drop(gen) ? 0 : 1;
+      std::vector<float> offset{0.5f, -1.5f};
+      return std::vector<ModData>{mod_data({B, 2, L, S}, kept), mod_data({2}, offset)};
+    };
+    cases.push_back({"mod_named_heads_4d_mask_with_flags", a, 2, 37, 50, tensors, true});
   }
   return cases;
 }
@@ -279,6 +443,15 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
     if (B > 1)
       for (std::int64_t j = 0; j < S; ++j) keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
   }
+  std::vector<ModData> mods;
+  if (c.tensors) mods = c.tensors(B, L, S, gen);
+  ASSERT_EQ(mods.size(), s.tensors.size());
+  std::vector<const void*> tensor_ptrs;
+  std::vector<std::int64_t> extents;
+  for (const auto& m : mods) {
+    tensor_ptrs.push_back(m.bytes.data());
+    extents.insert(extents.end(), m.shape.begin(), m.shape.end());
+  }
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
   const std::size_t w_n = s.write_weights ? static_cast<std::size_t>(B * s.hq * L * S) : 0;
   std::vector<float> out_cpu(out_n), w_cpu(w_n);
@@ -292,6 +465,8 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   args.weights = w_n ? w_cpu.data() : nullptr;
   args.key_keep = keep.empty() ? nullptr : keep.data();
   args.bias = bias.empty() ? nullptr : bias.data();
+  args.tensors = tensor_ptrs.empty() ? nullptr : tensor_ptrs.data();
+  args.extents = extents.empty() ? nullptr : extents.data();
   args.batch = B;
   args.len_q = L;
   args.len_k = S;
@@ -300,15 +475,15 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
 
   Emulated e = emulate(c.kernel);
   using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
-                  std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
   auto* fn = e.fn<Fn>();
   e.launch(attention_grid(c.kernel, B, L), [&] {
-    fn(q.data(), k.data(), v.data(), out_gpu.data(), w_n ? w_gpu.data() : nullptr, args.key_keep, args.bias, B, L, S,
-       static_cast<std::int64_t>(args.seed));
+    fn(q.data(), k.data(), v.data(), out_gpu.data(), w_n ? w_gpu.data() : nullptr, args.key_keep, args.bias,
+       args.tensors, args.extents, B, L, S, static_cast<std::int64_t>(args.seed));
   });
   expect_close(out_gpu, out_cpu, 2e-5, "out");
   if (w_n) expect_close(w_gpu, w_cpu, 2e-5, "weights");
-  if (s.key_padding && B > 1) {  // a batch with every key padded: zeros, not NaN
+  if ((s.key_padding || c.batch1_masked) && B > 1) {  // a batch with every key padded: zeros, not NaN
     for (std::size_t i = out_n / static_cast<std::size_t>(B); i < 2 * out_n / static_cast<std::size_t>(B); ++i)
       ASSERT_EQ(out_gpu[i], 0.0f);
   }
@@ -317,6 +492,127 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
 std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& param) { return param.param.label; }
 
 INSTANTIATE_TEST_SUITE_P(Emulation, EmulatedAttention, ::testing::ValuesIn(attention_cases()), attn_case_name);
+
+// ------------------------------------------------------------------------------------------------
+// attention as the fuse pass makes it: the DSL's built-in mods through the whole pipeline
+
+/// The fused node of `g` after lowering, its inputs computed by the interpreter (as the GPU
+/// executor's host steps would) and stored as the GPU stores them (storage.hpp), then the
+/// emulated PTX kernel against the CPU kernel on the very spec the GPU plan would launch.
+void expect_fused_mods_agree(const Graph& g, const Feeds& feeds) {
+  const Graph lowered = codegen::lower(g);
+  const Bindings sizes = bind_extents(lowered, feeds);
+  int fused = -1;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    if (lowered.node(id).op == Op::fused_attention) fused = id;
+  ASSERT_GE(fused, 0) << lowered.table();
+  std::vector<NdArray> values(lowered.size());
+  for (int id = 0; id < fused; ++id) {
+    const Node& n = lowered.node(id);
+    if (codegen::select_kernel(lowered, id) == codegen::KernelKind::leaf) {
+      values[static_cast<std::size_t>(id)] = feeds.at(n.name);
+      continue;
+    }
+    std::vector<const NdArray*> in;
+    for (int x : n.inputs) in.push_back(&values[static_cast<std::size_t>(x)]);
+    values[static_cast<std::size_t>(id)] = evaluate_node(lowered, id, in, sizes);
+  }
+  const codegen::FusedAttentionCall call = codegen::describe_fused_attention(lowered, fused, sizes);
+  const Node& n = lowered.node(fused);
+  auto f32 = [&](int input) {
+    return values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(input)])].to_f32();
+  };
+  const std::vector<float> q = f32(0), k = f32(1), v = f32(2);
+  std::vector<std::vector<std::byte>> stored;
+  std::vector<const void*> tensors;
+  for (int m : call.tensor_inputs) {
+    const NdArray& a = values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(m)])];
+    if (a.dtype == DType::boolean) {
+      stored.push_back(a.bytes);
+    } else {
+      const std::vector<float> x = a.to_f32();
+      stored.emplace_back(x.size() * sizeof(float));
+      std::memcpy(stored.back().data(), x.data(), stored.back().size());
+    }
+  }
+  for (const auto& b : stored) tensors.push_back(b.data());
+  AttentionKernel kernel;
+  kernel.spec = call.spec;
+  ASSERT_FALSE(kernel.spec.mod.empty());
+  const auto& s = kernel.spec;
+  const std::int64_t B = call.batch, L = call.len_q, S = call.len_k;
+  const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
+  std::vector<float> out_cpu(out_n), out_gpu(out_n, NAN);
+  codegen::cpu::AttentionArgs args;
+  args.q = q.data();
+  args.k = k.data();
+  args.v = v.data();
+  args.out = out_cpu.data();
+  args.tensors = tensors.data();
+  args.extents = call.tensor_extents.data();
+  args.batch = B;
+  args.len_q = L;
+  args.len_k = S;
+  codegen::cpu::run_attention(s, args, 1);
+  Emulated e = emulate(kernel);
+  using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
+                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+  auto* fn = e.fn<Fn>();
+  e.launch(attention_grid(kernel, B, L), [&] {
+    fn(q.data(), k.data(), v.data(), out_gpu.data(), nullptr, nullptr, nullptr, args.tensors, args.extents, B, L, S, 0);
+  });
+  expect_close(out_gpu, out_cpu, 2e-5, "out");
+}
+
+template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
+void built_in_mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool br) {
+  using namespace nn;
+  constexpr std::int64_t G = H / Hkv;
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Group<G>, Seq<dyn>, HeadDim<D>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "v");
+  auto slopes = input<Tensor<f32, KvHeads<Hkv>, Group<G>>>(g, "slopes");
+  auto q_doc = input<Tensor<i32, Batch<dyn>, Seq<dyn>>>(g, "q_doc");
+  auto kv_doc = input<Tensor<i32, Batch<dyn>, Key<dyn>>>(g, "kv_doc");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto sc = scaled(contract<HeadDim>(q, k));
+  auto run = [&](auto align) {
+    auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
+    auto m = modded(sc, mods::softcap(2.0), mods::alibi(slopes, align), hand,
+                    mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc));
+    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
+  };
+  if (br)
+    run(bottom_right);
+  else
+    run(top_left);
+  Feeds feeds = random_feeds(g, {{"Batch", batch}, {"Seq", l}, {"Key", s}}, 21, 0.5f);
+  // Documents of 13 queries / 11 keys (ids increase along the sequence).
+  std::vector<std::int32_t> qd, kd;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t i = 0; i < l; ++i) qd.push_back(static_cast<std::int32_t>(i / 13));
+    for (std::int64_t j = 0; j < s; ++j) kd.push_back(static_cast<std::int32_t>(j / 11));
+  }
+  auto ids = [](const std::vector<std::int32_t>& x, std::vector<std::int64_t> shape) {
+    NdArray a;
+    a.dtype = DType::i32;
+    a.shape = std::move(shape);
+    a.bytes.resize(x.size() * sizeof(std::int32_t));
+    std::memcpy(a.bytes.data(), x.data(), a.bytes.size());
+    return a;
+  };
+  feeds["q_doc"] = ids(qd, {batch, l});
+  feeds["kv_doc"] = ids(kd, {batch, s});
+  expect_fused_mods_agree(g, feeds);
+}
+
+TEST(EmulatedAttentionFromTheDsl, BuiltInModsMatchTheCpuKernel) {
+  // softcap, ALiBi over named head axes (GQA), a hand-written score mod, a sliding window and
+  // document masks, key padding: the spec the fuse pass makes and the GPU plan launches.
+  built_in_mods<4, 2, 32>(2, 37, 37, false);
+  built_in_mods<2, 1, 32>(1, 29, 71, true);
+}
 
 // ------------------------------------------------------------------------------------------------
 // the dense kernels

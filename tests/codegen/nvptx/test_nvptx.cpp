@@ -39,6 +39,64 @@ AttentionKernel attention(std::int64_t dk, std::int64_t dv) {
   return a;
 }
 
+/// A mod node by node (ModExpr::add).
+int node(ModExpr& e, ModOp op, int a = -1, int b = -1, std::string axis = {}, double value = 0.0) {
+  ModNode n;
+  n.op = op;
+  n.a = a;
+  n.b = b;
+  n.axis = std::move(axis);
+  n.value = value;
+  return e.add(std::move(n));
+}
+int load(ModExpr& e, int input, std::vector<int> at) {
+  ModNode n;
+  n.op = ModOp::load;
+  n.input = input;
+  n.at = std::move(at);
+  return e.add(std::move(n));
+}
+
+/// A sliding window over bottom-right positions, an ALiBi-style score term −e^(slope[h])·|i − j|
+/// plus a [B, S] key bias (the score + X path), and a captured [B, S] keep-mask.
+void window_alibi_mod(AttentionKernel& a) {
+  ModExpr e;
+  const int score = node(e, ModOp::score);
+  const int dist = node(e, ModOp::abs,
+                        node(e, ModOp::sub, node(e, ModOp::position, -1, -1, "q"), node(e, ModOp::index, -1, -1, "k")));
+  const int slope = node(e, ModOp::exp, load(e, 0, {node(e, ModOp::index, -1, -1, "h")}));
+  const int bias = load(e, 1, {node(e, ModOp::index, -1, -1, "b"), node(e, ModOp::index, -1, -1, "k")});
+  e.score = node(e, ModOp::add, score, node(e, ModOp::sub, bias, node(e, ModOp::mul, slope, dist)));
+  const int window = node(e, ModOp::le, dist, node(e, ModOp::constant, -1, -1, {}, 128.0));
+  const int keep =
+      node(e, ModOp::ne, load(e, 2, {node(e, ModOp::index, -1, -1, "b"), node(e, ModOp::index, -1, -1, "k")}),
+           node(e, ModOp::constant));
+  e.keep = node(e, ModOp::logical_and, window, keep);
+  e.query = "q";
+  e.key = "k";
+  e.align = CausalAlign::bottom_right;
+  a.spec.mod = e;
+  using codegen::cpu::ModTensor;
+  a.spec.tensors = {{ModTensor::Source::captured, DType::f32, 1},
+                    {ModTensor::Source::captured, DType::f32, 2},
+                    {ModTensor::Source::captured, DType::boolean, 2}};
+}
+
+/// Document masking (keep iff doc[i] == doc[j], i32 ids) and a soft-capped score plus log w[j]
+/// (the converted path: ×ln 2 → mod → ×log2 e, with tanh and lg2).
+void documents_softcap_mod(AttentionKernel& a) {
+  ModExpr e;
+  const int score = node(e, ModOp::score);
+  const int cap = node(e, ModOp::constant, -1, -1, {}, 30.0);
+  const int soft = node(e, ModOp::mul, cap, node(e, ModOp::tanh, node(e, ModOp::div, score, cap)));
+  e.score = node(e, ModOp::add, soft, node(e, ModOp::log, load(e, 1, {node(e, ModOp::index, -1, -1, "k")})));
+  e.keep = node(e, ModOp::eq, load(e, 0, {node(e, ModOp::index, -1, -1, "q")}),
+                load(e, 0, {node(e, ModOp::index, -1, -1, "k")}));
+  a.spec.mod = e;
+  using codegen::cpu::ModTensor;
+  a.spec.tensors = {{ModTensor::Source::captured, DType::i32, 1}, {ModTensor::Source::captured, DType::f32, 1}};
+}
+
 std::vector<Case> attention_cases() {
   std::vector<Case> cases;
   auto add = [&](std::string label, AttentionKernel a) { cases.push_back({std::move(label), a}); };
@@ -103,6 +161,22 @@ std::vector<Case> attention_cases() {
     a.block_k = 16;
     a.threads = 64;
     add("d64_small_tiles", a);
+  }
+  {
+    auto a = attention(64, 64);
+    a.spec.hq = 8;
+    a.spec.hkv = 2;
+    window_alibi_mod(a);
+    add("d64_gqa_mod_window_alibi", a);
+    a.spec.write_weights = true;
+    a.spec.dropout_p = 0.1;
+    add("d64_gqa_mod_window_alibi_weights", a);
+  }
+  {
+    auto a = attention(128, 128);
+    a.spec.causal = true;
+    documents_softcap_mod(a);
+    add("d128_mod_documents_softcap_causal", a);
   }
   return cases;
 }
@@ -259,6 +333,50 @@ TEST(NvptxIr, KernelsAreMarkedAndUseNvvmIntrinsics) {
   EXPECT_NE(opt.find("ptx_kernel"), std::string::npos);
   const std::string gelu = nvptx_ir(ElementwiseKernel{ElementwiseOp::gelu, 1.0f, 256}, 80, true);
   EXPECT_EQ(gelu.find("llvm.exp."), std::string::npos);  // the polynomial exp, not a libcall
+}
+
+TEST(NvptxIr, AModUsesEx2AndLg2AndReadsTheTensorTable) {
+  auto a = attention(64, 64);
+  documents_softcap_mod(a);
+  const std::string ir = nvptx_ir(a, 80, true);
+  EXPECT_NE(ir.find("llvm.nvvm.lg2.approx.ftz.f"), std::string::npos);  // log
+  EXPECT_NE(ir.find("llvm.nvvm.ex2.approx.ftz.f"), std::string::npos);
+  EXPECT_EQ(ir.find("llvm.log."), std::string::npos);  // no libcall
+  EXPECT_EQ(ir.find("llvm.exp."), std::string::npos);
+  const PtxKernel k = emit_ptx(a, 80);
+  EXPECT_NE(k.ptx.find("lg2.approx.ftz.f32"), std::string::npos);
+  EXPECT_NE(k.signature.find("const void* const* tensors, const int64_t* extents"), std::string::npos) << k.signature;
+}
+
+TEST(NvptxErrors, ModsTheKernelCannotEvaluateThrow) {
+  auto bad = [](const AttentionKernel& a) { EXPECT_THROW(emit_ptx(a, 80), std::runtime_error); };
+  {
+    auto a = attention(64, 64);  // a keep predicate that reads the score
+    ModExpr e;
+    e.keep = node(e, ModOp::gt, node(e, ModOp::score), node(e, ModOp::constant));
+    a.spec.mod = e;
+    bad(a);
+    EXPECT_THROW(attention_shared_bytes(a), std::runtime_error);  // refused before any IR: a planner falls back
+  }
+  {
+    auto a = attention(64, 64);  // a 16-bit float tensor
+    documents_softcap_mod(a);
+    a.spec.tensors[1].dtype = DType::f16;
+    bad(a);
+  }
+  {
+    auto a = attention(64, 64);  // an axis the scores do not have
+    ModExpr e;
+    e.keep = node(e, ModOp::lt, node(e, ModOp::index, -1, -1, "nope"), node(e, ModOp::constant));
+    a.spec.mod = e;
+    bad(a);
+  }
+  {
+    auto a = attention(64, 64);  // a load with the wrong number of indices
+    documents_softcap_mod(a);
+    a.spec.tensors[0].rank = 2;
+    bad(a);
+  }
 }
 
 TEST(NvptxErrors, BadRequestsThrow) {

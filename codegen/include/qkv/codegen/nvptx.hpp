@@ -37,14 +37,22 @@ struct Dim3 {
 };
 
 /// Fused attention forward (FlashAttention-2 style), with exactly the semantics of
-/// qkv/codegen/cpu/attention.hpp (GQA, key padding, bias, causal alignment, dropout with the same
-/// Philox mask, rows with no visible key → zeros, optional weights).
+/// qkv/codegen/cpu/attention.hpp (GQA, key padding, bias, causal alignment, the mod expression —
+/// score modifications and keep predicates over any of the score's axes, loads of captured
+/// tensors —, dropout with the same Philox mask, rows with no visible key → zeros, optional
+/// weights). K/V tiles whose entries the keep predicate rejects for the whole block are skipped.
 ///
 ///   void name(const float* q, const float* k, const float* v, float* out, float* weights,
-///             const uint8_t* key_keep, const float* bias, i64 batch, i64 len_q, i64 len_k, i64 seed)
+///             const uint8_t* key_keep, const float* bias, const void* const* tensors,
+///             const int64_t* extents, i64 batch, i64 len_q, i64 len_k, i64 seed)
 ///
 /// — AttentionArgs' fields in order; weights / key_keep / bias are read only when the spec asks
-/// for them (pass null otherwise). out must not overlap the inputs.
+/// for them (pass null otherwise). tensors / extents (device memory, read only when spec.tensors
+/// has captured tensors): the device address of each captured tensor of spec.tensors in order
+/// (row-major, of its dtype; bool one byte per element), and their extents concatenated (rank of
+/// each). out must not overlap the inputs. Specs the kernel cannot evaluate (a keep predicate
+/// that reads the score, a 16-bit float tensor, an axis the scores lack) are refused by
+/// attention_shared_bytes / attention_grid / emit_ptx alike.
 /// grid (ceil(L / block_q), Hq, B), block (threads, 1, 1), dynamic shared memory shared_bytes
 /// (attention_shared_bytes; above 48 KiB the launcher must first raise
 /// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it). L = 0 or B = 0: nothing to launch.

@@ -11,9 +11,10 @@
 // What runs where: lowering/select.hpp gives every node its kernel kind, and cuda/plan.cpp's
 // node() implements each kind (the table in docs/architecture.md): fused attention, GEMM, layer
 // norm over rows, unary/equal-shape add and strided copies (rank <= 6 after merging) run as PTX
-// kernels; masks other than key padding are folded on the host into one [L, S] bias
-// (lowering/attention_call.hpp: combine_masks); concat along an inner axis goes through a
-// scratch buffer. Every other kind — and bool tensors, and an attention no tiling fits — falls
+// kernels; the fused attention evaluates its whole mod expression on the GPU (masks, biases,
+// causal, windows, score modifications: its loads read the node's tensor inputs through a table
+// of device addresses and extents filled before the launch); concat along an inner axis goes
+// through a scratch buffer. Every other kind — and bool tensors, and an attention no tiling fits — falls
 // back to the host: inputs downloaded, qkv::evaluate_node, result uploaded. Correct, slow; the
 // CLI's models (sdpa, mha, encoder-layer) have none.
 //

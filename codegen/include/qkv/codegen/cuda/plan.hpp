@@ -59,12 +59,12 @@ struct Step {
   Kind kind = Kind::gpu;
   std::vector<Launch> launches;
   std::string why;  // host: why the node is not run on the GPU
-  /// gpu, fused attention with bias terms: the [L, S] bias built on the host from the node's mask
-  /// inputs (call.bias_terms) and uploaded to buffer `bias_buffer` before the launch.
-  int bias_buffer = -1;
+  /// gpu, fused attention whose mod loads tensors: the kernel's tensor table (its `tensors` and
+  /// `extents` parameters), u64 words: the device address of each of call->tensor_inputs, then
+  /// call->tensor_extents. Filled by the executor before the launch (addresses are known only then).
+  int tensor_table = -1;
   int weights_buffer = -1;                         // fused attention with write_weights: where the weights go
   std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
-  std::optional<ClassicMasks> masks;               // fused attention on the GPU: its masks as the kernel's flags
 };
 
 /// Device memory of one run: a node's value (shared by its views) or a node's scratch.

@@ -54,27 +54,4 @@ std::vector<BlockClass> classify_tiles(const Graph& lowered, int id, const std::
                                        const Bindings& sizes, std::int64_t batch, std::int64_t head,
                                        std::int64_t tile_q, std::int64_t tile_k);
 
-/// What the PTX attention kernel's flags express (it takes no mod expression yet): a causal
-/// mask, one key-padding keep-mask over [batch, key], and an additive [L, S] bias combined from
-/// biases and keep-masks over [query, key], [query] or [key]. `classic_masks` recognises a mod
-/// that is only that (what masked / biased / causal make); nullopt for anything else.
-struct ClassicMasks {
-  bool causal = false;
-  CausalAlign align = CausalAlign::top_left;
-  int key_padding_input = -1;  // the node input of the [batch, key] keep-mask, or −1
-  struct BiasTerm {
-    int input = 0;
-    bool keep_mask = false;                   // bool: false → −inf; float: added
-    std::int64_t stride_q = 0, stride_k = 0;  // element (i, j) at i·stride_q + j·stride_k
-  };
-  std::vector<BiasTerm> bias_terms;
-};
-std::optional<ClassicMasks> classic_masks(const Graph& lowered, int id, const Bindings& sizes);
-
-/// The kernel's key-padding bytes [B, S] (1 = may attend) and additive bias [L, S] from the
-/// node's inputs (`in[k]` is input k of the node; only the mask inputs are read). Either output
-/// may be null; a call without such masks leaves it empty.
-void combine_masks(const FusedAttentionCall& call, const ClassicMasks& masks, const std::vector<const NdArray*>& in,
-                   std::vector<std::uint8_t>* key_keep, std::vector<float>* bias);
-
 }  // namespace qkv::codegen
