@@ -5,9 +5,11 @@
 // arguments, or a host fallback with the reason. The plan is made without a GPU, so it can be
 // read (and tested) anywhere; `qkv emit … --target nvptx` writes the same kernels as PTX.
 //
-// Two models: an encoder layer (every node has a GPU kernel) and attention with a per-(batch,
-// head) bias, which the attention fusion does not take (per-head biases are not fused), so its
-// softmax runs on the host — the plan says so, node by node.
+// Three models: an encoder layer (every node has a GPU kernel); attention with a per-(batch,
+// head) bias, which the fuse pass folds into the attention's mod expression (a load), so it is
+// one launch of the PTX attention kernel; and the same bias added before the scale — (s + b)·c is
+// not the kernel's form, the chain stays unfused and its softmax runs on the host. The plan says
+// so, node by node.
 //
 //     ./build/examples/10_gpu_plan
 #include <cstdlib>
@@ -77,11 +79,22 @@ int main() {
     auto p = softmax<Key>(biased(scaled(contract<HeadDim>(q, k)), bias));
     output(contract<Key>(p, v), "out");
   }
+  Graph unfused;
+  {
+    auto q = input<Tensor<f32, Batch<dyn>, Heads<4>, Seq<dyn>, HeadDim<16>>>(unfused, "q");
+    auto k = input<Tensor<f32, Batch<dyn>, Heads<4>, Key<dyn>, HeadDim<16>>>(unfused, "k");
+    auto v = input<Tensor<f32, Batch<dyn>, Heads<4>, Key<dyn>, HeadDim<16>>>(unfused, "v");
+    auto bias = input<Tensor<f32, Batch<dyn>, Heads<4>, Seq<dyn>, Key<dyn>>>(unfused, "bias");
+    auto p = softmax<Key>(scale(biased(unscaled(contract<HeadDim>(q, k)), bias), 0.25));
+    output(contract<Key>(p, v), "out");
+  }
+  const Bindings sizes{{"Batch", 2}, {"Seq", 64}, {"Key", 64}};
   const int enc_host = show_plan("encoder layer [2, 128, 64]", enc, {{"Batch", 2}, {"Seq", 128}});
-  const int bias_host =
-      show_plan("attention with a per-(batch, head) bias", biased_attention, {{"Batch", 2}, {"Seq", 64}, {"Key", 64}});
-  // The lesson's claims: the encoder runs wholly on the GPU; the unfused one needs the host.
-  const bool ok = enc_host == 0 && bias_host > 0;
+  const int bias_host = show_plan("attention with a per-(batch, head) bias", biased_attention, sizes);
+  const int unfused_host = show_plan("the same bias added before the scale", unfused, sizes);
+  // The lesson's claims: the encoder and the biased attention run wholly on the GPU; the
+  // unfused chain needs the host.
+  const bool ok = enc_host == 0 && bias_host == 0 && unfused_host > 0;
   std::cout << (ok ? "ok" : "FAILED") << "\n";
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
