@@ -4,6 +4,8 @@
 #include "llvm/mod_ir.hpp"
 
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -53,6 +55,62 @@ std::vector<unsigned> mod_deps(const ModExpr& e, const std::string& query_axis, 
     d[i] = x;
   }
   return d;
+}
+
+ModAnalysis analyse_mod(const ModExpr& e, const std::string& query_axis, const std::string& key_axis) {
+  ModAnalysis a;
+  a.deps = mod_deps(e, query_axis, key_axis);
+  a.reach.assign(e.nodes.size(), false);
+  for (int root : {e.score, e.keep}) {
+    const auto r = mod_reachable(e, root);
+    for (std::size_t i = 0; i < r.size(); ++i) a.reach[i] = a.reach[i] || r[i];
+  }
+  if (e.score >= 0) {
+    const ModNode& n = e.nodes[static_cast<std::size_t>(e.score)];
+    auto is_score = [&](int id) { return id >= 0 && e.nodes[static_cast<std::size_t>(id)].op == ModOp::score; };
+    auto free = [&](int id) { return id >= 0 && !(a.deps[static_cast<std::size_t>(id)] & kDepScore); };
+    if (n.op == ModOp::add && is_score(n.a) && free(n.b)) a.score_add = n.b;
+    if (n.op == ModOp::add && is_score(n.b) && free(n.a)) a.score_add = n.a;
+    if (n.op == ModOp::sub && is_score(n.a) && free(n.b)) {
+      a.score_add = n.b;
+      a.score_add_sign = -1.0;
+    }
+  }
+  return a;
+}
+
+llvm::Type* mod_element_type(llvm::IRBuilder<>& b, DType t) {
+  switch (t) {
+    case DType::f32:
+      return b.getFloatTy();
+    case DType::f64:
+      return b.getDoubleTy();
+    case DType::boolean:
+      return b.getInt8Ty();
+    case DType::i32:
+      return b.getInt32Ty();
+    case DType::i64:
+      return b.getInt64Ty();
+    default:
+      throw std::invalid_argument("codegen: a mod loads a tensor of dtype " + std::string(dtype_name(t)) +
+                                  "; convert it to f32");
+  }
+}
+
+llvm::Value* mod_element_to_f32(llvm::IRBuilder<>& b, llvm::Value* x, DType t) {
+  llvm::Type* f = b.getFloatTy();
+  if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(x->getType()))
+    f = llvm::FixedVectorType::get(f, vt->getNumElements());
+  switch (t) {
+    case DType::f32:
+      return x;
+    case DType::f64:
+      return b.CreateFPTrunc(x, f);
+    case DType::boolean:
+      return b.CreateUIToFP(b.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), f);
+    default:
+      return b.CreateSIToFP(x, f);
+  }
 }
 
 llvm::Value* ModLeaves::exp(llvm::Value* /*x*/) { return nullptr; }
@@ -200,6 +258,42 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
   }
   cache[static_cast<std::size_t>(root)] = out;
   return out;
+}
+
+IrInterval emit_load_bounds(llvm::IRBuilder<>& b, const ModExpr& e, const std::vector<unsigned>& deps, const ModNode& n,
+                            const std::vector<IrInterval>& at, const std::vector<llvm::Value*>& extent_f32,
+                            const std::function<llvm::Value*(const std::vector<llvm::Value*>&)>& load,
+                            const ModLoop& loop) {
+  int ranging = -1, count = 0;
+  for (std::size_t d = 0; d < n.at.size(); ++d) {
+    if (deps[static_cast<std::size_t>(n.at[d])] & (kDepQuery | kDepKey)) {
+      ranging = static_cast<int>(d);
+      ++count;
+    }
+  }
+  if (count > 1) return {};
+  if (count == 1) {
+    const ModOp op = e.nodes[static_cast<std::size_t>(n.at[static_cast<std::size_t>(ranging)])].op;
+    if (op != ModOp::index && op != ModOp::position) return {};  // not a contiguous range of indices
+  }
+  std::vector<llvm::Value*> idx;
+  for (std::size_t d = 0; d < n.at.size(); ++d) idx.push_back(mod_clamp_index(b, at[d].lo, extent_f32[d]));
+  if (count == 0) {
+    llvm::Value* x = load(idx);
+    return {x, x};
+  }
+  const auto r = static_cast<std::size_t>(ranging);
+  llvm::Value* hi = b.CreateAdd(mod_clamp_index(b, at[r].hi, extent_f32[r]), b.getInt64(1));
+  llvm::Type* f = b.getFloatTy();
+  const std::vector<llvm::Value*> mm =
+      loop(idx[r], hi, {llvm::ConstantFP::get(f, kInf), llvm::ConstantFP::get(f, -kInf)},
+           [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
+             std::vector<llvm::Value*> at_i = idx;
+             at_i[r] = i;
+             llvm::Value* x = load(at_i);
+             return std::vector<llvm::Value*>{minimum(b, in[0], x), maximum(b, in[1], x)};
+           });
+  return {mm[0], mm[1]};
 }
 
 IrInterval ModBoundsLeaves::load(const ModNode& /*n*/, const std::vector<IrInterval>& /*at*/) { return {}; }

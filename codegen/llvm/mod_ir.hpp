@@ -8,12 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <llvm/IR/IRBuilder.h>
 
+#include <qkv/ir/dtype.hpp>
 #include <qkv/ir/mod_expr.hpp>
 
 namespace qkv::codegen {
@@ -26,6 +28,22 @@ enum ModDep : unsigned {
 };
 /// Per node, the ModDep bits of the node and everything it reads.
 std::vector<unsigned> mod_deps(const ModExpr& e, const std::string& query_axis, const std::string& key_axis);
+
+/// What a kernel needs to know of an expression before emitting it (the same for both targets).
+struct ModAnalysis {
+  std::vector<unsigned> deps;  // mod_deps
+  std::vector<bool> reach;     // the nodes the score or keep roots read
+  /// score' = score + sign · nodes[score_add] with that node free of the score: added in the
+  /// kernels' log2 units with no conversion; −1 otherwise.
+  int score_add = -1;
+  double score_add_sign = 1.0;
+};
+ModAnalysis analyse_mod(const ModExpr& e, const std::string& query_axis, const std::string& key_axis);
+
+/// How a kernel loads an element of a mod tensor of dtype `t` (f32, f64, bool, i32, i64; the
+/// others throw std::invalid_argument), and that element as f32 (booleans as 0 / 1).
+llvm::Type* mod_element_type(llvm::IRBuilder<>& b, DType t);
+llvm::Value* mod_element_to_f32(llvm::IRBuilder<>& b, llvm::Value* x, DType t);
 
 /// The leaves of an expression, as a kernel computes them.
 class ModLeaves {
@@ -66,6 +84,20 @@ class ModBoundsLeaves {
   /// Bounds of a load given its indices' bounds; the default is unbounded.
   virtual IrInterval load(const ModNode& n, const std::vector<IrInterval>& at);
 };
+
+/// The kernels' bounds of a load over a block (their ModBoundsLeaves::load): one load when no
+/// index ranges over the block; when exactly one does and it is a coordinate (an index or
+/// position leaf: a contiguous range), the min and max of the tensor over that range, by a scan
+/// (document ids: a tile inside one document gives a point); otherwise unbounded. `deps` are
+/// mod_deps of `e`; `extent_f32` the tensor's extents; `load` reads an element (i64 indices) as
+/// f32; `loop` is the target's counted loop with carried values.
+using ModLoopBody = std::function<std::vector<llvm::Value*>(llvm::Value* i, const std::vector<llvm::Value*>& carried)>;
+using ModLoop = std::function<std::vector<llvm::Value*>(llvm::Value* begin, llvm::Value* end,
+                                                        std::vector<llvm::Value*> init, const ModLoopBody& body)>;
+IrInterval emit_load_bounds(llvm::IRBuilder<>& b, const ModExpr& e, const std::vector<unsigned>& deps, const ModNode& n,
+                            const std::vector<IrInterval>& at, const std::vector<llvm::Value*>& extent_f32,
+                            const std::function<llvm::Value*(const std::vector<llvm::Value*>&)>& load,
+                            const ModLoop& loop);
 
 /// Whether the keep predicate holds for every entry of the block (first) or for none (second),
 /// as i1 scalars; both false: the block is partial. e.keep must be set.

@@ -157,10 +157,7 @@ class AttentionPtx {
   llvm::Value *q_blk_ = nullptr, *k_blk_ = nullptr, *v_blk_ = nullptr, *o_blk_ = nullptr, *w_blk_ = nullptr;
   // the mod expression (effective_mod) and its per-level caches
   cpu::EffectiveMod mod_;
-  std::vector<unsigned> deps_;  // mod_deps
-  std::vector<bool> reach_;     // nodes the score or keep roots read
-  int score_add_ = -1;          // score' = score + sign·X: X's node (added in log2 units)
-  double score_add_sign_ = 1.0;
+  ModAnalysis info_;
   std::vector<TensorIn> tensors_m_;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;
   Values task_cache_;              // nodes of neither query nor key
@@ -594,42 +591,13 @@ class AttentionPtx::BoundsLeaves final : public ModBoundsLeaves {
   IrInterval position(const std::string& axis) override { return range(axis, true); }
   llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
   IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
-    auto& b = k_.b_;
-    const TensorIn& t = k_.tensors_m_.at(static_cast<std::size_t>(n.input));
-    int ranging = -1, count = 0;
-    for (std::size_t d = 0; d < n.at.size(); ++d) {
-      if (k_.deps_[static_cast<std::size_t>(n.at[d])] & (kDepQuery | kDepKey)) {
-        ranging = static_cast<int>(d);
-        ++count;
-      }
-    }
-    if (count > 1) return {};
-    if (count == 1) {
-      const ModOp op = k_.mod_.expr.nodes[static_cast<std::size_t>(n.at[static_cast<std::size_t>(ranging)])].op;
-      if (op != ModOp::index && op != ModOp::position) return {};  // not a contiguous range of indices
-    }
-    std::vector<llvm::Value*> idx;
-    for (std::size_t d = 0; d < n.at.size(); ++d) idx.push_back(mod_clamp_index(b, at[d].lo, t.extent_f32[d]));
-    if (count == 0) {
-      llvm::Value* x = k_.load_element(n, idx);
-      return {x, x};
-    }
-    // Scan the range of the one ranging index for the element's min and max (the same addresses
-    // in every thread: broadcast loads).
-    const auto r = static_cast<std::size_t>(ranging);
-    llvm::Value* hi = b.CreateAdd(mod_clamp_index(b, at[r].hi, t.extent_f32[r]), k_.c64(1));
-    const double inf = std::numeric_limits<double>::infinity();
-    Values mm = k_.kb_.loop(
-        idx[r], hi, 1, {k_.kb_.cf(inf), k_.kb_.cf(-inf)},
-        [&](llvm::Value* i, const Values& in) {
-          std::vector<llvm::Value*> at_i = idx;
-          at_i[r] = i;
-          llvm::Value* x = k_.load_element(n, at_i);
-          return Values{b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, in[0], x),
-                        b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, in[1], x)};
-        },
-        "mod_scan", /*unroll=*/false);
-    return {mm[0], mm[1]};
+    // Every thread scans the same addresses: broadcast loads.
+    return emit_load_bounds(
+        k_.b_, k_.mod_.expr, k_.info_.deps, n, at, k_.tensors_m_.at(static_cast<std::size_t>(n.input)).extent_f32,
+        [&](const std::vector<llvm::Value*>& idx) { return k_.load_element(n, idx); },
+        [&](llvm::Value* begin, llvm::Value* end, std::vector<llvm::Value*> init, const ModLoopBody& body) {
+          return k_.kb_.loop(begin, end, 1, std::move(init), body, "mod_scan", /*unroll=*/false);
+        });
   }
 
  private:
@@ -727,70 +695,25 @@ llvm::Value* AttentionPtx::load_element(const ModNode& n, const Values& index) {
   const cpu::ModTensor& mt = mod_.tensors.at(static_cast<std::size_t>(n.input));
   llvm::Value* off = c64(0);
   for (std::size_t d = 0; d < index.size(); ++d) off = b_.CreateAdd(off, b_.CreateMul(index[d], t.stride[d]));
-  llvm::Type* et = nullptr;
-  switch (mt.dtype) {
-    case DType::f32:
-      et = kb_.f32();
-      break;
-    case DType::f64:
-      et = b_.getDoubleTy();
-      break;
-    case DType::boolean:
-      et = kb_.i8();
-      break;
-    case DType::i32:
-      et = kb_.i32();
-      break;
-    case DType::i64:
-      et = kb_.i64();
-      break;
-    default:
-      internal_error("nvptx attention: a mod loads a tensor of an unsupported dtype");
-  }
+  llvm::Type* et = mod_element_type(b_, mt.dtype);
   llvm::Value* x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off), "mod_load");
-  switch (mt.dtype) {
-    case DType::f32:
-      return x;
-    case DType::f64:
-      return b_.CreateFPTrunc(x, kb_.f32());
-    case DType::boolean:
-      return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), kb_.f32());
-    default:
-      return b_.CreateSIToFP(x, kb_.f32());
-  }
+  return mod_element_to_f32(b_, x, mt.dtype);
 }
 
 void AttentionPtx::prepare_mod() {
   const ModExpr& e = mod_.expr;
-  deps_ = mod_deps(e, mod_.axes.query, mod_.axes.key);
-  reach_.assign(e.nodes.size(), false);
-  for (int root : {e.score, e.keep}) {
-    const auto r = mod_reachable(e, root);
-    for (std::size_t i = 0; i < r.size(); ++i) reach_[i] = reach_[i] || r[i];
-  }
+  info_ = analyse_mod(e, mod_.axes.query, mod_.axes.key);
   // (attention_geometry has refused a keep predicate that reads the score and 16-bit tensors.)
-  // score' = score + X (or − X) with X free of the score: added in log2 units, no conversion.
-  if (e.score >= 0) {
-    const ModNode& n = e.nodes[static_cast<std::size_t>(e.score)];
-    auto is_score = [&](int id) { return id >= 0 && e.nodes[static_cast<std::size_t>(id)].op == ModOp::score; };
-    auto free = [&](int id) { return id >= 0 && !(deps_[static_cast<std::size_t>(id)] & kDepScore); };
-    if (n.op == ModOp::add && is_score(n.a) && free(n.b)) score_add_ = n.b;
-    if (n.op == ModOp::add && is_score(n.b) && free(n.a)) score_add_ = n.a;
-    if (n.op == ModOp::sub && is_score(n.a) && free(n.b)) {
-      score_add_ = n.b;
-      score_add_sign_ = -1.0;
-    }
-  }
   // Block-level nodes, then row-level ones per thread row (the prologue dominates every use).
   task_cache_.assign(e.nodes.size(), nullptr);
   Leaves task(*this, -1, nullptr, nullptr);
   for (std::size_t i = 0; i < e.nodes.size(); ++i)
-    if (reach_[i] && deps_[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
+    if (info_.reach[i] && info_.deps[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
   row_cache_.assign(static_cast<std::size_t>(R_), task_cache_);
   for (int r = 0; r < R_; ++r) {
     Leaves row(*this, r, nullptr, nullptr);
     for (std::size_t i = 0; i < e.nodes.size(); ++i)
-      if (reach_[i] && deps_[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[r]);
+      if (info_.reach[i] && info_.deps[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[r]);
   }
 }
 
@@ -800,7 +723,7 @@ Values AttentionPtx::key_values(llvm::Value* key, int root, const Values* seed) 
   const auto r = mod_reachable(mod_.expr, root);
   Leaves leaves(*this, -1, key, nullptr);
   for (std::size_t i = 0; i < r.size(); ++i)
-    if (r[i] && deps_[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
+    if (r[i] && info_.deps[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
   return cache;
 }
 
@@ -827,13 +750,13 @@ Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked,
   for (int j = 0; j < KJ_; ++j) kc.push_back(kb_.smin(key[j], last_key));
   std::vector<Values> keyc(static_cast<std::size_t>(KJ_), task_cache_);
   if (e.score >= 0) {
-    const int root = score_add_ >= 0 ? score_add_ : e.score;
+    const int root = info_.score_add >= 0 ? info_.score_add : e.score;
     for (int j = 0; j < KJ_; ++j) {
       keyc[j] = key_values(kc[j], root, &keyc[j]);
       for (int i = 0; i < R_; ++i) {
         llvm::Value*& x = s[si(i, j)];
-        if (score_add_ >= 0) {
-          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), kb_.cf(score_add_sign_ * kLog2e), x);
+        if (info_.score_add >= 0) {
+          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), kb_.cf(info_.score_add_sign * kLog2e), x);
         } else {
           // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
           llvm::Value* nat = b_.CreateFMul(x, kb_.cf(kLn2));

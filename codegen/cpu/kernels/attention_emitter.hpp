@@ -110,10 +110,7 @@ class AttentionEmitter {
   // geometry of the task
   llvm::Value *nvalid_, *ntiles_, *nclean_;
   // the mod expression
-  std::vector<unsigned> deps_;
-  std::vector<bool> reach_;  // reachable from the score or keep root
-  int score_add_ = -1;       // score' = score ± nodes[score_add_]: added in log2 units, no conversion
-  double score_add_sign_ = 1.0;
+  ModAnalysis info_;
   struct TensorIn {
     llvm::Value* base = nullptr;
     std::vector<llvm::Value*> extent, extent_f32, stride;  // i64, f32, i64

@@ -58,42 +58,12 @@ class AttentionEmitter::BoundsLeaves final : public ModBoundsLeaves {
   IrInterval position(const std::string& axis) override { return range(axis, true); }
   llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
   IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
-    auto& b = k_.b_;
-    const TensorIn& t = k_.tensors_.at(static_cast<std::size_t>(n.input));
-    int ranging = -1, count = 0;
-    for (std::size_t d = 0; d < n.at.size(); ++d) {
-      if (k_.deps_[static_cast<std::size_t>(n.at[d])] & (kDepQuery | kDepKey)) {
-        ranging = static_cast<int>(d);
-        ++count;
-      }
-    }
-    if (count > 1) return {};
-    if (count == 1) {
-      const ModOp op = k_.mod_.expr.nodes[static_cast<std::size_t>(n.at[static_cast<std::size_t>(ranging)])].op;
-      if (op != ModOp::index && op != ModOp::position) return {};  // not a contiguous range of indices
-    }
-    std::vector<llvm::Value*> idx;
-    for (std::size_t d = 0; d < n.at.size(); ++d) idx.push_back(mod_clamp_index(b, at[d].lo, t.extent_f32[d]));
-    if (count == 0) {
-      llvm::Value* x = k_.load_element(n, idx);
-      return {x, x};
-    }
-    // Scan the range of the one ranging index for the element's min and max.
-    const auto r = static_cast<std::size_t>(ranging);
-    llvm::Value* hi = b.CreateAdd(mod_clamp_index(b, at[r].hi, t.extent_f32[r]), k_.c64(1));
-    const double inf = std::numeric_limits<double>::infinity();
-    std::vector<llvm::Value*> init{llvm::ConstantFP::get(k_.f32_, inf), llvm::ConstantFP::get(k_.f32_, -inf)};
-    std::vector<llvm::Value*> mm = ir::emit_loop(
-        b, idx[r], hi, 1, init,
-        [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
-          std::vector<llvm::Value*> at_i = idx;
-          at_i[r] = i;
-          llvm::Value* x = k_.load_element(n, at_i);
-          return std::vector<llvm::Value*>{b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, in[0], x),
-                                           b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, in[1], x)};
-        },
-        "mod.scan");
-    return {mm[0], mm[1]};
+    return emit_load_bounds(
+        k_.b_, k_.mod_.expr, k_.info_.deps, n, at, k_.tensors_.at(static_cast<std::size_t>(n.input)).extent_f32,
+        [&](const std::vector<llvm::Value*>& idx) { return k_.load_element(n, idx); },
+        [&](llvm::Value* begin, llvm::Value* end, std::vector<llvm::Value*> init, const ModLoopBody& body) {
+          return ir::emit_loop(k_.b_, begin, end, 1, std::move(init), body, "mod.scan");
+        });
   }
 
  private:
@@ -172,26 +142,7 @@ llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<
     }
     off = b_.CreateAdd(off, b_.CreateMul(i, s));
   }
-  llvm::Type* et = nullptr;
-  switch (mt.dtype) {
-    case DType::f32:
-      et = f32_;
-      break;
-    case DType::f64:
-      et = b_.getDoubleTy();
-      break;
-    case DType::boolean:
-      et = i8_;
-      break;
-    case DType::i32:
-      et = i32_;
-      break;
-    case DType::i64:
-      et = i64_;
-      break;
-    default:
-      internal_error("attention kernel: a mod loads a tensor of an unsupported dtype");
-  }
+  llvm::Type* et = mod_element_type(b_, mt.dtype);
   llvm::Value* x = nullptr;
   if (vector) {
     llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes_));
@@ -200,54 +151,25 @@ llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<
   } else {
     x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off));
   }
-  llvm::Type* ft = vector ? static_cast<llvm::Type*>(vf_) : f32_;
-  switch (mt.dtype) {
-    case DType::f32:
-      return x;
-    case DType::f64:
-      return b_.CreateFPTrunc(x, ft);
-    case DType::boolean:
-      return b_.CreateUIToFP(b_.CreateICmpNE(x, llvm::Constant::getNullValue(x->getType())), ft);
-    default:
-      return b_.CreateSIToFP(x, ft);
-  }
+  return mod_element_to_f32(b_, x, mt.dtype);
 }
 
 void AttentionEmitter::prepare_mod() {
   const ModExpr& e = mod_.expr;
-  deps_ = mod_deps(e, mod_.axes.query, mod_.axes.key);
-  reach_.assign(e.nodes.size(), false);
-  for (int root : {e.score, e.keep}) {
-    const auto r = mod_reachable(e, root);
-    for (std::size_t i = 0; i < r.size(); ++i) reach_[i] = reach_[i] || r[i];
-  }
-  if (e.keep >= 0 && (deps_[static_cast<std::size_t>(e.keep)] & kDepScore))
+  info_ = analyse_mod(e, mod_.axes.query, mod_.axes.key);
+  if (e.keep >= 0 && (info_.deps[static_cast<std::size_t>(e.keep)] & kDepScore))
     throw std::invalid_argument("codegen: a mask modification may not read the score (use a score modification)");
-  for (const ModTensor& t : mod_.tensors)
-    if (t.dtype == DType::f16 || t.dtype == DType::bf16)
-      throw std::invalid_argument("codegen: a mod loads a 16-bit float tensor; convert it to f32");
-  // score' = score + X (or − X) with X free of the score: added in log2 units, no conversion.
-  if (e.score >= 0) {
-    const ModNode& n = e.nodes[static_cast<std::size_t>(e.score)];
-    auto is_score = [&](int id) { return id >= 0 && e.nodes[static_cast<std::size_t>(id)].op == ModOp::score; };
-    auto free = [&](int id) { return id >= 0 && !(deps_[static_cast<std::size_t>(id)] & kDepScore); };
-    if (n.op == ModOp::add && is_score(n.a) && free(n.b)) score_add_ = n.b;
-    if (n.op == ModOp::add && is_score(n.b) && free(n.a)) score_add_ = n.a;
-    if (n.op == ModOp::sub && is_score(n.a) && free(n.b)) {
-      score_add_ = n.b;
-      score_add_sign_ = -1.0;
-    }
-  }
+  for (const ModTensor& t : mod_.tensors) (void)mod_element_type(b_, t.dtype);  // refuses what it cannot load
   // Task-level nodes, then row-level ones per query vector (the prologue dominates every use).
   task_cache_.assign(e.nodes.size(), nullptr);
   Leaves task(*this, -1, nullptr, nullptr);
   for (std::size_t i = 0; i < e.nodes.size(); ++i)
-    if (reach_[i] && deps_[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
+    if (info_.reach[i] && info_.deps[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
   row_cache_.assign(static_cast<std::size_t>(qv_), task_cache_);
   for (int v = 0; v < qv_; ++v) {
     Leaves row(*this, v, nullptr, nullptr);
     for (std::size_t i = 0; i < e.nodes.size(); ++i)
-      if (reach_[i] && deps_[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[v]);
+      if (info_.reach[i] && info_.deps[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[v]);
   }
 }
 
@@ -258,7 +180,7 @@ std::vector<llvm::Value*> AttentionEmitter::key_values(llvm::Value* key, int roo
   const auto r = mod_reachable(mod_.expr, root);
   Leaves leaves(*this, -1, key, nullptr);
   for (std::size_t i = 0; i < r.size(); ++i)
-    if (r[i] && deps_[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
+    if (r[i] && info_.deps[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
   return cache;
 }
 
@@ -283,15 +205,15 @@ std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<ll
                                                             std::vector<std::vector<llvm::Value*>>& keyc) {
   const ModExpr& e = mod_.expr;
   if (e.score < 0) return s;
-  const int root = score_add_ >= 0 ? score_add_ : e.score;
+  const int root = info_.score_add >= 0 ? info_.score_add : e.score;
   std::vector<llvm::Value*> out = s;
   for (std::size_t j = 0; j < key.size(); ++j) {
     keyc[j] = key_values(key[j], root, &keyc[j]);
     for (int v = 0; v < qv_; ++v) {
       llvm::Value*& x = out[j * qv_ + v];
-      if (score_add_ >= 0) {
+      if (info_.score_add >= 0) {
         llvm::Value* add = mod_value(root, v, key[j], nullptr, keyc[j]);
-        x = fma(add, vconst(score_add_sign_ * kLog2e), x);
+        x = fma(add, vconst(info_.score_add_sign * kLog2e), x);
       } else {
         // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
         llvm::Value* nat = b_.CreateFMul(x, vconst(kLn2));
