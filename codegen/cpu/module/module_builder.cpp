@@ -880,7 +880,7 @@ class ModuleBuilder {
           b_.CreateStore(dim(x.extent).v(), b_.CreateConstInBoundsGEP1_64(i64_, extents, e++));
       }
     }
-    llvm::Value* weights = spec.write_weights ? weights_.at(id) : llvm::ConstantPointerNull::get(ptr_);
+    llvm::Value* weights = spec.write_weights ? weights_.at(id) : null;
 
     // AttentionArgs, field by field (attention.hpp: its layout is the kernel ABI).
     auto* args_type =

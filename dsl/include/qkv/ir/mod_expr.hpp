@@ -118,8 +118,9 @@ struct ModExpr {
   std::vector<ModNode> nodes;
   int score = -1;  // the modified score, or −1
   int keep = -1;   // the keep predicate, or −1
-  /// The axes `position` aligns: the query axis and the key axis of the scores (empty when no
-  /// position of the query axis is used), and how.
+  /// The axes `position` aligns: the query axis and the key axis of the scores (the DSL always
+  /// sets them; an expression built by hand may leave them empty when it reads no position), and
+  /// how.
   std::string query, key;
   CausalAlign align = CausalAlign::top_left;
 
