@@ -90,4 +90,46 @@ inline GraphCase mha_with_per_head_bias() {
   return c;
 }
 
+QKV_AXIS(RelPos);  // relative positions j - i' + S - 1 of a learned bias table
+
+/// Every built-in mod and a hand-written one in one attention (GQA Hq / Hkv, head width D, both
+/// alignments): softcap, ALiBi over [KvHeads, Group], a learned relative bias, a hand-written
+/// score term, (a sliding window and documents) or a prefix, then key padding. Documents of 13
+/// queries / 11 keys (ids increase along the sequence), prefix 5.
+template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
+GraphCase mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool bottom_right) {
+  constexpr std::int64_t G = H / Hkv;
+  GraphCase c;
+  Graph& g = c.graph;
+  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Group<G>, Seq<dyn>, HeadDim<D>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "v");
+  auto slopes = input<Tensor<f32, KvHeads<Hkv>, Group<G>>>(g, "slopes");
+  auto table = input<Tensor<f32, KvHeads<Hkv>, Group<G>, RelPos<dyn>>>(g, "table");
+  auto q_doc = input<Tensor<f32, Batch<dyn>, Seq<dyn>>>(g, "q_doc");
+  auto kv_doc = input<Tensor<f32, Batch<dyn>, Key<dyn>>>(g, "kv_doc");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto scores = scaled(contract<HeadDim>(q, k));
+  auto build = [&](auto align) {
+    auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
+    auto m =
+        modded(scores, mods::softcap(2.0), mods::alibi(slopes, align), mods::relative_bias(table, align), hand,
+               (mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc)) || mods::prefix_lm(5, align));
+    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
+  };
+  if (bottom_right)
+    build(bottom_right_t{});
+  else
+    build(top_left_t{});
+  c.feeds = random_feeds(g, {{"Batch", batch}, {"Seq", l}, {"Key", s}, {"RelPos", 2 * s - 1}}, 21, 0.5f);
+  std::vector<float> qd, kd;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t i = 0; i < l; ++i) qd.push_back(static_cast<float>(i / 13));
+    for (std::int64_t j = 0; j < s; ++j) kd.push_back(static_cast<float>(j / 11));
+  }
+  c.feeds["q_doc"] = NdArray::from_f32(qd, {batch, l});
+  c.feeds["kv_doc"] = NdArray::from_f32(kd, {batch, s});
+  return c;
+}
+
 }  // namespace qkv::nn::cases

@@ -139,6 +139,13 @@ TEST(Aot, UnfusedChainsRunAsLoopNests) {
   expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 5}, {"Key", 5}}, 12));
 }
 
+TEST(Aot, BuiltInAndHandWrittenModsMatchTheInterpreter) {
+  for (const auto& c : {cases::mods<4, 2, 32>(2, 37, 37, true), cases::mods<2, 2, 64>(1, 29, 71, false)}) {
+    ASSERT_EQ(codegen::cpu::fused_attention_count(c.graph), 1) << c.graph.table();
+    expect_aot_agrees(c.graph, c.feeds, 5e-5);
+  }
+}
+
 TEST(Aot, APerHeadBiasIsALoadOfTheFusedKernel) {
   const auto c = cases::mha_with_per_head_bias();
   ASSERT_EQ(codegen::cpu::fused_attention_count(c.graph), 1);

@@ -289,61 +289,14 @@ TEST(FuseAttention, ABiasAddedAfterScalingFusesButNotBefore) {
 namespace qkv::nn {
 namespace {
 
-// Score and mask modifications (issue #14): every built-in, fused into the CPU kernel, against
-// the reference interpreter, over odd L and S in both alignments, head widths 32/64/80/128, GQA.
-struct ModShape {
-  std::int64_t batch, l, s, d;
-  bool bottom_right;
-};
-
-template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
-void expect_mods_agree(const ModShape& sh) {
-  constexpr std::int64_t G = H / Hkv;
-  Graph g;
-  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Group<G>, Seq<dyn>, HeadDim<D>>>(g, "q");
-  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<Hkv>, Key<dyn>, HeadDim<D>>>(g, "v");
-  auto slopes = input<Tensor<f32, KvHeads<Hkv>, Group<G>>>(g, "slopes");
-  auto q_doc = input<Tensor<i32, Batch<dyn>, Seq<dyn>>>(g, "q_doc");
-  auto kv_doc = input<Tensor<i32, Batch<dyn>, Key<dyn>>>(g, "kv_doc");
-  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
-  auto s = scaled(contract<HeadDim>(q, k));
-  auto run = [&](auto align) {
-    auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
-    auto m = modded(s, mods::softcap(2.0), mods::alibi(slopes, align), hand,
-                    mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc));
-    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
-  };
-  if (sh.bottom_right)
-    run(bottom_right);
-  else
-    run(top_left);
-  ASSERT_EQ(codegen::cpu::fused_attention_count(g), 1) << g.table();
-  Feeds feeds = random_feeds(g, {{"Batch", sh.batch}, {"Seq", sh.l}, {"Key", sh.s}}, 21, 0.5f);
-  // Documents of 13 queries / 11 keys (ids increase along the sequence); key 0 of batch 0 padded.
-  std::vector<std::int32_t> qd, kd;
-  for (std::int64_t b = 0; b < sh.batch; ++b) {
-    for (std::int64_t i = 0; i < sh.l; ++i) qd.push_back(static_cast<std::int32_t>(i / 13));
-    for (std::int64_t j = 0; j < sh.s; ++j) kd.push_back(static_cast<std::int32_t>(j / 11));
-  }
-  auto ids = [](const std::vector<std::int32_t>& x, std::vector<std::int64_t> shape) {
-    NdArray a;
-    a.dtype = DType::i32;
-    a.shape = std::move(shape);
-    a.bytes.resize(x.size() * sizeof(std::int32_t));
-    std::memcpy(a.bytes.data(), x.data(), a.bytes.size());
-    return a;
-  };
-  feeds["q_doc"] = ids(qd, {sh.batch, sh.l});
-  feeds["kv_doc"] = ids(kd, {sh.batch, sh.s});
-  expect_backends_agree(g, feeds, 5e-5);
-}
-
+// Score and mask modifications (issue #14): every built-in and a hand-written mod, fused into the
+// CPU kernel, against the reference interpreter (cases::mods; the AOT test runs the same).
 TEST(CpuBackend, BuiltInAndHandWrittenModsMatchTheInterpreter) {
-  expect_mods_agree<4, 2, 32>({2, 37, 37, 32, false});
-  expect_mods_agree<4, 4, 64>({1, 29, 71, 64, true});
-  expect_mods_agree<2, 1, 80>({2, 45, 23, 80, false});
-  expect_mods_agree<4, 2, 128>({1, 17, 40, 128, true});
+  for (const auto& c : {cases::mods<4, 2, 32>(2, 37, 37, false), cases::mods<4, 4, 64>(1, 29, 71, true),
+                        cases::mods<2, 1, 80>(2, 45, 23, false), cases::mods<4, 2, 128>(1, 17, 40, true)}) {
+    ASSERT_EQ(codegen::cpu::fused_attention_count(c.graph), 1) << c.graph.table();
+    expect_backends_agree(c.graph, c.feeds, 5e-5);
+  }
 }
 
 }  // namespace
