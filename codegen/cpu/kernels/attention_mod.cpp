@@ -207,7 +207,7 @@ std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<ll
   if (e.score < 0) return s;
   const int root = info_.score_add >= 0 ? info_.score_add : e.score;
   std::vector<llvm::Value*> out = s;
-  for (std::size_t j = 0; j < key.size(); ++j) {
+  for (int j = 0; j < qk_keys_; ++j) {
     keyc[j] = key_values(key[j], root, &keyc[j]);
     for (int v = 0; v < qv_; ++v) {
       llvm::Value*& x = out[j * qv_ + v];

@@ -79,8 +79,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
   const int unroll = d_unroll(dk_);
   llvm::Value* last_key = b_.CreateSub(len_k_, c64(1), "last_key");
   std::vector<llvm::Value*> max_init(static_cast<std::size_t>(qv_), vconst(kNegInf));
-  const bool late = mod_.expr.score >= 0;
-  const std::vector<llvm::Value*> tile_max = ir::emit_loop(
+  return ir::emit_loop(
       b_, c64(0), c64(tile_), qk_keys_, max_init,
       [&](llvm::Value* sb, const std::vector<llvm::Value*>& running_max) {
         // The block's keys; keys past S (last tile only) read row S−1 and are masked below.
@@ -111,45 +110,23 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
             },
             "qk.d");
 
-        // Without a score mod, the keep predicate where the tile needs it, on the accumulators.
-        // The mod reads keys clamped to S − 1 (their entries are masked anyway).
-        if (!late) {
-          std::vector<std::vector<llvm::Value*>> keyc(static_cast<std::size_t>(qk_keys_), task_cache_);
-          acc = apply_tile_masks(acc, key, masked, partial, keyc);
-        }
+        // The score modification on every tile; the keep predicate where the tile needs it. The
+        // mod reads keys clamped to S − 1 (their entries are masked anyway).
+        std::vector<std::vector<llvm::Value*>> keyc(static_cast<std::size_t>(qk_keys_), task_cache_);
+        acc = apply_score_mod(acc, krow, keyc);
+        acc = apply_tile_masks(acc, key, masked, partial, keyc);
+
         std::vector<llvm::Value*> mx = running_max;
         for (int j = 0; j < qk_keys_; ++j) {
           llvm::Value* srow = vec_row(sp_, b_.CreateAdd(sb, c64(j), "", true, true));
           for (int v = 0; v < qv_; ++v) {
             store_at(srow, v, acc[j * qv_ + v]);
-            if (!late) mx[v] = b_.CreateMaxNum(mx[v], acc[j * qv_ + v]);
+            mx[v] = b_.CreateMaxNum(mx[v], acc[j * qv_ + v]);
           }
         }
         return mx;
       },
       "qk");
-  if (!late) return tile_max;
-  // A score mod: a pass of its own over the stored tile, one key at a time, so that its values
-  // do not compete for registers with the Q·Kᵀ accumulators.
-  return ir::emit_loop(
-      b_, c64(0), c64(tile_), 1, max_init,
-      [&](llvm::Value* c, const std::vector<llvm::Value*>& running_max) {
-        llvm::Value* key = b_.CreateAdd(k0, c, "key", true, true);
-        llvm::Value* krow = smin(key, last_key);
-        llvm::Value* srow = vec_row(sp_, c);
-        std::vector<llvm::Value*> sv(static_cast<std::size_t>(qv_));
-        for (int v = 0; v < qv_; ++v) sv[v] = load_at(srow, v);
-        std::vector<std::vector<llvm::Value*>> keyc(1, task_cache_);
-        sv = apply_score_mod(sv, {krow}, keyc);
-        sv = apply_tile_masks(sv, {key}, masked, partial, keyc);
-        std::vector<llvm::Value*> mx = running_max;
-        for (int v = 0; v < qv_; ++v) {
-          store_at(srow, v, sv[v]);
-          mx[v] = b_.CreateMaxNum(mx[v], sv[v]);
-        }
-        return mx;
-      },
-      "mod", ir::Unroll::allowed);
 }
 
 std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<llvm::Value*>& s,
@@ -168,7 +145,7 @@ std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<l
   const int keep = mod_.expr.keep;
   llvm::Value* last_key = b_.CreateSub(len_k_, c64(1));
   std::vector<llvm::Value*> out = s;
-  for (std::size_t j = 0; j < key.size(); ++j) {
+  for (int j = 0; j < qk_keys_; ++j) {
     llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");  // a scalar: key < S
     llvm::Value* krow = smin(key[j], last_key);
     if (keep >= 0) keyc[j] = key_values(krow, keep, &keyc[j]);
