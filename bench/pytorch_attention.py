@@ -2,6 +2,7 @@
 """PyTorch CPU baselines for bench/bench_attention.cpp, same shapes, 2 threads.
 
 Run with Debian's interpreter (it has python3-torch): /usr/bin/python3 bench/pytorch_attention.py
+(`... pytorch_attention.py mods`: the score / mask modifications of BM_Mod, dense masks).
 Prints one line per shape: median milliseconds and GFLOP/s (4*B*H*N^2*D, half for causal),
 for PyTorch's matmul-softmax-matmul attention, and nn.MultiheadAttention at E=512, H=8.
 """
@@ -33,7 +34,39 @@ def attention(q, k, v, causal):
     return torch.softmax(s, dim=-1) @ v
 
 
+def modded_attention(q, k, v, case):
+    """The mods of bench_attention's BM_Mod, as PyTorch users write them: dense [L, S] biases
+    and masks around matmul-softmax-matmul."""
+    n, h = q.shape[-2], q.shape[1]
+    s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    if case == "alibi":
+        slopes = torch.exp2(-8.0 * torch.arange(1, h + 1) / h)
+        s = s - slopes[:, None, None] * (i - j).abs()
+    elif case == "softcap":
+        s = 30.0 * torch.tanh(s / 30.0)
+    elif case == "window256":
+        s = s.masked_fill(~((j <= i) & (j >= i - 256)), float("-inf"))
+    elif case == "docs8":
+        d = torch.arange(n) * 8 // n
+        s = s.masked_fill(d[:, None] != d[None, :], float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def mods():
+    b, h, d = 1, 8, 64
+    with torch.no_grad():
+        for n, case in [(4096, "plain"), (4096, "alibi"), (4096, "softcap"), (4096, "window256"), (8192, "window256"),
+                        (8192, "docs8")]:
+            q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
+            ms = median_ms(lambda: modded_attention(q, k, v, case), 1)
+            print(f"pytorch_mods N={n} {case}: {ms:.1f} ms")
+
+
 def main():
+    if sys.argv[1:] == ["mods"]:
+        return mods()
     sizes = [int(x) for x in sys.argv[1:]] or [512, 1024, 2048, 4096]
     b, h, d = 1, 8, 64
     with torch.no_grad():
