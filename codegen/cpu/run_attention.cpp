@@ -79,6 +79,7 @@ void check_args(const AttentionSpec& s, const AttentionArgs& a) {
   if (!a.q || !a.out) invalid("q and out must not be null");
   if (a.len_k > 0 && (!a.k || !a.v)) invalid("k and v must not be null");
   if (s.write_weights && a.len_k > 0 && !a.weights) invalid("the spec writes weights but args.weights is null");
+  if (s.write_lse && !a.lse) invalid("the spec writes the log-sum-exp but args.lse is null");
   if (s.key_padding && a.len_k > 0 && !a.key_keep) invalid("the spec has a key-padding mask but args.key_keep is null");
   if (s.bias && a.len_k > 0 && !a.bias) invalid("the spec has a bias but args.bias is null");
 }

@@ -257,9 +257,15 @@ class Executor {
       weights = NdArray::zeros(DType::f32, {call.batch, call.spec.hq, call.len_q, call.len_k});
       args.weights = weights.as<float>().data();
     }
+    NdArray lse;
+    if (call.spec.write_lse) {
+      lse = NdArray::zeros(DType::f32, {call.batch, call.spec.hq, call.len_q});
+      args.lse = lse.as<float>().data();
+    }
     if (call.batch > 0 && call.len_q > 0) cpu::run_attention(call.spec, args);
     upload_to(address_of(id), out);
     if (s.weights_buffer >= 0) upload_to(address(s.weights_buffer), weights);
+    if (s.lse_buffer >= 0) upload_to(address(s.lse_buffer), lse);
   }
 
   Machine& m_;

@@ -213,8 +213,10 @@ class Planner {
         p_.buffer[static_cast<std::size_t>(id)] = buf(g_.node(id).inputs[0]);
         return;
       case KernelKind::attention_weights:
+      case KernelKind::attention_lse:
         s.kind = Step::Kind::weights;
-        p_.buffer[static_cast<std::size_t>(id)] = weights_.at(g_.node(id).inputs[0]);
+        p_.buffer[static_cast<std::size_t>(id)] =
+            (kind == KernelKind::attention_lse ? lse_ : weights_).at(g_.node(id).inputs[0]);
         return;
       case KernelKind::fused_attention:
         return attention(id);
@@ -276,6 +278,12 @@ class Planner {
       weights_[id] = weights;
       s.weights_buffer = weights;
     }
+    int lse = -1;
+    if (spec.write_lse) {
+      lse = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q) * 4, id);
+      lse_[id] = lse;
+      s.lse_buffer = lse;
+    }
     use_inputs(id);
     std::string why;
     const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
@@ -290,11 +298,11 @@ class Planner {
       extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
     }
     s.kind = Step::Kind::gpu;
-    launch(
-        id, *kernel, grid,
-        {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
-         weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
-         Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))});
+    launch(id, *kernel, grid,
+           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+            weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
+            Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k),
+            Arg::i(static_cast<std::int64_t>(call->seed)), lse >= 0 ? Arg::buf(lse) : Arg::null()});
   }
 
   bool linear(int id, std::string& why) {
@@ -448,6 +456,7 @@ class Planner {
   PlanOptions options_;
   Plan p_;
   std::map<int, int> weights_;  // fused node → its weights buffer
+  std::map<int, int> lse_;      // fused node → its log-sum-exp buffer
 };
 
 }  // namespace

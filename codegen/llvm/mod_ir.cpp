@@ -3,6 +3,7 @@
 // llvm.maximum so that an unknown bound never decides.
 #include "llvm/mod_ir.hpp"
 
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -178,9 +179,19 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     case ModOp::mul:
       out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); });
       break;
-    case ModOp::div:
-      out = bin([&](auto l, auto r) { return b.CreateFDiv(l, r); });
+    case ModOp::div: {
+      // By a constant (softcap's s / c): a multiplication by 1/c, rounded once (within 1.5 ulp
+      // of the division, which costs an order of magnitude more).
+      const ModNode& rhs = e.nodes[static_cast<std::size_t>(n.b)];
+      const double inv = rhs.op == ModOp::constant && rhs.value != 0.0 ? 1.0 / rhs.value : 0.0;
+      if (inv != 0.0 && std::isfinite(inv) && std::isfinite(static_cast<float>(inv))) {
+        llvm::Value* l = x(n.a);
+        out = b.CreateFMul(l, fconst(l->getType(), inv));
+      } else {
+        out = bin([&](auto l, auto r) { return b.CreateFDiv(l, r); });
+      }
       break;
+    }
     case ModOp::min:
       out = bin([&](auto l, auto r) { return b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, l, r); });
       break;
@@ -206,13 +217,26 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       break;
     }
     case ModOp::tanh: {
-      // tanh x = 1 − 2 / (e^(2x) + 1): ±1 at the ends, absolute error ~1e-7.
+      // tanh x = 1 − 2 / (e^(2x) + 1) on x clamped into [−9, 9] (tanh 9 rounds to 1 in f32; a
+      // NaN passes the clamp): the denominator is finite and at least 1, so the division may be
+      // a reciprocal estimate refined once (arcp, ninf: rcp14 + Newton on x86). Absolute error
+      // ~2e-7.
       llvm::Value* a = x(n.a);
-      llvm::Value* two = b.CreateFMul(a, fconst(a->getType(), 2.0));
+      llvm::Type* t = a->getType();
+      llvm::Value* lo = fconst(t, -9.0);
+      llvm::Value* hi = fconst(t, 9.0);
+      a = b.CreateSelect(b.CreateFCmpOLT(a, lo), lo, a);
+      a = b.CreateSelect(b.CreateFCmpOGT(a, hi), hi, a);
+      llvm::Value* two = b.CreateFMul(a, fconst(t, 2.0));
       llvm::Value* ex = leaves.exp(two);
       if (!ex) ex = cpu::emit_exp(b, two);
-      llvm::Value* den = b.CreateFAdd(ex, fconst(a->getType(), 1.0));
-      out = b.CreateFSub(fconst(a->getType(), 1.0), b.CreateFDiv(fconst(a->getType(), 2.0), den));
+      llvm::Value* den = b.CreateFAdd(ex, fconst(t, 1.0));
+      llvm::Value* q = b.CreateFDiv(fconst(t, 2.0), den);
+      if (auto* div = llvm::dyn_cast<llvm::Instruction>(q)) {
+        div->setHasAllowReciprocal(true);
+        div->setHasNoInfs(true);
+      }
+      out = b.CreateFSub(fconst(t, 1.0), q);
       break;
     }
     case ModOp::lt:

@@ -12,6 +12,8 @@ namespace qkv::codegen {
 /// log2(e): exponentials are computed as 2^(x·log2 e) (here, and in the attention kernels' scores
 /// on both targets).
 inline constexpr double kLog2e = 1.4426950408889634;
+/// ln 2 = 1 / log2(e): a value in log2 units back to nats.
+inline constexpr double kLn2 = 0.6931471805599453;
 }  // namespace qkv::codegen
 
 namespace qkv::codegen::cpu {

@@ -16,6 +16,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::fused_attention;
     case Op::attention_weights:
       return KernelKind::attention_weights;
+    case Op::attention_lse:
+      return KernelKind::attention_lse;
     case Op::linear:
       return util::linear_on_last_axis(g, n) ? KernelKind::gemm : KernelKind::linear_strided;
     case Op::layer_norm:
@@ -41,6 +43,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::fill;
     case Op::softmax:
       return KernelKind::softmax;
+    case Op::logsumexp:
+      return KernelKind::logsumexp;
     case Op::causal:
       return KernelKind::causal;
     case Op::score_mod:
@@ -65,6 +69,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "fused_attention";
     case KernelKind::attention_weights:
       return "attention_weights";
+    case KernelKind::attention_lse:
+      return "attention_lse";
     case KernelKind::gemm:
       return "gemm";
     case KernelKind::linear_strided:
@@ -85,6 +91,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "fill";
     case KernelKind::softmax:
       return "softmax";
+    case KernelKind::logsumexp:
+      return "logsumexp";
     case KernelKind::causal:
       return "causal";
     case KernelKind::dropout:

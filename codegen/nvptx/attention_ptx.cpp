@@ -21,7 +21,8 @@
 //   P → shared (the warp's own rows); bar.warp.sync
 //   O = α·O + P·V      per thread an R × TC·wv micro-tile                       (emit_pv_tile)
 //
-// and writes out = O / l (0 for rows with l = 0). With write_weights it makes two sweeps like the
+// and writes out = O / l (0 for rows with l = 0), and with write_lse lse = (m + lg2 l)·ln 2 per
+// row (−inf for l = 0). With write_weights it makes two sweeps like the
 // CPU kernel: the first computes only the final max and sum per row; the second recomputes S,
 // forms exact probabilities 2^(S − m)/l (after dropout), writes them to weights and accumulates
 // O without rescaling.
@@ -58,7 +59,6 @@ namespace qkv::codegen::nvptx::detail {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr double kLn2 = 0.6931471805599453;
 
 using Values = std::vector<llvm::Value*>;
 
@@ -104,6 +104,7 @@ class AttentionPtx {
   Values emit_qk_tile();
   Values emit_pv_tile(Values o);
   void store_output(const Values& o, const Values* inv);
+  void store_lse(const Values& m, const Values& l);  // spec.write_lse: the row statistics as ln Σ e^s
 
   // the mod expression
   void setup_tensors();
@@ -144,7 +145,7 @@ class AttentionPtx {
   // parameters
   llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *weights_ = nullptr, *keep_ = nullptr,
               *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
-              *len_k_ = nullptr, *seed_ = nullptr;
+              *len_k_ = nullptr, *seed_ = nullptr, *lse_ = nullptr;
   // block and thread geometry
   llvm::Value *tid_ = nullptr, *kg_ = nullptr, *head32_ = nullptr, *batch32_ = nullptr, *head_ = nullptr,
               *batch_ = nullptr;
@@ -184,6 +185,7 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
     for (int i = 0; i < R_; ++i)
       inv.push_back(b_.CreateSelect(b_.CreateFCmpOGT(l[i], f0), b_.CreateFDiv(kb_.cf(1.0), l[i]), f0, "inv_l"));
     store_output(o, &inv);
+    store_lse(m, l);
   } else {
     Values none;
     sweep(Pass::stats, m, l, none, {}, {});
@@ -192,6 +194,7 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
       m_final.push_back(b_.CreateSelect(b_.CreateFCmpOEQ(m[i], ninf), f0, m[i], "m_final"));
       inv_l.push_back(b_.CreateSelect(b_.CreateFCmpOGT(l[i], f0), b_.CreateFDiv(kb_.cf(1.0), l[i]), f0, "inv_l"));
     }
+    store_lse(m, l);
     sweep(Pass::normalized, m, l, o, m_final, inv_l);
     store_output(o, nullptr);
   }
@@ -208,10 +211,10 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
 
 void AttentionPtx::declare(const std::string& name) {
   llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn = kb_.declare_kernel(
-      name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
-      {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
-      g_.threads, /*min_blocks=*/1);
+  llvm::Function* fn = kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p},
+                                          {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents",
+                                           "batch", "len_q", "len_k", "seed", "lse"},
+                                          g_.threads, /*min_blocks=*/1);
   for (unsigned a = 0; a < 9; ++a) {
     fn->addParamAttr(a, llvm::Attribute::NoAlias);
     fn->addParamAttr(a, llvm::Attribute::NoCapture);
@@ -230,6 +233,9 @@ void AttentionPtx::declare(const std::string& name) {
   len_q_ = fn->getArg(10);
   len_k_ = fn->getArg(11);
   seed_ = fn->getArg(12);
+  lse_ = fn->getArg(13);
+  fn->addParamAttr(13, llvm::Attribute::NoAlias);
+  fn->addParamAttr(13, llvm::Attribute::WriteOnly);
   smem_ = kb_.dynamic_shared("qkv_attention_smem");
 }
 
@@ -528,6 +534,21 @@ Values AttentionPtx::emit_pv_tile(Values o) {
         return acc;
       },
       "pv");
+}
+
+void AttentionPtx::store_lse(const Values& m, const Values& l) {
+  // lse[row] = (m + lg2 l)·ln 2, −inf where l = 0 (no key kept); the row's kg = 0 lane writes.
+  if (!spec_.write_lse) return;
+  llvm::Value* bh = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head_);
+  llvm::Value* base = at(lse_, b_.CreateAdd(b_.CreateMul(bh, len_q_), q0_));
+  llvm::Value* writer = b_.CreateICmpEQ(kg_, c32(0));
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* value =
+        b_.CreateSelect(b_.CreateFCmpOGT(l[i], kb_.cf(0.0)),
+                        b_.CreateFMul(b_.CreateFAdd(m[i], kb_.lg2(l[i])), kb_.cf(kLn2)), kb_.cf(kNegInf), "lse");
+    kb_.if_then(
+        b_.CreateAnd(row_ok_[i], writer), [&] { b_.CreateStore(value, at(base, zext64(local_row_[i]))); }, "store_lse");
+  }
 }
 
 void AttentionPtx::store_output(const Values& o, const Values* inv) {

@@ -136,7 +136,7 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
 std::string attention_params() {
   return "const float* q, const float* k, const float* v, float* out, float* weights, const uint8_t* key_keep, "
          "const float* bias, const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, "
-         "int64_t len_k, int64_t seed";
+         "int64_t len_k, int64_t seed, float* lse";
 }
 std::string linear_params() {
   return "const float* x, const float* w, const float* b, float* y, int64_t m, int64_t n, int64_t k";

@@ -38,6 +38,7 @@ struct Uses {
 /// One recognised attention, in terms of node ids of the original graph.
 struct Match {
   int scores = -1, softmax = -1, dropout = -1, output = -1;  // contract<Dk>, softmax, dropout, contract<Key>
+  int lse = -1;  // logsumexp<Key> of the softmax's input (the kernel writes it as it goes)
   int q = -1, k = -1, v = -1;
   std::vector<int> chain;  // bias / keep_mask / causal / score_mod nodes, from the softmax upward
   bool weights = false;
@@ -104,9 +105,18 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
   // score_mod with a score part) may not come after (above) a scale.
   bool seen_scale = false;
   int id = p.inputs[0], next = softmax_id;
+  // The softmax's input may also feed one logsumexp over the same key axis.
+  for (int c : uses.consumers[static_cast<std::size_t>(id)]) {
+    const Node& n = g.node(c);
+    if (c == softmax_id || n.op != Op::logsumexp || n.attr_axes != Names{m.attrs.key} || m.lse >= 0) continue;
+    m.lse = c;
+  }
   for (;;) {
     const Node& n = g.node(id);
-    if (!uses.only_feeds(id, next)) return std::nullopt;
+    const bool lse_too = next == softmax_id && m.lse >= 0;
+    const auto& users = uses.consumers[static_cast<std::size_t>(id)];
+    if (lse_too ? uses.is_output[static_cast<std::size_t>(id)] || users.size() != 2 : !uses.only_feeds(id, next))
+      return std::nullopt;
     if (n.op == Op::contract) break;
     switch (n.op) {
       case Op::scale:
@@ -191,6 +201,11 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
     m.attrs.heads.assign(shared.begin() + 1, shared.end());
   }
   m.attrs.write_weights = m.weights;
+  m.attrs.write_lse = m.lse >= 0;
+  // The fused node stands at the first of (logsumexp, output) the rewrite meets: V must come first.
+  // The weights node replaces the softmax (or dropout) node, which must not come after that.
+  if (m.lse >= 0 && (m.v > m.lse || (m.weights && m.lse < (m.dropout >= 0 ? m.dropout : m.softmax))))
+    return std::nullopt;
   // Every axis a mod or mask reads must be an axis of the scores.
   const Names score_axes = names_of(p.axes);
   for (int c : m.chain) {
@@ -212,6 +227,27 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
   return m;
 }
 
+/// Adds match m's fused_attention node (and its attention_weights node, standing for the softmax) to r.out; returns the
+/// fused node's id.
+int add_fused(Rewrite& r, const Graph& g, const Match& m) {
+  Node f;
+  f.op = Op::fused_attention;
+  f.name = "attention";
+  f.inputs = {r[m.q], r[m.k], r[m.v]};
+  for (int t : m.captured) f.inputs.push_back(r[t]);
+  f.axes = g.node(m.output).axes;
+  f.attention = m.attrs;
+  const int fused = r.out.add(std::move(f));
+  if (m.weights) {
+    Node w;
+    w.op = Op::attention_weights;
+    w.inputs = {fused};
+    w.axes = g.node(m.softmax).axes;
+    r.set(m.dropout >= 0 ? m.dropout : m.softmax, r.out.add(std::move(w)));
+  }
+  return fused;
+}
+
 }  // namespace
 
 Graph fuse_attention(const Graph& g) {
@@ -227,25 +263,20 @@ Graph fuse_attention(const Graph& g) {
       }
   if (matches.empty()) return g;
 
+  // Each match's fused node, once made (at its logsumexp or its output, whichever comes first).
+  std::vector<int> made(matches.size(), -1);
   return Rewrite(g).run([&](Rewrite& r, int id) {
-    const auto hit = std::find_if(matches.begin(), matches.end(), [&](const Match& m) { return m.output == id; });
+    const auto hit =
+        std::find_if(matches.begin(), matches.end(), [&](const Match& m) { return m.output == id || m.lse == id; });
     if (hit == matches.end()) return r.out.add(r.remapped(id));
-    Node f;
-    f.op = Op::fused_attention;
-    f.name = "attention";
-    f.inputs = {r[hit->q], r[hit->k], r[hit->v]};
-    for (int t : hit->captured) f.inputs.push_back(r[t]);
-    f.axes = g.node(id).axes;
-    f.attention = hit->attrs;
-    const int fused = r.out.add(std::move(f));
-    if (hit->weights) {
-      Node w;
-      w.op = Op::attention_weights;
-      w.inputs = {fused};
-      w.axes = g.node(hit->softmax).axes;
-      r.set(hit->dropout >= 0 ? hit->dropout : hit->softmax, r.out.add(std::move(w)));
-    }
-    return fused;
+    int& fused = made[static_cast<std::size_t>(hit - matches.begin())];
+    if (fused < 0) fused = add_fused(r, g, *hit);
+    if (id == hit->output) return fused;
+    Node lse;
+    lse.op = Op::attention_lse;
+    lse.inputs = {fused};
+    lse.axes = g.node(id).axes;
+    return r.out.add(std::move(lse));
   });
 }
 

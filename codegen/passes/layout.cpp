@@ -70,14 +70,18 @@ Graph layout(const Graph& g) {
       const int fused = out.add(std::move(n));
       return in_order(out, fused, names_of(original));
     }
-    if (n.op == Op::attention_weights) {
+    if (n.op == Op::attention_weights || n.op == Op::attention_lse) {
       const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
       const std::vector<Axis> original = n.axes;
       // Read the fused node itself (not the permute that follows it).
       int fused = n.inputs[0];
       while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
       n.inputs[0] = fused;
-      n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.key}));
+      // The kernel writes the weights [batch, heads..., group..., query, key] and the
+      // log-sum-exp [batch, heads..., group..., query].
+      Names order = concat({&a.batch, &a.heads, &a.group}, {a.query});
+      if (n.op == Op::attention_weights) order.push_back(a.key);
+      n.axes = reorder(original, order);
       const int w = out.add(std::move(n));
       return in_order(out, w, names_of(original));
     }

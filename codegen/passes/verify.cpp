@@ -107,20 +107,24 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       default:
         break;
     }
-    if ((n.op == Op::softmax || n.op == Op::causal) && x)
+    if ((n.op == Op::softmax || n.op == Op::causal || n.op == Op::logsumexp) && x)
       for (const auto& a : n.attr_axes)
         if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
     if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");
     if (stage == Stage::laid_out && n.op == Op::fused_attention && n.attention && count >= 3)
       check_laid_out_attention(g, n, report);
-    if (stage == Stage::laid_out && n.op == Op::attention_weights) {
+    if (stage == Stage::laid_out && (n.op == Op::attention_weights || n.op == Op::attention_lse)) {
       const Node& f = g.node(n.inputs[0]);
       if (f.op != Op::fused_attention || !f.attention) {
         report("reads %" + std::to_string(n.inputs[0]) + ", not a fused_attention");
       } else {
         const AttentionAttrs& a = *f.attention;
-        const Names want = cat({&a.batch, &a.heads, &a.group}, {a.query, a.key});
+        const bool weights = n.op == Op::attention_weights;
+        Names want = cat({&a.batch, &a.heads, &a.group}, {a.query});
+        if (weights) want.push_back(a.key);
         if (nm != want) report("is not laid out as " + list(want));
+        if (!(weights ? a.write_weights : a.write_lse))
+          report(std::string("reads a fused_attention that does not write its ") + (weights ? "weights" : "lse"));
       }
     }
   }

@@ -373,6 +373,44 @@ Value op_softmax(const OpArgs& a) {
   return out;
 }
 
+/// logsumexp over attr_axes[0]: m + log(sum exp(x - m)) in double, the axis dropped (the other
+/// axes keep their order); an all −inf row gives −inf, a NaN in the row gives NaN.
+Value op_logsumexp(const OpArgs& a) {
+  expect_inputs(a);
+  expect_attrs(a, 1);
+  const Value& X = *a.in[0];
+  const auto& in_axes = a.in_nodes[0]->axes;
+  const std::size_t p = axis_pos(a, in_axes, a.node.attr_axes[0], "input");
+  std::vector<std::string> rest = names_of(in_axes);
+  rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(p));
+  if (rest != names_of(a.node.axes))
+    internal_error(where(a) + "the output " + axes_str(a.node.axes) + " is not the input without the reduced axis");
+  const Around r = around(X.shape, p);
+  Shape out_shape = X.shape;
+  out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(p));
+  Value out{out_shape, std::vector<float>(static_cast<std::size_t>(r.outer * r.inner), kNegInf)};
+  for (std::int64_t o = 0; o < r.outer; ++o) {
+    for (std::int64_t i = 0; i < r.inner; ++i) {
+      auto at = [&](std::int64_t k) { return static_cast<std::size_t>((o * r.n + k) * r.inner + i); };
+      float m = kNegInf;
+      for (std::int64_t k = 0; k < r.n; ++k) {
+        const float v = X.data[at(k)];
+        if (v > m || std::isnan(v)) m = v;
+      }
+      float& y = out.data[static_cast<std::size_t>(o * r.inner + i)];
+      if (m == kNegInf || std::isnan(m) || std::isinf(m)) {
+        y = m;  // nothing visible (−inf), a NaN, or a +inf entry
+        continue;
+      }
+      double sum = 0.0;
+      for (std::int64_t k = 0; k < r.n; ++k)
+        sum += std::exp(static_cast<double>(X.data[at(k)]) - static_cast<double>(m));
+      y = static_cast<float>(static_cast<double>(m) + std::log(sum));
+    }
+  }
+  return out;
+}
+
 /// causal: entry (i, j) of query i and key j is kept iff j <= i (top-left) or j <= i + S - L
 /// (bottom-right); the others become −inf.
 Value op_causal(const OpArgs& a) {
@@ -631,6 +669,8 @@ Value eval_op(const OpArgs& a) {
       return op_permute(a);
     case Op::softmax:
       return op_softmax(a);
+    case Op::logsumexp:
+      return op_logsumexp(a);
     case Op::causal:
       return op_causal(a);
     case Op::score_mod:
@@ -655,6 +695,7 @@ Value eval_op(const OpArgs& a) {
       return unary_map(a, gelu);
     case Op::fused_attention:
     case Op::attention_weights:
+    case Op::attention_lse:
       internal_error(where(a) + "fused nodes are made by codegen and run by its executor, not by the interpreter");
     case Op::input:
     case Op::param:

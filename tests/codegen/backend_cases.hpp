@@ -92,10 +92,11 @@ inline GraphCase mha_with_per_head_bias() {
 
 QKV_AXIS(RelPos);  // relative positions j - i' + S - 1 of a learned bias table
 
-/// Every built-in mod and a hand-written one in one attention (GQA Hq / Hkv, head width D, both
-/// alignments): softcap, ALiBi over [KvHeads, Group], a learned relative bias, a hand-written
-/// score term, (a sliding window and documents) or a prefix, then key padding. Documents of 13
-/// queries / 11 keys (ids increase along the sequence), prefix 5.
+/// Every built-in mod and three hand-written ones in one attention (GQA Hq / Hkv, head width D,
+/// both alignments): softcap, ALiBi over [KvHeads, Group], a learned relative bias, two
+/// hand-written score terms, ((a sliding window and documents) or a prefix) and a hand-written
+/// mask, then key padding; the outputs and the rows' log-sum-exp. Documents of 13 queries / 11
+/// keys (ids increase along the sequence), prefix 5.
 template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
 GraphCase mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool bottom_right) {
   constexpr std::int64_t G = H / Hkv;
@@ -111,11 +112,20 @@ GraphCase mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool bottom_r
   auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
   auto scores = scaled(contract<HeadDim>(q, k));
   auto build = [&](auto align) {
+    // Three hand-written mods: a score term of the positions, one of the score itself (with a
+    // load from a captured tensor), and a mask that drops one diagonal.
     auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
-    auto m =
-        modded(scores, mods::softcap(2.0), mods::alibi(slopes, align), mods::relative_bias(table, align), hand,
-               (mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc)) || mods::prefix_lm(5, align));
-    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
+    auto hand_score = score_mod([&](auto x, auto b, auto, auto qi, auto) {
+      return where(x > 0.5, x - 0.25 * log(1.0 + x), x) + 0.1 * tanh(q_doc[b][qi] - 1.0);
+    });
+    auto hand_mask = mask_mod([](auto, auto, auto qi, auto ki) { return ki != qi + 1; }, align);
+    auto m = modded(
+        scores, mods::softcap(2.0), mods::alibi(slopes, align), mods::relative_bias(table, align), hand, hand_score,
+        ((mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc)) || mods::prefix_lm(5, align)) &&
+            hand_mask);
+    auto visible = masked(m, keep);
+    output(contract<Key>(softmax<Key>(visible), v), "out");
+    output(logsumexp<Key>(visible), "lse");
   };
   if (bottom_right)
     build(bottom_right_t{});

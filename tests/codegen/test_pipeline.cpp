@@ -216,6 +216,45 @@ TEST(FuseAttention, APerHeadBiasFusesAsALoadOfTheModExpression) {
   expect_backends_agree(c.graph, c.feeds);
 }
 
+TEST(FuseAttention, ALogSumExpBesideTheSoftmaxIsWrittenByTheKernel) {
+  // logsumexp<Key> of the softmax's input: an attention_lse node reading the fused node (laid
+  // out as the kernel writes it), whichever of the two the program traced first.
+  for (const bool lse_first : {false, true}) {
+    Graph g;
+    auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+    auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+    auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
+    auto s = modded(scaled(contract<HeadDim>(q, k)), mods::causal(bottom_right));
+    if (lse_first) output(permute<Batch, Seq, Heads>(logsumexp<Key>(s)), "lse");
+    output(contract<Key>(softmax<Key>(s), v), "out");
+    if (!lse_first) output(permute<Batch, Seq, Heads>(logsumexp<Key>(s)), "lse");
+    const Graph lowered = codegen::lower(g);
+    ASSERT_EQ(count_op(lowered, Op::fused_attention), 1) << lowered.table();
+    ASSERT_EQ(count_op(lowered, Op::attention_lse), 1) << lowered.table();
+    EXPECT_EQ(count_op(lowered, Op::logsumexp), 0) << lowered.table();
+    EXPECT_TRUE(find_op(lowered, Op::fused_attention)->attention->write_lse);
+    // L > S, bottom-right: the first L - S queries see no key (lse -inf).
+    expect_backends_agree(g, random_feeds(g, {{"Batch", 2}, {"Seq", 23}, {"Key", 17}}, 31));
+  }
+}
+
+TEST(CpuBackend, LogSumExpOutsideAnAttention) {
+  // Over the contiguous axis and over a strided one, with rows that are all -inf.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Key<dyn>>>(g, "x");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto visible = masked(x, keep);
+  output(logsumexp<Key>(visible), "over_keys");
+  output(logsumexp<Seq>(visible), "over_queries");
+  Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", 12}}, 32);
+  NdArray kept = NdArray::zeros(DType::boolean, {2, 12});
+  for (std::size_t j = 0; j < 12; ++j) kept.bytes[j] = std::byte{j != 3};  // batch 1 keeps no key
+  feeds["keep"] = kept;
+  expect_backends_agree(g, feeds);
+  const RunResult r = interpret(g, feeds);
+  EXPECT_TRUE(std::isinf(r.outputs.at("over_keys").to_f32()[7]));  // batch 1, query 0
+}
+
 TEST(BufferPlan, ReusesDeadIntermediates) {
   Graph g;
   auto x = input<Tensor<f32, Seq<dyn>, Model<64>>>(g, "x");

@@ -30,19 +30,73 @@ TEST_F(Cli, RunSdpaModsMatchPyTorchOnBothBackends) {
     const std::string name = dir.path().filename().string();
     std::ifstream in(dir.path() / "config.json");
     const auto c = nlohmann::json::parse(in);
+    if (c.value("command", "sdpa") != "sdpa") continue;
     for (const std::string backend : {"cpu", "reference"}) {
       const Result r = run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o.npy") + " --weights-out " +
-                           tmp("w.npy") + " --backend " + backend);
+                           tmp("w.npy") + " --lse-out " + tmp("lse.npy") + " --backend " + backend);
       ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
       EXPECT_LE(error(tmp("o.npy"), (dir.path() / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
           << name << " on " << backend;
       EXPECT_LE(error(tmp("w.npy"), (dir.path() / "expected_weights_f64.npy").string()),
                 c.at("tol_weights").get<double>())
           << name << " on " << backend;
+      EXPECT_LE(error(tmp("lse.npy"), (dir.path() / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
+          << name << " on " << backend;
+      // Without the weights the kernel takes its one-pass path: the same log-sum-exp.
+      if (backend == std::string("cpu")) {
+        ASSERT_EQ(run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o1.npy") + " --lse-out " +
+                      tmp("lse1.npy"))
+                      .code,
+                  0);
+        EXPECT_LE(error(tmp("lse1.npy"), (dir.path() / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
+            << name << " (one pass)";
+      }
     }
     ++cases;
   }
   EXPECT_EQ(cases, 6);
+}
+
+TEST_F(Cli, RunMhaWindowAndAlibiMatchPyTorch) {
+  // nn.MultiheadAttention given the window and ALiBi as an explicit float attn_mask
+  // [B*H, L, S]; qkv takes them as flags (self-attention, and cross-attention with L != S
+  // aligned bottom-right).
+  int cases = 0;
+  for (const auto& dir : fs::directory_iterator(kModFixtures)) {
+    const std::string name = dir.path().filename().string();
+    std::ifstream in(dir.path() / "config.json");
+    const auto c = nlohmann::json::parse(in);
+    if (c.value("command", "sdpa") != "mha") continue;
+    std::string flags;
+    for (const auto& a : c.at("args")) {
+      std::string x = a.get<std::string>();
+      if (x.ends_with(".npy") || x.ends_with(".safetensors")) x = (dir.path() / x).string();
+      flags += " '" + x + "'";
+    }
+    for (const std::string backend : {"cpu", "reference"}) {
+      const Result r = run("run mha" + flags + " --out " + tmp("o.npy") + " --backend " + backend);
+      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+      EXPECT_LE(error(tmp("o.npy"), (dir.path() / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
+          << name << " on " << backend;
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 2);
+  // The appended keys of add_zero_attn have no position.
+  const fs::path self = kModFixtures / "mha_window_alibi_self";
+  expect_usage_error(
+      run("run mha --weights " + (self / "weights.safetensors").string() + " --query " + (self / "query.npy").string() +
+          " --heads 4 --add-zero-attn --window 3,0 --out " + tmp("o.npy")),
+      "have no position", "--window with --add-zero-attn");
+  // Cross-attention with L != S: positions need an alignment.
+  const fs::path cross = kModFixtures / "mha_window_alibi_cross_bottom_right";
+  const std::string base = "run mha --weights " + (cross / "weights.safetensors").string() + " --query " +
+                           (cross / "query.npy").string() + " --key " + (cross / "memory.npy").string() +
+                           " --heads 3 --out " + tmp("o.npy");
+  expect_usage_error(run(base + " --window 3,0"), "need an alignment", "L != S without --align");
+  const Result bad = run(base + " --alibi-slopes " + (self / "slopes.npy").string() + " --align top-left");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--alibi-slopes: shape (4,), expected [H] = (3) or [B, H]"));
 }
 
 TEST_F(Cli, RunSdpaModFlagsRefuseWhatTheyCannotMean) {

@@ -90,6 +90,8 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           if (s.key_padding) need(5, static_cast<std::size_t>(B * S), "attention key_keep");
           if (s.bias) need(6, static_cast<std::size_t>(L * S) * f, "attention bias");
           if (p[4].address != 0 && !s.write_weights) errors.push_back("attention: weights passed but not asked for");
+          if (s.write_lse) need(13, static_cast<std::size_t>(B * s.hq * L) * f, "attention lse");
+          if (p.at(13).address != 0 && !s.write_lse) errors.push_back("attention: lse passed but not asked for");
           // The mod's tensor table: one device address per captured tensor, their extents, and
           // each tensor's memory as large as its extents say.
           std::size_t captured = 0, ranks = 0;
@@ -127,6 +129,7 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           a.len_q = L;
           a.len_k = S;
           a.seed = static_cast<std::uint64_t>(p.at(12).i64);
+          a.lse = s.write_lse ? ptr<float>(p[13]) : nullptr;
           codegen::cpu::run_attention(s, a, 1);
         } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
           const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <string>
@@ -13,7 +14,9 @@
 
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/qkv.hpp>
 #include <qkv/runtime/cuda.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 #include "../support/cases.hpp"
 #include "host_machine.hpp"
@@ -88,10 +91,11 @@ void expect_header_geometry(const Plan& p, const std::string& name) {
             nvptx::Dim3 want;
             std::size_t params = 0;
             if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
-              params = 13;
+              params = 14;
               const int bq = r.block_q > 0 ? r.block_q : (r.spec.dv <= 128 ? 64 : 32);
               want = {ceil_div(i64(a, 10), bq), r.spec.hq, i64(a, 9)};
               EXPECT_EQ(r.spec.write_weights, a.at(4).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(r.spec.write_lse, a.at(13).kind == Arg::Kind::buffer) << name;
               EXPECT_EQ(r.spec.key_padding, a.at(5).kind == Arg::Kind::buffer) << name;
               EXPECT_EQ(r.spec.bias, a.at(6).kind == Arg::Kind::buffer) << name;
               // The mod's tensors: one table, addresses then extents.
@@ -304,6 +308,31 @@ TEST(GpuPlan, AnAttentionNoTilingFitsRunsOnTheHostCpuKernel) {
   EXPECT_TRUE(tiny.errors.empty());
   EXPECT_EQ(tiny.launches.count("attention"), 0u);
   for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name;
+}
+
+TEST(GpuPlan, TheLogSumExpComesFromTheGpuKernelAndFromTheHostFallback) {
+  // logsumexp<Key> beside the softmax: the attention kernel's 14th parameter on the GPU, the CPU
+  // kernel's args.lse on the host fallback; L > S bottom-right, so the first rows are -inf.
+  using namespace qkv::nn;
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "v");
+  auto s = modded(scaled(contract<HeadDim>(q, k)), mods::causal(bottom_right), mods::softcap(4.0));
+  output(contract<Key>(softmax<Key>(s), v), "out");
+  output(logsumexp<Key>(s), "lse");
+  const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 41}, {"Key", 29}}, 77);
+  const Graph lowered = codegen::lower(g);
+  const RunResult want = interpret(g, feeds);
+  for (const int shared : {227 * 1024, 1024}) {  // the device's limit; 1 KiB: no tiling fits
+    HostMachine m(shared);
+    const RunResult got = codegen::cuda::execute_on(m, lowered, feeds);
+    EXPECT_TRUE(m.errors.empty()) << (m.errors.empty() ? "" : m.errors.front());
+    EXPECT_EQ(m.launches.count("attention"), shared > 1024 ? 1u : 0u);
+    for (const auto& [name, w] : want.outputs)
+      EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name << " shared " << shared;
+    EXPECT_TRUE(std::isinf(got.outputs.at("lse").to_f32()[0]));
+  }
 }
 
 TEST(GpuPlan, RunWithoutAGpuThrowsNoGpu) {

@@ -374,7 +374,7 @@ Error relative_error(const NdArray& got, const NdArray& want) {
   for (std::size_t i = 0; i < e.size(); ++i) {
     double d = std::abs(static_cast<double>(a[i]) - e[i]) / std::max(1.0, std::abs(static_cast<double>(e[i])));
     if (std::isnan(a[i]) != std::isnan(e[i]) || std::isnan(d)) d = std::numeric_limits<double>::infinity();
-    if (std::isnan(a[i]) && std::isnan(e[i])) d = 0;
+    if ((std::isnan(a[i]) && std::isnan(e[i])) || a[i] == e[i]) d = 0;  // == : the same infinity
     if (d > err.worst) err = {d, i};
   }
   return err;

@@ -96,6 +96,25 @@ struct BackendFlag {
 // Every command has its own flag objects: an object shared by two commands would be bound to
 // the second one's option only (encoder-layer's --causal was once ignored that way).
 
+/// --window, --softcap, --prefix-len, --align (run sdpa, run mha and the shape commands).
+struct ModFlagsOptions {
+  double softcap = 0;
+  std::int64_t prefix_len = 0;
+  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr;
+  void add(CLI::App* cmd, ModFlags& f) {
+    cmd->add_option("--window", f.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
+    softcap_opt = cmd->add_option("--softcap", softcap, "C: scores become C*tanh(s/C)")->check(finite_number());
+    prefix_opt =
+        cmd->add_option("--prefix-len", prefix_len, "N: prefix-LM, keys j < N or j <= i'")->check(unsigned_integer());
+    cmd->add_option("--align", f.align, "top-left | bottom-right: how query positions i' align with keys (L != S)")
+        ->check(CLI::IsMember({"top-left", "bottom-right"}));
+  }
+  void get(ModFlags& f) const {
+    if (softcap_opt->count()) f.softcap = softcap;
+    if (prefix_opt->count()) f.prefix_len = prefix_len;
+  }
+};
+
 struct RunMhaFlags {
   RunMha o;
   CausalFlag causal;
@@ -119,32 +138,17 @@ struct RunMhaFlags {
     cmd->add_flag("--per-head-weights", o.per_head_weights, "Write weights per head [B, H, L, S]");
     cmd->add_option("--out,-o", o.out, "Output [B, L, E] .npy")->required();
     cmd->add_option("--weights-out", o.weights_out, "Attention weights .npy (implies --need-weights)");
+    mods.add(cmd, o.mods);
+    cmd->add_option("--alibi-slopes", o.alibi_slopes, "f32 [H] or [B, H]: ALiBi, score - slope*|i' - j|");
     backend.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
+  ModFlagsOptions mods;
   RunMha get() {
     o.causal = causal.get();
+    mods.get(o.mods);
     o.backend = backend.get();
     return o;
-  }
-};
-
-/// --window, --softcap, --prefix-len, --align (run sdpa and the shape commands).
-struct ModFlagsOptions {
-  double softcap = 0;
-  std::int64_t prefix_len = 0;
-  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr;
-  void add(CLI::App* cmd, ModFlags& f) {
-    cmd->add_option("--window", f.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
-    softcap_opt = cmd->add_option("--softcap", softcap, "C: scores become C*tanh(s/C)")->check(finite_number());
-    prefix_opt =
-        cmd->add_option("--prefix-len", prefix_len, "N: prefix-LM, keys j < N or j <= i'")->check(unsigned_integer());
-    cmd->add_option("--align", f.align, "top-left | bottom-right: how query positions i' align with keys (L != S)")
-        ->check(CLI::IsMember({"top-left", "bottom-right"}));
-  }
-  void get(ModFlags& f) const {
-    if (softcap_opt->count()) f.softcap = softcap;
-    if (prefix_opt->count()) f.prefix_len = prefix_len;
   }
 };
 
@@ -170,6 +174,7 @@ struct RunSdpaFlags {
     cmd->add_option("--seed", o.seed, "Dropout seed (counter-based: same seed, same mask)")->check(unsigned_integer());
     cmd->add_option("--out,-o", o.out, "Output [B, H, L, Dv] .npy")->required();
     cmd->add_option("--weights-out", o.weights_out, "Attention weights [B, H, L, S] .npy");
+    cmd->add_option("--lse-out", o.lse_out, "Log-sum-exp of each row's scores [B, H, L] .npy (-inf: no key)");
     mods.add(cmd, o.mods);
     cmd->add_option("--alibi-slopes", o.alibi_slopes, "f32 [H] or [B, H]: ALiBi, score - slope*|i' - j|");
     cmd->add_option("--q-doc-ids", o.q_doc_ids, "int [B, L]: document of each query (with --kv-doc-ids)");

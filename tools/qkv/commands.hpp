@@ -29,26 +29,29 @@ Backend parse_backend(const std::string& s);
 /// Parses an optional --causal value ("" = given without alignment).
 Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, std::int64_t len_k);
 
-struct RunMha {
-  std::string weights, query, key, value, key_padding_mask, attn_mask, out, weights_out;
-  std::int64_t heads = 0;
-  std::optional<std::string> causal;
-  bool add_zero_attn = false, need_weights = false, per_head_weights = false;
-  Backend backend = Backend::cpu;
-  bool stats = false;  // print what was compiled, and the time, to stderr
-};
-/// The score / mask modification flags `run sdpa` and the shape commands share.
+/// The score / mask modification flags `run sdpa`, `run mha` and the shape commands share.
 struct ModFlags {
   std::string window, align;  // "LEFT,RIGHT"; "top-left" | "bottom-right"
   std::optional<double> softcap;
   std::optional<std::int64_t> prefix_len;
+};
+
+struct RunMha {
+  std::string weights, query, key, value, key_padding_mask, attn_mask, out, weights_out;
+  std::int64_t heads = 0;
+  std::optional<std::string> causal;
+  ModFlags mods;
+  std::string alibi_slopes;  // f32 [H] or [B, H]
+  bool add_zero_attn = false, need_weights = false, per_head_weights = false;
+  Backend backend = Backend::cpu;
+  bool stats = false;  // print what was compiled, and the time, to stderr
 };
 /// The flags as Mods (without ALiBi and documents, whose inputs each command makes), or
 /// UsageError. `positional`: ALiBi is on too (so an alignment is needed when L != S).
 Mods parse_mod_flags(const ModFlags& f, bool alibi, std::int64_t len_q, std::int64_t len_k);
 
 struct RunSdpa {
-  std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out;
+  std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out, lse_out;
   std::optional<std::string> causal;
   ModFlags mods;
   std::string alibi_slopes, q_doc_ids, kv_doc_ids;

@@ -135,6 +135,24 @@ void require_memory_for(const SafetensorsFile& sd) {
 
 std::string shape_str(const NdArray& a) { return shape_to_string(a.shape); }
 
+namespace {
+/// --alibi-slopes: f32 [H] or [B, H] into feeds["alibi_slopes"]; returns its rank, or IoError.
+int load_alibi_slopes(const std::string& path, Feeds& feeds, std::int64_t batch, std::int64_t heads) {
+  NdArray s = load_npy(path, "--alibi-slopes");
+  if (s.dtype != DType::f32) throw IoError("--alibi-slopes: must be float32, got " + std::string(dtype_name(s.dtype)));
+  int rank = 0;
+  if (s.shape == std::vector<std::int64_t>{heads})
+    rank = 1;
+  else if (s.shape == std::vector<std::int64_t>{batch, heads})
+    rank = 2;
+  else
+    throw IoError("--alibi-slopes: shape " + shape_str(s) + ", expected [H] = (" + std::to_string(heads) +
+                  ") or [B, H]");
+  feeds["alibi_slopes"] = std::move(s);
+  return rank;
+}
+}  // namespace
+
 constexpr std::int64_t kF32Bytes = sizeof(float);
 
 void MaskBuilder::key_padding(const NdArray& kpm, const std::string& flag) {
@@ -253,7 +271,8 @@ int run_mha(const RunMha& o) {
                            {o.key, "--key"},
                            {o.value, "--value"},
                            {o.key_padding_mask, "--key-padding-mask"},
-                           {o.attn_mask, "--attn-mask"}});
+                           {o.attn_mask, "--attn-mask"},
+                           {o.alibi_slopes, "--alibi-slopes"}});
   const std::size_t out_file = outputs.add_file(o.out, "--out");
   const std::size_t weights_file = want_weights ? outputs.add_file(o.weights_out, "--weights-out") : 0;
 
@@ -298,6 +317,12 @@ int run_mha(const RunMha& o) {
     throw UsageError(
         "--causal cannot be combined with add_bias_kv/--add-zero-attn (the appended keys have no position); "
         "pass an --attn-mask instead");
+  m.mods = parse_mod_flags(o.mods, !o.alibi_slopes.empty(), L, S);
+  if (extra > 0 && (m.mods.positional() || m.mods.softcap || !o.alibi_slopes.empty()))
+    throw UsageError(
+        "--window / --alibi-slopes / --softcap / --prefix-len cannot be combined with add_bias_kv/--add-zero-attn "
+        "(the appended keys have no position); pass an --attn-mask instead");
+  if (!o.alibi_slopes.empty()) m.mods.alibi_rank = load_alibi_slopes(o.alibi_slopes, feeds, B, o.heads);
   MaskBuilder masks{B, o.heads, L, S};
   if (!o.key_padding_mask.empty())
     masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
@@ -348,18 +373,7 @@ NdArray ids_of(NdArray a, const std::string& flag, std::int64_t batch, std::int6
 /// inputs go into `feeds`).
 Mods parse_mods(const RunSdpa& o, Feeds& feeds, std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t S) {
   Mods m = parse_mod_flags(o.mods, !o.alibi_slopes.empty(), L, S);
-  if (!o.alibi_slopes.empty()) {
-    NdArray s = load_npy(o.alibi_slopes, "--alibi-slopes");
-    if (s.dtype != DType::f32)
-      throw IoError("--alibi-slopes: must be float32, got " + std::string(dtype_name(s.dtype)));
-    if (s.shape == std::vector<std::int64_t>{H})
-      m.alibi_rank = 1;
-    else if (s.shape == std::vector<std::int64_t>{B, H})
-      m.alibi_rank = 2;
-    else
-      throw IoError("--alibi-slopes: shape " + shape_str(s) + ", expected [H] = (" + std::to_string(H) + ") or [B, H]");
-    feeds["alibi_slopes"] = std::move(s);
-  }
+  if (!o.alibi_slopes.empty()) m.alibi_rank = load_alibi_slopes(o.alibi_slopes, feeds, B, H);
   if (o.q_doc_ids.empty() != o.kv_doc_ids.empty()) throw UsageError("--q-doc-ids and --kv-doc-ids go together");
   if (!o.q_doc_ids.empty()) {
     feeds["q_doc_ids"] = ids_of(load_npy(o.q_doc_ids, "--q-doc-ids"), "--q-doc-ids", B, L, "L");
@@ -386,6 +400,7 @@ int run_sdpa(const RunSdpa& o) {
                            {o.kv_doc_ids, "--kv-doc-ids"}});
   const std::size_t out_file = outputs.add_file(o.out, "--out");
   const std::size_t weights_file = o.weights_out.empty() ? 0 : outputs.add_file(o.weights_out, "--weights-out");
+  const std::size_t lse_file = o.lse_out.empty() ? 0 : outputs.add_file(o.lse_out, "--lse-out");
 
   const Activity reading("reading the inputs");
   NdArray q = load_npy(o.query, "--query"), k = load_npy(o.key, "--key"), v = load_npy(o.value, "--value");
@@ -409,6 +424,7 @@ int run_sdpa(const RunSdpa& o) {
   m.heads = H;
   m.kv_heads = dim(k, 1);
   m.weights = !o.weights_out.empty();
+  m.lse = !o.lse_out.empty();
   m.scale = o.scale;
   m.dropout = o.dropout;
   m.seed = o.seed;
@@ -436,6 +452,7 @@ int run_sdpa(const RunSdpa& o) {
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));
   if (!o.weights_out.empty()) stage_npy(outputs, weights_file, r.outputs.at("weights"));
+  if (!o.lse_out.empty()) stage_npy(outputs, lse_file, r.outputs.at("lse"));
   outputs.commit();
   return 0;
 }

@@ -46,55 +46,6 @@ auto with_masks(Graph& g, const Masks& spec, F&& f) {
   return with_bias();
 }
 
-template <MhaOptions Opt>
-Graph mha_graph(const MhaModel& m) {
-  Graph g;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
-  auto mark = [&m](const auto& result) {
-    output(result.first, "out");
-    if (m.weights) output(result.second, "weights");
-    return 0;
-  };
-  if (m.separate_qkv) {
-    auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<dyn>>>(g, "key");
-    auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<dyn>>>(g, "value");
-    auto block = CrossAttention<dyn, dyn, dyn, dyn>::make(g, "", m.bias, m.heads);
-    with_masks(g, m.masks, [&](auto... masks) { return mark(block(x, key, value, masks...)); });
-  } else {
-    auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
-    if (m.cross) {
-      auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "key");
-      auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "value");
-      with_masks<Opt.extra_keys() == 0>(g, m.masks,
-                                        [&](auto... masks) { return mark(block.cross(x, key, value, masks...)); });
-    } else {
-      with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) { return mark(block(x, masks...)); });
-    }
-  }
-  return g;
-}
-
-}  // namespace
-
-Graph build_mha(const MhaModel& m) {
-  if (m.add_bias_kv && m.add_zero_attn) return mha_graph<MhaOptions{.add_bias_kv = true, .add_zero_attn = true}>(m);
-  if (m.add_bias_kv) return mha_graph<MhaOptions{.add_bias_kv = true}>(m);
-  if (m.add_zero_attn) return mha_graph<MhaOptions{.add_zero_attn = true}>(m);
-  return mha_graph<MhaOptions{}>(m);
-}
-
-namespace {
-
-/// A per-(batch, head) bias [Batch, Heads, Seq, Key] seen as [Batch, KvHeads, Group, Seq, Key]
-/// under GQA; every other mask as it is.
-template <class G, class M>
-auto groups_of_mask(G&& groups, const M& mask) {
-  if constexpr (std::is_same_v<M, PerHeadBias>)
-    return groups(mask);
-  else
-    return mask;
-}
-
 /// Calls f(align) with the mods' alignment as the DSL's tag type.
 template <class F>
 auto with_alignment(const Mods& m, F&& f) {
@@ -135,6 +86,68 @@ S mask_mods(Graph& g, S s, const Mods& m) {
   });
 }
 
+template <MhaOptions Opt>
+Graph mha_graph(const MhaModel& m) {
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<dyn>>>(g, "query");
+  auto mark = [&m](const auto& result) {
+    output(result.first, "out");
+    if (m.weights) output(result.second, "weights");
+    return 0;
+  };
+  // The mods, first among the block's masks (score mods must come before any mask): one
+  // scores_fn whatever the flags, so the flags add no instantiations. Not with appended keys.
+  auto mods = scores_fn(
+      [&](auto s) { return mask_mods(g, score_mods(g, s, m.mods, [](const auto& t) { return t; }), m.mods); });
+  if (m.separate_qkv) {
+    auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<dyn>>>(g, "key");
+    auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<dyn>>>(g, "value");
+    auto block = CrossAttention<dyn, dyn, dyn, dyn>::make(g, "", m.bias, m.heads);
+    with_masks(g, m.masks, [&](auto... masks) { return mark(block(x, key, value, mods, masks...)); });
+  } else {
+    auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
+    if (m.cross) {
+      auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "key");
+      auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, "value");
+      with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) {
+        if constexpr (Opt.extra_keys() == 0)
+          return mark(block.cross(x, key, value, mods, masks...));
+        else
+          return mark(block.cross(x, key, value, masks...));
+      });
+    } else {
+      with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) {
+        if constexpr (Opt.extra_keys() == 0)
+          return mark(block(x, mods, masks...));
+        else
+          return mark(block(x, masks...));
+      });
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+Graph build_mha(const MhaModel& m) {
+  if (m.add_bias_kv && m.add_zero_attn) return mha_graph<MhaOptions{.add_bias_kv = true, .add_zero_attn = true}>(m);
+  if (m.add_bias_kv) return mha_graph<MhaOptions{.add_bias_kv = true}>(m);
+  if (m.add_zero_attn) return mha_graph<MhaOptions{.add_zero_attn = true}>(m);
+  return mha_graph<MhaOptions{}>(m);
+}
+
+namespace {
+
+/// A per-(batch, head) bias [Batch, Heads, Seq, Key] seen as [Batch, KvHeads, Group, Seq, Key]
+/// under GQA; every other mask as it is.
+template <class G, class M>
+auto groups_of_mask(G&& groups, const M& mask) {
+  if constexpr (std::is_same_v<M, PerHeadBias>)
+    return groups(mask);
+  else
+    return mask;
+}
+
 /// Grouped-query SDPA: q [B, Heads = KvHeads·Group, L, D] viewed as [B, KvHeads, Group, L, D]
 /// against k/v [B, KvHeads, S, D]; query head h reads key/value head h / Group.
 Graph gqa_sdpa(const SdpaModel& m) {
@@ -152,6 +165,7 @@ Graph gqa_sdpa(const SdpaModel& m) {
     auto s = mask_mods(g, qkv::nn::detail::apply_masks(scores, groups_of_mask(groups, masks)...), m.mods);
     auto p = softmax<Key>(s);
     if (m.weights) output(merge<KvHeads, Group, Heads>(p), "weights");
+    if (m.lse) output(merge<KvHeads, Group, Heads>(logsumexp<Key>(s)), "lse");
     auto o = m.dropout > 0.0 ? contract<Key>(dropout(p, m.dropout, m.seed), v) : contract<Key>(p, v);
     output(merge<KvHeads, Group, Heads>(o), "out");
     return 0;
@@ -171,6 +185,7 @@ Graph build_sdpa(const SdpaModel& m) {
     auto s = mask_mods(g, qkv::nn::detail::apply_masks(scores, masks...), m.mods);
     auto p = softmax<Key>(s);
     if (m.weights) output(p, "weights");
+    if (m.lse) output(logsumexp<Key>(s), "lse");
     if (m.dropout > 0.0)
       output(contract<Key>(dropout(p, m.dropout, m.seed), v), "out");
     else

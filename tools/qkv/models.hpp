@@ -51,6 +51,7 @@ struct MhaModel {
   bool add_zero_attn = false;
   bool weights = true;  // also output the attention weights (costs a second pass over the keys)
   Masks masks;
+  Mods mods;  // no documents; none with add_bias_kv / add_zero_attn (the appended keys have no position)
 };
 /// Inputs: query [B, L, E], key/value [B, S, kdim/vdim] (cross), masks; params as PyTorch
 /// names them. Outputs: out [B, L, E], weights [B, H, L, S'].
@@ -63,12 +64,13 @@ struct SdpaModel {
   /// shared by heads / kv_heads query heads (heads % kv_heads == 0; PyTorch's enable_gqa).
   std::int64_t heads = 0, kv_heads = 0;
   bool weights = true;          // also output the attention weights
+  bool lse = false;             // also output `lse` [B, H, L]: ln Σ_j exp(score'), −inf for a row no key survives
   std::optional<double> scale;  // default 1/sqrt(D)
   double dropout = 0.0;
   std::uint64_t seed = 0;
 };
 /// Inputs q [B, H, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], masks. Outputs out [B, H, L, Dv],
-/// weights [B, H, L, S].
+/// weights [B, H, L, S], lse [B, H, L].
 Graph build_sdpa(const SdpaModel& m);
 
 struct EncoderModel {

@@ -39,6 +39,7 @@ class AttentionEmitter {
   void finish_stats();
   void zero_weights(llvm::Value* k0, llvm::Value* nk);
   void store_output(Pass pass);
+  void store_lse();  // spec.write_lse: ln Σ e^s per row from the final max and sum
 
   // --- the mod expression (effective_mod): leaves, levels, tile classes
   class Leaves;
@@ -106,7 +107,7 @@ class AttentionEmitter {
   // arguments
   llvm::Value *args_, *batch_, *head_, *q0_;
   llvm::Value *len_q_, *len_k_, *seed_;
-  llvm::Value *q_base_, *k_base_, *v_base_, *o_base_, *w_base_ = nullptr;
+  llvm::Value *q_base_, *k_base_, *v_base_, *o_base_, *w_base_ = nullptr, *lse_base_ = nullptr;
   // geometry of the task
   llvm::Value *nvalid_, *ntiles_, *nclean_;
   // the mod expression

@@ -111,11 +111,13 @@ llvm::Function* AttentionEmitter::emit(const std::string& name) {
   if (!spec_.write_weights) {
     emit_tiles(Pass::online);
     store_output(Pass::online);
+    store_lse();
   } else {
     // The weights need the final max and sum before any of them is written: one sweep for the
     // statistics, a second that recomputes the scores and writes exact probabilities.
     emit_tiles(Pass::stats);
     finish_stats();
+    store_lse();
     emit_tiles(Pass::normalized);
     store_output(Pass::normalized);
   }
@@ -174,6 +176,7 @@ void AttentionEmitter::load_arguments() {
     llvm::Value* w = field(offsetof(AttentionArgs, weights), ptr_, "weights");
     w_base_ = b_.CreateInBoundsGEP(f32_, w, b_.CreateMul(row0, len_k_), "w_base");
   }
+  if (spec_.write_lse) lse_base_ = float_ptr(field(offsetof(AttentionArgs, lse), ptr_, "lse"), row0);
 
   // The mod's tensors: base pointers, extents and row-major strides. Captured tensors come in
   // order from args.tensors, their extents from args.extents.
@@ -287,6 +290,22 @@ void AttentionEmitter::finish_stats() {
               b_.CreateSelect(b_.CreateFCmpOEQ(m, vconst(-std::numeric_limits<double>::infinity())), vconst(0.0), m));
     store_vec(inv_l_, c64(v),
               b_.CreateSelect(b_.CreateFCmpOGT(l, vconst(0.0)), b_.CreateFDiv(vconst(1.0), l), vconst(0.0)));
+  }
+}
+
+void AttentionEmitter::store_lse() {
+  // lse[row] = (m + log2 l)·ln 2 (m is in log2 units, l = Σ 2^(s − m)); −inf where l = 0. The
+  // rows of a task are contiguous: a masked vector store per vector of rows.
+  if (!spec_.write_lse) return;
+  for (int v = 0; v < qv_; ++v) {
+    llvm::Value* m = load_vec(m_, c64(v));
+    llvm::Value* l = load_vec(l_, c64(v));
+    llvm::Value* log2l = b_.CreateUnaryIntrinsic(llvm::Intrinsic::log2, l);
+    llvm::Value* value =
+        b_.CreateSelect(b_.CreateFCmpOGT(l, vconst(0.0)), b_.CreateFMul(b_.CreateFAdd(m, log2l), vconst(kLn2)),
+                        vconst(-std::numeric_limits<double>::infinity()), "lse");
+    b_.CreateMaskedStore(value, float_ptr(lse_base_, c64(static_cast<std::int64_t>(v) * lanes_)), llvm::Align(4),
+                         valid_[v]);
   }
 }
 

@@ -23,10 +23,6 @@
 
 namespace qkv::codegen::cpu {
 
-namespace {
-constexpr double kLn2 = 0.6931471805599453;
-}  // namespace
-
 /// Entry values of the leaves for query vector v (−1: none) and key `key` (null: none).
 class AttentionEmitter::Leaves final : public ModLeaves {
  public:

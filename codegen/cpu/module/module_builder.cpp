@@ -329,8 +329,13 @@ class ModuleBuilder {
       gemm_blocks_[id] = {block(layout, k.first, arena), block(layout, k.second, arena)};
     for (const auto& [id, k] : plan_.weights)
       if (k >= 0) weights_[id] = block(layout, k, arena);
-    for (int id = 0; id < static_cast<int>(g_.size()); ++id)
-      if (g_.node(id).op == Op::attention_weights) weights_[g_.node(id).inputs[0]] = buf(id);
+    for (const auto& [id, k] : plan_.lse)
+      if (k >= 0) lse_[id] = block(layout, k, arena);
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      const Node& n = g_.node(id);
+      if (n.op == Op::attention_weights) weights_[n.inputs[0]] = buf(id);
+      if (n.op == Op::attention_lse) lse_[n.inputs[0]] = buf(id);
+    }
 
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) emit_node(id);
     std::size_t out = leaf;
@@ -427,6 +432,7 @@ class ModuleBuilder {
       case KernelKind::leaf:
       case KernelKind::view:
       case KernelKind::attention_weights:  // written by its fused node
+      case KernelKind::attention_lse:
         return;
       case KernelKind::fused_attention:
         return emit_attention(id);
@@ -459,6 +465,8 @@ class ModuleBuilder {
       }
       case KernelKind::softmax:
         return emit_softmax(id);
+      case KernelKind::logsumexp:
+        return emit_logsumexp(id);
       case KernelKind::causal:
         return emit_causal(id);
       case KernelKind::dropout:
@@ -656,20 +664,24 @@ class ModuleBuilder {
 
   /// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
   /// −inf) is zeros.
+  /// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
+  llvm::Value* row_max(llvm::Value* x, const I& n, const std::function<I(const I& k)>& at) {
+    return ir::emit_loop(
+        b_, c64(0).v(), n.v(), 1, {neg_inf()},
+        [&](llvm::Value* k, const Values& cur) -> Values {
+          llvm::Value* v = load(f32_, x, at(I(b_, k)));
+          return {b_.CreateSelect(b_.CreateFCmpUGT(v, cur[0]), v, cur[0])};
+        },
+        "max")[0];
+  }
+
   void emit_softmax(int id) {
     const Node& n = g_.node(id);
     const Around r = around(shape(id), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
     llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
     lines(r, [&](const I& base) {
       auto at = [&](const I& k) { return base + k * r.inner; };
-      llvm::Value* m = ir::emit_loop(
-          b_, c64(0).v(), r.n.v(), 1, {neg_inf()},
-          [&](llvm::Value* k, const Values& cur) -> Values {
-            llvm::Value* v = load(f32_, x, at(I(b_, k)));
-            // v > m, or v is NaN: NaN wins, as in the interpreter.
-            return {b_.CreateSelect(b_.CreateFCmpUGT(v, cur[0]), v, cur[0])};
-          },
-          "max")[0];
+      llvm::Value* m = row_max(x, r.n, at);
       branch(
           ir::Bool(b_, b_.CreateFCmpOEQ(m, neg_inf())),
           [&] { loop(c64(0), r.n, [&](I k) { store(llvm::ConstantFP::get(f32_, 0.0), y, at(k)); }, "zero"); },
@@ -689,6 +701,31 @@ class ModuleBuilder {
                 "norm", ir::Unroll::allowed);
           });
     });
+  }
+
+  /// logsumexp along attr_axes[0] (dropped from the output, the other axes in order): m + ln Σ
+  /// e^(x − m), the sum in double; an all −inf row gives −inf, m = ±inf or NaN gives m.
+  void emit_logsumexp(int id) {
+    const Node& n = g_.node(id);
+    const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+    llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+    nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
+         [&](const Dims&, const Dims& off) {
+           auto at = [&](const I& k) { return off[0] + k * r.inner; };
+           llvm::Value* m = row_max(x, r.n, at);
+           llvm::Value* finite =
+               b_.CreateFCmpONE(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, m), llvm::ConstantFP::getInfinity(f32_));
+           branch(
+               ir::Bool(b_, finite),
+               [&] {
+                 llvm::Value* total = sum(r.n, [&](const I& k) {
+                   return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(load(f32_, x, at(k)), m)), f64_);
+                 });
+                 llvm::Value* ln = b_.CreateUnaryIntrinsic(llvm::Intrinsic::log, total);
+                 store(b_.CreateFPTrunc(b_.CreateFAdd(b_.CreateFPExt(m, f64_), ln), f32_), y, off[1]);
+               },
+               [&] { store(m, y, off[1]); });
+         });
   }
 
   /// layer norm over the contiguous axis (biased variance, eps inside the square root) on the
@@ -881,10 +918,11 @@ class ModuleBuilder {
       }
     }
     llvm::Value* weights = spec.write_weights ? weights_.at(id) : null;
+    llvm::Value* lse = spec.write_lse ? lse_.at(id) : null;
 
     // AttentionArgs, field by field (attention.hpp: its layout is the kernel ABI).
-    auto* args_type =
-        llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_});
+    auto* args_type = llvm::StructType::get(
+        ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_, ptr_});
     llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "attention_args");
     const Values fields{buf(n.inputs[0]),
                         buf(n.inputs[1]),
@@ -898,7 +936,8 @@ class ModuleBuilder {
                         batch.v(),
                         lq.v(),
                         lk.v(),
-                        c64(static_cast<std::int64_t>(call.seed)).v()};
+                        c64(static_cast<std::int64_t>(call.seed)).v(),
+                        lse};
     for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
     const std::int64_t rows = cfg.query_rows();
     const I blocks = ceil_div(lq, rows), bh = batch * spec.hq;
@@ -925,7 +964,7 @@ class ModuleBuilder {
   llvm::Function* fn_ = nullptr;
   std::map<std::string, llvm::Value*> sym_;  // the run-time sizes in the function being built
   std::vector<llvm::Value*> buf_;
-  std::map<int, llvm::Value*> weights_;
+  std::map<int, llvm::Value*> weights_, lse_;
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
   bool rowwise_emitted_ = false;
   llvm::Function* gemm_ = nullptr;

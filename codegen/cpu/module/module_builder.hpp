@@ -39,7 +39,7 @@ namespace qkv::codegen::cpu {
 /// are computed by the generated code from the sizes (block_bytes); only the assignment of blocks
 /// to arena slots is decided here.
 struct ModulePlan {
-  enum class Block : std::uint8_t { value, weights, gemm_panels, gemm_bias };
+  enum class Block : std::uint8_t { value, weights, lse, gemm_panels, gemm_bias };
   struct Alloc {
     Block kind = Block::value;
     int node = 0;
@@ -51,7 +51,8 @@ struct ModulePlan {
   std::vector<int> alloc;                   // per node: its block, -1 for leaves, views and in-place outputs
   std::vector<int> output_arg;              // per node: the output argument it is computed into, or -1
   std::map<int, AttentionCall> attention;   // fused_attention id -> its call
-  std::map<int, int> weights;               // fused_attention id -> block of its weights
+  std::map<int, int> weights;               // fused_attention id -> block of its weights (-1: an output)
+  std::map<int, int> lse;                   // fused_attention id -> block of its log-sum-exp (-1: an output)
   std::map<int, std::pair<int, int>> gemm;  // linear id on the GEMM kernel -> (packed Bᵀ, padded bias)
   std::vector<Alloc> allocs;
   int slots = 0;

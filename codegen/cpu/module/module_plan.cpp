@@ -83,22 +83,25 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     const auto i = static_cast<std::size_t>(id);
     if (n.op == Op::fused_attention) plan.attention.emplace(id, describe_attention(g, id, plan.fixed));
     if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
+    // attention_weights and attention_lse are written by their fused node: alive from there.
+    const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
+    auto& side_map = n.op == Op::attention_lse ? plan.lse : plan.weights;
     if (plan.output_arg[i] < 0) {
-      // attention_weights are written by their fused node: alive from there.
-      const int start = n.op == Op::attention_weights ? n.inputs[0] : id;
-      plan.alloc[i] = add(ModulePlan::Block::value, id, start, end[i]);
-      if (n.op == Op::attention_weights) plan.weights[n.inputs[0]] = plan.alloc[i];
-    } else if (n.op == Op::attention_weights) {
-      plan.weights[n.inputs[0]] = -1;  // written straight into its output argument
+      plan.alloc[i] = add(ModulePlan::Block::value, id, side ? n.inputs[0] : id, end[i]);
+      if (side) side_map[n.inputs[0]] = plan.alloc[i];
+    } else if (side) {
+      side_map[n.inputs[0]] = -1;  // written straight into its output argument
     }
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
     }
   }
-  // Weights a fused node writes that nothing reads still need somewhere to go.
-  for (const auto& [id, call] : plan.attention)
+  // Weights or a log-sum-exp a fused node writes that nothing reads still need somewhere to go.
+  for (const auto& [id, call] : plan.attention) {
     if (call.spec.write_weights && !plan.weights.count(id))
       plan.weights[id] = add(ModulePlan::Block::weights, id, id, id);
+    if (call.spec.write_lse && !plan.lse.count(id)) plan.lse[id] = add(ModulePlan::Block::lse, id, id, id);
+  }
 
   auto estimate = [&](const Extent& e) -> std::int64_t {
     if (auto v = e.resolve(plan.fixed)) return *v;

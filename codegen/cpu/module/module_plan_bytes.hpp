@@ -25,6 +25,10 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
       const AttentionCall& c = plan.attention.at(a.node);
       return dim(c.batch) * c.spec.hq * dim(c.len_q) * dim(c.len_k) * 4;
     }
+    case ModulePlan::Block::lse: {
+      const AttentionCall& c = plan.attention.at(a.node);
+      return dim(c.batch) * c.spec.hq * dim(c.len_q) * 4;
+    }
     case ModulePlan::Block::gemm_panels:
     case ModulePlan::Block::gemm_bias: {
       const auto& w = g.node(n.inputs[1]).axes;  // W [out, in]

@@ -208,7 +208,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   std::size_t bad = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double g = got[i], w = want[i];
-    if (!(std::fabs(g - w) <= tol * (1.0 + std::fabs(w)))) {
+    if (!(g == w || std::fabs(g - w) <= tol * (1.0 + std::fabs(w)))) {  // == : the same infinity
       if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << w;
     }
   }
@@ -294,7 +294,8 @@ std::vector<AttnCase> attention_cases() {
     cases.push_back({"causal_top_left", a, 1, 70, 90, {}});
     a.spec.align = CausalAlign::bottom_right;
     a.spec.key_padding = true;
-    cases.push_back({"causal_bottom_right_padding_L_gt_S", a, 2, 90, 70, {}});
+    a.spec.write_lse = true;  // batch 1 has every key padded: −inf rows
+    cases.push_back({"causal_bottom_right_padding_L_gt_S_lse", a, 2, 90, 70, {}});
   }
   {
     auto a = base(33, 17, 2, 2);  // scalar shared-memory path, partial value chunks
@@ -304,7 +305,8 @@ std::vector<AttnCase> attention_cases() {
     a.block_q = 32;
     a.block_k = 16;
     a.threads = 64;
-    cases.push_back({"scalar_bias_dropout_weights", a, 1, 45, 40, {}});
+    a.spec.write_lse = true;  // from the statistics sweep; row 3 sees no key
+    cases.push_back({"scalar_bias_dropout_weights_lse", a, 1, 45, 40, {}});
   }
   {
     auto a = base(80, 80, 4, 1);
@@ -414,7 +416,8 @@ std::vector<AttnCase> attention_cases() {
       std::vector<float> offset{0.5f, -1.5f};
       return std::vector<ModData>{mod_data({B, 2, L, S}, kept), mod_data({2}, offset)};
     };
-    cases.push_back({"mod_named_heads_4d_mask_with_flags", a, 2, 37, 50, tensors, true});
+    a.spec.write_lse = true;
+    cases.push_back({"mod_named_heads_4d_mask_with_flags_lse", a, 2, 37, 50, tensors, true});
   }
   return cases;
 }
@@ -456,6 +459,8 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   const std::size_t w_n = s.write_weights ? static_cast<std::size_t>(B * s.hq * L * S) : 0;
   std::vector<float> out_cpu(out_n), w_cpu(w_n);
   std::vector<float> out_gpu(out_n, NAN), w_gpu(w_n, NAN);
+  const std::size_t lse_n = s.write_lse ? static_cast<std::size_t>(B * s.hq * L) : 0;
+  std::vector<float> lse_cpu(lse_n), lse_gpu(lse_n, NAN);
 
   codegen::cpu::AttentionArgs args;
   args.q = q.data();
@@ -471,18 +476,21 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   args.len_q = L;
   args.len_k = S;
   args.seed = 0x5eed;
+  args.lse = lse_n ? lse_cpu.data() : nullptr;
   codegen::cpu::run_attention(s, args, 1);
 
   Emulated e = emulate(c.kernel);
-  using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
-                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+  using Fn =
+      void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
+           const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*);
   auto* fn = e.fn<Fn>();
   e.launch(attention_grid(c.kernel, B, L), [&] {
     fn(q.data(), k.data(), v.data(), out_gpu.data(), w_n ? w_gpu.data() : nullptr, args.key_keep, args.bias,
-       args.tensors, args.extents, B, L, S, static_cast<std::int64_t>(args.seed));
+       args.tensors, args.extents, B, L, S, static_cast<std::int64_t>(args.seed), lse_n ? lse_gpu.data() : nullptr);
   });
   expect_close(out_gpu, out_cpu, 2e-5, "out");
   if (w_n) expect_close(w_gpu, w_cpu, 2e-5, "weights");
+  if (lse_n) expect_close(lse_gpu, lse_cpu, 2e-5, "lse");
   if ((s.key_padding || c.batch1_masked) && B > 1) {  // a batch with every key padded: zeros, not NaN
     for (std::size_t i = out_n / static_cast<std::size_t>(B); i < 2 * out_n / static_cast<std::size_t>(B); ++i)
       ASSERT_EQ(out_gpu[i], 0.0f);
@@ -539,6 +547,7 @@ void expect_fused_mods_agree(const Graph& g, const Feeds& feeds) {
   AttentionKernel kernel;
   kernel.spec = call.spec;
   ASSERT_FALSE(kernel.spec.mod.empty());
+  ASSERT_TRUE(kernel.spec.write_lse);  // the graphs here all ask for the log-sum-exp
   const auto& s = kernel.spec;
   const std::int64_t B = call.batch, L = call.len_q, S = call.len_k;
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
@@ -553,15 +562,21 @@ void expect_fused_mods_agree(const Graph& g, const Feeds& feeds) {
   args.batch = B;
   args.len_q = L;
   args.len_k = S;
+  const std::size_t lse_n = s.write_lse ? static_cast<std::size_t>(B * s.hq * L) : 0;
+  std::vector<float> lse_cpu(lse_n), lse_gpu(lse_n, NAN);
+  args.lse = lse_n ? lse_cpu.data() : nullptr;
   codegen::cpu::run_attention(s, args, 1);
   Emulated e = emulate(kernel);
-  using Fn = void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
-                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+  using Fn =
+      void(const float*, const float*, const float*, float*, float*, const std::uint8_t*, const float*,
+           const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*);
   auto* fn = e.fn<Fn>();
   e.launch(attention_grid(kernel, B, L), [&] {
-    fn(q.data(), k.data(), v.data(), out_gpu.data(), nullptr, nullptr, nullptr, args.tensors, args.extents, B, L, S, 0);
+    fn(q.data(), k.data(), v.data(), out_gpu.data(), nullptr, nullptr, nullptr, args.tensors, args.extents, B, L, S, 0,
+       lse_n ? lse_gpu.data() : nullptr);
   });
   expect_close(out_gpu, out_cpu, 2e-5, "out");
+  if (lse_n) expect_close(lse_gpu, lse_cpu, 2e-5, "lse");
 }
 
 template <std::int64_t H, std::int64_t Hkv, std::int64_t D>
@@ -581,7 +596,9 @@ void built_in_mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool br) 
     auto hand = score_mod([](auto x, auto, auto, auto qi, auto ki) { return x + 0.01 * min(qi, ki); }, align);
     auto m = modded(sc, mods::softcap(2.0), mods::alibi(slopes, align), hand,
                     mods::sliding_window(9, 3, align) && mods::document_mask(q_doc, kv_doc));
-    output(contract<Key>(softmax<Key>(masked(m, keep)), v), "out");
+    auto visible = masked(m, keep);
+    output(contract<Key>(softmax<Key>(visible), v), "out");
+    output(logsumexp<Key>(visible), "lse");
   };
   if (br)
     run(bottom_right);
@@ -609,7 +626,8 @@ void built_in_mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool br) 
 
 TEST(EmulatedAttentionFromTheDsl, BuiltInModsMatchTheCpuKernel) {
   // softcap, ALiBi over named head axes (GQA), a hand-written score mod, a sliding window and
-  // document masks, key padding: the spec the fuse pass makes and the GPU plan launches.
+  // document masks, key padding, the rows' log-sum-exp: the spec the fuse pass makes and the GPU
+  // plan launches.
   built_in_mods<4, 2, 32>(2, 37, 37, false);
   built_in_mods<2, 1, 32>(1, 29, 71, true);
 }

@@ -388,6 +388,34 @@ auto unscaled(const T& t) {
                                                                                                         t.id());
 }
 
+namespace detail {
+/// What softmax<Over> and logsumexp<Over> check of their scores T (the axis exists, the scores
+/// are scaled, the masks agree on the key axis): the failure, or rows_ok{} when T passes.
+struct rows_ok {};
+template <fixed_string Name, template <auto> class Over, class T>
+constexpr auto row_reduction_error() {
+  using L = typename T::axis_list;
+  using Tr = typename T::trait_type;
+  constexpr auto over = family_name_fs<Over>;
+  using WrongClaim = typename first_wrong_claim<over, typename claims_of<Tr>::type>::type;
+  if constexpr (!has_family<L, Over> && is_unpaired_trait<Tr>::value) {
+    return unpaired_error<Name, L, Tr, over>();
+  } else if constexpr (!has_family<L, Over>) {
+    return fail<Name + ": scores " + axes_fs<L>() + " have no axis `" + over + "`; fix: " + Name +
+                " over the key axis of the scores">();
+  } else if constexpr (is_raw_trait<Tr>::value) {
+    using Dk = typename Tr::contracted;
+    return fail<Name + ": scores " + axes_fs<L>() + " are raw Q*K^T, not scaled by 1/sqrt(" + Dk::name_fs + "=" +
+                extent_fs<Dk>() + "); fix: " + Name + "<" + over +
+                ">(scaled(scores)), or unscaled(scores) to opt out">();
+  } else if constexpr (!std::is_void_v<WrongClaim>) {
+    return claim_error<WrongClaim, L, over>();
+  } else {
+    return rows_ok{};
+  }
+}
+}  // namespace detail
+
 /// softmax<Key>(scores): normalise over the named axis (max-subtracted; a row with no visible
 /// entry gives zeros, not NaN). The result remembers the axis, so the weighted sum can check it.
 /// Naming the axis makes it the key axis: what the masks and causal() said about the key axis
@@ -396,29 +424,39 @@ template <template <auto> class Over, class T>
 auto softmax(const T& t) {
   if constexpr (any_poison<T>) {
     return poison{};
+  } else if constexpr (!std::is_same_v<decltype(detail::row_reduction_error<"softmax", Over, T>()), detail::rows_ok>) {
+    return detail::row_reduction_error<"softmax", Over, T>();
   } else {
     using L = typename T::axis_list;
-    using Tr = typename T::trait_type;
     constexpr auto over = family_name_fs<Over>;
-    using WrongClaim = typename detail::first_wrong_claim<over, typename detail::claims_of<Tr>::type>::type;
-    if constexpr (!has_family<L, Over> && is_unpaired_trait<Tr>::value) {
-      return detail::unpaired_error<"softmax", L, Tr, over>();
-    } else if constexpr (!has_family<L, Over>) {
-      return fail<fixed_string("softmax: scores ") + axes_fs<L>() + " have no axis `" + over +
-                  "`; fix: softmax over the key axis of the scores">();
-    } else if constexpr (is_raw_trait<Tr>::value) {
-      using Dk = typename Tr::contracted;
-      return fail<fixed_string("softmax: scores ") + axes_fs<L>() + " are raw Q*K^T, not scaled by 1/sqrt(" +
-                  Dk::name_fs + "=" + extent_fs<Dk>() + "); fix: softmax<" + over +
-                  ">(scaled(scores)), or unscaled(scores) to opt out">();
-    } else if constexpr (!std::is_void_v<WrongClaim>) {
-      return detail::claim_error<WrongClaim, L, over>();
-    } else {
-      Node n = detail::unary_node(t, Op::softmax, t.node().axes);
-      n.attr_axes = {std::string(family_name<Over>)};
-      Graph& g = t.graph();
-      return tensor<typename T::dtype, L, detail::softmax_t<Tr, over>>(g, g.add(std::move(n)));
-    }
+    Node n = detail::unary_node(t, Op::softmax, t.node().axes);
+    n.attr_axes = {std::string(family_name<Over>)};
+    Graph& g = t.graph();
+    return tensor<typename T::dtype, L, detail::softmax_t<typename T::trait_type, over>>(g, g.add(std::move(n)));
+  }
+}
+
+/// logsumexp<Key>(scores): log of the sum of exp over the named axis, the statistic a softmax
+/// normalises by (FlashAttention's `lse`): softmax<Key>(s) = exp(s - logsumexp<Key>(s)). A row
+/// with no visible entry gives -inf. The result has the scores' axes without `Key`. It checks
+/// what softmax checks; next to softmax<Key> of the same scores in an attention, the fused
+/// kernel writes it as it goes (no second pass over the keys).
+template <template <auto> class Over, class T>
+auto logsumexp(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else if constexpr (!std::is_same_v<decltype(detail::row_reduction_error<"logsumexp", Over, T>()),
+                                       detail::rows_ok>) {
+    return detail::row_reduction_error<"logsumexp", Over, T>();
+  } else {
+    using L = without<typename T::axis_list, axes<Over<dyn>>>;
+    Node n;
+    n.op = Op::logsumexp;
+    n.inputs = std::vector<int>{t.id()};
+    for (const auto& x : t.node().axes)
+      if (x.name != family_name<Over>) n.axes.push_back(x);
+    n.attr_axes = {std::string(family_name<Over>)};
+    return detail::make<typename T::dtype, L, trait::plain>(t.graph(), std::move(n));
   }
 }
 

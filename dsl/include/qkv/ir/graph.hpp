@@ -48,7 +48,8 @@ struct AttentionAttrs {
   double dropout = 0.0;
   std::uint64_t seed = 0;
   bool write_weights = false;
-  ModExpr mod;  // applied after the scale: out = keep ? score' : −inf (mod_expr.hpp)
+  bool write_lse = false;  // also write log-sum-exp of the modified scores per row (attention_lse)
+  ModExpr mod;             // applied after the scale: out = keep ? score' : −inf (mod_expr.hpp)
   friend bool operator==(const AttentionAttrs&, const AttentionAttrs&) = default;
 };
 
@@ -220,7 +221,7 @@ inline std::uint64_t Graph::hash() const {
       h.d(at->scale).i(at->scale_dim.has_value());
       if (at->scale_dim) mix_extent(*at->scale_dim);
       h.d(at->dropout).i(static_cast<std::int64_t>(at->seed));
-      h.i(at->write_weights);
+      h.i(at->write_weights).i(at->write_lse);
       mix_hash(h, at->mod);
     }
     h.i(n.mod.has_value());

@@ -42,6 +42,8 @@ enum class Op : std::uint8_t {
   attention_weights,
   slice,
   score_mod,
+  logsumexp,
+  attention_lse,
 };
 
 struct OpInfo {
@@ -54,7 +56,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 27> kOps{{
+inline constexpr std::array<OpInfo, 29> kOps{{
     {Op::input, "input", 0, 0, false, false, false, "name: the feed"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
     {Op::contract, "contract", 2, 2, false, false, false,
@@ -87,6 +89,10 @@ inline constexpr std::array<OpInfo, 27> kOps{{
      "part `offset` of attr_axes[0]: [offset*P, (offset+1)*P), P the extent of attr_axes[1]"},
     {Op::score_mod, "score_mod", 1, -1, false, true, false,
      "(scores, captured tensors...): mod (ModExpr): keep ? score' : -inf per entry"},
+    {Op::logsumexp, "logsumexp", 1, 1, false, false, false,
+     "log sum exp over attr_axes[0] (dropped from the output); a row of only -inf -> -inf"},
+    {Op::attention_lse, "attention_lse", 1, 1, false, false, true,
+     "the log-sum-exp of the scores its fused_attention input wrote (write_lse)"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

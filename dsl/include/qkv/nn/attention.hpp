@@ -31,14 +31,36 @@ struct is_causal_arg : std::false_type {};
 template <class A>
 struct is_causal_arg<Causal<A>> : std::true_type {};
 
+/// A function of the scores as a mask argument of the attention blocks:
+///   block(x, scores_fn([&](auto s) { return decltype(s)(g, modded(s, mod).id()); }), masks...)
+/// calls f on the block's scaled scores (all keys, appended ones included) where the argument
+/// stands and goes on with what it returns, which must have the scores' type. It is for
+/// modifications chosen at run time, e.g. by a command line's flags, without one instantiation
+/// of the block per combination; a program that knows its mods passes them directly.
+template <class F>
+struct ScoresFn {
+  F f;
+};
+template <class F>
+ScoresFn<F> scores_fn(F f) {
+  return {std::move(f)};
+}
+
 namespace detail {
-/// One mask argument of a block applied to the scores: a causal mask, a keep-mask, a score or
-/// mask mod (qkv::mods, score_mod, mask_mod: modded()), or else an additive float mask (biased()
-/// refuses what is not one, and passes poison on silently). Pass score mods before masks: a
-/// score mod after a mask keeps the attention unfused (the mask's −inf would reach it).
+template <class M>
+inline constexpr bool is_scores_fn = false;
+template <class F>
+inline constexpr bool is_scores_fn<ScoresFn<F>> = true;
+
+/// One mask argument of a block applied to the scores: a scores_fn, a causal mask, a keep-mask,
+/// a score or mask mod (qkv::mods, score_mod, mask_mod: modded()), or else an additive float
+/// mask (biased() refuses what is not one, and passes poison on silently). Pass score mods before
+/// masks: a score mod after a mask keeps the attention unfused (the mask's −inf would reach it).
 template <class S, class M>
 auto apply_mask(const S& s, const M& m) {
-  if constexpr (is_causal_arg<M>::value)
+  if constexpr (is_scores_fn<M>)
+    return m.f(s);
+  else if constexpr (is_causal_arg<M>::value)
     return qkv::detail::causal_checked<Seq, Key, qkv::detail::causal_fix::block>(s, typename M::align{});
   else if constexpr (is_score_mod<M> || is_mask_mod<M>)
     return modded(s, m);
@@ -168,7 +190,7 @@ namespace detail {
 /// visible (keep-masks get `true`, additive masks 0).
 template <int N, class M>
 auto extend_over_extra_keys(const M& m) {
-  if constexpr (N == 0) {
+  if constexpr (N == 0 || is_scores_fn<M>) {
     return m;
   } else if constexpr (is_causal_arg<M>::value) {
     return fail<fixed_string("multi_head_attention: a causal mask with add_bias_kv/add_zero_attn is ambiguous (the ") +

@@ -74,6 +74,7 @@ struct AttentionSpec {
   bool bias = false;           // AttentionArgs::bias is an f32 additive mask [L, S], broadcast over B and H
   double dropout_p = 0.0;      // in [0, 1); 0 compiles no dropout code at all
   bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
+  bool write_lse = false;      // also write the log-sum-exp of each row's modified scores [B, Hq, L]
   /// Score / mask modifications (after the flags above); loads read `tensors` (load input k =
   /// tensors[k]).
   ModExpr mod;
@@ -98,6 +99,7 @@ struct AttentionSpec {
 /// The tensors of one call. All f32 tensors are contiguous row-major:
 ///   q [B, Hq, L, Dk], k [B, Hkv, S, Dk], v [B, Hkv, S, Dv], out [B, Hq, L, Dv],
 ///   weights [B, Hq, L, S] (only with spec.write_weights; every entry is written),
+///   lse [B, Hq, L] (only with spec.write_lse),
 ///   key_keep [B, S] u8 (only with spec.key_padding), bias [L, S] f32 (only with spec.bias).
 /// The generated code reads this struct directly: its layout is part of the kernel ABI.
 struct AttentionArgs {
@@ -114,6 +116,7 @@ struct AttentionArgs {
   std::int64_t len_q = 0;  // L
   std::int64_t len_k = 0;  // S
   std::uint64_t seed = 0;  // dropout seed (the Philox key)
+  float* lse = nullptr;    // [B, Hq, L] (only with spec.write_lse): ln Σ_j e^{s'_ij}, −inf for an empty row
 };
 
 /// The one expression the kernel computes: the flags' terms (bias, key padding, causal) followed

@@ -52,7 +52,7 @@ struct Step {
   enum class Kind : std::uint8_t {
     upload,   // input / param: the feed is copied to the device
     view,     // no code: the node's value is its input's buffer
-    weights,  // attention_weights: the buffer its fused node wrote
+    weights,  // attention_weights / attention_lse: the buffer its fused node wrote
     gpu,      // `launches`, in order (possibly none: an empty tensor)
     host,     // fallback: download the inputs, qkv::evaluate_node, upload (see `why`)
   };
@@ -64,6 +64,7 @@ struct Step {
   /// call->tensor_extents. Filled by the executor before the launch (addresses are known only then).
   int tensor_table = -1;
   int weights_buffer = -1;                         // fused attention with write_weights: where the weights go
+  int lse_buffer = -1;                             // fused attention with write_lse: where the log-sum-exp goes
   std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
 };
 

@@ -15,6 +15,7 @@ enum class KernelKind : std::uint8_t {
   view,                // split, merge, rename, view: the input's memory under other axes (no code)
   fused_attention,     // the flash-style attention kernel
   attention_weights,   // written by its fused_attention input (no code of its own)
+  attention_lse,       // likewise: the log-sum-exp its fused_attention input wrote
   gemm,                // linear whose features are the contiguous axis: y = x·Wᵀ + b
   linear_strided,      // linear over another axis
   layer_norm_rows,     // layer norm over the contiguous axis: independent rows
@@ -25,6 +26,7 @@ enum class KernelKind : std::uint8_t {
   strided_copy,        // permute, broadcast, slice, concat: a strided read into a dense write
   fill,                // a constant
   softmax,             // along one axis, max-subtracted, empty rows → 0
+  logsumexp,           // along one axis (dropped), empty rows → −inf
   causal,              // the causal mask outside a fused attention
   dropout,             // the counter-based dropout outside a fused attention
   contract,            // a general contraction outside a fused attention
