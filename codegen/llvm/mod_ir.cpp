@@ -116,6 +116,56 @@ llvm::Value* mod_element_to_f32(llvm::IRBuilder<>& b, llvm::Value* x, DType t) {
 
 llvm::Value* ModLeaves::exp(llvm::Value* /*x*/) { return nullptr; }
 llvm::Value* ModLeaves::log(llvm::Value* /*x*/) { return nullptr; }
+llvm::Value* ModLeaves::exp2(llvm::Value* /*x*/) { return nullptr; }
+llvm::Value* ModLeaves::score_log2() { return nullptr; }
+
+namespace {
+
+/// 1 − 2 / (e + 1) for e = e^(2a) >= 0 (tanh a), the division a reciprocal estimate refined once
+/// (arcp, ninf: rcp14 + Newton on x86): the caller keeps e finite.
+llvm::Value* tanh_from_exp(llvm::IRBuilder<>& b, llvm::Value* e) {
+  llvm::Type* t = e->getType();
+  llvm::Value* q = b.CreateFDiv(fconst(t, 2.0), b.CreateFAdd(e, fconst(t, 1.0)));
+  if (auto* div = llvm::dyn_cast<llvm::Instruction>(q)) {
+    div->setHasAllowReciprocal(true);
+    div->setHasNoInfs(true);
+  }
+  return b.CreateFSub(fconst(t, 1.0), q);
+}
+
+/// Node n = c · tanh(score / d) (mods::softcap: d = c) from the score in log2 units x, when
+/// the kernel has it: tanh(x·ln 2 / d) = 1 − 2/(2^(2x/d) + 1), with 2x/d clamped to at most 64
+/// (tanh is 1 in f32 long before; a NaN passes) and no clamp below (2^x is 0 there: tanh = −1).
+/// nullptr when n is not of that form or the score is not in log2 units.
+llvm::Value* emit_softcap(llvm::IRBuilder<>& b, const ModExpr& e, const ModNode& n, ModLeaves& leaves) {
+  auto constant = [&](int id, double& v) {
+    const ModNode& c = e.nodes[static_cast<std::size_t>(id)];
+    v = c.value;
+    return c.op == ModOp::constant;
+  };
+  double c = 0.0, d = 0.0;
+  int t = -1;
+  if (constant(n.a, c))
+    t = n.b;
+  else if (constant(n.b, c))
+    t = n.a;
+  if (t < 0 || e.nodes[static_cast<std::size_t>(t)].op != ModOp::tanh) return nullptr;
+  const ModNode& q = e.nodes[static_cast<std::size_t>(e.nodes[static_cast<std::size_t>(t)].a)];
+  if (q.op != ModOp::div || e.nodes[static_cast<std::size_t>(q.a)].op != ModOp::score || !constant(q.b, d) ||
+      d == 0.0 || !std::isfinite(2.0 / d))
+    return nullptr;
+  llvm::Value* x = leaves.score_log2();
+  if (!x) return nullptr;
+  llvm::Type* ty = x->getType();
+  llvm::Value* u = b.CreateFMul(x, fconst(ty, 2.0 / d));
+  llvm::Value* hi = fconst(ty, 64.0);
+  u = b.CreateSelect(b.CreateFCmpOGT(u, hi), hi, u);
+  llvm::Value* ex = leaves.exp2(u);
+  if (!ex) ex = cpu::emit_exp2(b, u);
+  return b.CreateFMul(fconst(ty, c), tanh_from_exp(b, ex));
+}
+
+}  // namespace
 
 llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* extent_f32) {
   llvm::Value* hi = b.CreateFSub(extent_f32, fconst(extent_f32->getType(), 1.0));
@@ -177,7 +227,8 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       out = bin([&](auto l, auto r) { return b.CreateFSub(l, r); });
       break;
     case ModOp::mul:
-      out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); });
+      out = emit_softcap(b, e, n, leaves);
+      if (!out) out = bin([&](auto l, auto r) { return b.CreateFMul(l, r); });
       break;
     case ModOp::div: {
       // By a constant (softcap's s / c): a multiplication by 1/c, rounded once (within 1.5 ulp
@@ -218,9 +269,7 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     }
     case ModOp::tanh: {
       // tanh x = 1 − 2 / (e^(2x) + 1) on x clamped into [−9, 9] (tanh 9 rounds to 1 in f32; a
-      // NaN passes the clamp): the denominator is finite and at least 1, so the division may be
-      // a reciprocal estimate refined once (arcp, ninf: rcp14 + Newton on x86). Absolute error
-      // ~2e-7.
+      // NaN passes the clamp), so e^(2x) is finite (tanh_from_exp). Absolute error ~2e-7.
       llvm::Value* a = x(n.a);
       llvm::Type* t = a->getType();
       llvm::Value* lo = fconst(t, -9.0);
@@ -230,13 +279,7 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       llvm::Value* two = b.CreateFMul(a, fconst(t, 2.0));
       llvm::Value* ex = leaves.exp(two);
       if (!ex) ex = cpu::emit_exp(b, two);
-      llvm::Value* den = b.CreateFAdd(ex, fconst(t, 1.0));
-      llvm::Value* q = b.CreateFDiv(fconst(t, 2.0), den);
-      if (auto* div = llvm::dyn_cast<llvm::Instruction>(q)) {
-        div->setHasAllowReciprocal(true);
-        div->setHasNoInfs(true);
-      }
-      out = b.CreateFSub(fconst(t, 1.0), q);
+      out = tanh_from_exp(b, ex);
       break;
     }
     case ModOp::lt:

@@ -62,6 +62,11 @@ class ModLeaves {
   /// exp and llvm.log for log.
   virtual llvm::Value* exp(llvm::Value* x);
   virtual llvm::Value* log(llvm::Value* x);
+  /// 2^x for the target (nullptr: the CPU's emit_exp2).
+  virtual llvm::Value* exp2(llvm::Value* x);
+  /// The score in log2 units (score · log2 e), when that is how the kernel holds it (nullptr:
+  /// not available). A softcap c · tanh(score / d) then needs no conversion and one 2^x.
+  virtual llvm::Value* score_log2();
 };
 
 /// The value of node `root`, computing what it needs into `cache` (indexed by node id; null =

@@ -581,11 +581,16 @@ void AttentionPtx::store_output(const Values& o, const Values* inv) {
 /// Entry values of the leaves for thread row i (−1: none) and key `key` (null: none).
 class AttentionPtx::Leaves final : public ModLeaves {
  public:
-  Leaves(AttentionPtx& k, int i, llvm::Value* key, llvm::Value* score) : k_(k), i_(i), key_(key), score_(score) {}
+  // The score as the kernel holds it, in log2 units (null: none); the mod sees it in nats.
+  Leaves(AttentionPtx& k, int i, llvm::Value* key, llvm::Value* score_log2)
+      : k_(k), i_(i), key_(key), log2_(score_log2) {}
   llvm::Value* score() override {
-    if (!score_) internal_error("nvptx attention: the keep predicate of a mod may not read the score");
-    return score_;
+    if (!log2_) internal_error("nvptx attention: the keep predicate of a mod may not read the score");
+    if (!nat_) nat_ = k_.b_.CreateFMul(log2_, k_.kb_.cf(kLn2), "score_nat");
+    return nat_;
   }
+  llvm::Value* score_log2() override { return log2_; }
+  llvm::Value* exp2(llvm::Value* x) override { return k_.kb_.ex2(x); }
   llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, i_, key_, false); }
   llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, i_, key_, true); }
   llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
@@ -600,7 +605,8 @@ class AttentionPtx::Leaves final : public ModLeaves {
   AttentionPtx& k_;
   int i_;
   llvm::Value* key_;
-  llvm::Value* score_;
+  llvm::Value* log2_;
+  llvm::Value* nat_ = nullptr;
 };
 
 /// Bounds of the leaves over one tile: the block's rows [q0, q0 + nvalid) × keys [k0, k0 +
@@ -780,8 +786,7 @@ Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked,
           x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), kb_.cf(info_.score_add_sign * kLog2e), x);
         } else {
           // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
-          llvm::Value* nat = b_.CreateFMul(x, kb_.cf(kLn2));
-          x = b_.CreateFMul(mod_value(root, i, kc[j], nat, keyc[j]), kb_.cf(kLog2e));
+          x = b_.CreateFMul(mod_value(root, i, kc[j], x, keyc[j]), kb_.cf(kLog2e));
         }
       }
     }

@@ -23,14 +23,18 @@
 
 namespace qkv::codegen::cpu {
 
-/// Entry values of the leaves for query vector v (−1: none) and key `key` (null: none).
+/// Entry values of the leaves for query vector v (−1: none) and key `key` (null: none); the
+/// score as the kernel holds it, in log2 units (null: none), seen by the mod in nats.
 class AttentionEmitter::Leaves final : public ModLeaves {
  public:
-  Leaves(AttentionEmitter& k, int v, llvm::Value* key, llvm::Value* score) : k_(k), v_(v), key_(key), score_(score) {}
+  Leaves(AttentionEmitter& k, int v, llvm::Value* key, llvm::Value* score_log2)
+      : k_(k), v_(v), key_(key), log2_(score_log2) {}
   llvm::Value* score() override {
-    if (!score_) internal_error("attention kernel: the keep predicate of a mod may not read the score");
-    return score_;
+    if (!log2_) internal_error("attention kernel: the keep predicate of a mod may not read the score");
+    if (!nat_) nat_ = k_.b_.CreateFMul(log2_, k_.vconst(kLn2), "score_nat");
+    return nat_;
   }
+  llvm::Value* score_log2() override { return log2_; }
   llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, v_, key_, false); }
   llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, v_, key_, true); }
   llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
@@ -43,7 +47,8 @@ class AttentionEmitter::Leaves final : public ModLeaves {
   AttentionEmitter& k_;
   int v_;
   llvm::Value* key_;
-  llvm::Value* score_;
+  llvm::Value* log2_;
+  llvm::Value* nat_ = nullptr;
 };
 
 /// Bounds of the leaves over one tile: the task's query rows × keys [k0, k0 + T) ∩ [0, S).
@@ -212,8 +217,7 @@ std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<ll
         x = fma(add, vconst(info_.score_add_sign * kLog2e), x);
       } else {
         // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
-        llvm::Value* nat = b_.CreateFMul(x, vconst(kLn2));
-        x = b_.CreateFMul(mod_value(root, v, key[j], nat, keyc[j]), vconst(kLog2e));
+        x = b_.CreateFMul(mod_value(root, v, key[j], x, keyc[j]), vconst(kLog2e));
       }
     }
   }
