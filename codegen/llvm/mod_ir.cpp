@@ -76,6 +76,23 @@ ModAnalysis analyse_mod(const ModExpr& e, const std::string& query_axis, const s
       a.score_add = n.b;
       a.score_add_sign = -1.0;
     }
+    // −X: the sign; A · B with A free of the key (ALiBi's slope): A a factor computed once per
+    // task or row, folded with the sign and log2 e, so the entry pays one fma for it.
+    while (a.score_add >= 0 && e.nodes[static_cast<std::size_t>(a.score_add)].op == ModOp::neg) {
+      a.score_add = e.nodes[static_cast<std::size_t>(a.score_add)].a;
+      a.score_add_sign = -a.score_add_sign;
+    }
+    if (a.score_add >= 0 && e.nodes[static_cast<std::size_t>(a.score_add)].op == ModOp::mul) {
+      const ModNode& m = e.nodes[static_cast<std::size_t>(a.score_add)];
+      auto keyless = [&](int id) { return !(a.deps[static_cast<std::size_t>(id)] & kDepKey); };
+      if (keyless(m.a) && !keyless(m.b)) {
+        a.score_add_factor = m.a;
+        a.score_add = m.b;
+      } else if (keyless(m.b) && !keyless(m.a)) {
+        a.score_add_factor = m.b;
+        a.score_add = m.a;
+      }
+    }
   }
   return a;
 }

@@ -37,6 +37,9 @@ struct ModAnalysis {
   /// kernels' log2 units with no conversion; −1 otherwise.
   int score_add = -1;
   double score_add_sign = 1.0;
+  /// score' = score + sign · nodes[score_add_factor] · nodes[score_add] when the added term is a
+  /// product with one factor free of the key (computed outside the key loop); −1: no factor.
+  int score_add_factor = -1;
 };
 ModAnalysis analyse_mod(const ModExpr& e, const std::string& query_axis, const std::string& key_axis);
 

@@ -783,7 +783,10 @@ Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked,
       for (int i = 0; i < R_; ++i) {
         llvm::Value*& x = s[si(i, j)];
         if (info_.score_add >= 0) {
-          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), kb_.cf(info_.score_add_sign * kLog2e), x);
+          llvm::Value* factor = kb_.cf(info_.score_add_sign * kLog2e);
+          if (info_.score_add_factor >= 0)
+            factor = b_.CreateFMul(mod_value(info_.score_add_factor, i, kc[j], nullptr, keyc[j]), factor);
+          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), factor, x);
         } else {
           // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
           x = b_.CreateFMul(mod_value(root, i, kc[j], x, keyc[j]), kb_.cf(kLog2e));

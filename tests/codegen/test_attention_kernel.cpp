@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include <qkv/codegen/cpu/attention.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/target.hpp>
@@ -485,6 +489,34 @@ TEST(AttentionKernelApi, EmptyKeysGiveZeroRows) {
   codegen::cpu::run_attention(AttentionSpec{}, a);
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }
+
+#if defined(__x86_64__)
+TEST(AttentionKernelApi, FlushesDenormalResultsAndRestoresTheCallersMxcsr) {
+  // The kernel runs with MXCSR's flush-to-zero bit (KernelConfig::flush_denormals): a value
+  // row of denormals gives zeros, where the interpreter keeps them. The calling thread's MXCSR is
+  // what it was.
+  const std::int64_t L = 20, S = 30;
+  std::vector<float> q(static_cast<std::size_t>(L * 64), 0.01f), k(static_cast<std::size_t>(S * 64), 0.02f);
+  std::vector<float> v(static_cast<std::size_t>(S * 64), 1e-39f), out(static_cast<std::size_t>(L * 64), 7.0f);
+  ASSERT_TRUE(std::fpclassify(v[0]) == FP_SUBNORMAL);
+  AttentionArgs a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.batch = 1;
+  a.len_q = L;
+  a.len_k = S;
+  const unsigned before = _mm_getcsr();
+  codegen::cpu::run_attention(AttentionSpec{}, a, 1);
+  EXPECT_EQ(_mm_getcsr(), before);
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  // Normal values are untouched: 1e-30 is far above the denormal range.
+  std::fill(v.begin(), v.end(), 1e-30f);
+  codegen::cpu::run_attention(AttentionSpec{}, a, 2);
+  for (float x : out) EXPECT_NEAR(x, 1e-30f, 1e-36f);
+}
+#endif
 
 }  // namespace
 }  // namespace qkv

@@ -13,6 +13,7 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 
 #include "cpu/kernels/attention_emitter.hpp"
@@ -55,6 +56,7 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
   if (spec.pv_dims > 0) c.pv_dims = spec.pv_dims;
   if (spec.key_tile > 0) c.key_tile = spec.key_tile;
   c.key_tile = (c.key_tile + c.qk_keys - 1) / c.qk_keys * c.qk_keys;  // whole Q·Kᵀ blocks per tile
+  c.flush_denormals = host.triple.starts_with("x86_64");
   c.cpu = host.cpu;
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
   return c;
@@ -103,6 +105,15 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
 
 llvm::Function* AttentionEmitter::emit(const std::string& name) {
   declare(name);
+  llvm::Value* saved_csr = nullptr;
+  if (cfg_.flush_denormals) {
+    // MXCSR |= FTZ for this call; the caller's MXCSR comes back before the return.
+    saved_csr = ir::entry_alloca(b_, i32_, 1, 4, "mxcsr.saved");
+    llvm::Value* ftz = ir::entry_alloca(b_, i32_, 1, 4, "mxcsr.ftz");
+    b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_stmxcsr, {}, {saved_csr});
+    b_.CreateStore(b_.CreateOr(b_.CreateLoad(i32_, saved_csr), b_.getInt32(0x8000)), ftz);
+    b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_ldmxcsr, {}, {ftz});
+  }
   load_arguments();
   compute_geometry();
   allocate_state();
@@ -121,6 +132,7 @@ llvm::Function* AttentionEmitter::emit(const std::string& name) {
     emit_tiles(Pass::normalized);
     store_output(Pass::normalized);
   }
+  if (saved_csr) b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_ldmxcsr, {}, {saved_csr});
   b_.CreateRetVoid();
   return fn_;
 }

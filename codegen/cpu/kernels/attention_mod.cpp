@@ -214,7 +214,10 @@ std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<ll
       llvm::Value*& x = out[j * qv_ + v];
       if (info_.score_add >= 0) {
         llvm::Value* add = mod_value(root, v, key[j], nullptr, keyc[j]);
-        x = fma(add, vconst(info_.score_add_sign * kLog2e), x);
+        llvm::Value* factor = vconst(info_.score_add_sign * kLog2e);
+        if (info_.score_add_factor >= 0)  // free of the key: hoisted out of the tile loop
+          factor = b_.CreateFMul(mod_value(info_.score_add_factor, v, key[j], nullptr, keyc[j]), factor);
+        x = fma(add, factor, x);
       } else {
         // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
         x = b_.CreateFMul(mod_value(root, v, key[j], x, keyc[j]), vconst(kLog2e));
