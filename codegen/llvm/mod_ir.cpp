@@ -138,48 +138,58 @@ llvm::Value* ModLeaves::score_log2() { return nullptr; }
 
 namespace {
 
-/// 1 − 2 / (e + 1) for e = e^(2a) >= 0 (tanh a), the division a reciprocal estimate refined once
-/// (arcp, ninf: rcp14 + Newton on x86): the caller keeps e finite.
-llvm::Value* tanh_from_exp(llvm::IRBuilder<>& b, llvm::Value* e) {
+/// 1 / (e + 1) for a finite e >= 0 (the caller keeps it finite), as a reciprocal estimate refined
+/// once (arcp, ninf: rcp14 + Newton on x86). tanh a = 1 − 2 / (e^(2a) + 1).
+llvm::Value* recip_plus_one(llvm::IRBuilder<>& b, llvm::Value* e) {
   llvm::Type* t = e->getType();
-  llvm::Value* q = b.CreateFDiv(fconst(t, 2.0), b.CreateFAdd(e, fconst(t, 1.0)));
+  llvm::Value* q = b.CreateFDiv(fconst(t, 1.0), b.CreateFAdd(e, fconst(t, 1.0)));
   if (auto* div = llvm::dyn_cast<llvm::Instruction>(q)) {
     div->setHasAllowReciprocal(true);
     div->setHasNoInfs(true);
   }
-  return b.CreateFSub(fconst(t, 1.0), q);
+  return q;
 }
 
-/// Node n = c · tanh(score / d) (mods::softcap: d = c) from the score in log2 units x, when
-/// the kernel has it: tanh(x·ln 2 / d) = 1 − 2/(2^(2x/d) + 1), with 2x/d clamped to at most 64
-/// (tanh is 1 in f32 long before; a NaN passes) and no clamp below (2^x is 0 there: tanh = −1).
-/// nullptr when n is not of that form or the score is not in log2 units.
-llvm::Value* emit_softcap(llvm::IRBuilder<>& b, const ModExpr& e, const ModNode& n, ModLeaves& leaves) {
+/// Whether node n is c · tanh(score / d) (mods::softcap: d = c), with c and d.
+bool softcap_form(const ModExpr& e, const ModNode& n, double& c, double& d) {
   auto constant = [&](int id, double& v) {
-    const ModNode& c = e.nodes[static_cast<std::size_t>(id)];
-    v = c.value;
-    return c.op == ModOp::constant;
+    const ModNode& k = e.nodes[static_cast<std::size_t>(id)];
+    v = k.value;
+    return k.op == ModOp::constant;
   };
-  double c = 0.0, d = 0.0;
+  if (n.op != ModOp::mul) return false;
   int t = -1;
   if (constant(n.a, c))
     t = n.b;
   else if (constant(n.b, c))
     t = n.a;
-  if (t < 0 || e.nodes[static_cast<std::size_t>(t)].op != ModOp::tanh) return nullptr;
+  if (t < 0 || e.nodes[static_cast<std::size_t>(t)].op != ModOp::tanh) return false;
   const ModNode& q = e.nodes[static_cast<std::size_t>(e.nodes[static_cast<std::size_t>(t)].a)];
-  if (q.op != ModOp::div || e.nodes[static_cast<std::size_t>(q.a)].op != ModOp::score || !constant(q.b, d) ||
-      d == 0.0 || !std::isfinite(2.0 / d))
-    return nullptr;
-  llvm::Value* x = leaves.score_log2();
-  if (!x) return nullptr;
+  return q.op == ModOp::div && e.nodes[static_cast<std::size_t>(q.a)].op == ModOp::score && constant(q.b, d) &&
+         d != 0.0 && std::isfinite(2.0 / d);
+}
+
+/// k · tanh(x·ln 2 / d) = k − 2k / (2^(2x/d) + 1) from the score in log2 units x, with 2x/d
+/// clamped to at most 64 (tanh is 1 in f32 long before; a NaN passes) and no clamp below (2^x is
+/// 0 there: tanh = −1). One 2^x, one refined reciprocal, one fma.
+llvm::Value* softcap_from_log2(llvm::IRBuilder<>& b, llvm::Value* x, double d, double k, ModLeaves& leaves) {
   llvm::Type* ty = x->getType();
   llvm::Value* u = b.CreateFMul(x, fconst(ty, 2.0 / d));
   llvm::Value* hi = fconst(ty, 64.0);
   u = b.CreateSelect(b.CreateFCmpOGT(u, hi), hi, u);
   llvm::Value* ex = leaves.exp2(u);
-  if (!ex) ex = cpu::emit_exp2(b, u);
-  return b.CreateFMul(fconst(ty, c), tanh_from_exp(b, ex));
+  if (!ex) ex = cpu::emit_exp2(b, u, /*no_overflow=*/true);
+  return b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {ty},
+                           {recip_plus_one(b, ex), fconst(ty, -2.0 * k), fconst(ty, k)});
+}
+
+/// Node n = c · tanh(score / d) in nats when the kernel has the score in log2 units (nullptr
+/// otherwise).
+llvm::Value* emit_softcap(llvm::IRBuilder<>& b, const ModExpr& e, const ModNode& n, ModLeaves& leaves) {
+  double c = 0.0, d = 0.0;
+  if (!softcap_form(e, n, c, d)) return nullptr;
+  llvm::Value* x = leaves.score_log2();
+  return x ? softcap_from_log2(b, x, d, c, leaves) : nullptr;
 }
 
 }  // namespace
@@ -195,6 +205,13 @@ llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* 
   if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType()))
     i64 = llvm::FixedVectorType::get(i64, vt->getNumElements());
   return b.CreateFPToSI(c, i64);
+}
+
+llvm::Value* emit_softcap_log2(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves) {
+  double c = 0.0, d = 0.0;
+  if (root < 0 || !softcap_form(e, e.nodes[static_cast<std::size_t>(root)], c, d)) return nullptr;
+  llvm::Value* x = leaves.score_log2();
+  return x ? softcap_from_log2(b, x, d, c * kLog2e, leaves) : nullptr;
 }
 
 llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves,
@@ -286,7 +303,7 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     }
     case ModOp::tanh: {
       // tanh x = 1 − 2 / (e^(2x) + 1) on x clamped into [−9, 9] (tanh 9 rounds to 1 in f32; a
-      // NaN passes the clamp), so e^(2x) is finite (tanh_from_exp). Absolute error ~2e-7.
+      // NaN passes the clamp), so e^(2x) is finite (recip_plus_one). Absolute error ~2e-7.
       llvm::Value* a = x(n.a);
       llvm::Type* t = a->getType();
       llvm::Value* lo = fconst(t, -9.0);
@@ -296,7 +313,7 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       llvm::Value* two = b.CreateFMul(a, fconst(t, 2.0));
       llvm::Value* ex = leaves.exp(two);
       if (!ex) ex = cpu::emit_exp(b, two);
-      out = tanh_from_exp(b, ex);
+      out = b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {t}, {recip_plus_one(b, ex), fconst(t, -2.0), fconst(t, 1.0)});
       break;
     }
     case ModOp::lt:

@@ -77,6 +77,10 @@ class ModLeaves {
 llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves,
                       std::vector<llvm::Value*>& cache);
 
+/// When node `root` is a softcap c · tanh(score / d) and the leaves have the score in log2 units:
+/// its value in log2 units (c · log2 e · tanh(...), no conversion either way); else nullptr.
+llvm::Value* emit_softcap_log2(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves);
+
 /// A block's bounds of one number-valued node: f32 scalars.
 struct IrInterval {
   llvm::Value* lo = nullptr;

@@ -80,8 +80,8 @@ std::pair<llvm::Value*, llvm::Value*> round_and_scale(llvm::IRBuilder<>& b, llvm
 
 }  // namespace
 
-llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool nonpositive) {
-  llvm::Value* y = clamp_keep_nan(b, x, kExp2Lo, nonpositive ? std::numeric_limits<double>::quiet_NaN() : kExp2Hi);
+llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow) {
+  llvm::Value* y = clamp_keep_nan(b, x, kExp2Lo, no_overflow ? std::numeric_limits<double>::quiet_NaN() : kExp2Hi);
   auto [n, scale] = round_and_scale(b, y);
   llvm::Value* f = b.CreateFSub(y, n, "exp2.f");
   return b.CreateFMul(polynomial(b, f, kExp2Poly), scale, "exp2");

@@ -20,9 +20,9 @@ namespace qkv::codegen::cpu {
 
 /// 2^x. Max relative error ~2e-7 on the normal range. x = −inf (and anything below −126.5)
 /// gives exactly +0 — the masked entries of a softmax contribute nothing; x >= 128 gives +inf;
-/// NaN stays NaN. `nonpositive`: the caller guarantees x <= 0 or NaN (a softmax's x − max), which
-/// saves the upper clamp.
-llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool nonpositive = false);
+/// NaN stays NaN. `no_overflow`: the caller guarantees x < 128 or NaN (a softmax's x − max <= 0),
+/// which saves the upper clamp.
+llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow = false);
 
 /// e^x (Cody–Waite reduction by ln 2 in two parts, then the same kind of polynomial). Max
 /// relative error ~3e-7; x = −inf (and x below about −87.7) gives +0, x >= 88.73 gives +inf,

@@ -788,8 +788,11 @@ Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked,
             factor = b_.CreateFMul(mod_value(info_.score_add_factor, i, kc[j], nullptr, keyc[j]), factor);
           x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), factor, x);
         } else {
-          // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
-          x = b_.CreateFMul(mod_value(root, i, kc[j], x, keyc[j]), kb_.cf(kLog2e));
+          // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats, except a
+          // softcap at the root, computed in log2 units directly.
+          Leaves leaves(*this, i, kc[j], x);
+          llvm::Value* capped = emit_softcap_log2(b_, e, root, leaves);
+          x = capped ? capped : b_.CreateFMul(mod_value(root, i, kc[j], x, keyc[j]), kb_.cf(kLog2e));
         }
       }
     }

@@ -219,8 +219,11 @@ std::vector<llvm::Value*> AttentionEmitter::apply_score_mod(const std::vector<ll
           factor = b_.CreateFMul(mod_value(info_.score_add_factor, v, key[j], nullptr, keyc[j]), factor);
         x = fma(add, factor, x);
       } else {
-        // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats.
-        x = b_.CreateFMul(mod_value(root, v, key[j], x, keyc[j]), vconst(kLog2e));
+        // The kernel's scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats,
+        // except a softcap at the root, computed in log2 units directly.
+        Leaves leaves(*this, v, key[j], x);
+        llvm::Value* capped = emit_softcap_log2(b_, e, root, leaves);
+        x = capped ? capped : b_.CreateFMul(mod_value(root, v, key[j], x, keyc[j]), vconst(kLog2e));
       }
     }
   }

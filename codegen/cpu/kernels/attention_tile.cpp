@@ -59,7 +59,7 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
     llvm::Value* m_old = load_vec(m_, c64(v));
     llvm::Value* m_new = b_.CreateMaxNum(m_old, tile_max[v], "m_new");
     m_use[v] = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, vconst(kNegInf)), vconst(0.0), m_new, "m_use");
-    alpha[v] = emit_exp2(b_, b_.CreateFSub(m_old, m_use[v]), /*nonpositive=*/true);
+    alpha[v] = emit_exp2(b_, b_.CreateFSub(m_old, m_use[v]), /*no_overflow=*/true);
     store_vec(m_, c64(v), m_new);
   }
 
@@ -185,7 +185,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
         llvm::Value* col = dropout ? b_.CreateTrunc(b_.CreateAdd(k0, c), i32_, "col") : nullptr;
         llvm::Value* row = vec_row(sp_, c);
         for (int v = 0; v < qv_; ++v) {
-          llvm::Value* p = emit_exp2(b_, b_.CreateFSub(load_at(row, v), m_use[v]), /*nonpositive=*/true);
+          llvm::Value* p = emit_exp2(b_, b_.CreateFSub(load_at(row, v), m_use[v]), /*no_overflow=*/true);
           if (pass != Pass::normalized) sums[v] = b_.CreateFAdd(sums[v], p);
           if (pass == Pass::stats) continue;
           if (pass == Pass::normalized) p = b_.CreateFMul(p, inv_l[v]);
