@@ -298,7 +298,7 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     case ModOp::log: {
       llvm::Value* a = x(n.a);
       out = leaves.log(a);
-      if (!out) out = b.CreateUnaryIntrinsic(llvm::Intrinsic::log, a);
+      if (!out) out = b.CreateFMul(cpu::emit_log2(b, a), fconst(a->getType(), kLn2));
       break;
     }
     case ModOp::tanh: {

@@ -61,8 +61,8 @@ class ModLeaves {
   virtual llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& at) = 0;
   /// The tensor's extent along axis k, as f32 (for the clamp).
   virtual llvm::Value* extent(const ModNode& n, std::size_t k) = 0;
-  /// e^x and ln x for the target; nullptr (the default) takes the CPU's vector polynomial for
-  /// exp and llvm.log for log.
+  /// e^x and ln x for the target; nullptr (the default) takes the CPU's vector polynomials
+  /// (emit_exp, emit_log2: no library calls).
   virtual llvm::Value* exp(llvm::Value* x);
   virtual llvm::Value* log(llvm::Value* x);
   /// 2^x for the target (nullptr: the CPU's emit_exp2).

@@ -1,6 +1,7 @@
 // Vectorisable exp and exp2 in IR: reduce x = n + f (|f| <= 1/2) with the round-to-nearest
 // "magic number" trick, evaluate a degree-5 minimax polynomial for 2^f (or e^r), and build 2^n
 // directly in the exponent bits. No fptosi (its result is poison for NaN), no calls, no tables.
+// log2: the exponent field and a mantissa in [√½, √2), then Cephes' logf polynomial.
 #include "llvm/vector_math.hpp"
 
 #include <array>
@@ -78,7 +79,39 @@ std::pair<llvm::Value*, llvm::Value*> round_and_scale(llvm::IRBuilder<>& b, llvm
   return {n, scale};
 }
 
+// Cephes logf: ln(1 + x) = x − x²/2 + x³·P(x) for x in [√½ − 1, √2 − 1] (about 1 ulp).
+constexpr std::array<double, 9> kLogPoly = {3.3333331174e-1,  -2.4999993993e-1, 2.0000714765e-1,
+                                            -1.6668057665e-1, 1.4249322787e-1,  -1.2420140846e-1,
+                                            1.1676998740e-1,  -1.1514610310e-1, 7.0376836292e-2};
+
 }  // namespace
+
+llvm::Value* emit_log2(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* t = x->getType();
+  llvm::Type* it = int_type_like(t);
+  auto f = [&](double v) { return llvm::ConstantFP::get(t, v); };
+  auto i = [&](std::uint32_t v) { return llvm::ConstantInt::get(it, v); };
+  // Denormals first scaled by 2^23 (their exponent then corrected).
+  llvm::Value* tiny = b.CreateFCmpOLT(x, f(0x1p-126));
+  llvm::Value* xs = b.CreateSelect(tiny, b.CreateFMul(x, f(0x1p23)), x);
+  llvm::Value* bits = b.CreateBitCast(xs, it);
+  llvm::Value* e = b.CreateSub(b.CreateLShr(bits, i(kMantissaBits)), i(kExponentBias));
+  llvm::Value* m = b.CreateBitCast(b.CreateOr(b.CreateAnd(bits, i(0x007FFFFFu)), i(0x3F800000u)), t);  // [1, 2)
+  // m >= √2: halve it (and count one more in the exponent), so that m − 1 is small either way.
+  llvm::Value* big = b.CreateFCmpOGE(m, f(1.41421356237));
+  m = b.CreateSelect(big, b.CreateFMul(m, f(0.5)), m);
+  llvm::Value* ef = b.CreateSIToFP(b.CreateAdd(e, b.CreateZExt(big, it)), t);
+  ef = b.CreateSelect(tiny, b.CreateFSub(ef, f(23.0)), ef);
+  llvm::Value* r = b.CreateFSub(m, f(1.0));
+  llvm::Value* r2 = b.CreateFMul(r, r);
+  llvm::Value* p = polynomial(b, r, kLogPoly);
+  llvm::Value* ln = fmuladd(b, b.CreateFMul(r2, r), p, fmuladd(b, r2, f(-0.5), r));  // ln(m)
+  llvm::Value* y = fmuladd(b, ln, f(kLog2e), ef);
+  // The special values: log2 0 = −inf, of a negative number or NaN NaN, log2 +inf = +inf.
+  y = b.CreateSelect(b.CreateFCmpOEQ(x, f(0.0)), f(-std::numeric_limits<double>::infinity()), y);
+  y = b.CreateSelect(b.CreateFCmpOEQ(x, f(std::numeric_limits<double>::infinity())), x, y);
+  return b.CreateSelect(b.CreateFCmpOGE(x, f(0.0)), y, f(std::numeric_limits<double>::quiet_NaN()));
+}
 
 llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow) {
   llvm::Value* y = clamp_keep_nan(b, x, kExp2Lo, no_overflow ? std::numeric_limits<double>::quiet_NaN() : kExp2Hi);

@@ -227,8 +227,8 @@ std::optional<Match> match_at(const Graph& g, const Uses& uses, int softmax_id) 
   return m;
 }
 
-/// Adds match m's fused_attention node (and its attention_weights node, standing for the softmax) to r.out; returns the
-/// fused node's id.
+/// Adds match m's fused_attention node to r.out (and its attention_weights node, which then
+/// stands for the softmax); returns the fused node's id.
 int add_fused(Rewrite& r, const Graph& g, const Match& m) {
   Node f;
   f.op = Op::fused_attention;

@@ -345,6 +345,17 @@ Value op_fill(const OpArgs& a) {
   return Value{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)), v)};
 }
 
+/// The largest of X.data[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins.
+template <class At>
+float row_max(const Value& X, std::int64_t n, const At& at) {
+  float m = kNegInf;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float v = X.data[at(k)];
+    if (v > m || std::isnan(v)) m = v;
+  }
+  return m;
+}
+
 /// softmax over attr_axes[0]: max-subtracted, sums in double; an all −inf row gives zeros.
 Value op_softmax(const OpArgs& a) {
   expect_inputs(a);
@@ -356,11 +367,7 @@ Value op_softmax(const OpArgs& a) {
   for (std::int64_t o = 0; o < r.outer; ++o) {
     for (std::int64_t i = 0; i < r.inner; ++i) {
       auto at = [&](std::int64_t k) { return static_cast<std::size_t>((o * r.n + k) * r.inner + i); };
-      float m = kNegInf;
-      for (std::int64_t k = 0; k < r.n; ++k) {
-        const float v = X.data[at(k)];
-        if (v > m || std::isnan(v)) m = v;
-      }
+      const float m = row_max(X, r.n, at);
       if (m == kNegInf) continue;  // nothing visible: the row stays zero
       double sum = 0.0;
       for (std::int64_t k = 0; k < r.n; ++k) {
@@ -392,11 +399,7 @@ Value op_logsumexp(const OpArgs& a) {
   for (std::int64_t o = 0; o < r.outer; ++o) {
     for (std::int64_t i = 0; i < r.inner; ++i) {
       auto at = [&](std::int64_t k) { return static_cast<std::size_t>((o * r.n + k) * r.inner + i); };
-      float m = kNegInf;
-      for (std::int64_t k = 0; k < r.n; ++k) {
-        const float v = X.data[at(k)];
-        if (v > m || std::isnan(v)) m = v;
-      }
+      const float m = row_max(X, r.n, at);
       float& y = out.data[static_cast<std::size_t>(o * r.inner + i)];
       if (m == kNegInf || std::isnan(m) || std::isinf(m)) {
         y = m;  // nothing visible (−inf), a NaN, or a +inf entry

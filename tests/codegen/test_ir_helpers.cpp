@@ -150,6 +150,41 @@ TEST(VectorMath, ExpIsAccurateAndMapsMinusInfinityToZero) {
   RecordProperty("exp_max_rel_error", std::to_string(err));
 }
 
+TEST(VectorMath, Log2IsAccurateOverTheWholeRange) {
+  // No library call (the AOT objects need no libm). Absolute error near 1 (where log2 is ~0),
+  // relative elsewhere; denormals, 0, +inf, negatives and NaN by their rules.
+  auto* f = reinterpret_cast<MapFn*>(compile_map(
+      "test_log2", f32_type, f32_type,
+      [](llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value*, llvm::Value*) { return cpu::emit_log2(b, x); }));
+  ASSERT_NE(f, nullptr);
+  std::vector<float> x;
+  for (int k = 0; k < (1 << 16); ++k)
+    x.push_back(std::ldexp(1.0f + static_cast<float>(k) / (1 << 16), (k % 250) - 125));
+  for (int k = 0; k < 4096; ++k) x.push_back(0.5f + static_cast<float>(k) / 4096.0f);  // around 1
+  x.push_back(1e-40f);                                                                 // denormal
+  x.push_back(std::numeric_limits<float>::denorm_min());
+  const std::size_t specials = x.size();
+  x.push_back(0.0f);
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-1.0f);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.resize((x.size() + kLanes - 1) / kLanes * kLanes, 1.0f);  // whole vectors
+  std::vector<float> y(x.size());
+  f(x.data(), y.data(), static_cast<std::int64_t>(x.size()), 0);
+  double err = 0;
+  for (std::size_t i = 0; i < specials; ++i) {
+    const double want = std::log2(static_cast<double>(x[i]));
+    err = std::max(err, std::abs(y[i] - want) / std::max(1.0, std::abs(want)));
+  }
+  EXPECT_LT(err, 2.5e-7);
+  EXPECT_EQ(y[specials], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(y[specials + 1], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(y[specials + 2]));
+  EXPECT_TRUE(std::isnan(y[specials + 3]));
+  EXPECT_EQ(y[1 << 16], -1.0f);  // log2 0.5, exactly
+  RecordProperty("log2_max_error", std::to_string(err));
+}
+
 TEST(PhiloxIr, MatchesTheRuntimeGeneratorBitForBit) {
   // out[i] = word 0 of philox((row = in[i], col = i, head = 5, batch = 2), key) — lanes vary in
   // two words, as in the kernel (rows per lane); the full block is checked through word 0..3.

@@ -18,42 +18,52 @@ std::string mod_flags(const std::string& name, const nlohmann::json& args) {
   std::string out;
   for (const auto& a : args) {
     std::string s = a.get<std::string>();
-    if (s.size() > 4 && s.ends_with(".npy")) s = (kModFixtures / name / s).string();
+    if (s.ends_with(".npy") || s.ends_with(".safetensors")) s = (kModFixtures / name / s).string();
     out += " '" + s + "'";
   }
   return out;
 }
 
-TEST_F(Cli, RunSdpaModsMatchPyTorchOnBothBackends) {
+/// f(name, dir, config) for each fixture of `command` ("sdpa" unless the config says); returns
+/// how many there were.
+template <class F>
+int for_each_fixture(const std::string& command, F&& f) {
   int cases = 0;
   for (const auto& dir : fs::directory_iterator(kModFixtures)) {
-    const std::string name = dir.path().filename().string();
     std::ifstream in(dir.path() / "config.json");
     const auto c = nlohmann::json::parse(in);
-    if (c.value("command", "sdpa") != "sdpa") continue;
-    for (const std::string backend : {"cpu", "reference"}) {
-      const Result r = run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o.npy") + " --weights-out " +
-                           tmp("w.npy") + " --lse-out " + tmp("lse.npy") + " --backend " + backend);
-      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
-      EXPECT_LE(error(tmp("o.npy"), (dir.path() / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
-          << name << " on " << backend;
-      EXPECT_LE(error(tmp("w.npy"), (dir.path() / "expected_weights_f64.npy").string()),
-                c.at("tol_weights").get<double>())
-          << name << " on " << backend;
-      EXPECT_LE(error(tmp("lse.npy"), (dir.path() / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
-          << name << " on " << backend;
-      // Without the weights the kernel takes its one-pass path: the same log-sum-exp.
-      if (backend == std::string("cpu")) {
-        ASSERT_EQ(run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o1.npy") + " --lse-out " +
-                      tmp("lse1.npy"))
-                      .code,
-                  0);
-        EXPECT_LE(error(tmp("lse1.npy"), (dir.path() / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
-            << name << " (one pass)";
-      }
-    }
+    if (c.value("command", "sdpa") != command) continue;
+    f(dir.path().filename().string(), dir.path(), c);
     ++cases;
   }
+  return cases;
+}
+
+TEST_F(Cli, RunSdpaModsMatchPyTorchOnBothBackends) {
+  const int cases =
+      for_each_fixture("sdpa", [&](const std::string& name, const fs::path& dir, const nlohmann::json& c) {
+        for (const std::string backend : {"cpu", "reference"}) {
+          const Result r =
+              run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o.npy") + " --weights-out " +
+                  tmp("w.npy") + " --lse-out " + tmp("lse.npy") + " --backend " + backend);
+          ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+          EXPECT_LE(error(tmp("o.npy"), (dir / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
+              << name << " on " << backend;
+          EXPECT_LE(error(tmp("w.npy"), (dir / "expected_weights_f64.npy").string()), c.at("tol_weights").get<double>())
+              << name << " on " << backend;
+          EXPECT_LE(error(tmp("lse.npy"), (dir / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
+              << name << " on " << backend;
+          // Without the weights the kernel takes its one-pass path: the same log-sum-exp.
+          if (backend == std::string("cpu")) {
+            ASSERT_EQ(run("run sdpa" + mod_flags(name, c.at("args")) + " --out " + tmp("o1.npy") + " --lse-out " +
+                          tmp("lse1.npy"))
+                          .code,
+                      0);
+            EXPECT_LE(error(tmp("lse1.npy"), (dir / "expected_lse_f64.npy").string()), c.at("tol_lse").get<double>())
+                << name << " (one pass)";
+          }
+        }
+      });
   EXPECT_EQ(cases, 6);
 }
 
@@ -61,26 +71,15 @@ TEST_F(Cli, RunMhaWindowAndAlibiMatchPyTorch) {
   // nn.MultiheadAttention given the window and ALiBi as an explicit float attn_mask
   // [B*H, L, S]; qkv takes them as flags (self-attention, and cross-attention with L != S
   // aligned bottom-right).
-  int cases = 0;
-  for (const auto& dir : fs::directory_iterator(kModFixtures)) {
-    const std::string name = dir.path().filename().string();
-    std::ifstream in(dir.path() / "config.json");
-    const auto c = nlohmann::json::parse(in);
-    if (c.value("command", "sdpa") != "mha") continue;
-    std::string flags;
-    for (const auto& a : c.at("args")) {
-      std::string x = a.get<std::string>();
-      if (x.ends_with(".npy") || x.ends_with(".safetensors")) x = (dir.path() / x).string();
-      flags += " '" + x + "'";
-    }
+  const int cases = for_each_fixture("mha", [&](const std::string& name, const fs::path& dir, const nlohmann::json& c) {
     for (const std::string backend : {"cpu", "reference"}) {
-      const Result r = run("run mha" + flags + " --out " + tmp("o.npy") + " --backend " + backend);
+      const Result r =
+          run("run mha" + mod_flags(name, c.at("args")) + " --out " + tmp("o.npy") + " --backend " + backend);
       ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
-      EXPECT_LE(error(tmp("o.npy"), (dir.path() / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
+      EXPECT_LE(error(tmp("o.npy"), (dir / "expected_out_f64.npy").string()), c.at("tol_out").get<double>())
           << name << " on " << backend;
     }
-    ++cases;
-  }
+  });
   EXPECT_EQ(cases, 2);
   // The appended keys of add_zero_attn have no position.
   const fs::path self = kModFixtures / "mha_window_alibi_self";

@@ -312,7 +312,7 @@ void AttentionEmitter::store_lse() {
   for (int v = 0; v < qv_; ++v) {
     llvm::Value* m = load_vec(m_, c64(v));
     llvm::Value* l = load_vec(l_, c64(v));
-    llvm::Value* log2l = b_.CreateUnaryIntrinsic(llvm::Intrinsic::log2, l);
+    llvm::Value* log2l = emit_log2(b_, l);
     llvm::Value* value =
         b_.CreateSelect(b_.CreateFCmpOGT(l, vconst(0.0)), b_.CreateFMul(b_.CreateFAdd(m, log2l), vconst(kLn2)),
                         vconst(-std::numeric_limits<double>::infinity()), "lse");
