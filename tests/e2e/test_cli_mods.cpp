@@ -1,7 +1,7 @@
-// `qkv run sdpa` with score and mask modifications (--window, --softcap, --alibi-slopes,
-// --q-doc-ids / --kv-doc-ids, --prefix-len, --align) against PyTorch references built from
-// explicit masks and biases (tests/numerics/make_mod_fixtures.py), on both CPU backends; and the
-// flags' refusals.
+// `qkv run sdpa` (--window, --softcap, --alibi-slopes, --q-doc-ids / --kv-doc-ids, --prefix-len,
+// --align, --lse-out) and `qkv run mha` (--window, --alibi-slopes) against PyTorch references
+// built from explicit masks and biases (tests/numerics/make_mod_fixtures.py), on both CPU
+// backends; and the flags' refusals.
 #include "cli_test.hpp"
 
 using ::testing::HasSubstr;
