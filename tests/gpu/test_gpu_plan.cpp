@@ -333,6 +333,21 @@ TEST(GpuPlan, TheLogSumExpComesFromTheGpuKernelAndFromTheHostFallback) {
       EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name << " shared " << shared;
     EXPECT_TRUE(std::isinf(got.outputs.at("lse").to_f32()[0]));
   }
+  // The kernel with its lse store assembles without spills.
+  if (!nvptx::find_ptxas()) return;
+  const Plan p = codegen::cuda::plan(lowered, bind_extents(lowered, feeds));
+  for (const auto& step : p.steps)
+    for (const auto& launch : step.launches)
+      if (const auto* a = std::get_if<nvptx::AttentionKernel>(&launch.request)) {
+        ASSERT_TRUE(a->spec.write_lse);
+        for (int sm : {80, 90}) {
+          std::string error;
+          const auto report = nvptx::run_ptxas(nvptx::emit_ptx(launch.request, sm).ptx, sm, &error);
+          ASSERT_TRUE(report) << error;
+          EXPECT_EQ(report->spill_stores, 0) << "sm_" << sm;
+          std::cout << "  attention with lse, sm_" << sm << ": " << report->registers << " registers\n";
+        }
+      }
 }
 
 TEST(GpuPlan, RunWithoutAGpuThrowsNoGpu) {
