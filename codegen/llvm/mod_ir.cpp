@@ -14,6 +14,8 @@
 
 #include "llvm/vector_math.hpp"
 
+#include <qkv/ir/error.hpp>
+
 namespace qkv::codegen {
 
 namespace {
@@ -136,6 +138,12 @@ llvm::Value* ModLeaves::log(llvm::Value* /*x*/) { return nullptr; }
 llvm::Value* ModLeaves::exp2(llvm::Value* /*x*/) { return nullptr; }
 llvm::Value* ModLeaves::score_log2() { return nullptr; }
 
+llvm::Value* Log2ScoreLeaves::score() {
+  if (!log2_) internal_error(std::string(kernel_) + ": the keep predicate of a mod may not read the score");
+  if (!nat_) nat_ = b_.CreateFMul(log2_, fconst(log2_->getType(), kLn2), "score_nat");
+  return nat_;
+}
+
 namespace {
 
 /// 1 / (e + 1) for a finite e >= 0 (the caller keeps it finite), as a reciprocal estimate refined
@@ -205,6 +213,24 @@ llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* 
   if (auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c->getType()))
     i64 = llvm::FixedVectorType::get(i64, vt->getNumElements());
   return b.CreateFPToSI(c, i64);
+}
+
+std::optional<IrInterval> tile_axis_range(llvm::IRBuilder<>& b, const ModExpr& e, const std::string& query_axis,
+                                          const std::string& key_axis, const TileSpan& t, const std::string& axis,
+                                          bool position) {
+  auto span = [&](llvm::Value* first, llvm::Value* end) {
+    llvm::Type* f32 = b.getFloatTy();
+    llvm::Value* last = b.CreateSub(end, llvm::ConstantInt::get(end->getType(), 1));
+    return IrInterval{b.CreateSIToFP(first, f32), b.CreateSIToFP(last, f32)};
+  };
+  if (axis == key_axis) return span(t.k0, t.k_end);
+  if (axis != query_axis) return std::nullopt;
+  IrInterval r = span(t.q0, t.q_end);
+  if (position && e.shifts(axis)) {
+    llvm::Value* off = b.CreateFSub(t.len_k, t.len_q);
+    r = {b.CreateFAdd(r.lo, off), b.CreateFAdd(r.hi, off)};
+  }
+  return r;
 }
 
 llvm::Value* emit_softcap_log2(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves) {

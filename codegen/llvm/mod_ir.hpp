@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,23 @@ class ModLeaves {
   virtual llvm::Value* score_log2();
 };
 
+/// Leaves of an attention kernel, which holds the score in log2 units (score · log2 e, the
+/// queries pre-scaled): score() is it in nats, converted once on first use; null: the keep
+/// predicate, which may not read the score (`kernel` names the kernel in that error).
+class Log2ScoreLeaves : public ModLeaves {
+ public:
+  Log2ScoreLeaves(llvm::IRBuilder<>& b, llvm::Value* score_log2, const char* kernel)
+      : b_(b), log2_(score_log2), kernel_(kernel) {}
+  llvm::Value* score() final;
+  llvm::Value* score_log2() final { return log2_; }
+
+ private:
+  llvm::IRBuilder<>& b_;
+  llvm::Value* log2_;
+  llvm::Value* nat_ = nullptr;
+  const char* kernel_;
+};
+
 /// The value of node `root`, computing what it needs into `cache` (indexed by node id; null =
 /// not computed yet). Values a caller put in the cache are used as they are.
 llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves,
@@ -86,6 +104,17 @@ struct IrInterval {
   llvm::Value* lo = nullptr;
   llvm::Value* hi = nullptr;
 };
+
+/// A tile's bounds of the coordinate along `axis` in both attention kernels: queries
+/// [q0, q_end), keys [k0, k_end) (i64), as f32; positions of a shifted query axis
+/// (ModExpr::shifts) moved by S − L (`len_q`, `len_k`: f32). Nullopt for any other axis (a single
+/// value per tile, the kernel's own).
+struct TileSpan {
+  llvm::Value *q0, *q_end, *k0, *k_end, *len_q, *len_k;
+};
+std::optional<IrInterval> tile_axis_range(llvm::IRBuilder<>& b, const ModExpr& e, const std::string& query_axis,
+                                          const std::string& key_axis, const TileSpan& t, const std::string& axis,
+                                          bool position);
 
 class ModBoundsLeaves {
  public:

@@ -579,17 +579,10 @@ void AttentionPtx::store_output(const Values& o, const Values* inv) {
 // the mod expression
 
 /// Entry values of the leaves for thread row i (−1: none) and key `key` (null: none).
-class AttentionPtx::Leaves final : public ModLeaves {
+class AttentionPtx::Leaves final : public Log2ScoreLeaves {
  public:
-  // The score as the kernel holds it, in log2 units (null: none); the mod sees it in nats.
   Leaves(AttentionPtx& k, int i, llvm::Value* key, llvm::Value* score_log2)
-      : k_(k), i_(i), key_(key), log2_(score_log2) {}
-  llvm::Value* score() override {
-    if (!log2_) internal_error("nvptx attention: the keep predicate of a mod may not read the score");
-    if (!nat_) nat_ = k_.b_.CreateFMul(log2_, k_.kb_.cf(kLn2), "score_nat");
-    return nat_;
-  }
-  llvm::Value* score_log2() override { return log2_; }
+      : Log2ScoreLeaves(k.b_, score_log2, "nvptx attention"), k_(k), i_(i), key_(key) {}
   llvm::Value* exp2(llvm::Value* x) override { return k_.kb_.ex2(x); }
   llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, i_, key_, false); }
   llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, i_, key_, true); }
@@ -605,8 +598,6 @@ class AttentionPtx::Leaves final : public ModLeaves {
   AttentionPtx& k_;
   int i_;
   llvm::Value* key_;
-  llvm::Value* log2_;
-  llvm::Value* nat_ = nullptr;
 };
 
 /// Bounds of the leaves over one tile: the block's rows [q0, q0 + nvalid) × keys [k0, k0 +
@@ -630,22 +621,10 @@ class AttentionPtx::BoundsLeaves final : public ModBoundsLeaves {
  private:
   IrInterval range(const std::string& axis, bool position) {
     auto& b = k_.b_;
-    const cpu::ModAxes& a = k_.mod_.axes;
-    llvm::Type* f = k_.kb_.f32();
-    if (axis == a.query) {
-      llvm::Value* lo = b.CreateSIToFP(k_.q0_, f);
-      llvm::Value* hi = b.CreateSIToFP(b.CreateSub(b.CreateAdd(k_.q0_, k_.nvalid_), k_.c64(1)), f);
-      if (position && k_.mod_.expr.query == axis && k_.mod_.expr.align == CausalAlign::bottom_right) {
-        llvm::Value* off = b.CreateFSub(k_.len_kf_, k_.len_qf_);
-        lo = b.CreateFAdd(lo, off);
-        hi = b.CreateFAdd(hi, off);
-      }
-      return {lo, hi};
-    }
-    if (axis == a.key) {
-      llvm::Value* end = k_.kb_.smin(b.CreateAdd(k0_, k_.c64(k_.g_.block_k)), k_.len_k_);
-      return {b.CreateSIToFP(k0_, f), b.CreateSIToFP(b.CreateSub(end, k_.c64(1)), f)};
-    }
+    const TileSpan t{k_.q0_,     b.CreateAdd(k_.q0_, k_.nvalid_),
+                     k0_,        k_.kb_.smin(b.CreateAdd(k0_, k_.c64(k_.g_.block_k)), k_.len_k_),
+                     k_.len_qf_, k_.len_kf_};
+    if (auto r = tile_axis_range(b, k_.mod_.expr, k_.mod_.axes.query, k_.mod_.axes.key, t, axis, position)) return *r;
     llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
     return {x, x};
   }
@@ -690,8 +669,7 @@ llvm::Value* AttentionPtx::axis_value(const std::string& axis, int i, llvm::Valu
   if (axis == a.query) {
     if (i < 0) internal_error("nvptx attention: a query coordinate outside the entry loop");
     llvm::Value* x = row_f32_[static_cast<std::size_t>(i)];
-    if (position && mod_.expr.query == axis && mod_.expr.align == CausalAlign::bottom_right)
-      x = b_.CreateFAdd(x, b_.CreateFSub(len_kf_, len_qf_));
+    if (position && mod_.expr.shifts(axis)) x = b_.CreateFAdd(x, b_.CreateFSub(len_kf_, len_qf_));
     return x;
   }
   if (axis == a.key) {

@@ -23,18 +23,12 @@
 
 namespace qkv::codegen::cpu {
 
-/// Entry values of the leaves for query vector v (−1: none) and key `key` (null: none); the
-/// score as the kernel holds it, in log2 units (null: none), seen by the mod in nats.
-class AttentionEmitter::Leaves final : public ModLeaves {
+/// Entry values of the leaves for query vector v (−1: none), key `key` (null: none) and the
+/// score in log2 units (null: none).
+class AttentionEmitter::Leaves final : public Log2ScoreLeaves {
  public:
   Leaves(AttentionEmitter& k, int v, llvm::Value* key, llvm::Value* score_log2)
-      : k_(k), v_(v), key_(key), log2_(score_log2) {}
-  llvm::Value* score() override {
-    if (!log2_) internal_error("attention kernel: the keep predicate of a mod may not read the score");
-    if (!nat_) nat_ = k_.b_.CreateFMul(log2_, k_.vconst(kLn2), "score_nat");
-    return nat_;
-  }
-  llvm::Value* score_log2() override { return log2_; }
+      : Log2ScoreLeaves(k.b_, score_log2, "attention kernel"), k_(k), v_(v), key_(key) {}
   llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, v_, key_, false); }
   llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, v_, key_, true); }
   llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
@@ -47,8 +41,6 @@ class AttentionEmitter::Leaves final : public ModLeaves {
   AttentionEmitter& k_;
   int v_;
   llvm::Value* key_;
-  llvm::Value* log2_;
-  llvm::Value* nat_ = nullptr;
 };
 
 /// Bounds of the leaves over one tile: the task's query rows × keys [k0, k0 + T) ∩ [0, S).
@@ -70,21 +62,10 @@ class AttentionEmitter::BoundsLeaves final : public ModBoundsLeaves {
  private:
   IrInterval range(const std::string& axis, bool position) {
     auto& b = k_.b_;
-    const ModAxes& a = k_.mod_.axes;
-    if (axis == a.query) {
-      llvm::Value* lo = b.CreateSIToFP(k_.q0_, k_.f32_);
-      llvm::Value* hi = b.CreateSIToFP(b.CreateSub(b.CreateAdd(k_.q0_, k_.nvalid_), k_.c64(1)), k_.f32_);
-      if (position && k_.mod_.expr.query == axis && k_.mod_.expr.align == CausalAlign::bottom_right) {
-        llvm::Value* off = b.CreateFSub(k_.len_kf_, k_.len_qf_);
-        lo = b.CreateFAdd(lo, off);
-        hi = b.CreateFAdd(hi, off);
-      }
-      return {lo, hi};
-    }
-    if (axis == a.key) {
-      llvm::Value* end = k_.smin(b.CreateAdd(k0_, k_.c64(k_.tile_)), k_.len_k_);
-      return {b.CreateSIToFP(k0_, k_.f32_), b.CreateSIToFP(b.CreateSub(end, k_.c64(1)), k_.f32_)};
-    }
+    const TileSpan t{k_.q0_,     b.CreateAdd(k_.q0_, k_.nvalid_),
+                     k0_,        k_.smin(b.CreateAdd(k0_, k_.c64(k_.tile_)), k_.len_k_),
+                     k_.len_qf_, k_.len_kf_};
+    if (auto r = tile_axis_range(b, k_.mod_.expr, k_.mod_.axes.query, k_.mod_.axes.key, t, axis, position)) return *r;
     llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
     return {x, x};
   }
@@ -98,8 +79,7 @@ llvm::Value* AttentionEmitter::axis_value(const std::string& axis, int v, llvm::
   if (axis == a.query) {
     if (v < 0) internal_error("attention kernel: a query coordinate outside the entry loop");
     llvm::Value* x = rows_f32_[static_cast<std::size_t>(v)];
-    if (position && mod_.expr.query == axis && mod_.expr.align == CausalAlign::bottom_right)
-      x = b_.CreateFAdd(x, splat(b_.CreateFSub(len_kf_, len_qf_)));
+    if (position && mod_.expr.shifts(axis)) x = b_.CreateFAdd(x, splat(b_.CreateFSub(len_kf_, len_qf_)));
     return x;
   }
   if (axis == a.key) {

@@ -526,8 +526,7 @@ class ModuleBuilder {
       llvm::Value* position(const std::string& axis) override {
         const ModExpr& e = *n.mod;
         llvm::Value* v = index(axis);
-        if (axis == e.query && e.align == CausalAlign::bottom_right)
-          v = mb.b_.CreateFAdd(v, mb.b_.CreateSIToFP((s[pos(e.key)] - s[pos(e.query)]).v(), mb.f32_));
+        if (e.shifts(axis)) v = mb.b_.CreateFAdd(v, mb.b_.CreateSIToFP((s[pos(e.key)] - s[pos(e.query)]).v(), mb.f32_));
         return v;
       }
       llvm::Value* length(const std::string& axis) override { return mb.b_.CreateSIToFP(s[pos(axis)].v(), mb.f32_); }

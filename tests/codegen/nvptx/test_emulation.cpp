@@ -243,38 +243,6 @@ ModData mod_data(std::vector<std::int64_t> shape, const std::vector<T>& values) 
   return d;
 }
 
-/// Builds a ModExpr node by node.
-struct Expr {
-  ModExpr e;
-  int node(ModOp op, int a = -1, int b = -1, int c = -1) {
-    ModNode n;
-    n.op = op;
-    n.a = a;
-    n.b = b;
-    n.c = c;
-    return e.add(std::move(n));
-  }
-  int axis(ModOp op, const std::string& name) {
-    ModNode n;
-    n.op = op;
-    n.axis = name;
-    return e.add(std::move(n));
-  }
-  int constant(double v) {
-    ModNode n;
-    n.op = ModOp::constant;
-    n.value = v;
-    return e.add(std::move(n));
-  }
-  int load(int input, std::vector<int> at) {
-    ModNode n;
-    n.op = ModOp::load;
-    n.input = input;
-    n.at = std::move(at);
-    return e.add(std::move(n));
-  }
-};
-
 std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.label; }
 
 std::vector<AttnCase> attention_cases() {
@@ -324,21 +292,21 @@ std::vector<AttnCase> attention_cases() {
     // captured [B, S] keep-mask (batch 1: every key masked out). Tiles outside the window are
     // skipped; the keep-mask's tiles are bounded by scanning it.
     auto a = base(64, 64, 4, 2);
-    Expr x;
-    const int score = x.node(ModOp::score);
-    const int q = x.axis(ModOp::position, "q"), k = x.axis(ModOp::index, "k");
-    const int dist = x.node(ModOp::abs, x.node(ModOp::sub, q, k));
-    const int slope = x.node(ModOp::exp, x.load(0, {x.axis(ModOp::index, "h")}));
-    const int key_bias = x.load(1, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")});
-    x.e.score = x.node(ModOp::add, score, x.node(ModOp::sub, key_bias, x.node(ModOp::mul, slope, dist)));
-    const int window = x.node(ModOp::le, dist, x.constant(20.0));
+    ModBuilder x;
+    const int score = x.score();
+    const int q = x.leaf(ModOp::position, "q"), k = x.leaf(ModOp::index, "k");
+    const int dist = x.op(ModOp::abs, x.op(ModOp::sub, q, k));
+    const int slope = x.op(ModOp::exp, x.load(0, {x.leaf(ModOp::index, "h")}));
+    const int key_bias = x.load(1, {x.leaf(ModOp::index, "b"), x.leaf(ModOp::index, "k")});
+    x.replace_score(x.op(ModOp::add, score, x.op(ModOp::sub, key_bias, x.op(ModOp::mul, slope, dist))));
+    const int window = x.op(ModOp::le, dist, x.constant(20.0));
     const int keep =
-        x.node(ModOp::ne, x.load(2, {x.axis(ModOp::index, "b"), x.axis(ModOp::index, "k")}), x.constant(0.0));
-    x.e.keep = x.node(ModOp::logical_and, window, keep);
-    x.e.query = "q";
-    x.e.key = "k";
-    x.e.align = CausalAlign::bottom_right;
-    a.spec.mod = x.e;
+        x.op(ModOp::ne, x.load(2, {x.leaf(ModOp::index, "b"), x.leaf(ModOp::index, "k")}), x.constant(0.0));
+    x.keep_also(x.op(ModOp::logical_and, window, keep));
+    x.expr().query = "q";
+    x.expr().key = "k";
+    x.expr().align = CausalAlign::bottom_right;
+    a.spec.mod = x.finish();
     a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::f32, 1},
                       {codegen::cpu::ModTensor::Source::captured, DType::f32, 2},
                       {codegen::cpu::ModTensor::Source::captured, DType::boolean, 2}};
@@ -361,20 +329,20 @@ std::vector<AttnCase> attention_cases() {
   {
     // Document masking with a causal flag: keep iff doc[i] == doc[j] (an i32 document id per
     // position, sorted: tiles inside one document are full, between two are skipped); the score
-    // soft-capped 30·tanh(s / 30) plus log w[j] (the converted path: nats in and out, lg2).
+    // soft-capped 30·tanh(s / 30) (from the log2-unit score) plus log w[j] (converted: nats, lg2).
     auto a = base(33, 17, 2, 2);
     a.spec.causal = true;
     a.spec.write_weights = true;
     a.block_q = 32;
     a.block_k = 16;
     a.threads = 64;
-    Expr x;
-    const int score = x.node(ModOp::score);
+    ModBuilder x;
+    const int score = x.score();
     const int cap = x.constant(30.0);
-    const int soft = x.node(ModOp::mul, cap, x.node(ModOp::tanh, x.node(ModOp::div, score, cap)));
-    x.e.score = x.node(ModOp::add, soft, x.node(ModOp::log, x.load(1, {x.axis(ModOp::index, "k")})));
-    x.e.keep = x.node(ModOp::eq, x.load(0, {x.axis(ModOp::index, "q")}), x.load(0, {x.axis(ModOp::index, "k")}));
-    a.spec.mod = x.e;
+    const int soft = x.op(ModOp::mul, cap, x.op(ModOp::tanh, x.op(ModOp::div, score, cap)));
+    x.replace_score(x.op(ModOp::add, soft, x.op(ModOp::log, x.load(1, {x.leaf(ModOp::index, "k")}))));
+    x.keep_also(x.op(ModOp::eq, x.load(0, {x.leaf(ModOp::index, "q")}), x.load(0, {x.leaf(ModOp::index, "k")})));
+    a.spec.mod = x.finish();
     a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::i32, 1},
                       {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
     auto tensors = [](std::int64_t, std::int64_t, std::int64_t S, std::mt19937& gen) {
@@ -398,14 +366,13 @@ std::vector<AttnCase> attention_cases() {
     a.spec.axes.query = "i";
     a.spec.axes.key = "j";
     a.spec.axes.heads = {{"kvh", 2, 2}, {"g", 1, 2}};
-    Expr x;
-    const int score = x.node(ModOp::score);
-    x.e.score = x.node(ModOp::add, score, x.load(1, {x.axis(ModOp::index, "g")}));
-    x.e.keep = x.node(ModOp::ne,
-                      x.load(0, {x.axis(ModOp::index, "batch"), x.axis(ModOp::index, "kvh"), x.axis(ModOp::index, "i"),
-                                 x.axis(ModOp::index, "j")}),
-                      x.constant(0.0));
-    a.spec.mod = x.e;
+    ModBuilder x;
+    x.add_to_score(x.load(1, {x.leaf(ModOp::index, "g")}));
+    x.keep_also(x.op(ModOp::ne,
+                     x.load(0, {x.leaf(ModOp::index, "batch"), x.leaf(ModOp::index, "kvh"), x.leaf(ModOp::index, "i"),
+                                x.leaf(ModOp::index, "j")}),
+                     x.constant(0.0)));
+    a.spec.mod = x.finish();
     a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::boolean, 4},
                       {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
     a.block_k = 16;

@@ -125,6 +125,11 @@ struct ModExpr {
   CausalAlign align = CausalAlign::top_left;
 
   [[nodiscard]] bool empty() const { return score < 0 && keep < 0; }
+  /// Whether a position along `axis` is the coordinate shifted by S − L (the query axis,
+  /// bottom-right aligned): the one rule every evaluator of `position` follows.
+  [[nodiscard]] bool shifts(const std::string& axis) const {
+    return axis == query && align == CausalAlign::bottom_right;
+  }
   /// Appends a node and returns its id.
   int add(ModNode n) {
     nodes.push_back(std::move(n));
@@ -203,7 +208,7 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
         break;
       case ModOp::position:
         r = env.index(n.axis);
-        if (n.axis == e.query && e.align == CausalAlign::bottom_right) r += env.length(e.key) - env.length(e.query);
+        if (e.shifts(n.axis)) r += env.length(e.key) - env.length(e.query);
         break;
       case ModOp::length:
         r = env.length(n.axis);
@@ -423,7 +428,7 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
         break;
       case ModOp::position:
         r = env.index(n.axis);
-        if (n.axis == e.query && e.align == CausalAlign::bottom_right) {
+        if (e.shifts(n.axis)) {
           const double off = env.length(e.key) - env.length(e.query);
           r = {r.lo + off, r.hi + off};
         }
