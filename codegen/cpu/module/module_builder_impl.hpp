@@ -1,0 +1,561 @@
+// codegen/cpu/module/module_builder_impl.hpp — the ModuleBuilder of module_builder.cpp (private):
+// the function, its arena, threads and entry points here; the attention and GEMM calls in
+// module_builder.cpp; the loop-nest kernels of the other node kinds in module_nodes.cpp.
+#pragma once
+
+#include "cpu/module/module_builder.hpp"
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/GlobalVariable.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <qkv/codegen/lowering/select.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
+#include "cpu/kernels/attention_kernel.hpp"
+#include "cpu/kernels/gemm_kernel.hpp"
+#include "cpu/kernels/rowwise_kernel.hpp"
+#include "cpu/module/threads_ir.hpp"
+#include "cpu/schedule.hpp"
+#include "llvm/ir_int.hpp"
+#include "llvm/ir_util.hpp"
+#include "llvm/mod_ir.hpp"
+#include "llvm/philox_ir.hpp"
+#include "llvm/vector_math.hpp"
+#include "lowering/graph_util.hpp"
+
+namespace qkv::codegen::cpu::detail {
+
+
+using util::axis_pos;
+using I = ir::Int;
+using Dims = std::vector<I>;
+using Values = std::vector<llvm::Value*>;
+
+class ModuleBuilder {
+ public:
+  ModuleBuilder(llvm::Module& module, const Graph& g, const AotSignature& sig, const ModulePlan& plan,
+                const HostTarget& target)
+      : m_(module), ctx_(module.getContext()), b_(ctx_), g_(g), sig_(sig), plan_(plan), target_(target) {
+    f32_ = b_.getFloatTy();
+    f64_ = b_.getDoubleTy();
+    i8_ = b_.getInt8Ty();
+    i32_ = b_.getInt32Ty();
+    i64_ = b_.getInt64Ty();
+    ptr_ = b_.getPtrTy();
+    for (std::size_t i = 0; i < target.features.size(); ++i) features_ += (i ? "," : "") + target.features[i];
+  }
+
+  void build(const std::string& name, bool aot) {
+    llvm::Function* entry = emit_entry(name + "_entry");
+    std::vector<llvm::Function*> exported{entry};
+    if (aot) exported = emit_c_entry_points(name, entry);
+    for (llvm::Function& f : m_)
+      if (!f.isDeclaration() && std::find(exported.begin(), exported.end(), &f) == exported.end())
+        f.setLinkage(llvm::GlobalValue::InternalLinkage);
+  }
+
+ private:
+  // --- sizes ----------------------------------------------------------------------------------
+  I c64(std::int64_t v) { return I(b_, v); }
+
+  /// The extent's size in the function being built: a constant when fixed, else from the symbol.
+  I dim(const Extent& e) {
+    if (auto v = e.resolve(plan_.fixed)) return c64(*v);
+    auto it = sym_.find(e.symbol);
+    if (it == sym_.end()) internal_error("codegen: the size `" + e.symbol + "` is unknown");
+    return I(b_, it->second) * e.num / e.den + e.plus;
+  }
+  Dims shape(int id) {
+    Dims d;
+    for (const auto& a : g_.node(id).axes) d.push_back(dim(a.extent));
+    return d;
+  }
+  I numel(const Dims& s) {
+    I n = c64(1);
+    for (const I& d : s) n = n * d;
+    return n;
+  }
+  Dims strides_of(const Dims& s) {
+    Dims st(s.size(), c64(1));
+    for (std::size_t k = s.size(); k-- > 1;) st[k - 1] = st[k] * s[k];
+    return st;
+  }
+  /// For each axis of `target`, the stride of the same-named axis of `src` (0: broadcast along it).
+  Dims strides_by_name(const std::vector<Axis>& target, const std::vector<Axis>& src, const Dims& src_shape) {
+    const Dims st = strides_of(src_shape);
+    Dims out(target.size(), c64(0));
+    for (std::size_t t = 0; t < target.size(); ++t)
+      for (std::size_t k = 0; k < src.size(); ++k)
+        if (src[k].name == target[t].name) out[t] = st[k];
+    return out;
+  }
+  // --- helpers --------------------------------------------------------------------------------
+  llvm::Type* elem(const Node& n) { return storage_dtype(n.dtype) == DType::boolean ? i8_ : f32_; }
+  llvm::Value* buf(int id) const { return buf_[static_cast<std::size_t>(id)]; }
+
+  void attributes(llvm::Function* f) {
+    f->addFnAttr(llvm::Attribute::NoUnwind);
+    f->addFnAttr("target-cpu", target_.cpu);
+    if (!features_.empty()) f->addFnAttr("target-features", features_);
+  }
+
+  llvm::Value* load(llvm::Type* t, llvm::Value* base, const I& offset) {
+    return b_.CreateLoad(t, b_.CreateGEP(t, base, offset.v()));
+  }
+  void store(llvm::Value* v, llvm::Value* base, const I& offset) {
+    b_.CreateStore(v, b_.CreateGEP(v->getType(), base, offset.v()));
+  }
+  llvm::Value* to_bool(llvm::Value* byte) { return b_.CreateICmpNE(byte, b_.getInt8(0)); }
+  llvm::Constant* neg_inf() { return llvm::ConstantFP::getInfinity(f32_, true); }
+  llvm::Value* f64_of(const I& v) { return b_.CreateSIToFP(v.v(), f64_); }
+  void memset0(llvm::Value* p, const I& bytes) { b_.CreateMemSet(p, b_.getInt8(0), bytes.v(), llvm::MaybeAlign(4)); }
+
+  /// for i in [begin, end): body(i).
+  void loop(const I& begin, const I& end, const std::function<void(I)>& body, const std::string& name,
+            ir::Unroll unroll = ir::Unroll::as_written) {
+    ir::emit_loop(b_, begin.v(), end.v(), 1, [&](llvm::Value* i) { body(I(b_, i)); }, name, unroll);
+  }
+
+  /// then() when c holds, else otherwise(); one of them alone when c is a constant.
+  void branch(const ir::Bool& c, const std::function<void()>& then, const std::function<void()>& otherwise = {}) {
+    if (auto k = c.constant()) {
+      if (*k)
+        then();
+      else if (otherwise)
+        otherwise();
+      return;
+    }
+    auto* yes = llvm::BasicBlock::Create(ctx_, "then", fn_);
+    auto* no = llvm::BasicBlock::Create(ctx_, "else", fn_);
+    auto* done = llvm::BasicBlock::Create(ctx_, "endif", fn_);
+    b_.CreateCondBr(c.v(), yes, no);
+    b_.SetInsertPoint(yes);
+    then();
+    b_.CreateBr(done);
+    b_.SetInsertPoint(no);
+    if (otherwise) otherwise();
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  llvm::Function* callee(const std::string& name) {
+    llvm::Function* f = m_.getFunction(name);
+    if (!f) internal_error("codegen: kernel `" + name + "` was not emitted");
+    return f;
+  }
+  llvm::Function* rowwise(const char* name) {
+    if (!rowwise_emitted_) {
+      emit_rowwise_kernels(m_, target_);
+      rowwise_emitted_ = true;
+    }
+    return callee(name);
+  }
+
+  using Body = std::function<void(const Dims& idx, const Dims& offsets)>;
+
+  /// Loops over `dims` (outermost first); offsets[k] = bases[k] + Σ idx[d]·strides[k][d]. The
+  /// innermost loop is left to the optimiser to vectorise and unroll.
+  void nest(const Dims& dims, const std::vector<Dims>& strides, const Dims& bases, const Body& body) {
+    Dims idx;
+    nest_from(0, dims, strides, idx, bases, body);
+  }
+  void nest_from(std::size_t d, const Dims& dims, const std::vector<Dims>& strides, Dims& idx, const Dims& off,
+                 const Body& body) {
+    if (d == dims.size()) {
+      body(idx, off);
+      return;
+    }
+    loop(
+        c64(0), dims[d],
+        [&](I i) {
+          Dims next = off;
+          for (std::size_t k = 0; k < strides.size(); ++k)
+            if (strides[k][d].constant() != 0) next[k] = off[k] + i * strides[k][d];
+          idx.push_back(i);
+          nest_from(d + 1, dims, strides, idx, next, body);
+          idx.pop_back();
+        },
+        "d" + std::to_string(d), d + 1 == dims.size() ? ir::Unroll::allowed : ir::Unroll::as_written);
+  }
+
+  /// out[idx] = f(in_k[idx read through strides_k]) for an output of `id`'s shape (contiguous).
+  void map(int id, const std::vector<int>& inputs, const std::vector<Dims>& in_strides,
+           const std::function<llvm::Value*(const Dims& idx, const Values& in)>& f) {
+    const Dims s = shape(id);
+    std::vector<Dims> strides{strides_of(s)};
+    for (const auto& st : in_strides) strides.push_back(st);
+    nest(s, strides, Dims(strides.size(), c64(0)), [&](const Dims& idx, const Dims& off) {
+      Values in;
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        in.push_back(load(elem(g_.node(inputs[k])), buf(inputs[k]), off[k + 1]));
+      store(f(idx, in), buf(id), off[0]);
+    });
+  }
+
+  // --- threads (threads_ir.hpp) ---------------------------------------------------------------
+
+  /// qkv_parallel (threads_ir.hpp), emitted on first use.
+  llvm::Function* parallel_runtime() {
+    if (!parallel_) parallel_ = emit_parallel_runtime(m_, [this](llvm::Function* f) { attributes(f); });
+    return parallel_;
+  }
+
+  using TaskBody = std::function<void(I i, const Values& captured)>;
+
+  /// body(i, captured) for i in [0, n): on the calling thread when there is one task or less than
+  /// kParallelMinFlops of work, else shared with the other threads through qkv_parallel (decided
+  /// here when n and work are constants, at run time otherwise). The body may use `captured`,
+  /// constants and sizes (dim(); the run-time sizes reach it with the captured values).
+  void parallel_for(const I& n, const I& work, const Values& captured, const TaskBody& body) {
+    const auto cn = n.constant(), cw = work.constant();
+    if (cn && *cn <= 0) return;
+    if ((cn && *cn == 1) || (cw && *cw < kParallelMinFlops)) {
+      loop(c64(0), n, [&](I i) { body(i, captured); }, "tasks");
+      return;
+    }
+    // The task's context: the captured values, then the run-time sizes.
+    Values fields = captured;
+    for (const auto& [name, v] : sym_) fields.push_back(v);
+    std::vector<llvm::Type*> types;
+    for (llvm::Value* v : fields) types.push_back(v->getType());
+    auto* ctx_type = llvm::StructType::get(ctx_, types);
+    llvm::Value* ctx = ir::entry_alloca(b_, ctx_type, 1, 8, "task_ctx");
+    for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(ctx_type, ctx, f));
+
+    auto* task = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false),
+                                        llvm::GlobalValue::InternalLinkage, "qkv_task", m_);
+    attributes(task);
+    const llvm::IRBuilderBase::InsertPoint saved = b_.saveIP();
+    llvm::Function* saved_fn = fn_;
+    const auto saved_sym = sym_;
+    fn_ = task;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", task));
+    Values loaded;
+    for (unsigned f = 0; f < fields.size(); ++f)
+      loaded.push_back(b_.CreateLoad(types[f], b_.CreateStructGEP(ctx_type, task->getArg(0), f)));
+    unsigned f = static_cast<unsigned>(captured.size());
+    for (auto& [name, v] : sym_) v = loaded[f++];
+    loaded.resize(captured.size());
+    body(I(b_, task->getArg(1)), loaded);
+    b_.CreateRetVoid();
+    fn_ = saved_fn;
+    sym_ = saved_sym;
+    b_.restoreIP(saved);
+    const ir::Bool worth = (n > 1) && (work >= kParallelMinFlops);
+    llvm::Value* threads = b_.CreateSelect(worth.v(), threads_, b_.getInt32(1));
+    b_.CreateCall(parallel_runtime(), {task, ctx, n.v(), threads});
+  }
+
+  /// fn(begin, end, captured) over [0, total) in blocks (schedule.hpp's ranges), in parallel when
+  /// the work is worth it.
+  void parallel_ranges(const I& total, std::int64_t grain, std::int64_t align, const I& work_per_unit,
+                       const Values& captured, const std::function<void(I, I, const Values&)>& fn) {
+    const Ranges<I> r = ranges(total, grain, align);
+    Values cap = captured;
+    cap.push_back(r.block.v());
+    cap.push_back(total.v());
+    parallel_for(r.tasks, total * work_per_unit, cap, [&](I t, const Values& in) {
+      const I block(b_, in[in.size() - 2]), all(b_, in[in.size() - 1]);
+      const I begin = t * block;
+      fn(begin, imin(begin + block, all), Values(in.begin(), in.end() - 2));
+    });
+  }
+
+  // --- the entry points -----------------------------------------------------------------------
+
+  llvm::Function* emit_entry(const std::string& name) {
+    fn_ = llvm::Function::Create(llvm::FunctionType::get(i32_, {ptr_, ptr_, i32_}, false),
+                                 llvm::GlobalValue::ExternalLinkage, name, m_);
+    attributes(fn_);
+    llvm::Value *sizes = fn_->getArg(0), *args = fn_->getArg(1);
+    sizes->setName("sizes");
+    args->setName("args");
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
+      sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
+    emit_size_checks();
+    threads_ = emit_thread_count(b_, fn_->getArg(2));
+
+    // 64-byte aligned (C11 aligned_alloc; the size a multiple of it): the kernels' packed panels
+    // and tiles are read with aligned vector loads.
+    auto layout = arena_layout<I>(g_, plan_, [this](const Extent& e) { return dim(e); });
+    llvm::Value* arena = llvm::ConstantPointerNull::get(ptr_);
+    if (layout.total.constant() != 0) {
+      auto* alloc_fn = m_.getOrInsertFunction("aligned_alloc", ptr_, i64_, i64_).getCallee();
+      arena = b_.CreateCall(llvm::cast<llvm::Function>(alloc_fn), {c64(64).v(), imax(layout.total, 64).v()}, "arena");
+      fail_unless(b_.CreateIsNotNull(arena), 1);
+    }
+
+    // Buffers: arguments for leaves and in-place outputs, the arena for the rest, the input's for
+    // views.
+    auto arg = [&](std::size_t k) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, args, k)); };
+    buf_.assign(g_.size(), nullptr);
+    std::size_t leaf = 0;
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      const Node& n = g_.node(id);
+      const auto i = static_cast<std::size_t>(id);
+      if (n.op == Op::input || n.op == Op::param)
+        buf_[i] = arg(leaf++);
+      else if (is_view(n.op))
+        buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];
+      else if (plan_.output_arg[i] >= 0)
+        buf_[i] = arg(static_cast<std::size_t>(plan_.output_arg[i]));
+      else
+        buf_[i] = block(layout, plan_.alloc[i], arena);
+    }
+    for (const auto& [id, k] : plan_.gemm)
+      gemm_blocks_[id] = {block(layout, k.first, arena), block(layout, k.second, arena)};
+    for (const auto& [id, k] : plan_.weights)
+      if (k >= 0) weights_[id] = block(layout, k, arena);
+    for (const auto& [id, k] : plan_.lse)
+      if (k >= 0) lse_[id] = block(layout, k, arena);
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      const Node& n = g_.node(id);
+      if (n.op == Op::attention_weights) weights_[n.inputs[0]] = buf(id);
+      if (n.op == Op::attention_lse) lse_[n.inputs[0]] = buf(id);
+    }
+
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) emit_node(id);
+    std::size_t out = leaf;
+    for (const auto& o : g_.outputs()) {
+      if (plan_.output_arg[static_cast<std::size_t>(o.node)] != static_cast<int>(out)) {
+        const Node& n = g_.node(o.node);
+        const I bytes = numel(shape(o.node)) * static_cast<std::int64_t>(storage_bytes(n.dtype));
+        b_.CreateMemCpy(arg(out), llvm::MaybeAlign(1), buf(o.node), llvm::MaybeAlign(1), bytes.v());
+      }
+      ++out;
+    }
+    if (!llvm::isa<llvm::ConstantPointerNull>(arena)) {
+      auto* free_fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
+      b_.CreateCall(llvm::cast<llvm::Function>(free_fn), {arena});
+    }
+    b_.CreateRet(b_.getInt32(0));
+    return fn_;
+  }
+
+  llvm::Value* block(const ArenaLayout<I>& layout, int k, llvm::Value* arena) {
+    const auto slot = static_cast<std::size_t>(plan_.allocs[static_cast<std::size_t>(k)].slot);
+    return b_.CreateGEP(i8_, arena, layout.offsets[slot].v());
+  }
+
+  /// Returns `code` from the entry function unless `ok`.
+  void fail_unless(llvm::Value* ok, int code) {
+    auto* fail = llvm::BasicBlock::Create(ctx_, "fail", fn_);
+    auto* next = llvm::BasicBlock::Create(ctx_, "ok", fn_);
+    b_.CreateCondBr(ok, next, fail);
+    b_.SetInsertPoint(fail);
+    b_.CreateRet(b_.getInt32(code));
+    b_.SetInsertPoint(next);
+  }
+
+  /// Return 2 unless every run-time size is >= 0, every extent of the graph too, and the graph's
+  /// deferred shape checks hold.
+  void emit_size_checks() {
+    if (plan_.dynamic.empty()) return;
+    ir::Bool ok(b_, b_.getTrue());
+    for (const auto& n : g_.nodes())
+      for (const auto& a : n.axes)
+        if (a.extent.is_dynamic()) ok = ok && dim(a.extent) >= 0;
+    for (const auto& s : plan_.dynamic) ok = ok && I(b_, sym_.at(s)) >= 0;
+    for (const auto& c : g_.constraints()) {
+      const I a = dim(c.a), d = dim(c.b);
+      ok = ok && (c.kind == Constraint::Kind::equal ? a == d : (d != 0) && (a % pick(d == 0, c64(1), d) == 0));
+    }
+    if (ok.constant() != true) fail_unless(ok.v(), 2);
+  }
+
+  /// <f>(sizes…, arrays…), <f>_packed([sizes,] args) and <f>_set_threads, around the entry.
+  std::vector<llvm::Function*> emit_c_entry_points(const std::string& name, llvm::Function* entry) {
+    llvm::Function* set = nullptr;
+    llvm::GlobalVariable* setting = emit_thread_setting(m_, name, [this](llvm::Function* f) { attributes(f); }, &set);
+    const std::size_t n_sizes = sig_.sizes.size(), n_args = sig_.args.size();
+
+    std::vector<llvm::Type*> params(n_sizes, i64_);
+    params.insert(params.end(), n_args, ptr_);
+    auto* direct = llvm::Function::Create(llvm::FunctionType::get(i32_, params, false),
+                                          llvm::GlobalValue::ExternalLinkage, name, m_);
+    attributes(direct);
+    for (std::size_t k = 0; k < n_sizes; ++k) direct->getArg(static_cast<unsigned>(k))->setName(sig_.sizes[k].c_name);
+    for (std::size_t k = 0; k < n_args; ++k)
+      direct->getArg(static_cast<unsigned>(n_sizes + k))->setName(sig_.args[k].c_name);
+    fn_ = direct;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", direct));
+    llvm::Value* sizes = ir::entry_alloca(b_, i64_, std::max<std::size_t>(n_sizes, 1), 8, "sizes");
+    llvm::Value* args = ir::entry_alloca(b_, ptr_, std::max<std::size_t>(n_args, 1), 8, "args");
+    for (std::size_t k = 0; k < n_sizes; ++k)
+      b_.CreateStore(direct->getArg(static_cast<unsigned>(k)), b_.CreateConstGEP1_64(i64_, sizes, k));
+    for (std::size_t k = 0; k < n_args; ++k)
+      b_.CreateStore(direct->getArg(static_cast<unsigned>(n_sizes + k)), b_.CreateConstGEP1_64(ptr_, args, k));
+    b_.CreateRet(b_.CreateCall(entry, {sizes, args, b_.CreateLoad(i32_, setting)}));
+
+    std::vector<llvm::Type*> packed_params{ptr_};
+    if (n_sizes > 0) packed_params.insert(packed_params.begin(), ptr_);
+    auto* packed = llvm::Function::Create(llvm::FunctionType::get(i32_, packed_params, false),
+                                          llvm::GlobalValue::ExternalLinkage, name + "_packed", m_);
+    attributes(packed);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", packed));
+    llvm::Value* packed_sizes =
+        n_sizes > 0 ? static_cast<llvm::Value*>(packed->getArg(0)) : llvm::ConstantPointerNull::get(ptr_);
+    b_.CreateRet(
+        b_.CreateCall(entry, {packed_sizes, packed->getArg(n_sizes > 0 ? 1 : 0), b_.CreateLoad(i32_, setting)}));
+    return {direct, packed, set};
+  }
+
+  // --- nodes ----------------------------------------------------------------------------------
+
+  /// The CPU's implementation of each kernel kind (lowering/select.hpp).
+  void emit_node(int id) {
+    const Node& n = g_.node(id);
+    switch (select_kernel(g_, id)) {
+      case KernelKind::leaf:
+      case KernelKind::view:
+      case KernelKind::attention_weights:  // written by its fused node
+      case KernelKind::attention_lse:
+        return;
+      case KernelKind::fused_attention:
+        return emit_attention(id);
+      case KernelKind::gemm:
+        return emit_gemm(id);
+      case KernelKind::linear_strided:
+        return emit_linear_strided(id);
+      case KernelKind::layer_norm_rows:
+        return emit_layer_norm_rows(id);
+      case KernelKind::layer_norm_strided:
+        return emit_layer_norm_strided(id);
+      case KernelKind::unary:
+        return n.op == Op::scale ? emit_scale(id) : emit_activation(id);
+      case KernelKind::add_same:
+        return emit_add_same(id);
+      case KernelKind::broadcast_binary:
+        return emit_broadcasting(id);
+      case KernelKind::strided_copy:
+        if (n.op == Op::slice) return emit_slice(id);
+        if (n.op == Op::concat) return emit_concat(id);
+        map(id, {n.inputs[0]}, {strides_by_name(n.axes, g_.node(n.inputs[0]).axes, shape(n.inputs[0]))},
+            [](const Dims&, const Values& in) { return in[0]; });
+        return;
+      case KernelKind::fill: {
+        const bool boolean = storage_dtype(n.dtype) == DType::boolean;
+        llvm::Value* c = boolean ? static_cast<llvm::Value*>(b_.getInt8(n.scalar != 0.0 ? 1 : 0))
+                                 : llvm::ConstantFP::get(f32_, n.scalar);
+        map(id, {}, {}, [&](const Dims&, const Values&) { return c; });
+        return;
+      }
+      case KernelKind::softmax:
+        return emit_softmax(id);
+      case KernelKind::logsumexp:
+        return emit_logsumexp(id);
+      case KernelKind::causal:
+        return emit_causal(id);
+      case KernelKind::dropout:
+        return emit_dropout(id);
+      case KernelKind::contract:
+        return emit_contract(id);
+      case KernelKind::score_mod:
+        return emit_score_mod(id);
+    }
+    internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
+  }
+
+  void emit_scale(int id);
+
+  void emit_causal(int id);
+
+  /// score_mod entry by entry: the expression on scalars (mod_ir), loads from the captured
+  /// inputs' buffers.
+  void emit_score_mod(int id);
+
+  /// relu / gelu on the row-wise kernels, in ranges of the flat index.
+  void emit_activation(int id);
+
+  void emit_add_same(int id);
+
+  void emit_slice(int id);
+
+  void emit_concat(int id);
+
+  void emit_broadcasting(int id);
+
+  /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:
+  /// col = last index, row = second to last, batch = first (rank >= 3), head = the flattened
+  /// index over the axes in between.
+  void emit_dropout(int id);
+
+  /// The shape around axis p as (outer, n, inner): element (o, k, i) at (o·n + k)·inner + i.
+  struct Around {
+    I outer, n, inner;
+  };
+  Around around(const Dims& s, std::size_t p);
+
+  /// Calls body(base) for every (o, i) with base = o·n·inner + i: the start of one line along p.
+  void lines(const Around& r, const std::function<void(const I& base)>& body);
+
+  /// Σ over k in [0, n) of f(k), in double.
+  llvm::Value* sum(const I& n, const std::function<llvm::Value*(const I& k)>& f);
+
+  /// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
+  /// −inf) is zeros.
+  /// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
+  llvm::Value* row_max(llvm::Value* x, const I& n, const std::function<I(const I& k)>& at);
+
+  void emit_softmax(int id);
+
+  /// logsumexp along attr_axes[0] (dropped from the output, the other axes in order): m + ln Σ
+  /// e^(x − m), the sum in double, the log in f32 (no library call); an all −inf row gives −inf,
+  /// m = ±inf or NaN gives m.
+  void emit_logsumexp(int id);
+
+  /// layer norm over the contiguous axis (biased variance, eps inside the square root) on the
+  /// row-wise kernel, in ranges of rows.
+  void emit_layer_norm_rows(int id);
+
+  /// layer norm along another axis: a loop nest in double.
+  void emit_layer_norm_strided(int id);
+
+  /// linear over a non-contiguous axis: y[o, j, c] = Σ_i x[o, i, c]·W[j, i] + b[j], in double.
+  void emit_linear_strided(int id);
+
+  /// contract: out[o] = Σ_c lhs[o, c]·rhs[o, c], axes matched by name, in double.
+  void emit_contract(int id);
+
+  /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel: Bᵀ packed into panels of NR columns
+  /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.
+  void emit_gemm(int id);
+
+  void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m, const I& nn, const I& k);
+
+  void emit_attention(int id);
+
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const Graph& g_;
+  const AotSignature& sig_;
+  const ModulePlan& plan_;
+  const HostTarget& target_;
+  std::string features_;
+  llvm::Type *f32_ = nullptr, *f64_ = nullptr, *i8_ = nullptr, *i32_ = nullptr, *i64_ = nullptr;
+  llvm::PointerType* ptr_ = nullptr;
+  llvm::Function* fn_ = nullptr;
+  std::map<std::string, llvm::Value*> sym_;  // the run-time sizes in the function being built
+  std::vector<llvm::Value*> buf_;
+  std::map<int, llvm::Value*> weights_, lse_;
+  std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
+  bool rowwise_emitted_ = false;
+  llvm::Function* gemm_ = nullptr;
+  GemmConfig gemm_cfg_;
+  llvm::Value* threads_ = nullptr;  // i32, this call's thread count
+  llvm::Function* parallel_ = nullptr;
+};
+
+
+}  // namespace qkv::codegen::cpu::detail

@@ -1,0 +1,356 @@
+// The loop-nest kernels of the CPU module (ModuleBuilder, module_builder_impl.hpp): scale, causal,
+// score mods, activations, adds, slices, concatenation, broadcasting, dropout, softmax,
+// logsumexp, layer norm over any axis, linear over another axis and general contractions,
+// with the interpreter's semantics.
+#include "cpu/module/module_builder_impl.hpp"
+
+namespace qkv::codegen::cpu::detail {
+
+void ModuleBuilder::emit_scale(int id) {
+  const Node& n = g_.node(id);
+  llvm::Value* f = llvm::ConstantFP::get(f64_, n.scalar);
+  if (n.dim) {
+    llvm::Value* d = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, f64_of(dim(*n.dim)));
+    f = b_.CreateFDiv(llvm::ConstantFP::get(f64_, 1.0), d);
+  }
+  map(id, {n.inputs[0]}, {strides_of(shape(id))}, [&](const Dims&, const Values& in) {
+    return b_.CreateFPTrunc(b_.CreateFMul(b_.CreateFPExt(in[0], f64_), f), f32_);
+  });
+}
+
+void ModuleBuilder::emit_causal(int id) {
+  const Node& n = g_.node(id);
+  const auto& axes = g_.node(n.inputs[0]).axes;
+  const std::size_t pq = axis_pos(axes, n.attr_axes[0]), pk = axis_pos(axes, n.attr_axes[1]);
+  const Dims s = shape(n.inputs[0]);
+  const I shift = n.align == CausalAlign::bottom_right ? s[pk] - s[pq] : c64(0);
+  map(id, {n.inputs[0]}, {strides_of(s)}, [&, pq, pk](const Dims& idx, const Values& in) {
+    return b_.CreateSelect((idx[pk] > idx[pq] + shift).v(), neg_inf(), in[0]);
+  });
+}
+
+/// score_mod entry by entry: the expression on scalars (mod_ir), loads from the captured
+/// inputs' buffers.
+void ModuleBuilder::emit_score_mod(int id) {
+  const Node& n = g_.node(id);
+  const ModExpr& e = *n.mod;
+  const auto& axes = g_.node(n.inputs[0]).axes;
+  const Dims s = shape(n.inputs[0]);
+  struct Leaves final : ModLeaves {
+    ModuleBuilder& mb;
+    const Node& n;
+    const std::vector<Axis>& axes;
+    const Dims& s;
+    const Dims* idx = nullptr;
+    llvm::Value* x = nullptr;
+    Leaves(ModuleBuilder& m, const Node& nn, const std::vector<Axis>& a, const Dims& sh)
+        : mb(m), n(nn), axes(a), s(sh) {}
+    std::size_t pos(const std::string& axis) const { return util::axis_pos(axes, axis); }
+    llvm::Value* score() override { return x; }
+    llvm::Value* index(const std::string& axis) override {
+      return mb.b_.CreateSIToFP((*idx)[pos(axis)].v(), mb.f32_);
+    }
+    llvm::Value* position(const std::string& axis) override {
+      const ModExpr& e = *n.mod;
+      llvm::Value* v = index(axis);
+      if (e.shifts(axis)) v = mb.b_.CreateFAdd(v, mb.b_.CreateSIToFP((s[pos(e.key)] - s[pos(e.query)]).v(), mb.f32_));
+      return v;
+    }
+    llvm::Value* length(const std::string& axis) override { return mb.b_.CreateSIToFP(s[pos(axis)].v(), mb.f32_); }
+    llvm::Value* extent(const ModNode& m, std::size_t k) override {
+      const Node& t = mb.g_.node(n.inputs[static_cast<std::size_t>(m.input)]);
+      return mb.b_.CreateSIToFP(mb.dim(t.axes[k].extent).v(), mb.f32_);
+    }
+    llvm::Value* load(const ModNode& m, const std::vector<llvm::Value*>& at) override {
+      const int tid = n.inputs[static_cast<std::size_t>(m.input)];
+      const Node& t = mb.g_.node(tid);
+      const Dims ts = mb.shape(tid), st = mb.strides_of(ts);
+      I off = mb.c64(0);
+      for (std::size_t k = 0; k < at.size(); ++k) off = off + I(mb.b_, at[k]) * st[k];
+      llvm::Value* v = mb.load(mb.elem(t), mb.buf(tid), off);
+      return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
+    }
+  } leaves(*this, n, axes, s);
+  map(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) {
+    leaves.idx = &idx;
+    leaves.x = in[0];
+    std::vector<llvm::Value*> cache;
+    llvm::Value* out = e.score >= 0 ? emit_mod(b_, e, e.score, leaves, cache) : in[0];
+    if (e.keep >= 0) out = b_.CreateSelect(emit_mod(b_, e, e.keep, leaves, cache), out, neg_inf());
+    return out;
+  });
+}
+
+/// relu / gelu on the row-wise kernels, in ranges of the flat index.
+void ModuleBuilder::emit_activation(int id) {
+  const Node& n = g_.node(id);
+  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : "qkv_gelu");
+  parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30), {buf(n.inputs[0]), buf(id)},
+                  [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], i0.v(), i1.v()}); });
+}
+
+void ModuleBuilder::emit_add_same(int id) {
+  const Node& n = g_.node(id);
+  llvm::Function* kernel = rowwise("qkv_add");
+  parallel_ranges(
+      numel(shape(id)), 16384, 64, c64(1), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
+      [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0.v(), i1.v()}); });
+}
+
+void ModuleBuilder::emit_slice(int id) {
+  const Node& n = g_.node(id);
+  const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
+  const Dims in_strides = strides_of(shape(n.inputs[0]));
+  const Dims s = shape(id);
+  const I start = s[p] * n.offset;
+  nest(s, {strides_of(s), in_strides}, {c64(0), start * in_strides[p]},
+       [&](const Dims&, const Dims& off) { store(load(elem(n), buf(n.inputs[0]), off[1]), buf(id), off[0]); });
+}
+
+void ModuleBuilder::emit_concat(int id) {
+  const Node& n = g_.node(id);
+  const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
+  const Dims out_strides = strides_of(shape(id));
+  I at = c64(0);
+  for (int part : n.inputs) {
+    const Dims s = shape(part);
+    nest(s, {out_strides, strides_of(s)}, {at * out_strides[p], c64(0)},
+         [&](const Dims&, const Dims& off) { store(load(elem(n), buf(part), off[1]), buf(id), off[0]); });
+    at = at + s[p];
+  }
+}
+
+void ModuleBuilder::emit_broadcasting(int id) {
+  const Node& n = g_.node(id);
+  const Node &x = g_.node(n.inputs[0]), &y = g_.node(n.inputs[1]);
+  const Op op = n.op;
+  map(id, {n.inputs[0], n.inputs[1]},
+      {strides_of(shape(n.inputs[0])), strides_by_name(x.axes, y.axes, shape(n.inputs[1]))},
+      [this, op](const Dims&, const Values& in) -> llvm::Value* {
+        switch (op) {
+          case Op::mul:
+            return b_.CreateFMul(in[0], in[1]);
+          case Op::keep_mask:
+            return b_.CreateSelect(to_bool(in[1]), in[0], neg_inf());
+          default:
+            return b_.CreateFAdd(in[0], in[1]);
+        }
+      });
+}
+
+/// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:
+/// col = last index, row = second to last, batch = first (rank >= 3), head = the flattened
+/// index over the axes in between.
+void ModuleBuilder::emit_dropout(int id) {
+  const Node& n = g_.node(id);
+  const double p = n.scalar;
+  if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("codegen: dropout probability must be in [0, 1)");
+  const Dims s = shape(id);
+  const std::size_t rank = s.size();
+  llvm::Value* seed = c64(static_cast<std::int64_t>(n.seed)).v();
+  llvm::Value* keep_scale = llvm::ConstantFP::get(f64_, 1.0 / (1.0 - p));
+  map(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) -> llvm::Value* {
+    if (p == 0.0) return in[0];
+    auto i32 = [&](const I& v) { return b_.CreateTrunc(v.v(), i32_); };
+    llvm::Value* zero = b_.getInt32(0);
+    llvm::Value* col = rank >= 1 ? i32(idx[rank - 1]) : zero;
+    llvm::Value* row = rank >= 2 ? i32(idx[rank - 2]) : zero;
+    llvm::Value* batch = rank >= 3 ? i32(idx[0]) : zero;
+    I head = c64(0);
+    for (std::size_t k = 1; k + 2 < rank; ++k) head = head * s[k] + idx[k];
+    llvm::Value* keep = emit_dropout_keep(b_, p, seed, batch, i32(head), row, col);
+    llvm::Value* scaled = b_.CreateFPTrunc(b_.CreateFMul(b_.CreateFPExt(in[0], f64_), keep_scale), f32_);
+    return b_.CreateSelect(keep, scaled, llvm::ConstantFP::get(f32_, 0.0));
+  });
+}
+
+ModuleBuilder::Around ModuleBuilder::around(const Dims& s, std::size_t p) {
+  Around r{c64(1), s[p], c64(1)};
+  for (std::size_t k = 0; k < p; ++k) r.outer = r.outer * s[k];
+  for (std::size_t k = p + 1; k < s.size(); ++k) r.inner = r.inner * s[k];
+  return r;
+}
+
+/// Calls body(base) for every (o, i) with base = o·n·inner + i: the start of one line along p.
+void ModuleBuilder::lines(const Around& r, const std::function<void(const I& base)>& body) {
+  nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}}, {c64(0)}, [&](const Dims&, const Dims& off) { body(off[0]); });
+}
+
+/// Σ over k in [0, n) of f(k), in double.
+llvm::Value* ModuleBuilder::sum(const I& n, const std::function<llvm::Value*(const I& k)>& f) {
+  return ir::emit_loop(
+      b_, c64(0).v(), n.v(), 1, {llvm::ConstantFP::get(f64_, 0.0)},
+      [&](llvm::Value* k, const Values& acc) -> Values { return {b_.CreateFAdd(acc[0], f(I(b_, k)))}; }, "sum",
+      ir::Unroll::allowed)[0];
+}
+
+/// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
+/// −inf) is zeros.
+/// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
+llvm::Value* ModuleBuilder::row_max(llvm::Value* x, const I& n, const std::function<I(const I& k)>& at) {
+  return ir::emit_loop(
+      b_, c64(0).v(), n.v(), 1, {neg_inf()},
+      [&](llvm::Value* k, const Values& cur) -> Values {
+        llvm::Value* v = load(f32_, x, at(I(b_, k)));
+        return {b_.CreateSelect(b_.CreateFCmpUGT(v, cur[0]), v, cur[0])};
+      },
+      "max")[0];
+}
+
+void ModuleBuilder::emit_softmax(int id) {
+  const Node& n = g_.node(id);
+  const Around r = around(shape(id), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  lines(r, [&](const I& base) {
+    auto at = [&](const I& k) { return base + k * r.inner; };
+    llvm::Value* m = row_max(x, r.n, at);
+    branch(
+        ir::Bool(b_, b_.CreateFCmpOEQ(m, neg_inf())),
+        [&] { loop(c64(0), r.n, [&](I k) { store(llvm::ConstantFP::get(f32_, 0.0), y, at(k)); }, "zero"); },
+        [&] {
+          llvm::Value* total = sum(r.n, [&](const I& k) {
+            llvm::Value* e = emit_exp(b_, b_.CreateFSub(load(f32_, x, at(k)), m));
+            store(e, y, at(k));
+            return b_.CreateFPExt(e, f64_);
+          });
+          llvm::Value* inv = b_.CreateFDiv(llvm::ConstantFP::get(f64_, 1.0), total);
+          loop(
+              c64(0), r.n,
+              [&](I k) {
+                llvm::Value* e = b_.CreateFPExt(load(f32_, y, at(k)), f64_);
+                store(b_.CreateFPTrunc(b_.CreateFMul(e, inv), f32_), y, at(k));
+              },
+              "norm", ir::Unroll::allowed);
+        });
+  });
+}
+
+/// logsumexp along attr_axes[0] (dropped from the output, the other axes in order): m + ln Σ
+/// e^(x − m), the sum in double, the log in f32 (no library call); an all −inf row gives −inf,
+/// m = ±inf or NaN gives m.
+void ModuleBuilder::emit_logsumexp(int id) {
+  const Node& n = g_.node(id);
+  const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
+       [&](const Dims&, const Dims& off) {
+         auto at = [&](const I& k) { return off[0] + k * r.inner; };
+         llvm::Value* m = row_max(x, r.n, at);
+         llvm::Value* finite =
+             b_.CreateFCmpONE(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, m), llvm::ConstantFP::getInfinity(f32_));
+         branch(
+             ir::Bool(b_, finite),
+             [&] {
+               llvm::Value* total = sum(r.n, [&](const I& k) {
+                 return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(load(f32_, x, at(k)), m)), f64_);
+               });
+               // total >= 1 (the max term is 1): its f32 rounding moves the log by < 1e-7.
+               llvm::Value* ln =
+                   b_.CreateFMul(emit_log2(b_, b_.CreateFPTrunc(total, f32_)), llvm::ConstantFP::get(f32_, kLn2));
+               store(b_.CreateFAdd(m, ln), y, off[1]);
+             },
+             [&] { store(m, y, off[1]); });
+       });
+}
+
+/// layer norm over the contiguous axis (biased variance, eps inside the square root) on the
+/// row-wise kernel, in ranges of rows.
+void ModuleBuilder::emit_layer_norm_rows(int id) {
+  const Node& n = g_.node(id);
+  const Dims s = shape(id);
+  const I len = s.back(), rows = pick(len > 0, numel(s) / imax(len, 1), c64(0));
+  llvm::Function* kernel = rowwise("qkv_layer_norm");
+  // Blocks of about 16k elements: a grain of 16384 / len rows when len is known here.
+  const auto known = len.constant();
+  const std::int64_t grain = known ? std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(*known, 1)) : 1;
+  parallel_ranges(rows, grain, 1, len * 8, {buf(n.inputs[0]), buf(n.inputs[1]), buf(n.inputs[2]), buf(id), len.v()},
+                  [&](I r0, I r1, const Values& cap) {
+                    b_.CreateCall(kernel, {cap[0], cap[1], cap[2], cap[3], cap[4],
+                                           llvm::ConstantFP::get(f32_, n.scalar), r0.v(), r1.v()});
+                  });
+}
+
+/// layer norm along another axis: a loop nest in double.
+void ModuleBuilder::emit_layer_norm_strided(int id) {
+  const Node& n = g_.node(id);
+  const Dims s = shape(id);
+  const double eps = n.scalar;
+  llvm::Value *x = buf(n.inputs[0]), *gamma = buf(n.inputs[1]), *beta = buf(n.inputs[2]), *y = buf(id);
+  const Around r = around(s, axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  lines(r, [&](const I& base) {
+    auto at = [&](const I& k) { return base + k * r.inner; };
+    auto xd = [&](const I& k) { return b_.CreateFPExt(load(f32_, x, at(k)), f64_); };
+    llvm::Value* count = f64_of(r.n);
+    llvm::Value* mean = b_.CreateFDiv(sum(r.n, xd), count);
+    llvm::Value* var = b_.CreateFDiv(sum(r.n,
+                                         [&](const I& k) {
+                                           llvm::Value* d = b_.CreateFSub(xd(k), mean);
+                                           return b_.CreateFMul(d, d);
+                                         }),
+                                     count);
+    llvm::Value* inv_std = b_.CreateFDiv(
+        llvm::ConstantFP::get(f64_, 1.0),
+        b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(var, llvm::ConstantFP::get(f64_, eps))));
+    loop(
+        c64(0), r.n,
+        [&](I k) {
+          llvm::Value* v = b_.CreateFMul(b_.CreateFSub(xd(k), mean), inv_std);
+          v = b_.CreateFAdd(b_.CreateFMul(v, b_.CreateFPExt(load(f32_, gamma, k), f64_)),
+                            b_.CreateFPExt(load(f32_, beta, k), f64_));
+          store(b_.CreateFPTrunc(v, f32_), y, at(k));
+        },
+        "ln", ir::Unroll::allowed);
+  });
+}
+
+/// linear over a non-contiguous axis: y[o, j, c] = Σ_i x[o, i, c]·W[j, i] + b[j], in double.
+void ModuleBuilder::emit_linear_strided(int id) {
+  const Node& n = g_.node(id);
+  const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
+  const Around r = around(shape(n.inputs[0]), p);
+  const Dims w = shape(n.inputs[1]);
+  const I n_out = w[0], n_in = w[1];
+  llvm::Value *x = buf(n.inputs[0]), *wt = buf(n.inputs[1]), *y = buf(id);
+  llvm::Value* bias = n.inputs.size() > 2 ? buf(n.inputs[2]) : nullptr;
+  const I zero = c64(0), one = c64(1);
+  nest({r.outer, n_out, r.inner}, {{n_out * r.inner, r.inner, one}, {n_in * r.inner, zero, one}, {zero, n_in, zero}},
+       {zero, zero, zero}, [&](const Dims& idx, const Dims& off) {
+         llvm::Value* acc = sum(n_in, [&](const I& i) {
+           llvm::Value* xv = load(f32_, x, off[1] + i * r.inner);
+           llvm::Value* wv = load(f32_, wt, off[2] + i);
+           return b_.CreateFMul(b_.CreateFPExt(xv, f64_), b_.CreateFPExt(wv, f64_));
+         });
+         if (bias) acc = b_.CreateFAdd(acc, b_.CreateFPExt(load(f32_, bias, idx[1]), f64_));
+         store(b_.CreateFPTrunc(acc, f32_), y, off[0]);
+       });
+}
+
+/// contract: out[o] = Σ_c lhs[o, c]·rhs[o, c], axes matched by name, in double.
+void ModuleBuilder::emit_contract(int id) {
+  const Node& n = g_.node(id);
+  const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
+  const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]);
+  std::vector<Axis> contracted;
+  Dims c_shape;
+  for (const auto& c : n.attr_axes) {
+    contracted.push_back({c, Extent::fixed(0)});
+    c_shape.push_back(ls[axis_pos(ln.axes, c)]);
+  }
+  const Dims l_out = strides_by_name(n.axes, ln.axes, ls), r_out = strides_by_name(n.axes, rn.axes, rs);
+  const Dims l_c = strides_by_name(contracted, ln.axes, ls), r_c = strides_by_name(contracted, rn.axes, rs);
+  llvm::Value *lhs = buf(n.inputs[0]), *rhs = buf(n.inputs[1]), *y = buf(id);
+  const Dims s = shape(id);
+  nest(s, {strides_of(s), l_out, r_out}, {c64(0), c64(0), c64(0)}, [&](const Dims&, const Dims& off) {
+    llvm::Value* acc_slot = ir::entry_alloca(b_, f64_, 1, 8, "acc");
+    b_.CreateStore(llvm::ConstantFP::get(f64_, 0.0), acc_slot);
+    nest(c_shape, {l_c, r_c}, {c64(0), c64(0)}, [&](const Dims&, const Dims& c_off) {
+      llvm::Value* lv = load(f32_, lhs, off[1] + c_off[0]);
+      llvm::Value* rv = load(f32_, rhs, off[2] + c_off[1]);
+      llvm::Value* prod = b_.CreateFMul(b_.CreateFPExt(lv, f64_), b_.CreateFPExt(rv, f64_));
+      b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f64_, acc_slot), prod), acc_slot);
+    });
+    store(b_.CreateFPTrunc(b_.CreateLoad(f64_, acc_slot), f32_), y, off[0]);
+  });
+}
+
+}  // namespace qkv::codegen::cpu::detail
