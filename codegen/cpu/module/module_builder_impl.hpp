@@ -3,13 +3,6 @@
 // module_builder.cpp; the loop-nest kernels of the other node kinds in module_nodes.cpp.
 #pragma once
 
-#include "cpu/module/module_builder.hpp"
-#include <algorithm>
-#include <cmath>
-#include <functional>
-#include <limits>
-#include <stdexcept>
-#include <string>
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
@@ -18,11 +11,18 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
+#include <stdexcept>
+#include <string>
 #include "cpu/kernels/attention_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/kernels/rowwise_kernel.hpp"
+#include "cpu/module/module_builder.hpp"
 #include "cpu/module/threads_ir.hpp"
 #include "cpu/schedule.hpp"
 #include "llvm/ir_int.hpp"
@@ -33,7 +33,6 @@
 #include "lowering/graph_util.hpp"
 
 namespace qkv::codegen::cpu::detail {
-
 
 using util::axis_pos;
 using I = ir::Int;
@@ -531,7 +530,8 @@ class ModuleBuilder {
   /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.
   void emit_gemm(int id);
 
-  void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m, const I& nn, const I& k);
+  void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m,
+                      const I& nn, const I& k);
 
   void emit_attention(int id);
 
@@ -556,6 +556,5 @@ class ModuleBuilder {
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
 };
-
 
 }  // namespace qkv::codegen::cpu::detail

@@ -47,9 +47,7 @@ void ModuleBuilder::emit_score_mod(int id) {
         : mb(m), n(nn), axes(a), s(sh) {}
     std::size_t pos(const std::string& axis) const { return util::axis_pos(axes, axis); }
     llvm::Value* score() override { return x; }
-    llvm::Value* index(const std::string& axis) override {
-      return mb.b_.CreateSIToFP((*idx)[pos(axis)].v(), mb.f32_);
-    }
+    llvm::Value* index(const std::string& axis) override { return mb.b_.CreateSIToFP((*idx)[pos(axis)].v(), mb.f32_); }
     llvm::Value* position(const std::string& axis) override {
       const ModExpr& e = *n.mod;
       llvm::Value* v = index(axis);
