@@ -123,10 +123,13 @@ Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& option
     if (std::find(options.dynamic.begin(), options.dynamic.end(), s) == options.dynamic.end())
       throw ShapeError("aot: `" + s + "` is not bound; give its size (or make it --dynamic)");
   c.signature = cpu::module_signature(c.lowered, options, c.plan);
+  for (const auto& n : c.lowered.nodes()) c.signature.checks_ids = c.signature.checks_ids || n.op == Op::embedding;
+  // Integer tensors (token ids, positions, argmax) are passed as floats holding the integers
+  // (lowering/storage.hpp; exact below 2^24), as the header says.
   auto check_dtype = [&](const std::string& name, const Node& n) {
-    if (n.dtype != DType::f32 && n.dtype != DType::boolean)
+    if (n.dtype != DType::f32 && n.dtype != DType::boolean && n.dtype != DType::i32 && n.dtype != DType::i64)
       invalid("`" + name + "` is " + std::string(dtype_name(n.dtype)) +
-              "; compiled functions take f32 and bool tensors only");
+              "; compiled functions take f32, integer and bool tensors only");
   };
   for (const auto& n : c.lowered.nodes())
     if (n.op == Op::input || n.op == Op::param) check_dtype(n.name, n);
@@ -203,6 +206,8 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     << ",\n * with machine code for the CPU `" << cpu << "`. It needs only the C library (and its pthreads) at\n"
     << " * run time. Every array is dense and row-major, axes listed outermost first; bool tensors take\n"
     << " * one byte per element (keep-masks: 1 = may attend, 0 = masked out).\n";
+  if (sig.checks_ids)
+    h << " * Token ids: a return of 3 says an id was outside its embedding table (its row reads as row 0).\n";
   if (dynamic)
     h << " * Returns 0; 1 when its scratch arena (sized from the sizes, aligned_alloc'd per call) cannot be\n"
       << " * allocated; 2 when the sizes are invalid (negative, or failing one of the model's shape checks). */\n";
@@ -220,7 +225,11 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
               (a.axes[k].extent.is_static() ? std::to_string(a.axes[k].extent.value) : a.axes[k].extent.str());
     axes += "]";
     h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
-      << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes << "\n";
+      << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes
+      << (a.dtype == DType::i32 || a.dtype == DType::i64
+              ? " (" + std::string(dtype_name(a.dtype)) + " values as floats, exact below 2^24)"
+              : "")
+      << "\n";
   }
   if (dynamic)
     h << " * (a size written Name? is the run-time size Name; Name?/4, Name?*2, Name?+1 are derived from it)\n";

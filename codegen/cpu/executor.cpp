@@ -10,6 +10,25 @@
 
 namespace qkv::codegen::cpu {
 
+namespace {
+/// Status 3 of a compiled graph: an embedding met an id outside its table. The first such id
+/// of an embedding whose ids are a graph input, found in the feeds, for the message.
+[[noreturn]] void throw_bad_embedding_id(const Graph& g, const Feeds& feeds, const Bindings& b) {
+  for (const auto& n : g.nodes()) {
+    if (n.op != Op::embedding) continue;
+    const Node& ids = g.node(n.inputs[1]);
+    const auto rows = g.node(n.inputs[0]).axes.at(0).extent.resolve(b);
+    const auto it = feeds.find(ids.name);
+    if (ids.op != Op::input || !rows || it == feeds.end()) continue;
+    const std::vector<float> v = it->second.to_f32();
+    for (std::size_t k = 0; k < v.size(); ++k)
+      if (!(v[k] >= 0.0f && v[k] < static_cast<float>(*rows)))
+        throw InputError(embedding_id_message(n.name, v[k], static_cast<std::int64_t>(k), "`" + ids.name + "`", *rows));
+  }
+  throw InputError("embedding: an id is outside its table");
+}
+}  // namespace
+
 RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
   RunResult result;
   result.bindings = bind_extents(g, feeds);
@@ -44,6 +63,7 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
   }
   const int rc = compiled->run(sizes.data(), args.data(), threads);
   if (rc == 1) throw std::bad_alloc();
+  if (rc == 3) throw_bad_embedding_id(g, feeds, result.bindings);
   if (rc != 0) throw ShapeError("execute: the compiled graph refused the sizes (code " + std::to_string(rc) + ")");
   for (std::size_t k = 0; k < outs.size(); ++k) result.outputs[g.outputs()[k].name] = std::move(outs[k]);
   return result;

@@ -359,6 +359,9 @@ class Planner {
       case Op::gelu:
         k.op = nvptx::ElementwiseOp::gelu;
         break;
+      case Op::silu:
+        why = "silu has no GPU kernel yet";
+        return false;
       case Op::add: {
         if (n.inputs.size() != 2 || !same_axes(g_.node(n.inputs[0]).axes, g_.node(n.inputs[1]).axes) ||
             shape(n.inputs[0]) != shape(n.inputs[1])) {

@@ -132,4 +132,85 @@ llvm::Value* emit_exp(llvm::IRBuilder<>& b, llvm::Value* x) {
   return b.CreateFMul(polynomial(b, r, kExpPoly), scale, "exp");
 }
 
+namespace {
+
+llvm::Type* i64_type_like(llvm::Type* t) {
+  llvm::Type* i64 = llvm::Type::getInt64Ty(t->getContext());
+  if (auto* vt = llvm::dyn_cast<llvm::VectorType>(t)) return llvm::VectorType::get(i64, vt->getElementCount());
+  return i64;
+}
+
+/// 1.5 · 2^52: adding it to |x| < 2^51 rounds x to an integer k, left in the low mantissa bits.
+constexpr double kRoundMagic64 = 6755399441055744.0;
+constexpr std::uint64_t kRoundMagic64Bits = 0x4338000000000000ull;
+
+/// {k = round(x) as a double, the bits of x + magic (whose low bits are k's, two's complement)}.
+std::pair<llvm::Value*, llvm::Value*> round_f64(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Value* magic = llvm::ConstantFP::get(x->getType(), kRoundMagic64);
+  llvm::Value* shifted = b.CreateFAdd(x, magic);
+  return {b.CreateFSub(shifted, magic), b.CreateBitCast(shifted, i64_type_like(x->getType()))};
+}
+
+double inv_factorial(int n) {
+  double v = 1.0;
+  for (int i = 2; i <= n; ++i) v *= i;
+  return 1.0 / v;
+}
+
+/// Σ_k sign^j · r^(first + 2j)/(first + 2j)! for first + 2j <= last, by Horner's rule in r2 = r² (the
+/// series of cos (first 0) and of sin r / r (first 1) with sign −1); with step 1 (r2 = r) and
+/// sign +1 the series of e^r.
+llvm::Value* series(llvm::IRBuilder<>& b, llvm::Value* r2, int first, int last, int step, double sign) {
+  llvm::Type* t = r2->getType();
+  auto term = [&](int n) {
+    const int j = (n - first) / step;
+    return llvm::ConstantFP::get(t, (sign < 0 && j % 2 ? -1.0 : 1.0) * inv_factorial(n));
+  };
+  llvm::Value* p = term(last);
+  for (int n = last - step; n >= first; n -= step) p = fmuladd(b, p, r2, term(n));
+  return p;
+}
+
+}  // namespace
+
+llvm::Value* emit_exp2_f64(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* t = x->getType();
+  llvm::Type* it = i64_type_like(t);
+  llvm::Value* y = clamp_keep_nan(b, x, -1022.0, 1023.0);
+  auto [n, bits] = round_f64(b, y);
+  llvm::Value* r = b.CreateFMul(b.CreateFSub(y, n), llvm::ConstantFP::get(t, kLn2));
+  llvm::Value* p = series(b, r, 0, 13, 1, 1.0);  // e^r
+  // bits = magic + n  ->  exponent field n + 1023, moved into place.
+  llvm::Value* biased = b.CreateAdd(bits, llvm::ConstantInt::get(it, 1023ull - kRoundMagic64Bits));
+  llvm::Value* scale = b.CreateBitCast(b.CreateShl(biased, llvm::ConstantInt::get(it, 52)), t);
+  return b.CreateFMul(p, scale);
+}
+
+std::pair<llvm::Value*, llvm::Value*> emit_sincos_f64(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* t = x->getType();
+  llvm::Type* it = i64_type_like(t);
+  auto f = [&](double v) { return llvm::ConstantFP::get(t, v); };
+  // π/2 in three parts of 33 bits each (fdlibm's pio2_1, pio2_2, pio2_3): k·part is exact for |k| < 2^20.
+  constexpr double kPio2_1 = 1.57079632673412561417e+00, kPio2_2 = 6.07710050630396597660e-11,
+                   kPio2_3 = 2.02226624871116645580e-21;
+  auto [k, bits] = round_f64(b, b.CreateFMul(x, f(0.63661977236758134308)));
+  llvm::Value* r = fmuladd(b, k, f(-kPio2_1), x);
+  r = fmuladd(b, k, f(-kPio2_2), r);
+  r = fmuladd(b, k, f(-kPio2_3), r);
+  llvm::Value* r2 = b.CreateFMul(r, r);
+  // sin r = r·(1 − r²/3! + r⁴/5! − …), cos r = 1 − r²/2! + r⁴/4! − …
+  llvm::Value* sin_r = b.CreateFMul(r, series(b, r2, 1, 17, 2, -1.0));
+  llvm::Value* cos_r = series(b, r2, 0, 16, 2, -1.0);
+  // Quadrant k mod 4 (the low bits of magic + k): 0: (s, c), 1: (c, −s), 2: (−s, −c), 3: (−c, s).
+  llvm::Value* q = b.CreateAnd(bits, llvm::ConstantInt::get(it, 3));
+  llvm::Value* swap = b.CreateICmpNE(b.CreateAnd(q, llvm::ConstantInt::get(it, 1)), llvm::ConstantInt::get(it, 0));
+  llvm::Value* sin_base = b.CreateSelect(swap, cos_r, sin_r);
+  llvm::Value* cos_base = b.CreateSelect(swap, sin_r, cos_r);
+  llvm::Value* neg_sin = b.CreateICmpUGE(q, llvm::ConstantInt::get(it, 2));
+  llvm::Value* neg_cos =
+      b.CreateOr(b.CreateICmpEQ(q, llvm::ConstantInt::get(it, 1)), b.CreateICmpEQ(q, llvm::ConstantInt::get(it, 2)));
+  return {b.CreateSelect(neg_sin, b.CreateFNeg(sin_base), sin_base),
+          b.CreateSelect(neg_cos, b.CreateFNeg(cos_base), cos_base)};
+}
+
 }  // namespace qkv::codegen::cpu

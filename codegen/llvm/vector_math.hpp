@@ -34,4 +34,14 @@ llvm::Value* emit_exp(llvm::IRBuilder<>& b, llvm::Value* x);
 /// or NaN.
 llvm::Value* emit_log2(llvm::IRBuilder<>& b, llvm::Value* x);
 
+/// 2^x in double (rope's frequencies theta^(−2i/D) = 2^(−2i/D·log2 theta)): Taylor series of
+/// e^(f·ln 2) to degree 13 after x = n + f, |f| <= 1/2 (relative error < 1e-16); x is clamped
+/// to [−1022, 1023] (2^−1022 and 2^1023 there); NaN stays NaN.
+llvm::Value* emit_exp2_f64(llvm::IRBuilder<>& b, llvm::Value* x);
+
+/// {sin x, cos x} in double, with no call: x − k·π/2 in three parts (Cody–Waite, exact for
+/// |x| < 1.6e6), then Taylor series to degree 17 on [−π/4, π/4] (error < 1e-16). The rotary
+/// embedding's angles (f32 position · frequency) stay far inside that range.
+std::pair<llvm::Value*, llvm::Value*> emit_sincos_f64(llvm::IRBuilder<>& b, llvm::Value* x);
+
 }  // namespace qkv::codegen::cpu

@@ -24,6 +24,7 @@ KernelKind select_kernel(const Graph& g, int id) {
       return util::layer_norm_on_last_axis(g, n) ? KernelKind::layer_norm_rows : KernelKind::layer_norm_strided;
     case Op::relu:
     case Op::gelu:
+    case Op::silu:
     case Op::scale:
       return KernelKind::unary;
     case Op::add: {
@@ -53,6 +54,14 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::dropout;
     case Op::contract:
       return KernelKind::contract;
+    case Op::rms_norm:
+      return KernelKind::rms_norm;
+    case Op::rope:
+      return KernelKind::rope;
+    case Op::embedding:
+      return KernelKind::embedding;
+    case Op::argmax:
+      return KernelKind::argmax;
     default:
       break;
   }
@@ -101,6 +110,14 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "contract";
     case KernelKind::score_mod:
       return "score_mod";
+    case KernelKind::rms_norm:
+      return "rms_norm";
+    case KernelKind::rope:
+      return "rope";
+    case KernelKind::embedding:
+      return "embedding";
+    case KernelKind::argmax:
+      return "argmax";
   }
   return "?";
 }

@@ -107,7 +107,10 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       default:
         break;
     }
-    if ((n.op == Op::softmax || n.op == Op::causal || n.op == Op::logsumexp) && x)
+    if (n.op == Op::rope && !n.rope) report("has no rope attributes");
+    if ((n.op == Op::softmax || n.op == Op::causal || n.op == Op::logsumexp || n.op == Op::rms_norm ||
+         n.op == Op::argmax || n.op == Op::rope) &&
+        x)
       for (const auto& a : n.attr_axes)
         if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
     if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");

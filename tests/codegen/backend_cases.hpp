@@ -142,4 +142,49 @@ GraphCase mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool bottom_r
   return c;
 }
 
+/// Integer ids [batch, len] in [0, n) (seeded), or positions start + i, as i64 feeds.
+inline NdArray int_feed(std::int64_t batch, std::int64_t len, std::int64_t n, std::uint64_t seed,
+                        std::int64_t start = -1) {
+  NdArray a = NdArray::zeros(DType::i64, {batch, len});
+  auto v = a.as<std::int64_t>();
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v[i] = start >= 0 ? start + static_cast<std::int64_t>(i % static_cast<std::size_t>(len))
+                      : static_cast<std::int64_t>(x % static_cast<std::uint64_t>(n));
+  }
+  return a;
+}
+
+/// A tiny Llama (qkv::nn::CausalLm): 2 layers, d_model 32, GQA 4/2 with head width 8, q/k/v/o
+/// biases, Llama 3 RoPE scaling, a sliding window of 4 keys on layer 1, untied lm_head over 50
+/// ids; batch 2 of 9 tokens at positions 3 .. 11 (as after a prompt of 3).
+inline GraphCase tiny_llama() {
+  GraphCase c;
+  LlamaConfig cfg;
+  cfg.layers = 2;
+  cfg.rms_norm_eps = 1e-5;
+  cfg.attention = {.heads = 4,
+                   .kv_heads = 2,
+                   .head_dim = 8,
+                   .rope = {.theta = 10000.0, .llama3 = Llama3RopeScaling{8.0, 1.0, 4.0, 16.0}},
+                   .qkv_bias = true,
+                   .o_bias = true,
+                   .sliding_window = 4};
+  cfg.windowed = {false, true};
+  const auto model = CausalLm<32>::make(c.graph, cfg);
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(c.graph, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(c.graph, "positions");
+  auto logits = model(tokens, positions);
+  output(logits, "out");
+  output(argmax<Vocab>(logits), "next");
+  c.feeds = random_feeds(
+      c.graph, {{"Batch", 2}, {"Seq", 9}, {"Vocab", 50}, {"Hidden", 64}, {"QProj", 32}, {"KvProj", 16}}, 12, 0.5f);
+  c.feeds["tokens"] = int_feed(2, 9, 50, 12);
+  c.feeds["positions"] = int_feed(2, 9, 0, 0, 3);
+  return c;
+}
+
 }  // namespace qkv::nn::cases

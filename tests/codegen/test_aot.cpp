@@ -112,6 +112,24 @@ TEST(Aot, DropoutMasksEqualTheInterpreters) {
   expect_aot_agrees(c.graph, c.feeds);
 }
 
+TEST(Aot, TinyLlamaWithRopeRmsNormSwiGluAndArgmax) {
+  const auto c = cases::tiny_llama();
+  expect_aot_agrees(c.graph, c.feeds, 5e-5);
+}
+
+TEST(Aot, AnEmbeddingIdOutsideTheTableReturnsThree) {
+  Graph g;
+  auto table = embedding_params<Vocab<dyn>, Model<8>>(g, "embed");
+  auto ids = input<Tensor<i32, Seq<dyn>>>(g, "tokens");
+  output(embedding(table, ids), "out");
+  auto model = codegen::AotModel::compile(g, {{"Vocab", 10}, {"Seq", 3}});
+  std::vector<float> t(80, 1.0f), id{1.0f, -1.0f, 2.0f}, out(24);
+  std::vector<void*> args{t.data(), id.data(), out.data()};
+  EXPECT_EQ(model->run(args.data()), 3);
+  id[1] = 9.0f;
+  EXPECT_EQ(model->run(args.data()), 0);
+}
+
 TEST(Aot, EncoderLayerThenCrossAttention) {
   const auto c = cases::encoder_layer_then_cross_attention();
   expect_aot_agrees(c.graph, c.feeds);

@@ -292,6 +292,51 @@ TEST(CpuBackend, DropoutMasksAreIdentical) {
   expect_backends_agree(c.graph, c.feeds);
 }
 
+TEST(CpuBackend, TinyLlamaMatchesTheInterpreter) {
+  const auto c = cases::tiny_llama();
+  EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 2);
+  expect_backends_agree(c.graph, c.feeds, 5e-5);
+}
+
+TEST(CpuBackend, DecoderOpsOnTheirOwn) {
+  // rms_norm over a non-contiguous axis, silu, rope with positions over the sequence only, argmax.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Model<24>, Seq<dyn>>>(g, "x");
+  auto q = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Heads<3>, HeadDim<10>>>(g, "q");
+  auto pos = input<Tensor<i32, Seq<dyn>>>(g, "pos");
+  output(rms_norm(x, rms_norm_params<Model<24>>(g, "norm", 1e-5)), "norm");
+  output(silu(x), "silu");
+  output(rope<HeadDim, Seq>(q, pos, {.theta = 500.0}), "rope");
+  output(argmax<Model>(x), "argmax");
+  Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 7}}, 21, 3.0f);
+  NdArray p = NdArray::zeros(DType::i32, {7});
+  for (int i = 0; i < 7; ++i) p.as<std::int32_t>()[static_cast<std::size_t>(i)] = 1000 * i * i;  // up to 36000
+  feeds["pos"] = p;
+  expect_backends_agree(g, feeds, 2e-5);
+}
+
+TEST(CpuBackend, AnEmbeddingIdOutsideTheTableIsAnInputErrorOnBothBackends) {
+  Graph g;
+  auto table = embedding_params<Vocab<dyn>, Model<8>>(g, "embed");
+  auto ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  output(embedding(table, ids), "out");
+  Feeds feeds = random_feeds(g, {{"Batch", 1}, {"Seq", 4}, {"Vocab", 10}}, 3);
+  NdArray t = cases::int_feed(1, 4, 10, 5);
+  t.as<std::int64_t>()[2] = 10;
+  feeds["tokens"] = t;
+  for (int backend = 0; backend < 2; ++backend) {
+    try {
+      (void)(backend ? codegen::cpu::run(g, feeds, 2) : interpret(g, feeds));
+      ADD_FAILURE() << "no error on backend " << backend;
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("id 10 (at flat index 2 of `tokens`) is outside the table's 10 rows")) << backend;
+    }
+  }
+  t.as<std::int64_t>()[2] = 9;
+  feeds["tokens"] = t;
+  expect_backends_agree(g, feeds, 0.0);
+}
+
 TEST(CpuBackend, EncoderLayerAndCrossAttention) {
   const auto c = cases::encoder_layer_then_cross_attention();
   EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 2);

@@ -229,6 +229,26 @@ struct RunEncoderFlags {
   }
 };
 
+struct RunCausalLmFlags {
+  RunCausalLm o;
+  BackendFlag backend;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* run) {
+    cmd = run->add_subcommand("causal-lm", "A Hugging Face decoder (llama, qwen2, mistral): one full forward");
+    cmd->footer("Example: qkv run causal-lm --model tiny-llama/ --tokens ids.npy --logits-out logits.npy");
+    cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
+        ->required();
+    cmd->add_option("--tokens", o.tokens, "int [B, L] or [L]: token ids (positions 0 .. L-1)")->required();
+    cmd->add_option("--logits-out", o.logits_out, "Output [B, L, vocab] .npy")->required();
+    backend.add(cmd);
+    cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
+  }
+  RunCausalLm get() {
+    o.backend = backend.get();
+    return o;
+  }
+};
+
 /// A model by shape (shapes, bench, verify, emit).
 struct ShapeFlags {
   ShapeModel m;
@@ -330,6 +350,8 @@ int run_cli(int argc, char** argv) {
   RunEncoderFlags layer, stack;
   layer.add(run, false);
   stack.add(run, true);
+  RunCausalLmFlags causal_lm;
+  causal_lm.add(run);
 
   // --- models by shape
   ShapeFlags shape_flags;
@@ -439,6 +461,7 @@ int run_cli(int argc, char** argv) {
     if (*sdpa.cmd) return run_sdpa(sdpa.get());
     if (*layer.cmd) return run_encoder(layer.get());
     if (*stack.cmd) return run_encoder(stack.get());
+    if (*causal_lm.cmd) return run_causal_lm(causal_lm.get());
     if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {
       bench_opts.model = bench_flags.get();

@@ -71,6 +71,14 @@ struct RunEncoder {
   Backend backend = Backend::cpu;
   bool stats = false;
 };
+/// qkv run causal-lm: one full forward of a Hugging Face decoder (commands_decoder.cpp).
+struct RunCausalLm {
+  std::string model, tokens, logits_out;
+  Backend backend = Backend::cpu;
+  bool stats = false;
+};
+int run_causal_lm(const RunCausalLm& o);
+
 int run_mha(const RunMha& o);
 int run_sdpa(const RunSdpa& o);
 int run_encoder(const RunEncoder& o);

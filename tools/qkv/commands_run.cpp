@@ -105,9 +105,6 @@ void stage_npy(OutputGroup& outputs, std::size_t i, const NdArray& array) {
   outputs.write(i, {header, array.bytes});
 }
 
-namespace {
-/// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
-/// was compiled for the run and how long it took.
 RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool stats) {
   require_memory(run_bytes(g, bind_extents(g, feeds), backend));
   const Activity running("running the model");
@@ -123,6 +120,7 @@ RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool st
   return r;
 }
 
+namespace {
 /// What the state dict's tensors take once imported (as f32).
 void require_memory_for(const SafetensorsFile& sd) {
   std::uint64_t total = 0;

@@ -217,6 +217,31 @@ Graph encoder_graph(const EncoderModel& m) {
 }
 }  // namespace
 
+Graph build_causal_lm(const HfConfig& c) {
+  LlamaConfig cfg;
+  cfg.layers = c.num_hidden_layers;
+  cfg.rms_norm_eps = c.rms_norm_eps;
+  cfg.tie_word_embeddings = c.tie_word_embeddings;
+  cfg.windowed = c.windowed;
+  LlamaAttentionConfig& a = cfg.attention;
+  a.heads = c.num_attention_heads;
+  a.kv_heads = c.num_key_value_heads;
+  a.head_dim = c.head_dim;
+  a.qkv_bias = c.qkv_bias;
+  a.o_bias = c.o_bias;
+  a.sliding_window = c.sliding_window;
+  a.rope.theta = c.rope_theta;
+  if (c.rope_llama3)
+    a.rope.llama3 = Llama3RopeScaling{c.rope_llama3->factor, c.rope_llama3->low_freq_factor,
+                                      c.rope_llama3->high_freq_factor, c.rope_llama3->original_max_position_embeddings};
+  Graph g;
+  const auto model = CausalLm<dyn>::make(g, cfg);
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  output(model(tokens, positions), "logits");
+  return g;
+}
+
 Graph build_encoder(const EncoderModel& m) {
   return m.gelu ? encoder_graph<Activation::gelu>(m) : encoder_graph<Activation::relu>(m);
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <qkv/ir/graph.hpp>
+#include <qkv/runtime/hf_checkpoint.hpp>
 
 namespace qkv::cli {
 
@@ -85,5 +86,10 @@ struct EncoderModel {
 };
 /// Input src [B, L, E], masks. Output out.
 Graph build_encoder(const EncoderModel& m);
+
+/// A Hugging Face decoder (llama, qwen2, mistral) as its config.json describes it, built with
+/// qkv::nn::CausalLm. Inputs: tokens and positions [Batch, Seq] (i64), the weights by their
+/// Hugging Face names. Output: logits [Batch, Seq, Vocab].
+Graph build_causal_lm(const HfConfig& c);
 
 }  // namespace qkv::cli

@@ -17,6 +17,10 @@ namespace qkv::cli {
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0);
 
+/// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
+/// was compiled for the run and how long it took.
+RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool stats);
+
 /// A model given by shape alone, built with the same builders as `qkv run` (shapes, bench,
 /// verify, emit). Nothing is allocated for it: the seeded weights and inputs come from
 /// seeded_feeds, after the caller has checked there is memory for them.

@@ -1,7 +1,7 @@
 // The JIT'd row-wise / elementwise kernels of rowwise.hpp: their IR generator, the (one per
 // process and target) JIT that holds them, and the drivers that split calls on the thread pool.
 //
-// One module, four functions over [begin, end) of rows or elements:
+// One module, five functions over [begin, end) of rows or elements:
 //
 //   void qkv_layer_norm(const float* x, const float* gamma, const float* beta, float* y,
 //                       i64 n, float eps, i64 r0, i64 r1)
@@ -9,6 +9,7 @@
 //              y = (x − mean)·(1/sqrt(var + eps))·gamma + beta
 //   void qkv_gelu(const float* x, float* y, i64 i0, i64 i1)
 //   void qkv_relu(const float* x, float* y, i64 i0, i64 i1)
+//   void qkv_silu(const float* x, float* y, i64 i0, i64 i1)
 //   void qkv_add(const float* a, const float* b, float* y, i64 i0, i64 i1)
 //
 // Every loop is a host-width vector loop over whole vectors followed by a scalar loop over the
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -63,6 +65,13 @@ class RowwiseEmitter {
   void emit_all() {
     emit_layer_norm();
     emit_unary("qkv_gelu", [this](llvm::Value* x) { return gelu(x); });
+    emit_unary("qkv_silu", [this](llvm::Value* x) {
+      // x / (1 + e^−x); e^−x = +inf (x below about −88, −inf included) gives −0, the limit.
+      llvm::Type* t = x->getType();
+      llvm::Value* e = emit_exp(b_, b_.CreateFNeg(x));
+      llvm::Value* y = b_.CreateFDiv(x, b_.CreateFAdd(e, fc(t, 1.0)));
+      return b_.CreateSelect(b_.CreateFCmpOEQ(e, fc(t, std::numeric_limits<double>::infinity())), fc(t, -0.0), y);
+    });
     emit_unary("qkv_relu", [this](llvm::Value* x) {
       // x > 0 or NaN (unordered) keeps x; everything else (−0 included) becomes +0.
       return b_.CreateSelect(b_.CreateFCmpUGT(x, zero(x->getType())), x, zero(x->getType()));

@@ -283,6 +283,9 @@ class ModuleBuilder {
       sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
     emit_size_checks();
     threads_ = emit_thread_count(b_, fn_->getArg(2));
+    // What the entry returns when every node ran: 0, or 3 once an embedding met an id out of range.
+    status_ = ir::entry_alloca(b_, i32_, 1, 4, "status");
+    b_.CreateStore(b_.getInt32(0), status_);
 
     // 64-byte aligned (C11 aligned_alloc; the size a multiple of it): the kernels' packed panels
     // and tiles are read with aligned vector loads.
@@ -337,7 +340,7 @@ class ModuleBuilder {
       auto* free_fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
       b_.CreateCall(llvm::cast<llvm::Function>(free_fn), {arena});
     }
-    b_.CreateRet(b_.getInt32(0));
+    b_.CreateRet(b_.CreateLoad(i32_, status_));
     return fn_;
   }
 
@@ -461,11 +464,27 @@ class ModuleBuilder {
         return emit_contract(id);
       case KernelKind::score_mod:
         return emit_score_mod(id);
+      case KernelKind::rms_norm:
+        return emit_rms_norm(id);
+      case KernelKind::rope:
+        return emit_rope(id);
+      case KernelKind::embedding:
+        return emit_embedding(id);
+      case KernelKind::argmax:
+        return emit_argmax(id);
     }
     internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }
 
   void emit_scale(int id);
+
+  void emit_rms_norm(int id);
+
+  void emit_rope(int id);
+
+  void emit_embedding(int id);
+
+  void emit_argmax(int id);
 
   void emit_causal(int id);
 
@@ -555,6 +574,7 @@ class ModuleBuilder {
   GemmConfig gemm_cfg_;
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
+  llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)
 };
 
 }  // namespace qkv::codegen::cpu::detail

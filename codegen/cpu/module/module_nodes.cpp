@@ -1,7 +1,7 @@
 // The loop-nest kernels of the CPU module (ModuleBuilder, module_builder_impl.hpp): scale, causal,
 // score mods, activations, adds, slices, concatenation, broadcasting, dropout, softmax,
-// logsumexp, layer norm over any axis, linear over another axis and general contractions,
-// with the interpreter's semantics.
+// logsumexp, layer norm over any axis, linear over another axis and general contractions, and
+// the decoder ops (RMSNorm, RoPE, embedding, argmax), with the interpreter's semantics.
 #include "cpu/module/module_builder_impl.hpp"
 
 namespace qkv::codegen::cpu::detail {
@@ -79,10 +79,10 @@ void ModuleBuilder::emit_score_mod(int id) {
   });
 }
 
-/// relu / gelu on the row-wise kernels, in ranges of the flat index.
+/// relu / gelu / silu on the row-wise kernels, in ranges of the flat index.
 void ModuleBuilder::emit_activation(int id) {
   const Node& n = g_.node(id);
-  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : "qkv_gelu");
+  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : n.op == Op::silu ? "qkv_silu" : "qkv_gelu");
   parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30), {buf(n.inputs[0]), buf(id)},
                   [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], i0.v(), i1.v()}); });
 }
@@ -349,6 +349,124 @@ void ModuleBuilder::emit_contract(int id) {
     });
     store(b_.CreateFPTrunc(b_.CreateLoad(f64_, acc_slot), f32_), y, off[0]);
   });
+}
+
+/// RMSNorm along attr_axes[0]: x · (1/sqrt(Σx²/n + eps)) · weight, the sum in double.
+void ModuleBuilder::emit_rms_norm(int id) {
+  const Node& n = g_.node(id);
+  llvm::Value *x = buf(n.inputs[0]), *w = buf(n.inputs[1]), *y = buf(id);
+  const Around r = around(shape(id), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  lines(r, [&](const I& base) {
+    auto at = [&](const I& k) { return base + k * r.inner; };
+    llvm::Value* ss = sum(r.n, [&](const I& k) {
+      llvm::Value* v = b_.CreateFPExt(load(f32_, x, at(k)), f64_);
+      return b_.CreateFMul(v, v);
+    });
+    llvm::Value* mean = b_.CreateFAdd(b_.CreateFDiv(ss, f64_of(r.n)), llvm::ConstantFP::get(f64_, n.scalar));
+    llvm::Value* inv =
+        b_.CreateFDiv(llvm::ConstantFP::get(f64_, 1.0), b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, mean));
+    loop(
+        c64(0), r.n,
+        [&](I k) {
+          llvm::Value* v = b_.CreateFMul(b_.CreateFPExt(load(f32_, x, at(k)), f64_), inv);
+          v = b_.CreateFMul(v, b_.CreateFPExt(load(f32_, w, k), f64_));
+          store(b_.CreateFPTrunc(v, f32_), y, at(k));
+        },
+        "rms", ir::Unroll::allowed);
+  });
+}
+
+/// RoPE (qkv/ir/rope.hpp): for every index of x with feature i < D/2, the pair (i, i + D/2)
+/// turned by the angle f32(inv_freq[i]) · f32(position), inv_freq and the sine and cosine in
+/// double (no calls: vector_math's exp2 and sincos), the rotation in f32 as Hugging Face's.
+void ModuleBuilder::emit_rope(int id) {
+  const Node& n = g_.node(id);
+  const RopeAttrs& ra = *n.rope;
+  const auto& axes = g_.node(n.inputs[0]).axes;
+  const std::size_t p = axis_pos(axes, n.attr_axes[0]);
+  const Dims s = shape(id);
+  Dims half_shape = s;
+  const I d = s[p], half = d / 2;
+  half_shape[p] = half;
+  const Dims xs = strides_of(s);
+  const Dims ps = strides_by_name(axes, g_.node(n.inputs[1]).axes, shape(n.inputs[1]));
+  llvm::Value *x = buf(n.inputs[0]), *pos = buf(n.inputs[1]), *y = buf(id);
+  auto f64c = [&](double v) { return llvm::ConstantFP::get(f64_, v); };
+  llvm::Value* log2_theta = f64c(std::log2(ra.theta));
+  llvm::Value* d_f = f64_of(d);
+  nest(half_shape, {xs, ps}, {c64(0), c64(0)}, [&](const Dims& idx, const Dims& off) {
+    // inv_freq[i] = f32(theta^(−2i/D)), then Llama 3's rescaling in double.
+    llvm::Value* e = b_.CreateFDiv(b_.CreateFMul(f64_of(idx[p] * 2), log2_theta), d_f);
+    llvm::Value* f = b_.CreateFPExt(b_.CreateFPTrunc(emit_exp2_f64(b_, b_.CreateFNeg(e)), f32_), f64_);
+    if (ra.llama3) {
+      llvm::Value* wavelen = b_.CreateFDiv(f64c(2.0 * 3.14159265358979323846), f);
+      const double low = ra.original_max_positions / ra.low_freq_factor;
+      const double high = ra.original_max_positions / ra.high_freq_factor;
+      llvm::Value* slow = b_.CreateFDiv(f, f64c(ra.factor));
+      llvm::Value* smooth = b_.CreateFDiv(
+          b_.CreateFSub(b_.CreateFDiv(f64c(ra.original_max_positions), wavelen), f64c(ra.low_freq_factor)),
+          f64c(ra.high_freq_factor - ra.low_freq_factor));
+      llvm::Value* mid = b_.CreateFAdd(b_.CreateFMul(b_.CreateFSub(f64c(1.0), smooth), slow), b_.CreateFMul(smooth, f));
+      llvm::Value* v = b_.CreateSelect(b_.CreateFCmpOGT(wavelen, f64c(low)), slow, mid);
+      f = b_.CreateSelect(b_.CreateFCmpOLT(wavelen, f64c(high)), f, v);
+    }
+    llvm::Value* angle = b_.CreateFMul(b_.CreateFPTrunc(f, f32_), load(f32_, pos, off[1]));
+    auto [sin64, cos64] = emit_sincos_f64(b_, b_.CreateFPExt(angle, f64_));
+    llvm::Value *sn = b_.CreateFPTrunc(sin64, f32_), *cs = b_.CreateFPTrunc(cos64, f32_);
+    const I hi = off[0] + half * xs[p];
+    llvm::Value *x0 = load(f32_, x, off[0]), *x1 = load(f32_, x, hi);
+    store(b_.CreateFAdd(b_.CreateFMul(x0, cs), b_.CreateFMul(b_.CreateFNeg(x1), sn)), y, off[0]);
+    store(b_.CreateFAdd(b_.CreateFMul(x1, cs), b_.CreateFMul(x0, sn)), y, hi);
+  });
+}
+
+/// embedding: out[k, :] = table[ids[k], :] for every flat index k of the ids (a memcpy per
+/// row). An id outside [0, rows) (NaN included) reads row 0 and sets the entry's status to 3.
+void ModuleBuilder::emit_embedding(int id) {
+  const Node& n = g_.node(id);
+  const Dims ts = shape(n.inputs[0]), is = shape(n.inputs[1]);
+  const I rows = ts[0], width = ts[1];
+  llvm::Value *table = buf(n.inputs[0]), *ids = buf(n.inputs[1]), *y = buf(id);
+  loop(
+      c64(0), numel(is),
+      [&](I k) {
+        llvm::Value* v = load(f32_, ids, k);
+        llvm::Value* ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
+                                       b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
+        branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
+        const I row(b_,
+                    b_.CreateSelect(ok, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_),
+                                    c64(0).v()));
+        const I bytes = width * 4;
+        b_.CreateMemCpy(b_.CreateGEP(f32_, y, (k * width).v()), llvm::MaybeAlign(4),
+                        b_.CreateGEP(f32_, table, (row * width).v()), llvm::MaybeAlign(4), bytes.v());
+      },
+      "rows");
+}
+
+/// argmax along attr_axes[0] (dropped): the first index of the largest entry, a NaN the largest
+/// (the first NaN stays), stored as a float.
+void ModuleBuilder::emit_argmax(int id) {
+  const Node& n = g_.node(id);
+  const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
+       [&](const Dims&, const Dims& off) {
+         branch(r.n > 0, [&] {
+           llvm::Value* first = load(f32_, x, off[0]);
+           const Values best = ir::emit_loop(
+               b_, c64(1).v(), r.n.v(), 1, {first, c64(0).v()},
+               [&](llvm::Value* k, const Values& cur) -> Values {
+                 llvm::Value* v = load(f32_, x, off[0] + I(b_, k) * r.inner);
+                 llvm::Value* nan_v = b_.CreateFCmpUNO(v, v);
+                 llvm::Value* best_ordered = b_.CreateFCmpORD(cur[0], cur[0]);
+                 llvm::Value* take = b_.CreateAnd(best_ordered, b_.CreateOr(b_.CreateFCmpOGT(v, cur[0]), nan_v));
+                 return {b_.CreateSelect(take, v, cur[0]), b_.CreateSelect(take, k, cur[1])};
+               },
+               "argmax");
+           store(b_.CreateSIToFP(best[1], f32_), y, off[1]);
+         });
+       });
 }
 
 }  // namespace qkv::codegen::cpu::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <qkv/dsl/axis.hpp>
+#include <qkv/dsl/ops_decoder.hpp>
 #include <qkv/dsl/ops_math.hpp>
 #include <qkv/dsl/ops_structure.hpp>
 #include <qkv/dsl/params.hpp>
@@ -9,4 +10,5 @@
 #include <qkv/dsl/tensor.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/nn/attention.hpp>
+#include <qkv/nn/llama.hpp>
 #include <qkv/nn/transformer.hpp>

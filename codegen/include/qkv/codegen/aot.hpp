@@ -87,11 +87,12 @@ struct AotSignature {
   std::vector<AotSize> sizes;
   std::vector<AotArgument> args;
   std::size_t arena_bytes = 0;
+  bool checks_ids = false;  // the model embeds token ids: it returns 3 for an id outside its table
 };
 
 /// The signature emit_aot would produce. Throws ShapeError when an extent is not bound, and
 /// std::invalid_argument when the graph cannot be compiled ahead of time (a dtype other than
-/// f32 / bool at the boundary, a function name that is not a C identifier).
+/// f32 / integer / bool at the boundary, a function name that is not a C identifier).
 AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptions& options = {});
 
 /// The C header for the function (include guard, extern "C", one comment line per argument).

@@ -53,6 +53,17 @@ struct AttentionAttrs {
   friend bool operator==(const AttentionAttrs&, const AttentionAttrs&) = default;
 };
 
+/// How a rope node turns positions into angles (Hugging Face Llama's rotary embedding): for
+/// the D features, pair i < D/2 rotates by position · inv_freq[i], inv_freq[i] = theta^(−2i/D),
+/// optionally rescaled by Llama 3's rule (rope_inv_freq in qkv/ir/rope.hpp, the one home of it).
+struct RopeAttrs {
+  double theta = 10000.0;
+  bool llama3 = false;  // rope_scaling {"rope_type": "llama3", ...}
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_positions = 8192.0;
+  friend bool operator==(const RopeAttrs&, const RopeAttrs&) = default;
+};
+
 struct Node {
   Op op = Op::input;
   std::string name;         // inputs/params: the name to feed; others: optional label
@@ -69,6 +80,7 @@ struct Node {
   std::optional<Extent> dim;                // scale: divide by sqrt(dim) (a dynamic contracted extent)
   std::optional<AttentionAttrs> attention;  // fused_attention only
   std::optional<ModExpr> mod;               // score_mod only
+  std::optional<RopeAttrs> rope;            // rope only
 
   friend bool operator==(const Node&, const Node&) = default;
 };
@@ -226,6 +238,9 @@ inline std::uint64_t Graph::hash() const {
     }
     h.i(n.mod.has_value());
     if (n.mod) mix_hash(h, *n.mod);
+    h.i(n.rope.has_value());
+    if (const auto& r = n.rope)
+      h.d(r->theta).i(r->llama3).d(r->factor).d(r->low_freq_factor).d(r->high_freq_factor).d(r->original_max_positions);
   }
   for (const auto& o : outputs_) h.i(o.node).str(o.name);
   for (const auto& c : constraints_) {

@@ -44,6 +44,11 @@ enum class Op : std::uint8_t {
   score_mod,
   logsumexp,
   attention_lse,
+  rms_norm,
+  silu,
+  rope,
+  embedding,
+  argmax,
 };
 
 struct OpInfo {
@@ -56,7 +61,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 29> kOps{{
+inline constexpr std::array<OpInfo, 34> kOps{{
     {Op::input, "input", 0, 0, false, false, false, "name: the feed"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
     {Op::contract, "contract", 2, 2, false, false, false,
@@ -93,6 +98,16 @@ inline constexpr std::array<OpInfo, 29> kOps{{
      "log sum exp over attr_axes[0] (dropped from the output); a row of only -inf -> -inf"},
     {Op::attention_lse, "attention_lse", 1, 1, false, false, true,
      "the log-sum-exp of the scores its fused_attention input wrote (write_lse)"},
+    {Op::rms_norm, "rms_norm", 2, 2, false, true, false,
+     "(x, weight) over attr_axes[0]: x / sqrt(mean(x^2) + scalar) * weight; scalar: eps"},
+    {Op::silu, "silu", 1, 1, false, true, false, "x * sigmoid(x)"},
+    {Op::rope, "rope", 2, 2, false, true, false,
+     "(x, positions): rotate-half rotary embedding over attr_axes[0] at the positions, which index attr_axes[1] "
+     "(RopeAttrs)"},
+    {Op::embedding, "embedding", 2, 2, false, false, false,
+     "(table [attr_axes[0], attr_axes[1]], ids): row ids[...] of the table; output: the ids' axes, then attr_axes[1]"},
+    {Op::argmax, "argmax", 1, 1, false, false, false,
+     "index of the first largest entry along attr_axes[0] (dropped from the output); a NaN counts as largest"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

@@ -20,7 +20,7 @@ enum class KernelKind : std::uint8_t {
   linear_strided,      // linear over another axis
   layer_norm_rows,     // layer norm over the contiguous axis: independent rows
   layer_norm_strided,  // layer norm over another axis
-  unary,               // relu, gelu, scale: one value in, one out, same layout
+  unary,               // relu, gelu, silu, scale: one value in, one out, same layout
   add_same,            // add of two tensors with the same axes and sizes (the residual add)
   broadcast_binary,    // add, mul, bias, keep_mask with the rhs broadcast by name
   strided_copy,        // permute, broadcast, slice, concat: a strided read into a dense write
@@ -31,6 +31,10 @@ enum class KernelKind : std::uint8_t {
   dropout,             // the counter-based dropout outside a fused attention
   contract,            // a general contraction outside a fused attention
   score_mod,           // a score / mask modification outside a fused attention, entry by entry
+  rms_norm,            // RMSNorm along one axis
+  rope,                // the rotary embedding, pair by pair of features
+  embedding,           // rows of a table gathered by ids (an id out of range: status 3)
+  argmax,              // along one axis (dropped)
 };
 
 /// The kind that runs node `id`.

@@ -1,0 +1,186 @@
+// qkv/nn/llama.hpp — the decoder blocks of Llama and its relatives (Qwen2, Mistral), written
+// with the DSL's ops, parameters named as Hugging Face's checkpoints name them:
+//
+//   model.embed_tokens.weight                     [Vocab, Model]
+//   model.layers.{i}.input_layernorm.weight       [Model]
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.*   q [QProj, Model], k/v [KvProj, Model], o [Model, QProj]
+//   model.layers.{i}.post_attention_layernorm.weight
+//   model.layers.{i}.mlp.{gate,up,down}_proj.weight
+//   model.norm.weight, lm_head.weight             (lm_head absent when the embeddings are tied)
+//
+// One layer:  h = x + attn(rms_norm(x));  out = h + mlp(rms_norm(h)),  mlp(x) = down(silu(gate(x)) · up(x)).
+// Attention:  q, k rotated by RoPE at the tokens' positions; query heads grouped over the key/value
+// heads (GQA: [KvHeads, Group]); causal, bottom-right aligned (a decode step's queries are the
+// last positions of the keys); optionally a sliding window of W keys (i − W < j ≤ i, Mistral's).
+// Head counts and the head width come from the config at make(): wrong ones are a ShapeError
+// naming the axis when the weights are bound.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <qkv/nn/attention.hpp>
+
+namespace qkv::nn {
+
+QKV_AXIS(Vocab);   // token ids / logits
+QKV_AXIS(QProj);   // the query projection's output, query heads x head width
+QKV_AXIS(KvProj);  // the key / value projections' output, key/value heads x head width
+
+/// What a Llama-family attention layer needs beside its weights (config.json's numbers).
+struct LlamaAttentionConfig {
+  std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  RopeConfig rope;
+  bool qkv_bias = false;  // Qwen2 (always), Llama's attention_bias
+  bool o_bias = false;    // Llama's attention_bias (never Qwen2)
+  std::optional<std::int64_t> sliding_window;  // W: query i sees keys i − W < j ≤ i
+};
+
+template <auto E>
+struct LlamaAttention {
+  Linear<Model<E>, QProj<dyn>> q;
+  Linear<Model<E>, KvProj<dyn>> k, v;
+  Linear<QProj<dyn>, Model<E>> o;
+  LlamaAttentionConfig cfg;
+
+  static LlamaAttention make(Graph& g, const std::string& prefix, const LlamaAttentionConfig& cfg) {
+    if (cfg.heads <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0)
+      throw std::invalid_argument("LlamaAttention: heads, kv_heads and head_dim must be positive");
+    if (cfg.heads % cfg.kv_heads != 0)
+      throw ShapeError("LlamaAttention: query heads (" + std::to_string(cfg.heads) +
+                       ") must be a multiple of key/value heads (" + std::to_string(cfg.kv_heads) +
+                       "); fix: num_key_value_heads must divide num_attention_heads");
+    if (cfg.sliding_window && *cfg.sliding_window <= 0)
+      throw std::invalid_argument("LlamaAttention: the sliding window must be positive");
+    return {linear_params<Model<E>, QProj<dyn>>(g, prefix + "q_proj", cfg.qkv_bias),
+            linear_params<Model<E>, KvProj<dyn>>(g, prefix + "k_proj", cfg.qkv_bias),
+            linear_params<Model<E>, KvProj<dyn>>(g, prefix + "v_proj", cfg.qkv_bias),
+            linear_params<QProj<dyn>, Model<E>>(g, prefix + "o_proj", cfg.o_bias), cfg};
+  }
+
+  /// The rotated keys (or, unrotated, the values) of x: [Batch, Seq, Model] -> [Batch, Seq, KvHeads, HeadDim].
+  template <class X>
+  auto kv_heads_of(const X& x, const Linear<Model<E>, KvProj<dyn>>& w) const {
+    return split<KvProj, KvHeads<dyn>, HeadDim<dyn>>(linear(x, w), {cfg.kv_heads, cfg.head_dim});
+  }
+
+  /// x [Batch, Seq, Model], positions [Batch, Seq] (i32/i64) -> [Batch, Seq, Model]. Extra
+  /// masks (a key-padding mask, ...) apply after the causal mask and the window.
+  template <class X, class P, class... M>
+  auto operator()(const X& x, const P& positions, const M&... masks) const {
+    auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
+    auto qh = rope<HeadDim, Seq>(
+        split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(linear(xs, q),
+                                                             {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
+        positions, cfg.rope);
+    auto kh = rename<Seq, Key>(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope));
+    auto vh = rename<Seq, Key>(kv_heads_of(xs, v));
+    return attend(qh, kh, vh, masks...);
+  }
+
+  /// The attention of rotated queries qh [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and
+  /// values vh [Batch, Key, KvHeads, HeadDim] (the cache's and the step's), through o_proj.
+  template <class Q, class K, class V, class... M>
+  auto attend(const Q& qh, const K& kh, const V& vh, const M&... masks) const {
+    auto qp = permute<Batch, KvHeads, Group, Seq, HeadDim>(qh);
+    auto kp = permute<Batch, KvHeads, Key, HeadDim>(kh);
+    auto vp = permute<Batch, KvHeads, Key, HeadDim>(vh);
+    const std::int64_t w = cfg.sliding_window.value_or(0);
+    auto window = scores_fn([w](auto s) {
+      if (w <= 0) return s;
+      return decltype(s)(s.graph(), modded(s, mods::sliding_window(w - 1, 0, bottom_right)).id());
+    });
+    auto scores = detail::apply_masks(scaled(contract<HeadDim>(qp, kp)), causal_bottom_right, window, masks...);
+    auto out = contract<Key>(softmax<Key>(scores), vp);
+    auto heads = merge<KvHeads, Group, Heads>(permute<Batch, Seq, KvHeads, Group, HeadDim>(out));
+    return linear(merge<Heads, HeadDim, QProj>(heads), o);
+  }
+};
+
+/// Llama's MLP: down(silu(gate(x)) · up(x)), no biases.
+template <auto E>
+struct SwiGluMlp {
+  Linear<Model<E>, Hidden<dyn>> gate, up;
+  Linear<Hidden<dyn>, Model<E>> down;
+
+  static SwiGluMlp make(Graph& g, const std::string& prefix) {
+    return {linear_params<Model<E>, Hidden<dyn>>(g, prefix + "gate_proj", false),
+            linear_params<Model<E>, Hidden<dyn>>(g, prefix + "up_proj", false),
+            linear_params<Hidden<dyn>, Model<E>>(g, prefix + "down_proj", false)};
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    auto g = silu(linear(x, gate));
+    auto u = linear(x, up);
+    return linear(mul(g, u), down);
+  }
+};
+
+template <auto E>
+struct LlamaDecoderLayer {
+  RmsNorm<Model<E>> input_layernorm, post_attention_layernorm;
+  LlamaAttention<E> self_attn;
+  SwiGluMlp<E> mlp;
+
+  static LlamaDecoderLayer make(Graph& g, const std::string& prefix, const LlamaAttentionConfig& cfg, double eps) {
+    return {rms_norm_params<Model<E>>(g, prefix + "input_layernorm", eps),
+            rms_norm_params<Model<E>>(g, prefix + "post_attention_layernorm", eps),
+            LlamaAttention<E>::make(g, prefix + "self_attn.", cfg), SwiGluMlp<E>::make(g, prefix + "mlp.")};
+  }
+
+  /// x [Batch, Seq, Model], positions [Batch, Seq] -> [Batch, Seq, Model].
+  template <class X, class P, class... M>
+  auto operator()(const X& x, const P& positions, const M&... masks) const {
+    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
+    auto a = self_attn(rms_norm(x, input_layernorm), positions, masks...);
+    auto h = Out(add(x, a));
+    return Out(add(h, mlp(rms_norm(h, post_attention_layernorm))));
+  }
+};
+
+/// The whole model's numbers (config.json's).
+struct LlamaConfig {
+  std::int64_t layers = 0;
+  LlamaAttentionConfig attention;  // sliding_window: the window of the layers that have one
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  /// The layers with a sliding window (Qwen2: from max_window_layers on; Mistral: all); empty: all
+  /// when attention.sliding_window is set.
+  std::vector<bool> windowed;
+};
+
+/// embedding -> N decoder layers -> RMSNorm -> lm_head (Hugging Face's *ForCausalLM).
+template <auto E>
+struct CausalLm {
+  Embedding<Vocab<dyn>, Model<E>> embed_tokens;
+  std::vector<LlamaDecoderLayer<E>> layers;
+  RmsNorm<Model<E>> norm;
+  Linear<Model<E>, Vocab<dyn>> lm_head;
+
+  static CausalLm make(Graph& g, const LlamaConfig& cfg) {
+    CausalLm m{embedding_params<Vocab<dyn>, Model<E>>(g, "model.embed_tokens"), {}, {}, {}};
+    for (std::int64_t i = 0; i < cfg.layers; ++i) {
+      LlamaAttentionConfig a = cfg.attention;
+      const auto at = static_cast<std::size_t>(i);
+      if (!cfg.windowed.empty() && (at >= cfg.windowed.size() || !cfg.windowed[at])) a.sliding_window.reset();
+      m.layers.push_back(
+          LlamaDecoderLayer<E>::make(g, "model.layers." + std::to_string(i) + ".", a, cfg.rms_norm_eps));
+    }
+    m.norm = rms_norm_params<Model<E>>(g, "model.norm", cfg.rms_norm_eps);
+    m.lm_head =
+        cfg.tie_word_embeddings ? tied_linear(m.embed_tokens) : linear_params<Model<E>, Vocab<dyn>>(g, "lm_head", false);
+    return m;
+  }
+
+  /// tokens and positions [Batch, Seq] (i32/i64) -> logits [Batch, Seq, Vocab].
+  template <class T, class P, class... M>
+  auto operator()(const T& tokens, const P& positions, const M&... masks) const {
+    using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
+    X x = X(embedding(embed_tokens, tokens));
+    for (const auto& layer : layers) x = X(layer(x, positions, masks...));
+    return linear(rms_norm(x, norm), lm_head);
+  }
+};
+
+}  // namespace qkv::nn

@@ -1,0 +1,68 @@
+// qkv/runtime/hf_checkpoint.hpp — Hugging Face decoder checkpoints on disk: a model folder with
+// `config.json` and `model.safetensors`, or shards `model-0000k-of-0000n.safetensors` listed by
+// `model.safetensors.index.json` ({"weight_map": {tensor name: shard file}}).
+//
+// read_hf_config reads the keys qkv needs for model_type llama, qwen2 and mistral, with the
+// defaults and rules of transformers' LlamaConfig / Qwen2Config / MistralConfig (docs/decoding.md
+// lists them). HfCheckpoint opens the shards (memory-mapped), checks every weight's presence,
+// shape and dtype against the config, and hands out f32 copies. Every failure is an IoError of
+// one line that names the folder and the key, tensor or value.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <qkv/runtime/io/array.hpp>
+#include <qkv/runtime/io/safetensors.hpp>
+
+namespace qkv {
+
+struct HfConfig {
+  std::string model_type;  // llama | qwen2 | mistral
+  std::int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  std::int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  std::int64_t vocab_size = 0, max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  struct Llama3Scaling {
+    double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192.0;
+  };
+  std::optional<Llama3Scaling> rope_llama3;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false, o_bias = false;      // from attention_bias (llama) or the model type (qwen2)
+  std::optional<std::int64_t> sliding_window;  // W (i − W < j ≤ i) of the layers in `windowed`
+  std::vector<bool> windowed;                  // per layer
+};
+
+/// Reads and checks `dir`/config.json.
+HfConfig read_hf_config(const std::filesystem::path& dir);
+
+class HfCheckpoint {
+ public:
+  /// Opens `dir` (config.json and the safetensors file or shards) and checks every weight the
+  /// config implies: present, of the right shape, F32/BF16/F16; no tensor it does not use
+  /// (rotary inv_freq buffers and a tied lm_head.weight are ignored, as transformers does).
+  static HfCheckpoint open(const std::filesystem::path& dir);
+
+  [[nodiscard]] const HfConfig& config() const { return config_; }
+  /// The names of the weights the model reads, in order.
+  [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
+  /// The stored dtypes of the weights (for a note when they are not f32).
+  [[nodiscard]] std::vector<DType> dtypes() const;
+  /// Weight `name` as f32.
+  [[nodiscard]] NdArray load_f32(const std::string& name) const;
+  /// Bytes of all weights once converted to f32.
+  [[nodiscard]] std::uint64_t f32_bytes() const;
+
+ private:
+  std::string what_;
+  HfConfig config_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::size_t> where_;  // weight name -> file
+  std::vector<std::string> names_;
+};
+
+}  // namespace qkv

@@ -1,0 +1,250 @@
+// hf_checkpoint.cpp — config.json and the safetensors weights of a Hugging Face decoder
+// (qkv/runtime/hf_checkpoint.hpp).
+#include <qkv/runtime/hf_checkpoint.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <qkv/runtime/io/files.hpp>
+
+#include <set>
+#include <sstream>
+
+namespace qkv {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& what, const std::string& problem) { throw IoError(what + ": " + problem); }
+
+json read_json(const std::filesystem::path& path, const std::string& what) {
+  const std::vector<std::byte> bytes = InputFile::open(path).read_all(64u << 20, "a JSON file of the model");
+  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    fail(what, "not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+/// config.json's key `key`: absent or null gives nullopt.
+const json* find(const json& c, const char* key) {
+  const auto it = c.find(key);
+  return it == c.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::int64_t positive_int(const json& c, const char* key, const std::string& what, std::optional<std::int64_t> def = {}) {
+  const json* v = find(c, key);
+  if (!v) {
+    if (def) return *def;
+    fail(what, "has no `" + std::string(key) + "`");
+  }
+  if (!v->is_number_integer() || v->get<std::int64_t>() <= 0)
+    fail(what, "`" + std::string(key) + "` must be a positive integer, is " + v->dump());
+  return v->get<std::int64_t>();
+}
+
+double positive_number(const json& c, const char* key, const std::string& what, double def) {
+  const json* v = find(c, key);
+  if (!v) return def;
+  if (!v->is_number() || !(v->get<double>() > 0))
+    fail(what, "`" + std::string(key) + "` must be a positive number, is " + v->dump());
+  return v->get<double>();
+}
+
+bool flag(const json& c, const char* key, const std::string& what, bool def) {
+  const json* v = find(c, key);
+  if (!v) return def;
+  if (!v->is_boolean()) fail(what, "`" + std::string(key) + "` must be true or false, is " + v->dump());
+  return v->get<bool>();
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+HfConfig read_hf_config(const std::filesystem::path& dir) {
+  const std::string what = (dir / "config.json").string();
+  const json c = read_json(dir / "config.json", what);
+  if (!c.is_object()) fail(what, "is not a JSON object");
+  HfConfig h;
+  const json* type = find(c, "model_type");
+  if (!type || !type->is_string()) fail(what, "has no `model_type` string");
+  h.model_type = type->get<std::string>();
+  if (h.model_type != "llama" && h.model_type != "qwen2" && h.model_type != "mistral")
+    fail(what, "model_type '" + h.model_type + "' is not one qkv runs (llama, qwen2, mistral)");
+  if (const json* act = find(c, "hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
+    fail(what, "hidden_act " + act->dump() + " is not \"silu\", the only activation of these models qkv runs");
+  h.hidden_size = positive_int(c, "hidden_size", what);
+  h.intermediate_size = positive_int(c, "intermediate_size", what);
+  h.num_hidden_layers = positive_int(c, "num_hidden_layers", what);
+  h.num_attention_heads = positive_int(c, "num_attention_heads", what);
+  h.num_key_value_heads = positive_int(c, "num_key_value_heads", what, h.num_attention_heads);
+  h.vocab_size = positive_int(c, "vocab_size", what);
+  h.max_position_embeddings = positive_int(c, "max_position_embeddings", what, 2048);
+  if (h.hidden_size % h.num_attention_heads != 0 && !find(c, "head_dim"))
+    fail(what, "hidden_size (" + std::to_string(h.hidden_size) + ") is not a multiple of num_attention_heads (" +
+                   std::to_string(h.num_attention_heads) + ") and there is no head_dim");
+  h.head_dim = positive_int(c, "head_dim", what, h.hidden_size / h.num_attention_heads);
+  if (h.head_dim % 2 != 0) fail(what, "head_dim " + std::to_string(h.head_dim) + " is odd; RoPE needs it even");
+  if (h.num_attention_heads % h.num_key_value_heads != 0)
+    fail(what, "num_attention_heads (" + std::to_string(h.num_attention_heads) +
+                   ") is not a multiple of num_key_value_heads (" + std::to_string(h.num_key_value_heads) + ")");
+  h.rms_norm_eps = positive_number(c, "rms_norm_eps", what, 1e-6);
+  h.rope_theta = positive_number(c, "rope_theta", what, 10000.0);
+  h.tie_word_embeddings = flag(c, "tie_word_embeddings", what, false);
+  if (const json* rs = find(c, "rope_scaling")) {
+    if (!rs->is_object()) fail(what, "`rope_scaling` must be an object or null, is " + rs->dump());
+    const json* t = find(*rs, "rope_type");
+    if (!t) t = find(*rs, "type");
+    const std::string kind = t && t->is_string() ? t->get<std::string>() : "?";
+    if (kind == "llama3") {
+      const std::string w = what + " rope_scaling";
+      HfConfig::Llama3Scaling s;
+      s.factor = positive_number(*rs, "factor", w, s.factor);
+      s.low_freq_factor = positive_number(*rs, "low_freq_factor", w, s.low_freq_factor);
+      s.high_freq_factor = positive_number(*rs, "high_freq_factor", w, s.high_freq_factor);
+      s.original_max_position_embeddings =
+          positive_number(*rs, "original_max_position_embeddings", w, s.original_max_position_embeddings);
+      if (!(s.high_freq_factor > s.low_freq_factor)) fail(w, "high_freq_factor must exceed low_freq_factor");
+      h.rope_llama3 = s;
+    } else if (kind != "default") {
+      fail(what, "rope_scaling type '" + kind + "' is not supported (qkv implements llama3 and default)");
+    }
+  }
+  // Biases: Llama's attention_bias puts them on q, k, v and o; Qwen2 always has q/k/v biases.
+  if (h.model_type == "qwen2") {
+    h.qkv_bias = true;
+  } else if (h.model_type == "llama") {
+    h.qkv_bias = h.o_bias = flag(c, "attention_bias", what, false);
+  }
+  // Sliding windows: Mistral's applies to every layer; Qwen2's only with use_sliding_window, from
+  // layer max_window_layers on; Llama has none.
+  h.windowed.assign(static_cast<std::size_t>(h.num_hidden_layers), false);
+  if (h.model_type == "mistral" && find(c, "sliding_window")) {
+    h.sliding_window = positive_int(c, "sliding_window", what);
+    h.windowed.assign(h.windowed.size(), true);
+  } else if (h.model_type == "qwen2" && flag(c, "use_sliding_window", what, false) && find(c, "sliding_window")) {
+    h.sliding_window = positive_int(c, "sliding_window", what);
+    const std::int64_t from = find(c, "max_window_layers") ? positive_int(c, "max_window_layers", what) : 28;
+    for (std::int64_t i = from; i < h.num_hidden_layers; ++i) h.windowed[static_cast<std::size_t>(i)] = true;
+  }
+  return h;
+}
+
+HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
+  HfCheckpoint ck;
+  ck.what_ = "model " + dir.string();
+  ck.config_ = read_hf_config(dir);
+  const HfConfig& h = ck.config_;
+  // The shards.
+  const auto single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // name -> file
+  if (std::filesystem::exists(index)) {
+    const std::string what = index.string();
+    const json j = read_json(index, what);
+    const json* wm = j.is_object() ? find(j, "weight_map") : nullptr;
+    if (!wm || !wm->is_object()) fail(what, "has no `weight_map` object");
+    for (const auto& [name, file] : wm->items()) {
+      if (!file.is_string()) fail(what, "the shard of `" + name + "` is not a file name");
+      const std::string f = file.get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        fail(what, "the shard '" + f + "' of `" + name + "` is not a file of the model folder");
+      weight_map[name] = f;
+    }
+  } else if (std::filesystem::exists(single)) {
+    ck.files_.push_back(SafetensorsFile::open(single));
+    for (const auto& name : ck.files_[0].names()) weight_map[name] = "model.safetensors";
+  } else {
+    fail(ck.what_, "has neither model.safetensors nor model.safetensors.index.json");
+  }
+  std::map<std::string, std::size_t> file_index;
+  if (ck.files_.size() == 1) file_index["model.safetensors"] = 0;
+  for (const auto& [name, f] : weight_map) {
+    if (!file_index.count(f)) {
+      file_index[f] = ck.files_.size();
+      ck.files_.push_back(SafetensorsFile::open(dir / f));
+    }
+    const std::size_t k = file_index[f];
+    if (!ck.files_[k].contains(name)) fail((dir / f).string(), "has no `" + name + "`, which the index puts there");
+    ck.where_[name] = k;
+  }
+  for (const auto& file : ck.files_)
+    for (const auto& name : file.names())
+      if (!ck.where_.count(name)) ck.where_[name] = static_cast<std::size_t>(&file - ck.files_.data());
+
+  // The weights the config implies, with their shapes.
+  const std::int64_t E = h.hidden_size, I = h.intermediate_size, V = h.vocab_size;
+  const std::int64_t Q = h.num_attention_heads * h.head_dim, KV = h.num_key_value_heads * h.head_dim;
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> want;
+  const std::string heads_note = " (num_attention_heads x head_dim = " + std::to_string(Q) + ")";
+  want.push_back({"model.embed_tokens.weight", {V, E}});
+  for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    want.push_back({p + "input_layernorm.weight", {E}});
+    want.push_back({p + "self_attn.q_proj.weight", {Q, E}});
+    want.push_back({p + "self_attn.k_proj.weight", {KV, E}});
+    want.push_back({p + "self_attn.v_proj.weight", {KV, E}});
+    if (h.qkv_bias) {
+      want.push_back({p + "self_attn.q_proj.bias", {Q}});
+      want.push_back({p + "self_attn.k_proj.bias", {KV}});
+      want.push_back({p + "self_attn.v_proj.bias", {KV}});
+    }
+    want.push_back({p + "self_attn.o_proj.weight", {E, Q}});
+    if (h.o_bias) want.push_back({p + "self_attn.o_proj.bias", {E}});
+    want.push_back({p + "post_attention_layernorm.weight", {E}});
+    want.push_back({p + "mlp.gate_proj.weight", {I, E}});
+    want.push_back({p + "mlp.up_proj.weight", {I, E}});
+    want.push_back({p + "mlp.down_proj.weight", {E, I}});
+  }
+  want.push_back({"model.norm.weight", {E}});
+  if (!h.tie_word_embeddings) want.push_back({"lm_head.weight", {V, E}});
+
+  std::set<std::string> used;
+  for (const auto& [name, shape] : want) {
+    const auto it = ck.where_.find(name);
+    if (it == ck.where_.end()) fail(ck.what_, "the checkpoint has no `" + name + "`");
+    const TensorView t = ck.files_[it->second].get(name);
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+      fail(ck.what_, "`" + name + "` is " + std::string(dtype_name(t.dtype)) + "; qkv reads F32, BF16 and F16 weights");
+    if (t.shape != shape)
+      fail(ck.what_, "`" + name + "` is " + shape_text(t.shape) + ", config.json makes it " + shape_text(shape) +
+                         (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos
+                              ? heads_note
+                              : std::string()));
+    ck.names_.push_back(name);
+    used.insert(name);
+  }
+  for (const auto& [name, k] : ck.where_) {
+    if (used.count(name)) continue;
+    const bool inv_freq = name.size() > 9 && name.ends_with("inv_freq");
+    const bool tied_head = name == "lm_head.weight" && h.tie_word_embeddings;
+    if (!inv_freq && !tied_head)
+      fail(ck.what_, "the checkpoint has `" + name + "`, which a " + h.model_type + " model with this config.json does not use");
+  }
+  return ck;
+}
+
+std::vector<DType> HfCheckpoint::dtypes() const {
+  std::vector<DType> out;
+  for (const auto& n : names_) out.push_back(files_[where_.at(n)].get(n).dtype);
+  return out;
+}
+
+NdArray HfCheckpoint::load_f32(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) fail(what_, "the checkpoint has no `" + name + "`");
+  NdArray a = files_[it->second].load(name);
+  return a.dtype == DType::f32 ? a : NdArray::from_f32(a.to_f32(), a.shape);
+}
+
+std::uint64_t HfCheckpoint::f32_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& n : names_) total += checked_nbytes(files_[where_.at(n)].get(n).shape, DType::f32, what_);
+  return total;
+}
+
+}  // namespace qkv
