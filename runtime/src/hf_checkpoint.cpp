@@ -32,7 +32,8 @@ const json* find(const json& c, const char* key) {
   return it == c.end() || it->is_null() ? nullptr : &*it;
 }
 
-std::int64_t positive_int(const json& c, const char* key, const std::string& what, std::optional<std::int64_t> def = {}) {
+std::int64_t positive_int(const json& c, const char* key, const std::string& what,
+                          std::optional<std::int64_t> def = {}) {
   const json* v = find(c, key);
   if (!v) {
     if (def) return *def;
@@ -211,10 +212,10 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
     if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
       fail(ck.what_, "`" + name + "` is " + std::string(dtype_name(t.dtype)) + "; qkv reads F32, BF16 and F16 weights");
     if (t.shape != shape)
-      fail(ck.what_, "`" + name + "` is " + shape_text(t.shape) + ", config.json makes it " + shape_text(shape) +
-                         (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos
-                              ? heads_note
-                              : std::string()));
+      fail(ck.what_,
+           "`" + name + "` is " + shape_text(t.shape) + ", config.json makes it " + shape_text(shape) +
+               (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos ? heads_note
+                                                                                                     : std::string()));
     ck.names_.push_back(name);
     used.insert(name);
   }
@@ -223,7 +224,8 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
     const bool inv_freq = name.size() > 9 && name.ends_with("inv_freq");
     const bool tied_head = name == "lm_head.weight" && h.tie_word_embeddings;
     if (!inv_freq && !tied_head)
-      fail(ck.what_, "the checkpoint has `" + name + "`, which a " + h.model_type + " model with this config.json does not use");
+      fail(ck.what_,
+           "the checkpoint has `" + name + "`, which a " + h.model_type + " model with this config.json does not use");
   }
   return ck;
 }

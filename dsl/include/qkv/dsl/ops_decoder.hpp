@@ -134,8 +134,8 @@ auto rope(const T& x, const P& positions, const RopeConfig& config = {}) {
                   ") is odd; rotate-half pairs feature i with i + " + features +
                   "/2; fix: rope over an even number of features">();
     } else if constexpr (!has_family<L, Pos>) {
-      return fail<fixed_string("rope: x ") + axes_fs<L>() + " has no position axis `" + pos +
-                  "`; fix: rope<" + features + ", Seq>(queries) or rope<" + features + ", Key>(keys)">();
+      return fail<fixed_string("rope: x ") + axes_fs<L>() + " has no position axis `" + pos + "`; fix: rope<" +
+                  features + ", Seq>(queries) or rope<" + features + ", Key>(keys)">();
     } else if constexpr (!detail::is_integer_dtype<typename P::dtype>) {
       return fail<fixed_string("rope: positions ") + axes_fs<LP>() + " are " + P::dtype::name +
                   ", not token positions; fix: declare them i32 or i64">();
@@ -145,16 +145,19 @@ auto rope(const T& x, const P& positions, const RopeConfig& config = {}) {
                   "` (e.g. [Batch, " + pos + "])">();
     } else if constexpr (constexpr auto i = detail::first_missing<L, LP>(); i != LP::size) {
       return fail<fixed_string("rope: positions ") + axes_fs<LP>() + " index `" + axis_at<LP, i>::name_fs +
-                  "`, which x " + axes_fs<L>() + " does not have (the positions of another sequence); fix: the "
-                  "positions of x's `" + pos + "`">();
+                  "`, which x " + axes_fs<L>() +
+                  " does not have (the positions of another sequence); fix: the "
+                  "positions of x's `" +
+                  pos + "`">();
     } else if constexpr (constexpr auto k = detail::first_shared_mismatch<L, LP>(); k != L::size) {
       using X = axis_at<L, k>;
-      return fail<fixed_string("rope: `") + X::name_fs + "` of x (" + number<X::extent>() +
-                  ") must equal `" + X::name_fs + "` of the positions (" + number<find_named<LP, X>::extent>() +
+      return fail<fixed_string("rope: `") + X::name_fs + "` of x (" + number<X::extent>() + ") must equal `" +
+                  X::name_fs + "` of the positions (" + number<find_named<LP, X>::extent>() +
                   "); fix: one position per token">();
     } else {
       Graph& g = x.graph();
-      detail::defer_shared<"rope", L>(g, x.node(), positions.node(), [](auto) { return fixed_string("one position per token"); });
+      detail::defer_shared<"rope", L>(g, x.node(), positions.node(),
+                                      [](auto) { return fixed_string("one position per token"); });
       const Extent d = ir_axis(x.node(), find_family<L, Features>::name).extent;
       if (d.is_dynamic())
         g.require(Constraint{Constraint::Kind::divisible, d, Extent::fixed(2),

@@ -30,8 +30,8 @@ inline double rope_inv_freq(const RopeAttrs& r, std::int64_t i, std::int64_t d) 
   const double high_wavelen = r.original_max_positions / r.high_freq_factor;
   if (wavelen < high_wavelen) return f;
   if (wavelen > low_wavelen) return f / r.factor;
-  const double smooth = (r.original_max_positions / wavelen - r.low_freq_factor) /
-                        (r.high_freq_factor - r.low_freq_factor);
+  const double smooth =
+      (r.original_max_positions / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
   return (1.0 - smooth) * f / r.factor + smooth * f;
 }
 

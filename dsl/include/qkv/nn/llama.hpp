@@ -32,8 +32,8 @@ QKV_AXIS(KvProj);  // the key / value projections' output, key/value heads x hea
 struct LlamaAttentionConfig {
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
   RopeConfig rope;
-  bool qkv_bias = false;  // Qwen2 (always), Llama's attention_bias
-  bool o_bias = false;    // Llama's attention_bias (never Qwen2)
+  bool qkv_bias = false;                       // Qwen2 (always), Llama's attention_bias
+  bool o_bias = false;                         // Llama's attention_bias (never Qwen2)
   std::optional<std::int64_t> sliding_window;  // W: query i sees keys i − W < j ≤ i
 };
 
@@ -70,10 +70,9 @@ struct LlamaAttention {
   template <class X, class P, class... M>
   auto operator()(const X& x, const P& positions, const M&... masks) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
-    auto qh = rope<HeadDim, Seq>(
-        split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(linear(xs, q),
-                                                             {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
-        positions, cfg.rope);
+    auto qh = rope<HeadDim, Seq>(split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(
+                                     linear(xs, q), {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
+                                 positions, cfg.rope);
     auto kh = rename<Seq, Key>(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope));
     auto vh = rename<Seq, Key>(kv_heads_of(xs, v));
     return attend(qh, kh, vh, masks...);
@@ -164,12 +163,11 @@ struct CausalLm {
       LlamaAttentionConfig a = cfg.attention;
       const auto at = static_cast<std::size_t>(i);
       if (!cfg.windowed.empty() && (at >= cfg.windowed.size() || !cfg.windowed[at])) a.sliding_window.reset();
-      m.layers.push_back(
-          LlamaDecoderLayer<E>::make(g, "model.layers." + std::to_string(i) + ".", a, cfg.rms_norm_eps));
+      m.layers.push_back(LlamaDecoderLayer<E>::make(g, "model.layers." + std::to_string(i) + ".", a, cfg.rms_norm_eps));
     }
     m.norm = rms_norm_params<Model<E>>(g, "model.norm", cfg.rms_norm_eps);
-    m.lm_head =
-        cfg.tie_word_embeddings ? tied_linear(m.embed_tokens) : linear_params<Model<E>, Vocab<dyn>>(g, "lm_head", false);
+    m.lm_head = cfg.tie_word_embeddings ? tied_linear(m.embed_tokens)
+                                        : linear_params<Model<E>, Vocab<dyn>>(g, "lm_head", false);
     return m;
   }
 

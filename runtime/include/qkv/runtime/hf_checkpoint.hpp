@@ -32,7 +32,7 @@ struct HfConfig {
   };
   std::optional<Llama3Scaling> rope_llama3;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false, o_bias = false;      // from attention_bias (llama) or the model type (qwen2)
+  bool qkv_bias = false, o_bias = false;       // from attention_bias (llama) or the model type (qwen2)
   std::optional<std::int64_t> sliding_window;  // W (i − W < j ≤ i) of the layers in `windowed`
   std::vector<bool> windowed;                  // per layer
 };
