@@ -40,9 +40,27 @@ void check_feed_array(const Node& n, const NdArray& a) {
 }
 
 /// A merge of two dynamic axes declares a fresh symbol (named after the merged axis) that no
-/// input binds; its size is the product of the two parts, known once the inputs are bound.
+/// input binds; its size is the product of the two parts, known once the inputs are bound. A
+/// concat of parts sized by different symbols does the same with the sum of the parts.
 void bind_merged_symbols(const Graph& g, Bindings& b) {
   for (const Node& n : g.nodes()) {
+    if (n.op == Op::concat && !n.attr_axes.empty()) {
+      for (const Axis& out : n.axes) {
+        if (out.name != n.attr_axes.back() || out.extent.is_static() || out.extent.resolve(b)) continue;
+        std::int64_t total = 0;
+        bool known = true;
+        for (int in : n.inputs) {
+          if (in < 0 || static_cast<std::size_t>(in) >= g.size()) return;  // reported when the node runs
+          std::optional<std::int64_t> part;
+          for (const Axis& x : g.node(in).axes)
+            if (x.name == n.attr_axes[0]) part = x.extent.resolve(b);
+          known = known && part.has_value();
+          if (part) total += *part;
+        }
+        if (known && out.extent.num == 1 && out.extent.den == 1 && out.extent.plus == 0) b[out.extent.symbol] = total;
+      }
+      continue;
+    }
     if (n.op != Op::merge || n.attr_axes.size() != 3 || n.inputs.size() != 1) continue;
     const int in = n.inputs[0];
     if (in < 0 || static_cast<std::size_t>(in) >= g.size()) continue;  // reported when the node runs

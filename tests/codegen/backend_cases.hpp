@@ -161,8 +161,7 @@ inline NdArray int_feed(std::int64_t batch, std::int64_t len, std::int64_t n, st
 /// A tiny Llama (qkv::nn::CausalLm): 2 layers, d_model 32, GQA 4/2 with head width 8, q/k/v/o
 /// biases, Llama 3 RoPE scaling, a sliding window of 4 keys on layer 1, untied lm_head over 50
 /// ids; batch 2 of 9 tokens at positions 3 .. 11 (as after a prompt of 3).
-inline GraphCase tiny_llama() {
-  GraphCase c;
+inline LlamaConfig tiny_llama_config() {
   LlamaConfig cfg;
   cfg.layers = 2;
   cfg.rms_norm_eps = 1e-5;
@@ -174,7 +173,32 @@ inline GraphCase tiny_llama() {
                    .o_bias = true,
                    .sliding_window = 4};
   cfg.windowed = {false, true};
-  const auto model = CausalLm<32>::make(c.graph, cfg);
+  return cfg;
+}
+
+/// tiny_llama_config's model as one step against a KV cache (CausalLm::cached): inputs tokens,
+/// positions, past_k.{i} / past_v.{i}; outputs logits, present_k.{i} / present_v.{i}.
+inline Graph tiny_llama_step() {
+  Graph g;
+  const auto model = CausalLm<32>::make(g, tiny_llama_config());
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
+  std::vector<std::pair<Cache, Cache>> past;
+  for (int i = 0; i < 2; ++i)
+    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
+  auto [logits, present] = model.cached(tokens, positions, past);
+  output(logits, "logits");
+  for (std::size_t i = 0; i < present.size(); ++i) {
+    output(present[i].first, "present_k." + std::to_string(i));
+    output(present[i].second, "present_v." + std::to_string(i));
+  }
+  return g;
+}
+
+inline GraphCase tiny_llama() {
+  GraphCase c;
+  const auto model = CausalLm<32>::make(c.graph, tiny_llama_config());
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(c.graph, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(c.graph, "positions");
   auto logits = model(tokens, positions);

@@ -16,6 +16,7 @@
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/codegen/passes/verify.hpp>
 #include <qkv/qkv.hpp>
+#include <qkv/runtime/decoder_session.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
 #include "backend_cases.hpp"
@@ -296,6 +297,75 @@ TEST(CpuBackend, TinyLlamaMatchesTheInterpreter) {
   const auto c = cases::tiny_llama();
   EXPECT_EQ(codegen::cpu::fused_attention_count(c.graph), 2);
   expect_backends_agree(c.graph, c.feeds, 5e-5);
+}
+
+/// The tiny Llama's weights (the params of its full-forward graph) as a session's feeds.
+Feeds tiny_llama_weights(const cases::GraphCase& c) {
+  Feeds w;
+  for (const auto& n : c.graph.nodes())
+    if (n.op == Op::param) w[n.name] = c.feeds.at(n.name);
+  return w;
+}
+
+/// Logits [B, n, V] of a session, row by row, against the full forward's rows [from, from + n).
+double max_row_error(const NdArray& step, const NdArray& full, std::int64_t from) {
+  const auto s = step.as<float>(), f = full.as<float>();
+  const std::int64_t B = step.shape[0], n = step.shape[1], V = step.shape[2], L = full.shape[1];
+  double err = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t v = 0; v < V; ++v) {
+        const double x = s[static_cast<std::size_t>((b * n + t) * V + v)];
+        const double y = f[static_cast<std::size_t>((b * L + from + t) * V + v)];
+        err = std::max(err, std::abs(x - y) / std::max(1.0, std::abs(y)));
+      }
+  return err;
+}
+
+/// The columns [from, from + n) of ids [B, L], as [B, n].
+NdArray columns(const NdArray& ids, std::int64_t from, std::int64_t n) {
+  const std::int64_t B = ids.shape[0], L = ids.shape[1];
+  NdArray out = NdArray::zeros(DType::i64, {B, n});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < n; ++t)
+      out.as<std::int64_t>()[static_cast<std::size_t>(b * n + t)] =
+          ids.as<std::int64_t>()[static_cast<std::size_t>(b * L + from + t)];
+  return out;
+}
+
+TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
+  auto c = cases::tiny_llama();
+  const NdArray tokens = cases::int_feed(2, 9, 50, 12);
+  c.feeds["tokens"] = tokens;
+  c.feeds["positions"] = cases::int_feed(2, 9, 0, 0, 0);
+  for (int backend = 0; backend < 2; ++backend) {
+    DecoderSession::Runner runner;
+    if (backend == 1) runner = [](const Graph& g, const Feeds& f) { return codegen::cpu::run(g, f, 2); };
+    const NdArray full = backend ? codegen::cpu::run(c.graph, c.feeds, 2).outputs.at("out")
+                                 : interpret(c.graph, c.feeds).outputs.at("out");
+    DecoderSession s(cases::tiny_llama_step(), tiny_llama_weights(c),
+                     {.layers = 2, .kv_heads = 2, .head_dim = 8, .batch = 2, .capacity = 9}, runner);
+    // A prefill of 4, a step of 2 (speculative-style), then one token at a time.
+    EXPECT_LE(max_row_error(s.prefill(columns(tokens, 0, 4)), full, 0), backend ? 1e-5 : 0.0);
+    EXPECT_LE(max_row_error(s.decode(columns(tokens, 4, 2)), full, 4), backend ? 1e-5 : 0.0);
+    std::int64_t modules = codegen::jit_stats().modules;
+    for (std::int64_t t = 6; t < 9; ++t) {
+      EXPECT_LE(max_row_error(s.decode(columns(tokens, t, 1)), full, t), backend ? 1e-5 : 0.0) << t;
+      if (t == 6) modules = codegen::jit_stats().modules;  // the first one-token step compiles its shape class
+    }
+    EXPECT_EQ(codegen::jit_stats().modules, modules) << "decode steps after the first compile nothing";
+    EXPECT_EQ(s.position(), 9);
+    try {
+      (void)s.decode(columns(tokens, 0, 1));
+      ADD_FAILURE() << "no error past the capacity";
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("1 more token(s) after position 9 exceed the cache's capacity of 9 positions"));
+    }
+    EXPECT_EQ(s.position(), 9);
+    s.reset();
+    EXPECT_EQ(s.position(), 0);
+    EXPECT_LE(max_row_error(s.decode(columns(tokens, 0, 3)), full, 0), backend ? 1e-5 : 0.0);
+  }
 }
 
 TEST(CpuBackend, DecoderOpsOnTheirOwn) {

@@ -249,6 +249,36 @@ struct RunCausalLmFlags {
   }
 };
 
+struct GenerateFlags {
+  Generate o;
+  BackendFlag backend;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* app) {
+    cmd = app->add_subcommand("generate", "A Hugging Face decoder continuing prompts, with a KV cache");
+    cmd->footer("Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
+    cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
+        ->required();
+    cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids")->required();
+    cmd->add_option("--new-tokens", o.new_tokens, "Tokens to generate")
+        ->check(integer_in(1, kInt64Max))
+        ->capture_default_str();
+    cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations")
+        ->required();
+    cmd->add_option("--logits-out", o.logits_out, "Output [B, new, vocab] .npy: the logits each token was chosen from");
+    cmd->add_option("--temperature", o.temperature, "0 (the default): greedy; > 0: sample softmax(logits / T)")
+        ->check(finite_number());
+    cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (with --temperature)")
+        ->check(integer_in(0, kInt64Max));
+    cmd->add_option("--seed", o.seed, "The sampler's seed");
+    cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
+    backend.add(cmd);
+  }
+  Generate get() {
+    o.backend = backend.get();
+    return o;
+  }
+};
+
 /// A model by shape (shapes, bench, verify, emit).
 struct ShapeFlags {
   ShapeModel m;
@@ -352,6 +382,8 @@ int run_cli(int argc, char** argv) {
   stack.add(run, true);
   RunCausalLmFlags causal_lm;
   causal_lm.add(run);
+  GenerateFlags gen;
+  gen.add(&app);
 
   // --- models by shape
   ShapeFlags shape_flags;
@@ -462,6 +494,7 @@ int run_cli(int argc, char** argv) {
     if (*layer.cmd) return run_encoder(layer.get());
     if (*stack.cmd) return run_encoder(stack.get());
     if (*causal_lm.cmd) return run_causal_lm(causal_lm.get());
+    if (*gen.cmd) return generate(gen.get());
     if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {
       bench_opts.model = bench_flags.get();

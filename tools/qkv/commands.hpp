@@ -79,6 +79,18 @@ struct RunCausalLm {
 };
 int run_causal_lm(const RunCausalLm& o);
 
+/// qkv generate: a prefill of the prompt, then one token at a time against the KV cache.
+struct Generate {
+  std::string model, prompt_ids, out, logits_out;
+  std::int64_t new_tokens = 16;
+  double temperature = 0.0;  // 0: greedy
+  std::int64_t top_k = 0;    // 0: every token
+  std::uint64_t seed = 0;
+  Backend backend = Backend::cpu;
+  int threads = 0;
+};
+int generate(const Generate& o);
+
 int run_mha(const RunMha& o);
 int run_sdpa(const RunSdpa& o);
 int run_encoder(const RunEncoder& o);

@@ -217,7 +217,8 @@ Graph encoder_graph(const EncoderModel& m) {
 }
 }  // namespace
 
-Graph build_causal_lm(const HfConfig& c) {
+namespace {
+LlamaConfig llama_config(const HfConfig& c) {
   LlamaConfig cfg;
   cfg.layers = c.num_hidden_layers;
   cfg.rms_norm_eps = c.rms_norm_eps;
@@ -234,11 +235,34 @@ Graph build_causal_lm(const HfConfig& c) {
   if (c.rope_llama3)
     a.rope.llama3 = Llama3RopeScaling{c.rope_llama3->factor, c.rope_llama3->low_freq_factor,
                                       c.rope_llama3->high_freq_factor, c.rope_llama3->original_max_position_embeddings};
+  return cfg;
+}
+}  // namespace
+
+Graph build_causal_lm(const HfConfig& c) {
   Graph g;
-  const auto model = CausalLm<dyn>::make(g, cfg);
+  const auto model = CausalLm<dyn>::make(g, llama_config(c));
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
   output(model(tokens, positions), "logits");
+  return g;
+}
+
+Graph build_causal_lm_step(const HfConfig& c) {
+  Graph g;
+  const auto model = CausalLm<dyn>::make(g, llama_config(c));
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
+  std::vector<std::pair<Cache, Cache>> past;
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
+  auto [logits, present] = model.cached(tokens, positions, past);
+  output(logits, "logits");
+  for (std::size_t i = 0; i < present.size(); ++i) {
+    output(present[i].first, "present_k." + std::to_string(i));
+    output(present[i].second, "present_v." + std::to_string(i));
+  }
   return g;
 }
 

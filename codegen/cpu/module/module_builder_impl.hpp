@@ -372,6 +372,15 @@ class ModuleBuilder {
       const I a = dim(c.a), d = dim(c.b);
       ok = ok && (c.kind == Constraint::Kind::equal ? a == d : (d != 0) && (a % pick(d == 0, c64(1), d) == 0));
     }
+    // A concat whose joined axis has a symbol of its own (parts of different symbols): that size
+    // must be the sum of the parts', or the parts would be written past the output.
+    for (const auto& n : g_.nodes()) {
+      if (n.op != Op::concat || n.attr_axes.empty()) continue;
+      I total = c64(0);
+      for (int part : n.inputs)
+        total = total + dim(g_.node(part).axes[axis_pos(g_.node(part).axes, n.attr_axes[0])].extent);
+      ok = ok && dim(n.axes[axis_pos(n.axes, n.attr_axes.back())].extent) == total;
+    }
     if (ok.constant() != true) fail_unless(ok.v(), 2);
   }
 

@@ -92,7 +92,7 @@ struct Llama3RopeScaling {
 /// The rotary embedding's base and optional scaling (config.json's rope_theta, rope_scaling).
 struct RopeConfig {
   double theta = 10000.0;
-  std::optional<Llama3RopeScaling> llama3;
+  std::optional<Llama3RopeScaling> llama3 = std::nullopt;
   [[nodiscard]] RopeAttrs attrs() const {
     RopeAttrs r;
     r.theta = theta;

@@ -451,8 +451,13 @@ template <class T>
 Node concat_node(const T& x, int tail, std::string_view axis, const Extent& tail_extent) {
   Node n = unary_node(x, Op::concat, x.node().axes);
   n.inputs.push_back(tail);
+  // Two sizes of different symbols (a cache's Past and a step's Seq) have no one-symbol sum: the
+  // joined axis gets a fresh symbol, its own name, bound to the sum when the inputs are bound.
   for (auto& a : n.axes)
-    if (a.name == axis) a.extent = a.extent.plus_extent(tail_extent);
+    if (a.name == axis)
+      a.extent = a.extent.is_dynamic() && tail_extent.is_dynamic() && a.extent.symbol != tail_extent.symbol
+                     ? Extent::dynamic(std::string(axis))
+                     : a.extent.plus_extent(tail_extent);
   n.attr_axes = {std::string(axis), std::string(axis)};
   return n;
 }

@@ -18,6 +18,8 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <qkv/nn/attention.hpp>
@@ -27,6 +29,7 @@ namespace qkv::nn {
 QKV_AXIS(Vocab);   // token ids / logits
 QKV_AXIS(QProj);   // the query projection's output, query heads x head width
 QKV_AXIS(KvProj);  // the key / value projections' output, key/value heads x head width
+QKV_AXIS(Past);    // the cached positions before a step's tokens (a KV cache's keys)
 
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
 struct LlamaAttentionConfig {
@@ -76,6 +79,21 @@ struct LlamaAttention {
     auto kh = rename<Seq, Key>(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope));
     auto vh = rename<Seq, Key>(kv_heads_of(xs, v));
     return attend(qh, kh, vh, masks...);
+  }
+
+  /// With a KV cache: past_k (rotated) and past_v [Batch, KvHeads, Past, HeadDim] hold the
+  /// positions before x's. Returns {out, keys, values}: the keys and values of the past with
+  /// x's appended, [Batch, KvHeads, Key = Past + Seq, HeadDim] (the next step's past).
+  template <class X, class P, class PK, class PV>
+  auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
+    auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
+    auto qh = rope<HeadDim, Seq>(split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(
+                                     linear(xs, q), {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
+                                 positions, cfg.rope);
+    auto step = [](const auto& t) { return permute<Batch, KvHeads, Key, HeadDim>(rename<Seq, Key>(t)); };
+    auto kh = append<Key>(rename<Past, Key>(past_k), step(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope)));
+    auto vh = append<Key>(rename<Past, Key>(past_v), step(kv_heads_of(xs, v)));
+    return std::tuple{attend(qh, kh, vh), kh, vh};
   }
 
   /// The attention of rotated queries qh [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and
@@ -136,6 +154,15 @@ struct LlamaDecoderLayer {
     auto h = Out(add(x, a));
     return Out(add(h, mlp(rms_norm(h, post_attention_layernorm))));
   }
+
+  /// With a KV cache (LlamaAttention::cached): {out, keys, values}.
+  template <class X, class P, class PK, class PV>
+  auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
+    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
+    auto [a, keys, values] = self_attn.cached(rms_norm(x, input_layernorm), positions, past_k, past_v);
+    auto h = Out(add(x, a));
+    return std::tuple{Out(add(h, mlp(rms_norm(h, post_attention_layernorm)))), keys, values};
+  }
 };
 
 /// The whole model's numbers (config.json's).
@@ -178,6 +205,26 @@ struct CausalLm {
     X x = X(embedding(embed_tokens, tokens));
     for (const auto& layer : layers) x = X(layer(x, positions, masks...));
     return linear(rms_norm(x, norm), lm_head);
+  }
+
+  /// A step against a KV cache: tokens and positions [Batch, Seq], past[i] = {keys, values} of
+  /// layer i [Batch, KvHeads, Past, HeadDim]. Returns {logits, present}: present[i] the past
+  /// with this step's keys and values appended (Key = Past + Seq).
+  template <class T, class P, class PK, class PV>
+  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<PK, PV>>& past) const {
+    using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
+    using K = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, HeadDim<dyn>>;
+    if (past.size() != layers.size())
+      throw std::invalid_argument("CausalLm::cached: " + std::to_string(past.size()) + " cache entries for " +
+                                  std::to_string(layers.size()) + " layers");
+    X x = X(embedding(embed_tokens, tokens));
+    std::vector<std::pair<K, K>> present;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      auto [y, keys, values] = layers[i].cached(x, positions, past[i].first, past[i].second);
+      x = X(y);
+      present.emplace_back(K(keys), K(values));
+    }
+    return std::pair{linear(rms_norm(x, norm), lm_head), std::move(present)};
   }
 };
 
