@@ -52,7 +52,7 @@ constexpr Mistake kMistakes[] = {
     {"34_rope_positions_of_the_keys",
      "The cache's key positions given to the step's query: every query would turn by another token's angle.",
      "rope<HeadDim, Seq>(q, key_positions)  // key_positions [Batch, Key]",
-     "rope: positions [Batch=1, Key=9] have no axis `Seq`, so they are not the positions of x's `Seq`; fix: positions over `Seq` (e.g. [Batch, Seq])"},
+     "rope: positions [Batch=1, Key=9] have no axis `Seq`, so they are not the positions of the tokens along `Seq`; fix: positions over `Seq` (e.g. [Batch, Seq])"},
     {"35_rope_before_the_heads_split",
      "RoPE applied to the projection before it is split into heads: it would pair features of different heads.",
      "rope<HeadDim, Seq>(linear(x, q_proj), positions)",
@@ -100,20 +100,8 @@ int main() {
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(full, "positions");
   output(model(tokens, positions), "logits");
 
-  const auto stepper = CausalLm<128>::make(step, config());
-  auto step_tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(step, "tokens");
-  auto step_positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(step, "positions");
-  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
-  std::vector<std::pair<Cache, Cache>> past;
-  for (std::int64_t i = 0; i < kLayers; ++i)
-    past.emplace_back(input<Cache>(step, "past_k." + std::to_string(i)),
-                      input<Cache>(step, "past_v." + std::to_string(i)));
-  auto [logits, present] = stepper.cached(step_tokens, step_positions, past);
-  output(logits, "logits");
-  for (std::size_t i = 0; i < present.size(); ++i) {
-    output(present[i].first, "present_k." + std::to_string(i));
-    output(present[i].second, "present_v." + std::to_string(i));
-  }
+  // The step: CausalLm::cached on inputs past_k.{i} / past_v.{i}, outputs present_k.{i} / present_v.{i}.
+  declare_cached_step(step, CausalLm<128>::make(step, config()));
 
   // Random weights (seeded), bound once into the session.
   const Feeds drawn = random_feeds(

@@ -16,9 +16,12 @@ using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& what, const std::string& problem) { throw IoError(what + ": " + problem); }
 
-json read_json(const std::filesystem::path& path, const std::string& what) {
+std::string read_text(const std::filesystem::path& path) {
   const std::vector<std::byte> bytes = InputFile::open(path).read_all(64u << 20, "a JSON file of the model");
-  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+json parse_json(std::string_view text, const std::string& what) {
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -68,8 +71,26 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 }  // namespace
 
 HfConfig read_hf_config(const std::filesystem::path& dir) {
-  const std::string what = (dir / "config.json").string();
-  const json c = read_json(dir / "config.json", what);
+  return parse_hf_config(read_text(dir / "config.json"), (dir / "config.json").string());
+}
+
+std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what) {
+  const json j = parse_json(text, what);
+  const json* wm = j.is_object() ? find(j, "weight_map") : nullptr;
+  if (!wm || !wm->is_object()) fail(what, "has no `weight_map` object");
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : wm->items()) {
+    if (!file.is_string()) fail(what, "the shard of `" + name + "` is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      fail(what, "the shard '" + f + "' of `" + name + "` is not a file of the model folder");
+    out[name] = f;
+  }
+  return out;
+}
+
+HfConfig parse_hf_config(std::string_view text, const std::string& what) {
+  const json c = parse_json(text, what);
   if (!c.is_object()) fail(what, "is not a JSON object");
   HfConfig h;
   const json* type = find(c, "model_type");
@@ -145,17 +166,7 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   const auto single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // name -> file
   if (std::filesystem::exists(index)) {
-    const std::string what = index.string();
-    const json j = read_json(index, what);
-    const json* wm = j.is_object() ? find(j, "weight_map") : nullptr;
-    if (!wm || !wm->is_object()) fail(what, "has no `weight_map` object");
-    for (const auto& [name, file] : wm->items()) {
-      if (!file.is_string()) fail(what, "the shard of `" + name + "` is not a file name");
-      const std::string f = file.get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-        fail(what, "the shard '" + f + "' of `" + name + "` is not a file of the model folder");
-      weight_map[name] = f;
-    }
+    weight_map = parse_weight_map(read_text(index), index.string());
   } else if (std::filesystem::exists(single)) {
     ck.files_.push_back(SafetensorsFile::open(single));
     for (const auto& name : ck.files_[0].names()) weight_map[name] = "model.safetensors";

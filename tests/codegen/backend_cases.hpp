@@ -180,19 +180,7 @@ inline LlamaConfig tiny_llama_config() {
 /// positions, past_k.{i} / past_v.{i}; outputs logits, present_k.{i} / present_v.{i}.
 inline Graph tiny_llama_step() {
   Graph g;
-  const auto model = CausalLm<32>::make(g, tiny_llama_config());
-  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
-  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
-  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
-  std::vector<std::pair<Cache, Cache>> past;
-  for (int i = 0; i < 2; ++i)
-    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
-  auto [logits, present] = model.cached(tokens, positions, past);
-  output(logits, "logits");
-  for (std::size_t i = 0; i < present.size(); ++i) {
-    output(present[i].first, "present_k." + std::to_string(i));
-    output(present[i].second, "present_v." + std::to_string(i));
-  }
+  declare_cached_step(g, CausalLm<32>::make(g, tiny_llama_config()));
   return g;
 }
 

@@ -10,7 +10,7 @@ int main() {
   auto q = input<Tensor<f32, Batch<1>, Seq<1>, Heads<4>, HeadDim<16>>>(g, "q");
   auto key_positions = input<Tensor<i64, Batch<1>, Key<9>>>(g, "key_positions");
   // clang-format off
-  // expected-error: rope: positions [Batch=1, Key=9] have no axis `Seq`, so they are not the positions of x's `Seq`; fix: positions over `Seq` (e.g. [Batch, Seq])
+  // expected-error: rope: positions [Batch=1, Key=9] have no axis `Seq`, so they are not the positions of the tokens along `Seq`; fix: positions over `Seq` (e.g. [Batch, Seq])
   auto r = rope<HeadDim, Seq>(q, key_positions);
   // clang-format on
   (void)r;

@@ -273,11 +273,12 @@ TEST_F(Cli, MhaRefusesAnAttnMaskOfAnotherRank) {
   }
 }
 
-// Item 29: an unknown command is an error even with --help.
+// Item 29: an unknown command is an error even with --help. ("generate" was the example until
+// it became a command; "finetune" is not one.)
 TEST_F(Cli, AnUnknownCommandWithHelpIsAUsageError) {
-  for (const std::string args : {"generate --help", "generate", "run generate --help", "run mha2 -h"}) {
+  for (const std::string args : {"finetune --help", "finetune", "run finetune --help", "run mha2 -h"}) {
     const Result r = run(args);
-    const std::string word = args.rfind("run ", 0) == 0 ? args.substr(4, args.find(' ', 4) - 4) : "generate";
+    const std::string word = args.rfind("run ", 0) == 0 ? args.substr(4, args.find(' ', 4) - 4) : "finetune";
     expect_usage_error(r, "unknown command '" + word + "'", args);
     EXPECT_EQ(r.out, "") << args;
   }

@@ -250,19 +250,7 @@ Graph build_causal_lm(const HfConfig& c) {
 
 Graph build_causal_lm_step(const HfConfig& c) {
   Graph g;
-  const auto model = CausalLm<dyn>::make(g, llama_config(c));
-  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
-  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
-  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
-  std::vector<std::pair<Cache, Cache>> past;
-  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
-    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
-  auto [logits, present] = model.cached(tokens, positions, past);
-  output(logits, "logits");
-  for (std::size_t i = 0; i < present.size(); ++i) {
-    output(present[i].first, "present_k." + std::to_string(i));
-    output(present[i].second, "present_v." + std::to_string(i));
-  }
+  declare_cached_step(g, CausalLm<dyn>::make(g, llama_config(c)));
   return g;
 }
 

@@ -141,14 +141,13 @@ auto rope(const T& x, const P& positions, const RopeConfig& config = {}) {
                   ", not token positions; fix: declare them i32 or i64">();
     } else if constexpr (!has_family<LP, Pos>) {
       return fail<fixed_string("rope: positions ") + axes_fs<LP>() + " have no axis `" + pos +
-                  "`, so they are not the positions of x's `" + pos + "`; fix: positions over `" + pos +
+                  "`, so they are not the positions of the tokens along `" + pos + "`; fix: positions over `" + pos +
                   "` (e.g. [Batch, " + pos + "])">();
     } else if constexpr (constexpr auto i = detail::first_missing<L, LP>(); i != LP::size) {
       return fail<fixed_string("rope: positions ") + axes_fs<LP>() + " index `" + axis_at<LP, i>::name_fs +
                   "`, which x " + axes_fs<L>() +
-                  " does not have (the positions of another sequence); fix: the "
-                  "positions of x's `" +
-                  pos + "`">();
+                  " does not have (the positions of another sequence); fix: the positions of the tokens along `" + pos +
+                  "`">();
     } else if constexpr (constexpr auto k = detail::first_shared_mismatch<L, LP>(); k != L::size) {
       using X = axis_at<L, k>;
       return fail<fixed_string("rope: `") + X::name_fs + "` of x (" + number<X::extent>() + ") must equal `" +
@@ -210,8 +209,9 @@ auto embedding(const Embedding<Rows, Features>& table, const I& ids) {
       return fail<fixed_string("embedding: ids ") + axes_fs<LI>() + " are " + I::dtype::name +
                   ", not token ids; fix: declare them i32 or i64">();
     } else if constexpr (has_axis_named<LI, Features> || has_axis_named<LI, Rows>) {
-      return fail<fixed_string("embedding: ids ") + axes_fs<LI>() + " already have an axis named like the table's `" +
-                  Rows::name_fs + "` or `" + Features::name_fs + "`; fix: ids over token axes (e.g. [Batch, Seq])">();
+      return fail<fixed_string("embedding: ids ") + axes_fs<LI>() +
+                  " already have an axis named like the table axis `" + Rows::name_fs + "` or `" + Features::name_fs +
+                  "`; fix: ids over token axes (e.g. [Batch, Seq])">();
     } else {
       Node n;
       n.op = Op::embedding;

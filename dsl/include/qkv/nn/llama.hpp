@@ -228,4 +228,23 @@ struct CausalLm {
   }
 };
 
+/// Declares in g the step graph qkv::DecoderSession runs for `model` (whose parameters are in
+/// g): inputs `tokens` and `positions` [Batch, Seq] (i64), `past_k.{i}` / `past_v.{i}` [Batch,
+/// KvHeads, Past, HeadDim]; outputs `logits` and `present_k.{i}` / `present_v.{i}`.
+template <auto E>
+void declare_cached_step(Graph& g, const CausalLm<E>& model) {
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
+  std::vector<std::pair<Cache, Cache>> past;
+  for (std::size_t i = 0; i < model.layers.size(); ++i)
+    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
+  auto [logits, present] = model.cached(tokens, positions, past);
+  output(logits, "logits");
+  for (std::size_t i = 0; i < present.size(); ++i) {
+    output(present[i].first, "present_k." + std::to_string(i));
+    output(present[i].second, "present_v." + std::to_string(i));
+  }
+}
+
 }  // namespace qkv::nn

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <qkv/runtime/io/array.hpp>
@@ -39,6 +40,11 @@ struct HfConfig {
 
 /// Reads and checks `dir`/config.json.
 HfConfig read_hf_config(const std::filesystem::path& dir);
+/// The same from the file's text; `what` names it in messages.
+HfConfig parse_hf_config(std::string_view text, const std::string& what);
+/// model.safetensors.index.json's weight map (tensor name -> shard file name, a plain file name
+/// inside the model folder), from the file's text.
+std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what);
 
 class HfCheckpoint {
  public:
