@@ -1,4 +1,5 @@
-// runtime/src/interpreter_ops.cpp — the reference interpreter's ops, one function each.
+// runtime/src/interpreter_ops.cpp — the reference interpreter's ops, one function each (the
+// decoder ops: interpreter_decoder_ops.cpp), and the helpers they share (interpreter_ops.hpp).
 //
 // Every op reads its inputs' values (dense row-major fp32) and the axis names of its inputs'
 // nodes, and matches axes by NAME, never by position. The rules are pinned in docs/semantics.md.
@@ -10,7 +11,6 @@
 #include <limits>
 #include <stdexcept>
 
-#include <qkv/ir/rope.hpp>
 #include <qkv/runtime/rng.hpp>
 
 namespace qkv::interp {
@@ -41,12 +41,6 @@ bool next_index(std::vector<std::int64_t>& idx, const std::vector<std::int64_t>&
   }
   return false;
 }
-
-namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-using Shape = std::vector<std::int64_t>;
 
 std::string shape_str(const Shape& s) {
   std::string out = "(";
@@ -133,10 +127,6 @@ std::int64_t dot(const Shape& idx, const Shape& strides) {
   return off;
 }
 
-/// A shape seen as [outer, n, inner] around dimension p: element (o, k, i) is at (o*n + k)*inner + i.
-struct Around {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
 Around around(const Shape& s, std::size_t p) {
   Around r;
   for (std::size_t k = 0; k < p; ++k) r.outer *= s[k];
@@ -152,12 +142,19 @@ void expect_same_size(const OpArgs& a, const std::string& axis, std::int64_t lhs
                    std::to_string(rhs) + " in the other");
 }
 
+Shape without_axis(Shape s, std::size_t p) {
+  s.erase(s.begin() + static_cast<std::ptrdiff_t>(p));
+  return s;
+}
+
 Value unary_map(const OpArgs& a, float (*f)(float)) {
   expect_inputs(a);
   Value out{a.in[0]->shape, a.in[0]->data};
   for (float& x : out.data) x = f(x);
   return out;
 }
+
+namespace {
 
 // --- ops ----------------------------------------------------------------------------------------
 
@@ -395,9 +392,7 @@ Value op_logsumexp(const OpArgs& a) {
   if (rest != names_of(a.node.axes))
     internal_error(where(a) + "the output " + axes_str(a.node.axes) + " is not the input without the reduced axis");
   const Around r = around(X.shape, p);
-  Shape out_shape = X.shape;
-  out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(p));
-  Value out{out_shape, std::vector<float>(static_cast<std::size_t>(r.outer * r.inner), kNegInf)};
+  Value out{without_axis(X.shape, p), std::vector<float>(static_cast<std::size_t>(r.outer * r.inner), kNegInf)};
   for (std::int64_t o = 0; o < r.outer; ++o) {
     for (std::int64_t i = 0; i < r.inner; ++i) {
       auto at = [&](std::int64_t k) { return static_cast<std::size_t>((o * r.n + k) * r.inner + i); };
@@ -605,127 +600,6 @@ Value op_layer_norm(const OpArgs& a) {
   return out;
 }
 
-/// rms_norm over attr_axes[0]: x / sqrt(mean(x²) + eps) · weight, in double (Hugging Face's
-/// LlamaRMSNorm computes in f32: the difference is f32 rounding).
-Value op_rms_norm(const OpArgs& a) {
-  expect_inputs(a);
-  expect_attrs(a, 1);
-  const Value &X = *a.in[0], &W = *a.in[1];
-  const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
-  const Around r = around(X.shape, p);
-  if (W.shape.size() != 1) internal_error(where(a) + "the weight must have one axis, has " + shape_str(W.shape));
-  expect_same_size(a, a.node.attr_axes[0], r.n, W.shape[0]);
-  Value out{X.shape, std::vector<float>(X.data.size())};
-  for (std::int64_t o = 0; o < r.outer; ++o) {
-    for (std::int64_t i = 0; i < r.inner; ++i) {
-      auto at = [&](std::int64_t k) { return static_cast<std::size_t>((o * r.n + k) * r.inner + i); };
-      double ss = 0.0;
-      for (std::int64_t k = 0; k < r.n; ++k) ss += static_cast<double>(X.data[at(k)]) * X.data[at(k)];
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(r.n) + a.node.scalar);
-      for (std::int64_t k = 0; k < r.n; ++k)
-        out.data[at(k)] = static_cast<float>(X.data[at(k)] * inv * W.data[static_cast<std::size_t>(k)]);
-    }
-  }
-  return out;
-}
-
-/// rope (x, positions): feature pair (i, i + D/2) of attr_axes[0] turned by rope_angle at the
-/// position of x's index along attr_axes[1] (qkv/ir/rope.hpp), in f32 as Hugging Face computes
-/// q·cos + rotate_half(q)·sin. Positions broadcast into x by name.
-Value op_rope(const OpArgs& a) {
-  expect_inputs(a);
-  expect_attrs(a, 2);
-  if (!a.node.rope) internal_error(where(a) + "has no rope attributes");
-  const Value &X = *a.in[0], &P = *a.in[1];
-  const auto& xn = *a.in_nodes[0];
-  const std::size_t p = axis_pos(a, xn.axes, a.node.attr_axes[0], "x");
-  axis_pos(a, a.in_nodes[1]->axes, a.node.attr_axes[1], "positions");
-  const Around r = around(X.shape, p);
-  if (r.n % 2 != 0) internal_error(where(a) + "an odd feature count " + std::to_string(r.n));
-  const std::int64_t half = r.n / 2;
-  const Shape ps = strides_by_name(names_of(xn.axes), a.in_nodes[1]->axes, P.shape);
-  std::vector<float> inv(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i)
-    inv[static_cast<std::size_t>(i)] = static_cast<float>(rope_inv_freq(*a.node.rope, i, r.n));
-  Value out{X.shape, std::vector<float>(X.data.size())};
-  Shape idx(X.shape.size(), 0);
-  const Shape xs = strides_of(X.shape);
-  if (numel(X.shape) == 0) return out;
-  do {
-    if (idx[p] >= half) continue;
-    std::int64_t base = 0, pos_at = 0;
-    for (std::size_t k = 0; k < idx.size(); ++k) {
-      base += idx[k] * xs[k];
-      pos_at += idx[k] * ps[k];
-    }
-    const float position = P.data[static_cast<std::size_t>(pos_at)];
-    const float angle = inv[static_cast<std::size_t>(idx[p])] * position;
-    const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
-    const auto s = static_cast<float>(std::sin(static_cast<double>(angle)));
-    const auto lo = static_cast<std::size_t>(base), hi = static_cast<std::size_t>(base + half * xs[p]);
-    const float x0 = X.data[lo], x1 = X.data[hi];
-    const float a0 = x0 * c, b0 = (-x1) * s, a1 = x1 * c, b1 = x0 * s;
-    out.data[lo] = a0 + b0;
-    out.data[hi] = a1 + b1;
-  } while (next_index(idx, X.shape));
-  return out;
-}
-
-/// How an error names the ids: `name` for a graph input, else the node.
-std::string ids_label(const Graph& g, int id) {
-  const Node& n = g.node(id);
-  return n.op == Op::input ? "`" + n.name + "`" : node_label(g, id);
-}
-
-/// embedding (table [rows, features], ids): out[ids axes..., f] = table[ids[...], f]; an id
-/// outside [0, rows) is an InputError naming it and the ids' input.
-Value op_embedding(const OpArgs& a) {
-  expect_inputs(a);
-  expect_attrs(a, 2);
-  const Value &T = *a.in[0], &ids = *a.in[1];
-  if (T.shape.size() != 2) internal_error(where(a) + "the table must be [rows, features], is " + shape_str(T.shape));
-  const std::int64_t rows = T.shape[0], width = T.shape[1];
-  Shape out_shape = ids.shape;
-  out_shape.push_back(width);
-  Value out{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)))};
-  for (std::size_t k = 0; k < ids.data.size(); ++k) {
-    const float id = ids.data[k];
-    if (!(id >= 0.0f && id < static_cast<float>(rows)))
-      throw InputError(embedding_id_message(a.node.name, id, static_cast<std::int64_t>(k),
-                                            ids_label(a.graph, a.node.inputs[1]), rows));
-    const auto row = static_cast<std::size_t>(id) * static_cast<std::size_t>(width);
-    std::copy_n(T.data.begin() + static_cast<std::ptrdiff_t>(row), width,
-                out.data.begin() + static_cast<std::ptrdiff_t>(k * static_cast<std::size_t>(width)));
-  }
-  return out;
-}
-
-/// argmax along attr_axes[0] (dropped): the first index of the largest entry; the first NaN
-/// wins (torch.argmax).
-Value op_argmax(const OpArgs& a) {
-  expect_inputs(a);
-  expect_attrs(a, 1);
-  const Value& X = *a.in[0];
-  const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
-  const Around r = around(X.shape, p);
-  Shape out_shape = X.shape;
-  out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(p));
-  Value out{out_shape, std::vector<float>(static_cast<std::size_t>(r.outer * r.inner), 0.0f)};
-  for (std::int64_t o = 0; o < r.outer; ++o) {
-    for (std::int64_t i = 0; i < r.inner; ++i) {
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < r.n; ++k) {
-        const float b = X.data[static_cast<std::size_t>((o * r.n + best) * r.inner + i)];
-        const float v = X.data[static_cast<std::size_t>((o * r.n + k) * r.inner + i)];
-        if (std::isnan(b)) break;
-        if (v > b || std::isnan(v)) best = k;
-      }
-      out.data[static_cast<std::size_t>(o * r.inner + i)] = static_cast<float>(best);
-    }
-  }
-  return out;
-}
-
 /// linear (x, W[out, in], b?[out]): x's axis attr_axes[0] becomes attr_axes[1] in place;
 /// y[.., o, ..] = Σ_i x[.., i, ..]·W[o, i] + b[o], accumulated in double.
 Value op_linear(const OpArgs& a) {
@@ -759,13 +633,6 @@ Value op_linear(const OpArgs& a) {
     }
   }
   return out;
-}
-
-/// x·σ(x) in double; silu(−∞) = −0 and silu(+∞) = +∞, the limits.
-float silu(float x) {
-  if (std::isinf(x) && x < 0.0f) return -0.0f;
-  const double v = x;
-  return static_cast<float>(v / (1.0 + std::exp(-v)));
 }
 
 float relu(float x) { return x > 0.0f ? x : (std::isnan(x) ? x : 0.0f); }
@@ -825,7 +692,7 @@ Value eval_op(const OpArgs& a) {
     case Op::rms_norm:
       return op_rms_norm(a);
     case Op::silu:
-      return unary_map(a, silu);
+      return op_silu(a);
     case Op::rope:
       return op_rope(a);
     case Op::embedding:

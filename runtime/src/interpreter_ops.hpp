@@ -2,7 +2,9 @@
 // ops compute on, small index helpers, and the op dispatcher (interpreter_ops.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,5 +46,50 @@ struct OpArgs {
 
 /// Computes the value of one non-leaf node (every op except input and param).
 Value eval_op(const OpArgs& a);
+
+// --- the ops' shared helpers (interpreter_ops.cpp) ----------------------------------------------
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using Shape = std::vector<std::int64_t>;
+
+/// "(2, 3)".
+std::string shape_str(const Shape& s);
+/// "%3 (softmax): " — the start of a message about the node being evaluated.
+std::string where(const OpArgs& a);
+bool has_axis(const std::vector<Axis>& axes, std::string_view name);
+bool has_name(const std::vector<std::string>& names, std::string_view name);
+/// Position of the axis `name` in `axes`; an internal error if it is not there.
+std::size_t axis_pos(const OpArgs& a, const std::vector<Axis>& axes, std::string_view name, std::string_view whose);
+/// The number of inputs the op table (qkv/ir/ops.hpp) gives the node's op.
+void expect_inputs(const OpArgs& a);
+void expect_attrs(const OpArgs& a, std::size_t n);
+/// The size of a declared output axis under the bindings.
+std::int64_t bound_extent(const OpArgs& a, const Axis& ax);
+/// The node's declared output shape (node.axes) under the bindings.
+Shape declared_shape(const OpArgs& a);
+/// For each name in `target`, the stride of the same-named axis of a value laid out as `src`
+/// (0 where `src` has no such axis: the value is broadcast along it).
+Shape strides_by_name(const std::vector<std::string>& target, const std::vector<Axis>& src, const Shape& src_shape);
+std::vector<std::string> names_of(const std::vector<Axis>& axes);
+std::int64_t dot(const Shape& idx, const Shape& strides);
+/// A shape seen as [outer, n, inner] around dimension p: element (o, k, i) is at (o*n + k)*inner + i.
+struct Around {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+Around around(const Shape& s, std::size_t p);
+/// `s` without dimension p (a reduction's output shape).
+Shape without_axis(Shape s, std::size_t p);
+/// Sizes that must agree by construction (the DSL checked them, or recorded a constraint).
+void expect_same_size(const OpArgs& a, const std::string& axis, std::int64_t lhs, std::int64_t rhs);
+/// f applied to every element of the one input.
+Value unary_map(const OpArgs& a, float (*f)(float));
+
+// --- the decoder ops (interpreter_decoder_ops.cpp) ----------------------------------------------
+
+Value op_rms_norm(const OpArgs& a);
+Value op_silu(const OpArgs& a);
+Value op_rope(const OpArgs& a);
+Value op_embedding(const OpArgs& a);
+Value op_argmax(const OpArgs& a);
 
 }  // namespace qkv::interp

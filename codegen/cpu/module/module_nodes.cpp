@@ -434,9 +434,7 @@ void ModuleBuilder::emit_embedding(int id) {
         llvm::Value* ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
                                        b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
         branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
-        const I row(b_,
-                    b_.CreateSelect(ok, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_),
-                                    c64(0).v()));
+        const I row(b_, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_));
         const I bytes = width * 4;
         b_.CreateMemCpy(b_.CreateGEP(f32_, y, (k * width).v()), llvm::MaybeAlign(4),
                         b_.CreateGEP(f32_, table, (row * width).v()), llvm::MaybeAlign(4), bytes.v());

@@ -62,6 +62,14 @@ struct LlamaAttention {
             linear_params<QProj<dyn>, Model<E>>(g, prefix + "o_proj", cfg.o_bias), cfg};
   }
 
+  /// The rotated queries of x: [Batch, Seq, Model] -> [Batch, Seq, KvHeads, Group, HeadDim].
+  template <class X, class P>
+  auto queries(const X& x, const P& positions) const {
+    return rope<HeadDim, Seq>(split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(
+                                  linear(x, q), {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
+                              positions, cfg.rope);
+  }
+
   /// The rotated keys (or, unrotated, the values) of x: [Batch, Seq, Model] -> [Batch, Seq, KvHeads, HeadDim].
   template <class X>
   auto kv_heads_of(const X& x, const Linear<Model<E>, KvProj<dyn>>& w) const {
@@ -73,9 +81,7 @@ struct LlamaAttention {
   template <class X, class P, class... M>
   auto operator()(const X& x, const P& positions, const M&... masks) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
-    auto qh = rope<HeadDim, Seq>(split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(
-                                     linear(xs, q), {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
-                                 positions, cfg.rope);
+    auto qh = queries(xs, positions);
     auto kh = rename<Seq, Key>(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope));
     auto vh = rename<Seq, Key>(kv_heads_of(xs, v));
     return attend(qh, kh, vh, masks...);
@@ -87,9 +93,7 @@ struct LlamaAttention {
   template <class X, class P, class PK, class PV>
   auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
-    auto qh = rope<HeadDim, Seq>(split<QProj, KvHeads<dyn>, Group<dyn>, HeadDim<dyn>>(
-                                     linear(xs, q), {cfg.kv_heads, cfg.heads / cfg.kv_heads, cfg.head_dim}),
-                                 positions, cfg.rope);
+    auto qh = queries(xs, positions);
     auto step = [](const auto& t) { return permute<Batch, KvHeads, Key, HeadDim>(rename<Seq, Key>(t)); };
     auto kh = append<Key>(rename<Past, Key>(past_k), step(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope)));
     auto vh = append<Key>(rename<Past, Key>(past_v), step(kv_heads_of(xs, v)));
@@ -149,19 +153,23 @@ struct LlamaDecoderLayer {
   /// x [Batch, Seq, Model], positions [Batch, Seq] -> [Batch, Seq, Model].
   template <class X, class P, class... M>
   auto operator()(const X& x, const P& positions, const M&... masks) const {
-    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
-    auto a = self_attn(rms_norm(x, input_layernorm), positions, masks...);
-    auto h = Out(add(x, a));
-    return Out(add(h, mlp(rms_norm(h, post_attention_layernorm))));
+    return residuals(x, self_attn(rms_norm(x, input_layernorm), positions, masks...));
   }
 
   /// With a KV cache (LlamaAttention::cached): {out, keys, values}.
   template <class X, class P, class PK, class PV>
   auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
-    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
     auto [a, keys, values] = self_attn.cached(rms_norm(x, input_layernorm), positions, past_k, past_v);
-    auto h = Out(add(x, a));
-    return std::tuple{Out(add(h, mlp(rms_norm(h, post_attention_layernorm)))), keys, values};
+    return std::tuple{residuals(x, a), keys, values};
+  }
+
+ private:
+  /// h = x + attention, then h + mlp(norm(h)).
+  template <class X, class A>
+  auto residuals(const X& x, const A& attention) const {
+    using Out = tensor<typename X::dtype, typename X::axis_list, trait::plain>;
+    auto h = Out(add(x, attention));
+    return Out(add(h, mlp(rms_norm(h, post_attention_layernorm))));
   }
 };
 
