@@ -20,6 +20,7 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "cpu/kernels/attention_kernel.hpp"
+#include "cpu/kernels/decode_kernel.hpp"
 #include "cpu/schedule.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -32,9 +33,12 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 struct Kernel {
   AttentionSpec spec;
+  bool decode = false;  // the split-KV decode kernel (decode_kernel.hpp) rather than the fused one
   KernelConfig config;
   std::string name;
   AttentionKernelFn* fn = nullptr;
+  DecodeKernelFn* decode_fn = nullptr;
+  DecodeMergeFn* merge_fn = nullptr;
 };
 
 /// Kernels by (spec hash, target key); the full spec is kept and compared, so a hash collision
@@ -67,6 +71,8 @@ void check_spec(const AttentionSpec& s) {
   if (!(s.effective_scale() == s.effective_scale())) invalid("scale is NaN");
   for (int t : {s.vector_floats, s.query_vectors, s.key_tile, s.qk_keys, s.pv_dims})
     if (t < 0 || t > 1024) invalid("tiling fields must be 0 (auto) or in [1, 1024]");
+  if (s.decode_queries < -1 || s.decode_queries > 1024) invalid("decode_queries must be -1 (never), 0 (auto) or in [1, 1024]");
+  if (s.decode_chunk < 0) invalid("decode_chunk must be 0 (auto) or positive");
 }
 
 void check_args(const AttentionSpec& s, const AttentionArgs& a) {
@@ -102,14 +108,23 @@ Jit& jit_locked(KernelCache& c, KernelInfo* info) {
   return *c.jit;
 }
 
-const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info) {
+/// The blocking of `spec` on this host (no compile).
+KernelConfig host_config(const AttentionSpec& spec) {
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return choose_kernel_config(spec, jit_locked(c, nullptr).target());
+}
+
+/// The fused kernel of `spec`, or (decode) its split-KV decode kernel and merge, compiled on
+/// first use.
+const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info, bool decode = false) {
   check_spec(spec);
   KernelCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   Jit& jit = jit_locked(c, info);
   auto& bucket = c.kernels[{spec.hash(), jit.target_key()}];
   for (const auto& k : bucket) {
-    if (k->spec == spec) {
+    if (k->spec == spec && k->decode == decode) {
       if (info) {
         info->name = k->name;
         info->cached = true;
@@ -120,17 +135,31 @@ const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info) {
 
   auto kernel = std::make_unique<Kernel>();
   kernel->spec = spec;
+  kernel->decode = decode;
   kernel->config = choose_kernel_config(spec, jit.target());
-  kernel->name = "qkv_attention_" + hex(spec.hash()) + "_" + std::to_string(c.added++);
+  kernel->name = std::string(decode ? "qkv_decode_" : "qkv_attention_") + hex(spec.hash()) + "_" +
+                 std::to_string(c.added++);
   auto t0 = Clock::now();
   auto context = std::make_unique<llvm::LLVMContext>();
-  auto module = build_attention_module(*context, spec, kernel->config, kernel->name);
+  std::unique_ptr<llvm::Module> module;
+  if (decode) {
+    module = std::make_unique<llvm::Module>(kernel->name, *context);
+    emit_decode_kernels(*module, spec, kernel->config, kernel->name);
+  } else {
+    module = build_attention_module(*context, spec, kernel->config, kernel->name);
+  }
   const double build_ms = ms_since(t0);
   t0 = Clock::now();
   std::string error;
   if (!jit.add(std::move(module), std::move(context), &error)) throw std::runtime_error("run_attention: " + error);
-  kernel->fn = jit.lookup<AttentionKernelFn>(kernel->name, &error);
-  if (!kernel->fn) throw std::runtime_error("run_attention: " + error);
+  if (decode) {
+    kernel->decode_fn = jit.lookup<DecodeKernelFn>(kernel->name, &error);
+    kernel->merge_fn = kernel->decode_fn ? jit.lookup<DecodeMergeFn>(kernel->name + "_merge", &error) : nullptr;
+    if (!kernel->merge_fn) throw std::runtime_error("run_attention: " + error);
+  } else {
+    kernel->fn = jit.lookup<AttentionKernelFn>(kernel->name, &error);
+    if (!kernel->fn) throw std::runtime_error("run_attention: " + error);
+  }
   if (info) {
     info->name = kernel->name;
     info->build_ms = build_ms;
@@ -158,10 +187,32 @@ void clear_attention_cache() {
   c.jit.reset();
 }
 
+/// The split-KV decode kernel's tasks (unit, chunk), then the merge of each unit's chunks.
+void run_decode(const Kernel& kernel, const AttentionArgs& args, int threads) {
+  const AttentionSpec& spec = kernel.spec;
+  const DecodeConfig d = choose_decode_config(spec, kernel.config);
+  const std::int64_t units = args.batch * spec.hkv * d.nblocks * args.len_q;
+  const SplitKv<std::int64_t> split = split_kv<std::int64_t>(units, args.len_k, d.key_tile, spec.decode_chunk);
+  std::vector<float> partials(
+      static_cast<std::size_t>(split_kv_floats<std::int64_t>(units, d.rows, split.chunks, decode_record_floats(spec))));
+  float* work = partials.empty() ? nullptr : partials.data();
+  DecodeKernelFn* fn = kernel.decode_fn;
+  ThreadPool::shared().run(units * split.chunks, threads, [&](std::int64_t t) {
+    fn(&args, t / split.chunks, t % split.chunks, split.chunk_len, split.chunks, work);
+  });
+  if (!work) return;
+  DecodeMergeFn* merge = kernel.merge_fn;
+  ThreadPool::shared().run(units, threads, [&](std::int64_t u) { merge(&args, u, split.chunks, work); });
+}
+
 void run_attention(const AttentionSpec& spec, const AttentionArgs& args, int threads) {
   check_spec(spec);
   check_args(spec, args);
   if (args.batch == 0 || args.len_q == 0) return;
+  if (args.len_q <= decode_max_queries(spec, host_config(spec))) {
+    run_decode(get_kernel(spec, nullptr, /*decode=*/true), args, threads);
+    return;
+  }
   const Kernel& kernel = get_kernel(spec, nullptr);
 
   // Tasks (batch, head, block of query rows) in schedule.hpp's order, as the generated code runs

@@ -70,4 +70,36 @@ I attention_task_block(I t, I batch_heads, I blocks, bool causal) {
   return causal ? blocks - 1 - blk : blk;
 }
 
+/// The split-KV decode kernel (cpu/kernels/decode_kernel.hpp) runs calls with at most this many
+/// query rows unless the spec says otherwise.
+inline constexpr std::int64_t kDecodeQueries = 4;
+/// Its chunks hold at least this many keys (a chunk's merge record costs about dv floats), and a
+/// unit has at most kDecodeMaxChunks of them.
+inline constexpr std::int64_t kDecodeMinChunk = 256;
+inline constexpr std::int64_t kDecodeMaxChunks = 64;
+
+/// How the decode kernel splits S keys for `units` independent units of work (batch, kv head,
+/// head block, query row): chunks of chunk_len keys (a multiple of `tile`), enough that there
+/// are about kTaskTarget tasks, none shorter than kDecodeMinChunk unless S is; `forced` > 0 sets
+/// the chunk length (tests), bounded so there are at most kDecodeMaxChunks. S = 0: one chunk.
+template <class I>
+struct SplitKv {
+  I chunks, chunk_len;
+};
+template <class I>
+SplitKv<I> split_kv(I units, I len_k, std::int64_t tile, std::int64_t forced) {
+  const I most = ceil_div(imax(len_k, 1), forced > 0 ? forced : kDecodeMinChunk);
+  const I want = imin(imax(ceil_div(kTaskTarget, imax(units, 1)), 1), kDecodeMaxChunks);
+  const I chunks = forced > 0 ? imin(most, kDecodeMaxChunks) : imin(want, most);
+  const I len = round_up(ceil_div(imax(len_k, 1), chunks), forced > 0 ? 1 : tile);
+  return {ceil_div(imax(len_k, 1), len), len};
+}
+
+/// The floats of the decode kernel's workspace: a record per (unit, row, chunk), none when each
+/// unit is one chunk (its task writes the output itself).
+template <class I>
+I split_kv_floats(I units, std::int64_t rows, I chunks, std::int64_t record) {
+  return pick(chunks > 1, units * rows * chunks * record, units * 0);
+}
+
 }  // namespace qkv::codegen::cpu

@@ -6,7 +6,10 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_tile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_mod.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_common.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/decode_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/gemm_kernel.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/gemv_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/rowwise_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/threads_ir.cpp

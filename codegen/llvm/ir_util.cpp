@@ -5,6 +5,7 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
 #include <llvm/IR/Metadata.h>
+#include <llvm/IR/Module.h>
 
 namespace qkv::codegen::cpu::ir {
 
@@ -75,6 +76,51 @@ llvm::AllocaInst* entry_alloca(llvm::IRBuilder<>& b, llvm::Type* type, std::uint
   llvm::AllocaInst* a = entry.CreateAlloca(llvm::ArrayType::get(type, count), nullptr, name);
   a->setAlignment(llvm::Align(align));
   return a;
+}
+
+llvm::Function* declare_kernel(llvm::Module& module, llvm::IRBuilder<>& b, const std::string& name,
+                               const std::vector<llvm::Type*>& params, const std::string& cpu,
+                               const std::string& features, int lanes, bool args_param) {
+  auto* type = llvm::FunctionType::get(b.getVoidTy(), params, false);
+  llvm::Function* fn = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module);
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  fn->addFnAttr("target-cpu", cpu);
+  fn->addFnAttr("target-features", features);
+  const std::string width = std::to_string(32 * lanes);
+  fn->addFnAttr("min-legal-vector-width", width);
+  fn->addFnAttr("prefer-vector-width", width);
+  if (args_param) {
+    fn->addParamAttr(0, llvm::Attribute::NoAlias);
+    fn->addParamAttr(0, llvm::Attribute::NoCapture);
+    fn->addParamAttr(0, llvm::Attribute::ReadOnly);
+  }
+  b.SetInsertPoint(llvm::BasicBlock::Create(module.getContext(), "entry", fn));
+  return fn;
+}
+
+llvm::Value* transpose_add(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y, int keys) {
+  const int lanes = static_cast<int>(llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements());
+  const int bs = lanes / keys, half = bs / 2;
+  std::vector<int> lo, hi;
+  for (int src = 0; src < 2; ++src) {
+    for (int k = 0; k < keys; ++k) {
+      for (int e = 0; e < half; ++e) {
+        lo.push_back(src * lanes + k * bs + e);
+        hi.push_back(src * lanes + k * bs + half + e);
+      }
+    }
+  }
+  return b.CreateFAdd(b.CreateShuffleVector(x, y, lo), b.CreateShuffleVector(x, y, hi));
+}
+
+llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>& parts) {
+  std::vector<llvm::Value*> level = parts;
+  for (int keys = 1; level.size() > 1; keys *= 2) {
+    std::vector<llvm::Value*> next;
+    for (std::size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(transpose_add(b, level[i], level[i + 1], keys));
+    level = std::move(next);
+  }
+  return level.at(0);
 }
 
 }  // namespace qkv::codegen::cpu::ir

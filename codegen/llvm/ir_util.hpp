@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <llvm/IR/IRBuilder.h>
@@ -36,6 +37,27 @@ void emit_loop(llvm::IRBuilder<>& b, llvm::Value* begin, llvm::Value* end, std::
 /// mem2reg look for them), aligned to `align` bytes.
 llvm::AllocaInst* entry_alloca(llvm::IRBuilder<>& b, llvm::Type* type, std::uint64_t count, std::uint64_t align,
                                const llvm::Twine& name);
+
+/// A kernel function `name` returning void, with the generated kernels' attributes: nounwind,
+/// the target CPU and features, and vectors of `lanes` floats kept whole (without these the X86
+/// backend may split 512-bit vectors in two: prefer-vector-width=256 on some CPUs); with
+/// `args_param`, parameter 0 (an argument struct) noalias, nocapture, read-only. The builder is
+/// left at its entry block.
+llvm::Function* declare_kernel(llvm::Module& module, llvm::IRBuilder<>& b, const std::string& name,
+                               const std::vector<llvm::Type*>& params, const std::string& cpu,
+                               const std::string& features, int lanes, bool args_param);
+
+/// One step of a transposing sum: x and y each hold `keys` dot products as lanes / keys
+/// consecutive partial sums per product; the result holds x's products then y's, half as many
+/// partial sums each (the first half of every block plus the second half). Starting from one
+/// vector of lane-wise products per dot product, log2(lanes) levels of steps leave `lanes` dot
+/// products in one vector, product j in lane j (the decode kernel's scores, the GEMV's outputs).
+llvm::Value* transpose_add(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y, int keys);
+
+/// The `lanes` dot products whose lane-wise products are `parts` (a power of two of them, at
+/// most the vector width), by transpose_add: product j ends in lanes [j·w, (j + 1)·w) of the
+/// result, w = lanes / parts.size(), still to be summed when w > 1.
+llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>& parts);
 
 inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt64(static_cast<std::uint64_t>(v)); }
 

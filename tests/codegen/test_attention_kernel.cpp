@@ -62,6 +62,8 @@ struct Case {
   double scale = 0.0;
   // tiling overrides
   int vector_floats = 0, query_vectors = 0, key_tile = 0, qk_keys = 0, pv_dims = 0;
+  // the split-KV decode kernel: L <= decode_queries runs it (0: the default 4, −1: never)
+  int decode_queries = 0, decode_chunk = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -92,6 +94,8 @@ AttentionSpec spec_of(const Case& c) {
   s.key_tile = c.key_tile;
   s.qk_keys = c.qk_keys;
   s.pv_dims = c.pv_dims;
+  s.decode_queries = c.decode_queries;
+  s.decode_chunk = c.decode_chunk;
   return s;
 }
 
@@ -389,6 +393,63 @@ std::vector<Case> cases() {
        .key_tile = 1,
        .qk_keys = 1,
        .pv_dims = 1});
+  // --- the split-KV decode kernel (L <= 4, no weights or dropout, head widths whole vectors):
+  // keys split in chunks merged by their log-sum-exp, GQA groups sharing each K/V row
+  add({.name = "decode_gqa_8q_2kv_L1_S5000_d128",
+       .hq = 8,
+       .hkv = 2,
+       .len_q = 1,
+       .len_k = 5000,
+       .dk = 128,
+       .dv = 128,
+       .causal = true,
+       .align = CausalAlign::bottom_right});
+  add({.name = "decode_fused_kernel_L1_S257", .hq = 3, .hkv = 3, .len_q = 1, .len_k = 257, .dk = 128, .dv = 64,
+       .decode_queries = -1});
+  add({.name = "decode_gqa_L3_causal_bottom_right",
+       .batch = 2,
+       .hq = 4,
+       .hkv = 2,
+       .len_q = 3,
+       .len_k = 300,
+       .dk = 64,
+       .dv = 32,
+       .causal = true,
+       .align = CausalAlign::bottom_right});
+  add({.name = "decode_chunks_padding_bias",
+       .batch = 2,
+       .hq = 2,
+       .hkv = 1,
+       .len_q = 2,
+       .len_k = 100,
+       .dk = 32,
+       .dv = 48,
+       .key_padding = true,
+       .visible_keys = {0, 50},
+       .bias = true,
+       .decode_chunk = 7});
+  add({.name = "decode_chunks_causal_top_left_empty_rows",
+       .hq = 2,
+       .hkv = 2,
+       .len_q = 4,
+       .len_k = 40,
+       .dk = 32,
+       .dv = 32,
+       .causal = true,
+       .decode_chunk = 3});
+  add({.name = "decode_mqa_16q_1kv_L1_S1000", .hq = 16, .hkv = 1, .len_q = 1, .len_k = 1000, .dk = 64, .dv = 32});
+  add({.name = "decode_group_17_heads_one_row_each", .hq = 17, .hkv = 1, .len_q = 1, .len_k = 40, .dk = 32, .dv = 32});
+  add({.name = "decode_avx2_width_chunks",
+       .hq = 6,
+       .hkv = 3,
+       .len_q = 1,
+       .len_k = 513,
+       .dk = 64,
+       .dv = 64,
+       .vector_floats = 8,
+       .decode_chunk = 100});
+  add({.name = "decode_sse_width_L8", .hq = 2, .hkv = 1, .len_q = 8, .len_k = 77, .dk = 32, .dv = 32,
+       .vector_floats = 4, .decode_queries = 8});
   return v;
 }
 

@@ -385,6 +385,22 @@ TEST(CpuBackend, DecoderOpsOnTheirOwn) {
   expect_backends_agree(g, feeds, 2e-5);
 }
 
+TEST(CpuBackend, LinearLayersWithAFewRowsReadTheirWeightsInPlace) {
+  // Rows 1..4 take the GEMV kernel (one variant per row count up to 2, then 4), 5 the packed
+  // GEMM; K = 37 and 16 end mid-vector and on it, N = 45 and 3 mid output group, with and
+  // without a bias.
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<37>>>(g, "x");
+  auto z = input<Tensor<f32, Seq<dyn>, HeadDim<16>>>(g, "z");
+  output(linear(x, linear_params<Model<37>, Hidden<45>>(g, "a")), "a");
+  output(linear(x, linear_params<Model<37>, Hidden<3>>(g, "b", /*bias=*/false)), "b");
+  output(linear(z, linear_params<HeadDim<16>, Hidden<45>>(g, "c")), "c");
+  for (std::int64_t rows : {1, 2, 3, 4, 5}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    expect_backends_agree(g, random_feeds(g, {{"Seq", rows}}, 40 + static_cast<unsigned>(rows), 1.0f), 2e-5);
+  }
+}
+
 TEST(CpuBackend, AnEmbeddingIdOutsideTheTableIsAnInputErrorOnBothBackends) {
   Graph g;
   auto table = embedding_params<Vocab<dyn>, Model<8>>(g, "embed");

@@ -10,6 +10,7 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 
+#include "cpu/kernels/attention_common.hpp"
 #include "cpu/kernels/attention_kernel.hpp"
 #include "llvm/mod_ir.hpp"
 
@@ -43,7 +44,6 @@ class AttentionEmitter {
 
   // --- the mod expression (effective_mod): leaves, levels, tile classes
   class Leaves;
-  class BoundsLeaves;
   void prepare_mod();
   /// The values of the key-level nodes reachable from `root` for key `key` (i64), seeded with
   /// the task-level ones.
@@ -112,11 +112,7 @@ class AttentionEmitter {
   llvm::Value *nvalid_, *ntiles_, *nclean_;
   // the mod expression
   ModAnalysis info_;
-  struct TensorIn {
-    llvm::Value* base = nullptr;
-    std::vector<llvm::Value*> extent, extent_f32, stride;  // i64, f32, i64
-  };
-  std::vector<TensorIn> tensors_;
+  std::vector<ModTensorIn> tensors_;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr, *nbatch_ = nullptr;
   std::vector<llvm::Value*> task_cache_;
   std::vector<std::vector<llvm::Value*>> row_cache_;

@@ -16,6 +16,7 @@
 #include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 
+#include "cpu/kernels/attention_common.hpp"
 #include "cpu/kernels/attention_emitter.hpp"
 #include "llvm/ir_util.hpp"
 
@@ -105,15 +106,7 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
 
 llvm::Function* AttentionEmitter::emit(const std::string& name) {
   declare(name);
-  llvm::Value* saved_csr = nullptr;
-  if (cfg_.flush_denormals) {
-    // MXCSR |= FTZ for this call; the caller's MXCSR comes back before the return.
-    saved_csr = ir::entry_alloca(b_, i32_, 1, 4, "mxcsr.saved");
-    llvm::Value* ftz = ir::entry_alloca(b_, i32_, 1, 4, "mxcsr.ftz");
-    b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_stmxcsr, {}, {saved_csr});
-    b_.CreateStore(b_.CreateOr(b_.CreateLoad(i32_, saved_csr), b_.getInt32(0x8000)), ftz);
-    b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_ldmxcsr, {}, {ftz});
-  }
+  llvm::Value* saved_csr = flush_denormals(b_, cfg_);
   load_arguments();
   compute_geometry();
   allocate_state();
@@ -132,25 +125,13 @@ llvm::Function* AttentionEmitter::emit(const std::string& name) {
     emit_tiles(Pass::normalized);
     store_output(Pass::normalized);
   }
-  if (saved_csr) b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_ldmxcsr, {}, {saved_csr});
+  restore_denormals(b_, saved_csr);
   b_.CreateRetVoid();
   return fn_;
 }
 
 void AttentionEmitter::declare(const std::string& name) {
-  auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_, i64_, i64_}, false);
-  fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
-  fn_->addFnAttr(llvm::Attribute::NoUnwind);
-  fn_->addFnAttr("target-cpu", cfg_.cpu);
-  fn_->addFnAttr("target-features", cfg_.features);
-  // Without these the X86 backend may split 512-bit vectors in two (prefer-vector-width=256 on
-  // some CPUs); the kernel's vectors are sized on purpose.
-  const std::string width = std::to_string(32 * lanes_);
-  fn_->addFnAttr("min-legal-vector-width", width);
-  fn_->addFnAttr("prefer-vector-width", width);
-  fn_->addParamAttr(0, llvm::Attribute::NoAlias);
-  fn_->addParamAttr(0, llvm::Attribute::NoCapture);
-  fn_->addParamAttr(0, llvm::Attribute::ReadOnly);
+  fn_ = declare_attention_function(module_, b_, cfg_, name, {ptr_, i64_, i64_, i64_});
   args_ = fn_->getArg(0);
   batch_ = fn_->getArg(1);
   head_ = fn_->getArg(2);
@@ -159,12 +140,11 @@ void AttentionEmitter::declare(const std::string& name) {
   batch_->setName("batch");
   head_->setName("head");
   q0_->setName("q_begin");
-  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
 }
 
 void AttentionEmitter::load_arguments() {
-  auto field = [&](std::size_t offset, llvm::Type* t, const char* name) -> llvm::Value* {
-    return b_.CreateLoad(t, b_.CreateConstInBoundsGEP1_64(i8_, args_, offset), name);
+  auto field = [&](std::size_t offset, llvm::Type* t, const char* name) {
+    return load_args_field(b_, args_, offset, t, name);
   };
   llvm::Value* q = field(offsetof(AttentionArgs, q), ptr_, "q");
   llvm::Value* k = field(offsetof(AttentionArgs, k), ptr_, "k");
@@ -190,37 +170,8 @@ void AttentionEmitter::load_arguments() {
   }
   if (spec_.write_lse) lse_base_ = float_ptr(field(offsetof(AttentionArgs, lse), ptr_, "lse"), row0);
 
-  // The mod's tensors: base pointers, extents and row-major strides. Captured tensors come in
-  // order from args.tensors, their extents from args.extents.
-  llvm::Value* tensors = nullptr;
-  llvm::Value* extents = nullptr;
-  std::uint64_t captured = 0, ext_at = 0;
-  for (const ModTensor& t : mod_.tensors) {
-    TensorIn in;
-    switch (t.source) {
-      case ModTensor::Source::key_keep:
-        in.base = field(offsetof(AttentionArgs, key_keep), ptr_, "key_keep");
-        in.extent = {nbatch_, len_k_};
-        break;
-      case ModTensor::Source::bias:
-        in.base = field(offsetof(AttentionArgs, bias), ptr_, "bias");
-        in.extent = {len_q_, len_k_};
-        break;
-      case ModTensor::Source::captured:
-        if (!tensors) {
-          tensors = field(offsetof(AttentionArgs, tensors), ptr_, "tensors");
-          extents = field(offsetof(AttentionArgs, extents), ptr_, "extents");
-        }
-        in.base = b_.CreateLoad(ptr_, b_.CreateConstInBoundsGEP1_64(ptr_, tensors, captured++), "tensor");
-        for (int d = 0; d < t.rank; ++d)
-          in.extent.push_back(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, extents, ext_at++)));
-        break;
-    }
-    in.stride.assign(in.extent.size(), c64(1));
-    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b_.CreateMul(in.stride[d], in.extent[d]);
-    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b_.CreateSIToFP(e, f32_));
-    tensors_.push_back(std::move(in));
-  }
+  // The mod's tensors: base pointers, extents and row-major strides.
+  tensors_ = load_mod_tensors(b_, args_, mod_.tensors, nbatch_, len_q_, len_k_);
   if (spec_.dropout_p > 0) {
     seed_ = field(offsetof(AttentionArgs, seed), i64_, "seed");
     batch32_ = b_.CreateTrunc(batch_, i32_, "batch32");

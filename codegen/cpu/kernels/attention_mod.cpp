@@ -43,37 +43,6 @@ class AttentionEmitter::Leaves final : public Log2ScoreLeaves {
   llvm::Value* key_;
 };
 
-/// Bounds of the leaves over one tile: the task's query rows × keys [k0, k0 + T) ∩ [0, S).
-class AttentionEmitter::BoundsLeaves final : public ModBoundsLeaves {
- public:
-  BoundsLeaves(AttentionEmitter& k, llvm::Value* k0) : k_(k), k0_(k0) {}
-  IrInterval index(const std::string& axis) override { return range(axis, false); }
-  IrInterval position(const std::string& axis) override { return range(axis, true); }
-  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
-  IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
-    return emit_load_bounds(
-        k_.b_, k_.mod_.expr, k_.info_.deps, n, at, k_.tensors_.at(static_cast<std::size_t>(n.input)).extent_f32,
-        [&](const std::vector<llvm::Value*>& idx) { return k_.load_element(n, idx); },
-        [&](llvm::Value* begin, llvm::Value* end, std::vector<llvm::Value*> init, const ModLoopBody& body) {
-          return ir::emit_loop(k_.b_, begin, end, 1, std::move(init), body, "mod.scan");
-        });
-  }
-
- private:
-  IrInterval range(const std::string& axis, bool position) {
-    auto& b = k_.b_;
-    const TileSpan t{k_.q0_,     b.CreateAdd(k_.q0_, k_.nvalid_),
-                     k0_,        k_.smin(b.CreateAdd(k0_, k_.c64(k_.tile_)), k_.len_k_),
-                     k_.len_qf_, k_.len_kf_};
-    if (auto r = tile_axis_range(b, k_.mod_.expr, k_.mod_.axes.query, k_.mod_.axes.key, t, axis, position)) return *r;
-    llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
-    return {x, x};
-  }
-
-  AttentionEmitter& k_;
-  llvm::Value* k0_;
-};
-
 llvm::Value* AttentionEmitter::axis_value(const std::string& axis, int v, llvm::Value* key, bool position) {
   const ModAxes& a = mod_.axes;
   if (axis == a.query) {
@@ -87,52 +56,17 @@ llvm::Value* AttentionEmitter::axis_value(const std::string& axis, int v, llvm::
     return b_.CreateSIToFP(key, f32_);
   }
   if (axis == a.batch) return batchf_;
-  for (const auto& h : a.heads) {
-    if (h.name != axis) continue;
-    llvm::Value* c = b_.CreateURem(b_.CreateUDiv(head_, c64(h.stride)), c64(h.extent));
-    return b_.CreateSIToFP(c, f32_);
-  }
+  if (llvm::Value* c = mod_head_coordinate(b_, a, axis, head_)) return c;
   internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
 }
 
 llvm::Value* AttentionEmitter::axis_length(const std::string& axis) {
-  const ModAxes& a = mod_.axes;
-  if (axis == a.query) return len_qf_;
-  if (axis == a.key) return len_kf_;
-  if (axis == a.batch) return b_.CreateSIToFP(nbatch_, f32_);
-  for (const auto& h : a.heads)
-    if (h.name == axis) return llvm::ConstantFP::get(f32_, static_cast<double>(h.extent));
-  internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
+  return mod_axis_length(b_, mod_.axes, axis, len_qf_, len_kf_, nbatch_);
 }
 
 llvm::Value* AttentionEmitter::load_element(const ModNode& n, const std::vector<llvm::Value*>& index) {
-  const TensorIn& t = tensors_.at(static_cast<std::size_t>(n.input));
-  const ModTensor& mt = mod_.tensors.at(static_cast<std::size_t>(n.input));
-  llvm::Value* off = c64(0);
-  bool vector = false;
-  for (std::size_t d = 0; d < index.size(); ++d) {
-    llvm::Value* i = index[d];
-    llvm::Value* s = t.stride[d];
-    if (i->getType()->isVectorTy()) {
-      vector = true;
-      s = splat(s);
-      if (!off->getType()->isVectorTy()) off = splat(off);
-    } else if (off->getType()->isVectorTy()) {
-      i = splat(i);
-      s = splat(s);
-    }
-    off = b_.CreateAdd(off, b_.CreateMul(i, s));
-  }
-  llvm::Type* et = mod_element_type(b_, mt.dtype);
-  llvm::Value* x = nullptr;
-  if (vector) {
-    llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes_));
-    llvm::Value* ptrs = b_.CreateGEP(et, t.base, off);
-    x = b_.CreateMaskedGather(vt, ptrs, llvm::Align(static_cast<unsigned>(dtype_size(mt.dtype))));
-  } else {
-    x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off));
-  }
-  return mod_element_to_f32(b_, x, mt.dtype);
+  return load_mod_element(b_, tensors_.at(static_cast<std::size_t>(n.input)),
+                          mod_.tensors.at(static_cast<std::size_t>(n.input)).dtype, index, lanes_);
 }
 
 void AttentionEmitter::prepare_mod() {
@@ -177,7 +111,12 @@ llvm::Value* AttentionEmitter::mod_value(int root, int v, llvm::Value* key, llvm
 
 std::pair<llvm::Value*, llvm::Value*> AttentionEmitter::classify_tile(llvm::Value* k0) {
   if (mod_.expr.keep < 0) return {b_.getTrue(), b_.getFalse()};
-  BoundsLeaves leaves(*this, k0);
+  const TileSpan span{q0_, b_.CreateAdd(q0_, nvalid_), k0, smin(b_.CreateAdd(k0, c64(tile_)), len_k_), len_qf_, len_kf_};
+  AttentionBoundsLeaves leaves(
+      b_, mod_, info_.deps, tensors_, span,
+      [&](const std::string& axis, bool position) { return axis_value(axis, -1, nullptr, position); },
+      [&](const std::string& axis) { return axis_length(axis); },
+      [&](const ModNode& n, const std::vector<llvm::Value*>& idx) { return load_element(n, idx); });
   return emit_mod_classify(b_, mod_.expr, leaves);
 }
 

@@ -25,7 +25,7 @@ std::uint64_t AttentionSpec::hash() const {
   h.i(static_cast<std::int64_t>(tensors.size()));
   for (const auto& t : tensors)
     h.i(static_cast<std::int64_t>(t.source)).i(static_cast<std::int64_t>(t.dtype)).i(t.rank);
-  for (int t : {vector_floats, query_vectors, key_tile, qk_keys, pv_dims}) h.i(t);
+  for (int t : {vector_floats, query_vectors, key_tile, qk_keys, pv_dims, decode_queries, decode_chunk}) h.i(t);
   return h.value();
 }
 

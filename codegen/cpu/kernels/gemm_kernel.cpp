@@ -85,17 +85,8 @@ class GemmEmitter {
   }
 
   void emit(const std::string& name) {
-    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_, i64_, i64_, i64_}, false);
-    fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
-    fn_->addFnAttr(llvm::Attribute::NoUnwind);
-    fn_->addFnAttr("target-cpu", cfg_.cpu);
-    fn_->addFnAttr("target-features", cfg_.features);
-    const std::string width = std::to_string(32 * cfg_.lanes);  // keep 512-bit vectors whole
-    fn_->addFnAttr("min-legal-vector-width", width);
-    fn_->addFnAttr("prefer-vector-width", width);
-    fn_->addParamAttr(0, llvm::Attribute::NoAlias);
-    fn_->addParamAttr(0, llvm::Attribute::NoCapture);
-    fn_->addParamAttr(0, llvm::Attribute::ReadOnly);
+    fn_ = ir::declare_kernel(module_, b_, name, {ptr_, i64_, i64_, i64_, i64_}, cfg_.cpu, cfg_.features, cfg_.lanes,
+                             /*args_param=*/true);
     llvm::Value* args = fn_->getArg(0);
     llvm::Value* m0 = fn_->getArg(1);
     llvm::Value* m1 = fn_->getArg(2);
@@ -106,7 +97,6 @@ class GemmEmitter {
     m1->setName("m1");
     n0->setName("n0");
     n1->setName("n1");
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
 
     auto field = [&](std::size_t offset, llvm::Type* t, const char* nm) -> llvm::Value* {
       return b_.CreateLoad(t, b_.CreateConstInBoundsGEP1_64(i8_, args, offset), nm);

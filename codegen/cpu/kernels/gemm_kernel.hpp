@@ -43,6 +43,30 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host);
 /// Adds the kernel function `name` to `module`.
 void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::string& name);
 
+/// What the GEMV kernel reads (its layout is the kernel ABI): x [m, k]; W [n, k] read in place,
+/// each of its rows once for all m rows of x — at decode a linear layer is a matrix-vector
+/// product whose time is the time to read W, and packing W first would read it twice and write
+/// it once; bias [n] (never null: zeros when the call has none); y [m, n].
+struct GemvArgs {
+  const float* x;
+  const float* w;
+  const float* bias;
+  float* y;
+  std::int64_t m, n, k;
+};
+
+/// The most rows of x the GEMV kernel takes; above it the GEMM packs Bᵀ and runs its micro-kernel.
+inline constexpr int kGemvMaxRows = 4;
+
+/// Outputs per register group of the GEMV kernel for `rows` rows: 8 (4 with 4 rows), at most
+/// `lanes` (a power of two).
+int gemv_outputs(int rows, int lanes);
+
+/// void name(const GemvArgs* args, i64 n0, i64 n1): y[0, m)[n0, n1) = x·W[n0, n1)ᵀ + bias for
+/// m <= rows. Per group of gemv_outputs outputs: rows × outputs lane-wise dot products over K
+/// (the tail by masked loads), summed by ir::transpose_sum; masked stores past n1 and m.
+void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, const std::string& name);
+
 /// A module holding only that function.
 std::unique_ptr<llvm::Module> build_gemm_module(llvm::LLVMContext& context, const GemmConfig& cfg,
                                                 const std::string& name);

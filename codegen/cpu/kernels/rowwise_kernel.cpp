@@ -85,15 +85,7 @@ class RowwiseEmitter {
   static llvm::Constant* zero(llvm::Type* t) { return llvm::ConstantFP::get(t, 0.0); }
 
   llvm::Function* begin_function(const std::string& name, llvm::ArrayRef<llvm::Type*> params) {
-    auto* type = llvm::FunctionType::get(b_.getVoidTy(), params, false);
-    fn_ = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, module_);
-    fn_->addFnAttr(llvm::Attribute::NoUnwind);
-    fn_->addFnAttr("target-cpu", host_.cpu);
-    fn_->addFnAttr("target-features", features_);
-    const std::string width = std::to_string(32 * lanes_);
-    fn_->addFnAttr("min-legal-vector-width", width);
-    fn_->addFnAttr("prefer-vector-width", width);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    fn_ = ir::declare_kernel(module_, b_, name, params.vec(), host_.cpu, features_, lanes_, /*args_param=*/false);
     return fn_;
   }
 

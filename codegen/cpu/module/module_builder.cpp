@@ -39,14 +39,47 @@ void ModuleBuilder::emit_gemm(int id) {
 
 void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y,
                                    const I& m, const I& nn, const I& k) {
+  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+  const I panels = ceil_div(nn, gemm_cfg_.cols());
+  const auto [packed, bias_pad] = gemm_blocks_.at(id);
+  memset0(bias_pad, panels * gemm_cfg_.cols() * 4);
+  if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
+  // A few rows (a decode step): the GEMV kernel reads W in place.
+  branch(m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k); },
+         [&] { emit_gemm_packed(x, wt, packed, bias_pad, y, m, nn, k); });
+}
+
+void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y,
+                                   const I& m, const I& nn, const I& k) {
+  auto kernel = [&](int rows) {
+    const std::string name = "qkv_gemv_" + std::to_string(rows);
+    if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
+    return callee(name);
+  };
+  auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
+  llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemv_args");
+  const Values fields{x, wt, bias_pad, y, m.v(), nn.v(), k.v()};
+  for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
+  auto run = [&](int rows) {
+    llvm::Function* fn = kernel(rows);
+    const Ranges<I> r = ranges(nn, 4 * gemv_outputs(rows, gemm_cfg_.lanes), gemv_outputs(rows, gemm_cfg_.lanes));
+    parallel_for(r.tasks, m * nn * k * 2, {args, r.block.v(), nn.v()}, [&](I t, const Values& cap) {
+      const I block(b_, cap[1]), width(b_, cap[2]);
+      const I n0 = t * block;
+      b_.CreateCall(fn, {cap[0], n0.v(), imin(n0 + block, width).v()});
+    });
+  };
+  branch(m == 1, [&] { run(1); }, [&] { branch(m == 2, [&] { run(2); }, [&] { run(kGemvMaxRows); }); });
+}
+
+void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* wt, llvm::Value* packed, llvm::Value* bias_pad,
+                                     llvm::Value* y, const I& m, const I& nn, const I& k) {
   if (!gemm_) {
-    gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
     emit_gemm_kernel(m_, gemm_cfg_, "qkv_gemm");
     gemm_ = callee("qkv_gemm");
   }
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
   const I panels = ceil_div(nn, nr);
-  const auto [packed, bias_pad] = gemm_blocks_.at(id);
   // bp[(p·K + kk)·NR + r] = W[p·NR + r][kk]; zeros past N.
   const I full = nn / nr, rest = nn % nr;
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
@@ -55,8 +88,6 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
        [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
   nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
        [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
-  memset0(bias_pad, panels * nr * 4);
-  if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
 
   auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
@@ -85,8 +116,6 @@ void ModuleBuilder::emit_attention(int id) {
   const Node& n = g_.node(id);
   const KernelConfig cfg = choose_kernel_config(spec, target_);
   const std::string name = "qkv_attention_" + std::to_string(id);
-  emit_attention_kernel(m_, spec, cfg, name);
-  llvm::Function* kernel = callee(name);
   const I batch = dim(call.batch), lq = dim(call.len_q), lk = dim(call.len_k);
 
   // The mod's tensors: their base pointers and extents, as the kernel reads them.
@@ -128,16 +157,49 @@ void ModuleBuilder::emit_attention(int id) {
                       c64(static_cast<std::int64_t>(call.seed)).v(),
                       lse};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
-  const std::int64_t rows = cfg.query_rows();
-  const I blocks = ceil_div(lq, rows), bh = batch * spec.hq;
+  const I bh = batch * spec.hq;
   const I work = bh * lq * lk * (spec.dk + spec.dv) * 2;
-  const bool causal = triangular_work(spec);
-  parallel_for(bh * blocks, work, {args, bh.v(), blocks.v()}, [&](I t, const Values& cap) {
-    const I heads(b_, cap[1]), nblocks(b_, cap[2]);
-    const I blk = attention_task_block(t, heads, nblocks, causal);
-    const I r = t % heads;
-    b_.CreateCall(kernel, {cap[0], (r / spec.hq).v(), (r % spec.hq).v(), (blk * rows).v()});
-  });
+  auto fused = [&] {
+    emit_attention_kernel(m_, spec, cfg, name);
+    llvm::Function* kernel = callee(name);
+    const std::int64_t rows = cfg.query_rows();
+    const I blocks = ceil_div(lq, rows);
+    const bool causal = triangular_work(spec);
+    parallel_for(bh * blocks, work, {args, bh.v(), blocks.v()}, [&](I t, const Values& cap) {
+      const I heads(b_, cap[1]), nblocks(b_, cap[2]);
+      const I blk = attention_task_block(t, heads, nblocks, causal);
+      const I r = t % heads;
+      b_.CreateCall(kernel, {cap[0], (r / spec.hq).v(), (r % spec.hq).v(), (blk * rows).v()});
+    });
+  };
+  const auto decode = plan_.decode.find(id);
+  const auto fixed_lq = lq.constant();
+  if (decode == plan_.decode.end() || (fixed_lq && *fixed_lq > decode->second.max_queries)) {
+    fused();
+    return;
+  }
+  // A few query rows: the split-KV decode kernel (the same split as run_attention's).
+  const ModulePlan::Decode& d = decode->second;
+  emit_decode_kernels(m_, spec, cfg, name + "_decode");
+  llvm::Function* chunk_kernel = callee(name + "_decode");
+  llvm::Function* merge = callee(name + "_decode_merge");
+  branch(
+      lq <= d.max_queries,
+      [&] {
+        const I units = batch * spec.hkv * d.nblocks * lq;
+        const SplitKv<I> split = split_kv(units, lk, d.key_tile, spec.decode_chunk);
+        llvm::Value* partials = b_.CreateSelect((split.chunks > 1).v(), split_.at(id), null);
+        parallel_for(units * split.chunks, work, {args, split.chunks.v(), split.chunk_len.v(), partials},
+                     [&](I t, const Values& cap) {
+                       const I chunks(b_, cap[1]);
+                       b_.CreateCall(chunk_kernel, {cap[0], (t / chunks).v(), (t % chunks).v(), cap[2], cap[1], cap[3]});
+                     });
+        branch(split.chunks > 1, [&] {
+          parallel_for(units, units * split.chunks * spec.dv * 4, {args, split.chunks.v(), partials},
+                       [&](I u, const Values& cap) { b_.CreateCall(merge, {cap[0], u.v(), cap[1], cap[2]}); });
+        });
+      },
+      fused);
 }
 
 }  // namespace detail

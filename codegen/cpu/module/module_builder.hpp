@@ -39,7 +39,7 @@ namespace qkv::codegen::cpu {
 /// are computed by the generated code from the sizes (block_bytes); only the assignment of blocks
 /// to arena slots is decided here.
 struct ModulePlan {
-  enum class Block : std::uint8_t { value, weights, lse, gemm_panels, gemm_bias };
+  enum class Block : std::uint8_t { value, weights, lse, gemm_panels, gemm_bias, split_kv };
   struct Alloc {
     Block kind = Block::value;
     int node = 0;
@@ -54,6 +54,15 @@ struct ModulePlan {
   std::map<int, int> weights;               // fused_attention id -> block of its weights (-1: an output)
   std::map<int, int> lse;                   // fused_attention id -> block of its log-sum-exp (-1: an output)
   std::map<int, std::pair<int, int>> gemm;  // linear id on the GEMM kernel -> (packed Bᵀ, padded bias)
+  /// fused_attention id -> its split-KV decode path (cpu/kernels/decode_kernel.hpp), for the
+  /// calls with L <= max_queries: the blocking and the block of its chunks' partial results.
+  struct Decode {
+    std::int64_t max_queries = 0;
+    int rows = 1, key_tile = 64;
+    std::int64_t nblocks = 1;
+    int block = -1;
+  };
+  std::map<int, Decode> decode;
   std::vector<Alloc> allocs;
   int slots = 0;
   std::int64_t gemm_cols = 0;  // NR of the GEMM kernel for the target

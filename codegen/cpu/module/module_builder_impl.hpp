@@ -320,6 +320,7 @@ class ModuleBuilder {
       if (k >= 0) weights_[id] = block(layout, k, arena);
     for (const auto& [id, k] : plan_.lse)
       if (k >= 0) lse_[id] = block(layout, k, arena);
+    for (const auto& [id, d] : plan_.decode) split_[id] = block(layout, d.block, arena);
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
       const Node& n = g_.node(id);
       if (n.op == Op::attention_weights) weights_[n.inputs[0]] = buf(id);
@@ -560,6 +561,12 @@ class ModuleBuilder {
 
   void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m,
                       const I& nn, const I& k);
+  /// m <= kGemvMaxRows: the GEMV kernel for m's row count, W read in place.
+  void emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
+                      const I& k);
+  /// Bᵀ packed into panels, then the GEMM kernel's tasks.
+  void emit_gemm_packed(llvm::Value* x, llvm::Value* wt, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
+                        const I& m, const I& nn, const I& k);
 
   void emit_attention(int id);
 
@@ -576,7 +583,7 @@ class ModuleBuilder {
   llvm::Function* fn_ = nullptr;
   std::map<std::string, llvm::Value*> sym_;  // the run-time sizes in the function being built
   std::vector<llvm::Value*> buf_;
-  std::map<int, llvm::Value*> weights_, lse_;
+  std::map<int, llvm::Value*> weights_, lse_, split_;
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
   bool rowwise_emitted_ = false;
   llvm::Function* gemm_ = nullptr;

@@ -10,6 +10,7 @@
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 
+#include "cpu/kernels/decode_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/module/module_builder.hpp"
 #include "lowering/graph_util.hpp"
@@ -101,6 +102,11 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     if (call.spec.write_weights && !plan.weights.count(id))
       plan.weights[id] = add(ModulePlan::Block::weights, id, id, id);
     if (call.spec.write_lse && !plan.lse.count(id)) plan.lse[id] = add(ModulePlan::Block::lse, id, id, id);
+    const KernelConfig config = choose_kernel_config(call.spec, target);
+    if (const std::int64_t most = decode_max_queries(call.spec, config); most > 0) {
+      const DecodeConfig d = choose_decode_config(call.spec, config);
+      plan.decode[id] = {most, d.rows, d.key_tile, d.nblocks, add(ModulePlan::Block::split_kv, id, id, id)};
+    }
   }
 
   auto estimate = [&](const Extent& e) -> std::int64_t {

@@ -88,6 +88,12 @@ struct AttentionSpec {
   int key_tile = 0;       // keys per K/V tile (one online-softmax step); a multiple of qk_keys
   int qk_keys = 0;        // keys per Q·Kᵀ register block (accumulators: qk_keys × query_vectors)
   int pv_dims = 0;        // value columns per P·V register block (accumulators: pv_dims × query_vectors)
+  /// The split-KV decode kernel (keys in the lanes, the query heads of a GQA group together, the
+  /// keys split into chunks merged by their log-sum-exp) runs the calls with L <= decode_queries:
+  /// 0 = the default (4), −1 = never. It needs no weights, no dropout and head widths that are
+  /// whole vectors; otherwise the fused kernel runs every call.
+  int decode_queries = 0;
+  int decode_chunk = 0;  // keys per split-KV chunk (0: chosen from S and the number of tasks)
 
   /// The factor actually applied: `scale`, or 1/sqrt(dk) when it is 0.
   [[nodiscard]] double effective_scale() const;

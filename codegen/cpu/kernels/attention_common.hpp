@@ -1,0 +1,100 @@
+// codegen/cpu/kernels/attention_common.hpp — what the CPU attention kernels share (private): the
+// fused kernel (lanes over query rows, attention_kernel.hpp) and the split-KV decode kernel
+// (lanes over keys, decode_kernel.hpp) declare their functions alike, read AttentionArgs
+// alike and load the effective mod's tensors alike.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include "cpu/kernels/attention_kernel.hpp"
+#include "llvm/mod_ir.hpp"
+
+namespace qkv::codegen::cpu {
+
+/// A kernel function `name` returning void with the kernels' attributes (target CPU and
+/// features, vectors of `lanes` floats never split, nounwind; parameter 0, the AttentionArgs,
+/// noalias read-only); the builder is left at its entry block.
+llvm::Function* declare_attention_function(llvm::Module& module, llvm::IRBuilder<>& b, const KernelConfig& config,
+                                           const std::string& name, const std::vector<llvm::Type*>& params);
+
+/// x86 with config.flush_denormals: sets MXCSR's flush-to-zero bit and returns the slot holding
+/// the caller's MXCSR (restore it with restore_denormals before returning); else nullptr.
+llvm::Value* flush_denormals(llvm::IRBuilder<>& b, const KernelConfig& config);
+void restore_denormals(llvm::IRBuilder<>& b, llvm::Value* saved);
+
+/// A field of the AttentionArgs at `args` (its byte offset, e.g. offsetof(AttentionArgs, q)).
+llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_t offset, llvm::Type* type,
+                             const llvm::Twine& name);
+
+/// A tensor the mod reads, as the kernel sees it: base pointer, extents (i64 and f32) and
+/// row-major strides.
+struct ModTensorIn {
+  llvm::Value* base = nullptr;
+  std::vector<llvm::Value*> extent, extent_f32, stride;
+};
+
+/// The mod's tensors (EffectiveMod::tensors, in order) from the args: key_keep [B, S], bias
+/// [L, S], or the next captured tensor of args.tensors with its extents from args.extents.
+std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,
+                                          const std::vector<ModTensor>& tensors, llvm::Value* batch,
+                                          llvm::Value* len_q, llvm::Value* len_k);
+
+/// The element of `t` at `index` (one i64 per axis, in range; scalars, or <lanes x i64> vectors
+/// where the index varies over the lanes — a gather), as f32.
+llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
+                              const std::vector<llvm::Value*>& index, int lanes);
+
+/// Bounds of the mod's leaves over a block of entries: queries [q0, q_end) × keys [k0, k_end)
+/// (TileSpan); any other axis takes the single value `point(axis, position)` of the block;
+/// lengths come from `length`; loads are bounded by emit_load_bounds, reading through `load`.
+class AttentionBoundsLeaves final : public ModBoundsLeaves {
+ public:
+  using Point = std::function<llvm::Value*(const std::string& axis, bool position)>;
+  using Length = std::function<llvm::Value*(const std::string& axis)>;
+  using Load = std::function<llvm::Value*(const ModNode& n, const std::vector<llvm::Value*>& index)>;
+  AttentionBoundsLeaves(llvm::IRBuilder<>& b, const EffectiveMod& mod, const std::vector<unsigned>& deps,
+                        const std::vector<ModTensorIn>& tensors, const TileSpan& span, Point point, Length length,
+                        Load load)
+      : b_(b),
+        mod_(mod),
+        deps_(deps),
+        tensors_(tensors),
+        span_(span),
+        point_(std::move(point)),
+        length_(std::move(length)),
+        load_(std::move(load)) {}
+  IrInterval index(const std::string& axis) override { return range(axis, false); }
+  IrInterval position(const std::string& axis) override { return range(axis, true); }
+  llvm::Value* length(const std::string& axis) override { return length_(axis); }
+  IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override;
+
+ private:
+  IrInterval range(const std::string& axis, bool position);
+
+  llvm::IRBuilder<>& b_;
+  const EffectiveMod& mod_;
+  const std::vector<unsigned>& deps_;
+  const std::vector<ModTensorIn>& tensors_;
+  TileSpan span_;
+  Point point_;
+  Length length_;
+  Load load_;
+};
+
+/// The length of a mod axis in this call: L, S, B, or a head axis's extent.
+llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis, llvm::Value* len_qf,
+                             llvm::Value* len_kf, llvm::Value* nbatch);
+
+/// The coordinate along head axis `axis` of flat query head `head` (i64), as f32; nullptr when
+/// `axis` is not a head axis.
+llvm::Value* mod_head_coordinate(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis,
+                                 llvm::Value* head);
+
+}  // namespace qkv::codegen::cpu
