@@ -176,7 +176,7 @@ void BM_Decode(benchmark::State& state) {
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  for (std::int64_t s : {4096, 8192, 16384, 32768})
+  for (std::int64_t s : {1024, 4096, 8192, 16384, 32768})
     for (int split : {0, 1}) b->Args({s, split});
 }
 

@@ -2,7 +2,28 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace qkv::codegen::cpu {
+
+namespace {
+
+/// Spins until done() or kSpin has passed; returns done().
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > ThreadPool::kSpin) return done();
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+  }
+}
+
+}  // namespace
 
 ThreadPool::~ThreadPool() {
   {
@@ -35,10 +56,13 @@ void ThreadPool::run(std::int64_t n, int threads, const std::function<void(std::
     error_ = nullptr;
     helpers_ = helpers;
     active_ = helpers;
+    running_.store(helpers, std::memory_order_relaxed);
     ++generation_;
+    posted_.store(generation_, std::memory_order_release);
   }
   if (helpers > 0) wake_.notify_all();
   drain();
+  spin_until([&] { return running_.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [&] { return active_ == 0; });
   task_ = nullptr;
@@ -65,6 +89,7 @@ void ThreadPool::drain() {
 void ThreadPool::worker(int index) {
   std::uint64_t seen = 0;
   for (;;) {
+    spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stop_ || (generation_ != seen && index < helpers_); });
@@ -73,6 +98,7 @@ void ThreadPool::worker(int index) {
     }
     drain();
     std::lock_guard<std::mutex> lock(mutex_);
+    running_.fetch_sub(1, std::memory_order_release);
     if (--active_ == 0) done_.notify_all();
   }
 }
