@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -253,17 +255,22 @@ struct GenerateFlags {
   Generate o;
   BackendFlag backend;
   CLI::App* cmd = nullptr;
-  void add(CLI::App* app) {
-    cmd = app->add_subcommand("generate", "A Hugging Face decoder continuing prompts, with a KV cache");
-    cmd->footer("Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
+  bool json = false;
+  /// bench: `qkv bench generate` (--out optional, --json).
+  void add(CLI::App* app, bool bench = false) {
+    cmd = app->add_subcommand("generate", bench ? "Time a Hugging Face decoder: prefill and decode tokens/s"
+                                                : "A Hugging Face decoder continuing prompts, with a KV cache");
+    cmd->footer(bench ? "Example: qkv bench generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 256 --json"
+                      : "Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
     cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
         ->required();
     cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids")->required();
     cmd->add_option("--new-tokens", o.new_tokens, "Tokens to generate")
         ->check(integer_in(1, kInt64Max))
         ->capture_default_str();
-    cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations")
-        ->required();
+    auto* out = cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations");
+    if (!bench) out->required();
+    if (bench) cmd->add_flag("--json", json, "One JSON object on stdout");
     cmd->add_option("--logits-out", o.logits_out, "Output [B, new, vocab] .npy: the logits each token was chosen from");
     cmd->add_option("--temperature", o.temperature, "0 (the default): greedy; > 0: sample softmax(logits / T)")
         ->check(finite_number());
@@ -360,13 +367,64 @@ int usage_error(const std::string& message) {
 
 }  // namespace
 
-int run_cli(int argc, char** argv) {
-  const Activity setup("reading the command line");
-  CLI::App app{"qkv: attention models with shapes in the type system, compiled to fused kernels"};
-  // CLI11's own parse errors read like ours: "qkv: error: …" and a pointer to --help (exit 2).
+/// body(), with every error one line: a usage error (2) or a failure (1).
+int guarded(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    return usage_error(e.what());
+  } catch (const OutputRefused& e) {
+    return usage_error(e.what());
+  } catch (const std::exception& e) {
+    const auto oom = describe_out_of_memory(e);
+    std::cerr << "qkv: error: " << one_line(oom ? *oom : e.what()) << "\n";
+    return 1;
+  }
+}
+
+/// Parses the command line into `app`: nullopt to go on, else the exit code (help, version: 0;
+/// a parse error, said in one line: 2).
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+/// CLI11's own parse errors read like ours: "qkv: error: …" and a pointer to --help (exit 2).
+void say_errors_our_way(CLI::App& app) {
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return "qkv: error: " + one_line(e.what()) + "\nRun with --help for more information.\n";
   });
+}
+
+/// `qkv bench generate …`: its own parser (the other `bench` models are given by shape, with
+/// required shape flags this one does not have).
+int run_bench_generate(int argc, char** argv) {
+  CLI::App app{"qkv bench"};
+  say_errors_our_way(app);
+  app.require_subcommand(1);
+  GenerateFlags gen;
+  gen.add(&app, /*bench=*/true);
+  if (const auto code = parse(app, argc, argv)) return *code;
+  return guarded([&] { return bench_generate(gen.get(), gen.json); });
+}
+
+int run_cli(int argc, char** argv) {
+  const Activity setup("reading the command line");
+  if (argc >= 3 && std::string_view(argv[1]) == "bench" && std::string_view(argv[2]) == "generate")
+    return run_bench_generate(argc - 1, argv + 1);
+  CLI::App app{"qkv: attention models with shapes in the type system, compiled to fused kernels"};
+  say_errors_our_way(app);
   app.set_version_flag("--version", std::string("qkv ") + QKV_VERSION);
   app.require_subcommand(1);
   app.footer("Run `qkv <command> --help` for the flags of a command.");
@@ -475,20 +533,9 @@ int run_cli(int argc, char** argv) {
   auto* host_cmd = app.add_subcommand("host", "Print the host CPU as the code generator sees it");
 
   if (const auto word = unknown_command(app, argc, argv)) return usage_error("unknown command '" + *word + "'");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto code = parse(app, argc, argv)) return *code;
 
-  try {
+  return guarded([&]() -> int {
     if (*mha.cmd) return run_mha(mha.get());
     if (*sdpa.cmd) return run_sdpa(sdpa.get());
     if (*layer.cmd) return run_encoder(layer.get());
@@ -515,16 +562,8 @@ int run_cli(int argc, char** argv) {
       return emit(emit_opts);
     }
     if (*host_cmd) return host();
-  } catch (const UsageError& e) {
-    return usage_error(e.what());
-  } catch (const OutputRefused& e) {
-    return usage_error(e.what());
-  } catch (const std::exception& e) {
-    const auto oom = describe_out_of_memory(e);
-    std::cerr << "qkv: error: " << one_line(oom ? *oom : e.what()) << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
 
 }  // namespace qkv::cli

@@ -90,6 +90,9 @@ struct Generate {
   int threads = 0;
 };
 int generate(const Generate& o);
+/// qkv bench generate: the same run, timed (prefill and decode tokens/s, the decode attention's
+/// GB/s at the model's shape, modules compiled and memory after the first step); --out optional.
+int bench_generate(const Generate& o, bool json);
 
 int run_mha(const RunMha& o);
 int run_sdpa(const RunSdpa& o);

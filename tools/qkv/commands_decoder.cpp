@@ -7,6 +7,10 @@
 #include <numeric>
 #include <random>
 
+#include <sys/resource.h>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+
 #include <qkv/codegen/jit.hpp>
 #include <qkv/runtime/decoder_session.hpp>
 
@@ -118,20 +122,34 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int generate(const Generate& o) {
+namespace {
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+/// What one generation produced and what it cost.
+struct Generation {
+  NdArray ids, chosen_logits;
+  std::int64_t batch = 0, prompt = 0, steps = 0;  // steps: decode steps run (new tokens − 1)
+  double prefill_ms = 0, decode_ms = 0;
+  /// warm: the first prefill (compiling the step graph, then running it); else the JIT's
+  /// compile time within the timed prefill
+  double compile_ms = 0;
+  long long compiled_after_prefill = 0, compiled_after_first_step = 0;
+  double rss_after_first_step_mib = 0, rss_end_mib = 0;
+};
+
+/// The prompts continued by o.new_tokens tokens through a DecoderSession (the flags' checks, the
+/// model, the cache, the loop): what `generate` writes and `bench generate` times. `warm`: one
+/// untimed prefill first (it compiles the step graph), then reset() and the timed run.
+Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm = false) {
   if (o.new_tokens <= 0) throw UsageError("--new-tokens must be positive");
   if (!(std::isfinite(o.temperature) && o.temperature >= 0)) throw UsageError("--temperature must be >= 0");
   if (o.top_k < 0) throw UsageError("--top-k must be >= 0");
   if (o.top_k > 0 && o.temperature == 0) throw UsageError("--top-k samples: give a --temperature > 0 with it");
-  OutputGroup outputs;
-  protect_inputs(outputs, {{o.prompt_ids, "--prompt-ids"}});
-  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
-    outputs.protect(std::filesystem::path(o.model) / f, "--model");
-  const std::size_t ids_file = outputs.add_file(o.out, "--out");
-  const std::size_t logits_file = o.logits_out.empty() ? 0 : outputs.add_file(o.logits_out, "--logits-out");
-
-  const Activity reading("reading the model");
-  const HfCheckpoint ck = HfCheckpoint::open(o.model);
   const HfConfig& c = ck.config();
   const NdArray prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size);
   const std::int64_t B = prompt.shape[0], P = prompt.shape[1], N = o.new_tokens;
@@ -154,18 +172,31 @@ int generate(const Generate& o) {
   const Activity running("generating");
   std::mt19937_64 rng(o.seed);
   const std::size_t V = static_cast<std::size_t>(c.vocab_size);
-  NdArray ids = NdArray::zeros(DType::i64, {B, total});
-  NdArray chosen_logits = NdArray::zeros(DType::f32, {B, N, c.vocab_size});
+  Generation r;
+  r.batch = B;
+  r.prompt = P;
+  r.steps = N - 1;
+  r.ids = NdArray::zeros(DType::i64, {B, total});
+  r.chosen_logits = NdArray::zeros(DType::f32, {B, N, c.vocab_size});
   const std::vector<float> p = prompt.to_f32();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < P; ++t)
-      ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)] =
+      r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)] =
           static_cast<std::int64_t>(p[static_cast<std::size_t>(b * P + t)]);
+  const double compiled_before = codegen::jit_stats().compile_ms;
   auto t0 = std::chrono::steady_clock::now();
+  if (warm) {
+    (void)session.prefill(prompt);
+    session.reset();
+    r.compile_ms = ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
+  }
   NdArray logits = session.prefill(prompt);
-  const double prefill_ms = ms_since(t0);
+  r.prefill_ms = ms_since(t0);
+  if (!warm) r.compile_ms = codegen::jit_stats().compile_ms - compiled_before;
   const std::int64_t modules_after_prefill = codegen::jit_stats().modules;
-  double decode_ms = 0;
+  std::int64_t modules_after_first_step = modules_after_prefill;
+  r.rss_after_first_step_mib = peak_rss_mib();
   NdArray next = NdArray::zeros(DType::i64, {B, 1});
   for (std::int64_t t = 0; t < N; ++t) {
     const std::int64_t len = logits.shape[1];
@@ -173,28 +204,132 @@ int generate(const Generate& o) {
     for (std::int64_t b = 0; b < B; ++b) {
       const std::span<const float> row = lv.subspan(static_cast<std::size_t>((b * len + len - 1)) * V, V);
       std::copy(row.begin(), row.end(),
-                chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
+                r.chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
       const std::int64_t id = choose(row, o, rng);
-      ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
+      r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
       next.as<std::int64_t>()[static_cast<std::size_t>(b)] = id;
     }
     if (t + 1 == N) break;
     t0 = std::chrono::steady_clock::now();
     logits = session.decode(next);
-    decode_ms += ms_since(t0);
+    r.decode_ms += ms_since(t0);
+    if (t == 0) {
+      modules_after_first_step = codegen::jit_stats().modules;
+      r.rss_after_first_step_mib = peak_rss_mib();
+    }
   }
-  const long long compiled = static_cast<long long>(codegen::jit_stats().modules - modules_after_prefill);
+  r.compiled_after_prefill = static_cast<long long>(codegen::jit_stats().modules - modules_after_prefill);
+  r.compiled_after_first_step = static_cast<long long>(codegen::jit_stats().modules - modules_after_first_step);
+  r.rss_end_mib = peak_rss_mib();
+  return r;
+}
+
+double per_second(double count, double ms) { return ms > 0 ? 1e3 * count / ms : 0.0; }
+
+void protect_model(OutputGroup& outputs, const Generate& o) {
+  protect_inputs(outputs, {{o.prompt_ids, "--prompt-ids"}});
+  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
+    outputs.protect(std::filesystem::path(o.model) / f, "--model");
+}
+
+/// GB/s of K and V read by the decode attention at the model's shape (batch B, query heads over
+/// kv heads, head_dim) against a cache of `keys` keys: the split-KV kernel on its own, the
+/// median of 21 runs.
+double decode_attention_gbps(const HfConfig& c, std::int64_t batch, std::int64_t keys, int threads) {
+  codegen::cpu::AttentionSpec spec;
+  spec.dk = spec.dv = c.head_dim;
+  spec.hq = c.num_attention_heads;
+  spec.hkv = c.num_key_value_heads;
+  spec.causal = true;
+  spec.align = CausalAlign::bottom_right;
+  const auto kv = static_cast<std::size_t>(batch * spec.hkv * keys * c.head_dim);
+  std::vector<float> q(static_cast<std::size_t>(batch * spec.hq * c.head_dim), 0.01f), k(kv, 0.02f), v(kv, 0.03f),
+      out(q.size());
+  codegen::cpu::AttentionArgs a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.batch = batch;
+  a.len_q = 1;
+  a.len_k = keys;
+  codegen::cpu::run_attention(spec, a, threads);
+  std::vector<double> ms;
+  for (int i = 0; i < 21; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    codegen::cpu::run_attention(spec, a, threads);
+    ms.push_back(ms_since(t0));
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(kv) * 4 / (ms[ms.size() / 2] * 1e-3) * 1e-9;
+}
+
+}  // namespace
+
+int generate(const Generate& o) {
+  OutputGroup outputs;
+  protect_model(outputs, o);
+  const std::size_t ids_file = outputs.add_file(o.out, "--out");
+  const std::size_t logits_file = o.logits_out.empty() ? 0 : outputs.add_file(o.logits_out, "--logits-out");
+
+  const Activity reading("reading the model");
+  const HfCheckpoint ck = HfCheckpoint::open(o.model);
+  const Generation r = run_generation(o, ck);
   std::fprintf(stderr,
                "qkv: prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld steps in %.1f ms (%.1f tokens/s); "
                "%lld module(s) compiled after the prefill\n",
-               static_cast<long long>(B * P), prefill_ms, 1e3 * static_cast<double>(B * P) / prefill_ms,
-               static_cast<long long>(N - 1), decode_ms,
-               N > 1 ? 1e3 * static_cast<double>(B * (N - 1)) / decode_ms : 0.0, compiled);
+               static_cast<long long>(r.batch * r.prompt), r.prefill_ms,
+               per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms), static_cast<long long>(r.steps),
+               r.decode_ms, per_second(static_cast<double>(r.batch * r.steps), r.decode_ms), r.compiled_after_prefill);
 
   const Activity writing("writing the outputs");
-  stage_npy(outputs, ids_file, ids);
-  if (!o.logits_out.empty()) stage_npy(outputs, logits_file, chosen_logits);
+  stage_npy(outputs, ids_file, r.ids);
+  if (!o.logits_out.empty()) stage_npy(outputs, logits_file, r.chosen_logits);
   outputs.commit();
+  return 0;
+}
+
+int bench_generate(const Generate& o, bool json) {
+  OutputGroup outputs;
+  protect_model(outputs, o);
+  const std::size_t ids_file = o.out.empty() ? 0 : outputs.add_file(o.out, "--out");
+  const Activity reading("reading the model");
+  const HfCheckpoint ck = HfCheckpoint::open(o.model);
+  const HfConfig& c = ck.config();
+  const Generation r = run_generation(o, ck, /*warm=*/true);
+  const double prefill_tps = per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms);
+  const double decode_tps = per_second(static_cast<double>(r.batch * r.steps), r.decode_ms);
+  const double attention_gbps =
+      o.backend == Backend::cpu ? decode_attention_gbps(c, r.batch, r.prompt + r.steps, o.threads) : 0.0;
+  const double growth = r.rss_end_mib - r.rss_after_first_step_mib;
+  if (json) {
+    std::printf(
+        "{\"model_type\": \"%s\", \"layers\": %lld, \"hidden\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+        "\"vocab\": %lld, \"batch\": %lld, \"prompt_tokens\": %lld, \"decode_steps\": %lld, \"first_prefill_ms\": %.6g, "
+        "\"prefill_ms\": %.6g, "
+        "\"prefill_tokens_per_s\": %.6g, \"decode_ms\": %.6g, \"decode_tokens_per_s\": %.6g, "
+        "\"decode_attention_gbps\": %.6g, \"modules_compiled_after_prefill\": %lld, "
+        "\"modules_compiled_after_first_step\": %lld, \"peak_rss_mib\": %.6g, "
+        "\"peak_rss_growth_after_first_step_mib\": %.6g}\n",
+        c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+        static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
+        static_cast<long long>(c.vocab_size), static_cast<long long>(r.batch), static_cast<long long>(r.prompt),
+        static_cast<long long>(r.steps), r.compile_ms, r.prefill_ms, prefill_tps, r.decode_ms, decode_tps, attention_gbps,
+        r.compiled_after_prefill, r.compiled_after_first_step, r.rss_end_mib, growth);
+  } else {
+    std::printf(
+        "%s, %lld layers: first prefill (compiles) %.1f ms; prefill %lld tokens in %.1f ms (%.1f tokens/s); decode %lld steps in %.1f ms (%.1f "
+        "tokens/s); decode attention %.1f GB/s at %lld keys; %lld module(s) compiled after the prefill, %lld after "
+        "the first step; peak memory %.1f MiB (+%.1f after the first step)\n",
+        c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), r.compile_ms,
+        static_cast<long long>(r.batch * r.prompt), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps), r.decode_ms, decode_tps, attention_gbps,
+        static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill, r.compiled_after_first_step,
+        r.rss_end_mib, growth);
+  }
+  if (!o.out.empty()) {
+    stage_npy(outputs, ids_file, r.ids);
+    outputs.commit();
+  }
   return 0;
 }
 
