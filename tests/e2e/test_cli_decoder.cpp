@@ -98,6 +98,33 @@ TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
   }
 }
 
+TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
+  const fs::path dir = kLlamaFixtures / "qwen2";
+  const auto c = case_of("qwen2");
+  const NdArray tokens = read_npy((dir / "tokens.npy").string());
+  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
+  write_prompt(tokens, P, tmp("prompt.npy"));
+  const Result r = run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
+                       " --new-tokens " + std::to_string(N) + " --threads 2 --json --out " + tmp("ids.npy"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("model_type"), "qwen2");
+  EXPECT_EQ(j.at("prompt_tokens"), P);
+  EXPECT_EQ(j.at("decode_steps"), N - 1);
+  for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_attention_gbps"})
+    EXPECT_GT(j.at(key).get<double>(), 0) << key;
+  EXPECT_EQ(j.at("modules_compiled_after_prefill"), 0);
+  EXPECT_EQ(j.at("modules_compiled_after_first_step"), 0);
+  // What it timed is the generation itself: the reference's greedy continuation.
+  EXPECT_EQ(read_npy(tmp("ids.npy")), tokens);
+  // The same flags as generate: their checks, and no other command's.
+  expect_usage_error(run("bench generate --model " + dir.string() + " --new-tokens 4"), "--prompt-ids is required",
+                     "no prompt");
+  expect_usage_error(run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
+                         " --heads 2"),
+                     "--heads", "a shape flag of the other bench models");
+}
+
 TEST_F(Cli, GenerateSamplesReproduciblyFromItsSeed) {
   const fs::path dir = kLlamaFixtures / "mistral";
   write_prompt(read_npy((dir / "tokens.npy").string()), 4, tmp("prompt.npy"));
