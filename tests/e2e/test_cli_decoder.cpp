@@ -29,6 +29,13 @@ fs::path copy_model(const std::string& name, const fs::path& to) {
   return to;
 }
 
+/// Exit 1 with one line saying `says`.
+void expect_failure(const Result& r, const std::string& says, const std::string& what) {
+  EXPECT_EQ(r.code, 1) << what << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr(says)) << what;
+  EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << "\n" << r.err;
+}
+
 TEST_F(Cli, RunCausalLmMatchesThePyTorchReferenceOnEveryCheckpoint) {
   for (const std::string name : {"llama", "qwen2", "mistral"}) {
     const auto c = case_of(name);
@@ -123,6 +130,45 @@ TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
   expect_usage_error(run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
                          " --heads 2"),
                      "--heads", "a shape flag of the other bench models");
+}
+
+TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
+  // tests/numerics/tokenizer/tokenizer.model: 64 BPE pieces (make_tokenizer.sh), inside the
+  // mistral fixture's vocabulary of 80.
+  const fs::path model = copy_model("mistral", tmp("mistral"));
+  fs::copy_file(kLlamaFixtures.parent_path() / "tokenizer" / "tokenizer.model", model / "tokenizer.model");
+  const Result r = run("generate --model " + model.string() + " --prompt 'the cat sat on' --new-tokens 6 --out " +
+                       tmp("ids.npy"));
+  if (r.code != 0 && r.err.find("built without SentencePiece") != std::string::npos)
+    GTEST_SKIP() << "qkv was built without SentencePiece";
+  ASSERT_EQ(r.code, 0) << r.err;
+  // stdout: the prompt and its continuation as text.
+  EXPECT_EQ(r.out.rfind("the cat sat on", 0), 0u) << r.out;
+  // The ids: BOS, the prompt's pieces, 6 new ones; the same as generate on those prompt ids.
+  const NdArray ids = read_npy(tmp("ids.npy"));
+  ASSERT_EQ(ids.shape.size(), 2u);
+  const std::int64_t total = ids.shape[1], prompt = total - 6;
+  ASSERT_GT(prompt, 1);
+  EXPECT_EQ(ids.as<std::int64_t>()[0], 1) << "BOS first";
+  write_prompt(ids, prompt, tmp("prompt.npy"));
+  ASSERT_EQ(run("generate --model " + model.string() + " --prompt-ids " + tmp("prompt.npy") +
+                " --new-tokens 6 --out " + tmp("ids2.npy"))
+                .code,
+            0);
+  EXPECT_EQ(read_npy(tmp("ids2.npy")), ids);
+
+  // No tokenizer.model, an unreadable one, both prompts: one line each, no output file.
+  const std::string base = " --prompt 'the cat' --new-tokens 2 --out " + tmp("none.npy");
+  expect_failure(run("generate --model " + (kLlamaFixtures / "mistral").string() + base),
+                 "no SentencePiece tokenizer.model in the model folder", "no tokenizer");
+  {
+    std::ofstream bad(model / "tokenizer.model", std::ios::binary | std::ios::trunc);
+    bad << "not a protobuf at all";
+  }
+  expect_failure(run("generate --model " + model.string() + base), "not a SentencePiece model", "garbage tokenizer");
+  expect_usage_error(run("generate --model " + model.string() + base + " --prompt-ids " + tmp("prompt.npy")),
+                     "excludes", "both prompts");
+  EXPECT_FALSE(fs::exists(tmp("none.npy")));
 }
 
 TEST_F(Cli, GenerateSamplesReproduciblyFromItsSeed) {

@@ -264,7 +264,11 @@ struct GenerateFlags {
                       : "Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
     cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
         ->required();
-    cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids")->required();
+    auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids");
+    auto* text = cmd->add_option("--prompt", o.prompt,
+                                 "The prompt as text, encoded by the model folder's SentencePiece tokenizer.model "
+                                 "(the prompt and its continuation are printed on stdout)");
+    ids->excludes(text);
     cmd->add_option("--new-tokens", o.new_tokens, "Tokens to generate")
         ->check(integer_in(1, kInt64Max))
         ->capture_default_str();

@@ -82,6 +82,7 @@ int run_causal_lm(const RunCausalLm& o);
 /// qkv generate: a prefill of the prompt, then one token at a time against the KV cache.
 struct Generate {
   std::string model, prompt_ids, out, logits_out;
+  std::string prompt;  // text, through the model folder's tokenizer.model (instead of prompt_ids)
   std::int64_t new_tokens = 16;
   double temperature = 0.0;  // 0: greedy
   std::int64_t top_k = 0;    // 0: every token

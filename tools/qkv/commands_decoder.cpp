@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include <sys/resource.h>
@@ -21,6 +22,7 @@
 #include "memory.hpp"
 #include "out_of_memory.hpp"
 #include "run_common.hpp"
+#include "tokenizer.hpp"
 
 namespace qkv::cli {
 
@@ -145,13 +147,22 @@ struct Generation {
 /// The prompts continued by o.new_tokens tokens through a DecoderSession (the flags' checks, the
 /// model, the cache, the loop): what `generate` writes and `bench generate` times. `warm`: one
 /// untimed prefill first (it compiles the step graph), then reset() and the timed run.
-Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm = false) {
+Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm = false,
+                          const Tokenizer* tokenizer = nullptr) {
   if (o.new_tokens <= 0) throw UsageError("--new-tokens must be positive");
   if (!(std::isfinite(o.temperature) && o.temperature >= 0)) throw UsageError("--temperature must be >= 0");
   if (o.top_k < 0) throw UsageError("--top-k must be >= 0");
   if (o.top_k > 0 && o.temperature == 0) throw UsageError("--top-k samples: give a --temperature > 0 with it");
   const HfConfig& c = ck.config();
-  const NdArray prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size);
+  NdArray prompt;
+  if (tokenizer) {
+    const std::vector<std::int64_t> ids = tokenizer->encode(o.prompt);
+    if (ids.empty()) throw IoError("--prompt: the text encodes to no token at all");
+    prompt = NdArray::zeros(DType::i64, {1, static_cast<std::int64_t>(ids.size())});
+    std::copy(ids.begin(), ids.end(), prompt.as<std::int64_t>().begin());
+  } else {
+    prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size);
+  }
   const std::int64_t B = prompt.shape[0], P = prompt.shape[1], N = o.new_tokens;
   const std::int64_t total = P + N;
   if (total > c.max_position_embeddings)
@@ -227,6 +238,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
 double per_second(double count, double ms) { return ms > 0 ? 1e3 * count / ms : 0.0; }
 
 void protect_model(OutputGroup& outputs, const Generate& o) {
+  if (o.prompt_ids.empty() && o.prompt.empty()) throw UsageError("--prompt-ids is required (or --prompt TEXT)");
+  outputs.protect(std::filesystem::path(o.model) / "tokenizer.model", "--model");
   protect_inputs(outputs, {{o.prompt_ids, "--prompt-ids"}});
   for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
     outputs.protect(std::filesystem::path(o.model) / f, "--model");
@@ -274,7 +287,9 @@ int generate(const Generate& o) {
 
   const Activity reading("reading the model");
   const HfCheckpoint ck = HfCheckpoint::open(o.model);
-  const Generation r = run_generation(o, ck);
+  std::optional<Tokenizer> tokenizer;
+  if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, ck.config().vocab_size);
+  const Generation r = run_generation(o, ck, /*warm=*/false, tokenizer ? &*tokenizer : nullptr);
   std::fprintf(stderr,
                "qkv: prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld steps in %.1f ms (%.1f tokens/s); "
                "%lld module(s) compiled after the prefill\n",
@@ -286,6 +301,10 @@ int generate(const Generate& o) {
   stage_npy(outputs, ids_file, r.ids);
   if (!o.logits_out.empty()) stage_npy(outputs, logits_file, r.chosen_logits);
   outputs.commit();
+  if (tokenizer) {  // the prompt and its continuation, as text
+    const auto ids = r.ids.as<std::int64_t>();
+    std::printf("%s\n", tokenizer->decode(ids).c_str());
+  }
   return 0;
 }
 
@@ -296,7 +315,9 @@ int bench_generate(const Generate& o, bool json) {
   const Activity reading("reading the model");
   const HfCheckpoint ck = HfCheckpoint::open(o.model);
   const HfConfig& c = ck.config();
-  const Generation r = run_generation(o, ck, /*warm=*/true);
+  std::optional<Tokenizer> tokenizer;
+  if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, c.vocab_size);
+  const Generation r = run_generation(o, ck, /*warm=*/true, tokenizer ? &*tokenizer : nullptr);
   const double prefill_tps = per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms);
   const double decode_tps = per_second(static_cast<double>(r.batch * r.steps), r.decode_ms);
   const double attention_gbps =
