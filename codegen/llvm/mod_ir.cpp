@@ -12,6 +12,7 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Intrinsics.h>
 
+#include "llvm/ir_util.hpp"
 #include "llvm/vector_math.hpp"
 
 #include <qkv/ir/error.hpp>
@@ -585,6 +586,105 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
   const IrInterval v = num[static_cast<std::size_t>(e.keep)];
   return {b.CreateOr(b.CreateFCmpOGT(v.lo, c(0.0)), b.CreateFCmpOLT(v.hi, c(0.0))),
           b.CreateAnd(b.CreateFCmpOEQ(v.lo, c(0.0)), b.CreateFCmpOEQ(v.hi, c(0.0)))};
+}
+
+llvm::Value* modified_score_log2(llvm::IRBuilder<>& b, const ModExpr& e, const ModAnalysis& info, llvm::Value* s,
+                                 ModLeaves& leaves, const std::function<llvm::Value*(int, llvm::Value*)>& value) {
+  if (e.score < 0) return s;
+  auto c = [&](double v) { return llvm::ConstantFP::get(s->getType(), v); };
+  if (info.score_add >= 0) {
+    llvm::Value* factor = c(info.score_add_sign * kLog2e);
+    if (info.score_add_factor >= 0) factor = b.CreateFMul(value(info.score_add_factor, nullptr), factor);
+    return b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {s->getType()}, {value(info.score_add, nullptr), factor, s});
+  }
+  if (llvm::Value* capped = emit_softcap_log2(b, e, e.score, leaves)) {
+    if (capped->getType() != s->getType())
+      capped = b.CreateVectorSplat(llvm::cast<llvm::FixedVectorType>(s->getType())->getNumElements(), capped);
+    return capped;
+  }
+  return b.CreateFMul(value(e.score, s), c(kLog2e));
+}
+
+std::vector<ModTensorIn> mod_tensors(llvm::IRBuilder<>& b, const std::vector<cpu::ModTensor>& tensors,
+                                     llvm::Value* keep, llvm::Value* bias, llvm::Value* table, llvm::Value* extents,
+                                     llvm::Value* batch, llvm::Value* len_q, llvm::Value* len_k) {
+  llvm::Type* ptr = b.getPtrTy();
+  llvm::Type* i64 = b.getInt64Ty();
+  std::uint64_t captured = 0, ext_at = 0;
+  std::vector<ModTensorIn> out;
+  for (const cpu::ModTensor& t : tensors) {
+    ModTensorIn in;
+    switch (t.source) {
+      case cpu::ModTensor::Source::key_keep:
+        in.base = keep;
+        in.extent = {batch, len_k};
+        break;
+      case cpu::ModTensor::Source::bias:
+        in.base = bias;
+        in.extent = {len_q, len_k};
+        break;
+      case cpu::ModTensor::Source::captured:
+        in.base = b.CreateLoad(ptr, b.CreateConstInBoundsGEP1_64(ptr, table, captured++), "tensor");
+        for (int d = 0; d < t.rank; ++d)
+          in.extent.push_back(b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, extents, ext_at++)));
+        break;
+    }
+    in.stride.assign(in.extent.size(), b.getInt64(1));
+    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b.CreateMul(in.stride[d], in.extent[d]);
+    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b.CreateSIToFP(e, b.getFloatTy()));
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
+llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
+                              const std::vector<llvm::Value*>& index, int lanes) {
+  auto splat = [&](llvm::Value* x) { return b.CreateVectorSplat(static_cast<unsigned>(lanes), x); };
+  llvm::Value* off = b.getInt64(0);
+  bool vector = false;
+  for (std::size_t d = 0; d < index.size(); ++d) {
+    llvm::Value* i = index[d];
+    llvm::Value* s = t.stride[d];
+    if (i->getType()->isVectorTy()) {
+      vector = true;
+      s = splat(s);
+      if (!off->getType()->isVectorTy()) off = splat(off);
+    } else if (off->getType()->isVectorTy()) {
+      i = splat(i);
+      s = splat(s);
+    }
+    off = b.CreateAdd(off, b.CreateMul(i, s));
+  }
+  llvm::Type* et = mod_element_type(b, dtype);
+  llvm::Value* x = nullptr;
+  if (vector) {
+    llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes));
+    llvm::Value* ptrs = b.CreateGEP(et, t.base, off);
+    x = b.CreateMaskedGather(vt, ptrs, llvm::Align(static_cast<unsigned>(dtype_size(dtype))));
+  } else {
+    x = b.CreateLoad(et, b.CreateGEP(et, t.base, off));
+  }
+  return mod_element_to_f32(b, x, dtype);
+}
+
+llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis, llvm::Value* len_qf,
+                             llvm::Value* len_kf, llvm::Value* nbatch) {
+  if (axis == axes.query) return len_qf;
+  if (axis == axes.key) return len_kf;
+  if (axis == axes.batch) return b.CreateSIToFP(nbatch, b.getFloatTy());
+  for (const auto& h : axes.heads)
+    if (h.name == axis) return llvm::ConstantFP::get(b.getFloatTy(), static_cast<double>(h.extent));
+  internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
+}
+
+llvm::Value* mod_head_coordinate(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis,
+                                 llvm::Value* head) {
+  for (const auto& h : axes.heads) {
+    if (h.name != axis) continue;
+    llvm::Value* c = b.CreateURem(b.CreateUDiv(head, cpu::ir::i64c(b, h.stride)), cpu::ir::i64c(b, h.extent));
+    return b.CreateSIToFP(c, b.getFloatTy());
+  }
+  return nullptr;
 }
 
 }  // namespace qkv::codegen

@@ -16,6 +16,7 @@
 
 #include <llvm/IR/IRBuilder.h>
 
+#include <qkv/codegen/cpu/attention.hpp>
 #include <qkv/ir/dtype.hpp>
 #include <qkv/ir/mod_expr.hpp>
 
@@ -148,5 +149,43 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
 /// f32 index value → in-range i64 index: trunc, clamp to [0, extent − 1] (NaN → 0). Scalars or
 /// vectors.
 llvm::Value* mod_clamp_index(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* extent_f32);
+
+/// The modified score of one entry (scalar or vector) in log2 units, from its score `s` in log2
+/// units (the attention kernels' queries are pre-scaled by log2 e): with a score_add term,
+/// s ± log2 e·[factor·]term; a softcap at the root, in log2 units directly (`leaves` hold the
+/// entry with its score in log2 units); otherwise the expression in nats, times log2 e.
+/// `value(root, score)` evaluates a node for the entry (score: s, or null when it needs none)
+/// and returns it in the type of s. s itself when the expression has no score modification.
+llvm::Value* modified_score_log2(llvm::IRBuilder<>& b, const ModExpr& e, const ModAnalysis& info, llvm::Value* s,
+                                 ModLeaves& leaves, const std::function<llvm::Value*(int, llvm::Value*)>& value);
+
+// --- the mod's tensors and axes as both attention kernels (CPU, NVPTX) see them
+
+/// A tensor the mod reads: base pointer, extents (i64 and f32) and row-major strides.
+struct ModTensorIn {
+  llvm::Value* base = nullptr;
+  std::vector<llvm::Value*> extent, extent_f32, stride;
+};
+
+/// The mod's tensors (EffectiveMod::tensors, in order): key_keep [B, S] at `keep`, bias [L, S]
+/// at `bias`, or the next captured tensor of the pointer table `table` with its extents (i64,
+/// rank of each) from `extents`. `table` and `extents` are read only for captured tensors.
+std::vector<ModTensorIn> mod_tensors(llvm::IRBuilder<>& b, const std::vector<cpu::ModTensor>& tensors,
+                                     llvm::Value* keep, llvm::Value* bias, llvm::Value* table, llvm::Value* extents,
+                                     llvm::Value* batch, llvm::Value* len_q, llvm::Value* len_k);
+
+/// The element of `t` at `index` (one i64 per axis, in range; scalars, or <lanes x i64> vectors
+/// where the index varies over the lanes — a gather), as f32.
+llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
+                              const std::vector<llvm::Value*>& index, int lanes);
+
+/// The length of a mod axis in this call: L, S, B, or a head axis's extent (f32).
+llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis,
+                             llvm::Value* len_qf, llvm::Value* len_kf, llvm::Value* nbatch);
+
+/// The coordinate along head axis `axis` of flat query head `head` (i64), as f32; nullptr when
+/// `axis` is not a head axis.
+llvm::Value* mod_head_coordinate(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis,
+                                 llvm::Value* head);
 
 }  // namespace qkv::codegen

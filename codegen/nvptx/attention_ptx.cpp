@@ -82,11 +82,6 @@ class AttentionPtx {
   enum class Pass { online, stats, normalized };
   class Leaves;
   class BoundsLeaves;
-  /// A tensor the mod loads: base pointer, extents (i64 and f32) and row-major strides.
-  struct TensorIn {
-    llvm::Value* base = nullptr;
-    Values extent, extent_f32, stride;
-  };
 
   void declare(const std::string& name);
   void prologue();
@@ -159,7 +154,7 @@ class AttentionPtx {
   // the mod expression (effective_mod) and its per-level caches
   cpu::EffectiveMod mod_;
   ModAnalysis info_;
-  std::vector<TensorIn> tensors_m_;
+  std::vector<ModTensorIn> tensors_m_;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;
   Values task_cache_;              // nodes of neither query nor key
   std::vector<Values> row_cache_;  // per thread row: + the query's nodes
@@ -639,29 +634,7 @@ void AttentionPtx::setup_tensors() {
   len_qf_ = b_.CreateSIToFP(len_q_, kb_.f32(), "len_qf");
   len_kf_ = b_.CreateSIToFP(len_k_, kb_.f32(), "len_kf");
   batchf_ = b_.CreateSIToFP(batch_, kb_.f32(), "batchf");
-  std::uint64_t captured = 0, ext_at = 0;
-  for (const cpu::ModTensor& t : mod_.tensors) {
-    TensorIn in;
-    switch (t.source) {
-      case cpu::ModTensor::Source::key_keep:
-        in.base = keep_;
-        in.extent = {nbatch_, len_k_};
-        break;
-      case cpu::ModTensor::Source::bias:
-        in.base = bias_;
-        in.extent = {len_q_, len_k_};
-        break;
-      case cpu::ModTensor::Source::captured:
-        in.base = b_.CreateLoad(kb_.ptr(), b_.CreateConstInBoundsGEP1_64(kb_.ptr(), tensors_, captured++), "tensor");
-        for (int d = 0; d < t.rank; ++d)
-          in.extent.push_back(b_.CreateLoad(kb_.i64(), b_.CreateConstInBoundsGEP1_64(kb_.i64(), extents_, ext_at++)));
-        break;
-    }
-    in.stride.assign(in.extent.size(), c64(1));
-    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b_.CreateMul(in.stride[d], in.extent[d]);
-    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b_.CreateSIToFP(e, kb_.f32()));
-    tensors_m_.push_back(std::move(in));
-  }
+  tensors_m_ = mod_tensors(b_, mod_.tensors, keep_, bias_, tensors_, extents_, nbatch_, len_q_, len_k_);
 }
 
 llvm::Value* AttentionPtx::axis_value(const std::string& axis, int i, llvm::Value* key, bool position) {
@@ -677,32 +650,17 @@ llvm::Value* AttentionPtx::axis_value(const std::string& axis, int i, llvm::Valu
     return b_.CreateSIToFP(key, kb_.f32());
   }
   if (axis == a.batch) return batchf_;
-  for (const auto& h : a.heads) {
-    if (h.name != axis) continue;
-    llvm::Value* c = b_.CreateURem(b_.CreateUDiv(head_, c64(h.stride)), c64(h.extent));
-    return b_.CreateSIToFP(c, kb_.f32());
-  }
+  if (llvm::Value* c = mod_head_coordinate(b_, a, axis, head_)) return c;
   internal_error("nvptx attention: a mod names the axis `" + axis + "`, which the scores do not have");
 }
 
 llvm::Value* AttentionPtx::axis_length(const std::string& axis) {
-  const cpu::ModAxes& a = mod_.axes;
-  if (axis == a.query) return len_qf_;
-  if (axis == a.key) return len_kf_;
-  if (axis == a.batch) return b_.CreateSIToFP(nbatch_, kb_.f32());
-  for (const auto& h : a.heads)
-    if (h.name == axis) return kb_.cf(static_cast<double>(h.extent));
-  internal_error("nvptx attention: a mod names the axis `" + axis + "`, which the scores do not have");
+  return mod_axis_length(b_, mod_.axes, axis, len_qf_, len_kf_, nbatch_);
 }
 
 llvm::Value* AttentionPtx::load_element(const ModNode& n, const Values& index) {
-  const TensorIn& t = tensors_m_.at(static_cast<std::size_t>(n.input));
-  const cpu::ModTensor& mt = mod_.tensors.at(static_cast<std::size_t>(n.input));
-  llvm::Value* off = c64(0);
-  for (std::size_t d = 0; d < index.size(); ++d) off = b_.CreateAdd(off, b_.CreateMul(index[d], t.stride[d]));
-  llvm::Type* et = mod_element_type(b_, mt.dtype);
-  llvm::Value* x = b_.CreateLoad(et, b_.CreateGEP(et, t.base, off), "mod_load");
-  return mod_element_to_f32(b_, x, mt.dtype);
+  return load_mod_element(b_, tensors_m_.at(static_cast<std::size_t>(n.input)),
+                          mod_.tensors.at(static_cast<std::size_t>(n.input)).dtype, index, 1);
 }
 
 void AttentionPtx::prepare_mod() {

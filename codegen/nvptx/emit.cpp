@@ -63,6 +63,8 @@ detail::KernelInfo build(llvm::Module& module, const KernelRequest& request) {
         if constexpr (std::is_same_v<T, LayerNormKernel>) return detail::build_layer_norm(module, r);
         if constexpr (std::is_same_v<T, ElementwiseKernel>) return detail::build_elementwise(module, r);
         if constexpr (std::is_same_v<T, StridedCopyKernel>) return detail::build_strided_copy(module, r);
+        if constexpr (std::is_same_v<T, DecodeAttentionKernel>) return detail::build_decode_attention(module, r);
+        if constexpr (std::is_same_v<T, DecodeMergeKernel>) return detail::build_decode_merge(module, r);
       },
       request);
 }
@@ -109,6 +111,8 @@ KernelInfo build_emulation(llvm::Module& module, const KernelRequest& request, c
         if constexpr (std::is_same_v<T, LayerNormKernel>) return build_layer_norm(module, r, &emulation);
         if constexpr (std::is_same_v<T, ElementwiseKernel>) return build_elementwise(module, r, &emulation);
         if constexpr (std::is_same_v<T, StridedCopyKernel>) return build_strided_copy(module, r, &emulation);
+        if constexpr (std::is_same_v<T, DecodeAttentionKernel>) return build_decode_attention(module, r, &emulation);
+        if constexpr (std::is_same_v<T, DecodeMergeKernel>) return build_decode_merge(module, r, &emulation);
       },
       request);
 }

@@ -53,6 +53,10 @@ void check_threads(int threads, int limit, const char* what);
 
 /// The C-like parameter lists of the kernels (also their PTX header comment).
 std::string attention_params();
+std::string decode_attention_params();
+std::string decode_merge_params();
+/// Why DecodeAttentionKernel cannot compute `spec` (empty: it can).
+std::string decode_unsupported(const cpu::AttentionSpec& spec);
 std::string linear_params();
 std::string layer_norm_params();
 std::string elementwise_params();

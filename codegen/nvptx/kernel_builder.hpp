@@ -143,6 +143,10 @@ class KernelBuilder {
 KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request,
                            const HostEmulation* emulation = nullptr);
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
+KernelInfo build_decode_attention(llvm::Module& module, const DecodeAttentionKernel& request,
+                                  const HostEmulation* emulation = nullptr);
+KernelInfo build_decode_merge(llvm::Module& module, const DecodeMergeKernel& request,
+                              const HostEmulation* emulation = nullptr);
 KernelInfo build_layer_norm(llvm::Module& module, const LayerNormKernel& request,
                             const HostEmulation* emulation = nullptr);
 KernelInfo build_elementwise(llvm::Module& module, const ElementwiseKernel& request,

@@ -1,5 +1,6 @@
 // The launch side of the NVPTX kernels: tiling resolution and validation, grids, names,
 // signatures (no LLVM here).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -79,6 +80,25 @@ void check_mod(const cpu::AttentionSpec& s) {
 }
 }  // namespace
 
+std::string decode_unsupported(const cpu::AttentionSpec& s) {
+  if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096) return "head widths outside [1, 4096]";
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0) return "query heads that are not a multiple of the kv heads";
+  if (s.write_weights) return "it writes the attention weights";
+  if (s.dropout_p != 0.0) return "it has dropout";
+  if (!(s.effective_scale() == s.effective_scale())) return "the scale is NaN";
+  const std::int64_t group = s.hq / s.hkv;
+  if (group > 32) return "more than 32 query heads per kv head";
+  // Per lane: the group's queries and outputs, dk / 32 and dv / 32 registers each.
+  if (group * ((s.dk + 31) / 32 + (s.dv + 31) / 32) > 96) return "the group's queries and outputs exceed the registers";
+  if (4 * group * (s.dv + 2) * 16 > 48 * 1024) return "the warps' partial outputs exceed 48 KiB of shared memory";
+  try {
+    check_mod(s);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 AttentionGeometry attention_geometry(const AttentionKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
   if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096)
@@ -138,6 +158,14 @@ std::string attention_params() {
          "const float* bias, const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, "
          "int64_t len_k, int64_t seed, float* lse";
 }
+std::string decode_attention_params() {
+  return "const float* q, const float* k, const float* v, float* out, const uint8_t* key_keep, const float* bias, "
+         "const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, int64_t len_k, float* lse, "
+         "int64_t chunk_len, float* partials";
+}
+std::string decode_merge_params() {
+  return "float* out, float* lse, const float* partials, int64_t batch, int64_t len_q, int64_t chunks";
+}
 std::string linear_params() {
   return "const float* x, const float* w, const float* b, float* y, int64_t m, int64_t n, int64_t k";
 }
@@ -190,6 +218,35 @@ Dim3 elementwise_grid(int threads, std::int64_t count) {
 
 int attention_shared_bytes(const AttentionKernel& kernel) { return detail::attention_geometry(kernel).shared_bytes(); }
 
+bool decode_attention_supported(const cpu::AttentionSpec& spec, std::string* why) {
+  const std::string no = detail::decode_unsupported(spec);
+  if (why) *why = no;
+  return no.empty();
+}
+
+DecodeSplit decode_split(const DecodeAttentionKernel& kernel, std::int64_t batch, std::int64_t len_q,
+                         std::int64_t len_k) {
+  // About 256 blocks (two per SM of a large GPU), chunks of >= 128 keys in multiples of 32.
+  if (len_k <= 0) return {1, 0};
+  const std::int64_t units = std::max<std::int64_t>(1, batch * kernel.spec.hkv * len_q);
+  const std::int64_t chunks =
+      std::max<std::int64_t>(1, std::min({ceil_div(256, units), std::int64_t{64}, ceil_div(len_k, 128)}));
+  const std::int64_t len = ceil_div(ceil_div(len_k, chunks), 32) * 32;
+  return {ceil_div(len_k, len), len};
+}
+
+Dim3 decode_grid(const DecodeAttentionKernel& kernel, std::int64_t batch, std::int64_t len_q, std::int64_t len_k) {
+  const std::int64_t units = batch * kernel.spec.hkv * len_q;
+  if (units <= 0) return {0, 0, 0};
+  return {decode_split(kernel, batch, len_q, len_k).chunks, units, 1};
+}
+
+Dim3 decode_merge_grid(const DecodeMergeKernel& kernel, std::int64_t batch, std::int64_t len_q) {
+  const std::int64_t units = batch * kernel.spec.hkv * len_q;
+  if (units <= 0) return {0, 0, 0};
+  return {units, 1, 1};
+}
+
 std::string kernel_name(const KernelRequest& request) {
   return std::visit(
       [](const auto& r) -> std::string {
@@ -202,6 +259,14 @@ std::string kernel_name(const KernelRequest& request) {
           h.i(static_cast<std::int64_t>(s.hash()));
           for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
           return "qkv_attention_" + hex(h.value());
+        } else if constexpr (std::is_same_v<T, DecodeAttentionKernel> || std::is_same_v<T, DecodeMergeKernel>) {
+          cpu::AttentionSpec s = r.spec;
+          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          s.decode_queries = s.decode_chunk = 0;
+          Fnv1a h;
+          h.i(static_cast<std::int64_t>(s.hash())).i(r.threads);
+          return std::string(std::is_same_v<T, DecodeAttentionKernel> ? "qkv_decode_" : "qkv_decode_merge_") +
+                 hex(h.value());
         } else if constexpr (std::is_same_v<T, LinearKernel>) {
           return "qkv_linear_" + std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" +
                  std::to_string(r.block_k);

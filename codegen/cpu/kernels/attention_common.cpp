@@ -42,68 +42,18 @@ std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* arg
                                           const std::vector<ModTensor>& tensors, llvm::Value* batch,
                                           llvm::Value* len_q, llvm::Value* len_k) {
   llvm::Type* ptr = b.getPtrTy();
-  llvm::Type* i64 = b.getInt64Ty();
-  llvm::Value* captured_base = nullptr;
-  llvm::Value* extents = nullptr;
-  std::uint64_t captured = 0, ext_at = 0;
-  std::vector<ModTensorIn> out;
+  llvm::Value *keep = nullptr, *bias = nullptr, *table = nullptr, *extents = nullptr;
   for (const ModTensor& t : tensors) {
-    ModTensorIn in;
-    switch (t.source) {
-      case ModTensor::Source::key_keep:
-        in.base = load_args_field(b, args, offsetof(AttentionArgs, key_keep), ptr, "key_keep");
-        in.extent = {batch, len_k};
-        break;
-      case ModTensor::Source::bias:
-        in.base = load_args_field(b, args, offsetof(AttentionArgs, bias), ptr, "bias");
-        in.extent = {len_q, len_k};
-        break;
-      case ModTensor::Source::captured:
-        if (!captured_base) {
-          captured_base = load_args_field(b, args, offsetof(AttentionArgs, tensors), ptr, "tensors");
-          extents = load_args_field(b, args, offsetof(AttentionArgs, extents), ptr, "extents");
-        }
-        in.base = b.CreateLoad(ptr, b.CreateConstInBoundsGEP1_64(ptr, captured_base, captured++), "tensor");
-        for (int d = 0; d < t.rank; ++d)
-          in.extent.push_back(b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, extents, ext_at++)));
-        break;
+    if (t.source == ModTensor::Source::key_keep && !keep)
+      keep = load_args_field(b, args, offsetof(AttentionArgs, key_keep), ptr, "key_keep");
+    if (t.source == ModTensor::Source::bias && !bias)
+      bias = load_args_field(b, args, offsetof(AttentionArgs, bias), ptr, "bias");
+    if (t.source == ModTensor::Source::captured && !table) {
+      table = load_args_field(b, args, offsetof(AttentionArgs, tensors), ptr, "tensors");
+      extents = load_args_field(b, args, offsetof(AttentionArgs, extents), ptr, "extents");
     }
-    in.stride.assign(in.extent.size(), b.getInt64(1));
-    for (std::size_t d = in.extent.size(); d-- > 1;) in.stride[d - 1] = b.CreateMul(in.stride[d], in.extent[d]);
-    for (llvm::Value* e : in.extent) in.extent_f32.push_back(b.CreateSIToFP(e, b.getFloatTy()));
-    out.push_back(std::move(in));
   }
-  return out;
-}
-
-llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
-                              const std::vector<llvm::Value*>& index, int lanes) {
-  auto splat = [&](llvm::Value* x) { return b.CreateVectorSplat(static_cast<unsigned>(lanes), x); };
-  llvm::Value* off = b.getInt64(0);
-  bool vector = false;
-  for (std::size_t d = 0; d < index.size(); ++d) {
-    llvm::Value* i = index[d];
-    llvm::Value* s = t.stride[d];
-    if (i->getType()->isVectorTy()) {
-      vector = true;
-      s = splat(s);
-      if (!off->getType()->isVectorTy()) off = splat(off);
-    } else if (off->getType()->isVectorTy()) {
-      i = splat(i);
-      s = splat(s);
-    }
-    off = b.CreateAdd(off, b.CreateMul(i, s));
-  }
-  llvm::Type* et = mod_element_type(b, dtype);
-  llvm::Value* x = nullptr;
-  if (vector) {
-    llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes));
-    llvm::Value* ptrs = b.CreateGEP(et, t.base, off);
-    x = b.CreateMaskedGather(vt, ptrs, llvm::Align(static_cast<unsigned>(dtype_size(dtype))));
-  } else {
-    x = b.CreateLoad(et, b.CreateGEP(et, t.base, off));
-  }
-  return mod_element_to_f32(b, x, dtype);
+  return mod_tensors(b, tensors, keep, bias, table, extents, batch, len_q, len_k);
 }
 
 IrInterval AttentionBoundsLeaves::range(const std::string& axis, bool position) {
@@ -119,26 +69,6 @@ IrInterval AttentionBoundsLeaves::load(const ModNode& n, const std::vector<IrInt
       [&](llvm::Value* begin, llvm::Value* end, std::vector<llvm::Value*> init, const ModLoopBody& body) {
         return ir::emit_loop(b_, begin, end, 1, std::move(init), body, "mod.scan");
       });
-}
-
-llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis, llvm::Value* len_qf,
-                             llvm::Value* len_kf, llvm::Value* nbatch) {
-  if (axis == axes.query) return len_qf;
-  if (axis == axes.key) return len_kf;
-  if (axis == axes.batch) return b.CreateSIToFP(nbatch, b.getFloatTy());
-  for (const auto& h : axes.heads)
-    if (h.name == axis) return llvm::ConstantFP::get(b.getFloatTy(), static_cast<double>(h.extent));
-  internal_error("attention kernel: a mod names the axis `" + axis + "`, which the scores do not have");
-}
-
-llvm::Value* mod_head_coordinate(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis,
-                                 llvm::Value* head) {
-  for (const auto& h : axes.heads) {
-    if (h.name != axis) continue;
-    llvm::Value* c = b.CreateURem(b.CreateUDiv(head, ir::i64c(b, h.stride)), ir::i64c(b, h.extent));
-    return b.CreateSIToFP(c, b.getFloatTy());
-  }
-  return nullptr;
 }
 
 }  // namespace qkv::codegen::cpu

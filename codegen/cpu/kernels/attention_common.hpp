@@ -33,23 +33,11 @@ void restore_denormals(llvm::IRBuilder<>& b, llvm::Value* saved);
 llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_t offset, llvm::Type* type,
                              const llvm::Twine& name);
 
-/// A tensor the mod reads, as the kernel sees it: base pointer, extents (i64 and f32) and
-/// row-major strides.
-struct ModTensorIn {
-  llvm::Value* base = nullptr;
-  std::vector<llvm::Value*> extent, extent_f32, stride;
-};
-
-/// The mod's tensors (EffectiveMod::tensors, in order) from the args: key_keep [B, S], bias
-/// [L, S], or the next captured tensor of args.tensors with its extents from args.extents.
+/// The mod's tensors (EffectiveMod::tensors, in order) from the args (load_mod_tensors with the
+/// AttentionArgs' key_keep, bias, tensors and extents fields).
 std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,
                                           const std::vector<ModTensor>& tensors, llvm::Value* batch,
                                           llvm::Value* len_q, llvm::Value* len_k);
-
-/// The element of `t` at `index` (one i64 per axis, in range; scalars, or <lanes x i64> vectors
-/// where the index varies over the lanes — a gather), as f32.
-llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
-                              const std::vector<llvm::Value*>& index, int lanes);
 
 /// Bounds of the mod's leaves over a block of entries: queries [q0, q_end) × keys [k0, k_end)
 /// (TileSpan); any other axis takes the single value `point(axis, position)` of the block;
@@ -87,14 +75,5 @@ class AttentionBoundsLeaves final : public ModBoundsLeaves {
   Length length_;
   Load load_;
 };
-
-/// The length of a mod axis in this call: L, S, B, or a head axis's extent.
-llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis, llvm::Value* len_qf,
-                             llvm::Value* len_kf, llvm::Value* nbatch);
-
-/// The coordinate along head axis `axis` of flat query head `head` (i64), as f32; nullptr when
-/// `axis` is not a head axis.
-llvm::Value* mod_head_coordinate(llvm::IRBuilder<>& b, const ModAxes& axes, const std::string& axis,
-                                 llvm::Value* head);
 
 }  // namespace qkv::codegen::cpu

@@ -342,19 +342,8 @@ llvm::Value* DecodeEmitter::modify(int r, llvm::Value* s, llvm::Value* kidx, llv
     llvm::Value* x = emit_mod(b_, e, root, leaves, cache);
     return x->getType()->isVectorTy() ? x : splat(x);
   };
-  if (e.score >= 0) {
-    if (info_.score_add >= 0) {
-      // score' = score ± term: added in log2 units.
-      llvm::Value* factor = vconst(info_.score_add_sign * kLog2e);
-      if (info_.score_add_factor >= 0) factor = b_.CreateFMul(value(info_.score_add_factor, nullptr), factor);
-      s = fma(value(info_.score_add, nullptr), factor, s);
-    } else {
-      Leaves leaves(*this, r, key, s);
-      llvm::Value* capped = emit_softcap_log2(b_, e, e.score, leaves);
-      s = capped ? (capped->getType()->isVectorTy() ? capped : splat(capped))
-                 : b_.CreateFMul(value(e.score, s), vconst(kLog2e));
-    }
-  }
+  Leaves leaves(*this, r, key, s);
+  s = modified_score_log2(b_, e, info_, s, leaves, value);
   llvm::Value* visible = b_.CreateICmpSLT(kidx, splat(c1_), "inside");
   if (e.keep >= 0) {
     llvm::Value* k = value(e.keep, nullptr);

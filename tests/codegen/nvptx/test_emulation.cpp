@@ -391,37 +391,54 @@ std::vector<AttnCase> attention_cases() {
 
 class EmulatedAttention : public ::testing::TestWithParam<AttnCase> {};
 
+/// The inputs of an attention case for (B, L, S): q, k, v, the flags' masks (bias with a row
+/// that sees no key, key padding with batch 1 fully padded) and the mod's captured tensors.
+struct AttnInputs {
+  std::vector<float> q, k, v, bias;
+  std::vector<std::uint8_t> keep;
+  std::vector<ModData> mods;
+  std::vector<const void*> tensor_ptrs;
+  std::vector<std::int64_t> extents;
+};
+
+AttnInputs attention_inputs(const AttnCase& c, std::int64_t B, std::int64_t L, std::int64_t S) {
+  const auto& s = c.kernel.spec;
+  std::mt19937 gen(1234);
+  AttnInputs in;
+  in.q = random_vec(static_cast<std::size_t>(B * s.hq * L * s.dk), gen);
+  in.k = random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dk), gen);
+  in.v = random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dv), gen);
+  if (s.bias) {
+    in.bias = random_vec(static_cast<std::size_t>(L * S), gen, -2.0f, 2.0f);
+    const std::int64_t row = std::min<std::int64_t>(3, L - 1);
+    for (std::int64_t j = 0; j < S; ++j) in.bias[static_cast<std::size_t>(row * S + j)] = -INFINITY;  // no key
+    if (L > 5) in.bias[static_cast<std::size_t>(5 * S + 7)] = -INFINITY;
+  }
+  if (s.key_padding) {
+    in.keep.assign(static_cast<std::size_t>(B * S), 1);
+    std::bernoulli_distribution drop(0.25);
+    for (auto& x : in.keep) x = drop(gen) ? 0 : 1;
+    if (B > 1)
+      for (std::int64_t j = 0; j < S; ++j) in.keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
+  }
+  if (c.tensors) in.mods = c.tensors(B, L, S, gen);
+  for (const auto& m : in.mods) {
+    in.tensor_ptrs.push_back(m.bytes.data());
+    in.extents.insert(in.extents.end(), m.shape.begin(), m.shape.end());
+  }
+  return in;
+}
+
 TEST_P(EmulatedAttention, MatchesCpuKernel) {
   const AttnCase& c = GetParam();
   const auto& s = c.kernel.spec;
   const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
-  std::mt19937 gen(1234);
-  const auto q = random_vec(static_cast<std::size_t>(B * s.hq * L * s.dk), gen);
-  const auto k = random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dk), gen);
-  const auto v = random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dv), gen);
-  std::vector<float> bias;
-  if (s.bias) {
-    bias = random_vec(static_cast<std::size_t>(L * S), gen, -2.0f, 2.0f);
-    for (std::int64_t j = 0; j < S; ++j) bias[static_cast<std::size_t>(3 * S + j)] = -INFINITY;  // row 3: no key
-    bias[static_cast<std::size_t>(5 * S + 7)] = -INFINITY;
-  }
-  std::vector<std::uint8_t> keep;
-  if (s.key_padding) {
-    keep.assign(static_cast<std::size_t>(B * S), 1);
-    std::bernoulli_distribution drop(0.25);
-    for (auto& x : keep) x = drop(gen) ? 0 : 1;
-    if (B > 1)
-      for (std::int64_t j = 0; j < S; ++j) keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
-  }
-  std::vector<ModData> mods;
-  if (c.tensors) mods = c.tensors(B, L, S, gen);
-  ASSERT_EQ(mods.size(), s.tensors.size());
-  std::vector<const void*> tensor_ptrs;
-  std::vector<std::int64_t> extents;
-  for (const auto& m : mods) {
-    tensor_ptrs.push_back(m.bytes.data());
-    extents.insert(extents.end(), m.shape.begin(), m.shape.end());
-  }
+  const AttnInputs in = attention_inputs(c, B, L, S);
+  const auto &q = in.q, &k = in.k, &v = in.v, &bias = in.bias;
+  const auto& keep = in.keep;
+  ASSERT_EQ(in.mods.size(), s.tensors.size());
+  const auto& tensor_ptrs = in.tensor_ptrs;
+  const auto& extents = in.extents;
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
   const std::size_t w_n = s.write_weights ? static_cast<std::size_t>(B * s.hq * L * S) : 0;
   std::vector<float> out_cpu(out_n), w_cpu(w_n);
@@ -589,6 +606,101 @@ void built_in_mods(std::int64_t batch, std::int64_t l, std::int64_t s, bool br) 
   feeds["q_doc"] = ids(qd, {batch, l});
   feeds["kv_doc"] = ids(kd, {batch, s});
   expect_fused_mods_agree(g, feeds);
+}
+
+/// The split-KV decode kernel and its merge (DecodeAttentionKernel, DecodeMergeKernel) on `c`'s
+/// spec for L query rows, against the CPU's fused kernel.
+void expect_decode_matches(const AttnCase& c, std::int64_t L, std::int64_t S, int threads) {
+  SCOPED_TRACE(c.label + ", L = " + std::to_string(L) + ", S = " + std::to_string(S));
+  codegen::cpu::AttentionSpec s = c.kernel.spec;
+  const std::int64_t B = c.batch;
+  const AttnInputs in = attention_inputs(c, B, L, S);
+  const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
+  const std::size_t lse_n = s.write_lse ? static_cast<std::size_t>(B * s.hq * L) : 0;
+  std::vector<float> out_cpu(out_n), out_gpu(out_n, NAN), lse_cpu(lse_n), lse_gpu(lse_n, NAN);
+  codegen::cpu::AttentionArgs args;
+  args.q = in.q.data();
+  args.k = in.k.data();
+  args.v = in.v.data();
+  args.out = out_cpu.data();
+  args.key_keep = in.keep.empty() ? nullptr : in.keep.data();
+  args.bias = in.bias.empty() ? nullptr : in.bias.data();
+  args.tensors = in.tensor_ptrs.empty() ? nullptr : in.tensor_ptrs.data();
+  args.extents = in.extents.empty() ? nullptr : in.extents.data();
+  args.batch = B;
+  args.len_q = L;
+  args.len_k = S;
+  args.lse = lse_n ? lse_cpu.data() : nullptr;
+  codegen::cpu::AttentionSpec fused = s;
+  fused.decode_queries = -1;  // the reference: the fused kernel, not the CPU's own decode kernel
+  codegen::cpu::run_attention(fused, args, 1);
+
+  const DecodeAttentionKernel dk{s, threads};
+  const DecodeMergeKernel mk{s, threads};
+  const DecodeSplit split = decode_split(dk, B, L, S);
+  std::vector<float> partials;
+  if (split.chunks > 1)
+    partials.assign(static_cast<std::size_t>(B * s.hq * L * split.chunks * (s.dv + 2)), NAN);
+  Emulated e = emulate(dk);
+  using Fn = void(const float*, const float*, const float*, float*, const std::uint8_t*, const float*,
+                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, float*,
+                  std::int64_t, float*);
+  auto* fn = e.fn<Fn>();
+  float* work = partials.empty() ? nullptr : partials.data();
+  e.launch(decode_grid(dk, B, L, S), [&] {
+    fn(in.q.data(), in.k.data(), in.v.data(), out_gpu.data(), args.key_keep, args.bias, args.tensors, args.extents, B,
+       L, S, lse_n ? lse_gpu.data() : nullptr, split.chunk_len, work);
+  });
+  if (work) {
+    Emulated m = emulate(mk);
+    using Merge = void(float*, float*, const float*, std::int64_t, std::int64_t, std::int64_t);
+    auto* merge = m.fn<Merge>();
+    m.launch(decode_merge_grid(mk, B, L),
+             [&] { merge(out_gpu.data(), lse_n ? lse_gpu.data() : nullptr, work, B, L, split.chunks); });
+  }
+  expect_close(out_gpu, out_cpu, 2e-5, "out");
+  if (lse_n) expect_close(lse_gpu, lse_cpu, 2e-5, "lse");
+}
+
+TEST_P(EmulatedAttention, DecodeKernelMatchesCpuKernelForFewQueryRows) {
+  AttnCase c = GetParam();  // without the weights and dropout, which only the fused kernel does
+  c.kernel.spec.write_weights = false;
+  c.kernel.spec.dropout_p = 0.0;
+  std::string why;
+  if (!decode_attention_supported(c.kernel.spec, &why)) GTEST_SKIP() << "not a decode spec: " << why;
+  for (std::int64_t L : {1, 3}) expect_decode_matches(c, L, c.len_k, 128);
+}
+
+TEST(EmulatedDecode, LongCacheGqaSplitsIntoChunks) {
+  AttnCase c;
+  c.label = "gqa_8_2_d128_causal_bottom_right";
+  c.kernel.spec.dk = c.kernel.spec.dv = 128;
+  c.kernel.spec.hq = 8;
+  c.kernel.spec.hkv = 2;
+  c.kernel.spec.causal = true;
+  c.kernel.spec.align = CausalAlign::bottom_right;
+  c.kernel.spec.write_lse = true;
+  c.batch = 1;
+  EXPECT_GT(decode_split(DecodeAttentionKernel{c.kernel.spec}, 1, 1, 1000).chunks, 4);
+  expect_decode_matches(c, 1, 1000, 128);
+  c.kernel.spec.dk = 40;  // lanes past dk and dv idle; odd widths; 2 warps
+  c.kernel.spec.dv = 24;
+  c.kernel.spec.hq = 6;
+  c.kernel.spec.hkv = 1;
+  expect_decode_matches(c, 2, 333, 64);
+  expect_decode_matches(c, 1, 0, 64);  // no keys: zero rows, −inf log-sum-exp
+}
+
+TEST(EmulatedDecode, UnsupportedSpecsSayWhy) {
+  codegen::cpu::AttentionSpec s;
+  s.write_weights = true;
+  std::string why;
+  EXPECT_FALSE(decode_attention_supported(s, &why));
+  EXPECT_NE(why.find("weights"), std::string::npos) << why;
+  s.write_weights = false;
+  s.hq = 64;
+  EXPECT_FALSE(decode_attention_supported(s, &why));
+  EXPECT_NE(why.find("32 query heads"), std::string::npos) << why;
 }
 
 TEST(EmulatedAttentionFromTheDsl, BuiltInModsMatchTheCpuKernel) {

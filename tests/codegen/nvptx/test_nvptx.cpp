@@ -181,6 +181,32 @@ std::vector<Case> attention_cases() {
   return cases;
 }
 
+/// The split-KV decode kernel and its merge: Llama-3-8B's 32/8 heads at D = 128, a mod with
+/// loads at D = 64 (GQA 8/2), MQA 6/1 at D = 80 with the log-sum-exp.
+std::vector<Case> decode_cases() {
+  std::vector<Case> v;
+  auto spec = [](std::int64_t d, std::int64_t hq, std::int64_t hkv) {
+    codegen::cpu::AttentionSpec s;
+    s.dk = s.dv = d;
+    s.hq = hq;
+    s.hkv = hkv;
+    s.causal = true;
+    s.align = CausalAlign::bottom_right;
+    return s;
+  };
+  v.push_back({"decode_d128_gqa_32_8", DecodeAttentionKernel{spec(128, 32, 8)}});
+  v.push_back({"decode_merge_d128_gqa_32_8", DecodeMergeKernel{spec(128, 32, 8)}});
+  AttentionKernel with_mod;
+  with_mod.spec = spec(64, 8, 2);
+  window_alibi_mod(with_mod);
+  v.push_back({"decode_d64_gqa_8_2_mod", DecodeAttentionKernel{with_mod.spec}});
+  codegen::cpu::AttentionSpec mqa = spec(80, 6, 1);
+  mqa.write_lse = true;
+  v.push_back({"decode_d80_mqa_6_lse", DecodeAttentionKernel{mqa, 64}});
+  v.push_back({"decode_merge_d80_mqa_6_lse", DecodeMergeKernel{mqa, 64}});
+  return v;
+}
+
 std::vector<Case> other_cases() {
   std::vector<Case> cases;
   cases.push_back({"linear_64x64x16", LinearKernel{}});
@@ -233,7 +259,12 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
 
   const bool is_attention = std::holds_alternative<AttentionKernel>(c.request);
   const bool is_linear = std::holds_alternative<LinearKernel>(c.request);
-  if (is_attention) {
+  if (std::holds_alternative<DecodeAttentionKernel>(c.request)) {
+    EXPECT_GT(k.shared_bytes, 0);  // the warps' partial results
+    EXPECT_NE(k.ptx.find("shfl.sync.bfly.b32"), std::string::npos);
+    EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
+    EXPECT_NE(k.ptx.find("bar.sync"), std::string::npos);
+  } else if (is_attention) {
     EXPECT_GT(k.shared_bytes, 0);
     EXPECT_EQ(k.shared_bytes, attention_shared_bytes(std::get<AttentionKernel>(c.request)));
     EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
@@ -270,6 +301,8 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Case, int>>& inf
 INSTANTIATE_TEST_SUITE_P(Attention, Kernels,
                          ::testing::Combine(::testing::ValuesIn(attention_cases()), ::testing::Values(80, 90)),
                          case_name);
+INSTANTIATE_TEST_SUITE_P(Decode, Kernels,
+                         ::testing::Combine(::testing::ValuesIn(decode_cases()), ::testing::Values(80, 90)), case_name);
 INSTANTIATE_TEST_SUITE_P(Dense, Kernels,
                          ::testing::Combine(::testing::ValuesIn(other_cases()), ::testing::Values(80, 90)), case_name);
 

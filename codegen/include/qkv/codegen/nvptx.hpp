@@ -72,6 +72,39 @@ struct AttentionKernel {
   friend bool operator==(const AttentionKernel&, const AttentionKernel&) = default;
 };
 
+/// Split-KV ("flash-decoding") attention for a few query rows against many keys, with the
+/// semantics of AttentionKernel for its spec (no weights, no dropout). One block per (key chunk,
+/// unit), unit = (batch · Hkv + kv head) · L + i: the block carries the G = Hq / Hkv query heads of
+/// the kv head's group for query row i, so each K/V row it reads serves all of them; its warps
+/// take the chunk's keys in turn (lanes over the head dimension, scores by butterfly sums), keep
+/// an online softmax per head in registers, and are combined through shared memory.
+///
+///   void name(const float* q, const float* k, const float* v, float* out, const uint8_t* key_keep,
+///             const float* bias, const void* const* tensors, const int64_t* extents, i64 batch,
+///             i64 len_q, i64 len_k, float* lse, i64 chunk_len, float* partials)
+///
+/// grid (chunks, B·Hkv·L, 1) and chunk_len from decode_split, block (threads, 1, 1), dynamic
+/// shared memory shared_bytes. partials null (one chunk): the block writes out (and lse). Else it
+/// writes record ((unit · G + r) · chunks + chunk) of dv + 2 floats [m, l, O] per head r (m in log2
+/// units, O unnormalised) and DecodeMergeKernel finishes the rows.
+struct DecodeAttentionKernel {
+  cpu::AttentionSpec spec;  // the CPU tiling fields are ignored
+  int threads = 128;        // a multiple of 32, at most 512
+  friend bool operator==(const DecodeAttentionKernel&, const DecodeAttentionKernel&) = default;
+};
+
+/// The merge of DecodeAttentionKernel's chunks by their log-sum-exp: M = max m_c,
+/// out = Σ 2^(m_c − M)·O_c / Σ 2^(m_c − M)·l_c (0 for a row with no visible key), lse.
+///
+///   void name(float* out, float* lse, const float* partials, i64 batch, i64 len_q, i64 chunks)
+///
+/// grid (B·Hkv·L, 1, 1), block (threads, 1, 1), no shared memory.
+struct DecodeMergeKernel {
+  cpu::AttentionSpec spec;
+  int threads = 128;
+  friend bool operator==(const DecodeMergeKernel&, const DecodeMergeKernel&) = default;
+};
+
 /// y[M,N] = x[M,K] · W[N,K]ᵀ + b[N] (nn.Linear's layout; b may be null), any M, N, K >= 0.
 ///
 ///   void name(const float* x, const float* w, const float* b, float* y, i64 m, i64 n, i64 k)
@@ -134,8 +167,8 @@ struct StridedCopyKernel {
   friend bool operator==(const StridedCopyKernel&, const StridedCopyKernel&) = default;
 };
 
-using KernelRequest =
-    std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel, StridedCopyKernel>;
+using KernelRequest = std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel,
+                                   StridedCopyKernel, DecodeAttentionKernel, DecodeMergeKernel>;
 
 /// One emitted kernel: a PTX module holding the single .entry `name`.
 struct PtxKernel {
@@ -164,6 +197,20 @@ Dim3 attention_grid(const AttentionKernel& kernel, std::int64_t batch, std::int6
 Dim3 linear_grid(const LinearKernel& kernel, std::int64_t m, std::int64_t n);
 Dim3 layer_norm_grid(const LayerNormKernel& kernel, std::int64_t rows);
 Dim3 elementwise_grid(int threads, std::int64_t count);
+/// Whether DecodeAttentionKernel can compute `spec` (no weights, no dropout, at most 32 query heads
+/// per kv head and registers for their queries and outputs); else `*why` says why.
+bool decode_attention_supported(const cpu::AttentionSpec& spec, std::string* why);
+/// The query rows at most that the CUDA backend runs on the decode kernel.
+inline constexpr std::int64_t kDecodeQueries = 4;
+/// The decode kernel's split of S keys: about 256 blocks in all, chunks of at least 128 keys (a
+/// multiple of 32), at most 64 per unit; S = 0: one chunk.
+struct DecodeSplit {
+  std::int64_t chunks = 1, chunk_len = 0;
+};
+DecodeSplit decode_split(const DecodeAttentionKernel& kernel, std::int64_t batch, std::int64_t len_q,
+                         std::int64_t len_k);
+Dim3 decode_grid(const DecodeAttentionKernel& kernel, std::int64_t batch, std::int64_t len_q, std::int64_t len_k);
+Dim3 decode_merge_grid(const DecodeMergeKernel& kernel, std::int64_t batch, std::int64_t len_q);
 /// The dynamic shared memory of the attention kernel (what PtxKernel::shared_bytes says).
 int attention_shared_bytes(const AttentionKernel& kernel);
 
