@@ -298,11 +298,39 @@ class Planner {
       extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
     }
     s.kind = Step::Kind::gpu;
+    if (decode(id, *call, out, lse, tensors, extents)) return;
     launch(id, *kernel, grid,
            {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
             weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
             Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k),
             Arg::i(static_cast<std::int64_t>(call->seed)), lse >= 0 ? Arg::buf(lse) : Arg::null()});
+  }
+
+  /// A few query rows (L <= kDecodeQueries): the split-KV decode kernel, then the merge of its
+  /// chunks (a scratch buffer of their records) when the keys are split. False: not a decode call.
+  bool decode(int id, const FusedAttentionCall& call, int out, int lse, Arg tensors, Arg extents) {
+    const cpu::AttentionSpec& spec = call.spec;
+    if (call.len_q > nvptx::kDecodeQueries || !nvptx::decode_attention_supported(spec, nullptr)) return false;
+    const nvptx::DecodeAttentionKernel dk{spec};
+    const nvptx::DecodeMergeKernel mk{spec};
+    const Dim3 grid = nvptx::decode_grid(dk, call.batch, call.len_q, call.len_k);
+    if (!fits(grid)) return false;
+    const nvptx::DecodeSplit split = nvptx::decode_split(dk, call.batch, call.len_q, call.len_k);
+    const Node& n = g_.node(id);
+    int partials = -1;
+    if (split.chunks > 1)
+      partials = new_buffer(
+          static_cast<std::size_t>(call.batch * spec.hq * call.len_q * split.chunks * (spec.dv + 2)) * 4, id);
+    const Arg lse_arg = lse >= 0 ? Arg::buf(lse) : Arg::null();
+    launch(id, dk, grid,
+           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),
+            Arg::null(), Arg::null(), tensors, extents, Arg::i(call.batch), Arg::i(call.len_q), Arg::i(call.len_k),
+            lse_arg, Arg::i(split.chunk_len), partials >= 0 ? Arg::buf(partials) : Arg::null()});
+    if (partials >= 0)
+      launch(id, mk, nvptx::decode_merge_grid(mk, call.batch, call.len_q),
+             {Arg::buf(out), lse_arg, Arg::buf(partials), Arg::i(call.batch), Arg::i(call.len_q),
+              Arg::i(split.chunks)});
+    return true;
   }
 
   bool linear(int id, std::string& why) {

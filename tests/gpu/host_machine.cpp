@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
 
@@ -131,6 +132,95 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           a.seed = static_cast<std::uint64_t>(p.at(12).i64);
           a.lse = s.write_lse ? ptr<float>(p[13]) : nullptr;
           codegen::cpu::run_attention(s, a, 1);
+        } else if constexpr (std::is_same_v<T, nvptx::DecodeAttentionKernel>) {
+          // The rows computed at once by the CPU kernel; with a workspace, chunk 0's records say
+          // (m = lse·log2 e, l = 1, O = the row) and the others are empty, which the merge turns
+          // back into the row and its log-sum-exp.
+          const auto& s = r.spec;
+          const std::int64_t B = p.at(8).i64, L = p.at(9).i64, S = p.at(10).i64;
+          expect_grid(nvptx::decode_grid(r, B, L, S), "decode attention");
+          const auto split = nvptx::decode_split(r, B, L, S);
+          if (p.at(12).i64 != split.chunk_len) errors.push_back("decode attention: chunk_len off decode_split");
+          const auto f = sizeof(float);
+          const std::size_t rows = static_cast<std::size_t>(B * s.hq * L);
+          need(0, rows * static_cast<std::size_t>(s.dk) * f, "decode q");
+          need(1, static_cast<std::size_t>(B * s.hkv * S * s.dk) * f, "decode k");
+          need(2, static_cast<std::size_t>(B * s.hkv * S * s.dv) * f, "decode v");
+          need(3, rows * static_cast<std::size_t>(s.dv) * f, "decode out");
+          if (s.write_lse) need(11, rows * f, "decode lse");
+          const bool split_keys = split.chunks > 1;
+          if ((p.at(13).address != 0) != split_keys) errors.push_back("decode attention: a workspace iff chunks > 1");
+          const std::size_t rec = static_cast<std::size_t>(s.dv + 2);
+          if (split_keys) need(13, rows * static_cast<std::size_t>(split.chunks) * rec * f, "decode partials");
+          std::vector<float> lse(rows);
+          codegen::cpu::AttentionArgs a;
+          a.q = ptr<const float>(p[0]);
+          a.k = ptr<const float>(p[1]);
+          a.v = ptr<const float>(p[2]);
+          a.out = ptr<float>(p[3]);
+          a.tensors = p.at(6).address ? ptr<const void* const>(p[6]) : nullptr;
+          a.extents = p.at(7).address ? ptr<const std::int64_t>(p[7]) : nullptr;
+          a.batch = B;
+          a.len_q = L;
+          a.len_k = S;
+          codegen::cpu::AttentionSpec with_lse = s;
+          with_lse.write_lse = true;
+          a.lse = lse.data();
+          codegen::cpu::run_attention(with_lse, a, 1);
+          if (s.write_lse) std::memcpy(ptr<float>(p[11]), lse.data(), rows * f);
+          if (split_keys) {
+            // Records ((unit·G + r)·chunks + c), unit = (b·Hkv + kvh)·L + i, head h = kvh·G + r.
+            const std::int64_t G = s.hq / s.hkv;
+            float* w = ptr<float>(p[13]);
+            for (std::int64_t b = 0; b < B; ++b)
+              for (std::int64_t h = 0; h < s.hq; ++h)
+                for (std::int64_t i = 0; i < L; ++i) {
+                  const std::int64_t unit = (b * s.hkv + h / G) * L + i;
+                  const std::size_t row = static_cast<std::size_t>((b * s.hq + h) * L + i);
+                  for (std::int64_t c = 0; c < split.chunks; ++c) {
+                    float* x = w + static_cast<std::size_t>((unit * G + h % G) * split.chunks + c) * rec;
+                    const bool first = c == 0 && std::isfinite(lse[row]);
+                    x[0] = first ? static_cast<float>(lse[row] * 1.4426950408889634) : -INFINITY;
+                    x[1] = first ? 1.0f : 0.0f;
+                    for (std::size_t d = 0; d < static_cast<std::size_t>(s.dv); ++d)
+                      x[2 + d] = first ? a.out[row * static_cast<std::size_t>(s.dv) + d] : 0.0f;
+                  }
+                }
+            std::fill(a.out, a.out + rows * static_cast<std::size_t>(s.dv), NAN);  // the merge writes it
+          }
+        } else if constexpr (std::is_same_v<T, nvptx::DecodeMergeKernel>) {
+          const auto& s = r.spec;
+          const std::int64_t B = p.at(3).i64, L = p.at(4).i64, chunks = p.at(5).i64;
+          expect_grid(nvptx::decode_merge_grid(r, B, L), "decode merge");
+          const std::size_t rows = static_cast<std::size_t>(B * s.hq * L), rec = static_cast<std::size_t>(s.dv + 2);
+          need(0, rows * static_cast<std::size_t>(s.dv) * 4, "merge out");
+          if (s.write_lse) need(1, rows * 4, "merge lse");
+          need(2, rows * static_cast<std::size_t>(chunks) * rec * 4, "merge partials");
+          const std::int64_t G = s.hq / s.hkv;
+          const float* w = ptr<const float>(p[2]);
+          for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < s.hq; ++h)
+              for (std::int64_t i = 0; i < L; ++i) {
+                const std::int64_t unit = (b * s.hkv + h / G) * L + i;
+                const std::size_t row = static_cast<std::size_t>((b * s.hq + h) * L + i);
+                const float* base = w + static_cast<std::size_t>((unit * G + h % G) * chunks) * rec;
+                float big = -INFINITY;
+                for (std::int64_t c = 0; c < chunks; ++c) big = std::max(big, base[static_cast<std::size_t>(c) * rec]);
+                const float m_use = std::isinf(big) ? 0.0f : big;
+                double l = 0;
+                std::vector<double> o(static_cast<std::size_t>(s.dv), 0.0);
+                for (std::int64_t c = 0; c < chunks; ++c) {
+                  const float* x = base + static_cast<std::size_t>(c) * rec;
+                  const double wt = std::exp2(static_cast<double>(x[0]) - m_use);
+                  l += wt * x[1];
+                  for (std::size_t d = 0; d < o.size(); ++d) o[d] += wt * x[2 + d];
+                }
+                for (std::size_t d = 0; d < o.size(); ++d)
+                  ptr<float>(p[0])[row * o.size() + d] = l > 0 ? static_cast<float>(o[d] / l) : 0.0f;
+                if (s.write_lse)
+                  ptr<float>(p[1])[row] =
+                      l > 0 ? static_cast<float>((m_use + std::log2(l)) * 0.6931471805599453) : -INFINITY;
+              }
         } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
           const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;
           expect_grid(nvptx::linear_grid(r, m, n), "linear");

@@ -108,6 +108,19 @@ void expect_header_geometry(const Plan& p, const std::string& name) {
                 EXPECT_EQ(a.at(8).offset, static_cast<std::int64_t>(8 * r.spec.tensors.size())) << name;
               }
               EXPECT_LE(nvptx::attention_shared_bytes(r), 227 * 1024) << name;
+            } else if constexpr (std::is_same_v<T, nvptx::DecodeAttentionKernel>) {
+              params = 14;
+              const std::int64_t S = i64(a, 10), len = i64(a, 12);
+              const std::int64_t chunks = S > 0 ? ceil_div(S, len) : 1;
+              want = {chunks, i64(a, 8) * r.spec.hkv * i64(a, 9), 1};
+              EXPECT_LE(i64(a, 9), nvptx::kDecodeQueries) << name;
+              EXPECT_EQ(r.spec.write_lse, a.at(11).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(chunks > 1, a.at(13).kind == Arg::Kind::buffer) << name << ": a workspace iff chunks > 1";
+            } else if constexpr (std::is_same_v<T, nvptx::DecodeMergeKernel>) {
+              params = 6;
+              want = {i64(a, 3) * r.spec.hkv * i64(a, 4), 1, 1};
+              EXPECT_GT(i64(a, 5), 1) << name << ": a merge of one chunk";
+              EXPECT_EQ(a.at(2).kind, Arg::Kind::buffer) << name;
             } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
               params = 7;
               want = {ceil_div(i64(a, 4), r.block_m), ceil_div(i64(a, 5), r.block_n), 1};

@@ -208,6 +208,10 @@ std::vector<SweepShape> sweep_shapes() {
   add(4, 2, 2, 33, 33, 64, 64, none, true, false, 0, true);
   add(4, 2, 2, 7, 257, 128, 80, br, true, true, 0, false);
   add(2, 2, 2, 33, 7, 80, 80, none, false, true, 0, true);
+  // Decode-shaped (L <= 4): the GPU's split-KV kernel, its keys in chunks merged by their
+  // log-sum-exp (GQA 32/8 at D = 128 against 700 keys; key padding with a fully padded batch).
+  add(1, 32, 8, 1, 700, 128, 128, br, false, false, 0, false);
+  add(4, 4, 2, 3, 257, 64, 64, br, true, true, 0, false);
   // GQA and MQA.
   add(2, 8, 2, 33, 257, 64, 64, none, false, false, 0, false);
   add(1, 6, 1, 257, 33, 128, 128, br, true, false, 0, false);
