@@ -168,8 +168,8 @@ void BM_Decode(benchmark::State& state) {
   state.counters["GB/s"] = gbps;
   state.counters["read_bw"] = bw;
   state.counters["x_read_bw"] = gbps / bw;
-  state.counters["GFLOP/s"] = 4.0 * kHq * static_cast<double>(s) * kDim * static_cast<double>(state.iterations()) /
-                              seconds * 1e-9;
+  state.counters["GFLOP/s"] =
+      4.0 * kHq * static_cast<double>(s) * kDim * static_cast<double>(state.iterations()) / seconds * 1e-9;
   if (!split) g_fused_gbps[s] = gbps;
   if (split && g_fused_gbps.count(s)) state.counters["x_fused"] = gbps / g_fused_gbps[s];
   state.SetLabel(split ? "split_kv" : "fused");

@@ -71,7 +71,8 @@ void check_spec(const AttentionSpec& s) {
   if (!(s.effective_scale() == s.effective_scale())) invalid("scale is NaN");
   for (int t : {s.vector_floats, s.query_vectors, s.key_tile, s.qk_keys, s.pv_dims})
     if (t < 0 || t > 1024) invalid("tiling fields must be 0 (auto) or in [1, 1024]");
-  if (s.decode_queries < -1 || s.decode_queries > 1024) invalid("decode_queries must be -1 (never), 0 (auto) or in [1, 1024]");
+  if (s.decode_queries < -1 || s.decode_queries > 1024)
+    invalid("decode_queries must be -1 (never), 0 (auto) or in [1, 1024]");
   if (s.decode_chunk < 0) invalid("decode_chunk must be 0 (auto) or positive");
 }
 
@@ -137,8 +138,8 @@ const Kernel& get_kernel(const AttentionSpec& spec, KernelInfo* info, bool decod
   kernel->spec = spec;
   kernel->decode = decode;
   kernel->config = choose_kernel_config(spec, jit.target());
-  kernel->name = std::string(decode ? "qkv_decode_" : "qkv_attention_") + hex(spec.hash()) + "_" +
-                 std::to_string(c.added++);
+  kernel->name =
+      std::string(decode ? "qkv_decode_" : "qkv_attention_") + hex(spec.hash()) + "_" + std::to_string(c.added++);
   auto t0 = Clock::now();
   auto context = std::make_unique<llvm::LLVMContext>();
   std::unique_ptr<llvm::Module> module;

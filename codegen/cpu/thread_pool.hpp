@@ -45,8 +45,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   bool stop_ = false;
   std::uint64_t generation_ = 0;
-  int helpers_ = 0;  // workers [0, helpers_) take part in the current job
-  int active_ = 0;   // helpers still working on it
+  int helpers_ = 0;                       // workers [0, helpers_) take part in the current job
+  int active_ = 0;                        // helpers still working on it
   std::atomic<std::uint64_t> posted_{0};  // generation_, readable without the lock (spinning)
   std::atomic<int> running_{0};           // active_, likewise
   const std::function<void(std::int64_t)>* task_ = nullptr;

@@ -327,9 +327,9 @@ class Planner {
             Arg::null(), Arg::null(), tensors, extents, Arg::i(call.batch), Arg::i(call.len_q), Arg::i(call.len_k),
             lse_arg, Arg::i(split.chunk_len), partials >= 0 ? Arg::buf(partials) : Arg::null()});
     if (partials >= 0)
-      launch(id, mk, nvptx::decode_merge_grid(mk, call.batch, call.len_q),
-             {Arg::buf(out), lse_arg, Arg::buf(partials), Arg::i(call.batch), Arg::i(call.len_q),
-              Arg::i(split.chunks)});
+      launch(
+          id, mk, nvptx::decode_merge_grid(mk, call.batch, call.len_q),
+          {Arg::buf(out), lse_arg, Arg::buf(partials), Arg::i(call.batch), Arg::i(call.len_q), Arg::i(split.chunks)});
     return true;
   }
 

@@ -117,7 +117,8 @@ llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>
   std::vector<llvm::Value*> level = parts;
   for (int keys = 1; level.size() > 1; keys *= 2) {
     std::vector<llvm::Value*> next;
-    for (std::size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(transpose_add(b, level[i], level[i + 1], keys));
+    for (std::size_t i = 0; i + 1 < level.size(); i += 2)
+      next.push_back(transpose_add(b, level[i], level[i + 1], keys));
     level = std::move(next);
   }
   return level.at(0);

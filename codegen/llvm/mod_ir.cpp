@@ -667,8 +667,8 @@ llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType 
   return mod_element_to_f32(b, x, dtype);
 }
 
-llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis, llvm::Value* len_qf,
-                             llvm::Value* len_kf, llvm::Value* nbatch) {
+llvm::Value* mod_axis_length(llvm::IRBuilder<>& b, const cpu::ModAxes& axes, const std::string& axis,
+                             llvm::Value* len_qf, llvm::Value* len_kf, llvm::Value* nbatch) {
   if (axis == axes.query) return len_qf;
   if (axis == axes.key) return len_kf;
   if (axis == axes.batch) return b.CreateSIToFP(nbatch, b.getFloatTy());

@@ -65,8 +65,8 @@ class DecodeCommon {
     kb_.if_then(
         b_.CreateICmpEQ(d, kb_.c64(0)),
         [&] {
-          llvm::Value* v = b_.CreateSelect(seen, b_.CreateFMul(b_.CreateFAdd(m, kb_.lg2(l)), kb_.cf(kLn2)),
-                                           kb_.cf(kNegInf));
+          llvm::Value* v =
+              b_.CreateSelect(seen, b_.CreateFMul(b_.CreateFAdd(m, kb_.lg2(l)), kb_.cf(kLn2)), kb_.cf(kNegInf));
           b_.CreateStore(v, b_.CreateInBoundsGEP(kb_.f32(), lse, rw));
         },
         "lse");
@@ -211,8 +211,8 @@ KernelInfo DecodePtx::emit(const std::string& name) {
       qr.push_back(b_.CreateFMul(x, factor));
     }
   }
-  llvm::Value* kv_rows = b_.CreateMul(
-      b_.CreateAdd(b_.CreateMul(common_.batch_, c64(spec_.hkv)), common_.kv_head_), len_k, "kv_rows");
+  llvm::Value* kv_rows =
+      b_.CreateMul(b_.CreateAdd(b_.CreateMul(common_.batch_, c64(spec_.hkv)), common_.kv_head_), len_k, "kv_rows");
   llvm::Value* k_base = at(k, b_.CreateMul(kv_rows, c64(spec_.dk)));
   llvm::Value* v_base = at(v, b_.CreateMul(kv_rows, c64(spec_.dv)));
   llvm::Value* c0 = b_.CreateMul(chunk, chunk_len, "c0");
@@ -273,7 +273,9 @@ KernelInfo DecodePtx::emit(const std::string& name) {
       llvm::Value* d = b_.CreateAdd(lane, c64(32 * t));
       kb_.if_then(
           b_.CreateICmpSLT(d, c64(spec_.dv)),
-          [&] { b_.CreateStore(acc[static_cast<std::size_t>(2 * G_ + r * DV_ + t)], at(slot, b_.CreateAdd(d, c64(2)))); },
+          [&] {
+            b_.CreateStore(acc[static_cast<std::size_t>(2 * G_ + r * DV_ + t)], at(slot, b_.CreateAdd(d, c64(2))));
+          },
           "o");
     }
   }
@@ -286,9 +288,7 @@ KernelInfo DecodePtx::emit(const std::string& name) {
       [&](llvm::Value* idx) {
         llvm::Value* r = b_.CreateUDiv(idx, c64(spec_.dv), "r");
         llvm::Value* d = b_.CreateURem(idx, c64(spec_.dv), "d");
-        auto slot = [&](std::int64_t w) {
-          return at(smem, b_.CreateMul(b_.CreateAdd(c64(w * G_), r), c64(rec)));
-        };
+        auto slot = [&](std::int64_t w) { return at(smem, b_.CreateMul(b_.CreateAdd(c64(w * G_), r), c64(rec))); };
         llvm::Value* big = kb_.cf(kNegInf);
         for (int w = 0; w < warps_; ++w) big = b_.CreateMaxNum(big, b_.CreateLoad(kb_.f32(), slot(w)));
         llvm::Value* m_use = b_.CreateSelect(b_.CreateFCmpOEQ(big, kb_.cf(kNegInf)), kb_.cf(0.0), big);
@@ -366,8 +366,8 @@ KernelInfo build_decode_merge(llvm::Module& module, const DecodeMergeKernel& req
       [&](llvm::Value* idx) {
         llvm::Value* r = b.CreateUDiv(idx, kb.c64(spec.dv), "r");
         llvm::Value* d = b.CreateURem(idx, kb.c64(spec.dv), "d");
-        llvm::Value* base = at(partials, b.CreateMul(b.CreateMul(b.CreateAdd(b.CreateMul(unit, kb.c64(G)), r), chunks),
-                                                     kb.c64(rec)));
+        llvm::Value* base =
+            at(partials, b.CreateMul(b.CreateMul(b.CreateAdd(b.CreateMul(unit, kb.c64(G)), r), chunks), kb.c64(rec)));
         auto field = [&](llvm::Value* c, llvm::Value* offset) {
           return b.CreateLoad(kb.f32(), at(base, b.CreateAdd(b.CreateMul(c, kb.c64(rec)), offset)));
         };

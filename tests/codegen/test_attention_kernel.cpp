@@ -404,7 +404,13 @@ std::vector<Case> cases() {
        .dv = 128,
        .causal = true,
        .align = CausalAlign::bottom_right});
-  add({.name = "decode_fused_kernel_L1_S257", .hq = 3, .hkv = 3, .len_q = 1, .len_k = 257, .dk = 128, .dv = 64,
+  add({.name = "decode_fused_kernel_L1_S257",
+       .hq = 3,
+       .hkv = 3,
+       .len_q = 1,
+       .len_k = 257,
+       .dk = 128,
+       .dv = 64,
        .decode_queries = -1});
   add({.name = "decode_gqa_L3_causal_bottom_right",
        .batch = 2,
@@ -448,8 +454,15 @@ std::vector<Case> cases() {
        .dv = 64,
        .vector_floats = 8,
        .decode_chunk = 100});
-  add({.name = "decode_sse_width_L8", .hq = 2, .hkv = 1, .len_q = 8, .len_k = 77, .dk = 32, .dv = 32,
-       .vector_floats = 4, .decode_queries = 8});
+  add({.name = "decode_sse_width_L8",
+       .hq = 2,
+       .hkv = 1,
+       .len_q = 8,
+       .len_k = 77,
+       .dk = 32,
+       .dv = 32,
+       .vector_floats = 4,
+       .decode_queries = 8});
   return v;
 }
 

@@ -127,9 +127,9 @@ TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
   // The same flags as generate: their checks, and no other command's.
   expect_usage_error(run("bench generate --model " + dir.string() + " --new-tokens 4"), "--prompt-ids is required",
                      "no prompt");
-  expect_usage_error(run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
-                         " --heads 2"),
-                     "--heads", "a shape flag of the other bench models");
+  expect_usage_error(
+      run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") + " --heads 2"), "--heads",
+      "a shape flag of the other bench models");
 }
 
 TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
@@ -137,8 +137,8 @@ TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
   // mistral fixture's vocabulary of 80.
   const fs::path model = copy_model("mistral", tmp("mistral"));
   fs::copy_file(kLlamaFixtures.parent_path() / "tokenizer" / "tokenizer.model", model / "tokenizer.model");
-  const Result r = run("generate --model " + model.string() + " --prompt 'the cat sat on' --new-tokens 6 --out " +
-                       tmp("ids.npy"));
+  const Result r =
+      run("generate --model " + model.string() + " --prompt 'the cat sat on' --new-tokens 6 --out " + tmp("ids.npy"));
   if (r.code != 0 && r.err.find("built without SentencePiece") != std::string::npos)
     GTEST_SKIP() << "qkv was built without SentencePiece";
   ASSERT_EQ(r.code, 0) << r.err;
@@ -151,8 +151,8 @@ TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
   ASSERT_GT(prompt, 1);
   EXPECT_EQ(ids.as<std::int64_t>()[0], 1) << "BOS first";
   write_prompt(ids, prompt, tmp("prompt.npy"));
-  ASSERT_EQ(run("generate --model " + model.string() + " --prompt-ids " + tmp("prompt.npy") +
-                " --new-tokens 6 --out " + tmp("ids2.npy"))
+  ASSERT_EQ(run("generate --model " + model.string() + " --prompt-ids " + tmp("prompt.npy") + " --new-tokens 6 --out " +
+                tmp("ids2.npy"))
                 .code,
             0);
   EXPECT_EQ(read_npy(tmp("ids2.npy")), ids);

@@ -260,8 +260,9 @@ struct GenerateFlags {
   void add(CLI::App* app, bool bench = false) {
     cmd = app->add_subcommand("generate", bench ? "Time a Hugging Face decoder: prefill and decode tokens/s"
                                                 : "A Hugging Face decoder continuing prompts, with a KV cache");
-    cmd->footer(bench ? "Example: qkv bench generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 256 --json"
-                      : "Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
+    cmd->footer(
+        bench ? "Example: qkv bench generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 256 --json"
+              : "Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
     cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
         ->required();
     auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids");
@@ -272,7 +273,8 @@ struct GenerateFlags {
     cmd->add_option("--new-tokens", o.new_tokens, "Tokens to generate")
         ->check(integer_in(1, kInt64Max))
         ->capture_default_str();
-    auto* out = cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations");
+    auto* out =
+        cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations");
     if (!bench) out->required();
     if (bench) cmd->add_flag("--json", json, "One JSON object on stdout");
     cmd->add_option("--logits-out", o.logits_out, "Output [B, new, vocab] .npy: the logits each token was chosen from");

@@ -326,7 +326,8 @@ int bench_generate(const Generate& o, bool json) {
   if (json) {
     std::printf(
         "{\"model_type\": \"%s\", \"layers\": %lld, \"hidden\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-        "\"vocab\": %lld, \"batch\": %lld, \"prompt_tokens\": %lld, \"decode_steps\": %lld, \"first_prefill_ms\": %.6g, "
+        "\"vocab\": %lld, \"batch\": %lld, \"prompt_tokens\": %lld, \"decode_steps\": %lld, \"first_prefill_ms\": "
+        "%.6g, "
         "\"prefill_ms\": %.6g, "
         "\"prefill_tokens_per_s\": %.6g, \"decode_ms\": %.6g, \"decode_tokens_per_s\": %.6g, "
         "\"decode_attention_gbps\": %.6g, \"modules_compiled_after_prefill\": %lld, "
@@ -335,17 +336,18 @@ int bench_generate(const Generate& o, bool json) {
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
         static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
         static_cast<long long>(c.vocab_size), static_cast<long long>(r.batch), static_cast<long long>(r.prompt),
-        static_cast<long long>(r.steps), r.compile_ms, r.prefill_ms, prefill_tps, r.decode_ms, decode_tps, attention_gbps,
-        r.compiled_after_prefill, r.compiled_after_first_step, r.rss_end_mib, growth);
+        static_cast<long long>(r.steps), r.compile_ms, r.prefill_ms, prefill_tps, r.decode_ms, decode_tps,
+        attention_gbps, r.compiled_after_prefill, r.compiled_after_first_step, r.rss_end_mib, growth);
   } else {
     std::printf(
-        "%s, %lld layers: first prefill (compiles) %.1f ms; prefill %lld tokens in %.1f ms (%.1f tokens/s); decode %lld steps in %.1f ms (%.1f "
+        "%s, %lld layers: first prefill (compiles) %.1f ms; prefill %lld tokens in %.1f ms (%.1f tokens/s); decode "
+        "%lld steps in %.1f ms (%.1f "
         "tokens/s); decode attention %.1f GB/s at %lld keys; %lld module(s) compiled after the prefill, %lld after "
         "the first step; peak memory %.1f MiB (+%.1f after the first step)\n",
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), r.compile_ms,
-        static_cast<long long>(r.batch * r.prompt), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps), r.decode_ms, decode_tps, attention_gbps,
-        static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill, r.compiled_after_first_step,
-        r.rss_end_mib, growth);
+        static_cast<long long>(r.batch * r.prompt), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps),
+        r.decode_ms, decode_tps, attention_gbps, static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill,
+        r.compiled_after_first_step, r.rss_end_mib, growth);
   }
   if (!o.out.empty()) {
     stage_npy(outputs, ids_file, r.ids);

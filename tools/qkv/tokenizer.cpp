@@ -42,8 +42,9 @@ Tokenizer Tokenizer::open(const std::filesystem::path& model_dir, std::int64_t v
   return Tokenizer(std::move(impl));
 #else
   (void)vocab;
-  throw IoError("--prompt: this qkv was built without SentencePiece (install libsentencepiece-dev and rebuild, or "
-                "give token ids with --prompt-ids)");
+  throw IoError(
+      "--prompt: this qkv was built without SentencePiece (install libsentencepiece-dev and rebuild, or "
+      "give token ids with --prompt-ids)");
 #endif
 }
 

@@ -39,8 +39,8 @@ llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_
 }
 
 std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,
-                                          const std::vector<ModTensor>& tensors, llvm::Value* batch,
-                                          llvm::Value* len_q, llvm::Value* len_k) {
+                                          const std::vector<ModTensor>& tensors, llvm::Value* batch, llvm::Value* len_q,
+                                          llvm::Value* len_k) {
   llvm::Type* ptr = b.getPtrTy();
   llvm::Value *keep = nullptr, *bias = nullptr, *table = nullptr, *extents = nullptr;
   for (const ModTensor& t : tensors) {

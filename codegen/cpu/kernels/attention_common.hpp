@@ -36,8 +36,8 @@ llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_
 /// The mod's tensors (EffectiveMod::tensors, in order) from the args (load_mod_tensors with the
 /// AttentionArgs' key_keep, bias, tensors and extents fields).
 std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,
-                                          const std::vector<ModTensor>& tensors, llvm::Value* batch,
-                                          llvm::Value* len_q, llvm::Value* len_k);
+                                          const std::vector<ModTensor>& tensors, llvm::Value* batch, llvm::Value* len_q,
+                                          llvm::Value* len_k);
 
 /// Bounds of the mod's leaves over a block of entries: queries [q0, q_end) × keys [k0, k_end)
 /// (TileSpan); any other axis takes the single value `point(axis, position)` of the block;

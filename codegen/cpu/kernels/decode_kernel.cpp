@@ -105,7 +105,7 @@ class DecodeEmitter {
   // --- the kernel
   void pack_queries();
   void emit_tile(llvm::Value* k0);
-  std::vector<llvm::Value*> key_scores(llvm::Value* kb);       // per row: <lanes> scores of keys kb + lane
+  std::vector<llvm::Value*> key_scores(llvm::Value* kb);  // per row: <lanes> scores of keys kb + lane
   /// Per row: the scores of keys [lo, lo + n) as ir::transpose_add leaves them (depth first, so
   /// that few partial vectors are live at once).
   std::vector<llvm::Value*> reduce_keys(const std::vector<llvm::Value*>& kptr, int lo, int n);
@@ -166,7 +166,7 @@ class DecodeEmitter {
   llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *len_qf_ = nullptr, *len_kf_ = nullptr;
   llvm::Value *unit_ = nullptr, *batch_ = nullptr, *query_ = nullptr, *head0_ = nullptr, *batchf_ = nullptr;
   llvm::Value *q_ = nullptr, *out_ = nullptr, *lse_ = nullptr, *k_base_ = nullptr, *v_base_ = nullptr;
-  llvm::Value *c1_ = nullptr;  // end of the chunk
+  llvm::Value* c1_ = nullptr;  // end of the chunk
   std::vector<ModTensorIn> tensors_;
   std::vector<std::vector<llvm::Value*>> row_cache_;  // per row: the mod's nodes free of the key
   // the kernel's stack
@@ -262,10 +262,10 @@ void DecodeEmitter::emit_kernel(const std::string& name) {
   llvm::Value* saved_csr = flush_denormals(b_, cfg_);
   load_unit(args, unit);
 
-  qs_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(rows_ * dkv_), kVectorAlign, "qs");  // [rows][dk]
-  os_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(rows_ * dvv_), kVectorAlign, "os");  // [rows][dv]
+  qs_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(rows_ * dkv_), kVectorAlign, "qs");    // [rows][dk]
+  os_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(rows_ * dvv_), kVectorAlign, "os");    // [rows][dv]
   sp_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(rows_ * tile_), kVectorAlign, "sp");  // [rows][T]
-  m_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(rows_), 4, "m");  // running max, log2 units
+  m_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(rows_), 4, "m");            // running max, log2 units
   l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(rows_), kVectorAlign, "l");  // running sums by lane
   pack_queries();
   b_.CreateMemSet(os_, b_.getInt8(0), static_cast<std::uint64_t>(rows_ * spec_.dv * 4), llvm::MaybeAlign(kVectorAlign));
@@ -451,10 +451,9 @@ void DecodeEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value*
   std::vector<llvm::Value*> init;
   for (int r = 0; r < rows_; ++r)
     for (int c = 0; c < width; ++c)
-      init.push_back(b_.CreateFMul(vload(stack_vec(os_, r, dvv_, b_.CreateAdd(dc, c64(c))), kVectorAlign),
-                                   splat(alpha[r])));
-  llvm::Value* vbase =
-      fptr(v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(spec_.dv)), b_.CreateMul(dc, c64(lanes_))));
+      init.push_back(
+          b_.CreateFMul(vload(stack_vec(os_, r, dvv_, b_.CreateAdd(dc, c64(c))), kVectorAlign), splat(alpha[r])));
+  llvm::Value* vbase = fptr(v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(spec_.dv)), b_.CreateMul(dc, c64(lanes_))));
   std::vector<llvm::Value*> acc = ir::emit_loop(
       b_, c64(0), nk, 1, init,
       [&](llvm::Value* j, const std::vector<llvm::Value*>& in) {
@@ -463,7 +462,8 @@ void DecodeEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value*
         std::vector<llvm::Value*> vv(static_cast<std::size_t>(width));
         for (int c = 0; c < width; ++c) vv[c] = vload(fptr(vrow, c64(static_cast<std::int64_t>(c) * lanes_)), 4);
         for (int r = 0; r < rows_; ++r) {
-          llvm::Value* p = splat(b_.CreateLoad(f32_, fptr(sp_, b_.CreateAdd(c64(static_cast<std::int64_t>(r) * tile_), j))));
+          llvm::Value* p =
+              splat(b_.CreateLoad(f32_, fptr(sp_, b_.CreateAdd(c64(static_cast<std::int64_t>(r) * tile_), j))));
           for (int c = 0; c < width; ++c) a[r * width + c] = fma(p, vv[c], a[r * width + c]);
         }
         return a;
@@ -486,8 +486,8 @@ void DecodeEmitter::store_row(int r, llvm::Value* m, llvm::Value* l,
       [&](llvm::Value* v) { vstore(b_.CreateFMul(column(v), inv), fptr(dst, b_.CreateMul(v, c64(lanes_))), 4); },
       "store");
   if (spec_.write_lse) {
-    llvm::Value* value = b_.CreateSelect(seen, b_.CreateFMul(b_.CreateFAdd(m, emit_log2(b_, l)), fconst(kLn2)),
-                                         fconst(kNegInf), "lse");
+    llvm::Value* value =
+        b_.CreateSelect(seen, b_.CreateFMul(b_.CreateFAdd(m, emit_log2(b_, l)), fconst(kLn2)), fconst(kNegInf), "lse");
     b_.CreateStore(value, fptr(lse_, row));
   }
 }
@@ -514,7 +514,8 @@ void DecodeEmitter::finish(llvm::Value* chunk, llvm::Value* chunks, llvm::Value*
   b_.SetInsertPoint(record);
   const std::int64_t rec = decode_record_floats(spec_);
   for (int r = 0; r < rows_; ++r) {
-    llvm::Value* index = b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(unit_, c64(rows_)), c64(r)), chunks), chunk);
+    llvm::Value* index =
+        b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(unit_, c64(rows_)), c64(r)), chunks), chunk);
     llvm::Value* dst = fptr(partials, b_.CreateMul(index, c64(rec)));
     b_.CreateStore(m[r], dst);
     b_.CreateStore(l[r], fptr(dst, c64(1)));
@@ -587,8 +588,7 @@ void DecodeEmitter::emit_merge(const std::string& name) {
 
 void emit_decode_kernels(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config,
                          const std::string& name) {
-  if (!decode_kernel_supported(spec, config))
-    internal_error("decode kernel: emitted for a spec it does not support");
+  if (!decode_kernel_supported(spec, config)) internal_error("decode kernel: emitted for a spec it does not support");
   DecodeEmitter(module, spec, config).emit_kernel(name);
   DecodeEmitter(module, spec, config).emit_merge(name + "_merge");
 }

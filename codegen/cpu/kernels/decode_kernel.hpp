@@ -35,10 +35,10 @@ class Module;
 namespace qkv::codegen::cpu {
 
 struct DecodeConfig {
-  int lanes = 16;       // keys per score vector
-  int rows = 1;         // query heads per unit: a divisor of the group size, at most kDecodeMaxRows
-  int key_tile = 64;    // keys per online-softmax step, a multiple of lanes
-  int pv_vectors = 4;   // value-column vectors per P·V register block
+  int lanes = 16;            // keys per score vector
+  int rows = 1;              // query heads per unit: a divisor of the group size, at most kDecodeMaxRows
+  int key_tile = 64;         // keys per online-softmax step, a multiple of lanes
+  int pv_vectors = 4;        // value-column vectors per P·V register block
   std::int64_t nblocks = 1;  // head blocks per kv head: group / rows
 };
 

@@ -68,14 +68,14 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
         // Outputs past n1 (the last group only) read row n1 − 1 of W.
         std::vector<llvm::Value*> wrow(static_cast<std::size_t>(outs));
         for (int j = 0; j < outs; ++j)
-          wrow[j] = b.CreateInBoundsGEP(
-              f32, w, b.CreateMul(smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1))), k));
+          wrow[j] = b.CreateInBoundsGEP(f32, w, b.CreateMul(smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1))), k));
         auto step = [&](llvm::Value* i, const std::vector<llvm::Value*>& in, llvm::Value* mask) {
           std::vector<llvm::Value*> acc = in;
           auto load = [&](llvm::Value* row) {
             llvm::Value* p = b.CreateGEP(f32, row, i);
-            if (mask) return static_cast<llvm::Value*>(
-                b.CreateMaskedLoad(vf, p, llvm::Align(4), mask, llvm::ConstantFP::get(vf, 0.0)));
+            if (mask)
+              return static_cast<llvm::Value*>(
+                  b.CreateMaskedLoad(vf, p, llvm::Align(4), mask, llvm::ConstantFP::get(vf, 0.0)));
             return static_cast<llvm::Value*>(b.CreateAlignedLoad(vf, p, llvm::Align(4)));
           };
           std::vector<llvm::Value*> xv(static_cast<std::size_t>(rows));
@@ -112,7 +112,8 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
           llvm::Value* out = b.CreateFAdd(b.CreateShuffleVector(v, v, pick), bv);
           llvm::Value* dst = b.CreateGEP(f32, y, b.CreateAdd(b.CreateMul(c64(r), n), o0));
           llvm::Value* mask = valid;
-          if (r > 0) mask = b.CreateAnd(mask, b.CreateVectorSplat(static_cast<unsigned>(outs), b.CreateICmpSLT(c64(r), m)));
+          if (r > 0)
+            mask = b.CreateAnd(mask, b.CreateVectorSplat(static_cast<unsigned>(outs), b.CreateICmpSLT(c64(r), m)));
           b.CreateMaskedStore(out, dst, llvm::Align(4), mask);
         }
       },

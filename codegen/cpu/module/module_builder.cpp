@@ -45,12 +45,13 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
   memset0(bias_pad, panels * gemm_cfg_.cols() * 4);
   if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
   // A few rows (a decode step): the GEMV kernel reads W in place.
-  branch(m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k); },
-         [&] { emit_gemm_packed(x, wt, packed, bias_pad, y, m, nn, k); });
+  branch(
+      m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k); },
+      [&] { emit_gemm_packed(x, wt, packed, bias_pad, y, m, nn, k); });
 }
 
-void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y,
-                                   const I& m, const I& nn, const I& k) {
+void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
+                                   const I& nn, const I& k) {
   auto kernel = [&](int rows) {
     const std::string name = "qkv_gemv_" + std::to_string(rows);
     if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
@@ -192,7 +193,8 @@ void ModuleBuilder::emit_attention(int id) {
         parallel_for(units * split.chunks, work, {args, split.chunks.v(), split.chunk_len.v(), partials},
                      [&](I t, const Values& cap) {
                        const I chunks(b_, cap[1]);
-                       b_.CreateCall(chunk_kernel, {cap[0], (t / chunks).v(), (t % chunks).v(), cap[2], cap[1], cap[3]});
+                       b_.CreateCall(chunk_kernel,
+                                     {cap[0], (t / chunks).v(), (t % chunks).v(), cap[2], cap[1], cap[3]});
                      });
         branch(split.chunks > 1, [&] {
           parallel_for(units, units * split.chunks * spec.dv * 4, {args, split.chunks.v(), partials},

@@ -639,12 +639,11 @@ void expect_decode_matches(const AttnCase& c, std::int64_t L, std::int64_t S, in
   const DecodeMergeKernel mk{s, threads};
   const DecodeSplit split = decode_split(dk, B, L, S);
   std::vector<float> partials;
-  if (split.chunks > 1)
-    partials.assign(static_cast<std::size_t>(B * s.hq * L * split.chunks * (s.dv + 2)), NAN);
+  if (split.chunks > 1) partials.assign(static_cast<std::size_t>(B * s.hq * L * split.chunks * (s.dv + 2)), NAN);
   Emulated e = emulate(dk);
-  using Fn = void(const float*, const float*, const float*, float*, const std::uint8_t*, const float*,
-                  const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, float*,
-                  std::int64_t, float*);
+  using Fn =
+      void(const float*, const float*, const float*, float*, const std::uint8_t*, const float*, const void* const*,
+           const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, float*, std::int64_t, float*);
   auto* fn = e.fn<Fn>();
   float* work = partials.empty() ? nullptr : partials.data();
   e.launch(decode_grid(dk, B, L, S), [&] {

@@ -167,8 +167,8 @@ struct StridedCopyKernel {
   friend bool operator==(const StridedCopyKernel&, const StridedCopyKernel&) = default;
 };
 
-using KernelRequest = std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel,
-                                   StridedCopyKernel, DecodeAttentionKernel, DecodeMergeKernel>;
+using KernelRequest = std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel, StridedCopyKernel,
+                                   DecodeAttentionKernel, DecodeMergeKernel>;
 
 /// One emitted kernel: a PTX module holding the single .entry `name`.
 struct PtxKernel {
