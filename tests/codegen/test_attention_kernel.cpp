@@ -469,6 +469,59 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionKernel, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& param) { return param.param.name; });
 
+// The decode kernel's log-sum-exp and outputs, one chunk and many (merged), against the fused
+// kernel on the same call (both against the interpreter through the cases above, for out).
+TEST(AttentionKernelDecode, LogSumExpAndOutputsMatchTheFusedKernel) {
+  for (int chunk : {0, 7}) {
+    for (std::int64_t len_q : {1, 4}) {
+      Case c{.name = "decode_lse",
+             .batch = 2,
+             .hq = 6,
+             .hkv = 2,
+             .len_q = len_q,
+             .len_k = 90,
+             .dk = 32,
+             .dv = 48,
+             .causal = true,
+             .align = CausalAlign::bottom_right,
+             .key_padding = true,
+             .visible_keys = {0, 61}};
+      c.decode_chunk = chunk;
+      const Inputs in = make_inputs(c, 5);
+      auto run = [&](int decode_queries, std::vector<float>& out, std::vector<float>& lse) {
+        AttentionSpec s = spec_of(c);
+        s.write_lse = true;
+        s.decode_queries = decode_queries;
+        out.assign(static_cast<std::size_t>(c.batch * c.hq * c.len_q * c.dv), std::numeric_limits<float>::quiet_NaN());
+        lse.assign(static_cast<std::size_t>(c.batch * c.hq * c.len_q), std::numeric_limits<float>::quiet_NaN());
+        AttentionArgs a;
+        a.q = in.q.data();
+        a.k = in.k.data();
+        a.v = in.v.data();
+        a.out = out.data();
+        a.key_keep = in.keep.data();
+        a.batch = c.batch;
+        a.len_q = c.len_q;
+        a.len_k = c.len_k;
+        a.lse = lse.data();
+        codegen::cpu::run_attention(s, a, 2);
+      };
+      std::vector<float> out_d, lse_d, out_f, lse_f;
+      run(0, out_d, lse_d);
+      run(-1, out_f, lse_f);
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + ", L = " + std::to_string(len_q));
+      expect_close(out_d, out_f, "out");
+      for (std::size_t i = 0; i < lse_f.size(); ++i) {
+        if (std::isinf(lse_f[i])) {
+          EXPECT_EQ(lse_d[i], lse_f[i]) << i;  // batch 0 sees no key: −inf
+        } else {
+          EXPECT_NEAR(lse_d[i], lse_f[i], 1e-5 * (1 + std::abs(lse_f[i]))) << i;
+        }
+      }
+    }
+  }
+}
+
 // Tasks are independent and each is computed in a fixed order: 1 thread and 3 threads agree
 // bit for bit (on the cases small enough to run twice quickly).
 TEST(AttentionKernelThreads, ThreadCountDoesNotChangeTheResult) {
