@@ -99,6 +99,18 @@ TEST(Aot, GroupedQueryAttentionCausal) {
   expect_aot_agrees(c.graph, c.feeds);
 }
 
+TEST(Aot, DecodeShapedAttentionRunsTheSplitKvKernelAndItsMerge) {
+  // Two query rows against 300 keys, GQA 4 over 2, head width 32, causal bottom-right: in the
+  // object, the split-KV decode kernel, its chunks and their merge.
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, ValueDim<32>>>(g, "v");
+  auto s = causal<Seq, Key>(scaled(contract<HeadDim>(q, k)), bottom_right);
+  output(contract<Key>(softmax<Key>(s), v), "out");
+  expect_aot_agrees(g, random_feeds(g, {{"Batch", 2}, {"Seq", 2}, {"Key", 300}}, 14, 1.0f));
+}
+
 TEST(Aot, DropoutMasksEqualTheInterpreters) {
   const auto c = cases::dropout_with_weights();
   const auto want = interpret(c.graph, c.feeds).outputs.at("weights").to_f32();
