@@ -7,6 +7,7 @@
 #include <qkv/codegen/lowering/storage.hpp>
 
 #include "cpu/kernels/decode_kernel.hpp"
+#include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/schedule.hpp"
 
 namespace qkv::codegen::cpu {
@@ -42,7 +43,11 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
     case ModulePlan::Block::gemm_bias: {
       const auto& w = g.node(n.inputs[1]).axes;  // W [out, in]
       const I cols = round_up(dim(w[0].extent), plan.gemm_cols) * 4;
-      return a.kind == ModulePlan::Block::gemm_bias ? cols : cols * dim(w[1].extent);
+      if (a.kind == ModulePlan::Block::gemm_bias) return cols;
+      // The panels of the packed Bᵀ; none when the GEMV reads W in place (at most kGemvMaxRows rows).
+      const I k = dim(w[1].extent);
+      const I rows = numel(g.node(n.inputs[0]).axes) / imax(k, 1);
+      return pick(rows <= kGemvMaxRows, dim(Extent::fixed(0)), cols * k);
     }
   }
   return dim(Extent::fixed(0));
