@@ -66,6 +66,50 @@ void arguments(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_GpuAttention)->Apply(arguments);
 
+// One decode step's attention (L = 1): B = 1, Hq = 32 over Hkv = 8, D = 128, causal bottom-right,
+// S = 4096 … 32768 — the split-KV decode kernel and its merge. GB/s = bytes of K and V per step ÷
+// the step's kernel time.
+void BM_GpuDecode(benchmark::State& state) {
+  const std::int64_t s = state.range(0);
+  if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  qkv::codegen::cpu::AttentionSpec spec;
+  spec.dk = spec.dv = 128;
+  spec.hq = 32;
+  spec.hkv = 8;
+  spec.causal = true;
+  spec.align = qkv::CausalAlign::bottom_right;
+  std::unique_ptr<qkv::codegen::cuda::AttentionBench> bench;
+  try {
+    bench = std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, 1, 1, s);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  double total_ms = 0;
+  std::int64_t launches = 0;
+  for (auto _ : state) {
+    const double ms = bench->launch_ms(1);
+    state.SetIterationTime(ms / 1e3);
+    total_ms += ms;
+    ++launches;
+  }
+  const double ms = launches > 0 ? total_ms / static_cast<double>(launches) : 0;
+  state.counters["ms"] = ms;
+  state.counters["GB/s"] = ms > 0 ? 2.0 * 8 * static_cast<double>(s) * 128 * 4 / (ms * 1e-3) / 1e9 : 0;
+  state.SetLabel(bench->kernel());
+}
+BENCHMARK(BM_GpuDecode)
+    ->ArgNames({"S"})
+    ->Arg(4096)
+    ->Arg(8192)
+    ->Arg(16384)
+    ->Arg(32768)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 int main(int argc, char** argv) {

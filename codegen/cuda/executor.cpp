@@ -309,6 +309,9 @@ struct AttentionBench::State {
   const Compiled* kernel = nullptr;
   Dim3 grid;
   std::vector<ParamValue> params;
+  const Compiled* merge = nullptr;  // the decode kernel's merge, when it splits the keys
+  Dim3 merge_grid;
+  std::vector<ParamValue> merge_params;
   std::string kernel_text, device_text;
 };
 
@@ -343,6 +346,54 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
   s.batch = batch;
   s.len_q = len_q;
   s.len_k = len_k;
+  auto ptr = [](const qkv::cuda::Buffer& b) { return ParamValue{Arg::Kind::buffer, b.ptr(), 0, 0.0f}; };
+  auto i64 = [](std::int64_t v) { return ParamValue{Arg::Kind::i64, 0, v, 0.0f}; };
+  const ParamValue null{};
+  s.device_text = s.gpu->device.name() + " (sm_" + std::to_string(s.gpu->sm) + ")";
+  if (len_q <= nvptx::kDecodeQueries && nvptx::decode_attention_supported(s.spec, nullptr)) {
+    // A few query rows: the split-KV decode kernel and, when it splits the keys, its merge — the
+    // launches the plan makes for such a call.
+    const nvptx::DecodeAttentionKernel dk{s.spec};
+    const nvptx::DecodeMergeKernel mk{s.spec};
+    const nvptx::DecodeSplit split = nvptx::decode_split(dk, batch, len_q, len_k);
+    s.grid = nvptx::decode_grid(dk, batch, len_q, len_k);
+    if (empty_grid(s.grid) || !fits(s.grid))
+      throw std::runtime_error("attention bench: nothing to launch or grid too large");
+    s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hq * len_q * spec.dk, 1));
+    s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dk, 2));
+    s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dv, 3));
+    s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(
+        s.gpu->device.alloc(static_cast<std::size_t>(batch * spec.hq * len_q * spec.dv) * sizeof(float))));
+    ParamValue partials = null;
+    if (split.chunks > 1) {
+      s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(
+          static_cast<std::size_t>(batch * spec.hq * len_q * split.chunks * (spec.dv + 2)) * sizeof(float))));
+      partials = ptr(*s.bufs[4]);
+      s.merge = &compiled(*s.gpu, mk);
+      s.merge_grid = nvptx::decode_merge_grid(mk, batch, len_q);
+      s.merge_params = {ptr(*s.bufs[3]), null, partials, i64(batch), i64(len_q), i64(split.chunks)};
+    }
+    s.kernel = &compiled(*s.gpu, dk);
+    s.params = {ptr(*s.bufs[0]),
+                ptr(*s.bufs[1]),
+                ptr(*s.bufs[2]),
+                ptr(*s.bufs[3]),
+                null,
+                null,
+                null,
+                null,
+                i64(batch),
+                i64(len_q),
+                i64(len_k),
+                null,
+                i64(split.chunk_len),
+                partials};
+    s.kernel_text = s.kernel->name + " (split-KV decode) chunks " + std::to_string(split.chunks) + " of " +
+                    std::to_string(split.chunk_len) + " keys, threads " + std::to_string(dk.threads) +
+                    (s.merge ? " + merge" : "");
+    launch_ms(1);  // warm-up
+    return;
+  }
   std::string why;
   const auto kernel = choose_attention_kernel(s.spec, s.gpu->device.max_shared_per_block_optin(), &why);
   if (!kernel) throw std::runtime_error(why);
@@ -355,15 +406,12 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
       s.gpu->device.alloc(static_cast<std::size_t>(batch * spec.hq * len_q * spec.dv) * sizeof(float))));
   s.kernel = &compiled(*s.gpu, *kernel);
   s.grid = grid;
-  auto ptr = [](const qkv::cuda::Buffer& b) { return ParamValue{Arg::Kind::buffer, b.ptr(), 0, 0.0f}; };
-  auto i64 = [](std::int64_t v) { return ParamValue{Arg::Kind::i64, 0, v, 0.0f}; };
-  const ParamValue null{};
+  // All 14 parameters of the kernel (the driver reads as many as the kernel declares; lse last).
   s.params = {ptr(*s.bufs[0]), ptr(*s.bufs[1]), ptr(*s.bufs[2]), ptr(*s.bufs[3]), null, null, null, null, null,
-              i64(batch),      i64(len_q),      i64(len_k),      i64(0)};
+              i64(batch),      i64(len_q),      i64(len_k),      i64(0),          null};
   s.kernel_text = s.kernel->name + " block_q " + std::to_string(kernel->block_q) + " block_k " +
                   std::to_string(kernel->block_k) + " threads " + std::to_string(kernel->threads) + " smem " +
                   std::to_string(s.kernel->shared_bytes / 1024) + " KiB";
-  s.device_text = s.gpu->device.name() + " (sm_" + std::to_string(s.gpu->sm) + ")";
   launch_ms(1);  // warm-up
 }
 
@@ -373,7 +421,10 @@ double AttentionBench::launch_ms(int launches) {
   State& s = *s_;
   qkv::cuda::Event start = s.gpu->device.event(), stop = s.gpu->device.event();
   start.record();
-  for (int i = 0; i < launches; ++i) launch_compiled(*s.kernel, s.grid, s.params);
+  for (int i = 0; i < launches; ++i) {
+    launch_compiled(*s.kernel, s.grid, s.params);
+    if (s.merge) launch_compiled(*s.merge, s.merge_grid, s.merge_params);
+  }
   stop.record();
   return static_cast<double>(qkv::cuda::Event::elapsed_ms(start, stop)) / std::max(1, launches);
 }
