@@ -35,13 +35,17 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+
 #include <qkv/ir/mod_expr.hpp>
+#include "bench_util.hpp"
 
 namespace {
 
+using qkv::bench::Clock;
+using qkv::bench::random_values;
+using qkv::bench::seconds_since;
 using qkv::codegen::cpu::AttentionArgs;
 using qkv::codegen::cpu::AttentionSpec;
-using Clock = std::chrono::steady_clock;
 
 constexpr int kThreads = 2;
 constexpr std::int64_t kHeads = 8;
@@ -49,16 +53,6 @@ constexpr std::int64_t kDim = 64;
 
 // Shared between benchmarks of one run (they run in registration order).
 std::map<std::pair<std::int64_t, bool>, double> g_unfused_fraction;  // GFLOP/s ÷ peak
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::vector<float> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // --- FMA peak ---------------------------------------------------------------------------------
 // kChains independent accumulators: enough to cover FMA latency × FMA ports on current cores.

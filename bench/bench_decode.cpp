@@ -27,16 +27,18 @@
 
 #include <qkv/codegen/cpu/run_attention.hpp>
 
+#include "bench_util.hpp"
+
 namespace {
 
+using qkv::bench::Clock;
+using qkv::bench::random_values;
+using qkv::bench::seconds_since;
 using qkv::codegen::cpu::AttentionArgs;
 using qkv::codegen::cpu::AttentionSpec;
-using Clock = std::chrono::steady_clock;
 
 constexpr int kThreads = 2;
 constexpr std::int64_t kHq = 32, kHkv = 8, kDim = 128;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // --- read bandwidth ---------------------------------------------------------------------------
 
@@ -120,14 +122,6 @@ void BM_ReadBandwidth(benchmark::State& state) {
 }
 
 // --- decode attention -------------------------------------------------------------------------
-
-std::vector<float> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 std::map<std::int64_t, double> g_fused_gbps;  // by S, for x_fused (the fused case runs first)
 

@@ -24,34 +24,49 @@ namespace {
 constexpr std::int64_t kBatch = 4;
 constexpr std::int64_t kHeads = 16;
 
-void BM_GpuAttention(benchmark::State& state) {
-  const std::int64_t d = state.range(0), n = state.range(1);
-  const bool causal = state.range(2) != 0;
+/// The bench of `spec`, or null after saying why on `state` (no GPU, no kernel for the spec).
+std::unique_ptr<qkv::codegen::cuda::AttentionBench> make_bench(benchmark::State& state,
+                                                               const qkv::codegen::cpu::AttentionSpec& spec,
+                                                               std::int64_t batch, std::int64_t len_q,
+                                                               std::int64_t len_k) {
   if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
     state.SkipWithError(why.c_str());
-    return;
+    return nullptr;
   }
-  qkv::codegen::cpu::AttentionSpec spec;
-  spec.dk = spec.dv = d;
-  spec.hq = spec.hkv = kHeads;
-  spec.causal = causal;
-  std::unique_ptr<qkv::codegen::cuda::AttentionBench> bench;
   try {
-    bench = std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, kBatch, n, n);
+    return std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, batch, len_q, len_k);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
-    return;
+    return nullptr;
   }
+}
+
+/// Times one launch per iteration (manual time, CUDA events); returns the mean ms and sets the
+/// `ms` counter.
+double time_launches(benchmark::State& state, qkv::codegen::cuda::AttentionBench& bench) {
   double total_ms = 0;
   std::int64_t launches = 0;
   for (auto _ : state) {
-    const double ms = bench->launch_ms(1);
+    const double ms = bench.launch_ms(1);
     state.SetIterationTime(ms / 1e3);
     total_ms += ms;
     ++launches;
   }
   const double ms = launches > 0 ? total_ms / static_cast<double>(launches) : 0;
   state.counters["ms"] = ms;
+  return ms;
+}
+
+void BM_GpuAttention(benchmark::State& state) {
+  const std::int64_t d = state.range(0), n = state.range(1);
+  const bool causal = state.range(2) != 0;
+  qkv::codegen::cpu::AttentionSpec spec;
+  spec.dk = spec.dv = d;
+  spec.hq = spec.hkv = kHeads;
+  spec.causal = causal;
+  const auto bench = make_bench(state, spec, kBatch, n, n);
+  if (!bench) return;
+  const double ms = time_launches(state, *bench);
   state.counters["TFLOP/s"] = ms > 0 ? bench->flops() / (ms * 1e-3) / 1e12 : 0;
   state.SetLabel(bench->kernel());
 }
@@ -71,33 +86,15 @@ BENCHMARK(BM_GpuAttention)->Apply(arguments);
 // the step's kernel time.
 void BM_GpuDecode(benchmark::State& state) {
   const std::int64_t s = state.range(0);
-  if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
   qkv::codegen::cpu::AttentionSpec spec;
   spec.dk = spec.dv = 128;
   spec.hq = 32;
   spec.hkv = 8;
   spec.causal = true;
   spec.align = qkv::CausalAlign::bottom_right;
-  std::unique_ptr<qkv::codegen::cuda::AttentionBench> bench;
-  try {
-    bench = std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, 1, 1, s);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-    return;
-  }
-  double total_ms = 0;
-  std::int64_t launches = 0;
-  for (auto _ : state) {
-    const double ms = bench->launch_ms(1);
-    state.SetIterationTime(ms / 1e3);
-    total_ms += ms;
-    ++launches;
-  }
-  const double ms = launches > 0 ? total_ms / static_cast<double>(launches) : 0;
-  state.counters["ms"] = ms;
+  const auto bench = make_bench(state, spec, 1, 1, s);
+  if (!bench) return;
+  const double ms = time_launches(state, *bench);
   state.counters["GB/s"] = ms > 0 ? 2.0 * 8 * static_cast<double>(s) * 128 * 4 / (ms * 1e-3) / 1e9 : 0;
   state.SetLabel(bench->kernel());
 }

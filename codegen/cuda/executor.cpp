@@ -367,7 +367,8 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
     ParamValue partials = null;
     if (split.chunks > 1) {
       s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(
-          static_cast<std::size_t>(batch * spec.hq * len_q * split.chunks * (spec.dv + 2)) * sizeof(float))));
+          static_cast<std::size_t>(batch * spec.hq * len_q * split.chunks * cpu::decode_record_floats(spec)) *
+          sizeof(float))));
       partials = ptr(*s.bufs[4]);
       s.merge = &compiled(*s.gpu, mk);
       s.merge_grid = nvptx::decode_merge_grid(mk, batch, len_q);

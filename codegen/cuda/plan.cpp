@@ -320,7 +320,9 @@ class Planner {
     int partials = -1;
     if (split.chunks > 1)
       partials = new_buffer(
-          static_cast<std::size_t>(call.batch * spec.hq * call.len_q * split.chunks * (spec.dv + 2)) * 4, id);
+          static_cast<std::size_t>(call.batch * spec.hq * call.len_q * split.chunks * cpu::decode_record_floats(spec)) *
+              4,
+          id);
     const Arg lse_arg = lse >= 0 ? Arg::buf(lse) : Arg::null();
     launch(id, dk, grid,
            {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), Arg::buf(buf(n.inputs[2])), Arg::buf(out),

@@ -259,7 +259,7 @@ KernelInfo DecodePtx::emit(const std::string& name) {
       "keys", /*unroll=*/false);
 
   // Shared memory: per warp and row, [m, l, O[dv]].
-  const std::int64_t rec = spec_.dv + 2;
+  const std::int64_t rec = cpu::decode_record_floats(spec_);
   for (std::int64_t r = 0; r < G_; ++r) {
     llvm::Value* slot = at(smem, b_.CreateMul(b_.CreateAdd(b_.CreateMul(warp, c64(G_)), c64(r)), c64(rec)));
     kb_.if_then(
@@ -359,7 +359,7 @@ KernelInfo build_decode_merge(llvm::Module& module, const DecodeMergeKernel& req
   DecodeCommon common(kb, spec);
   llvm::Value* unit = b.CreateZExt(kb.ctaid_x(), i64, "unit");
   common.decode_unit(unit, len_q);
-  const std::int64_t G = common.group(), rec = spec.dv + 2;
+  const std::int64_t G = common.group(), rec = cpu::decode_record_floats(spec);
   auto at = [&](llvm::Value* base, llvm::Value* index) { return b.CreateInBoundsGEP(kb.f32(), base, index); };
   kb.loop(
       b.CreateZExt(kb.tid_x(), i64), kb.c64(G * spec.dv), request.threads,

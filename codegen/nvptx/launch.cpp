@@ -90,7 +90,8 @@ std::string decode_unsupported(const cpu::AttentionSpec& s) {
   if (group > 32) return "more than 32 query heads per kv head";
   // Per lane: the group's queries and outputs, dk / 32 and dv / 32 registers each.
   if (group * ((s.dk + 31) / 32 + (s.dv + 31) / 32) > 96) return "the group's queries and outputs exceed the registers";
-  if (4 * group * (s.dv + 2) * 16 > 48 * 1024) return "the warps' partial outputs exceed 48 KiB of shared memory";
+  if (16 * group * cpu::decode_record_floats(s) * 4 > 48 * 1024)
+    return "the warps' partial outputs exceed 48 KiB of shared memory";
   try {
     check_mod(s);
   } catch (const std::runtime_error& e) {

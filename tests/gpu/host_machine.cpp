@@ -150,7 +150,7 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           if (s.write_lse) need(11, rows * f, "decode lse");
           const bool split_keys = split.chunks > 1;
           if ((p.at(13).address != 0) != split_keys) errors.push_back("decode attention: a workspace iff chunks > 1");
-          const std::size_t rec = static_cast<std::size_t>(s.dv + 2);
+          const auto rec = static_cast<std::size_t>(codegen::cpu::decode_record_floats(s));
           if (split_keys) need(13, rows * static_cast<std::size_t>(split.chunks) * rec * f, "decode partials");
           std::vector<float> lse(rows);
           codegen::cpu::AttentionArgs a;
@@ -192,7 +192,8 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           const auto& s = r.spec;
           const std::int64_t B = p.at(3).i64, L = p.at(4).i64, chunks = p.at(5).i64;
           expect_grid(nvptx::decode_merge_grid(r, B, L), "decode merge");
-          const std::size_t rows = static_cast<std::size_t>(B * s.hq * L), rec = static_cast<std::size_t>(s.dv + 2);
+          const std::size_t rows = static_cast<std::size_t>(B * s.hq * L),
+                            rec = static_cast<std::size_t>(codegen::cpu::decode_record_floats(s));
           need(0, rows * static_cast<std::size_t>(s.dv) * 4, "merge out");
           if (s.write_lse) need(1, rows * 4, "merge lse");
           need(2, rows * static_cast<std::size_t>(chunks) * rec * 4, "merge partials");
@@ -207,19 +208,19 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
                 float big = -INFINITY;
                 for (std::int64_t c = 0; c < chunks; ++c) big = std::max(big, base[static_cast<std::size_t>(c) * rec]);
                 const float m_use = std::isinf(big) ? 0.0f : big;
-                double l = 0;
+                double sum = 0;
                 std::vector<double> o(static_cast<std::size_t>(s.dv), 0.0);
                 for (std::int64_t c = 0; c < chunks; ++c) {
                   const float* x = base + static_cast<std::size_t>(c) * rec;
                   const double wt = std::exp2(static_cast<double>(x[0]) - m_use);
-                  l += wt * x[1];
+                  sum += wt * x[1];
                   for (std::size_t d = 0; d < o.size(); ++d) o[d] += wt * x[2 + d];
                 }
                 for (std::size_t d = 0; d < o.size(); ++d)
-                  ptr<float>(p[0])[row * o.size() + d] = l > 0 ? static_cast<float>(o[d] / l) : 0.0f;
+                  ptr<float>(p[0])[row * o.size() + d] = sum > 0 ? static_cast<float>(o[d] / sum) : 0.0f;
                 if (s.write_lse)
                   ptr<float>(p[1])[row] =
-                      l > 0 ? static_cast<float>((m_use + std::log2(l)) * 0.6931471805599453) : -INFINITY;
+                      sum > 0 ? static_cast<float>((m_use + std::log2(sum)) * 0.6931471805599453) : -INFINITY;
               }
         } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
           const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;

@@ -65,9 +65,6 @@ DecodeConfig choose_decode_config(const AttentionSpec& spec, const KernelConfig&
 void emit_decode_kernels(llvm::Module& module, const AttentionSpec& spec, const KernelConfig& config,
                          const std::string& name);
 
-/// Floats per partial record: the running max, the sum and the dv unnormalised outputs.
-inline std::int64_t decode_record_floats(const AttentionSpec& spec) { return spec.dv + 2; }
-
 using DecodeKernelFn = void(const AttentionArgs* args, std::int64_t unit, std::int64_t chunk, std::int64_t chunk_len,
                             std::int64_t chunks, float* partials);
 using DecodeMergeFn = void(const AttentionArgs* args, std::int64_t unit, std::int64_t chunks, const float* partials);

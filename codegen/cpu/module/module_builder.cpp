@@ -187,8 +187,8 @@ void ModuleBuilder::emit_attention(int id) {
   branch(
       lq <= d.max_queries,
       [&] {
-        const I units = batch * spec.hkv * d.nblocks * lq;
-        const SplitKv<I> split = split_kv(units, lk, d.key_tile, spec.decode_chunk);
+        const I units = batch * spec.hkv * d.config.nblocks * lq;
+        const SplitKv<I> split = split_kv(units, lk, d.config.key_tile, spec.decode_chunk);
         llvm::Value* partials = b_.CreateSelect((split.chunks > 1).v(), split_.at(id), null);
         parallel_for(units * split.chunks, work, {args, split.chunks.v(), split.chunk_len.v(), partials},
                      [&](I t, const Values& cap) {

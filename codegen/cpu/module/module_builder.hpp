@@ -25,8 +25,10 @@
 
 #include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/lowering/attention_call.hpp>
+
 #include <qkv/codegen/target.hpp>
 #include <qkv/ir/graph.hpp>
+#include "cpu/kernels/decode_kernel.hpp"
 
 namespace llvm {
 class LLVMContext;
@@ -57,9 +59,8 @@ struct ModulePlan {
   /// fused_attention id -> its split-KV decode path (cpu/kernels/decode_kernel.hpp), for the
   /// calls with L <= max_queries: the blocking and the block of its chunks' partial results.
   struct Decode {
+    DecodeConfig config;
     std::int64_t max_queries = 0;
-    int rows = 1, key_tile = 64;
-    std::int64_t nblocks = 1;
     int block = -1;
   };
   std::map<int, Decode> decode;

@@ -104,8 +104,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     if (call.spec.write_lse && !plan.lse.count(id)) plan.lse[id] = add(ModulePlan::Block::lse, id, id, id);
     const KernelConfig config = choose_kernel_config(call.spec, target);
     if (const std::int64_t most = decode_max_queries(call.spec, config); most > 0) {
-      const DecodeConfig d = choose_decode_config(call.spec, config);
-      plan.decode[id] = {most, d.rows, d.key_tile, d.nblocks, add(ModulePlan::Block::split_kv, id, id, id)};
+      plan.decode[id] = {choose_decode_config(call.spec, config), most, add(ModulePlan::Block::split_kv, id, id, id)};
     }
   }
 

@@ -34,9 +34,9 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
     case ModulePlan::Block::split_kv: {
       const AttentionCall& c = plan.attention.at(a.node);
       const ModulePlan::Decode& d = plan.decode.at(a.node);
-      const I lq = dim(c.len_q), units = dim(c.batch) * c.spec.hkv * d.nblocks * lq;
-      const SplitKv<I> split = split_kv(units, dim(c.len_k), d.key_tile, c.spec.decode_chunk);
-      const I floats = split_kv_floats(units, d.rows, split.chunks, decode_record_floats(c.spec));
+      const I lq = dim(c.len_q), units = dim(c.batch) * c.spec.hkv * d.config.nblocks * lq;
+      const SplitKv<I> split = split_kv(units, dim(c.len_k), d.config.key_tile, c.spec.decode_chunk);
+      const I floats = split_kv_floats(units, d.config.rows, split.chunks, decode_record_floats(c.spec));
       return pick(lq <= d.max_queries, floats * 4, dim(Extent::fixed(0)));
     }
     case ModulePlan::Block::gemm_panels:

@@ -11,8 +11,7 @@
 // of a block deadlocks here and aborts the test after a minute). What it cannot check:
 // the NVPTX backend's lowering and the hardware itself — that needs a GPU.
 //
-// Shared memory is filled with NaN before every block, so a read of a shared word the kernel did
-// not write first shows up as NaN in the results.
+// The emulated GPU is emulated_gpu.hpp; the dense kernels' tests are test_emulation_dense.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -46,6 +45,7 @@
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
+#include "emulated_gpu.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
 
@@ -53,167 +53,10 @@ namespace qkv {
 namespace {
 
 using namespace codegen::nvptx;
-
-// ------------------------------------------------------------------------------------------------
-// the emulated GPU
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    const std::uint64_t gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return gen_ != gen; })) {
-      std::fprintf(stderr, "emulated GPU: a barrier waited 60 s (%d of %d threads arrived): deadlock\n", count_, n_);
-      std::abort();
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0;
-  std::uint64_t gen_ = 0;
-};
-
-struct Warp {
-  Barrier barrier{32};
-  float slots[32] = {};
-};
-
-struct Block {
-  explicit Block(int threads) : barrier(threads) {
-    for (int w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<Warp>());
-  }
-  Barrier barrier;
-  std::vector<std::unique_ptr<Warp>> warps;
-};
-
-thread_local int t_tid = 0;
-thread_local int t_ntid = 0;
-thread_local Dim3 t_ctaid;
-thread_local Dim3 t_grid;
-thread_local Block* t_block = nullptr;
-
-std::int32_t emu_sreg(std::int32_t which) {
-  switch (which) {
-    case 0:
-      return t_tid;
-    case 1:
-      return t_ntid;
-    case 2:
-      return static_cast<std::int32_t>(t_ctaid.x);
-    case 3:
-      return static_cast<std::int32_t>(t_ctaid.y);
-    case 4:
-      return static_cast<std::int32_t>(t_ctaid.z);
-    default:
-      return static_cast<std::int32_t>(t_grid.x);
-  }
-}
-void emu_barrier() { t_block->barrier.wait(); }
-void emu_warp_sync() { t_block->warps[static_cast<std::size_t>(t_tid / 32)]->barrier.wait(); }
-float emu_shfl_xor(float x, std::int32_t lane_xor) {
-  Warp& w = *t_block->warps[static_cast<std::size_t>(t_tid / 32)];
-  const int lane = t_tid % 32;
-  w.slots[lane] = x;
-  w.barrier.wait();
-  const float y = w.slots[lane ^ lane_xor];
-  w.barrier.wait();
-  return y;
-}
-float emu_ex2(float x) {  // ex2.approx.ftz.f32: subnormal results flush to +0
-  const float r = std::exp2(x);
-  return r < std::numeric_limits<float>::min() ? 0.0f : r;
-}
-float emu_lg2(float x) {  // lg2.approx.ftz.f32: subnormal inputs flush to 0 (→ −inf)
-  return std::log2(std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x);
-}
-
-/// A kernel's emulation, compiled for the host, plus its shared memory.
-struct Emulated {
-  std::unique_ptr<codegen::Jit> jit;
-  std::vector<float> shared;
-  void* entry = nullptr;
-  int threads = 0;
-
-  template <class Fn>
-  Fn* fn() const {
-    return reinterpret_cast<Fn*>(entry);
-  }
-
-  /// Runs `call` (which calls the kernel) as every thread of every block of `grid`.
-  void launch(Dim3 grid, const std::function<void()>& call) {
-    for (std::int64_t z = 0; z < grid.z; ++z)
-      for (std::int64_t y = 0; y < grid.y; ++y)
-        for (std::int64_t x = 0; x < grid.x; ++x) {
-          std::fill(shared.begin(), shared.end(), std::numeric_limits<float>::quiet_NaN());
-          Block block(threads);
-          std::vector<std::thread> pool;
-          pool.reserve(static_cast<std::size_t>(threads));
-          for (int t = 0; t < threads; ++t)
-            pool.emplace_back([&, t] {
-              t_tid = t;
-              t_ntid = threads;
-              t_ctaid = {x, y, z};
-              t_grid = grid;
-              t_block = &block;
-              call();
-            });
-          for (auto& th : pool) th.join();
-        }
-  }
-};
-
-Emulated emulate(const KernelRequest& request) {
-  Emulated e;
-  const PtxKernel real = emit_ptx(request, 80);  // launch geometry, and proof the request is valid
-  e.threads = real.block_x;
-  e.shared.assign(static_cast<std::size_t>(real.shared_bytes + real.static_shared_bytes) / 4 + 16, 0.0f);
-  codegen::nvptx::detail::HostEmulation hooks;
-  hooks.sreg = emu_sreg;
-  hooks.barrier = emu_barrier;
-  hooks.warp_sync = emu_warp_sync;
-  hooks.shfl_xor = emu_shfl_xor;
-  hooks.ex2 = emu_ex2;
-  hooks.lg2 = emu_lg2;
-  hooks.shared = e.shared.data();
-  std::string error;
-  e.jit = codegen::Jit::create(&error);
-  if (!e.jit) throw std::runtime_error(error);
-  auto context = std::make_unique<llvm::LLVMContext>();
-  auto module = std::make_unique<llvm::Module>("emulation", *context);
-  const auto info = codegen::nvptx::detail::build_emulation(*module, request, hooks);
-  if (!e.jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
-  e.entry = e.jit->lookup_address(info.name, &error);
-  if (!e.entry) throw std::runtime_error(error);
-  return e;
-}
-
-std::vector<float> random_vec(std::size_t n, std::mt19937& gen, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
-  ASSERT_EQ(got.size(), want.size());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], w = want[i];
-    if (!(g == w || std::fabs(g - w) <= tol * (1.0 + std::fabs(w)))) {  // == : the same infinity
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << w;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
-}
+using emulation::emulate;
+using emulation::Emulated;
+using emulation::expect_close;
+using emulation::random_vec;
 
 // ------------------------------------------------------------------------------------------------
 // attention against the CPU kernel
@@ -639,7 +482,8 @@ void expect_decode_matches(const AttnCase& c, std::int64_t L, std::int64_t S, in
   const DecodeMergeKernel mk{s, threads};
   const DecodeSplit split = decode_split(dk, B, L, S);
   std::vector<float> partials;
-  if (split.chunks > 1) partials.assign(static_cast<std::size_t>(B * s.hq * L * split.chunks * (s.dv + 2)), NAN);
+  if (split.chunks > 1)
+    partials.assign(static_cast<std::size_t>(B * s.hq * L * split.chunks * codegen::cpu::decode_record_floats(s)), NAN);
   Emulated e = emulate(dk);
   using Fn =
       void(const float*, const float*, const float*, float*, const std::uint8_t*, const float*, const void* const*,
@@ -708,121 +552,6 @@ TEST(EmulatedAttentionFromTheDsl, BuiltInModsMatchTheCpuKernel) {
   // plan launches.
   built_in_mods<4, 2, 32>(2, 37, 37, false);
   built_in_mods<2, 1, 32>(1, 29, 71, true);
-}
-
-// ------------------------------------------------------------------------------------------------
-// the dense kernels
-
-TEST(EmulatedDense, LinearMatchesCpuGemm) {
-  std::mt19937 gen(7);
-  for (const LinearKernel kernel : {LinearKernel{}, LinearKernel{32, 64, 8}}) {
-    for (const bool with_bias : {true, false}) {
-      const std::int64_t M = 70, N = 45, K = 37;
-      const auto x = random_vec(static_cast<std::size_t>(M * K), gen);
-      const auto w = random_vec(static_cast<std::size_t>(N * K), gen);
-      const auto b = random_vec(static_cast<std::size_t>(N), gen);
-      std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size(), NAN);
-      codegen::cpu::run_linear(x.data(), w.data(), with_bias ? b.data() : nullptr, want.data(), M, N, K, 1);
-      Emulated e = emulate(kernel);
-      auto* fn =
-          e.fn<void(const float*, const float*, const float*, float*, std::int64_t, std::int64_t, std::int64_t)>();
-      e.launch(linear_grid(kernel, M, N),
-               [&] { fn(x.data(), w.data(), with_bias ? b.data() : nullptr, got.data(), M, N, K); });
-      expect_close(got, want, 1e-5, "linear");
-    }
-  }
-}
-
-TEST(EmulatedDense, LayerNormMatchesCpu) {
-  std::mt19937 gen(8);
-  const LayerNormKernel kernel{64};
-  const std::int64_t rows = 5, n = 77;
-  const auto x = random_vec(static_cast<std::size_t>(rows * n), gen, -3.0f, 5.0f);
-  const auto gamma = random_vec(static_cast<std::size_t>(n), gen);
-  const auto beta = random_vec(static_cast<std::size_t>(n), gen);
-  std::vector<float> want(x.size()), got(x.size(), NAN);
-  codegen::cpu::run_layer_norm(x.data(), gamma.data(), beta.data(), want.data(), rows, n, 1e-5, 1);
-  Emulated e = emulate(kernel);
-  auto* fn = e.fn<void(const float*, const float*, const float*, float*, std::int64_t, std::int64_t, float)>();
-  e.launch(layer_norm_grid(kernel, rows), [&] { fn(x.data(), gamma.data(), beta.data(), got.data(), rows, n, 1e-5f); });
-  expect_close(got, want, 1e-5, "layer_norm");
-}
-
-TEST(EmulatedDense, ElementwiseMatchesCpu) {
-  std::mt19937 gen(9);
-  const std::int64_t count = 1000;  // 3 blocks of 64 threads: the grid-stride loop wraps
-  auto a = random_vec(static_cast<std::size_t>(count), gen, -8.0f, 8.0f);
-  a[0] = -0.0f;
-  a[1] = NAN;
-  a[2] = INFINITY;
-  a[3] = -INFINITY;
-  const auto bvec = random_vec(static_cast<std::size_t>(count), gen);
-  using Fn = void(const float*, const float*, float*, std::int64_t);
-  for (const ElementwiseOp op : {ElementwiseOp::relu, ElementwiseOp::gelu, ElementwiseOp::add, ElementwiseOp::scale}) {
-    std::vector<float> want(a.size()), got(a.size(), 123.0f);
-    switch (op) {
-      case ElementwiseOp::relu:
-        codegen::cpu::run_relu(a.data(), want.data(), count, 1);
-        break;
-      case ElementwiseOp::gelu:
-        codegen::cpu::run_gelu(a.data(), want.data(), count, 1);
-        break;
-      case ElementwiseOp::add:
-        codegen::cpu::run_add(a.data(), bvec.data(), want.data(), count, 1);
-        break;
-      case ElementwiseOp::scale:
-        for (std::size_t i = 0; i < a.size(); ++i) want[i] = a[i] * 0.375f;
-        break;
-    }
-    Emulated e = emulate(ElementwiseKernel{op, 0.375f, 64});
-    auto* fn = e.fn<Fn>();
-    e.launch(Dim3{3, 1, 1}, [&] { fn(a.data(), bvec.data(), got.data(), count); });
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (std::isnan(want[i])) {
-        EXPECT_TRUE(std::isnan(got[i])) << static_cast<int>(op) << " at " << i;
-      } else if (std::isinf(want[i])) {
-        EXPECT_EQ(got[i], want[i]) << static_cast<int>(op) << " at " << i;
-      } else {
-        EXPECT_NEAR(got[i], want[i], 1e-6 * (1.0 + std::fabs(want[i]))) << static_cast<int>(op) << " at " << i;
-        EXPECT_EQ(std::signbit(got[i]), std::signbit(want[i])) << static_cast<int>(op) << " at " << i;
-      }
-    }
-  }
-}
-
-TEST(EmulatedDense, StridedCopyPermutesSlicesBroadcasts) {
-  using Fn = void(const float*, float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                  std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                  std::int64_t, std::int64_t);
-  std::vector<float> src(2 * 3 * 4 * 5);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
-  Emulated e4 = emulate(StridedCopyKernel{4, 64});
-  {
-    // permute [2,3,4,5] → [5,3,2,4]: out[a][b][c][d] = src[c][b][d][a]
-    std::vector<float> got(src.size(), NAN);
-    e4.launch(Dim3{1, 1, 1},
-              [&] { e4.fn<Fn>()(src.data(), got.data(), 120, 0, 5, 3, 2, 4, 1, 1, 1, 20, 60, 5, 0, 0); });
-    std::size_t i = 0;
-    for (int a = 0; a < 5; ++a)
-      for (int b = 0; b < 3; ++b)
-        for (int c = 0; c < 2; ++c)
-          for (int d = 0; d < 4; ++d, ++i)
-            ASSERT_EQ(got[i], src[static_cast<std::size_t>(c * 60 + b * 20 + d * 5 + a)]);
-  }
-  Emulated e2 = emulate(StridedCopyKernel{2, 64});
-  {
-    // slice src viewed as [24, 5]: rows 3..9, columns 1..3 (offset 3·5 + 1), then broadcast a row
-    std::vector<float> got(21, NAN);
-    e2.launch(Dim3{2, 1, 1}, [&] { e2.fn<Fn>()(src.data(), got.data(), 21, 16, 7, 3, 1, 1, 1, 1, 5, 1, 0, 0, 0, 0); });
-    for (int r = 0; r < 7; ++r)
-      for (int c = 0; c < 3; ++c)
-        ASSERT_EQ(got[static_cast<std::size_t>(r * 3 + c)], src[static_cast<std::size_t>((3 + r) * 5 + 1 + c)]);
-    std::vector<float> bc(4 * 5, NAN);
-    e2.launch(Dim3{1, 1, 1}, [&] { e2.fn<Fn>()(src.data(), bc.data(), 20, 10, 4, 5, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0); });
-    for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < 5; ++c)
-        ASSERT_EQ(bc[static_cast<std::size_t>(r * 5 + c)], src[static_cast<std::size_t>(10 + c)]);
-  }
 }
 
 }  // namespace

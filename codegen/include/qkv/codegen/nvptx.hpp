@@ -85,8 +85,8 @@ struct AttentionKernel {
 ///
 /// grid (chunks, B·Hkv·L, 1) and chunk_len from decode_split, block (threads, 1, 1), dynamic
 /// shared memory shared_bytes. partials null (one chunk): the block writes out (and lse). Else it
-/// writes record ((unit · G + r) · chunks + chunk) of dv + 2 floats [m, l, O] per head r (m in log2
-/// units, O unnormalised) and DecodeMergeKernel finishes the rows.
+/// writes record ((unit · G + r) · chunks + chunk) of cpu::decode_record_floats(spec) floats [m, l, O] per head r (m in
+/// log2 units, O unnormalised) and DecodeMergeKernel finishes the rows.
 struct DecodeAttentionKernel {
   cpu::AttentionSpec spec;  // the CPU tiling fields are ignored
   int threads = 128;        // a multiple of 32, at most 512

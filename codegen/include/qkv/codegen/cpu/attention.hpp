@@ -125,6 +125,11 @@ struct AttentionArgs {
   float* lse = nullptr;    // [B, Hq, L] (only with spec.write_lse): ln Σ_j e^{s'_ij}, −inf for an empty row
 };
 
+/// Floats per partial result of the split-KV decode kernels (CPU and PTX) for one query row and
+/// one chunk of keys: the row's max in log2 units, its sum of 2^(s − max) and the dv outputs
+/// Σ 2^(s − max)·v, unnormalised — what their merges combine.
+inline std::int64_t decode_record_floats(const AttentionSpec& spec) { return spec.dv + 2; }
+
 /// The one expression the kernel computes: the flags' terms (bias, key padding, causal) followed
 /// by spec.mod, over spec.axes' names, with tensors() listing where each load reads.
 struct EffectiveMod {

@@ -1,0 +1,178 @@
+// The emulated GPU of the host-emulation tests (emulated_gpu.hpp): one host thread per GPU thread,
+// barriers, warp shuffles and the approximate ex2 / lg2 as host functions the kernels call.
+#include "emulated_gpu.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include "nvptx/kernel_builder.hpp"
+
+namespace qkv::emulation {
+
+using namespace codegen::nvptx;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// the emulated GPU
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const std::uint64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return gen_ != gen; })) {
+      std::fprintf(stderr, "emulated GPU: a barrier waited 60 s (%d of %d threads arrived): deadlock\n", count_, n_);
+      std::abort();
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, count_ = 0;
+  std::uint64_t gen_ = 0;
+};
+
+struct Warp {
+  Barrier barrier{32};
+  float slots[32] = {};
+};
+
+struct Block {
+  explicit Block(int threads) : barrier(threads) {
+    for (int w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<Warp>());
+  }
+  Barrier barrier;
+  std::vector<std::unique_ptr<Warp>> warps;
+};
+
+thread_local int t_tid = 0;
+thread_local int t_ntid = 0;
+thread_local Dim3 t_ctaid;
+thread_local Dim3 t_grid;
+thread_local Block* t_block = nullptr;
+
+std::int32_t emu_sreg(std::int32_t which) {
+  switch (which) {
+    case 0:
+      return t_tid;
+    case 1:
+      return t_ntid;
+    case 2:
+      return static_cast<std::int32_t>(t_ctaid.x);
+    case 3:
+      return static_cast<std::int32_t>(t_ctaid.y);
+    case 4:
+      return static_cast<std::int32_t>(t_ctaid.z);
+    default:
+      return static_cast<std::int32_t>(t_grid.x);
+  }
+}
+void emu_barrier() { t_block->barrier.wait(); }
+void emu_warp_sync() { t_block->warps[static_cast<std::size_t>(t_tid / 32)]->barrier.wait(); }
+float emu_shfl_xor(float x, std::int32_t lane_xor) {
+  Warp& w = *t_block->warps[static_cast<std::size_t>(t_tid / 32)];
+  const int lane = t_tid % 32;
+  w.slots[lane] = x;
+  w.barrier.wait();
+  const float y = w.slots[lane ^ lane_xor];
+  w.barrier.wait();
+  return y;
+}
+float emu_ex2(float x) {  // ex2.approx.ftz.f32: subnormal results flush to +0
+  const float r = std::exp2(x);
+  return r < std::numeric_limits<float>::min() ? 0.0f : r;
+}
+float emu_lg2(float x) {  // lg2.approx.ftz.f32: subnormal inputs flush to 0 (→ −inf)
+  return std::log2(std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x);
+}
+
+}  // namespace
+
+void Emulated::launch(Dim3 grid, const std::function<void()>& call) {
+  for (std::int64_t z = 0; z < grid.z; ++z)
+    for (std::int64_t y = 0; y < grid.y; ++y)
+      for (std::int64_t x = 0; x < grid.x; ++x) {
+        std::fill(shared.begin(), shared.end(), std::numeric_limits<float>::quiet_NaN());
+        Block block(threads);
+        std::vector<std::thread> pool;
+        pool.reserve(static_cast<std::size_t>(threads));
+        for (int t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            t_tid = t;
+            t_ntid = threads;
+            t_ctaid = {x, y, z};
+            t_grid = grid;
+            t_block = &block;
+            call();
+          });
+        for (auto& th : pool) th.join();
+      }
+}
+
+Emulated emulate(const KernelRequest& request) {
+  Emulated e;
+  const PtxKernel real = emit_ptx(request, 80);  // launch geometry, and proof the request is valid
+  e.threads = real.block_x;
+  e.shared.assign(static_cast<std::size_t>(real.shared_bytes + real.static_shared_bytes) / 4 + 16, 0.0f);
+  codegen::nvptx::detail::HostEmulation hooks;
+  hooks.sreg = emu_sreg;
+  hooks.barrier = emu_barrier;
+  hooks.warp_sync = emu_warp_sync;
+  hooks.shfl_xor = emu_shfl_xor;
+  hooks.ex2 = emu_ex2;
+  hooks.lg2 = emu_lg2;
+  hooks.shared = e.shared.data();
+  std::string error;
+  e.jit = codegen::Jit::create(&error);
+  if (!e.jit) throw std::runtime_error(error);
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module = std::make_unique<llvm::Module>("emulation", *context);
+  const auto info = codegen::nvptx::detail::build_emulation(*module, request, hooks);
+  if (!e.jit->add(std::move(module), std::move(context), &error)) throw std::runtime_error(error);
+  e.entry = e.jit->lookup_address(info.name, &error);
+  if (!e.entry) throw std::runtime_error(error);
+  return e;
+}
+
+std::vector<float> random_vec(std::size_t n, std::mt19937& gen, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (!(g == w || std::fabs(g - w) <= tol * (1.0 + std::fabs(w)))) {  // == : the same infinity
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << w;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
+}
+
+}  // namespace qkv::emulation

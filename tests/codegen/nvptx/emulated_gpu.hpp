@@ -1,0 +1,47 @@
+// tests/codegen/nvptx/emulated_gpu.hpp — the GPU the host-emulation tests run kernels on.
+//
+// Each generator's host-emulation variant (the same IR, with thread ids, __syncthreads,
+// __syncwarp, warp shuffles, ex2 and lg2 turned into calls to host hooks and shared memory a host
+// buffer) is JIT-compiled for the host and run with one host thread per GPU thread, block after
+// block. Shared memory is filled with NaN before every block, so a read of a shared word the
+// kernel did not write first shows up as NaN in the results; a barrier reached by only part of a
+// block deadlocks and aborts the test after a minute.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/nvptx.hpp>
+
+namespace qkv::emulation {
+
+/// A kernel's emulation, compiled for the host, plus its shared memory.
+struct Emulated {
+  std::unique_ptr<codegen::Jit> jit;
+  std::vector<float> shared;
+  void* entry = nullptr;
+  int threads = 0;
+
+  template <class Fn>
+  Fn* fn() const {
+    return reinterpret_cast<Fn*>(entry);
+  }
+
+  /// Runs `call` (which calls the kernel) as every thread of every block of `grid`.
+  void launch(codegen::nvptx::Dim3 grid, const std::function<void()>& call);
+};
+
+/// The emulation of `request` (its PTX is emitted too: the launch geometry, and proof the request
+/// is valid).
+Emulated emulate(const codegen::nvptx::KernelRequest& request);
+
+std::vector<float> random_vec(std::size_t n, std::mt19937& gen, float lo = -1.0f, float hi = 1.0f);
+
+/// |got − want| <= tol · (1 + |want|) everywhere (equal infinities pass); the first 5 misses reported.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what);
+
+}  // namespace qkv::emulation
