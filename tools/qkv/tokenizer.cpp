@@ -2,6 +2,9 @@
 // when CMake finds libsentencepiece; otherwise open() says how to get it.
 #include "tokenizer.hpp"
 
+#include <exception>
+#include <string>
+
 #include <qkv/runtime/io/array.hpp>
 
 #if QKV_HAVE_SENTENCEPIECE
@@ -33,9 +36,16 @@ Tokenizer Tokenizer::open(const std::filesystem::path& model_dir, std::int64_t v
                   ": no SentencePiece tokenizer.model in the model folder (give token ids with --prompt-ids)");
 #if QKV_HAVE_SENTENCEPIECE
   auto impl = std::make_unique<Impl>();
-  const auto status = impl->sp.Load(file.string());
-  if (!status.ok())
-    throw IoError("--prompt: " + file.string() + ": not a SentencePiece model (" + status.ToString() + ")");
+  // libsentencepiece reports most bad files by its status, but some by throwing (its trie builder
+  // throws on an empty piece): both are this one line.
+  std::string why;
+  try {
+    const auto status = impl->sp.Load(file.string());
+    if (!status.ok()) why = status.ToString();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty()) throw IoError("--prompt: " + file.string() + ": not a SentencePiece model (" + why + ")");
   if (impl->sp.GetPieceSize() > vocab)
     throw IoError("--prompt: " + file.string() + ": the tokenizer has " + std::to_string(impl->sp.GetPieceSize()) +
                   " pieces, more than the model's vocabulary of " + std::to_string(vocab));
