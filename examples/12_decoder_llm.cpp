@@ -5,15 +5,19 @@
 // embeddings (RoPE) on the queries and keys, grouped-query attention (8 query heads sharing 2
 // key/value heads), a SwiGLU MLP, a token embedding and an LM head. CausalLm::cached builds one
 // *step* of the model: this step's tokens, attended against the keys and values of the positions
-// before them (the cache), which it returns extended by the step's. DecoderSession keeps that
-// cache across calls: prefill(prompt), then decode(token) one token at a time.
+// before them (the cache). Each cache is one buffer of the full capacity; cache_append writes the
+// step's keys and values after the Past positions it holds. DecoderSession owns the buffers
+// across calls: prefill(prompt), then decode(token) one token at a time.
 //
-// The compiler's side: the step graph is compiled once. Its lengths — the step's tokens (Seq)
-// and the cache's (Past), and so the keys (Key = Past + Seq, a symbol of its own) — are run-time
-// sizes of the compiled module, so the prefill and every decode step run the same machine code:
-// part 2 prints the modules compiled per call (1, then 0). Each layer's attention is one fused
-// kernel (GQA without copying K and V per query head; causal aligned bottom-right, so the one
-// query of a decode step sees the whole cache).
+// The compiler's side: the step graph is compiled once. Its lengths — the step's tokens (Seq),
+// the positions already cached (Past, a size fed by value) and so the keys (Key = Past + Seq, a
+// symbol of its own) — are run-time sizes of the compiled module, so the prefill and every decode
+// step run the same machine code: part 2 prints the modules compiled per call (1, then 0). The
+// present caches are written back into the session's buffers, so a step writes only its own rows,
+// and each layer's attention reads K and V out of the caches' rows where they are (the kernel
+// steps its heads by the capacity): no copy of the cache per step. The attention is one fused
+// kernel, or the split-KV decode kernel at one query (GQA without copying K and V per query head;
+// causal aligned bottom-right, so the one query of a decode step sees the whole cache).
 //
 // Part 1 checks the incremental logits against one full forward of the whole sequence, on the
 // CPU backend, and the full forward against the reference interpreter. Part 3 shows the axis
@@ -100,7 +104,8 @@ int main() {
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(full, "positions");
   output(model(tokens, positions), "logits");
 
-  // The step: CausalLm::cached on inputs past_k.{i} / past_v.{i}, outputs present_k.{i} / present_v.{i}.
+  // The step: CausalLm::cached on the caches cache_k.{i} / cache_v.{i} (their full capacity) and
+  // the size past_length; outputs present_k.{i} / present_v.{i}, the caches after the step.
   declare_cached_step(step, CausalLm<128>::make(step, config()));
 
   // Random weights (seeded), bound once into the session.
@@ -114,7 +119,7 @@ int main() {
               static_cast<long long>(kPrompt), static_cast<long long>(kNew));
   DecoderSession session(step, weights,
                          {.layers = kLayers, .kv_heads = 2, .head_dim = 16, .batch = 1, .capacity = kPrompt + kNew},
-                         [](const Graph& g, const Feeds& f) { return codegen::cpu::run(g, f); });
+                         codegen::cpu::BoundRunner());  // weights packed once, caches written in place
   std::vector<std::int64_t> sequence;
   for (std::int64_t i = 0; i < kPrompt; ++i) sequence.push_back((i * 37 + 11) % kVocab);
   std::vector<NdArray> step_logits;

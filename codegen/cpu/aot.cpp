@@ -253,6 +253,38 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
       << "_packed(const int64_t* sizes, void* const* args);\n\n";
   else
     h << "/* The same, with args[i] pointing at argument i. */\nint " << f << "_packed(void* const* args);\n\n";
+  // The prepared pair: the parameters bound once, their linear layers' weights packed once.
+  auto prototype = [&](const std::string& ret, const std::string& name, std::vector<std::string> ps) {
+    std::size_t w = ret.size() + name.size() + 2;
+    for (const auto& p : ps) w += p.size() + 2;
+    h << ret << " " << name << "(" << (ps.empty() ? "void" : "");
+    for (std::size_t k = 0; k < ps.size(); ++k)
+      h << (k == 0 ? "" : w > 100 ? ",\n    " : ", ") << (k == 0 && w > 100 ? "\n    " : "") << ps[k];
+    h << ");\n\n";
+  };
+  std::vector<std::string> prep_params, run_params{"void* handle"};
+  for (const auto& s : sig.sizes) {
+    prep_params.push_back("int64_t " + s.c_name);
+    run_params.push_back("int64_t " + s.c_name);
+  }
+  for (std::size_t k = 0; k < sig.args.size(); ++k)
+    (sig.args[k].param ? prep_params : run_params).push_back(params[sig.sizes.size() + k]);
+  h << "/* Bound once: a handle holding the parameters (which must outlive it, unchanged), every linear\n"
+    << " * layer's weights packed into the GEMM's panel layout, and a scratch arena kept between runs\n"
+    << " * (grown when a run needs more). NULL when memory runs out. Sizes no parameter has are not read. */\n";
+  prototype("void*", f + "_prepare", prep_params);
+  h << "/* " << f << "() on a handle: the arrays that are not parameters, in the same order. Returns as " << f
+    << "()\n * does; also 4 when the sizes of the parameters differ from the handle's, 5 for a NULL handle.\n"
+    << " * One call at a time per handle. */\n";
+  prototype("int", f + "_run", run_params);
+  h << "/* The same with arrays: params[i] the i-th parameter; args[i] the i-th array that is not one. */\n";
+  prototype("void*", f + "_prepare_packed",
+            dynamic ? std::vector<std::string>{"const int64_t* sizes", "void* const* params"}
+                    : std::vector<std::string>{"void* const* params"});
+  prototype("int", f + "_run_packed",
+            dynamic ? std::vector<std::string>{"void* handle", "const int64_t* sizes", "void* const* args"}
+                    : std::vector<std::string>{"void* handle", "void* const* args"});
+  h << "/* Frees a handle (NULL: nothing). */\nvoid " << f << "_release(void* handle);\n\n";
   h << "/* Threads for later calls: n >= 1, or 0 (the default) for one per online CPU. Returns 0, or 1\n"
     << " * for n < 0. Not to be called while " << f << " runs. */\nint " << f << "_set_threads(int n);\n\n";
   h << "#define " << upper(f) << "_NUM_SIZES " << sig.sizes.size() << "\n";

@@ -15,12 +15,16 @@
 
 namespace qkv::codegen::cpu {
 
-using EntryFn = int(const std::int64_t*, void* const*, int);
+using EntryFn = int(const std::int64_t*, void* const*, int, void*);
+using PrepareFn = void*(const std::int64_t*, void* const*);
+using ReleaseFn = void(void*);
 
 struct CompiledGraph::Impl {
   AotSignature signature;
   std::unique_ptr<Jit> jit;
   EntryFn* entry = nullptr;
+  PrepareFn* prepare = nullptr;
+  ReleaseFn* release = nullptr;
 };
 
 CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -38,15 +42,25 @@ std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered
   auto module = build_graph_module(*context, lowered, impl->signature, plan, impl->jit->target(), function, false);
   if (!impl->jit->add(std::move(module), std::move(context), &error)) throw ToolError("compiling the graph: " + error);
   impl->entry = impl->jit->lookup<EntryFn>(function + "_entry", &error);
-  if (!impl->entry) throw ToolError("compiling the graph: " + error);
+  if (impl->entry) impl->prepare = impl->jit->lookup<PrepareFn>(function + "_prepare_entry", &error);
+  if (impl->prepare) impl->release = impl->jit->lookup<ReleaseFn>(function + "_release_entry", &error);
+  if (!impl->release) throw ToolError("compiling the graph: " + error);
   return std::shared_ptr<const CompiledGraph>(new CompiledGraph(std::move(impl)));
 }
 
 const AotSignature& CompiledGraph::signature() const { return impl_->signature; }
 
 int CompiledGraph::run(const std::int64_t* sizes, void* const* args, int threads) const {
-  return impl_->entry(sizes, args, threads);
+  return impl_->entry(sizes, args, threads, nullptr);
 }
+
+void* CompiledGraph::prepare(const std::int64_t* sizes, void* const* args) const { return impl_->prepare(sizes, args); }
+
+int CompiledGraph::run(void* handle, const std::int64_t* sizes, void* const* args, int threads) const {
+  return handle ? impl_->entry(sizes, args, threads, handle) : 5;
+}
+
+void CompiledGraph::release(void* handle) const { impl_->release(handle); }
 
 std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes) {
   Bindings fixed;

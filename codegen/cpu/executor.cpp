@@ -1,5 +1,7 @@
 #include <qkv/codegen/cpu/executor.hpp>
 
+#include <map>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <vector>
@@ -29,7 +31,41 @@ namespace {
 }
 }  // namespace
 
-RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
+/// One prepared handle per compiled graph, for the parameter arrays it was prepared with.
+struct BoundRunner::State {
+  struct Entry {
+    std::shared_ptr<const CompiledGraph> compiled;
+    std::vector<const void*> params;  // the feeds' bytes, dtypes and shapes it was made for
+    std::vector<std::pair<DType, std::vector<std::int64_t>>> shapes;
+    void* handle = nullptr;
+  };
+  std::map<const CompiledGraph*, Entry> entries;
+  int made = 0;
+  ~State() {
+    for (auto& [k, e] : entries) e.compiled->release(e.handle);
+  }
+};
+
+namespace {
+RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const Destinations& into,
+                        BoundRunner::State* bound);
+}  // namespace
+
+RunResult execute(const Graph& g, const Feeds& feeds, int threads, const Destinations& into) {
+  return execute_bound(g, feeds, threads, into, nullptr);
+}
+
+BoundRunner::BoundRunner(int threads) : state_(std::make_shared<State>()), threads_(threads) {}
+
+RunResult BoundRunner::operator()(const Graph& g, const Feeds& feeds, const Destinations& into) const {
+  return execute_bound(*lower_cached(g), feeds, threads_, into, state_.get());
+}
+
+int BoundRunner::prepared() const { return state_->made; }
+
+namespace {
+RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const Destinations& into,
+                        BoundRunner::State* bound) {
   RunResult result;
   result.bindings = bind_extents(g, feeds);
   const auto compiled = compiled_for(g, result.bindings);
@@ -41,7 +77,7 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
   std::vector<NdArray> converted;  // feeds stored otherwise than the backend stores them
   converted.reserve(sig.args.size());
   for (const auto& n : g.nodes()) {
-    if (n.op != Op::input && n.op != Op::param) continue;
+    if (!is_array_leaf(n)) continue;
     const NdArray& a = feeds.find(n.name)->second;  // bind_extents checked it exists
     const NdArray* use = &a;
     if (a.dtype != storage_dtype(n.dtype)) {
@@ -58,18 +94,52 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads) {
     const Node& n = g.node(o.node);
     std::vector<std::int64_t> shape;
     for (const auto& a : n.axes) shape.push_back(*a.extent.resolve(result.bindings));
+    if (const auto d = into.find(o.name); d != into.end()) {
+      if (d->second->shape != shape || d->second->dtype != storage_dtype(n.dtype))
+        throw ShapeError("execute: the destination of output '" + o.name + "' is " +
+                         std::string(dtype_name(d->second->dtype)) + " " + shape_to_string(d->second->shape) +
+                         ", not " + std::string(dtype_name(storage_dtype(n.dtype))) + " " + shape_to_string(shape));
+      outs.emplace_back();
+      args.push_back(d->second->bytes.data());
+      continue;
+    }
     outs.push_back(NdArray::zeros(storage_dtype(n.dtype), shape));
     args.push_back(outs.back().bytes.data());
   }
-  const int rc = compiled->run(sizes.data(), args.data(), threads);
+  int rc = 0;
+  if (bound) {  // the handle for these parameter arrays, made once
+    std::vector<const void*> params;
+    std::vector<std::pair<DType, std::vector<std::int64_t>>> shapes;
+    for (const auto& n : g.nodes())
+      if (n.op == Op::param) {
+        const NdArray& a = feeds.find(n.name)->second;
+        params.push_back(a.bytes.data());
+        shapes.emplace_back(a.dtype, a.shape);
+      }
+    auto& e = bound->entries[compiled.get()];
+    if (!e.handle || e.params != params || e.shapes != shapes) {
+      compiled->release(e.handle);
+      e = {compiled, params, shapes, compiled->prepare(sizes.data(), args.data())};
+      if (!e.handle) throw std::bad_alloc();
+      ++bound->made;
+    }
+    rc = compiled->run(e.handle, sizes.data(), args.data(), threads);
+  } else {
+    rc = compiled->run(sizes.data(), args.data(), threads);
+  }
+  if (rc == 4) throw ShapeError("execute: the parameters' sizes differ from those their handle was prepared for");
   if (rc == 1) throw std::bad_alloc();
   if (rc == 3) throw_bad_embedding_id(g, feeds, result.bindings);
   if (rc != 0) throw ShapeError("execute: the compiled graph refused the sizes (code " + std::to_string(rc) + ")");
-  for (std::size_t k = 0; k < outs.size(); ++k) result.outputs[g.outputs()[k].name] = std::move(outs[k]);
+  for (std::size_t k = 0; k < outs.size(); ++k)
+    if (!into.contains(g.outputs()[k].name)) result.outputs[g.outputs()[k].name] = std::move(outs[k]);
   return result;
 }
+}  // namespace
 
-RunResult run(const Graph& g, const Feeds& feeds, int threads) { return execute(*lower_cached(g), feeds, threads); }
+RunResult run(const Graph& g, const Feeds& feeds, int threads, const Destinations& into) {
+  return execute(*lower_cached(g), feeds, threads, into);
+}
 
 int fused_attention_count(const Graph& g) {
   int n = 0;

@@ -245,6 +245,9 @@ class Planner {
         case KernelKind::strided_copy:
           planned = strided(id, why);
           break;
+        case KernelKind::update_slice:
+          planned = update_slice(id, why);
+          break;
         case KernelKind::linear_strided:
           why = "linear over an axis that is not the last";
           break;
@@ -443,6 +446,27 @@ class Planner {
       default:
         return concat(id);
     }
+  }
+
+  /// A KV cache's append: x copied whole, then each outer index's rows (a contiguous run of the
+  /// rows and of the output) by one copy each.
+  bool update_slice(int id, std::string& why) {
+    const Node& n = g_.node(id);
+    const Shape& out = shape(id);
+    const Shape& rows = shape(n.inputs[1]);
+    const std::size_t p = axis_pos(n.axes, n.attr_axes[0]);
+    const auto start = n.dim->resolve(p_.sizes);
+    why = "an update of more than 6 axes that do not merge";
+    if (!start || !copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), 0, out, strides_of(out))) return false;
+    std::int64_t outer = 1, inner = 1;
+    for (std::size_t a = 0; a < p; ++a) outer *= out[a];
+    for (std::size_t a = p + 1; a < out.size(); ++a) inner *= out[a];
+    const std::int64_t run = rows[p] * inner;
+    for (std::int64_t o = 0; o < outer; ++o)
+      if (!copy(id, Arg::buf(buf(n.inputs[1]), o * run * 4), Arg::buf(buf(id), (o * out[p] + *start) * inner * 4), 0,
+                {run}, {1}))
+        return false;
+    return true;
   }
 
   /// Along the leading axis (or one with only extent-1 axes before it) each part is a contiguous

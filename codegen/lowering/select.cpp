@@ -62,6 +62,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::embedding;
     case Op::argmax:
       return KernelKind::argmax;
+    case Op::update_slice:
+      return KernelKind::update_slice;
     default:
       break;
   }
@@ -118,6 +120,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "embedding";
     case KernelKind::argmax:
       return "argmax";
+    case KernelKind::update_slice:
+      return "update_slice";
   }
   return "?";
 }

@@ -114,6 +114,20 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       for (const auto& a : n.attr_axes)
         if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
     if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");
+    if (n.op == Op::input && n.dim &&
+        (!n.axes.empty() || !n.dim->is_dynamic() || n.dim->num != 1 || n.dim->den != 1 || n.dim->plus != 0 ||
+         !is_integer(n.dtype)))
+      report("feeds a size but is not an integer scalar binding one symbol");
+    if (n.op == Op::update_slice) {
+      const Node& rows = g.node(n.inputs[1]);
+      const Node& start = g.node(n.inputs[2]);
+      if (n.attr_axes.size() != 2 || !has(x->axes, n.attr_axes[0]) || !has(rows.axes, n.attr_axes[1]))
+        report("does not name the updated axis of x and the rows' axis");
+      else if (rows.axes.size() != x->axes.size())
+        report("writes rows " + axes_str(rows.axes) + " of another rank");
+      if (start.op != Op::input || !start.dim || !n.dim || *start.dim != *n.dim)
+        report("starts at %" + std::to_string(n.inputs[2]) + ", not the size input of its start");
+    }
     if (stage == Stage::laid_out && n.op == Op::fused_attention && n.attention && count >= 3)
       check_laid_out_attention(g, n, report);
     if (stage == Stage::laid_out && (n.op == Op::attention_weights || n.op == Op::attention_lse)) {

@@ -13,16 +13,19 @@ DecoderSession::DecoderSession(Graph step, Feeds weights, const Shape& shape, Ru
     : graph_(std::move(step)), shape_(shape), run_(std::move(run)), feeds_(std::move(weights)) {
   if (shape_.layers <= 0 || shape_.kv_heads <= 0 || shape_.head_dim <= 0 || shape_.batch <= 0 || shape_.capacity <= 0)
     throw std::invalid_argument("DecoderSession: layers, kv_heads, head_dim, batch and capacity must be positive");
-  if (!run_) run_ = [](const Graph& g, const Feeds& f) { return interpret(g, f); };
+  if (!run_) run_ = [](const Graph& g, const Feeds& f, const Destinations&) { return interpret(g, f); };
+  // The caches, at their full capacity, once (NdArray::zeros throws IoError when they cannot be
+  // sized; std::bad_alloc when there is no memory for them).
+  for (std::int64_t i = 0; i < shape_.layers; ++i)
+    for (const char* kv : {"k.", "v."}) {
+      NdArray& cache = feeds_[layer_name((std::string("cache_") + kv).c_str(), i)];
+      cache = NdArray::zeros(DType::f32, {shape_.batch, shape_.kv_heads, shape_.capacity, shape_.head_dim});
+      present_[layer_name((std::string("present_") + kv).c_str(), i)] = &cache;
+    }
   reset();
 }
 
-void DecoderSession::reset() {
-  for (std::int64_t i = 0; i < shape_.layers; ++i)
-    for (const char* kv : {"past_k.", "past_v."})
-      feeds_[layer_name(kv, i)] = NdArray::zeros(DType::f32, {shape_.batch, shape_.kv_heads, 0, shape_.head_dim});
-  position_ = 0;
-}
+void DecoderSession::reset() { position_ = 0; }  // the rows past position() are never read
 
 NdArray DecoderSession::prefill(const NdArray& tokens) {
   reset();
@@ -47,11 +50,12 @@ NdArray DecoderSession::step(const NdArray& tokens) {
   for (std::size_t k = 0; k < p.size(); ++k) p[k] = position_ + static_cast<std::int64_t>(k) % n;
   feeds_["tokens"] = tokens;
   feeds_["positions"] = std::move(positions);
-  RunResult r = run_(graph_, feeds_);
-  for (std::int64_t i = 0; i < shape_.layers; ++i) {
-    feeds_[layer_name("past_k.", i)] = std::move(r.outputs.at(layer_name("present_k.", i)));
-    feeds_[layer_name("past_v.", i)] = std::move(r.outputs.at(layer_name("present_v.", i)));
-  }
+  NdArray past = NdArray::zeros(DType::i64, {});
+  past.as<std::int64_t>()[0] = position_;
+  feeds_["past_length"] = std::move(past);
+  RunResult r = run_(graph_, feeds_, present_);
+  for (const auto& [name, cache] : present_)  // a runner that did not write them in place
+    if (auto it = r.outputs.find(name); it != r.outputs.end()) *cache = std::move(it->second);
   position_ += n;
   ++steps_;
   return std::move(r.outputs.at("logits"));

@@ -39,11 +39,35 @@ void check_feed_array(const Node& n, const NdArray& a) {
                   " bytes of " + std::string(dtype_name(a.dtype)) + " but it holds " + std::to_string(a.bytes.size()));
 }
 
+/// For a slice at offset 0 of an update_slice along the updated axis: where the update's rows
+/// end (start + their extent), once bound.
+std::optional<std::int64_t> update_end(const Graph& g, const Node& n, const Bindings& b) {
+  if (n.op != Op::slice || n.offset != 0 || n.attr_axes.size() != 2 || n.inputs.size() != 1) return std::nullopt;
+  if (n.inputs[0] < 0 || static_cast<std::size_t>(n.inputs[0]) >= g.size()) return std::nullopt;
+  const Node& u = g.node(n.inputs[0]);
+  if (u.op != Op::update_slice || !u.dim || u.attr_axes.size() != 2 || u.attr_axes[0] != n.attr_axes[0] ||
+      u.inputs.size() != 3 || u.inputs[1] < 0 || static_cast<std::size_t>(u.inputs[1]) >= g.size())
+    return std::nullopt;
+  const auto start = u.dim->resolve(b);
+  std::optional<std::int64_t> rows;
+  for (const Axis& x : g.node(u.inputs[1]).axes)
+    if (x.name == u.attr_axes[1]) rows = x.extent.resolve(b);
+  if (!start || !rows) return std::nullopt;
+  return *start + *rows;
+}
+
 /// A merge of two dynamic axes declares a fresh symbol (named after the merged axis) that no
 /// input binds; its size is the product of the two parts, known once the inputs are bound. A
 /// concat of parts sized by different symbols does the same with the sum of the parts.
 void bind_merged_symbols(const Graph& g, Bindings& b) {
   for (const Node& n : g.nodes()) {
+    if (const auto end = update_end(g, n, b)) {  // the written prefix of a KV cache: start + rows
+      for (const Axis& out : n.axes)
+        if (out.name == n.attr_axes[1] && out.extent.is_dynamic() && !out.extent.resolve(b) && out.extent.num == 1 &&
+            out.extent.den == 1 && out.extent.plus == 0)
+          b[out.extent.symbol] = *end;
+      continue;
+    }
     if (n.op == Op::concat && !n.attr_axes.empty()) {
       for (const Axis& out : n.axes) {
         if (out.name != n.attr_axes.back() || out.extent.is_static() || out.extent.resolve(b)) continue;
@@ -158,6 +182,20 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
     if (it == feeds.end()) throw ShapeError("missing " + who + " (expected " + axes_str(n.axes) + ")");
     const NdArray& a = it->second;
     check_feed_array(n, a);
+    if (n.op == Op::input && n.dim) {  // a size fed by value
+      if (!is_integer(a.dtype) || !a.shape.empty())
+        throw ShapeError(who + " is the size " + n.dim->symbol + " and must be fed an integer scalar, not " +
+                         std::string(dtype_name(a.dtype)) + " " + shape_to_string(a.shape));
+      const std::int64_t v = a.dtype == DType::i64 ? a.as<std::int64_t>()[0] : a.as<std::int32_t>()[0];
+      if (v < 0)
+        throw ShapeError(who + " is the size " + n.dim->symbol + " and must be >= 0, not " + std::to_string(v));
+      if (auto f = b.find(n.dim->symbol); f != b.end() && f->second != v)
+        throw ShapeError(who + " feeds " + n.dim->symbol + " = " + std::to_string(v) + " but '" +
+                         bound_by[n.dim->symbol] + "' bound it to " + std::to_string(f->second));
+      b[n.dim->symbol] = v;
+      bound_by[n.dim->symbol] = n.name;
+      continue;
+    }
     if (a.shape.size() != n.axes.size())
       throw ShapeError(who + ": expected " + std::to_string(n.axes.size()) + " axes " + axes_str(n.axes) +
                        " but the array has shape " + shape_to_string(a.shape));

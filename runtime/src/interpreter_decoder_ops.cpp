@@ -142,4 +142,33 @@ Value op_argmax(const OpArgs& a) {
 
 Value op_silu(const OpArgs& a) { return unary_map(a, silu); }
 
+/// update_slice: x with rows written at [start, start + n) of attr_axes[0] — a KV cache's append
+/// (the backends write in place when the output is the input's own buffer).
+Value op_update_slice(const OpArgs& a) {
+  expect_inputs(a);
+  expect_attrs(a, 2);
+  const Value &X = *a.in[0], &R = *a.in[1];
+  const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
+  const std::size_t q = axis_pos(a, a.in_nodes[1]->axes, a.node.attr_axes[1], "rows");
+  if (p != q || R.shape.size() != X.shape.size()) internal_error(where(a) + "the rows' axes do not match x's");
+  if (!a.node.dim) internal_error(where(a) + "has no start");
+  const auto start = a.node.dim->resolve(a.bindings);
+  if (!start) internal_error(where(a) + "its start " + a.node.dim->str() + " is not bound");
+  for (std::size_t k = 0; k < X.shape.size(); ++k)
+    if (k != p) expect_same_size(a, a.in_nodes[0]->axes[k].name, X.shape[k], R.shape[k]);
+  const std::int64_t n = R.shape[p];
+  if (*start + n > X.shape[p])
+    throw ShapeError(where(a) + "rows [" + std::to_string(*start) + ", " + std::to_string(*start + n) +
+                     ") do not fit `" + a.node.attr_axes[0] + "`, which holds " + std::to_string(X.shape[p]) +
+                     "; fix: a larger capacity, or fewer positions");
+  Value out = X;
+  const Around r = around(X.shape, p);
+  for (std::int64_t o = 0; o < r.outer; ++o) {
+    const auto from = R.data.begin() + static_cast<std::ptrdiff_t>(o * n * r.inner);
+    std::copy(from, from + static_cast<std::ptrdiff_t>(n * r.inner),
+              out.data.begin() + static_cast<std::ptrdiff_t>((o * r.n + *start) * r.inner));
+  }
+  return out;
+}
+
 }  // namespace qkv::interp

@@ -699,6 +699,8 @@ Value eval_op(const OpArgs& a) {
       return op_embedding(a);
     case Op::argmax:
       return op_argmax(a);
+    case Op::update_slice:
+      return op_update_slice(a);
     case Op::relu:
       return unary_map(a, relu);
     case Op::gelu:

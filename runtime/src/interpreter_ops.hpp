@@ -91,5 +91,6 @@ Value op_silu(const OpArgs& a);
 Value op_rope(const OpArgs& a);
 Value op_embedding(const OpArgs& a);
 Value op_argmax(const OpArgs& a);
+Value op_update_slice(const OpArgs& a);
 
 }  // namespace qkv::interp

@@ -11,6 +11,14 @@ Feeds random_feeds(const Graph& g, const Bindings& b, std::uint64_t seed, float 
     if (n.op != Op::input && n.op != Op::param) continue;
     ++stream;
     if (feeds.contains(n.name)) continue;
+    if (is_size_input(n)) {  // the size itself
+      const auto v = n.dim->resolve(b);
+      if (!v) throw ShapeError("random_feeds: the size '" + n.name + "' (" + n.dim->str() + ") is not bound");
+      NdArray size = NdArray::zeros(DType::i64, {});
+      size.as<std::int64_t>()[0] = *v;
+      feeds[n.name] = std::move(size);
+      continue;
+    }
     std::vector<std::int64_t> shape;
     for (const Axis& a : n.axes) {
       auto v = a.extent.resolve(b);

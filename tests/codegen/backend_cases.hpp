@@ -177,7 +177,7 @@ inline LlamaConfig tiny_llama_config() {
 }
 
 /// tiny_llama_config's model as one step against a KV cache (CausalLm::cached): inputs tokens,
-/// positions, past_k.{i} / past_v.{i}; outputs logits, present_k.{i} / present_v.{i}.
+/// positions, past_length, cache_k.{i} / cache_v.{i}; outputs logits, present_k.{i} / present_v.{i}.
 inline Graph tiny_llama_step() {
   Graph g;
   declare_cached_step(g, CausalLm<32>::make(g, tiny_llama_config()));

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/qkv.hpp>
@@ -275,6 +278,82 @@ TEST(Aot, DynamicSizesAreArgumentsOfOneFunction) {
   EXPECT_THROW(codegen::aot_header(g, {{"Batch", 1}, {"Seq", 2}, {"Key", 2}}, opt), std::invalid_argument);  // static
 }
 
+TEST(Aot, APreparedHandleBindsTheWeightsOnceThroughTheCInterface) {
+  // Two linear layers (one with a bias) around a gelu, Seq a run-time size, emitted as a shared
+  // library and called through its C functions: <f>_prepare binds the weights (packed once),
+  // <f>_run takes the other arrays. 2 rows take the GEMV (W in place), 9 the GEMM on the packed
+  // panels; both equal the unprepared call bit for bit and the interpreter within 2e-5.
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<40>>>(g, "x");
+  auto h = gelu(linear(x, linear_params<Model<40>, Hidden<48>>(g, "up")));
+  output(linear(h, linear_params<Hidden<48>, Model<40>>(g, "down", /*bias=*/false)), "y");
+  codegen::AotOptions opt;
+  opt.function = "mlp";
+  opt.dynamic = {"Seq"};
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_aot_prepared_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string so = (dir / "libmlp.so").string();
+  codegen::emit_aot(g, {}, opt, codegen::AotFormat::shared, so);
+  const std::string header = codegen::aot_header(g, {}, opt);
+  EXPECT_THAT(header, HasSubstr("void* mlp_prepare(\n    int64_t Seq,\n    const float* up_weight,\n    const float* "
+                                "up_bias,\n    const float* down_weight);"));
+  EXPECT_THAT(header, HasSubstr("int mlp_run(void* handle, int64_t Seq, const float* x, float* y);"));
+  EXPECT_THAT(header, HasSubstr("void mlp_release(void* handle);"));
+  void* lib = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << ::dlerror();
+  using Packed = int(const std::int64_t*, void* const*);
+  using PreparePacked = void*(const std::int64_t*, void* const*);
+  using RunPacked = int(void*, const std::int64_t*, void* const*);
+  using Prepare = void*(std::int64_t, const float*, const float*, const float*);
+  using Run = int(void*, std::int64_t, const float*, float*);
+  using Release = void(void*);
+  auto* packed = reinterpret_cast<Packed*>(::dlsym(lib, "mlp_packed"));
+  auto* prepare_packed = reinterpret_cast<PreparePacked*>(::dlsym(lib, "mlp_prepare_packed"));
+  auto* run_packed = reinterpret_cast<RunPacked*>(::dlsym(lib, "mlp_run_packed"));
+  auto* prepare = reinterpret_cast<Prepare*>(::dlsym(lib, "mlp_prepare"));
+  auto* run = reinterpret_cast<Run*>(::dlsym(lib, "mlp_run"));
+  auto* release = reinterpret_cast<Release*>(::dlsym(lib, "mlp_release"));
+  ASSERT_TRUE(packed && prepare_packed && run_packed && prepare && run && release);
+
+  const Feeds weights = random_feeds(g, {{"Seq", 1}}, 77, 0.5f);
+  auto data = [&](const char* name) { return weights.at(name).as<float>().data(); };
+  float* up_w = const_cast<float*>(data("up.weight"));
+  float* up_b = const_cast<float*>(data("up.bias"));
+  float* down_w = const_cast<float*>(data("down.weight"));
+  const std::int64_t none[] = {0};  // no parameter has Seq: prepare does not read it
+  void* params[] = {up_w, up_b, down_w};
+  void* handle = prepare_packed(none, params);
+  void* direct = prepare(0, up_w, up_b, down_w);
+  ASSERT_NE(handle, nullptr);
+  ASSERT_NE(direct, nullptr);
+  for (std::int64_t seq : {2, 9, 2, 9}) {  // twice each: the handle's arena reused
+    SCOPED_TRACE("Seq " + std::to_string(seq));
+    Feeds f = weights;
+    f["x"] = random_feeds(g, {{"Seq", seq}}, 5 + static_cast<std::uint64_t>(seq), 1.0f).at("x");
+    const std::vector<float> want = interpret(g, f).outputs.at("y").to_f32();
+    std::vector<float> xs = f.at("x").to_f32(), plain(want.size(), std::nanf("")), bound = plain, typed = plain;
+    const std::int64_t sizes[] = {seq};
+    void* all[] = {xs.data(), up_w, up_b, down_w, plain.data()};  // graph order: x, then the params
+    ASSERT_EQ(packed(sizes, all), 0);
+    void* others[] = {xs.data(), bound.data()};
+    ASSERT_EQ(run_packed(handle, sizes, others), 0);
+    ASSERT_EQ(run(direct, seq, xs.data(), typed.data()), 0);
+    EXPECT_EQ(std::memcmp(plain.data(), bound.data(), plain.size() * 4), 0) << "prepared == unprepared";
+    EXPECT_EQ(std::memcmp(plain.data(), typed.data(), plain.size() * 4), 0);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(bound[i], want[i], 2e-5 * std::max(1.0f, std::abs(want[i]))) << i;
+  }
+  std::vector<float> xs(40, 0.0f), ys(40);
+  void* others[] = {xs.data(), ys.data()};
+  const std::int64_t one[] = {1};
+  EXPECT_EQ(run_packed(nullptr, one, others), 5) << "a failed prepare's NULL is refused";
+  release(handle);
+  release(direct);
+  release(nullptr);
+  ::dlclose(lib);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Aot, AttentionHeadWidthsCannotBeDynamic) {
   Graph g;
   auto q = input<Tensor<f32, Heads<2>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
@@ -370,7 +449,9 @@ TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
       const std::size_t at = line.find('@');
       exported.push_back(line.substr(at, line.find('(', at) - at));
     }
-  EXPECT_THAT(exported, ::testing::UnorderedElementsAre("@sdpa8", "@sdpa8_packed", "@sdpa8_set_threads"));
+  EXPECT_THAT(exported, ::testing::UnorderedElementsAre("@sdpa8", "@sdpa8_packed", "@sdpa8_set_threads",
+                                                        "@sdpa8_prepare", "@sdpa8_prepare_packed", "@sdpa8_run",
+                                                        "@sdpa8_run_packed", "@sdpa8_release"));
 
   auto files = codegen::emit_aot(g, sizes, opt, codegen::AotFormat::object, (dir / "k.o").string());
   ASSERT_EQ(files.size(), 2u);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include <qkv/codegen/cpu/compiled_graph.hpp>
@@ -19,6 +20,7 @@
 #include <qkv/runtime/decoder_session.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
+#include "../support/cases.hpp"
 #include "backend_cases.hpp"
 
 using ::testing::HasSubstr;
@@ -49,12 +51,13 @@ void expect_backends_agree(const Graph& g, const Feeds& feeds, double tol = 2e-5
     const auto av = a.to_f32(), wv = w.to_f32();
     double err = 0;
     for (std::size_t i = 0; i < wv.size(); ++i) {
-      if (std::isinf(wv[i])) {
-        EXPECT_EQ(av[i], wv[i]);
+      if (std::isinf(wv[i]) || std::isnan(wv[i])) {  // the same infinity, or NaN where the reference has NaN
+        EXPECT_TRUE(std::isnan(wv[i]) ? std::isnan(av[i]) : av[i] == wv[i]) << name << "[" << i << "] " << av[i];
         continue;
       }
-      err = std::max(
-          err, std::abs(static_cast<double>(av[i]) - wv[i]) / std::max(1.0, std::abs(static_cast<double>(wv[i]))));
+      const double e =
+          std::abs(static_cast<double>(av[i]) - wv[i]) / std::max(1.0, std::abs(static_cast<double>(wv[i])));
+      err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);  // a NaN is no match
     }
     EXPECT_LE(err, tol) << name;
   }
@@ -317,7 +320,8 @@ double max_row_error(const NdArray& step, const NdArray& full, std::int64_t from
       for (std::int64_t v = 0; v < V; ++v) {
         const double x = s[static_cast<std::size_t>((b * n + t) * V + v)];
         const double y = f[static_cast<std::size_t>((b * L + from + t) * V + v)];
-        err = std::max(err, std::abs(x - y) / std::max(1.0, std::abs(y)));
+        const double e = std::abs(x - y) / std::max(1.0, std::abs(y));
+        err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);  // a NaN is no match
       }
   return err;
 }
@@ -340,7 +344,8 @@ TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
   c.feeds["positions"] = cases::int_feed(2, 9, 0, 0, 0);
   for (int backend = 0; backend < 2; ++backend) {
     DecoderSession::Runner runner;
-    if (backend == 1) runner = [](const Graph& g, const Feeds& f) { return codegen::cpu::run(g, f, 2); };
+    const codegen::cpu::BoundRunner bound(2);
+    if (backend == 1) runner = bound;  // the weights packed once, the caches written in place
     const NdArray full = backend ? codegen::cpu::run(c.graph, c.feeds, 2).outputs.at("out")
                                  : interpret(c.graph, c.feeds).outputs.at("out");
     DecoderSession s(cases::tiny_llama_step(), tiny_llama_weights(c),
@@ -354,6 +359,7 @@ TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
       if (t == 6) modules = codegen::jit_stats().modules;  // the first one-token step compiles its shape class
     }
     EXPECT_EQ(codegen::jit_stats().modules, modules) << "decode steps after the first compile nothing";
+    if (backend == 1) EXPECT_EQ(bound.prepared(), 1) << "one handle for the weights, packed once";
     EXPECT_EQ(s.position(), 9);
     try {
       (void)s.decode(columns(tokens, 0, 1));
@@ -365,6 +371,73 @@ TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
     s.reset();
     EXPECT_EQ(s.position(), 0);
     EXPECT_LE(max_row_error(s.decode(columns(tokens, 0, 3)), full, 0), backend ? 1e-5 : 0.0);
+  }
+}
+
+TEST(CpuBackend, KvCacheAppendWritesOnlyTheStepsRowsAndAttendsTheCacheInPlace) {
+  const Graph g = test::cached_attention_layer();
+  const Graph lowered = codegen::lower(g);
+  EXPECT_EQ(count_op(lowered, Op::fused_attention), 1);
+  EXPECT_EQ(count_op(lowered, Op::update_slice), 2);
+  for (std::int64_t seq : {1, 3, 7}) {  // the split-KV decode kernel (<= 4 queries) and the fused one
+    SCOPED_TRACE("seq " + std::to_string(seq));
+    const std::int64_t past = 10, slots = 24;
+    Feeds f = random_feeds(g,
+                           {{"Batch", 2},
+                            {"Seq", seq},
+                            {"Slot", slots},
+                            {"Past", past},
+                            {"KvHeads", 2},
+                            {"HeadDim", 8},
+                            {"QProj", 32},
+                            {"KvProj", 16}},
+                           31 + static_cast<unsigned>(seq), 0.5f);
+    f["positions"] = cases::int_feed(2, seq, 1, 0, past);
+    // Positions past the step's rows hold NaN: an attention that read them would return NaN.
+    for (const char* name : {"cache_k", "cache_v"}) {
+      auto c = f[name].as<float>();
+      for (std::size_t i = 0; i < c.size(); ++i)
+        if (static_cast<std::int64_t>(i / 8) % slots >= past + seq) c[i] = std::nanf("");
+    }
+    const RunResult want = interpret(g, f);
+    expect_backends_agree(g, f, 2e-5);
+
+    // The caches as their own destinations: written in place.
+    const Feeds before = f;
+    RunResult got = codegen::cpu::run(g, f, 2, {{"present_k", &f["cache_k"]}, {"present_v", &f["cache_v"]}});
+    EXPECT_EQ(got.outputs.count("present_k"), 0u);
+    EXPECT_LE(max_row_error(got.outputs.at("out"), want.outputs.at("out"), 0), 2e-5);
+    for (const char* name : {"k", "v"}) {
+      const auto now = f.at(std::string("cache_") + name).as<float>();
+      const auto old = before.at(std::string("cache_") + name).as<float>();
+      const auto ref = want.outputs.at(std::string("present_") + name).as<float>();
+      for (std::size_t i = 0; i < now.size(); ++i) {
+        const std::int64_t row = static_cast<std::int64_t>(i / 8) % slots;
+        if (row < past || row >= past + seq)  // untouched, bit for bit (NaN stays NaN)
+          ASSERT_EQ(std::memcmp(&now[i], &old[i], 4), 0) << name << " " << i;
+        else
+          ASSERT_NEAR(now[i], ref[i], 2e-5) << name << " " << i;
+      }
+    }
+  }
+  // Past + Seq beyond the capacity: the compiled graph refuses the sizes; so does the interpreter.
+  Feeds f = random_feeds(g,
+                         {{"Batch", 1},
+                          {"Seq", 3},
+                          {"Slot", 8},
+                          {"Past", 6},
+                          {"KvHeads", 2},
+                          {"HeadDim", 8},
+                          {"QProj", 32},
+                          {"KvProj", 16}},
+                         5);
+  f["positions"] = cases::int_feed(1, 3, 1, 0, 6);
+  EXPECT_THROW((void)codegen::cpu::run(g, f, 2), ShapeError);
+  try {
+    (void)interpret(g, f);
+    ADD_FAILURE() << "no error past the capacity";
+  } catch (const ShapeError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rows [6, 9) do not fit `Slot`, which holds 8"));
   }
 }
 

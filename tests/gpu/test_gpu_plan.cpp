@@ -363,6 +363,40 @@ TEST(GpuPlan, TheLogSumExpComesFromTheGpuKernelAndFromTheHostFallback) {
       }
 }
 
+TEST(GpuPlan, AKvCacheAppendIsCopiedOnTheGpuAndTheAttentionReadsItsPrefix) {
+  // cache_append's update_slice: the cache copied whole, then the step's rows of each (batch,
+  // head), all by the strided-copy kernel; the prefix the attention reads is a slice (a copy).
+  const Graph g = cached_attention_layer();
+  const Graph lowered = codegen::lower(g);
+  for (std::int64_t seq : {1, 5}) {  // the split-KV decode kernel and the fused one
+    SCOPED_TRACE("seq " + std::to_string(seq));
+    Feeds f = random_feeds(g,
+                           {{"Batch", 2},
+                            {"Seq", seq},
+                            {"Slot", 20},
+                            {"Past", 9},
+                            {"KvHeads", 2},
+                            {"HeadDim", 8},
+                            {"QProj", 32},
+                            {"KvProj", 16}},
+                           3 + static_cast<std::uint64_t>(seq), 0.5f);
+    NdArray positions = NdArray::zeros(DType::i64, {2, seq});
+    for (std::int64_t k = 0; k < 2 * seq; ++k) positions.as<std::int64_t>()[static_cast<std::size_t>(k)] = 9 + k % seq;
+    f["positions"] = positions;
+    const Plan p = codegen::cuda::plan(lowered, bind_extents(lowered, f), {});
+    for (std::size_t id = 0; id < p.steps.size(); ++id)
+      if (lowered.node(static_cast<int>(id)).op == Op::update_slice) {
+        EXPECT_EQ(p.steps[id].kind, Step::Kind::gpu) << p.steps[id].why;
+        EXPECT_EQ(p.steps[id].launches.size(), 1u + 4u) << "the cache, then the rows of each of 2 × 2 (batch, head)";
+      }
+    HostMachine m;
+    const RunResult got = codegen::cuda::execute_on(m, lowered, f);
+    const RunResult want = interpret(g, f);
+    EXPECT_TRUE(m.errors.empty()) << (m.errors.empty() ? "" : m.errors.front());
+    for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-5) << name;
+  }
+}
+
 TEST(GpuPlan, RunWithoutAGpuThrowsNoGpu) {
   if (cuda::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present: this test checks the error without one";
   const Case c = sweep_case(sweep_shapes().front());

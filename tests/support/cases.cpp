@@ -384,4 +384,19 @@ Error relative_error(const NdArray& got, const NdArray& want) {
   return err;
 }
 
+Graph cached_attention_layer() {
+  using namespace qkv::nn;
+  Graph g;
+  const auto attn = LlamaAttention<32>::make(g, "a.", {.heads = 4, .kv_heads = 2, .head_dim = 8});
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>>(g, "x");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  auto ck = input<KvCache>(g, "cache_k");
+  auto cv = input<KvCache>(g, "cache_v");
+  auto [out, k2, v2] = attn.cached(x, positions, ck, cv, size_input<Past>(g, "past_length"));
+  output(out, "out");
+  output(k2, "present_k");
+  output(v2, "present_v");
+  return g;
+}
+
 }  // namespace qkv::test

@@ -41,6 +41,11 @@ std::vector<SweepShape> sweep_shapes();
 std::string sweep_name(const SweepShape& s);
 Case sweep_case(const SweepShape& s);
 
+/// One GQA attention layer (LlamaAttention::cached, 4/2 heads, D = 8) against KV caches of any
+/// capacity: inputs x [Batch, Seq, 32], positions, past_length, cache_k / cache_v; outputs out,
+/// present_k, present_v (the caches after the step).
+Graph cached_attention_layer();
+
 /// The CLI's sdpa / mha / encoder-layer graphs (with and without masks), seeded feeds.
 std::vector<Case> cli_model_cases();
 

@@ -10,6 +10,7 @@
 
 #include <sys/resource.h>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 
 #include <qkv/codegen/jit.hpp>
@@ -168,17 +169,26 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   if (total > c.max_position_embeddings)
     std::fprintf(stderr, "qkv: note: %lld positions exceed max_position_embeddings (%lld) of the model\n",
                  static_cast<long long>(total), static_cast<long long>(c.max_position_embeddings));
-  // The cache at its largest, twice (the past and the present of a step), beside the weights.
+  // The caches at their full capacity (written in place by the CPU backend; the interpreter and
+  // the CUDA backend hand back a second set each step), beside the weights.
   const std::uint64_t cache =
-      2ull * 2 * static_cast<std::uint64_t>(c.num_hidden_layers * B * c.num_key_value_heads * total * c.head_dim) * 4;
+      2ull * (o.backend == Backend::cpu ? 1 : 2) *
+      static_cast<std::uint64_t>(c.num_hidden_layers * B * c.num_key_value_heads * total * c.head_dim) * 4;
   require_memory(cache, "the KV cache");
-  DecoderSession session(build_causal_lm_step(c), weight_feeds(ck),
-                         {.layers = c.num_hidden_layers,
-                          .kv_heads = c.num_key_value_heads,
-                          .head_dim = c.head_dim,
-                          .batch = B,
-                          .capacity = total},
-                         [&](const Graph& g, const Feeds& f) { return run_graph(g, f, o.backend, o.threads); });
+  // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
+  // checkpoint's size).
+  if (o.backend == Backend::cpu) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
+  DecoderSession session(
+      build_causal_lm_step(c), weight_feeds(ck),
+      {.layers = c.num_hidden_layers,
+       .kv_heads = c.num_key_value_heads,
+       .head_dim = c.head_dim,
+       .batch = B,
+       .capacity = total},
+      [&, bound = codegen::cpu::BoundRunner(o.threads)](const Graph& g, const Feeds& f, const Destinations& into) {
+        // The CPU backend: the weights packed once, the caches written in place.
+        return o.backend == Backend::cpu ? bound(g, f, into) : run_graph(g, f, o.backend, o.threads);
+      });
 
   const Activity running("generating");
   std::mt19937_64 rng(o.seed);

@@ -70,12 +70,12 @@ Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, 
   return Causal::top_left;
 }
 
-RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads) {
+RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads, const Destinations& into) {
   switch (backend) {
     case Backend::reference:
       return interpret(g, feeds);
     case Backend::cpu:
-      return codegen::cpu::run(g, feeds, threads);
+      return codegen::cpu::run(g, feeds, threads, into);
     case Backend::cuda:
       return codegen::cuda::run(g, feeds);  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
   }

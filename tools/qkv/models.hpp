@@ -91,9 +91,10 @@ Graph build_encoder(const EncoderModel& m);
 /// qkv::nn::CausalLm. Inputs: tokens and positions [Batch, Seq] (i64), the weights by their
 /// Hugging Face names. Output: logits [Batch, Seq, Vocab].
 Graph build_causal_lm(const HfConfig& c);
-/// The same model as one step against a KV cache (DecoderSession's graph): inputs also
-/// past_k.{i} / past_v.{i} [Batch, KvHeads, Past, HeadDim]; outputs logits and present_k.{i} /
-/// present_v.{i} [Batch, KvHeads, Past + Seq, HeadDim].
+/// The same model as one step against a KV cache (DecoderSession's graph,
+/// qkv::nn::declare_cached_step): inputs also the size past_length and cache_k.{i} / cache_v.{i}
+/// [Batch, KvHeads, Slot, HeadDim]; outputs logits and present_k.{i} / present_v.{i}, the caches
+/// after the step.
 Graph build_causal_lm_step(const HfConfig& c);
 
 }  // namespace qkv::cli

@@ -15,7 +15,9 @@
 namespace qkv::cli {
 
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
-RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0);
+/// `into`: outputs the backend may write into the caller's arrays (the CPU backend does).
+RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0,
+                    const Destinations& into = {});
 
 /// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
 /// was compiled for the run and how long it took.

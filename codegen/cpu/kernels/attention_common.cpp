@@ -38,6 +38,11 @@ llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_
   return b.CreateLoad(type, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offset), name);
 }
 
+llvm::Value* head_rows(llvm::IRBuilder<>& b, llvm::Value* args, llvm::Value* len_k) {
+  llvm::Value* rows = load_args_field(b, args, offsetof(AttentionArgs, kv_rows), b.getInt64Ty(), "kv_rows");
+  return b.CreateSelect(b.CreateICmpEQ(rows, b.getInt64(0)), len_k, rows, "head_rows");
+}
+
 std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,
                                           const std::vector<ModTensor>& tensors, llvm::Value* batch, llvm::Value* len_q,
                                           llvm::Value* len_k) {

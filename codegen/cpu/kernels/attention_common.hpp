@@ -33,6 +33,9 @@ void restore_denormals(llvm::IRBuilder<>& b, llvm::Value* saved);
 llvm::Value* load_args_field(llvm::IRBuilder<>& b, llvm::Value* args, std::size_t offset, llvm::Type* type,
                              const llvm::Twine& name);
 
+/// The rows each K/V head has as stored: AttentionArgs::kv_rows, or len_k where it is 0.
+llvm::Value* head_rows(llvm::IRBuilder<>& b, llvm::Value* args, llvm::Value* len_k);
+
 /// The mod's tensors (EffectiveMod::tensors, in order) from the args (load_mod_tensors with the
 /// AttentionArgs' key_keep, bias, tensors and extents fields).
 std::vector<ModTensorIn> load_mod_tensors(llvm::IRBuilder<>& b, llvm::Value* args,

@@ -159,7 +159,8 @@ void AttentionEmitter::load_arguments() {
   llvm::Value* kv_head = b_.CreateUDiv(head_, c64(group), "kv_head");
   llvm::Value* bh = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head_, "bh");
   llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh, len_q_), q0_, "row0");  // first row in [B·Hq·L]
-  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), len_k_);
+  llvm::Value* kv_rows =
+      b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), head_rows(b_, args_, len_k_));
   q_base_ = b_.CreateInBoundsGEP(f32_, q, b_.CreateMul(row0, c64(dk_)), "q_base");
   k_base_ = b_.CreateInBoundsGEP(f32_, k, b_.CreateMul(kv_rows, c64(dk_)), "k_base");
   v_base_ = b_.CreateInBoundsGEP(f32_, v, b_.CreateMul(kv_rows, c64(dv_)), "v_base");

@@ -231,7 +231,8 @@ void DecodeEmitter::load_unit(llvm::Value* args, llvm::Value* unit) {
   batch_ = b_.CreateUDiv(rest, c64(spec_.hkv), "batch");
   batchf_ = b_.CreateSIToFP(batch_, f32_, "bf");
   head0_ = b_.CreateAdd(b_.CreateMul(kv_head, c64(group_)), b_.CreateMul(block, c64(rows_)), "head0");
-  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), len_k_);
+  llvm::Value* kv_rows =
+      b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), head_rows(b_, args, len_k_));
   k_base_ = fptr(field(offsetof(AttentionArgs, k), ptr_, "k"), b_.CreateMul(kv_rows, c64(spec_.dk)));
   v_base_ = fptr(field(offsetof(AttentionArgs, v), ptr_, "v"), b_.CreateMul(kv_rows, c64(spec_.dv)));
   tensors_ = load_mod_tensors(b_, args, mod_.tensors, nbatch_, len_q_, len_k_);

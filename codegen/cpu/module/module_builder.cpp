@@ -40,14 +40,50 @@ void ModuleBuilder::emit_gemm(int id) {
 void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y,
                                    const I& m, const I& nn, const I& k) {
   gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
-  const I panels = ceil_div(nn, gemm_cfg_.cols());
-  const auto [packed, bias_pad] = gemm_blocks_.at(id);
-  memset0(bias_pad, panels * gemm_cfg_.cols() * 4);
-  if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
+  auto [packed, bias_pad] = gemm_blocks_.at(id);
+  // A prepared linear under a handle: its panels and padded bias were made once, by prepare.
+  const auto it = std::find(plan_.prepared.begin(), plan_.prepared.end(), id);
+  ir::Bool pack(b_, b_.getTrue());
+  if (it != plan_.prepared.end()) {
+    const std::size_t j = slot_prepared(static_cast<std::size_t>(it - plan_.prepared.begin()));
+    pack = unprepared();
+    llvm::Value* at = ir::entry_alloca(b_, ptr_, 2, 8, "panels_at");
+    llvm::Value* at_bias = b_.CreateConstGEP1_64(ptr_, at, 1);
+    b_.CreateStore(packed, at);
+    b_.CreateStore(bias_pad, at_bias);
+    branch(prepared(), [&] {
+      b_.CreateStore(b_.CreateLoad(ptr_, slot(handle_, j)), at);
+      b_.CreateStore(b_.CreateLoad(ptr_, slot(handle_, j + 1)), at_bias);
+    });
+    packed = b_.CreateLoad(ptr_, at);
+    bias_pad = b_.CreateLoad(ptr_, at_bias);
+  }
+  branch(pack, [&] { emit_pad_bias(bias, bias_pad, nn); });
   // A few rows (a decode step): the GEMV kernel reads W in place.
   branch(
       m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k); },
-      [&] { emit_gemm_packed(x, wt, packed, bias_pad, y, m, nn, k); });
+      [&] {
+        branch(pack, [&] { emit_pack_panels(wt, packed, nn, k); });
+        emit_gemm_packed(x, packed, bias_pad, y, m, nn, k);
+      });
+}
+
+void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn) {
+  memset0(bias_pad, ceil_div(nn, gemm_cfg_.cols()) * gemm_cfg_.cols() * 4);
+  if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
+}
+
+/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk]; zeros past N.
+void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k) {
+  const std::int64_t nr = gemm_cfg_.cols();
+  const I panels = ceil_div(nn, nr);
+  const I full = nn / nr, rest = nn % nr;
+  branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
+  const I one = c64(1);
+  nest({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {c64(0), c64(0)},
+       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
+  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
+       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
 }
 
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
@@ -73,22 +109,14 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
   branch(m == 1, [&] { run(1); }, [&] { branch(m == 2, [&] { run(2); }, [&] { run(kGemvMaxRows); }); });
 }
 
-void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* wt, llvm::Value* packed, llvm::Value* bias_pad,
-                                     llvm::Value* y, const I& m, const I& nn, const I& k) {
+/// The GEMM kernel's tasks over x and the packed panels.
+void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
+                                     const I& m, const I& nn, const I& k) {
   if (!gemm_) {
     emit_gemm_kernel(m_, gemm_cfg_, "qkv_gemm");
     gemm_ = callee("qkv_gemm");
   }
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
-  const I panels = ceil_div(nn, nr);
-  // bp[(p·K + kk)·NR + r] = W[p·NR + r][kk]; zeros past N.
-  const I full = nn / nr, rest = nn % nr;
-  branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
-  const I one = c64(1);
-  nest({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {c64(0), c64(0)},
-       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
-  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
-       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
 
   auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
@@ -138,10 +166,12 @@ void ModuleBuilder::emit_attention(int id) {
   }
   llvm::Value* weights = spec.write_weights ? weights_.at(id) : null;
   llvm::Value* lse = spec.write_lse ? lse_.at(id) : null;
+  const auto cache = plan_.kv_rows.find(id);  // K and V read in place out of KV caches
+  llvm::Value* kv_rows = (cache != plan_.kv_rows.end() ? dim(cache->second) : c64(0)).v();
 
   // AttentionArgs, field by field (attention.hpp: its layout is the kernel ABI).
-  auto* args_type =
-      llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_, ptr_});
+  auto* args_type = llvm::StructType::get(
+      ctx_, {ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, i64_, ptr_, i64_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "attention_args");
   const Values fields{buf(n.inputs[0]),
                       buf(n.inputs[1]),
@@ -156,7 +186,8 @@ void ModuleBuilder::emit_attention(int id) {
                       lq.v(),
                       lk.v(),
                       c64(static_cast<std::int64_t>(call.seed)).v(),
-                      lse};
+                      lse,
+                      kv_rows};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   const I bh = batch * spec.hq;
   const I work = bh * lq * lk * (spec.dk + spec.dv) * 2;

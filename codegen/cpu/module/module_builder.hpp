@@ -6,20 +6,27 @@
 // code) or dynamic (every other symbol of the graph: run-time arguments, in the order of
 // ModulePlan::dynamic). The module defines
 //
-//   i32 <f>_entry(const i64* sizes, void* const* args, i32 threads)   sizes[i]: dynamic[i]
+//   i32 <f>_entry(const i64* sizes, void* const* args, i32 threads, ptr handle)   sizes[i]: dynamic[i]
+//   ptr <f>_prepare_entry(const i64* sizes, void* const* args)   a handle: the params, packed panels
+//   void <f>_release_entry(ptr handle)
 //   i32 <f>(i64 size…, ptr arg…)         the C entry point (sizes first, then the arrays)
 //   i32 <f>_packed([const i64* sizes,] void* const* args)
 //   i32 <f>_set_threads(i32 n)
+//   ptr <f>_prepare(i64 size…, ptr param…), <f>_prepare_packed([sizes,] params)
+//   i32 <f>_run(ptr handle, i64 size…, ptr other arg…), <f>_run_packed(handle, [sizes,] args)
+//   void <f>_release(ptr handle)
 //
 // args are the graph's inputs and parameters in graph order, then its outputs (AotSignature).
 // Returns 0; 1 when the scratch arena cannot be allocated; 2 when the sizes are invalid
-// (negative, or failing one of the graph's shape checks).
+// (negative, or failing one of the graph's shape checks); 3 for an embedding id outside its table;
+// 4 when a handle was prepared for other sizes of the parameters; 5 for a null handle.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,6 +71,13 @@ struct ModulePlan {
     int block = -1;
   };
   std::map<int, Decode> decode;
+  /// K and V read in place out of KV caches (cache_append's prefixes): the slices not copied, and
+  /// per fused_attention id the rows each K/V head has as stored (the caches' capacity).
+  std::set<int> kv_alias;
+  std::map<int, Extent> kv_rows;
+  /// The linears on the GEMM kernel whose weights (and bias) are parameters: a prepared handle
+  /// (<f>_prepare) holds their panels packed once.
+  std::vector<int> prepared;
   std::vector<Alloc> allocs;
   int slots = 0;
   std::int64_t gemm_cols = 0;  // NR of the GEMM kernel for the target

@@ -55,8 +55,10 @@ class ModuleBuilder {
 
   void build(const std::string& name, bool aot) {
     llvm::Function* entry = emit_entry(name + "_entry");
-    std::vector<llvm::Function*> exported{entry};
-    if (aot) exported = emit_c_entry_points(name, entry);
+    llvm::Function* prepare = emit_prepare(name + "_prepare_entry");
+    llvm::Function* release = emit_release(name + "_release_entry");
+    std::vector<llvm::Function*> exported{entry, prepare, release};
+    if (aot) exported = emit_c_entry_points(name, entry, prepare, release);
     for (llvm::Function& f : m_)
       if (!f.isDeclaration() && std::find(exported.begin(), exported.end(), &f) == exported.end())
         f.setLinkage(llvm::GlobalValue::InternalLinkage);
@@ -271,17 +273,151 @@ class ModuleBuilder {
 
   // --- the entry points -----------------------------------------------------------------------
 
+  // --- prepared handles ------------------------------------------------------------------------
+  // A handle (<f>_prepare) is an array of 8-byte slots: the sizes it was prepared for, the
+  // parameters' pointers (graph order), per prepared linear (plan.prepared) its packed panels and
+  // padded bias, then the arena kept between runs and its capacity in bytes.
+  std::size_t param_count() const {
+    std::size_t n = 0;
+    for (const auto& x : g_.nodes()) n += x.op == Op::param;
+    return n;
+  }
+  std::size_t slot_param(std::size_t p) const { return plan_.dynamic.size() + p; }
+  std::size_t slot_prepared(std::size_t j) const { return slot_param(param_count()) + 2 * j; }
+  std::size_t slot_arena() const { return slot_prepared(plan_.prepared.size()); }
+  std::size_t handle_slots() const { return slot_arena() + 2; }
+  llvm::Value* slot(llvm::Value* handle, std::size_t k) { return b_.CreateConstGEP1_64(i64_, handle, k); }
+  /// Whether the function being built runs with a prepared handle (false in plain calls).
+  ir::Bool prepared() { return ir::Bool(b_, b_.CreateIsNotNull(handle_)); }
+  ir::Bool unprepared() { return ir::Bool(b_, b_.CreateIsNull(handle_)); }
+  /// The symbols the parameters' extents use: a handle serves only calls with the same values.
+  std::vector<std::size_t> param_size_slots() const {
+    std::vector<std::size_t> out;
+    for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
+      for (const auto& x : g_.nodes())
+        if (x.op == Op::param && std::any_of(x.axes.begin(), x.axes.end(), [&](const Axis& a) {
+              return a.extent.is_dynamic() && a.extent.symbol == plan_.dynamic[k];
+            })) {
+          out.push_back(k);
+          break;
+        }
+    return out;
+  }
+  llvm::Value* aligned_alloc(const I& bytes) {
+    auto* fn = m_.getOrInsertFunction("aligned_alloc", ptr_, i64_, i64_).getCallee();
+    return b_.CreateCall(llvm::cast<llvm::Function>(fn), {c64(64).v(), round_up(imax(bytes, 64), 64).v()});
+  }
+  void free(llvm::Value* p) {
+    auto* fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
+    b_.CreateCall(llvm::cast<llvm::Function>(fn), {p});
+  }
+
+  /// ptr <f>_prepare_entry(const i64* sizes, void* const* args): a handle holding the parameters
+  /// (args' param slots; the other args are not read) and every prepared linear's weights packed
+  /// into the GEMM's panels, or null when memory runs out.
+  llvm::Function* emit_prepare(const std::string& name) {
+    fn_ = llvm::Function::Create(llvm::FunctionType::get(ptr_, {ptr_, ptr_}, false), llvm::GlobalValue::ExternalLinkage,
+                                 name, m_);
+    attributes(fn_);
+    llvm::Value *sizes = fn_->getArg(0), *args = fn_->getArg(1);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    sym_.clear();
+    for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
+      sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
+    auto* calloc_fn = m_.getOrInsertFunction("calloc", ptr_, i64_, i64_).getCallee();
+    llvm::Value* handle =
+        b_.CreateCall(llvm::cast<llvm::Function>(calloc_fn), {b_.getInt64(handle_slots()), b_.getInt64(8)}, "handle");
+    auto give_up_unless = [&](llvm::Value* ok) {  // null (after freeing what was made) unless ok
+      auto* fail = llvm::BasicBlock::Create(ctx_, "fail", fn_);
+      auto* next = llvm::BasicBlock::Create(ctx_, "ok", fn_);
+      b_.CreateCondBr(ok, next, fail);
+      b_.SetInsertPoint(fail);
+      b_.CreateCall(m_.getFunction(release_name_), {handle});
+      b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+      b_.SetInsertPoint(next);
+    };
+    auto* null_fail = llvm::BasicBlock::Create(ctx_, "no_handle", fn_);
+    auto* made = llvm::BasicBlock::Create(ctx_, "made", fn_);
+    b_.CreateCondBr(b_.CreateIsNull(handle), null_fail, made);
+    b_.SetInsertPoint(null_fail);
+    b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+    b_.SetInsertPoint(made);
+    for (std::size_t k = 0; k < plan_.dynamic.size(); ++k) b_.CreateStore(sym_[plan_.dynamic[k]], slot(handle, k));
+    std::size_t leaf = 0, param = 0;
+    std::map<int, llvm::Value*> leaves;
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      const Node& n = g_.node(id);
+      if (!is_array_leaf(n)) continue;
+      llvm::Value* a = b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, args, leaf++));
+      if (n.op != Op::param) continue;
+      b_.CreateStore(a, slot(handle, slot_param(param++)));
+      leaves[id] = a;
+    }
+    gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+    const std::int64_t nr = gemm_cfg_.cols();
+    for (std::size_t j = 0; j < plan_.prepared.size(); ++j) {
+      const Node& n = g_.node(plan_.prepared[j]);
+      const Dims w = shape(n.inputs[1]);
+      const I panels = ceil_div(w[0], nr);
+      llvm::Value* packed = aligned_alloc(panels * nr * w[1] * 4);
+      b_.CreateStore(packed, slot(handle, slot_prepared(j)));
+      llvm::Value* bias_pad = aligned_alloc(panels * nr * 4);
+      b_.CreateStore(bias_pad, slot(handle, slot_prepared(j) + 1));
+      give_up_unless(b_.CreateAnd(b_.CreateIsNotNull(packed), b_.CreateIsNotNull(bias_pad)));
+      emit_pack_panels(leaves.at(n.inputs[1]), packed, w[0], w[1]);
+      emit_pad_bias(n.inputs.size() > 2 ? leaves.at(n.inputs[2]) : nullptr, bias_pad, w[0]);
+    }
+    b_.CreateRet(handle);
+    return fn_;
+  }
+
+  /// void <f>_release_entry(ptr handle): frees what <f>_prepare_entry made (null: nothing).
+  llvm::Function* emit_release(const std::string& name) {
+    llvm::Function* f = m_.getFunction(name);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", f));
+    llvm::Value* handle = f->getArg(0);
+    auto* body = llvm::BasicBlock::Create(ctx_, "free", f);
+    auto* done = llvm::BasicBlock::Create(ctx_, "done", f);
+    b_.CreateCondBr(b_.CreateIsNull(handle), done, body);
+    b_.SetInsertPoint(body);
+    for (std::size_t j = 0; j < plan_.prepared.size(); ++j)
+      for (std::size_t k : {slot_prepared(j), slot_prepared(j) + 1}) free(b_.CreateLoad(ptr_, slot(handle, k)));
+    free(b_.CreateLoad(ptr_, slot(handle, slot_arena())));
+    free(handle);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+    b_.CreateRetVoid();
+    return f;
+  }
+
+  /// i32 <f>_entry(const i64* sizes, void* const* args, i32 threads, ptr handle): handle null or
+  /// one <f>_prepare_entry made (4 when the parameters' sizes differ from the handle's).
   llvm::Function* emit_entry(const std::string& name) {
-    fn_ = llvm::Function::Create(llvm::FunctionType::get(i32_, {ptr_, ptr_, i32_}, false),
+    // The release function is declared first: prepare calls it when it gives up.
+    release_name_ = name.substr(0, name.size() - std::string("_entry").size()) + "_release_entry";
+    auto* release = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_}, false),
+                                           llvm::GlobalValue::ExternalLinkage, release_name_, m_);
+    attributes(release);
+    fn_ = llvm::Function::Create(llvm::FunctionType::get(i32_, {ptr_, ptr_, i32_, ptr_}, false),
                                  llvm::GlobalValue::ExternalLinkage, name, m_);
     attributes(fn_);
     llvm::Value *sizes = fn_->getArg(0), *args = fn_->getArg(1);
     sizes->setName("sizes");
     args->setName("args");
+    handle_ = fn_->getArg(3);
+    handle_->setName("handle");
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
     for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
       sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
     emit_size_checks();
+    if (const auto checked = param_size_slots(); !checked.empty()) {
+      branch(prepared(), [&] {
+        ir::Bool same(b_, b_.getTrue());
+        for (std::size_t k : checked)
+          same = same && I(b_, sym_[plan_.dynamic[k]]) == I(b_, b_.CreateLoad(i64_, slot(handle_, k)));
+        fail_unless(same.v(), 4);
+      });
+    }
     threads_ = emit_thread_count(b_, fn_->getArg(2));
     // What the entry returns when every node ran: 0, or 3 once an embedding met an id out of range.
     status_ = ir::entry_alloca(b_, i32_, 1, 4, "status");
@@ -289,12 +425,31 @@ class ModuleBuilder {
 
     // 64-byte aligned (C11 aligned_alloc; the size a multiple of it): the kernels' packed panels
     // and tiles are read with aligned vector loads.
+    // With a handle: its arena, grown when this call needs more (kept between calls).
     auto layout = arena_layout<I>(g_, plan_, [this](const Extent& e) { return dim(e); });
     llvm::Value* arena = llvm::ConstantPointerNull::get(ptr_);
     if (layout.total.constant() != 0) {
-      auto* alloc_fn = m_.getOrInsertFunction("aligned_alloc", ptr_, i64_, i64_).getCallee();
-      arena = b_.CreateCall(llvm::cast<llvm::Function>(alloc_fn), {c64(64).v(), imax(layout.total, 64).v()}, "arena");
-      fail_unless(b_.CreateIsNotNull(arena), 1);
+      llvm::Value* at = ir::entry_alloca(b_, ptr_, 1, 8, "arena_at");
+      branch(
+          prepared(),
+          [&] {
+            llvm::Value* have = b_.CreateLoad(i64_, slot(handle_, slot_arena() + 1));
+            branch(I(b_, have) < layout.total, [&] {
+              free(b_.CreateLoad(ptr_, slot(handle_, slot_arena())));
+              b_.CreateStore(b_.getInt64(0), slot(handle_, slot_arena() + 1));
+              llvm::Value* grown = aligned_alloc(layout.total);
+              b_.CreateStore(grown, slot(handle_, slot_arena()));
+              fail_unless(b_.CreateIsNotNull(grown), 1);
+              b_.CreateStore(round_up(imax(layout.total, 64), 64).v(), slot(handle_, slot_arena() + 1));
+            });
+            b_.CreateStore(b_.CreateLoad(ptr_, slot(handle_, slot_arena())), at);
+          },
+          [&] {
+            llvm::Value* fresh = aligned_alloc(layout.total);
+            fail_unless(b_.CreateIsNotNull(fresh), 1);
+            b_.CreateStore(fresh, at);
+          });
+      arena = b_.CreateLoad(ptr_, at, "arena");
     }
 
     // Buffers: arguments for leaves and in-place outputs, the arena for the rest, the input's for
@@ -305,9 +460,11 @@ class ModuleBuilder {
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
       const Node& n = g_.node(id);
       const auto i = static_cast<std::size_t>(id);
-      if (n.op == Op::input || n.op == Op::param)
+      if (is_size_input(n))
+        buf_[i] = llvm::ConstantPointerNull::get(ptr_);  // its value is among the sizes
+      else if (n.op == Op::input || n.op == Op::param)
         buf_[i] = arg(leaf++);
-      else if (is_view(n.op))
+      else if (is_view(n.op) || plan_.kv_alias.count(id))
         buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];
       else if (plan_.output_arg[i] >= 0)
         buf_[i] = arg(static_cast<std::size_t>(plan_.output_arg[i]));
@@ -337,11 +494,9 @@ class ModuleBuilder {
       }
       ++out;
     }
-    if (!llvm::isa<llvm::ConstantPointerNull>(arena)) {
-      auto* free_fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
-      b_.CreateCall(llvm::cast<llvm::Function>(free_fn), {arena});
-    }
+    if (!llvm::isa<llvm::ConstantPointerNull>(arena)) branch(unprepared(), [&] { free(arena); });
     b_.CreateRet(b_.CreateLoad(i32_, status_));
+    handle_ = nullptr;
     return fn_;
   }
 
@@ -382,44 +537,141 @@ class ModuleBuilder {
         total = total + dim(g_.node(part).axes[axis_pos(g_.node(part).axes, n.attr_axes[0])].extent);
       ok = ok && dim(n.axes[axis_pos(n.axes, n.attr_axes.back())].extent) == total;
     }
+    // Slices inside their input; an update's rows inside the updated axis; a prefix of an update
+    // as long as what it wrote (a KV cache's Key = Past + Seq).
+    for (const auto& n : g_.nodes()) {
+      if (n.op == Op::slice && n.attr_axes.size() == 2) {
+        const auto& in = g_.node(n.inputs[0]);
+        const I part = dim(n.axes[axis_pos(n.axes, n.attr_axes[1])].extent);
+        ok = ok && part * (n.offset + 1) <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
+        if (in.op == Op::update_slice && n.offset == 0 && in.attr_axes[0] == n.attr_axes[0])
+          ok = ok && part == update_end(in);
+      }
+      if (n.op == Op::update_slice) ok = ok && update_end(n) <= dim(n.axes[axis_pos(n.axes, n.attr_axes[0])].extent);
+    }
     if (ok.constant() != true) fail_unless(ok.v(), 2);
   }
 
-  /// <f>(sizes…, arrays…), <f>_packed([sizes,] args) and <f>_set_threads, around the entry.
-  std::vector<llvm::Function*> emit_c_entry_points(const std::string& name, llvm::Function* entry) {
+  /// Where an update_slice's rows end along the updated axis: start + their extent.
+  I update_end(const Node& u) {
+    const auto& rows = g_.node(u.inputs[1]).axes;
+    return dim(*u.dim) + dim(rows[axis_pos(rows, u.attr_axes[1])].extent);
+  }
+
+  /// The C entry points around the entry: <f>(sizes…, arrays…), <f>_packed([sizes,] args),
+  /// <f>_set_threads, and the prepared pair <f>_prepare(sizes…, params…) -> handle,
+  /// <f>_run(handle, sizes…, the other arrays…), <f>_release(handle), with their _packed forms.
+  std::vector<llvm::Function*> emit_c_entry_points(const std::string& name, llvm::Function* entry,
+                                                   llvm::Function* prepare, llvm::Function* release) {
     llvm::Function* set = nullptr;
     llvm::GlobalVariable* setting = emit_thread_setting(m_, name, [this](llvm::Function* f) { attributes(f); }, &set);
     const std::size_t n_sizes = sig_.sizes.size(), n_args = sig_.args.size();
+    std::vector<bool> is_param(n_args, false);
+    {
+      std::size_t k = 0;
+      for (const auto& n : g_.nodes())
+        if (is_array_leaf(n)) is_param[k++] = n.op == Op::param;
+    }
+    llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+    // A function of `params` (after a leading handle when `handle`), sizes first unless packed.
+    auto begin = [&](const std::string& fname, llvm::Type* ret, std::vector<llvm::Type*> params) {
+      fn_ = llvm::Function::Create(llvm::FunctionType::get(ret, params, false), llvm::GlobalValue::ExternalLinkage,
+                                   fname, m_);
+      attributes(fn_);
+      b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+      return fn_;
+    };
+    auto arrays = [&](std::size_t n) { return ir::entry_alloca(b_, ptr_, std::max<std::size_t>(n, 1), 8, "args"); };
+    auto size_array = [&](llvm::Function* f, unsigned first) {
+      llvm::Value* sizes = ir::entry_alloca(b_, i64_, std::max<std::size_t>(n_sizes, 1), 8, "sizes");
+      for (std::size_t k = 0; k < n_sizes; ++k) {
+        f->getArg(first + static_cast<unsigned>(k))->setName(sig_.sizes[k].c_name);
+        b_.CreateStore(f->getArg(first + static_cast<unsigned>(k)), b_.CreateConstGEP1_64(i64_, sizes, k));
+      }
+      return sizes;
+    };
+    auto packed_sizes = [&](llvm::Function* f, unsigned at) {
+      return n_sizes > 0 ? static_cast<llvm::Value*>(f->getArg(at)) : null;
+    };
+    const std::vector<llvm::Type*> size_types(n_sizes, i64_);
+    auto with = [&](std::vector<llvm::Type*> head, std::size_t arrays_count) {
+      head.insert(head.end(), size_types.begin(), size_types.end());
+      head.insert(head.end(), arrays_count, ptr_);
+      return head;
+    };
+    std::size_t n_params = 0;
+    for (bool p : is_param) n_params += p;
 
-    std::vector<llvm::Type*> params(n_sizes, i64_);
-    params.insert(params.end(), n_args, ptr_);
-    auto* direct = llvm::Function::Create(llvm::FunctionType::get(i32_, params, false),
-                                          llvm::GlobalValue::ExternalLinkage, name, m_);
-    attributes(direct);
-    for (std::size_t k = 0; k < n_sizes; ++k) direct->getArg(static_cast<unsigned>(k))->setName(sig_.sizes[k].c_name);
-    for (std::size_t k = 0; k < n_args; ++k)
-      direct->getArg(static_cast<unsigned>(n_sizes + k))->setName(sig_.args[k].c_name);
-    fn_ = direct;
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", direct));
-    llvm::Value* sizes = ir::entry_alloca(b_, i64_, std::max<std::size_t>(n_sizes, 1), 8, "sizes");
-    llvm::Value* args = ir::entry_alloca(b_, ptr_, std::max<std::size_t>(n_args, 1), 8, "args");
-    for (std::size_t k = 0; k < n_sizes; ++k)
-      b_.CreateStore(direct->getArg(static_cast<unsigned>(k)), b_.CreateConstGEP1_64(i64_, sizes, k));
-    for (std::size_t k = 0; k < n_args; ++k)
-      b_.CreateStore(direct->getArg(static_cast<unsigned>(n_sizes + k)), b_.CreateConstGEP1_64(ptr_, args, k));
-    b_.CreateRet(b_.CreateCall(entry, {sizes, args, b_.CreateLoad(i32_, setting)}));
+    // <f>(sizes…, arrays…)
+    llvm::Function* direct = begin(name, i32_, with({}, n_args));
+    llvm::Value* sizes = size_array(direct, 0);
+    llvm::Value* args = arrays(n_args);
+    for (std::size_t k = 0; k < n_args; ++k) {
+      llvm::Value* a = direct->getArg(static_cast<unsigned>(n_sizes + k));
+      a->setName(sig_.args[k].c_name);
+      b_.CreateStore(a, b_.CreateConstGEP1_64(ptr_, args, k));
+    }
+    b_.CreateRet(b_.CreateCall(entry, {sizes, args, b_.CreateLoad(i32_, setting), null}));
 
-    std::vector<llvm::Type*> packed_params{ptr_};
-    if (n_sizes > 0) packed_params.insert(packed_params.begin(), ptr_);
-    auto* packed = llvm::Function::Create(llvm::FunctionType::get(i32_, packed_params, false),
-                                          llvm::GlobalValue::ExternalLinkage, name + "_packed", m_);
-    attributes(packed);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", packed));
-    llvm::Value* packed_sizes =
-        n_sizes > 0 ? static_cast<llvm::Value*>(packed->getArg(0)) : llvm::ConstantPointerNull::get(ptr_);
-    b_.CreateRet(
-        b_.CreateCall(entry, {packed_sizes, packed->getArg(n_sizes > 0 ? 1 : 0), b_.CreateLoad(i32_, setting)}));
-    return {direct, packed, set};
+    // <f>_packed([sizes,] args)
+    llvm::Function* packed = begin(name + "_packed", i32_, std::vector<llvm::Type*>(n_sizes > 0 ? 2 : 1, ptr_));
+    b_.CreateRet(b_.CreateCall(
+        entry, {packed_sizes(packed, 0), packed->getArg(n_sizes > 0 ? 1 : 0), b_.CreateLoad(i32_, setting), null}));
+
+    // <f>_prepare(sizes…, params…): the args with the parameters in place, nothing else.
+    auto prepare_from = [&](llvm::Value* sz, const std::function<llvm::Value*(std::size_t)>& param) {
+      llvm::Value* all = arrays(n_args);
+      for (std::size_t k = 0, p = 0; k < n_args; ++k)
+        b_.CreateStore(is_param[k] ? param(p++) : null, b_.CreateConstGEP1_64(ptr_, all, k));
+      b_.CreateRet(b_.CreateCall(prepare, {sz, all}));
+    };
+    llvm::Function* prep = begin(name + "_prepare", ptr_, with({}, n_params));
+    {
+      llvm::Value* sz = size_array(prep, 0);
+      prepare_from(sz, [&](std::size_t p) { return prep->getArg(static_cast<unsigned>(n_sizes + p)); });
+    }
+    llvm::Function* prep_packed =
+        begin(name + "_prepare_packed", ptr_, std::vector<llvm::Type*>(n_sizes > 0 ? 2 : 1, ptr_));
+    {
+      llvm::Value* list = prep_packed->getArg(n_sizes > 0 ? 1 : 0);
+      prepare_from(packed_sizes(prep_packed, 0),
+                   [&](std::size_t p) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, list, p)); });
+    }
+
+    // <f>_run(handle, sizes…, the arrays that are not parameters…): those from the handle.
+    auto run_from = [&](llvm::Value* handle, llvm::Value* sz, const std::function<llvm::Value*(std::size_t)>& other) {
+      llvm::Value* all = arrays(n_args);
+      // A null handle (a failed prepare) is refused (5) rather than read.
+      auto* bad = llvm::BasicBlock::Create(ctx_, "no_handle", fn_);
+      auto* ok = llvm::BasicBlock::Create(ctx_, "run", fn_);
+      b_.CreateCondBr(b_.CreateIsNull(handle), bad, ok);
+      b_.SetInsertPoint(bad);
+      b_.CreateRet(b_.getInt32(5));
+      b_.SetInsertPoint(ok);
+      for (std::size_t k = 0, p = 0, o = 0; k < n_args; ++k)
+        b_.CreateStore(is_param[k] ? b_.CreateLoad(ptr_, slot(handle, slot_param(p++))) : other(o++),
+                       b_.CreateConstGEP1_64(ptr_, all, k));
+      b_.CreateRet(b_.CreateCall(entry, {sz, all, b_.CreateLoad(i32_, setting), handle}));
+    };
+    llvm::Function* run = begin(name + "_run", i32_, with({ptr_}, n_args - n_params));
+    {
+      run->getArg(0)->setName("handle");
+      llvm::Value* sz = size_array(run, 1);
+      std::size_t o = 0;
+      for (std::size_t k = 0; k < n_args; ++k)
+        if (!is_param[k]) run->getArg(static_cast<unsigned>(1 + n_sizes + o++))->setName(sig_.args[k].c_name);
+      run_from(run->getArg(0), sz, [&](std::size_t i) { return run->getArg(static_cast<unsigned>(1 + n_sizes + i)); });
+    }
+    llvm::Function* run_packed = begin(name + "_run_packed", i32_, std::vector<llvm::Type*>(n_sizes > 0 ? 3 : 2, ptr_));
+    {
+      llvm::Value* list = run_packed->getArg(n_sizes > 0 ? 2 : 1);
+      run_from(run_packed->getArg(0), packed_sizes(run_packed, 1),
+               [&](std::size_t i) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, list, i)); });
+    }
+    llvm::Function* rel = begin(name + "_release", b_.getVoidTy(), {ptr_});
+    b_.CreateCall(release, {rel->getArg(0)});
+    b_.CreateRetVoid();
+    return {direct, packed, set, prep, prep_packed, run, run_packed, rel};
   }
 
   // --- nodes ----------------------------------------------------------------------------------
@@ -450,6 +702,7 @@ class ModuleBuilder {
       case KernelKind::broadcast_binary:
         return emit_broadcasting(id);
       case KernelKind::strided_copy:
+        if (plan_.kv_alias.count(id)) return;  // read in place by the attention (a KV cache's prefix)
         if (n.op == Op::slice) return emit_slice(id);
         if (n.op == Op::concat) return emit_concat(id);
         map(id, {n.inputs[0]}, {strides_by_name(n.axes, g_.node(n.inputs[0]).axes, shape(n.inputs[0]))},
@@ -482,6 +735,8 @@ class ModuleBuilder {
         return emit_embedding(id);
       case KernelKind::argmax:
         return emit_argmax(id);
+      case KernelKind::update_slice:
+        return emit_update_slice(id);
     }
     internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }
@@ -510,6 +765,9 @@ class ModuleBuilder {
   void emit_slice(int id);
 
   void emit_concat(int id);
+  void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k);
+  void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
+  void emit_update_slice(int id);
 
   void emit_broadcasting(int id);
 
@@ -564,9 +822,9 @@ class ModuleBuilder {
   /// m <= kGemvMaxRows: the GEMV kernel for m's row count, W read in place.
   void emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
                       const I& k);
-  /// Bᵀ packed into panels, then the GEMM kernel's tasks.
-  void emit_gemm_packed(llvm::Value* x, llvm::Value* wt, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
-                        const I& m, const I& nn, const I& k);
+  /// The GEMM kernel's tasks over Bᵀ packed into panels (emit_pack_panels).
+  void emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y, const I& m,
+                        const I& nn, const I& k);
 
   void emit_attention(int id);
 
@@ -591,6 +849,8 @@ class ModuleBuilder {
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
   llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)
+  llvm::Value* handle_ = nullptr;  // the entry's prepared handle (null in plain calls)
+  std::string release_name_;
 };
 
 }  // namespace qkv::codegen::cpu::detail

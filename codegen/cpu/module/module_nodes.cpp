@@ -118,6 +118,22 @@ void ModuleBuilder::emit_concat(int id) {
   }
 }
 
+/// x's values (unless the output is x's own buffer: a session's KV cache, updated in place), then
+/// the rows at [start, start + n) of the updated axis.
+void ModuleBuilder::emit_update_slice(int id) {
+  const Node& n = g_.node(id);
+  const int x = n.inputs[0], rows = n.inputs[1];
+  const std::size_t p = axis_pos(g_.node(x).axes, n.attr_axes[0]);
+  const Dims out_strides = strides_of(shape(id));
+  branch(ir::Bool(b_, b_.CreateICmpNE(buf(id), buf(x))), [&] {
+    const I bytes = numel(shape(id)) * static_cast<std::int64_t>(storage_bytes(n.dtype));
+    b_.CreateMemCpy(buf(id), llvm::MaybeAlign(1), buf(x), llvm::MaybeAlign(1), bytes.v());
+  });
+  const Dims s = shape(rows);
+  nest(s, {out_strides, strides_of(s)}, {dim(*n.dim) * out_strides[p], c64(0)},
+       [&](const Dims&, const Dims& off) { store(load(elem(n), buf(rows), off[1]), buf(id), off[0]); });
+}
+
 void ModuleBuilder::emit_broadcasting(int id) {
   const Node& n = g_.node(id);
   const Node &x = g_.node(n.inputs[0]), &y = g_.node(n.inputs[1]);

@@ -37,6 +37,61 @@ std::set<std::string> graph_symbols(const Graph& g) {
   return s;
 }
 
+/// A slice the attention kernels can read in place: the first rows along the second-to-last axis
+/// (a KV cache's positions, [.., Slot, HeadDim]) of its input, read only as the keys or values
+/// of fused attentions, whose key axis it is.
+bool cache_prefix(const Graph& g, int id, const std::vector<std::vector<int>>& users, const std::set<int>& outputs) {
+  const Node& n = g.node(id);
+  if (n.op != Op::slice || n.offset != 0 || n.attr_axes.size() != 2 || outputs.count(id)) return false;
+  const auto& in = g.node(n.inputs[0]).axes;
+  if (in.size() < 2 || in[in.size() - 2].name != n.attr_axes[0] || n.axes.size() != in.size()) return false;
+  for (int u : users[static_cast<std::size_t>(id)]) {
+    const Node& a = g.node(u);
+    if (a.op != Op::fused_attention || !a.attention || a.attention->key != n.attr_axes[1]) return false;
+    for (std::size_t k = 0; k < a.inputs.size(); ++k)
+      if (a.inputs[k] == id && k != 1 && k != 2) return false;
+  }
+  return true;
+}
+
+/// plan.kv_alias / kv_rows: the attentions whose K and V are both cache prefixes of equal
+/// capacity read them in place; a prefix is aliased when every attention that reads it does.
+void plan_cache_reads(const Graph& g, ModulePlan& plan) {
+  const int count = static_cast<int>(g.size());
+  std::vector<std::vector<int>> users(static_cast<std::size_t>(count));
+  for (int id = 0; id < count; ++id)
+    for (int in : g.node(id).inputs) users[static_cast<std::size_t>(in)].push_back(id);
+  std::set<int> outputs;
+  for (const auto& o : g.outputs()) outputs.insert(o.node);
+  std::set<int> ok;
+  for (int id = 0; id < count; ++id)
+    if (cache_prefix(g, id, users, outputs)) ok.insert(id);
+  auto rows = [&](int slice) {
+    const auto& in = g.node(g.node(slice).inputs[0]).axes;
+    return in[in.size() - 2].extent;
+  };
+  for (bool changed = true; changed;) {  // drop prefixes one of whose readers cannot read in place
+    changed = false;
+    plan.kv_rows.clear();
+    for (int id = 0; id < count; ++id) {
+      const Node& n = g.node(id);
+      if (n.op != Op::fused_attention) continue;
+      const int k = n.inputs[1], v = n.inputs[2];
+      if (ok.count(k) && ok.count(v) && rows(k) == rows(v)) plan.kv_rows.emplace(id, rows(k));
+    }
+    for (auto it = ok.begin(); it != ok.end();) {
+      const auto& us = users[static_cast<std::size_t>(*it)];
+      if (std::all_of(us.begin(), us.end(), [&](int u) { return plan.kv_rows.count(u) > 0; })) {
+        ++it;
+      } else {
+        it = ok.erase(it);
+        changed = true;
+      }
+    }
+  }
+  plan.kv_alias = ok;
+}
+
 /// What the planner assumes of a size it does not know (it only steers which blocks share slots).
 constexpr std::int64_t kTypicalSize = 512;
 
@@ -66,7 +121,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
 
   // Outputs computed in place: a node that is neither a leaf nor a view, output under one name.
   std::size_t arg = 0;
-  for (const auto& n : g.nodes()) arg += n.op == Op::input || n.op == Op::param;
+  for (const auto& n : g.nodes()) arg += is_array_leaf(n);
   for (const auto& o : g.outputs()) {
     const Node& n = g.node(o.node);
     auto& slot = plan.output_arg[static_cast<std::size_t>(o.node)];
@@ -74,7 +129,18 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     ++arg;
   }
 
-  const std::vector<int> end = memory_ends(g);
+  plan_cache_reads(g, plan);
+  std::vector<int> end = memory_ends(g);
+  if (!plan.kv_alias.empty()) {  // an aliased slice keeps what it reads alive, as a view does
+    const std::vector<int> root = memory_roots(g);
+    for (int s : plan.kv_alias) {
+      const int r = root[static_cast<std::size_t>(g.node(s).inputs[0])];
+      auto& e = end[static_cast<std::size_t>(r)];
+      e = std::max(e, end[static_cast<std::size_t>(s)]);
+      for (std::size_t k = 0; k < end.size(); ++k)
+        if (root[k] == r) end[k] = e;
+    }
+  }
   auto add = [&](ModulePlan::Block kind, int node, int start, int stop) {
     plan.allocs.push_back({kind, node, start, stop, 0});
     return static_cast<int>(plan.allocs.size() - 1);
@@ -83,7 +149,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     const Node& n = g.node(id);
     const auto i = static_cast<std::size_t>(id);
     if (n.op == Op::fused_attention) plan.attention.emplace(id, describe_attention(g, id, plan.fixed));
-    if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
+    if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id)) continue;
     // attention_weights and attention_lse are written by their fused node: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
     auto& side_map = n.op == Op::attention_lse ? plan.lse : plan.weights;
@@ -95,6 +161,8 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     }
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
+      auto param = [&](std::size_t k) { return k >= n.inputs.size() || g.node(n.inputs[k]).op == Op::param; };
+      if (param(1) && param(2)) plan.prepared.push_back(id);
     }
   }
   // Weights or a log-sum-exp a fused node writes that nothing reads still need somewhere to go.
@@ -158,11 +226,12 @@ AotSignature module_signature(const Graph& g, const AotOptions& options, const M
       a.numel = a.numel >= 0 && e.is_static() ? a.numel * e.value : -1;
     }
     a.output = output;
+    a.param = n.op == Op::param;
     sig.args.push_back(std::move(a));
   };
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     const Node& n = g.node(id);
-    if (n.op == Op::input || n.op == Op::param) argument(n.name, id, false);
+    if (is_array_leaf(n)) argument(n.name, id, false);
   }
   for (const auto& o : g.outputs()) argument(o.name, o.node, true);
   if (plan.dynamic.empty()) {

@@ -10,7 +10,7 @@
 // every size fixed unless AotOptions::dynamic names it: each node's kernel kind
 // (lowering/select.hpp) is emitted as in docs/architecture.md — the flash-style attention kernel
 // per (batch, head, query block) with its masks combined as lowering/attention_call.hpp says, the
-// register-blocked GEMM (Bᵀ packed by generated loops on each call), the row-wise kernels, and
+// register-blocked GEMM (Bᵀ packed by generated loops on each call, or once by _prepare), the row-wise kernels, and
 // loop nests with the reference interpreter's semantics for everything else; views cost nothing.
 // Intermediates live in one 64-byte aligned arena (aligned_alloc) per call, in slots shared by
 // values whose lives do not overlap (lowering/lifetimes.hpp); outputs are computed in place. The
@@ -30,12 +30,18 @@
 //                  float* <output>, …);
 //   int <function>_packed([const int64_t* sizes,] void* const* args);   // the same, as arrays
 //   int <function>_set_threads(int n);          // n >= 1 threads; 0 (default): one per online CPU
+//   void* <function>_prepare([int64_t <size>, …,] const float* <param>, …);  // weights bound once
+//   int <function>_run(void* handle, [int64_t <size>, …,] <the other arrays>…);
+//   void <function>_release(void* handle);      // (+ _prepare_packed / _run_packed, as arrays)
 //
 // Arguments are the dynamic sizes (only with AotOptions::dynamic, in symbol order), then the
 // graph's inputs and parameters in graph order, then its outputs; every array is dense,
 // row-major, in the axis order the header lists. Returns 0; 1 when the arena cannot be allocated;
-// 2 when dynamic sizes are invalid (negative, or failing a shape check of the model). Bool
-// tensors (keep-masks: 1 = may attend) are one byte per element.
+// 2 when dynamic sizes are invalid (negative, or failing a shape check of the model); _run also
+// 4 when the parameters' sizes differ from the handle's and 5 for a NULL handle. A handle holds
+// the parameters' pointers, every linear layer's weights packed into the GEMM's panels once and
+// the arena, kept between runs (docs/aot.md). Bool tensors (keep-masks: 1 = may attend) are one
+// byte per element.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +79,7 @@ struct AotArgument {
   std::vector<Axis> axes;  // names and extents (concrete unless dynamic), in memory order
   std::int64_t numel = 0;  // -1 when it depends on a run-time size
   bool output = false;
+  bool param = false;  // a parameter (weights): bound once by <function>_prepare
 };
 
 /// A size the generated function takes at run time (`--dynamic`): the graph's symbol.

@@ -225,6 +225,86 @@ auto embedding(const Embedding<Rows, Features>& table, const I& ids) {
   }
 }
 
+/// A run-time size fed by value: an i64 scalar input whose value is the extent of `A` (e.g. the
+/// positions a KV cache holds before a step). Axes of extent `A<dyn>` elsewhere are that size.
+template <template <auto> class A>
+struct Size {
+  Graph* graph = nullptr;
+  int id = -1;
+};
+
+template <template <auto> class A>
+Size<A> size_input(Graph& g, std::string name) {
+  Node n;
+  n.op = Op::input;
+  n.name = std::move(name);
+  n.dtype = DType::i64;
+  n.dim = Extent::dynamic(std::string(family_name_fs<A>.view()));
+  return {&g, g.add(std::move(n))};
+}
+
+/// cache_append<Slot, Seq, Key>(cache, rows, start): a KV cache's append, the way FlashAttention's
+/// flash_attn_with_kvcache does it. `rows` — the cache's axes with `Seq` in place of `Slot` —
+/// are written at positions [start, start + n) of the cache's `Slot` axis (its capacity).
+/// Returns {cache', keys}: cache' the cache after the write (the cache's type), keys its first
+/// start + n positions along `Key`, what the attention reads. A backend writes in place when
+/// cache' is fed the cache's own buffer (DecoderSession does); the attention kernels read keys
+/// out of the cache's rows, no copy. start + n beyond the capacity is a ShapeError at run time.
+template <template <auto> class Slot, template <auto> class Seq, template <auto> class Key, class C, class R,
+          template <auto> class S>
+auto cache_append(const C& cache, const R& rows, const Size<S>& start) {
+  using Pair = std::pair<poison, poison>;
+  if constexpr (any_poison<C, R>) {
+    return Pair{};
+  } else {
+    using LC = typename C::axis_list;
+    using LR = typename R::axis_list;
+    if constexpr (!has_family<LC, Slot>) {
+      fail<fixed_string("cache_append: the cache ") + axes_fs<LC>() + " has no axis `" + family_name_fs<Slot> +
+           "` of positions; fix: a cache [Batch, KvHeads, " + family_name_fs<Slot> + ", HeadDim]">();
+      return Pair{};
+    } else if constexpr (!has_family<LR, Seq>) {
+      fail<fixed_string("cache_append: the rows ") + axes_fs<LR>() + " have no axis `" + family_name_fs<Seq> +
+           "`; fix: append the step's keys or values along their positions">();
+      return Pair{};
+    } else if constexpr (!std::is_same_v<typename C::dtype, typename R::dtype>) {
+      fail<fixed_string("cache_append: the cache is ") + C::dtype::name + " but the rows are " + R::dtype::name +
+           "; fix: store the rows as the cache does">();
+      return Pair{};
+    } else if constexpr (!detail::same_names<detail::replace_t<LC, find_family<LC, Slot>, axes<find_family<LR, Seq>>>,
+                                             LR>) {
+      using Want = detail::replace_t<LC, find_family<LC, Slot>, axes<find_family<LR, Seq>>>;
+      fail<fixed_string("cache_append: the rows are ") + axes_fs<LR>() + " but must be laid out as the cache " +
+           axes_fs<LC>() + " with `" + family_name_fs<Seq> + "` for `" + family_name_fs<Slot> +
+           "`; fix: " + permute_fix<Want>()>();
+      return Pair{};
+    } else {
+      using A = find_family<LC, Slot>;
+      using Out = tensor<typename C::dtype, LC, trait::plain>;
+      using Keys = tensor<typename C::dtype, detail::replace_t<LC, A, axes<Key<dyn>>>, trait::plain>;
+      Graph& g = cache.graph();
+      const std::string slot(A::name), seq(find_family<LR, Seq>::name), key(family_name_fs<Key>.view());
+      for (const auto& ra : rows.node().axes)
+        if (ra.name != seq)
+          defer_equal(g, ir_axis(cache.node(), ra.name).extent, ra.extent, [](auto sa, auto sb) {
+            return fixed_string("cache_append: the rows and the cache differ off the positions (") + sa + " vs " + sb +
+                   "); fix: append rows of the cache's batch, heads and head width";
+          });
+      Node u = detail::unary_node(cache, Op::update_slice, cache.node().axes);
+      u.inputs.push_back(rows.id());
+      u.inputs.push_back(start.id);
+      u.attr_axes = {slot, seq};
+      u.dim = Extent::dynamic(std::string(family_name_fs<S>.view()));
+      const Out updated(g, g.add(std::move(u)));
+      Node k = detail::unary_node(updated, Op::slice,
+                                  detail::ir_replace(updated.node().axes, slot, {Axis{key, Extent::dynamic(key)}}));
+      k.attr_axes = {slot, key};
+      k.offset = 0;  // the first start + n positions (bound when start and the rows are)
+      return std::pair{updated, Keys(g, g.add(std::move(k)))};
+    }
+  }
+}
+
 /// argmax<Over>(x): the index of the first largest entry along `Over` (a NaN counts as the
 /// largest, as torch.argmax); the result has x's other axes, as i64.
 template <template <auto> class Over, class T>

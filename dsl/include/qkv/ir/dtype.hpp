@@ -47,4 +47,7 @@ inline std::size_t dtype_size(DType t) {
   return 0;
 }
 
+/// i32 or i64 (token ids, positions, sizes fed by value).
+inline bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
 }  // namespace qkv

@@ -77,13 +77,19 @@ struct Node {
   CausalAlign align = CausalAlign::top_left;
   MaskKind mask = MaskKind::keep;
   std::int64_t offset = 0;                  // slice: which part (in units of the output extent)
-  std::optional<Extent> dim;                // scale: divide by sqrt(dim) (a dynamic contracted extent)
+  std::optional<Extent> dim;                // scale: divide by sqrt(dim); input: the size it feeds; update_slice: start
   std::optional<AttentionAttrs> attention;  // fused_attention only
   std::optional<ModExpr> mod;               // score_mod only
   std::optional<RopeAttrs> rope;            // rope only
 
   friend bool operator==(const Node&, const Node&) = default;
 };
+
+/// An input fed by value as a run-time size (an integer scalar whose value binds `dim`): the
+/// compiled code takes it among its sizes, not as an array.
+inline bool is_size_input(const Node& n) { return n.op == Op::input && n.dim.has_value(); }
+/// An input or parameter the compiled code takes as an array.
+inline bool is_array_leaf(const Node& n) { return (n.op == Op::input && !n.dim) || n.op == Op::param; }
 
 /// A check the DSL could not decide at compile time because an extent is dynamic. `message`
 /// is the compile-time diagnostic with `{a}` and `{b}` standing for the two sizes.

@@ -49,6 +49,7 @@ enum class Op : std::uint8_t {
   rope,
   embedding,
   argmax,
+  update_slice,
 };
 
 struct OpInfo {
@@ -61,8 +62,9 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 34> kOps{{
-    {Op::input, "input", 0, 0, false, false, false, "name: the feed"},
+inline constexpr std::array<OpInfo, 35> kOps{{
+    {Op::input, "input", 0, 0, false, false, false,
+     "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
     {Op::contract, "contract", 2, 2, false, false, false,
      "attr_axes: the contracted axes; sum of lhs*rhs, other axes matched by name"},
@@ -108,6 +110,9 @@ inline constexpr std::array<OpInfo, 34> kOps{{
      "(table [attr_axes[0], attr_axes[1]], ids): row ids[...] of the table; output: the ids' axes, then attr_axes[1]"},
     {Op::argmax, "argmax", 1, 1, false, false, false,
      "index of the first largest entry along attr_axes[0] (dropped from the output); a NaN counts as largest"},
+    {Op::update_slice, "update_slice", 3, 3, false, true, false,
+     "(x, rows, start): x with rows written at [dim, dim + n) of attr_axes[0], n the extent of rows' attr_axes[1]; "
+     "start: the size input of dim (a KV cache's append)"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

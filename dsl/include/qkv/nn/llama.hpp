@@ -29,7 +29,8 @@ namespace qkv::nn {
 QKV_AXIS(Vocab);   // token ids / logits
 QKV_AXIS(QProj);   // the query projection's output, query heads x head width
 QKV_AXIS(KvProj);  // the key / value projections' output, key/value heads x head width
-QKV_AXIS(Past);    // the cached positions before a step's tokens (a KV cache's keys)
+QKV_AXIS(Past);    // the cached positions before a step's tokens (a run-time size)
+QKV_AXIS(Slot);    // the positions a KV cache can hold (its capacity)
 
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
 struct LlamaAttentionConfig {
@@ -87,17 +88,19 @@ struct LlamaAttention {
     return attend(qh, kh, vh, masks...);
   }
 
-  /// With a KV cache: past_k (rotated) and past_v [Batch, KvHeads, Past, HeadDim] hold the
-  /// positions before x's. Returns {out, keys, values}: the keys and values of the past with
-  /// x's appended, [Batch, KvHeads, Key = Past + Seq, HeadDim] (the next step's past).
-  template <class X, class P, class PK, class PV>
-  auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
+  /// With a KV cache: cache_k (rotated keys) and cache_v [Batch, KvHeads, Slot, HeadDim] hold
+  /// the `past` positions before x's in their first rows. x's keys and values are written after
+  /// them (cache_append) and the attention reads Key = Past + Seq rows of the caches in place.
+  /// Returns {out, cache_k', cache_v'}: the caches after the write.
+  template <class X, class P, class CK, class CV>
+  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
     auto qh = queries(xs, positions);
-    auto step = [](const auto& t) { return permute<Batch, KvHeads, Key, HeadDim>(rename<Seq, Key>(t)); };
-    auto kh = append<Key>(rename<Past, Key>(past_k), step(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope)));
-    auto vh = append<Key>(rename<Past, Key>(past_v), step(kv_heads_of(xs, v)));
-    return std::tuple{attend(qh, kh, vh), kh, vh};
+    auto step = [](const auto& t) { return permute<Batch, KvHeads, Seq, HeadDim>(t); };
+    auto [ck, kh] =
+        cache_append<Slot, Seq, Key>(cache_k, step(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope)), past);
+    auto [cv, vh] = cache_append<Slot, Seq, Key>(cache_v, step(kv_heads_of(xs, v)), past);
+    return std::tuple{attend(qh, kh, vh), ck, cv};
   }
 
   /// The attention of rotated queries qh [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and
@@ -156,10 +159,10 @@ struct LlamaDecoderLayer {
     return residuals(x, self_attn(rms_norm(x, input_layernorm), positions, masks...));
   }
 
-  /// With a KV cache (LlamaAttention::cached): {out, keys, values}.
-  template <class X, class P, class PK, class PV>
-  auto cached(const X& x, const P& positions, const PK& past_k, const PV& past_v) const {
-    auto [a, keys, values] = self_attn.cached(rms_norm(x, input_layernorm), positions, past_k, past_v);
+  /// With a KV cache (LlamaAttention::cached): {out, cache_k', cache_v'}.
+  template <class X, class P, class CK, class CV>
+  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
+    auto [a, keys, values] = self_attn.cached(rms_norm(x, input_layernorm), positions, cache_k, cache_v, past);
     return std::tuple{residuals(x, a), keys, values};
   }
 
@@ -215,39 +218,45 @@ struct CausalLm {
     return linear(rms_norm(x, norm), lm_head);
   }
 
-  /// A step against a KV cache: tokens and positions [Batch, Seq], past[i] = {keys, values} of
-  /// layer i [Batch, KvHeads, Past, HeadDim]. Returns {logits, present}: present[i] the past
-  /// with this step's keys and values appended (Key = Past + Seq).
-  template <class T, class P, class PK, class PV>
-  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<PK, PV>>& past) const {
+  /// A step against a KV cache: tokens and positions [Batch, Seq]; caches[i] = {keys, values}
+  /// of layer i [Batch, KvHeads, Slot, HeadDim], whose first `past` positions are filled.
+  /// Returns {logits, caches'}: the caches with this step's keys and values written after them.
+  template <class T, class P, class C>
+  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
+              const Size<Past>& past) const {
     using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
-    using K = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, HeadDim<dyn>>;
-    if (past.size() != layers.size())
-      throw std::invalid_argument("CausalLm::cached: " + std::to_string(past.size()) + " cache entries for " +
+    if (caches.size() != layers.size())
+      throw std::invalid_argument("CausalLm::cached: " + std::to_string(caches.size()) + " cache entries for " +
                                   std::to_string(layers.size()) + " layers");
     X x = X(embedding(embed_tokens, tokens));
-    std::vector<std::pair<K, K>> present;
+    std::vector<std::pair<C, C>> updated;
     for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto [y, keys, values] = layers[i].cached(x, positions, past[i].first, past[i].second);
+      auto [y, keys, values] = layers[i].cached(x, positions, caches[i].first, caches[i].second, past);
       x = X(y);
-      present.emplace_back(K(keys), K(values));
+      updated.emplace_back(keys, values);
     }
-    return std::pair{linear(rms_norm(x, norm), lm_head), std::move(present)};
+    return std::pair{linear(rms_norm(x, norm), lm_head), std::move(updated)};
   }
 };
 
+/// A layer's KV cache as the step graph takes it: [Batch, KvHeads, Slot, HeadDim].
+using KvCache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Slot<dyn>, HeadDim<dyn>>;
+
 /// Declares in g the step graph qkv::DecoderSession runs for `model` (whose parameters are in
-/// g): inputs `tokens` and `positions` [Batch, Seq] (i64), `past_k.{i}` / `past_v.{i}` [Batch,
-/// KvHeads, Past, HeadDim]; outputs `logits` and `present_k.{i}` / `present_v.{i}`.
+/// g): inputs `tokens` and `positions` [Batch, Seq] (i64), the size `past_length` (Past: the
+/// positions the caches hold), `cache_k.{i}` / `cache_v.{i}` (KvCache); outputs `logits` and
+/// `present_k.{i}` / `present_v.{i}`, the caches after the step (fed the caches' own buffers,
+/// the CPU backend writes only the step's rows).
 template <auto E>
 void declare_cached_step(Graph& g, const CausalLm<E>& model) {
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
-  using Cache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Past<dyn>, HeadDim<dyn>>;
-  std::vector<std::pair<Cache, Cache>> past;
+  const auto past = size_input<Past>(g, "past_length");
+  std::vector<std::pair<KvCache, KvCache>> caches;
   for (std::size_t i = 0; i < model.layers.size(); ++i)
-    past.emplace_back(input<Cache>(g, "past_k." + std::to_string(i)), input<Cache>(g, "past_v." + std::to_string(i)));
-  auto [logits, present] = model.cached(tokens, positions, past);
+    caches.emplace_back(input<KvCache>(g, "cache_k." + std::to_string(i)),
+                        input<KvCache>(g, "cache_v." + std::to_string(i)));
+  auto [logits, present] = model.cached(tokens, positions, caches, past);
   output(logits, "logits");
   for (std::size_t i = 0; i < present.size(); ++i) {
     output(present[i].first, "present_k." + std::to_string(i));

@@ -6,13 +6,18 @@
 //   logits = s.decode(next);                   // [B, 1] -> [B, 1, vocab], at position s.position()
 //   s.reset();
 //
-// The step graph is CausalLm::cached's (build_causal_lm_step in the CLI): inputs tokens and
-// positions [B, L], past_k.{i} / past_v.{i} [B, KvHeads, Past, HeadDim]; outputs logits and
-// present_k.{i} / present_v.{i} (the past with the step appended), which become the next past.
-// The positions are the session's: a step's tokens sit at position() .. position() + L − 1. The
-// runner runs a graph on a backend (the reference interpreter by default; the CPU backend
-// compiles the step once: the cache length is a run-time size). The weights are bound once, at
-// construction, and never copied again by the session.
+// The step graph is CausalLm::cached's (qkv::nn::declare_cached_step): inputs tokens and
+// positions [B, L], the size past_length (the positions the caches hold), cache_k.{i} /
+// cache_v.{i} [B, KvHeads, capacity, HeadDim]; outputs logits and present_k.{i} / present_v.{i},
+// the caches after the step. The session owns one buffer of the full capacity per cache, made
+// once: it feeds them as the caches and asks for the present caches to be written back into
+// them (Destinations), so a backend that can (the CPU's) writes only the step's rows, in place,
+// and its attention reads the cache's rows where they are. A runner that cannot returns the
+// present caches, which replace the buffers (the reference interpreter). The positions are the
+// session's: a step's tokens sit at position() .. position() + L − 1. The runner runs the graph
+// on a backend (the interpreter by default; the CPU backend compiles the step once: Past, Seq
+// and Key are run-time sizes). The weights are bound once, at construction, and never copied
+// by the session.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +30,7 @@ namespace qkv {
 
 class DecoderSession {
  public:
-  using Runner = std::function<RunResult(const Graph&, const Feeds&)>;
+  using Runner = std::function<RunResult(const Graph&, const Feeds&, const Destinations&)>;
   struct Shape {
     std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
     std::int64_t batch = 1;
@@ -53,7 +58,8 @@ class DecoderSession {
   Graph graph_;
   Shape shape_;
   Runner run_;
-  Feeds feeds_;  // the weights, tokens, positions and the cache
+  Feeds feeds_;           // the weights, tokens, positions, past_length and the caches
+  Destinations present_;  // present_k.{i} / present_v.{i} -> the caches' buffers in feeds_
   std::int64_t position_ = 0, steps_ = 0;
 };
 

@@ -33,6 +33,11 @@ namespace qkv {
 /// ignored (a state dict may hold more tensors than one block needs).
 using Feeds = std::map<std::string, NdArray, std::less<>>;
 
+/// Arrays a run writes some outputs into, by output name, each of the output's shape and stored
+/// dtype: the caller's buffers (a KV cache updated in place). A backend that writes there leaves
+/// those outputs out of RunResult::outputs; one that does not returns them there as usual.
+using Destinations = std::map<std::string, NdArray*, std::less<>>;
+
 struct RunResult {
   /// The graph's marked outputs (Graph::outputs()) by name: f32 arrays (bool for a boolean node).
   std::map<std::string, NdArray, std::less<>> outputs;

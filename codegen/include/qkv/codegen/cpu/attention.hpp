@@ -104,6 +104,8 @@ struct AttentionSpec {
 
 /// The tensors of one call. All f32 tensors are contiguous row-major:
 ///   q [B, Hq, L, Dk], k [B, Hkv, S, Dk], v [B, Hkv, S, Dv], out [B, Hq, L, Dv],
+///   except that K and V may be the first S rows of [B, Hkv, kv_rows, D] (a KV cache of that
+///   capacity, read in place: head (b, h) starts at row (b·Hkv + h)·kv_rows),
 ///   weights [B, Hq, L, S] (only with spec.write_weights; every entry is written),
 ///   lse [B, Hq, L] (only with spec.write_lse),
 ///   key_keep [B, S] u8 (only with spec.key_padding), bias [L, S] f32 (only with spec.bias).
@@ -119,10 +121,11 @@ struct AttentionArgs {
   const void* const* tensors = nullptr;   // spec.tensors' captured data, in order
   const std::int64_t* extents = nullptr;  // their extents, concatenated (rank of each)
   std::int64_t batch = 0;
-  std::int64_t len_q = 0;  // L
-  std::int64_t len_k = 0;  // S
-  std::uint64_t seed = 0;  // dropout seed (the Philox key)
-  float* lse = nullptr;    // [B, Hq, L] (only with spec.write_lse): ln Σ_j e^{s'_ij}, −inf for an empty row
+  std::int64_t len_q = 0;    // L
+  std::int64_t len_k = 0;    // S
+  std::uint64_t seed = 0;    // dropout seed (the Philox key)
+  float* lse = nullptr;      // [B, Hq, L] (only with spec.write_lse): ln Σ_j e^{s'_ij}, −inf for an empty row
+  std::int64_t kv_rows = 0;  // rows per K/V head as stored (>= S); 0: S (dense)
 };
 
 /// Floats per partial result of the split-KV decode kernels (CPU and PTX) for one query row and

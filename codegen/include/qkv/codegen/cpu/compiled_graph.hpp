@@ -40,6 +40,17 @@ class CompiledGraph {
   /// the scratch arena cannot be allocated, 2 when the sizes are invalid. Thread-safe.
   int run(const std::int64_t* sizes, void* const* args, int threads) const;
 
+  /// A handle of the graph bound to its parameters (args' parameter slots are read, no other):
+  /// every linear layer whose weights are parameters has them packed into the GEMM's panels
+  /// once, and the handle keeps the scratch arena between runs. nullptr when memory runs out.
+  /// The parameters must outlive the handle, unchanged; release() frees it.
+  [[nodiscard]] void* prepare(const std::int64_t* sizes, void* const* args) const;
+  /// run() with a handle from prepare(): its packed panels instead of packing, its arena instead
+  /// of a fresh one (grown when a call needs more). Returns 4 when the parameters' sizes differ
+  /// from those it was prepared for. One call at a time per handle.
+  int run(void* handle, const std::int64_t* sizes, void* const* args, int threads) const;
+  void release(void* handle) const;
+
  private:
   struct Impl;
   explicit CompiledGraph(std::unique_ptr<Impl> impl);

@@ -13,16 +13,41 @@
 // are f32 (bool for boolean nodes), written in place by the compiled code.
 #pragma once
 
+#include <memory>
+
 #include <qkv/ir/graph.hpp>
 #include <qkv/runtime/interpreter.hpp>
 
 namespace qkv::codegen::cpu {
 
-/// Executes an already lowered graph.
-RunResult execute(const Graph& lowered, const Feeds& feeds, int threads = 0);
+/// Executes an already lowered graph. Outputs named in `into` are written into those arrays (a
+/// destination may be the buffer of an input: an update_slice's output fed its own cache is
+/// written in place, only the new rows) and left out of the result; ShapeError when one has
+/// another shape or dtype than the output.
+RunResult execute(const Graph& lowered, const Feeds& feeds, int threads = 0, const Destinations& into = {});
 
 /// Lowers (once per graph hash, cached in memory) and executes.
-RunResult run(const Graph& g, const Feeds& feeds, int threads = 0);
+RunResult run(const Graph& g, const Feeds& feeds, int threads = 0, const Destinations& into = {});
+
+/// Runs graphs as run() does, keeping per compiled graph a prepared handle of its parameters
+/// (CompiledGraph::prepare: every linear layer's weights packed into the GEMM's panels once, the
+/// scratch arena kept between calls) — for a caller that runs the same weights again and again,
+/// as DecoderSession's steps do. The parameter arrays must stay alive and unchanged while it is
+/// used; other parameter arrays (by address, dtype or shape) are prepared anew. Copies share one
+/// state; not for concurrent calls.
+class BoundRunner {
+ public:
+  explicit BoundRunner(int threads = 0);
+  RunResult operator()(const Graph& g, const Feeds& feeds, const Destinations& into = {}) const;
+  /// Handles prepared so far (for tests and stats).
+  [[nodiscard]] int prepared() const;
+
+  struct State;  // (executor.cpp)
+
+ private:
+  std::shared_ptr<State> state_;
+  int threads_ = 0;
+};
 
 /// How many fused_attention nodes the pipeline made of `g` (for tests and `qkv verify`).
 int fused_attention_count(const Graph& g);

@@ -35,6 +35,7 @@ enum class KernelKind : std::uint8_t {
   rope,                // the rotary embedding, pair by pair of features
   embedding,           // rows of a table gathered by ids (an id out of range: status 3)
   argmax,              // along one axis (dropped)
+  update_slice,        // rows written into a copy of x (in place when the output is x's buffer)
 };
 
 /// The kind that runs node `id`.
