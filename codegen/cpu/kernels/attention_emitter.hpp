@@ -123,7 +123,7 @@ class AttentionEmitter {
   std::vector<llvm::Value*> rows_f32_;   // per query vector: <lanes x f32> q_begin + row offset
   llvm::Value *batch32_ = nullptr, *head32_ = nullptr;
   // stack state of the task
-  llvm::AllocaInst *qt_, *ot_, *sp_, *m_, *l_, *m_use_, *inv_l_;
+  llvm::AllocaInst *qt_, *ot_, *ct_, *sp_, *m_, *l_, *m_use_, *inv_l_;  // ct_: Oᵀ's compensation
   std::uint64_t vec_bytes_;  // bytes per vector (its alignment in the stack buffers)
 };
 

@@ -206,6 +206,7 @@ void AttentionEmitter::compute_geometry() {
 void AttentionEmitter::allocate_state() {
   qt_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dk_ * qv_), kVectorAlign, "qt");    // [dk][R] Qᵀ
   ot_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ot");    // [dv][R] Oᵀ
+  ct_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ct");    // its rounding errors
   sp_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(tile_ * qv_), kVectorAlign, "sp");  // [T][R] S, then P
   m_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "m");  // running max (log2 units)
   l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "l");  // running sum
@@ -235,6 +236,7 @@ void AttentionEmitter::pack_queries() {
 
 void AttentionEmitter::init_state() {
   b_.CreateMemSet(ot_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
+  b_.CreateMemSet(ct_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
   for (int v = 0; v < qv_; ++v) {
     store_vec(m_, c64(v), vconst(-std::numeric_limits<double>::infinity()));
     store_vec(l_, c64(v), vconst(0.0));
@@ -300,8 +302,9 @@ void AttentionEmitter::store_output(Pass pass) {
       [&](llvm::Value* d) {
         llvm::Value* column = b_.CreateInBoundsGEP(f32_, o_base_, d);
         llvm::Value* row = vec_row(ot_, d);
+        llvm::Value* comp = vec_row(ct_, d);
         for (int v = 0; v < qv_; ++v) {
-          llvm::Value* x = load_at(row, v);
+          llvm::Value* x = b_.CreateFAdd(load_at(row, v), load_at(comp, v));  // the sum and what it lost
           if (inv[v]) x = b_.CreateFMul(x, inv[v]);
           b_.CreateMaskedScatter(x, b_.CreateGEP(f32_, column, lane_offsets(v, dv_)), llvm::Align(4), valid_[v]);
         }

@@ -448,12 +448,9 @@ void DecodeEmitter::emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<
 
 void DecodeEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,
                                   const std::vector<llvm::Value*>& alpha) {
-  // acc[r·width + c] = α_r · O_r[dc + c], then += P_r[j] · V[k0 + j][dc + c] over the tile's keys.
-  std::vector<llvm::Value*> init;
-  for (int r = 0; r < rows_; ++r)
-    for (int c = 0; c < width; ++c)
-      init.push_back(
-          b_.CreateFMul(vload(stack_vec(os_, r, dvv_, b_.CreateAdd(dc, c64(c))), kVectorAlign), splat(alpha[r])));
+  // acc[r·width + c] = Σ P_r[j] · V[k0 + j][dc + c] over the tile's keys, from zero; then
+  // O_r = α_r · O_r + acc: one rounded term per tile (the fused kernel's emit_pv_block says why).
+  std::vector<llvm::Value*> init(static_cast<std::size_t>(rows_ * width), vconst(0.0));
   llvm::Value* vbase = fptr(v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(spec_.dv)), b_.CreateMul(dc, c64(lanes_))));
   std::vector<llvm::Value*> acc = ir::emit_loop(
       b_, c64(0), nk, 1, init,
@@ -471,8 +468,10 @@ void DecodeEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value*
       },
       "pv.key", ir::Unroll::allowed);
   for (int r = 0; r < rows_; ++r)
-    for (int c = 0; c < width; ++c)
-      vstore(acc[r * width + c], stack_vec(os_, r, dvv_, b_.CreateAdd(dc, c64(c))), kVectorAlign);
+    for (int c = 0; c < width; ++c) {
+      llvm::Value* at = stack_vec(os_, r, dvv_, b_.CreateAdd(dc, c64(c)));
+      vstore(fma(vload(at, kVectorAlign), splat(alpha[r]), acc[r * width + c]), at, kVectorAlign);
+    }
 }
 
 void DecodeEmitter::store_row(int r, llvm::Value* m, llvm::Value* l,
