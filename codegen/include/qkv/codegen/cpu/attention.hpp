@@ -20,7 +20,7 @@
 // contract<HeadDim> → scaled → biased / masked / causal → softmax<Key> → dropout → contract<Key>,
 // with the dropout index convention (batch, head, row, col) = (b, h, i, j), h the query head.
 // Arithmetic is fp32 with fp32 accumulation — P·V summed per tile of keys from zero, each tile's sum
-// added to the output by TwoSum with its rounding error kept (the fused kernel), or per tile and
+// added to the output by Fast2Sum with its rounding error kept (the fused kernel), or per tile and
 // per chunk merged by log-sum-exp (the split-KV kernel), so a long row's error stays within 2 ×
 // PyTorch fp32's (tests/numerics/test_long_rows.cpp); exp is a vector polynomial (rel. error ~2e-7) whose
 // results below 2^-126 flush to zero.
