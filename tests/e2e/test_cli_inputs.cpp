@@ -77,7 +77,9 @@ TEST_F(Cli, AHugeSafetensorsHeaderParsesQuickly) {
   expect_one_line_exit_one(r, "200k entries");
   EXPECT_THAT(r.err, HasSubstr("missing key 'out_proj.weight'"));
   // CPU time, not wall time: other processes on the machine do not count (quadratic: minutes).
-  EXPECT_LT(r.cpu_s, kSanitized ? 20.0 : 2.0) << "quadratic duplicate detection?";
+  // About 1 s here alone; 2 s was exceeded once with ctest -j2 beside a sanitizer run on 2 cores
+  // (a busy machine inflates CPU time too), so the bound leaves room: linear vs minutes.
+  EXPECT_LT(r.cpu_s, kSanitized ? 20.0 : 5.0) << "quadratic duplicate detection?";
 }
 
 // Item 19: what cannot fit is refused from the shapes, with an estimate; shapes allocates nothing.
