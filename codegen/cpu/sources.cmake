@@ -15,6 +15,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/module/threads_ir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_builder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_nodes.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/module_entry_points.cpp
   ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/run_attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/compiled_graph.cpp

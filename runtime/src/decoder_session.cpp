@@ -2,12 +2,9 @@
 #include <qkv/runtime/decoder_session.hpp>
 
 #include <stdexcept>
+#include <string>
 
 namespace qkv {
-
-namespace {
-std::string layer_name(const char* what, std::int64_t i) { return what + std::to_string(i); }
-}  // namespace
 
 DecoderSession::DecoderSession(Graph step, Feeds weights, const Shape& shape, Runner run)
     : graph_(std::move(step)), shape_(shape), run_(std::move(run)), feeds_(std::move(weights)) {
@@ -18,9 +15,9 @@ DecoderSession::DecoderSession(Graph step, Feeds weights, const Shape& shape, Ru
   // sized; std::bad_alloc when there is no memory for them).
   for (std::int64_t i = 0; i < shape_.layers; ++i)
     for (const char* kv : {"k.", "v."}) {
-      NdArray& cache = feeds_[layer_name((std::string("cache_") + kv).c_str(), i)];
+      NdArray& cache = feeds_[std::string("cache_") + kv + std::to_string(i)];
       cache = NdArray::zeros(DType::f32, {shape_.batch, shape_.kv_heads, shape_.capacity, shape_.head_dim});
-      present_[layer_name((std::string("present_") + kv).c_str(), i)] = &cache;
+      present_[std::string("present_") + kv + std::to_string(i)] = &cache;
     }
   reset();
 }

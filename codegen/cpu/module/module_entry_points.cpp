@@ -1,0 +1,201 @@
+// The module's entry points beside <f>_entry (ModuleBuilder, module_builder_impl.hpp): the
+// prepared handle's <f>_prepare_entry / <f>_release_entry, and the C entry points of an AOT
+// build (<f>, <f>_packed, <f>_set_threads, <f>_prepare, <f>_run, <f>_release and their packed forms).
+#include "cpu/module/module_builder_impl.hpp"
+
+namespace qkv::codegen::cpu::detail {
+
+/// ptr <f>_prepare_entry(const i64* sizes, void* const* args): a handle holding the parameters
+/// (args' param slots; the other args are not read) and every prepared linear's weights packed
+/// into the GEMM's panels, or null when memory runs out.
+llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
+  fn_ = llvm::Function::Create(llvm::FunctionType::get(ptr_, {ptr_, ptr_}, false), llvm::GlobalValue::ExternalLinkage,
+                               name, m_);
+  attributes(fn_);
+  llvm::Value *sizes = fn_->getArg(0), *args = fn_->getArg(1);
+  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+  sym_.clear();
+  for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
+    sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
+  auto* calloc_fn = m_.getOrInsertFunction("calloc", ptr_, i64_, i64_).getCallee();
+  llvm::Value* handle =
+      b_.CreateCall(llvm::cast<llvm::Function>(calloc_fn), {b_.getInt64(handle_slots()), b_.getInt64(8)}, "handle");
+  auto give_up_unless = [&](llvm::Value* ok) {  // null (after freeing what was made) unless ok
+    auto* fail = llvm::BasicBlock::Create(ctx_, "fail", fn_);
+    auto* next = llvm::BasicBlock::Create(ctx_, "ok", fn_);
+    b_.CreateCondBr(ok, next, fail);
+    b_.SetInsertPoint(fail);
+    b_.CreateCall(m_.getFunction(release_name_), {handle});
+    b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+    b_.SetInsertPoint(next);
+  };
+  auto* null_fail = llvm::BasicBlock::Create(ctx_, "no_handle", fn_);
+  auto* made = llvm::BasicBlock::Create(ctx_, "made", fn_);
+  b_.CreateCondBr(b_.CreateIsNull(handle), null_fail, made);
+  b_.SetInsertPoint(null_fail);
+  b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+  b_.SetInsertPoint(made);
+  for (std::size_t k = 0; k < plan_.dynamic.size(); ++k) b_.CreateStore(sym_[plan_.dynamic[k]], slot(handle, k));
+  std::size_t leaf = 0, param = 0;
+  std::map<int, llvm::Value*> leaves;
+  for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+    const Node& n = g_.node(id);
+    if (!is_array_leaf(n)) continue;
+    llvm::Value* a = b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, args, leaf++));
+    if (n.op != Op::param) continue;
+    b_.CreateStore(a, slot(handle, slot_param(param++)));
+    leaves[id] = a;
+  }
+  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+  const std::int64_t nr = gemm_cfg_.cols();
+  for (std::size_t j = 0; j < plan_.prepared.size(); ++j) {
+    const Node& n = g_.node(plan_.prepared[j]);
+    const Dims w = shape(n.inputs[1]);
+    const I panels = ceil_div(w[0], nr);
+    llvm::Value* packed = aligned_alloc(panels * nr * w[1] * 4);
+    b_.CreateStore(packed, slot(handle, slot_prepared(j)));
+    llvm::Value* bias_pad = aligned_alloc(panels * nr * 4);
+    b_.CreateStore(bias_pad, slot(handle, slot_prepared(j) + 1));
+    give_up_unless(b_.CreateAnd(b_.CreateIsNotNull(packed), b_.CreateIsNotNull(bias_pad)));
+    emit_pack_panels(leaves.at(n.inputs[1]), packed, w[0], w[1]);
+    emit_pad_bias(n.inputs.size() > 2 ? leaves.at(n.inputs[2]) : nullptr, bias_pad, w[0]);
+  }
+  b_.CreateRet(handle);
+  return fn_;
+}
+
+/// void <f>_release_entry(ptr handle): frees what <f>_prepare_entry made (null: nothing).
+llvm::Function* ModuleBuilder::emit_release(const std::string& name) {
+  llvm::Function* f = m_.getFunction(name);
+  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", f));
+  llvm::Value* handle = f->getArg(0);
+  auto* body = llvm::BasicBlock::Create(ctx_, "free", f);
+  auto* done = llvm::BasicBlock::Create(ctx_, "done", f);
+  b_.CreateCondBr(b_.CreateIsNull(handle), done, body);
+  b_.SetInsertPoint(body);
+  for (std::size_t j = 0; j < plan_.prepared.size(); ++j)
+    for (std::size_t k : {slot_prepared(j), slot_prepared(j) + 1}) free(b_.CreateLoad(ptr_, slot(handle, k)));
+  free(b_.CreateLoad(ptr_, slot(handle, slot_arena())));
+  free(handle);
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
+  b_.CreateRetVoid();
+  return f;
+}
+
+/// The C entry points around the entry: <f>(sizes…, arrays…), <f>_packed([sizes,] args),
+/// <f>_set_threads, and the prepared pair <f>_prepare(sizes…, params…) -> handle,
+/// <f>_run(handle, sizes…, the other arrays…), <f>_release(handle), with their _packed forms.
+std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::string& name, llvm::Function* entry, llvm::Function* prepare, llvm::Function* release) {
+  llvm::Function* set = nullptr;
+  llvm::GlobalVariable* setting = emit_thread_setting(m_, name, [this](llvm::Function* f) { attributes(f); }, &set);
+  const std::size_t n_sizes = sig_.sizes.size(), n_args = sig_.args.size();
+  std::vector<bool> is_param(n_args, false);
+  {
+    std::size_t k = 0;
+    for (const auto& n : g_.nodes())
+      if (is_array_leaf(n)) is_param[k++] = n.op == Op::param;
+  }
+  llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+  // A function of `params` (after a leading handle when `handle`), sizes first unless packed.
+  auto begin = [&](const std::string& fname, llvm::Type* ret, std::vector<llvm::Type*> params) {
+    fn_ = llvm::Function::Create(llvm::FunctionType::get(ret, params, false), llvm::GlobalValue::ExternalLinkage,
+                                 fname, m_);
+    attributes(fn_);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    return fn_;
+  };
+  auto arrays = [&](std::size_t n) { return ir::entry_alloca(b_, ptr_, std::max<std::size_t>(n, 1), 8, "args"); };
+  auto size_array = [&](llvm::Function* f, unsigned first) {
+    llvm::Value* sizes = ir::entry_alloca(b_, i64_, std::max<std::size_t>(n_sizes, 1), 8, "sizes");
+    for (std::size_t k = 0; k < n_sizes; ++k) {
+      f->getArg(first + static_cast<unsigned>(k))->setName(sig_.sizes[k].c_name);
+      b_.CreateStore(f->getArg(first + static_cast<unsigned>(k)), b_.CreateConstGEP1_64(i64_, sizes, k));
+    }
+    return sizes;
+  };
+  auto packed_sizes = [&](llvm::Function* f, unsigned at) {
+    return n_sizes > 0 ? static_cast<llvm::Value*>(f->getArg(at)) : null;
+  };
+  const std::vector<llvm::Type*> size_types(n_sizes, i64_);
+  auto with = [&](std::vector<llvm::Type*> head, std::size_t arrays_count) {
+    head.insert(head.end(), size_types.begin(), size_types.end());
+    head.insert(head.end(), arrays_count, ptr_);
+    return head;
+  };
+  std::size_t n_params = 0;
+  for (bool p : is_param) n_params += p;
+
+  // <f>(sizes…, arrays…)
+  llvm::Function* direct = begin(name, i32_, with({}, n_args));
+  llvm::Value* sizes = size_array(direct, 0);
+  llvm::Value* args = arrays(n_args);
+  for (std::size_t k = 0; k < n_args; ++k) {
+    llvm::Value* a = direct->getArg(static_cast<unsigned>(n_sizes + k));
+    a->setName(sig_.args[k].c_name);
+    b_.CreateStore(a, b_.CreateConstGEP1_64(ptr_, args, k));
+  }
+  b_.CreateRet(b_.CreateCall(entry, {sizes, args, b_.CreateLoad(i32_, setting), null}));
+
+  // <f>_packed([sizes,] args)
+  llvm::Function* packed = begin(name + "_packed", i32_, std::vector<llvm::Type*>(n_sizes > 0 ? 2 : 1, ptr_));
+  b_.CreateRet(b_.CreateCall(
+      entry, {packed_sizes(packed, 0), packed->getArg(n_sizes > 0 ? 1 : 0), b_.CreateLoad(i32_, setting), null}));
+
+  // <f>_prepare(sizes…, params…): the args with the parameters in place, nothing else.
+  auto prepare_from = [&](llvm::Value* sz, const std::function<llvm::Value*(std::size_t)>& param) {
+    llvm::Value* all = arrays(n_args);
+    for (std::size_t k = 0, p = 0; k < n_args; ++k)
+      b_.CreateStore(is_param[k] ? param(p++) : null, b_.CreateConstGEP1_64(ptr_, all, k));
+    b_.CreateRet(b_.CreateCall(prepare, {sz, all}));
+  };
+  llvm::Function* prep = begin(name + "_prepare", ptr_, with({}, n_params));
+  {
+    llvm::Value* sz = size_array(prep, 0);
+    prepare_from(sz, [&](std::size_t p) { return prep->getArg(static_cast<unsigned>(n_sizes + p)); });
+  }
+  llvm::Function* prep_packed =
+      begin(name + "_prepare_packed", ptr_, std::vector<llvm::Type*>(n_sizes > 0 ? 2 : 1, ptr_));
+  {
+    llvm::Value* list = prep_packed->getArg(n_sizes > 0 ? 1 : 0);
+    prepare_from(packed_sizes(prep_packed, 0),
+                 [&](std::size_t p) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, list, p)); });
+  }
+
+  // <f>_run(handle, sizes…, the arrays that are not parameters…): those from the handle.
+  auto run_from = [&](llvm::Value* handle, llvm::Value* sz, const std::function<llvm::Value*(std::size_t)>& other) {
+    llvm::Value* all = arrays(n_args);
+    // A null handle (a failed prepare) is refused (5) rather than read.
+    auto* bad = llvm::BasicBlock::Create(ctx_, "no_handle", fn_);
+    auto* ok = llvm::BasicBlock::Create(ctx_, "run", fn_);
+    b_.CreateCondBr(b_.CreateIsNull(handle), bad, ok);
+    b_.SetInsertPoint(bad);
+    b_.CreateRet(b_.getInt32(5));
+    b_.SetInsertPoint(ok);
+    for (std::size_t k = 0, p = 0, o = 0; k < n_args; ++k)
+      b_.CreateStore(is_param[k] ? b_.CreateLoad(ptr_, slot(handle, slot_param(p++))) : other(o++),
+                     b_.CreateConstGEP1_64(ptr_, all, k));
+    b_.CreateRet(b_.CreateCall(entry, {sz, all, b_.CreateLoad(i32_, setting), handle}));
+  };
+  llvm::Function* run = begin(name + "_run", i32_, with({ptr_}, n_args - n_params));
+  {
+    run->getArg(0)->setName("handle");
+    llvm::Value* sz = size_array(run, 1);
+    std::size_t o = 0;
+    for (std::size_t k = 0; k < n_args; ++k)
+      if (!is_param[k]) run->getArg(static_cast<unsigned>(1 + n_sizes + o++))->setName(sig_.args[k].c_name);
+    run_from(run->getArg(0), sz, [&](std::size_t i) { return run->getArg(static_cast<unsigned>(1 + n_sizes + i)); });
+  }
+  llvm::Function* run_packed = begin(name + "_run_packed", i32_, std::vector<llvm::Type*>(n_sizes > 0 ? 3 : 2, ptr_));
+  {
+    llvm::Value* list = run_packed->getArg(n_sizes > 0 ? 2 : 1);
+    run_from(run_packed->getArg(0), packed_sizes(run_packed, 1),
+             [&](std::size_t i) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, list, i)); });
+  }
+  llvm::Function* rel = begin(name + "_release", b_.getVoidTy(), {ptr_});
+  b_.CreateCall(release, {rel->getArg(0)});
+  b_.CreateRetVoid();
+  return {direct, packed, set, prep, prep_packed, run, run_packed, rel};
+}
+
+}  // namespace qkv::codegen::cpu::detail
