@@ -86,7 +86,8 @@ llvm::Function* ModuleBuilder::emit_release(const std::string& name) {
 /// The C entry points around the entry: <f>(sizes…, arrays…), <f>_packed([sizes,] args),
 /// <f>_set_threads, and the prepared pair <f>_prepare(sizes…, params…) -> handle,
 /// <f>_run(handle, sizes…, the other arrays…), <f>_release(handle), with their _packed forms.
-std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::string& name, llvm::Function* entry, llvm::Function* prepare, llvm::Function* release) {
+std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::string& name, llvm::Function* entry,
+                                                                llvm::Function* prepare, llvm::Function* release) {
   llvm::Function* set = nullptr;
   llvm::GlobalVariable* setting = emit_thread_setting(m_, name, [this](llvm::Function* f) { attributes(f); }, &set);
   const std::size_t n_sizes = sig_.sizes.size(), n_args = sig_.args.size();
@@ -99,8 +100,8 @@ std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::strin
   llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
   // A function of `params` (after a leading handle when `handle`), sizes first unless packed.
   auto begin = [&](const std::string& fname, llvm::Type* ret, std::vector<llvm::Type*> params) {
-    fn_ = llvm::Function::Create(llvm::FunctionType::get(ret, params, false), llvm::GlobalValue::ExternalLinkage,
-                                 fname, m_);
+    fn_ = llvm::Function::Create(llvm::FunctionType::get(ret, params, false), llvm::GlobalValue::ExternalLinkage, fname,
+                                 m_);
     attributes(fn_);
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
     return fn_;
