@@ -127,9 +127,9 @@ Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& option
   // Integer tensors (token ids, positions, argmax) are passed as floats holding the integers
   // (lowering/storage.hpp; exact below 2^24), as the header says.
   auto check_dtype = [&](const std::string& name, const Node& n) {
-    if (n.dtype != DType::f32 && n.dtype != DType::boolean && n.dtype != DType::i32 && n.dtype != DType::i64)
+    if (n.dtype == DType::f64)
       invalid("`" + name + "` is " + std::string(dtype_name(n.dtype)) +
-              "; compiled functions take f32, integer and bool tensors only");
+              "; compiled functions take f32, f16, bf16, integer and bool tensors only");
   };
   for (const auto& n : c.lowered.nodes())
     if (n.op == Op::input || n.op == Op::param) check_dtype(n.name, n);
@@ -192,6 +192,14 @@ std::string upper(const std::string& s) {
   return out;
 }
 
+/// The C type of an array argument stored as `t`: uint8_t for bool, uint16_t for the bits of f16
+/// and bf16, float for everything else (integers as floats, lowering/storage.hpp).
+std::string c_pointer_type(DType t) {
+  if (t == DType::boolean) return "uint8_t* ";
+  if (t == DType::f16 || t == DType::bf16) return "uint16_t* ";
+  return "float* ";
+}
+
 std::string header_text(const AotSignature& sig, const AotOptions& options, const std::string& cpu,
                         const std::string& file) {
   const std::string& f = options.function;
@@ -225,10 +233,13 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
               (a.axes[k].extent.is_static() ? std::to_string(a.axes[k].extent.value) : a.axes[k].extent.str());
     axes += "]";
     h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
-      << (a.output ? "output " : "input ") << (a.dtype == DType::boolean ? "bool " : "f32 ") << axes
+      << (a.output ? "output " : "input ") << dtype_name(a.dtype) << " " << axes
       << (a.dtype == DType::i32 || a.dtype == DType::i64
               ? " (" + std::string(dtype_name(a.dtype)) + " values as floats, exact below 2^24)"
               : "")
+      << (a.dtype == DType::bf16  ? " (bfloat16 bits: the top half of the f32)"
+          : a.dtype == DType::f16 ? " (IEEE 754 binary16 bits)"
+                                  : "")
       << "\n";
   }
   if (dynamic)
@@ -240,8 +251,7 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     width += params.back().size() + 2;
   }
   for (const auto& a : sig.args) {
-    params.push_back(std::string(a.output ? "" : "const ") + (a.dtype == DType::boolean ? "uint8_t* " : "float* ") +
-                     a.c_name);
+    params.push_back(std::string(a.output ? "" : "const ") + c_pointer_type(a.dtype) + a.c_name);
     width += params.back().size() + 2;
   }
   h << " */\nint " << f << "(";

@@ -84,7 +84,7 @@ RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const D
       if (storage_dtype(n.dtype) == DType::boolean)
         throw std::invalid_argument("execute: `" + n.name + "` must be a bool tensor, not " +
                                     std::string(dtype_name(a.dtype)));
-      use = &converted.emplace_back(NdArray::from_f32(a.to_f32(), a.shape));
+      use = &converted.emplace_back(a.converted(storage_dtype(n.dtype)));
     }
     args.push_back(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(use->bytes.data())));
   }

@@ -74,6 +74,7 @@ void check_spec(const AttentionSpec& s) {
   if (s.decode_queries < -1 || s.decode_queries > 1024)
     invalid("decode_queries must be -1 (never), 0 (auto) or in [1, 1024]");
   if (s.decode_chunk < 0) invalid("decode_chunk must be 0 (auto) or positive");
+  if (s.storage != DType::f32 && s.storage != DType::bf16) invalid("q, k, v and out are stored as f32 or bf16");
 }
 
 void check_args(const AttentionSpec& s, const AttentionArgs& a) {
@@ -178,6 +179,7 @@ KernelInfo prepare_attention(const AttentionSpec& spec) {
   info.vector_floats = k.config.lanes;
   info.query_rows = k.config.query_rows();
   info.key_tile = k.config.key_tile;
+  info.dpbf16 = k.config.dpbf16;
   return info;
 }
 

@@ -13,6 +13,7 @@
 
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
 
@@ -172,16 +173,18 @@ class Executor {
   const Shape& shape(int id) const { return p_.shape[static_cast<std::size_t>(id)]; }
 
   NdArray download(int id) {
-    NdArray a = NdArray::zeros(g_.node(id).dtype == DType::boolean ? DType::boolean : DType::f32, shape(id));
+    NdArray a = NdArray::zeros(storage_dtype(g_.node(id).dtype), shape(id));
     m_.download(a.bytes.data(), address_of(id), a.bytes.size());
     return a;
   }
-  void upload_to(std::uint64_t address, const NdArray& a) {
-    if (a.dtype == DType::boolean || a.dtype == DType::f32) {
-      m_.upload(address, a.bytes.data(), a.bytes.size());
+  /// `a` stored as node `id` is (storage.hpp), at its address.
+  void upload_to(int id, const NdArray& a) {
+    const DType stored = storage_dtype(g_.node(id).dtype);
+    if (a.dtype == stored || stored == DType::boolean) {
+      m_.upload(address_of(id), a.bytes.data(), a.bytes.size());
     } else {
-      const std::vector<float> f = a.to_f32();
-      m_.upload(address, f.data(), f.size() * sizeof(float));
+      const NdArray c = a.converted(stored);
+      m_.upload(address_of(id), c.bytes.data(), c.bytes.size());
     }
   }
 
@@ -190,7 +193,7 @@ class Executor {
     const Step& s = p_.steps[static_cast<std::size_t>(id)];
     switch (s.kind) {
       case Step::Kind::upload:
-        return upload_to(address_of(id), feeds_.find(n.name)->second);  // bind_extents checked it exists
+        return upload_to(id, feeds_.find(n.name)->second);  // bind_extents checked it exists
       case Step::Kind::view:
       case Step::Kind::weights:
         return;
@@ -234,7 +237,7 @@ class Executor {
     std::vector<const NdArray*> ptrs;
     for (const auto& a : in) ptrs.push_back(&a);
     if (n.op != Op::fused_attention) {
-      upload_to(address_of(id), evaluate_node(g_, id, ptrs, p_.sizes));
+      upload_to(id, evaluate_node(g_, id, ptrs, p_.sizes));
       return;
     }
     // An attention no GPU tiling fits: the CPU's fused kernel.
@@ -246,13 +249,13 @@ class Executor {
     args.len_q = call.len_q;
     args.len_k = call.len_k;
     args.seed = call.seed;
-    args.q = in[0].as<float>().data();
-    args.k = in[1].as<float>().data();
-    args.v = in[2].as<float>().data();
+    args.q = in[0].bytes.data();  // stored as the spec says (f32 or bf16), as downloaded
+    args.k = in[1].bytes.data();
+    args.v = in[2].bytes.data();
     args.tensors = tensors.data();
     args.extents = call.tensor_extents.data();
-    NdArray out = NdArray::zeros(DType::f32, call.out_shape), weights;
-    args.out = out.as<float>().data();
+    NdArray out = NdArray::zeros(call.spec.storage, call.out_shape), weights;
+    args.out = out.bytes.data();
     if (call.spec.write_weights) {
       weights = NdArray::zeros(DType::f32, {call.batch, call.spec.hq, call.len_q, call.len_k});
       args.weights = weights.as<float>().data();
@@ -263,9 +266,9 @@ class Executor {
       args.lse = lse.as<float>().data();
     }
     if (call.batch > 0 && call.len_q > 0) cpu::run_attention(call.spec, args);
-    upload_to(address_of(id), out);
-    if (s.weights_buffer >= 0) upload_to(address(s.weights_buffer), weights);
-    if (s.lse_buffer >= 0) upload_to(address(s.lse_buffer), lse);
+    m_.upload(address_of(id), out.bytes.data(), out.bytes.size());
+    if (s.weights_buffer >= 0) m_.upload(address(s.weights_buffer), weights.bytes.data(), weights.bytes.size());
+    if (s.lse_buffer >= 0) m_.upload(address(s.lse_buffer), lse.bytes.data(), lse.bytes.size());
   }
 
   Machine& m_;

@@ -163,9 +163,8 @@ class Planner {
     for (int x : g_.node(id).inputs) use(x, id);
   }
   bool f32_only(int id) const {
-    const Node& n = g_.node(id);
-    if (n.dtype == DType::boolean) return false;
-    return std::none_of(n.inputs.begin(), n.inputs.end(), [&](int x) { return g_.node(x).dtype == DType::boolean; });
+    auto f32 = [&](int x) { return storage_dtype(g_.node(x).dtype) == DType::f32; };
+    return f32(id) && std::all_of(g_.node(id).inputs.begin(), g_.node(id).inputs.end(), f32);
   }
   void host(int id, std::string why) {
     Step& s = step(id);
@@ -229,7 +228,7 @@ class Planner {
     bool planned = false;
     std::string why;
     if (!f32_only(id)) {
-      why = "bool tensors are not run on the GPU (the kernels move floats)";
+      why = "bool, f16 and bf16 tensors are not run on the GPU yet (its kernels move f32)";
     } else {
       switch (kind) {
         case KernelKind::gemm:
@@ -288,6 +287,8 @@ class Planner {
       s.lse_buffer = lse;
     }
     use_inputs(id);
+    if (spec.storage != DType::f32)
+      return host(id, "bf16 attention has no GPU kernel yet (the CPU's fused kernel runs it)");
     std::string why;
     const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
     if (!kernel) return host(id, why);

@@ -124,4 +124,30 @@ llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>
   return level.at(0);
 }
 
+namespace {
+/// `scalar` as a type of v's shape (a vector of as many lanes when v is a vector).
+llvm::Type* like(llvm::Value* v, llvm::Type* scalar) {
+  if (auto* vt = llvm::dyn_cast<llvm::VectorType>(v->getType()))
+    return llvm::VectorType::get(scalar, vt->getElementCount());
+  return scalar;
+}
+}  // namespace
+
+llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain) {
+  if (!brain) return b.CreateFPExt(b.CreateBitCast(bits, like(bits, b.getHalfTy())), like(bits, b.getFloatTy()));
+  llvm::Value* wide = b.CreateShl(b.CreateZExt(bits, like(bits, b.getInt32Ty())), 16);
+  return b.CreateBitCast(wide, like(bits, b.getFloatTy()));
+}
+
+llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain) {
+  if (!brain) return b.CreateBitCast(b.CreateFPTrunc(f, like(f, b.getHalfTy())), like(f, b.getInt16Ty()));
+  llvm::Type* i32 = like(f, b.getInt32Ty());
+  auto k = [&](std::uint32_t v) { return llvm::ConstantInt::get(i32, v); };
+  llvm::Value* u = b.CreateBitCast(f, i32);
+  llvm::Value* hi = b.CreateLShr(u, k(16));
+  llvm::Value* rounded = b.CreateLShr(b.CreateAdd(u, b.CreateAdd(k(0x7FFF), b.CreateAnd(hi, k(1)))), k(16));
+  llvm::Value* nan = b.CreateFCmpUNO(f, f);
+  return b.CreateTrunc(b.CreateSelect(nan, b.CreateOr(hi, k(0x40)), rounded), like(f, b.getInt16Ty()));
+}
+
 }  // namespace qkv::codegen::cpu::ir

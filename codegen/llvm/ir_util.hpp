@@ -61,4 +61,11 @@ llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>
 
 inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt64(static_cast<std::uint64_t>(v)); }
 
+/// Half-precision storage (lowering/storage.hpp) in registers: i16 elements (a scalar or a
+/// vector) holding bf16 (`brain` true) or IEEE f16 bits, to float elements — exact — and float
+/// elements to those bits, rounded to nearest, ties to even (a NaN stays a quiet NaN), as the
+/// host's f32_to_bf16 / f32_to_f16 (runtime/io/array.hpp) do.
+llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain);
+llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
+
 }  // namespace qkv::codegen::cpu::ir

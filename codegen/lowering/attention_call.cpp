@@ -59,6 +59,7 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
   spec.dropout_p = a.dropout;
   spec.write_weights = a.write_weights;
   spec.write_lse = a.write_lse;
+  spec.storage = storage_dtype(n.dtype);  // q, k, v alike (half_native)
 
   if (!a.batch.empty()) call.batch = axis(q_axes, a.batch.front()).extent;
   call.len_q = axis(q_axes, a.query).extent;

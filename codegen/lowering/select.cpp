@@ -64,6 +64,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::argmax;
     case Op::update_slice:
       return KernelKind::update_slice;
+    case Op::convert:
+      return KernelKind::convert;
     default:
       break;
   }
@@ -122,6 +124,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "argmax";
     case KernelKind::update_slice:
       return "update_slice";
+    case KernelKind::convert:
+      return "convert";
   }
   return "?";
 }

@@ -236,6 +236,7 @@ int add_fused(Rewrite& r, const Graph& g, const Match& m) {
   f.inputs = {r[m.q], r[m.k], r[m.v]};
   for (int t : m.captured) f.inputs.push_back(r[t]);
   f.axes = g.node(m.output).axes;
+  f.dtype = g.node(m.output).dtype;
   f.attention = m.attrs;
   const int fused = r.out.add(std::move(f));
   if (m.weights) {
@@ -243,6 +244,7 @@ int add_fused(Rewrite& r, const Graph& g, const Match& m) {
     w.op = Op::attention_weights;
     w.inputs = {fused};
     w.axes = g.node(m.softmax).axes;
+    w.dtype = g.node(m.softmax).dtype;
     r.set(m.dropout >= 0 ? m.dropout : m.softmax, r.out.add(std::move(w)));
   }
   return fused;
@@ -276,6 +278,7 @@ Graph fuse_attention(const Graph& g) {
     lse.op = Op::attention_lse;
     lse.inputs = {fused};
     lse.axes = g.node(id).axes;
+    lse.dtype = g.node(id).dtype;
     return r.out.add(std::move(lse));
   });
 }

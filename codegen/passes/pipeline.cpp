@@ -8,6 +8,7 @@
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/layout.hpp>
+#include <qkv/codegen/passes/legalize_dtypes.hpp>
 #include <qkv/codegen/passes/verify.hpp>
 
 namespace qkv::codegen {
@@ -33,6 +34,7 @@ Graph lower(const Graph& input, const PipelineOptions& o) {
   step("fuse-attention", fuse_attention);
   step("layout", layout);
   step("cleanup", canonicalize);
+  step("legalize-dtypes", legalize_dtypes);
   return g;
 }
 

@@ -150,12 +150,17 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
       v = interp::eval_op(args);
     }
     settle_shape(g, id, v, b);
+    // A value is what its dtype can hold: f16 / bf16 values are rounded once, where they are
+    // made (a feed of another dtype included), and read back exactly by every later node.
+    if (n.dtype == DType::f16 || n.dtype == DType::bf16)
+      for (float& x : v.data) x = round_to_dtype(x, n.dtype);
     values.push_back(std::move(v));
   }
   return values;
 }
 
 NdArray to_array(const Node& n, const Value& v) {
+  if (n.dtype == DType::f16 || n.dtype == DType::bf16) return NdArray::from_f32_as(n.dtype, v.data, v.shape);
   if (n.dtype != DType::boolean) return NdArray::from_f32(v.data, v.shape);
   NdArray a = NdArray::zeros(DType::boolean, v.shape);
   for (std::size_t i = 0; i < v.data.size(); ++i)

@@ -183,10 +183,11 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
                     x[0] = first ? static_cast<float>(lse[row] * 1.4426950408889634) : -INFINITY;
                     x[1] = first ? 1.0f : 0.0f;
                     for (std::size_t d = 0; d < static_cast<std::size_t>(s.dv); ++d)
-                      x[2 + d] = first ? a.out[row * static_cast<std::size_t>(s.dv) + d] : 0.0f;
+                      x[2 + d] = first ? static_cast<float*>(a.out)[row * static_cast<std::size_t>(s.dv) + d] : 0.0f;
                   }
                 }
-            std::fill(a.out, a.out + rows * static_cast<std::size_t>(s.dv), NAN);  // the merge writes it
+            std::fill(static_cast<float*>(a.out), static_cast<float*>(a.out) + rows * static_cast<std::size_t>(s.dv),
+                      NAN);  // the merge writes it
           }
         } else if constexpr (std::is_same_v<T, nvptx::DecodeMergeKernel>) {
           const auto& s = r.spec;

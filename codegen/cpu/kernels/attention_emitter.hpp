@@ -69,6 +69,13 @@ class AttentionEmitter {
   void emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,
                      const std::vector<llvm::Value*>* alpha);
   void emit_weights_copy(llvm::Value* k0, llvm::Value* nk);
+  /// cfg_.dpbf16: P of the tile rounded to bf16 (key, key+1) pairs into spb_, V's rows of the
+  /// tile repacked as (key, key+1) pairs into vp_ (a missing second key is zero).
+  void pack_pairs(llvm::Value* k0, llvm::Value* nk);
+  /// acc + Σ over the pairs of a·b (vdpbf16ps); a, b: 64-byte vectors of any lane type.
+  llvm::Value* dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b);
+  /// One stored q/k/v element at `index` of `base` as f32 (bf16 storage: converted).
+  llvm::Value* load_stored(llvm::Value* base, llvm::Value* index);
 
   // --- helpers
   llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
@@ -101,6 +108,9 @@ class AttentionEmitter {
   EffectiveMod mod_;  // the one expression of every score / mask modification (effective_mod)
 
   llvm::Type *f32_, *i8_, *i32_, *i64_, *ptr_;
+  llvm::Type* st_;  // how q, k, v and out are stored: f32, or i16 (the bits of bf16)
+  bool half_;       // spec.storage is bf16
+  llvm::VectorType *vbf_ = nullptr, *vpair16_ = nullptr;  // <2·lanes x bfloat>, <2·lanes x i16>
   llvm::VectorType *vf_, *vi32_, *vi64_;
   llvm::Function* fn_ = nullptr;
 
@@ -124,6 +134,7 @@ class AttentionEmitter {
   llvm::Value *batch32_ = nullptr, *head32_ = nullptr;
   // stack state of the task
   llvm::AllocaInst *qt_, *ot_, *ct_, *sp_, *m_, *l_, *m_use_, *inv_l_;  // ct_: Oᵀ's compensation
+  llvm::AllocaInst *spb_ = nullptr, *vp_ = nullptr;                     // cfg_.dpbf16: P and V of a tile as bf16 pairs
   std::uint64_t vec_bytes_;  // bytes per vector (its alignment in the stack buffers)
 };
 

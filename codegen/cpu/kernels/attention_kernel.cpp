@@ -58,6 +58,10 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
   if (spec.key_tile > 0) c.key_tile = spec.key_tile;
   c.key_tile = (c.key_tile + c.qk_keys - 1) / c.qk_keys * c.qk_keys;  // whole Q·Kᵀ blocks per tile
   c.flush_denormals = host.triple.starts_with("x86_64");
+  bool bf16_dot = false;
+  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
+  c.dpbf16 = spec.storage == DType::bf16 && bf16_dot && c.lanes == 16 && spec.dk % 2 == 0 && spec.dv % 16 == 0 &&
+             c.key_tile % 2 == 0;
   c.cpu = host.cpu;
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
   return c;
@@ -102,6 +106,10 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
   vi32_ = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes_));
   vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
   vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
+  half_ = spec.storage == DType::bf16;
+  st_ = half_ ? b_.getInt16Ty() : f32_;
+  vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * lanes_));
+  vpair16_ = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(2 * lanes_));
 }
 
 llvm::Function* AttentionEmitter::emit(const std::string& name) {
@@ -161,10 +169,10 @@ void AttentionEmitter::load_arguments() {
   llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh, len_q_), q0_, "row0");  // first row in [B·Hq·L]
   llvm::Value* kv_rows =
       b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), head_rows(b_, args_, len_k_));
-  q_base_ = b_.CreateInBoundsGEP(f32_, q, b_.CreateMul(row0, c64(dk_)), "q_base");
-  k_base_ = b_.CreateInBoundsGEP(f32_, k, b_.CreateMul(kv_rows, c64(dk_)), "k_base");
-  v_base_ = b_.CreateInBoundsGEP(f32_, v, b_.CreateMul(kv_rows, c64(dv_)), "v_base");
-  o_base_ = b_.CreateInBoundsGEP(f32_, out, b_.CreateMul(row0, c64(dv_)), "o_base");
+  q_base_ = b_.CreateInBoundsGEP(st_, q, b_.CreateMul(row0, c64(dk_)), "q_base");
+  k_base_ = b_.CreateInBoundsGEP(st_, k, b_.CreateMul(kv_rows, c64(dk_)), "k_base");
+  v_base_ = b_.CreateInBoundsGEP(st_, v, b_.CreateMul(kv_rows, c64(dv_)), "v_base");
+  o_base_ = b_.CreateInBoundsGEP(st_, out, b_.CreateMul(row0, c64(dv_)), "o_base");
   if (spec_.write_weights) {
     llvm::Value* w = field(offsetof(AttentionArgs, weights), ptr_, "weights");
     w_base_ = b_.CreateInBoundsGEP(f32_, w, b_.CreateMul(row0, len_k_), "w_base");
@@ -212,22 +220,50 @@ void AttentionEmitter::allocate_state() {
   l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "l");  // running sum
   m_use_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "m_use");  // final max, 0 if −inf
   inv_l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "inv_l");  // 1/sum, 0 if sum == 0
+  if (cfg_.dpbf16) {
+    const auto pairs = static_cast<std::uint64_t>(tile_ / 2);
+    spb_ = ir::entry_alloca(b_, vf_, pairs * static_cast<std::uint64_t>(qv_), kVectorAlign, "spb");  // [T/2][R]
+    vp_ = ir::entry_alloca(b_, i32_, pairs * static_cast<std::uint64_t>(dv_), kVectorAlign, "vp");   // [T/2][dv]
+  }
 }
 
 void AttentionEmitter::pack_queries() {
   // Qᵀ[d][v] = q[rows of vector v][d] · scale · log2 e, a strided gather per vector; rows past L
-  // are 0 (their results are never stored).
+  // are 0 (their results are never stored). With dpbf16: Qᵀ[p][v] = the bf16 pairs (d, d+1) =
+  // (2p, 2p+1) of the rows, interleaved, unscaled (the scores are scaled after the dot products,
+  // so q is used exactly as stored).
   llvm::Value* factor = llvm::ConstantFP::get(vf_, spec_.effective_scale() * kLog2e);
-  llvm::Value* zero = vconst(0.0);
+  llvm::Type* lane_t = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
+  llvm::Value* zero = llvm::Constant::getNullValue(lane_t);
+  auto gather = [&](llvm::Value* column, int v) {
+    // Not inbounds: the lanes of rows past L point past the tensor (they are masked off).
+    llvm::Value* ptrs = b_.CreateGEP(st_, column, lane_offsets(v, dk_));
+    return b_.CreateMaskedGather(lane_t, ptrs, llvm::Align(half_ ? 2 : 4), valid_[v], zero);
+  };
+  if (cfg_.dpbf16) {
+    std::vector<int> interleave;
+    for (int i = 0; i < 2 * lanes_; ++i) interleave.push_back(i % 2 ? lanes_ + i / 2 : i / 2);
+    ir::emit_loop(
+        b_, c64(0), c64(dk_ / 2), 1,
+        [&](llvm::Value* p) {
+          llvm::Value* column = b_.CreateInBoundsGEP(st_, q_base_, b_.CreateMul(p, c64(2)));
+          llvm::Value* next = b_.CreateConstInBoundsGEP1_64(st_, column, 1);
+          llvm::Value* row = vec_row(qt_, p);
+          for (int v = 0; v < qv_; ++v)
+            store_at(row, v,
+                     b_.CreateBitCast(b_.CreateShuffleVector(gather(column, v), gather(next, v), interleave), vf_));
+        },
+        "pack");
+    return;
+  }
   ir::emit_loop(
       b_, c64(0), c64(dk_), 1,
       [&](llvm::Value* d) {
-        llvm::Value* column = b_.CreateInBoundsGEP(f32_, q_base_, d);
+        llvm::Value* column = b_.CreateInBoundsGEP(st_, q_base_, d);
         llvm::Value* row = vec_row(qt_, d);
         for (int v = 0; v < qv_; ++v) {
-          // Not inbounds: the lanes of rows past L point past the tensor (they are masked off).
-          llvm::Value* ptrs = b_.CreateGEP(f32_, column, lane_offsets(v, dk_));
-          llvm::Value* x = b_.CreateMaskedGather(vf_, ptrs, llvm::Align(4), valid_[v], zero);
+          llvm::Value* x = gather(column, v);
+          if (half_) x = ir::half_to_f32(b_, x, true);
           store_at(row, v, b_.CreateFMul(x, factor));
         }
       },
@@ -300,13 +336,15 @@ void AttentionEmitter::store_output(Pass pass) {
   ir::emit_loop(
       b_, c64(0), c64(dv_), 1,
       [&](llvm::Value* d) {
-        llvm::Value* column = b_.CreateInBoundsGEP(f32_, o_base_, d);
+        llvm::Value* column = b_.CreateInBoundsGEP(st_, o_base_, d);
         llvm::Value* row = vec_row(ot_, d);
         llvm::Value* comp = vec_row(ct_, d);
         for (int v = 0; v < qv_; ++v) {
           llvm::Value* x = b_.CreateFAdd(load_at(row, v), load_at(comp, v));  // the sum and what it lost
           if (inv[v]) x = b_.CreateFMul(x, inv[v]);
-          b_.CreateMaskedScatter(x, b_.CreateGEP(f32_, column, lane_offsets(v, dv_)), llvm::Align(4), valid_[v]);
+          if (half_) x = ir::f32_to_half(b_, x, true);
+          b_.CreateMaskedScatter(x, b_.CreateGEP(st_, column, lane_offsets(v, dv_)), llvm::Align(half_ ? 2 : 4),
+                                 valid_[v]);
         }
       },
       "store");
@@ -356,6 +394,14 @@ llvm::Value* AttentionEmitter::float_ptr(llvm::Value* base, llvm::Value* index) 
 }
 llvm::Value* AttentionEmitter::load_float(llvm::Value* base, llvm::Value* index) {
   return b_.CreateLoad(f32_, float_ptr(base, index));
+}
+llvm::Value* AttentionEmitter::load_stored(llvm::Value* base, llvm::Value* index) {
+  llvm::Value* x = b_.CreateLoad(st_, b_.CreateInBoundsGEP(st_, base, index));
+  return half_ ? ir::half_to_f32(b_, x, true) : x;
+}
+llvm::Value* AttentionEmitter::dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                            {acc, b_.CreateBitCast(a, vbf_), b_.CreateBitCast(b, vbf_)});
 }
 
 }  // namespace qkv::codegen::cpu

@@ -42,6 +42,11 @@ struct KernelConfig {
   /// rescaled output accumulators denormal, and each denormal result costs a microcode assist:
   /// +20 % time measured for ALiBi at N = 4096, against +2–5 % with it.
   bool flush_denormals = false;
+  /// bf16 storage on a host with AVX512-BF16: Q·Kᵀ and P·V by vdpbf16ps (two products per f32
+  /// lane per instruction) on pairs — Qᵀ packed as (d, d+1) pairs of bf16, K read as pairs in
+  /// place, P rounded to bf16 and V repacked per tile as (key, key+1) pairs. Otherwise bf16 values
+  /// are converted to f32 as they are loaded and the kernel computes as for f32.
+  bool dpbf16 = false;
 
   [[nodiscard]] int query_rows() const { return lanes * query_vectors; }
 };

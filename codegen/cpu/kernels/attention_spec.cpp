@@ -18,7 +18,7 @@ double AttentionSpec::effective_scale() const {
 std::uint64_t AttentionSpec::hash() const {
   Fnv1a h;
   h.i(dk).i(dv).i(hq).i(hkv).d(scale).i(causal).i(static_cast<std::int64_t>(align)).i(key_padding).i(bias);
-  h.d(dropout_p).i(write_weights).i(write_lse);
+  h.d(dropout_p).i(write_weights).i(write_lse).i(static_cast<std::int64_t>(storage));
   mix_hash(h, mod);
   h.str(axes.batch).str(axes.query).str(axes.key).i(static_cast<std::int64_t>(axes.heads.size()));
   for (const auto& x : axes.heads) h.str(x.name).i(x.stride).i(x.extent);

@@ -13,6 +13,7 @@
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 #include "cpu/kernels/attention_emitter.hpp"
 #include "llvm/ir_util.hpp"
@@ -68,6 +69,7 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
     for (int v = 0; v < qv_; ++v) store_vec(l_, c64(v), fma(load_vec(l_, c64(v)), alpha[v], sums[v]));
   }
   if (pass != Pass::stats) {
+    if (cfg_.dpbf16) pack_pairs(k0, nk);
     emit_pv(k0, nk, pass == Pass::online ? &alpha : nullptr);
     if (pass == Pass::normalized) emit_weights_copy(k0, nk);
   }
@@ -76,7 +78,10 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
 }
 
 std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* masked, llvm::Value* partial) {
-  const int unroll = d_unroll(dk_);
+  // With dpbf16 the loop runs over the dk/2 pairs of features: Qᵀ's rows are pairs, a key's pair
+  // (d, d+1) is one 32-bit broadcast from K in place.
+  const std::int64_t depth = cfg_.dpbf16 ? dk_ / 2 : dk_;
+  const int unroll = d_unroll(depth);
   llvm::Value* last_key = b_.CreateSub(len_k_, c64(1), "last_key");
   std::vector<llvm::Value*> max_init(static_cast<std::size_t>(qv_), vconst(kNegInf));
   return ir::emit_loop(
@@ -88,12 +93,12 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
         for (int j = 0; j < qk_keys_; ++j) {
           key[j] = b_.CreateAdd(kbase, c64(j), "key", true, true);
           krow[j] = smin(key[j], last_key);
-          kptr[j] = b_.CreateInBoundsGEP(f32_, k_base_, b_.CreateMul(krow[j], c64(dk_), "", true, true), "krow");
+          kptr[j] = b_.CreateInBoundsGEP(st_, k_base_, b_.CreateMul(krow[j], c64(dk_), "", true, true), "krow");
         }
         // acc[j·R + v] = Σ_d Qᵀ[d][v] · K[key_j][d]
         std::vector<llvm::Value*> zero(static_cast<std::size_t>(qk_keys_ * qv_), vconst(0.0));
         std::vector<llvm::Value*> acc = ir::emit_loop(
-            b_, c64(0), c64(dk_), unroll, zero,
+            b_, c64(0), c64(depth), unroll, zero,
             [&](llvm::Value* d0, const std::vector<llvm::Value*>& in) {
               std::vector<llvm::Value*> a = in;
               for (int u = 0; u < unroll; ++u) {
@@ -102,13 +107,24 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
                 std::vector<llvm::Value*> qv(static_cast<std::size_t>(qv_));
                 for (int v = 0; v < qv_; ++v) qv[v] = load_at(qrow, v);
                 for (int j = 0; j < qk_keys_; ++j) {
-                  llvm::Value* kb = splat(load_float(kptr[j], d));
+                  if (cfg_.dpbf16) {
+                    llvm::Value* pair =
+                        b_.CreateAlignedLoad(i32_, b_.CreateInBoundsGEP(i32_, kptr[j], d), llvm::Align(2));
+                    llvm::Value* kb = b_.CreateVectorSplat(static_cast<unsigned>(lanes_), pair);
+                    for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = dot_pairs(a[j * qv_ + v], qv[v], kb);
+                    continue;
+                  }
+                  llvm::Value* kb = splat(load_stored(kptr[j], d));
                   for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = fma(qv[v], kb, a[j * qv_ + v]);
                 }
               }
               return a;
             },
             "qk.d");
+        if (cfg_.dpbf16) {  // Qᵀ was packed unscaled
+          llvm::Value* factor = vconst(spec_.effective_scale() * kLog2e);
+          for (auto& x : acc) x = b_.CreateFMul(x, factor);
+        }
 
         // The score modification on every tile; the keep predicate where the tile needs it. The
         // mod reads keys clamped to S − 1 (their entries are masked anyway).
@@ -224,22 +240,45 @@ void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Val
     orow[j] = vec_row(ot_, b_.CreateAdd(dc, c64(j), "", true, true));
     crow[j] = vec_row(ct_, b_.CreateAdd(dc, c64(j), "", true, true));
   }
-  llvm::Value* vbase = b_.CreateInBoundsGEP(f32_, v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(dv_)), dc), "vtile");
-  std::vector<llvm::Value*> acc = ir::emit_loop(
-      b_, c64(0), nk, 1, init,
-      [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
-        std::vector<llvm::Value*> a = in;
-        llvm::Value* prow = vec_row(sp_, c);
-        std::vector<llvm::Value*> p(static_cast<std::size_t>(qv_));
-        for (int v = 0; v < qv_; ++v) p[v] = load_at(prow, v);
-        llvm::Value* vrow = b_.CreateInBoundsGEP(f32_, vbase, b_.CreateMul(c, c64(dv_), "", true, true));
-        for (int j = 0; j < width; ++j) {
-          llvm::Value* vb = splat(load_float(vrow, c64(j)));
-          for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = fma(p[v], vb, a[j * qv_ + v]);
-        }
-        return a;
-      },
-      "pv.key", ir::Unroll::allowed);
+  llvm::Value* vbase = b_.CreateInBoundsGEP(st_, v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(dv_)), dc), "vtile");
+  std::vector<llvm::Value*> acc;
+  if (cfg_.dpbf16) {
+    // Over the tile's key pairs: P's pairs (spb_) against V's (vp_), one 32-bit broadcast each.
+    llvm::Value* npairs = b_.CreateSDiv(b_.CreateAdd(nk, c64(1)), c64(2), "npairs");
+    acc = ir::emit_loop(
+        b_, c64(0), npairs, 1, init,
+        [&](llvm::Value* cp, const std::vector<llvm::Value*>& in) {
+          std::vector<llvm::Value*> a = in;
+          llvm::Value* prow = vec_row(spb_, cp);
+          std::vector<llvm::Value*> p(static_cast<std::size_t>(qv_));
+          for (int v = 0; v < qv_; ++v) p[v] = load_at(prow, v);
+          llvm::Value* vrow = b_.CreateInBoundsGEP(i32_, vp_, b_.CreateAdd(b_.CreateMul(cp, c64(dv_)), dc));
+          for (int j = 0; j < width; ++j) {
+            llvm::Value* pair =
+                b_.CreateLoad(i32_, b_.CreateConstInBoundsGEP1_64(i32_, vrow, static_cast<std::uint64_t>(j)));
+            llvm::Value* vb = b_.CreateVectorSplat(static_cast<unsigned>(lanes_), pair);
+            for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = dot_pairs(a[j * qv_ + v], p[v], vb);
+          }
+          return a;
+        },
+        "pv.pair", ir::Unroll::allowed);
+  } else {
+    acc = ir::emit_loop(
+        b_, c64(0), nk, 1, init,
+        [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
+          std::vector<llvm::Value*> a = in;
+          llvm::Value* prow = vec_row(sp_, c);
+          std::vector<llvm::Value*> p(static_cast<std::size_t>(qv_));
+          for (int v = 0; v < qv_; ++v) p[v] = load_at(prow, v);
+          llvm::Value* vrow = b_.CreateInBoundsGEP(st_, vbase, b_.CreateMul(c, c64(dv_), "", true, true));
+          for (int j = 0; j < width; ++j) {
+            llvm::Value* vb = splat(load_stored(vrow, c64(j)));
+            for (int v = 0; v < qv_; ++v) a[j * qv_ + v] = fma(p[v], vb, a[j * qv_ + v]);
+          }
+          return a;
+        },
+        "pv.key", ir::Unroll::allowed);
+  }
   for (int j = 0; j < width; ++j)
     for (int v = 0; v < qv_; ++v) {
       llvm::Value* o = load_at(orow[j], v);
@@ -256,6 +295,51 @@ void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Val
       store_at(orow[j], v, t);
       store_at(crow[j], v, b_.CreateFAdd(c, e));
     }
+}
+
+void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk) {
+  std::vector<int> interleave;  // lanes [x0, y0, x1, y1, ...] of the halves [x | y]
+  for (int i = 0; i < 2 * lanes_; ++i) interleave.push_back(i % 2 ? lanes_ + i / 2 : i / 2);
+  // P: spb_[c/2][v] = bf16 pairs (P[c][rows], P[c+1][rows]), rounded to nearest even. Keys past S
+  // already have P = 0.
+  ir::emit_loop(
+      b_, c64(0), c64(tile_ / 2), 1,
+      [&](llvm::Value* cp) {
+        llvm::Value* c = b_.CreateMul(cp, c64(2));
+        llvm::Value* row0 = vec_row(sp_, c);
+        llvm::Value* row1 = vec_row(sp_, b_.CreateAdd(c, c64(1)));
+        llvm::Value* out = vec_row(spb_, cp);
+        for (int v = 0; v < qv_; ++v) {
+          llvm::Value* halves = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {},
+                                                   {load_at(row1, v), load_at(row0, v)});  // [P[c] | P[c+1]]
+          store_at(out, v, b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, interleave), vf_));
+        }
+      },
+      "pack.p");
+  // V: vp_[c/2][d] = the pair (V[k0 + c][d], V[k0 + c + 1][d]), zero where key c + 1 is past the
+  // tile's keys (nk odd), so that P's zero there meets a finite value.
+  llvm::Type* lane16 = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
+  llvm::Value* npairs = b_.CreateSDiv(b_.CreateAdd(nk, c64(1)), c64(2), "npairs");
+  ir::emit_loop(
+      b_, c64(0), npairs, 1,
+      [&](llvm::Value* cp) {
+        llvm::Value* c = b_.CreateMul(cp, c64(2));
+        llvm::Value* second = b_.CreateICmpSLT(b_.CreateAdd(c, c64(1)), nk);
+        llvm::Value* r0 = b_.CreateInBoundsGEP(st_, v_base_, b_.CreateMul(b_.CreateAdd(k0, c), c64(dv_)));
+        llvm::Value* r1 = b_.CreateInBoundsGEP(st_, r0, b_.CreateSelect(second, c64(dv_), c64(0)));
+        llvm::Value* out = b_.CreateInBoundsGEP(i32_, vp_, b_.CreateMul(cp, c64(dv_)));
+        for (std::int64_t d = 0; d < dv_; d += lanes_) {
+          llvm::Value* x = b_.CreateAlignedLoad(
+              lane16, b_.CreateConstInBoundsGEP1_64(st_, r0, static_cast<std::uint64_t>(d)), llvm::Align(2));
+          llvm::Value* y = b_.CreateAlignedLoad(
+              lane16, b_.CreateConstInBoundsGEP1_64(st_, r1, static_cast<std::uint64_t>(d)), llvm::Align(2));
+          y = b_.CreateSelect(second, y, llvm::Constant::getNullValue(lane16));
+          b_.CreateAlignedStore(b_.CreateShuffleVector(x, y, interleave),
+                                b_.CreateConstInBoundsGEP1_64(i32_, out, static_cast<std::uint64_t>(d)),
+                                llvm::Align(vec_bytes_));
+        }
+      },
+      "pack.v");
 }
 
 void AttentionEmitter::emit_weights_copy(llvm::Value* k0, llvm::Value* nk) {

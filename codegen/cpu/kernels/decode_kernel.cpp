@@ -34,8 +34,9 @@ bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
 bool decode_kernel_supported(const AttentionSpec& spec, const KernelConfig& config) {
-  return spec.decode_queries >= 0 && !spec.write_weights && spec.dropout_p == 0.0 && power_of_two(config.lanes) &&
-         spec.dk % config.lanes == 0 && spec.dv % config.lanes == 0 && spec.hkv > 0 && spec.hq % spec.hkv == 0;
+  return spec.decode_queries >= 0 && spec.storage == DType::f32 && !spec.write_weights && spec.dropout_p == 0.0 &&
+         power_of_two(config.lanes) && spec.dk % config.lanes == 0 && spec.dv % config.lanes == 0 && spec.hkv > 0 &&
+         spec.hq % spec.hkv == 0;
 }
 
 std::int64_t decode_max_queries(const AttentionSpec& spec, const KernelConfig& config) {

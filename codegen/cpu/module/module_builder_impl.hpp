@@ -101,7 +101,11 @@ class ModuleBuilder {
     return out;
   }
   // --- helpers --------------------------------------------------------------------------------
-  llvm::Type* elem(const Node& n) { return storage_dtype(n.dtype) == DType::boolean ? i8_ : f32_; }
+  /// The element type of n's buffer: i8 for bool, i16 for the bits of f16 / bf16, else float.
+  llvm::Type* elem(const Node& n) {
+    const DType s = storage_dtype(n.dtype);
+    return s == DType::boolean ? i8_ : (s == DType::f16 || s == DType::bf16) ? b_.getInt16Ty() : f32_;
+  }
   llvm::Value* buf(int id) const { return buf_[static_cast<std::size_t>(id)]; }
 
   void attributes(llvm::Function* f) {
@@ -558,6 +562,14 @@ class ModuleBuilder {
         return emit_argmax(id);
       case KernelKind::update_slice:
         return emit_update_slice(id);
+      case KernelKind::convert: {
+        const DType from = storage_dtype(g_.node(n.inputs[0]).dtype), to = storage_dtype(n.dtype);
+        map(id, {n.inputs[0]}, {strides_of(shape(n.inputs[0]))}, [&](const Dims&, const Values& in) {
+          llvm::Value* f = from == DType::f32 ? in[0] : ir::half_to_f32(b_, in[0], from == DType::bf16);
+          return to == DType::f32 ? f : ir::f32_to_half(b_, f, to == DType::bf16);
+        });
+        return;
+      }
     }
     internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }

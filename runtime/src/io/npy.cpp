@@ -174,7 +174,8 @@ struct Descr {
 };
 
 [[noreturn]] void unsupported_dtype(const std::string& descr, std::string_view what) {
-  fail(what, "unsupported dtype '" + descr + "' (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants)");
+  fail(what, "unsupported dtype '" + descr +
+                 "' (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants, <V2 for bfloat16)");
 }
 
 // '<f4' etc. → dtype and byte order. One-byte types accept any byte-order character.
@@ -195,6 +196,8 @@ Descr parse_descr(const std::string& descr, std::string_view what) {
     t = DType::i32;
   else if (code == "i8")
     t = DType::i64;
+  else if (code == "V2" && (order == '<' || order == '|'))  // bfloat16 bits (ml_dtypes' descr), see write_npy
+    return {DType::bf16, false};
   else
     unsupported_dtype(descr, what);
   const bool single_byte = dtype_size(t) == 1;
@@ -356,9 +359,9 @@ std::string_view descr_of(DType t, std::string_view what) {
     case DType::i64:
       return "<i8";
     case DType::bf16:
-      break;
+      return "<V2";  // NumPy has no bfloat16: its bits as 2-byte voids, as ml_dtypes' bfloat16 saves
   }
-  fail(what, "unsupported dtype bf16: the .npy format has no bfloat16 (convert with to_f32())");
+  fail(what, "unsupported dtype");
 }
 
 std::vector<std::byte> header_impl(const NdArray& array, std::string_view what) {

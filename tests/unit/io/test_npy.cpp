@@ -130,6 +130,48 @@ TEST(NdArray, HalfPrecisionDecode) {
   EXPECT_EQ(qkv::bf16_to_f32(0x0001), std::bit_cast<float>(0x00010000u));  // subnormal
 }
 
+// The encoders against the decoders: every f16 / bf16 value round-trips, and a float between
+// two neighbours goes to the nearer one (to the even one on a tie) — the neighbours found by
+// decoding, not by the encoders' arithmetic.
+TEST(NdArray, HalfPrecisionEncodeRoundsToNearestEven) {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float f = qkv::f16_to_f32(bits), b = qkv::bf16_to_f32(bits);
+    if (std::isnan(f))
+      EXPECT_TRUE(std::isnan(qkv::f16_to_f32(qkv::f32_to_f16(f)))) << h;
+    else
+      ASSERT_EQ(qkv::f32_to_f16(f), bits) << h;
+    if (std::isnan(b))
+      EXPECT_TRUE(std::isnan(qkv::bf16_to_f32(qkv::f32_to_bf16(b)))) << h;
+    else
+      ASSERT_EQ(qkv::f32_to_bf16(b), bits) << h;
+  }
+  // Midpoints and points just off them between positive neighbours (the sign is symmetric).
+  auto check = [](auto decode, auto encode, std::uint16_t lo, std::uint16_t hi) {
+    const double a = decode(lo), c = decode(hi), mid = (a + c) / 2;
+    const auto even = (lo & 1) ? hi : lo;
+    EXPECT_EQ(encode(static_cast<float>(mid)), even) << lo;
+    EXPECT_EQ(encode(std::nextafter(static_cast<float>(mid), 0.0f)), lo) << lo;
+    EXPECT_EQ(encode(std::nextafter(static_cast<float>(mid), std::numeric_limits<float>::infinity())), hi) << lo;
+  };
+  for (std::uint16_t lo : {0x0000, 0x0001, 0x0002, 0x03FF, 0x0400, 0x3C00, 0x3C01, 0x7BFE})
+    check(qkv::f16_to_f32, qkv::f32_to_f16, lo, static_cast<std::uint16_t>(lo + 1));
+  for (std::uint16_t lo : {0x0000, 0x0001, 0x007F, 0x0080, 0x3F80, 0x3F81, 0x7F7E})
+    check(qkv::bf16_to_f32, qkv::f32_to_bf16, lo, static_cast<std::uint16_t>(lo + 1));
+  // Past the largest finite value: the midpoint to the next power of two and above go to inf.
+  EXPECT_EQ(qkv::f32_to_f16(65519.0f), 0x7BFF);
+  EXPECT_EQ(qkv::f32_to_f16(65520.0f), 0x7C00);
+  EXPECT_EQ(qkv::f32_to_f16(-1e10f), 0xFC00);
+  EXPECT_EQ(qkv::f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);
+  EXPECT_EQ(qkv::f32_to_f16(1e-10f), 0x0000);
+  EXPECT_EQ(qkv::f32_to_f16(-1e-10f), 0x8000);
+  const NdArray r = NdArray::from_f32_as(DType::bf16, {1.0f, 1.00390625f, -3.0f}, {3});
+  EXPECT_EQ(r.dtype, DType::bf16);
+  EXPECT_EQ(r.to_f32(), (std::vector<float>{1.0f, 1.0f, -3.0f}));  // 1 + 2^-8 is a tie: to even
+  EXPECT_EQ(r.converted(DType::f32).to_f32(), r.to_f32());
+  EXPECT_IO_ERROR(NdArray::from_f32_as(DType::i32, {1}, {1}), "from_f32_as", "i32");
+}
+
 TEST(NdArray, ToF32ConvertsEveryDType) {
   EXPECT_EQ(make<std::uint16_t>(DType::f16, {4}, {0x3C00, 0xC000, 0x0001, 0x7C00}).to_f32(),
             (std::vector<float>{1, -2, std::ldexp(1.0f, -24), std::numeric_limits<float>::infinity()}));
@@ -186,9 +228,25 @@ TEST(Npy, WriterUsesVersion2ForHugeHeaders) {
   EXPECT_EQ(qkv::parse_npy(img, "big.npy"), a);
 }
 
-TEST(Npy, WriterRejectsBf16AndBadArrays) {
+TEST(Npy, Bf16IsWrittenAsTwoByteVoidsAndReadBack) {
+  const NdArray a = make<std::uint16_t>(DType::bf16, {3}, {0x3F80, 0xC040, 0x7FC1});
+  const std::vector<std::byte> img = qkv::serialize_npy(a);
+  const std::string head(reinterpret_cast<const char*>(img.data()), 64);
+  EXPECT_NE(head.find("'descr': '<V2'"), std::string::npos) << head;
+  EXPECT_EQ(qkv::parse_npy(img, "b.npy"), a);
+  // NumPy's own spelling of a plain 2-byte void is '|V2': the same bits.
+  std::vector<std::byte> piped = img;
+  const auto at = head.find("<V2");
+  piped[at] = std::byte{'|'};
+  EXPECT_EQ(qkv::parse_npy(piped, "b.npy"), a);
+  // Other void sizes and a big-endian V2 are not bfloat16.
+  std::vector<std::byte> big = img;
+  big[at] = std::byte{'>'};
+  EXPECT_IO_ERROR(qkv::parse_npy(big, "big.npy"), "big.npy", "unsupported dtype '>V2'");
+}
+
+TEST(Npy, WriterRejectsBadArrays) {
   TempDir dir("qkv_npy");
-  EXPECT_IO_ERROR(qkv::write_npy(dir.path / "b.npy", NdArray::zeros(DType::bf16, {2})), "b.npy", "bf16");
   NdArray bad = NdArray::zeros(DType::f32, {2, 3});
   bad.bytes.pop_back();
   EXPECT_IO_ERROR(qkv::write_npy(dir.path / "c.npy", bad), "c.npy", "needs 24 bytes", "has 23");
@@ -366,7 +424,7 @@ TEST(NpyErrors, MalformedDicts) {
 
 TEST(NpyErrors, UnsupportedDType) {
   const auto one = std::vector<std::byte>(16);
-  for (const char* descr : {"|u1", "<u2", "<c8", "<f16", "f4", "|f4", "<U3", "<", "O"})
+  for (const char* descr : {"|u1", "<u2", "<c8", "<f16", "f4", "|f4", "<U3", "<", "O", "<V4", "|V1"})
     EXPECT_IO_ERROR(parse(npy_image(1, dict(descr, "(1,)"), one)), "fixture.npy",
                     "unsupported dtype '" + std::string(descr) + "'");
   // Structured dtypes are a list of fields.

@@ -614,4 +614,32 @@ auto gelu(const T& t) {
   }
 }
 
+namespace detail {
+template <class DT>
+inline constexpr bool is_float_dtype = std::is_same_v<DT, f32> || std::is_same_v<DT, f16> || std::is_same_v<DT, bf16>;
+}  // namespace detail
+
+/// The values of `t` stored as `DT` (f32, f16 or bf16): rounded to nearest, ties to even, when
+/// narrower (as torch.Tensor.to(dtype)); the axes and the trait unchanged. A no-op when t already
+/// is DT.
+template <class DT, class T>
+auto convert(const T& t) {
+  if constexpr (any_poison<T>)
+    return poison{};
+  else if constexpr (!detail::is_float_dtype<DT>)
+    return fail<fixed_string("convert: the target dtype ") + DT::name +
+                " is not a floating type; fix: convert<f32>, convert<bf16> or convert<f16>">();
+  else if constexpr (!detail::is_float_dtype<typename T::dtype>)
+    return fail<fixed_string("convert: ") + axes_fs<typename T::axis_list>() + " is " + T::dtype::name +
+                ", not a floating tensor; masks and ids are not converted">();
+  else if constexpr (std::is_same_v<DT, typename T::dtype>)
+    return t;
+  else {
+    Graph& g = t.graph();
+    Node n = detail::unary_node(t, Op::convert, t.node().axes);
+    n.dtype = DT::value;
+    return tensor<DT, typename T::axis_list, typename T::trait_type>(g, g.add(std::move(n)));
+  }
+}
+
 }  // namespace qkv

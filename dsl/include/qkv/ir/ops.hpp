@@ -50,6 +50,7 @@ enum class Op : std::uint8_t {
   embedding,
   argmax,
   update_slice,
+  convert,
 };
 
 struct OpInfo {
@@ -62,7 +63,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 35> kOps{{
+inline constexpr std::array<OpInfo, 36> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -113,6 +114,8 @@ inline constexpr std::array<OpInfo, 35> kOps{{
     {Op::update_slice, "update_slice", 3, 3, false, true, false,
      "(x, rows, start): x with rows written at [dim, dim + n) of attr_axes[0], n the extent of rows' attr_axes[1]; "
      "start: the size input of dim (a KV cache's append)"},
+    {Op::convert, "convert", 1, 1, false, true, false,
+     "the input's values as this node's dtype (f32, f16, bf16; rounded to nearest, ties to even)"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

@@ -5,8 +5,10 @@
 //   qkv::RunResult r = qkv::interpret(g, feeds);
 //   const qkv::NdArray& out = r.outputs.at("out");
 //
-// Plain, readable C++: one function per op, no SIMD, no fusion. Values are stored as fp32;
-// contractions, linear layers, softmax sums and layer-norm statistics accumulate in fp64. It is
+// Plain, readable C++: one function per op, no SIMD, no fusion. Values are stored as fp32 —
+// those of f16 / bf16 nodes rounded to their dtype where they are made (feeds included), so each
+// holds exactly what the compiled code stores; contractions, linear layers, softmax sums and
+// layer-norm statistics accumulate in fp64. It is
 // the yardstick every code generator is compared against, so its rules are pinned down in
 // docs/semantics.md ("Pinned semantics (reference interpreter)").
 //
@@ -39,7 +41,8 @@ using Feeds = std::map<std::string, NdArray, std::less<>>;
 using Destinations = std::map<std::string, NdArray*, std::less<>>;
 
 struct RunResult {
-  /// The graph's marked outputs (Graph::outputs()) by name: f32 arrays (bool for a boolean node).
+  /// The graph's marked outputs (Graph::outputs()) by name: f32 arrays (bool for a boolean node,
+  /// f16 / bf16 for a node of that dtype).
   std::map<std::string, NdArray, std::less<>> outputs;
   /// Every symbol's size: those bound by the feeds and those the run inferred.
   Bindings bindings;

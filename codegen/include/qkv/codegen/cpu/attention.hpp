@@ -78,6 +78,9 @@ struct AttentionSpec {
   double dropout_p = 0.0;      // in [0, 1); 0 compiles no dropout code at all
   bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
   bool write_lse = false;      // also write the log-sum-exp of each row's modified scores [B, Hq, L]
+  /// How q, k, v and out are stored: f32, or bf16 (the scores, the softmax and the accumulators
+  /// stay f32; P is rounded to bf16 for P·V, as FlashAttention does; weights and lse stay f32).
+  DType storage = DType::f32;
   /// Score / mask modifications (after the flags above); loads read `tensors` (load input k =
   /// tensors[k]).
   ModExpr mod;
@@ -105,7 +108,8 @@ struct AttentionSpec {
   friend bool operator==(const AttentionSpec&, const AttentionSpec&) = default;
 };
 
-/// The tensors of one call. All f32 tensors are contiguous row-major:
+/// The tensors of one call, contiguous row-major; q, k, v and out hold floats, or the bits of
+/// bf16 values (uint16_t) when spec.storage is bf16; the others are f32 (or u8) always:
 ///   q [B, Hq, L, Dk], k [B, Hkv, S, Dk], v [B, Hkv, S, Dv], out [B, Hq, L, Dv],
 ///   except that K and V may be the first S rows of [B, Hkv, kv_rows, D] (a KV cache of that
 ///   capacity, read in place: head (b, h) starts at row (b·Hkv + h)·kv_rows),
@@ -114,10 +118,10 @@ struct AttentionSpec {
 ///   key_keep [B, S] u8 (only with spec.key_padding), bias [L, S] f32 (only with spec.bias).
 /// The generated code reads this struct directly: its layout is part of the kernel ABI.
 struct AttentionArgs {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  float* out = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
   float* weights = nullptr;
   const std::uint8_t* key_keep = nullptr;
   const float* bias = nullptr;

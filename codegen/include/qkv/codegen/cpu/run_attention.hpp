@@ -33,6 +33,7 @@ struct KernelInfo {
   int vector_floats = 0;     // lanes per vector
   int query_rows = 0;        // query rows per task
   int key_tile = 0;          // keys per tile
+  bool dpbf16 = false;       // bf16 storage on vdpbf16ps (else converted to f32 as loaded)
 };
 
 /// Gets the kernel for `spec` from the cache or compiles it (what run_attention does first).

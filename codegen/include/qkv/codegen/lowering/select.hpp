@@ -36,6 +36,7 @@ enum class KernelKind : std::uint8_t {
   embedding,           // rows of a table gathered by ids (an id out of range: status 3)
   argmax,              // along one axis (dropped)
   update_slice,        // rows written into a copy of x (in place when the output is x's buffer)
+  convert,             // the values stored as another dtype (f32 <-> f16 / bf16)
 };
 
 /// The kind that runs node `id`.

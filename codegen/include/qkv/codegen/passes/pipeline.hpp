@@ -1,6 +1,6 @@
 // qkv/codegen/passes/pipeline.hpp — the pass pipeline, one straight line:
 //
-//   verify → canonicalize → fuse-attention → layout → cleanup (canonicalize again)
+//   verify → canonicalize → fuse-attention → layout → cleanup (canonicalize again) → legalize-dtypes
 //
 // (buffer planning runs when sizes are bound: see buffer_plan.hpp). `dump_after` prints the
 // graph's shape table after the named pass (or "all"); `time_passes` prints each pass's time;
@@ -27,7 +27,8 @@ struct PipelineOptions {
 };
 
 /// The pass names, in order.
-inline constexpr const char* kPassNames[] = {"verify", "canonicalize", "fuse-attention", "layout", "cleanup"};
+inline constexpr const char* kPassNames[] = {"verify", "canonicalize", "fuse-attention",
+                                             "layout", "cleanup",      "legalize-dtypes"};
 
 /// Runs the pipeline; the result is what the CPU and GPU executors run.
 Graph lower(const Graph& g, const PipelineOptions& options = {});

@@ -135,6 +135,42 @@ inline float f16_to_f32(std::uint16_t h) {
 /// bfloat16 bits → float (bf16 is the top half of an f32, so this is exact).
 inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
+/// float → bfloat16 bits, rounded to nearest, ties to even (as PyTorch's c10::BFloat16 and
+/// vcvtneps2bf16); a NaN stays a NaN (quiet, sign and top payload bits kept).
+inline std::uint16_t f32_to_bf16(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// float → IEEE 754 binary16 bits, rounded to nearest, ties to even (as vcvtps2ph with
+/// rounding mode 0): overflow → ±inf, subnormal results rounded once, a NaN stays a quiet NaN.
+inline std::uint16_t f32_to_f16(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));  // NaN
+  if (a >= 0x47800000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65536 (and inf): inf
+  if (a < 0x38800000u) {               // below 2^-14: a subnormal (or zero) result, in units of 2^-24
+    if (a < 0x33000000u) return sign;  // below 2^-25: rounds to zero (2^-25 itself ties to 0, even)
+    const std::uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
+    const std::uint32_t shift = 126 - e;  // m·2^(e-150) / 2^-24 = m >> (126 - e)
+    const std::uint32_t q = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return static_cast<std::uint16_t>(sign | (q + (rest > half || (rest == half && (q & 1u)))));
+  }
+  // normal: rebias the exponent, round the 13 dropped bits (a carry into the exponent is right,
+  // up to inf at 65520).
+  const std::uint32_t r = a - 0x38000000u;
+  return static_cast<std::uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+}
+
+/// `f` rounded to dtype `t` and back (f16/bf16: the nearest value of that type; others: f).
+inline float round_to_dtype(float f, DType t) {
+  if (t == DType::bf16) return bf16_to_f32(f32_to_bf16(f));
+  if (t == DType::f16) return f16_to_f32(f32_to_f16(f));
+  return f;
+}
+
 struct NdArray {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;  ///< {} is a scalar (one element)
@@ -219,6 +255,26 @@ struct NdArray {
     if (n) std::memcpy(a.bytes.data(), values.data(), n);
     return a;
   }
+
+  /// `values` stored as dtype `t` (f32, or f16/bf16 rounded to nearest even); throws IoError
+  /// for another dtype or a size that does not match `shape`.
+  static NdArray from_f32_as(DType t, const std::vector<float>& values, std::vector<std::int64_t> shape) {
+    if (t == DType::f32) return from_f32(values, std::move(shape));
+    if (t != DType::f16 && t != DType::bf16)
+      throw IoError("NdArray::from_f32_as: cannot store floats as " + std::string(dtype_name(t)));
+    const std::size_t n = checked_nbytes(shape, t, "NdArray::from_f32_as");
+    if (n != values.size() * 2)
+      throw IoError("NdArray::from_f32_as: shape " + shape_to_string(shape) + " needs " + std::to_string(n / 2) +
+                    " values, got " + std::to_string(values.size()));
+    NdArray a{t, std::move(shape), std::vector<std::byte>(n)};
+    auto* out = reinterpret_cast<std::uint16_t*>(a.bytes.data());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      out[i] = t == DType::bf16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+    return a;
+  }
+
+  /// This array's values as dtype `t` (f32, f16 or bf16; rounded to nearest even when narrower).
+  [[nodiscard]] NdArray converted(DType t) const { return dtype == t ? *this : from_f32_as(t, to_f32(), shape); }
 
   friend bool operator==(const NdArray&, const NdArray&) = default;  // bytewise, NaN == same NaN
 

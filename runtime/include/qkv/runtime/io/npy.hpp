@@ -1,7 +1,8 @@
 // qkv/runtime/io/npy.hpp — numpy's .npy format (one array per file).
 //
 // Reading accepts format versions 1.0, 2.0 and 3.0; dtype descrs f4 f8 f2 b1 i4 i8 in either byte
-// order ('<', '>', '=' or '|' for one-byte types — big-endian data is byte-swapped on read);
+// order ('<', '>', '=' or '|' for one-byte types — big-endian data is byte-swapped on read), and
+// '<V2' / '|V2' as bfloat16 (see below);
 // fortran_order True (transposed to C order on read); any shape including () scalars. The header
 // dict is parsed by a small strict parser for the Python-literal dict numpy writes: exactly the keys
 // 'descr', 'fortran_order', 'shape' (any order, trailing comma allowed), strings without escapes,
@@ -10,7 +11,11 @@
 //
 // Writing produces version 1.0 (2.0 only if the header exceeds 65535 bytes), little-endian,
 // C order, header padded with spaces and a final '\n' so the data starts at a multiple of 64.
-// bf16 has no numpy dtype and is rejected by the writer.
+// bf16: NumPy has no bfloat16, so its raw bits (little-endian) are written as 2-byte voids,
+// descr '<V2' — what NumPy itself makes of an ml_dtypes.bfloat16 array. Plain NumPy reads them
+// with np.load(f).view(np.uint16) (the bits) and PyTorch with
+// torch.from_numpy(a.view(np.int16)).view(torch.bfloat16); a bfloat16 tensor t is saved for qkv
+// by np.save(f, t.view(torch.int16).numpy().view('<V2')).
 //
 // Every error is an IoError whose message starts with the file name (or `what`).
 #pragma once

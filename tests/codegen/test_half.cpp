@@ -1,0 +1,166 @@
+// f16 / bf16 storage (issue #16): the interpreter rounds every value to its dtype, the dtype
+// legalizer converts around the kernels that compute in f32, and the CPU backend stores and
+// moves the two-byte values bit for bit as the interpreter holds them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <qkv/codegen/aot.hpp>
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+
+using ::testing::HasSubstr;
+
+namespace qkv {
+namespace {
+
+QKV_AXIS(Batch);
+QKV_AXIS(Heads);
+QKV_AXIS(Seq);
+QKV_AXIS(Key);
+QKV_AXIS(HeadDim);
+QKV_AXIS(Model);
+
+int count_op(const Graph& g, Op op) {
+  int c = 0;
+  for (const auto& n : g.nodes()) c += n.op == op;
+  return c;
+}
+
+/// max |a − b| / max(1, |b|) over two arrays of one shape (any float dtypes).
+double max_error(const NdArray& a, const NdArray& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  const auto av = a.to_f32(), bv = b.to_f32();
+  double err = 0;
+  for (std::size_t i = 0; i < bv.size(); ++i) {
+    const double e = std::abs(static_cast<double>(av[i]) - bv[i]) / std::max(1.0, std::abs(static_cast<double>(bv[i])));
+    err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
+  }
+  return err;
+}
+
+TEST(Half, TheInterpreterHoldsEachValueAsItsDtypeCan) {
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<4>>>(g, "x");
+  auto h = input<Tensor<bf16, Seq<dyn>, Model<4>>>(g, "h");  // fed f32: rounded on the way in
+  output(convert<bf16>(x), "x_bf16");
+  output(convert<f32>(convert<f16>(x)), "x_f16_f32");
+  output(h, "h");
+  output(convert<f32>(scale(h, 3.0)), "h_times_3");  // computed from the rounded h, then rounded
+  static_assert(std::is_same_v<decltype(convert<bf16>(x))::dtype, bf16>);
+  const std::vector<float> xs{1.0f, 1.00390625f, 1.01171875f, -65520.0f, 1e-8f, 3.14159265f, 0.1f, 70000.0f};
+  const Feeds feeds{{"x", NdArray::from_f32(xs, {2, 4})}, {"h", NdArray::from_f32(xs, {2, 4})}};
+  const RunResult r = interpret(g, feeds);
+  ASSERT_EQ(r.outputs.at("x_bf16").dtype, DType::bf16);
+  ASSERT_EQ(r.outputs.at("h").dtype, DType::bf16);
+  ASSERT_EQ(r.outputs.at("x_f16_f32").dtype, DType::f32);
+  const auto b = r.outputs.at("x_bf16").as<std::uint16_t>();
+  const auto f = r.outputs.at("x_f16_f32").to_f32();
+  const auto t = r.outputs.at("h_times_3").to_f32();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(b[i], f32_to_bf16(xs[i])) << i;
+    EXPECT_EQ(f[i], f16_to_f32(f32_to_f16(xs[i]))) << i;
+    EXPECT_EQ(t[i], round_to_dtype(3.0f * round_to_dtype(xs[i], DType::bf16), DType::bf16)) << i;
+  }
+  EXPECT_EQ(r.outputs.at("h"), r.outputs.at("x_bf16"));
+  EXPECT_EQ(b[1], 0x3F80);                                   // 1 + 2^-8: a tie, to even
+  EXPECT_EQ(b[2], 0x3F82);                                   // 1 + 3·2^-8: a tie, to even (up)
+  EXPECT_EQ(f[3], -std::numeric_limits<float>::infinity());  // past f16's largest finite
+  EXPECT_EQ(f[7], std::numeric_limits<float>::infinity());
+}
+
+TEST(Half, ConvertsAndCopiesAreBitExactOnTheCpu) {
+  Graph g;
+  auto x = input<Tensor<bf16, Batch<dyn>, Seq<dyn>, Model<24>>>(g, "x");
+  auto y = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<24>>>(g, "y");
+  output(permute<Seq, Model, Batch>(x), "x_permuted");  // bf16 moved, not converted
+  output(convert<f16>(x), "x_f16");
+  output(convert<bf16>(y), "y_bf16");
+  output(convert<f16>(y), "y_f16");
+  output(convert<f32>(convert<f16>(y)), "y_f16_f32");
+  Feeds feeds = random_feeds(g, {{"Batch", 3}, {"Seq", 37}}, 5, 4.0f);
+  // The rounding's corner cases in y: ties, overflow, subnormals, signed zero, inf, NaN.
+  auto yv = feeds.at("y").to_f32();
+  const float corners[] = {1.00390625f,
+                           1.01171875f,
+                           65519.0f,
+                           65520.0f,
+                           -1e-7f,
+                           3e-8f,
+                           -0.0f,
+                           std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(),
+                           5.96e-8f};
+  for (std::size_t i = 0; i < std::size(corners); ++i) yv[i * 7] = corners[i];
+  feeds["y"] = NdArray::from_f32(yv, feeds.at("y").shape);
+  const RunResult want = interpret(g, feeds);
+  const RunResult got = codegen::cpu::run(g, feeds, 2);
+  for (const auto& [name, w] : want.outputs) {
+    const NdArray& a = got.outputs.at(name);
+    EXPECT_EQ(a.dtype, w.dtype) << name;
+    EXPECT_EQ(a.shape, w.shape) << name;
+    EXPECT_TRUE(a.bytes == w.bytes) << name;
+  }
+  // Nothing computed in f32 between them: no conversion added around the permute.
+  const Graph lowered = codegen::lower(g);
+  EXPECT_EQ(count_op(lowered, Op::convert), count_op(g, Op::convert));
+}
+
+TEST(Half, ArithmeticOnHalfValuesIsDoneInF32BetweenConversions) {
+  Graph g;
+  auto x = input<Tensor<bf16, Batch<dyn>, Seq<dyn>, Model<16>>>(g, "x");
+  output(rms_norm(gelu(x), rms_norm_params<Model<16>>(g, "norm")), "out");  // the norm's weight is f32
+  const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 5}}, 9, 1.0f);
+  // gelu and rms_norm each read converted inputs and have their value rounded back.
+  const Graph lowered = codegen::lower(g);
+  EXPECT_EQ(count_op(lowered, Op::convert), 4);  // x and gelu's value in; gelu's and rms_norm's out
+  for (const auto& n : lowered.nodes())
+    if (n.op == Op::gelu || n.op == Op::rms_norm) EXPECT_EQ(n.dtype, DType::f32);
+  const RunResult want = interpret(g, feeds);
+  const RunResult got = codegen::cpu::run(g, feeds, 2);
+  ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
+  // Both round gelu's value and the output to bf16; their f32 arithmetic may differ by an ulp
+  // before a rounding, which then moves by one bf16 ulp (2^-8 relative).
+  EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 1.0 / 128);
+}
+
+TEST(Half, Bf16AttentionMatchesTheInterpreter) {
+  Graph g;
+  auto q = input<Tensor<bf16, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<32>>>(g, "q");
+  auto k = input<Tensor<bf16, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "k");
+  auto v = input<Tensor<bf16, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<32>>>(g, "v");
+  output(contract<Key>(softmax<Key>(scaled(contract<HeadDim>(q, k))), v), "out");
+  EXPECT_EQ(codegen::cpu::fused_attention_count(g), 1);
+  for (const std::int64_t s : {1, 19, 130}) {
+    const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 7}, {"Key", s}}, static_cast<std::uint64_t>(s), 1.0f);
+    const RunResult want = interpret(g, feeds);  // rounds the scores and the weights to bf16 too
+    const RunResult got = codegen::cpu::run(g, feeds, 2);
+    ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
+    EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 2e-2) << s;
+  }
+}
+
+TEST(Half, TheAotHeaderTakesTheBitsOfHalfArraysAsUint16) {
+  Graph g;
+  auto x = input<Tensor<bf16, Seq<dyn>, Model<8>>>(g, "x");
+  auto y = input<Tensor<f16, Seq<dyn>, Model<8>>>(g, "y");
+  output(convert<f32>(x), "x32");
+  output(convert<f16>(convert<f32>(y)), "y16");
+  codegen::AotOptions o;
+  o.function = "half_io";
+  o.dynamic = {"Seq"};
+  const std::string h = codegen::aot_header(g, {}, o);
+  EXPECT_THAT(h, HasSubstr("const uint16_t* x"));
+  EXPECT_THAT(h, HasSubstr("const uint16_t* y"));
+  EXPECT_THAT(h, HasSubstr("uint16_t* y16"));
+  EXPECT_THAT(h, HasSubstr("float* x32"));
+  EXPECT_THAT(h, HasSubstr("x: input bf16 [Seq=Seq?, Model=8] (bfloat16 bits: the top half of the f32)"));
+  EXPECT_THAT(h, HasSubstr("y: input f16 [Seq=Seq?, Model=8] (IEEE 754 binary16 bits)"));
+}
+
+}  // namespace
+}  // namespace qkv

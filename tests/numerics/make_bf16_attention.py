@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""PyTorch's own bf16 attention error, for tests/numerics/test_bf16_attention.cpp.
+
+The issue's rule for half precision (FlashAttention's, adapted): qkv's bf16 attention error
+against an fp64 reference must stay within 2 x the error of PyTorch 1.13's own bf16 CPU
+computation of the same attention against the same reference, + 1e-3. For each case this script
+builds the inputs exactly as the C++ test does (splitmix64 of a counter, the top 24 bits as a
+uniform float in [-1, 1), queries x 3, then rounded to bfloat16 — so both sides hold the same
+bf16 values), computes
+
+    fp64:  softmax(q·kᵀ / sqrt(D) + mask) · v                  (numpy, float64, from the bf16 values)
+    bf16:  torch.softmax(q @ kᵀ / sqrt(D) + mask, -1) @ v      (PyTorch, bfloat16 throughout: no
+                                                                 upcast, 2 threads)
+
+(mask: −inf above the diagonal when causal; −inf on the padded keys, the last `pad` of them) and
+writes bf16_attention/torch_errors.json: per case max |bf16 − fp64| over the output. Run with
+Debian's python3-torch:  /usr/bin/python3 tests/numerics/make_bf16_attention.py
+"""
+
+import json
+import os
+
+import numpy as np
+import torch
+
+# (name, N, D, heads, causal, padded keys). Keep in step with kCases in test_bf16_attention.cpp.
+CASES = [
+    ("N128_D64", 128, 64, 2, False, 0),
+    ("N257_D32_causal", 257, 32, 2, True, 0),
+    ("N512_D64_causal", 512, 64, 2, True, 0),
+    ("N1000_D128_padded", 1000, 128, 2, False, 100),
+    ("N2048_D64", 2048, 64, 2, False, 0),
+    ("N333_D40_causal_padded", 333, 40, 2, True, 33),
+]
+
+M64 = (1 << 64) - 1
+
+
+def uniform(count, seed):
+    """splitmix64(seed * 1000003 + i) >> 40, as (x / 2^24) * 2 − 1 (exact in float32)."""
+    with np.errstate(over="ignore"):
+        x = np.arange(count, dtype=np.uint64) + np.uint64((seed * 1000003) & M64)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(40)).astype(np.float64) / 16777216.0 * 2.0 - 1.0).astype(np.float32)
+
+
+def inputs(case_index, N, D, H):
+    base = 20 * (case_index + 1)
+    bf = lambda a: torch.from_numpy(a).to(torch.bfloat16)  # round to nearest even, as qkv
+    q = bf(uniform(H * N * D, base + 1).reshape(1, H, N, D) * np.float32(3.0))
+    k = bf(uniform(H * N * D, base + 2).reshape(1, H, N, D))
+    v = bf(uniform(H * N * D, base + 3).reshape(1, H, N, D))
+    return q, k, v
+
+
+def main():
+    torch.set_num_threads(2)
+    out = {}
+    for i, (name, N, D, H, causal, pad) in enumerate(CASES):
+        q, k, v = inputs(i, N, D, H)
+        mask = np.zeros((N, N))
+        if causal:
+            mask[np.triu_indices(N, 1)] = -np.inf
+        if pad:
+            mask[:, N - pad:] = -np.inf
+        q64, k64, v64 = (t.to(torch.float64).numpy() for t in (q, k, v))
+        s = q64 @ np.swapaxes(k64, -1, -2) / np.sqrt(D) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = (p @ v64) / p.sum(-1, keepdims=True)
+        m = torch.from_numpy(mask).to(torch.bfloat16)
+        o = torch.softmax(q @ k.transpose(-1, -2) / (D ** 0.5) + m, -1) @ v
+        err = float(np.abs(o.to(torch.float64).numpy() - ref).max())
+        out[name] = {"N": N, "D": D, "heads": H, "causal": causal, "pad": pad, "torch_bf16_max_abs_error": err,
+                     "max_abs_output": float(np.abs(ref).max())}
+        print(name, err)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bf16_attention", "torch_errors.json")
+    with open(path, "w") as f:
+        json.dump({"generator": "tests/numerics/make_bf16_attention.py", "torch": torch.__version__, "cases": out},
+                  f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
