@@ -37,6 +37,7 @@
 #include <qkv/codegen/cpu/run_attention.hpp>
 
 #include <qkv/ir/mod_expr.hpp>
+#include <qkv/runtime/io/array.hpp>
 #include "bench_util.hpp"
 
 namespace {
@@ -53,6 +54,7 @@ constexpr std::int64_t kDim = 64;
 
 // Shared between benchmarks of one run (they run in registration order).
 std::map<std::pair<std::int64_t, bool>, double> g_unfused_fraction;  // GFLOP/s ÷ peak
+std::map<std::pair<std::int64_t, bool>, double> g_fused_gflops;      // BM_Fused's GFLOP/s
 
 // --- FMA peak ---------------------------------------------------------------------------------
 // kChains independent accumulators: enough to cover FMA latency × FMA ports on current cores.
@@ -124,6 +126,43 @@ double fma_rate(std::int64_t iters, int* lanes_out = nullptr) {
   return flops / seconds * 1e-9;
 }
 
+// --- bf16 dot-product peak (vdpbf16ps: 32 products into 16 f32 lanes per instruction) ----------
+
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(std::int64_t iters) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, x);
+  __m512 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float total = 0;
+  for (float l : lanes) total += l;
+  return total;
+}
+
+bool has_avx512bf16() { return __builtin_cpu_supports("avx512bf16"); }
+
+/// GFLOP/s of the vdpbf16ps loop on kThreads threads (0 without AVX512-BF16); best of three.
+double probe_bf16_peak(std::int64_t iters = 3'000'000) {
+  if (!has_avx512bf16()) return 0;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::thread> threads;
+    std::vector<float> sinks(kThreads);
+    const auto t0 = Clock::now();
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] { sinks[static_cast<std::size_t>(t)] = dpbf16_loop(iters); });
+    for (auto& t : threads) t.join();
+    const double seconds = seconds_since(t0);
+    benchmark::DoNotOptimize(sinks.data());
+    best = std::max(best, 2.0 * 32 * kChains * static_cast<double>(iters) * kThreads / seconds * 1e-9);
+  }
+  return best;
+}
+
 /// Returns once no other thread of this process is running — OpenBLAS's workers spin for a while
 /// after each call before they block, and would take cores from whatever is measured next. Polls
 /// the threads' states in /proc/self/task (yielding between polls); gives up after 5 s of polls
@@ -161,6 +200,16 @@ double probe_peak() {
   double best = 0;
   for (int i = 0; i < 3; ++i) best = std::max(best, fma_rate(3'000'000));
   return best;
+}
+
+void BM_Bf16DotPeak(benchmark::State& state) {
+  if (!has_avx512bf16()) {
+    state.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  double best = 0;
+  for (auto _ : state) best = std::max(best, probe_bf16_peak(40'000'000));
+  state.counters["GFLOP/s"] = best;
 }
 
 void BM_FmaPeak(benchmark::State& state) {
@@ -314,6 +363,48 @@ void BM_Fused(benchmark::State& state) {
     benchmark::DoNotOptimize(p.out.data());
   }
   report(state, p, seconds, std::max(peak_before, probe_peak()), "fused");
+  g_fused_gflops[{p.n, p.causal}] = state.counters["GFLOP/s"];
+}
+
+/// The fused kernel on bf16 q, k, v and out (the same values rounded): GFLOP/s, against the FMA
+/// peak and the vdpbf16ps peak probed around it, and x_fp32 = its GFLOP/s over BM_Fused's at the
+/// same N in this run. dpbf16 = 1 when the kernel runs on vdpbf16ps (else it converts as it loads).
+void BM_FusedBf16(benchmark::State& state) {
+  wait_for_other_threads_to_block();
+  Problem p(state.range(0), state.range(1) != 0);
+  AttentionSpec spec = bench_spec(p.causal);
+  spec.storage = qkv::DType::bf16;
+  auto bits = [](const std::vector<float>& x) {
+    std::vector<std::uint16_t> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = qkv::f32_to_bf16(x[i]);
+    return out;
+  };
+  const auto q = bits(p.q), k = bits(p.k), v = bits(p.v);
+  std::vector<std::uint16_t> out(q.size());
+  AttentionArgs args = args_of(p);
+  args.q = q.data();
+  args.k = k.data();
+  args.v = v.data();
+  args.out = out.data();
+  qkv::codegen::cpu::run_attention(spec, args, kThreads);
+  double seconds = 0;
+  const double peak_before = probe_peak(), bf16_before = probe_bf16_peak();
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    qkv::codegen::cpu::run_attention(spec, args, kThreads);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double peak = std::max(peak_before, probe_peak()), bf16_peak = std::max(bf16_before, probe_bf16_peak());
+  const double gflops = p.flops() * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["peak"] = peak;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  state.counters["bf16_peak"] = bf16_peak;
+  if (bf16_peak > 0) state.counters["pct_bf16_peak"] = 100.0 * gflops / bf16_peak;
+  state.counters["dpbf16"] = qkv::codegen::cpu::prepare_attention(spec).dpbf16 ? 1 : 0;
+  if (auto it = g_fused_gflops.find({p.n, p.causal}); it != g_fused_gflops.end())
+    state.counters["x_fp32"] = gflops / it->second;
 }
 
 // --- score / mask modifications ----------------------------------------------------------------
@@ -460,6 +551,7 @@ void BM_JitCompileCold(benchmark::State& state) {
 }
 
 BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_Bf16DotPeak)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
 BENCHMARK(BM_Sgemm2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Unfused)
     ->ArgNames({"N", "causal"})
@@ -467,6 +559,11 @@ BENCHMARK(BM_Unfused)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Fused)
+    ->ArgNames({"N", "causal"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_FusedBf16)
     ->ArgNames({"N", "causal"})
     ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
