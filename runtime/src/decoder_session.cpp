@@ -13,10 +13,18 @@ DecoderSession::DecoderSession(Graph step, Feeds weights, const Shape& shape, Ru
   if (!run_) run_ = [](const Graph& g, const Feeds& f, const Destinations&) { return interpret(g, f); };
   // The caches, at their full capacity, once (NdArray::zeros throws IoError when they cannot be
   // sized; std::bad_alloc when there is no memory for them).
+  // Each is stored as its input in the step graph is (f32, or bf16 / f16 for a half model).
+  auto dtype_of = [&](const std::string& name) {
+    for (const Node& n : graph_.nodes())
+      if (is_array_leaf(n) && n.name == name)
+        return n.dtype == DType::f16 || n.dtype == DType::bf16 ? n.dtype : DType::f32;
+    return DType::f32;
+  };
   for (std::int64_t i = 0; i < shape_.layers; ++i)
     for (const char* kv : {"k.", "v."}) {
-      NdArray& cache = feeds_[std::string("cache_") + kv + std::to_string(i)];
-      cache = NdArray::zeros(DType::f32, {shape_.batch, shape_.kv_heads, shape_.capacity, shape_.head_dim});
+      const std::string name = std::string("cache_") + kv + std::to_string(i);
+      NdArray& cache = feeds_[name];
+      cache = NdArray::zeros(dtype_of(name), {shape_.batch, shape_.kv_heads, shape_.capacity, shape_.head_dim});
       present_[std::string("present_") + kv + std::to_string(i)] = &cache;
     }
   reset();

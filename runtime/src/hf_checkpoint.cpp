@@ -241,17 +241,10 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   return ck;
 }
 
-std::vector<DType> HfCheckpoint::dtypes() const {
-  std::vector<DType> out;
-  for (const auto& n : names_) out.push_back(files_[where_.at(n)].get(n).dtype);
-  return out;
-}
-
-NdArray HfCheckpoint::load_f32(const std::string& name) const {
+NdArray HfCheckpoint::load(const std::string& name) const {
   const auto it = where_.find(name);
   if (it == where_.end()) fail(what_, "the checkpoint has no `" + name + "`");
-  NdArray a = files_[it->second].load(name);
-  return a.dtype == DType::f32 ? a : NdArray::from_f32(a.to_f32(), a.shape);
+  return files_[it->second].load(name);
 }
 
 std::uint64_t HfCheckpoint::f32_bytes() const {

@@ -21,7 +21,10 @@ NdArray take(const SafetensorsFile& sd, const std::string& key, const Shape& wan
   if (a.shape != want)
     throw StateDictError(where(sd) + "'" + key + "' has shape " + shape_to_string(a.shape) + ", expected " +
                          shape_to_string(want) + " (" + why + ")");
-  if (a.dtype != DType::f32) a = NdArray::from_f32(a.to_f32(), a.shape);
+  // f16 / bf16 stay as stored (the command converts them to the model's dtype, with a note);
+  // f64 becomes f32.
+  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+    a = NdArray::from_f32(a.to_f32(), a.shape);
   return a;
 }
 

@@ -5,21 +5,25 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/codegen/target.hpp>
 
 namespace qkv {
 namespace {
 
 using codegen::cpu::GemmSpec;
 using codegen::cpu::run_linear;
+using codegen::cpu::run_linear_bf16;
 
 std::vector<float> random_vec(std::size_t n, std::mt19937& gen) {
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -91,6 +95,83 @@ TEST(Gemm, EmptyAndDegenerate) {
   run_linear(nullptr, nullptr, nullptr, nullptr, 2, 0, 4, 1);
   EXPECT_THROW(run_linear(nullptr, nullptr, nullptr, c.data(), -1, 3, 4, 1), std::invalid_argument);
   EXPECT_THROW(run_linear(nullptr, nullptr, nullptr, c.data(), 2, 3, 4, 1), std::invalid_argument);
+}
+
+/// bf16 values in [-1, 1) (the bits), drawn from `gen`.
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& gen) {
+  std::vector<std::uint16_t> v(n);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (auto& x : v) x = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(d(gen)) >> 16);
+  return v;
+}
+double widen(std::uint16_t x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16); }
+
+/// run_linear_bf16 against fp64 sums of the same bf16 products, within 1e-5 of Σ|a||b| (+|bias|):
+/// the products of two bf16 values are exact in f32, so only the f32 accumulation errs.
+void check_bf16(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads,
+                const GemmSpec& spec = {}) {
+  std::mt19937 gen(static_cast<unsigned>(m * 7919 + n * 104729 + k * 13 + with_bias));
+  const auto a = random_bf16(static_cast<std::size_t>(m * k), gen);
+  const auto b = random_bf16(static_cast<std::size_t>(n * k), gen);
+  const auto bias = random_vec(static_cast<std::size_t>(n), gen);
+  std::vector<float> c(static_cast<std::size_t>(m * n), std::nanf(""));
+  run_linear_bf16(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
+  int bad = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double ref = with_bias ? bias[static_cast<std::size_t>(j)] : 0.0, mag = std::fabs(ref);
+      for (std::int64_t x = 0; x < k; ++x) {
+        const double p = widen(a[static_cast<std::size_t>(i * k + x)]) * widen(b[static_cast<std::size_t>(j * k + x)]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = c[static_cast<std::size_t>(i * n + j)];
+      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-30) && bad++ < 5)
+        ADD_FAILURE() << "bf16 m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << ": C[" << i << ", " << j
+                      << "] = " << got << ", expected " << ref;
+    }
+  EXPECT_EQ(bad, 0) << "bf16 m=" << m << " n=" << n << " k=" << k;
+}
+
+bool host_has_avx512bf16() {
+  for (const auto& f : codegen::host_target().features)
+    if (f == "+avx512bf16") return true;
+  return false;
+}
+
+TEST(Gemm, Bf16MatchesFp64SumsOfTheSameProducts) {
+  // Odd K leaves half a pair at the end of the last K block; N past a panel; M past a micro-tile.
+  for (std::int64_t m : {1, 17, 100})
+    for (std::int64_t n : {3, 64, 513})
+      for (std::int64_t k : {1, 2, 17, 64, 513}) check_bf16(m, n, k, (m + n + k) % 2 == 0, 1 + (m + k) % 2);
+}
+
+TEST(Gemm, Bf16ForcedBlockings) {
+  const GemmSpec specs[] = {
+      {.k_block = 6},                                                    // pairs in several K blocks (k0 / 2 > 0)
+      {.k_block = 5},                                                    // rounded up to whole pairs
+      {.vector_floats = 8, .rows = 6, .col_vectors = 2, .k_block = 16},  // no vdpbf16ps: widened as packed
+      {.vector_floats = 16, .rows = 5, .col_vectors = 3, .k_block = 7},
+  };
+  for (const auto& spec : specs)
+    for (std::int64_t s : {1, 17, 100}) {
+      check_bf16(s, 33, s, true, 2, spec);
+      check_bf16(33, s, 65, false, 1, spec);
+    }
+}
+
+TEST(Gemm, Bf16RunsOnVdpbf16psWhereTheHostHasIt) {
+  GemmSpec spec;
+  spec.bf16 = true;
+  const auto info = codegen::cpu::prepare_linear(spec);
+  const std::string ir = codegen::cpu::gemm_kernel_ir(spec, /*optimized=*/false);
+  EXPECT_EQ(info.dpbf16, host_has_avx512bf16() && info.vector_floats == 16);
+  EXPECT_EQ(ir.find("dpbf16ps") != std::string::npos, info.dpbf16);
+  spec.vector_floats = 8;  // AVX2 widths: widened to f32
+  EXPECT_FALSE(codegen::cpu::prepare_linear(spec).dpbf16);
+  EXPECT_EQ(codegen::cpu::gemm_kernel_ir(spec, false).find("dpbf16ps"), std::string::npos);
+  EXPECT_THROW(run_linear(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 1, GemmSpec{.bf16 = true}),
+               std::invalid_argument);
 }
 
 TEST(Gemm, Throughput) {  // informative only

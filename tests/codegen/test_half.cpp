@@ -10,6 +10,7 @@
 #include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/ir/float_dtype.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
@@ -24,6 +25,7 @@ QKV_AXIS(Seq);
 QKV_AXIS(Key);
 QKV_AXIS(HeadDim);
 QKV_AXIS(Model);
+QKV_AXIS(Hidden);
 
 int count_op(const Graph& g, Op op) {
   int c = 0;
@@ -142,6 +144,38 @@ TEST(Half, Bf16AttentionMatchesTheInterpreter) {
     ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
     EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 2e-2) << s;
   }
+}
+
+TEST(Half, Bf16LinearLayersReadTheirBf16OperandsThemselves) {
+  // An f32 model moved to bf16 as a whole (PyTorch's model.to(torch.bfloat16)): K = 37 is odd,
+  // so the last pair of K is half padding; N = 40 leaves a partial panel.
+  Graph model;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<37>>>(model, "x");
+  output(linear(x, linear_params<Model<37>, Hidden<40>>(model, "fc")), "out");
+  const Graph g = with_float_dtype(model, DType::bf16);
+  for (const auto& n : g.nodes()) EXPECT_EQ(n.dtype, DType::bf16) << n.name;
+  const Graph lowered = codegen::lower(g);
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
+    const Node& n = lowered.node(id);
+    if (n.op != Op::linear) continue;
+    EXPECT_EQ(n.dtype, DType::f32);  // rounded to bf16 after it: the K blocks' partial sums stay f32
+    EXPECT_EQ(lowered.node(n.inputs[0]).dtype, DType::bf16);  // x and W read as they are stored
+    EXPECT_EQ(lowered.node(n.inputs[1]).dtype, DType::bf16);
+    EXPECT_EQ(lowered.node(n.inputs[2]).dtype, DType::f32);  // the bias widened
+  }
+  // Rows 1, 2, 3 run the GEMV; more the GEMM. Both round only the output, as the interpreter
+  // does, from sums that differ in their order: at most one bf16 ulp apart.
+  const codegen::cpu::BoundRunner bound(2);  // its weights packed once, in the prepared handle
+  Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 1}}, 1, 1.0f);  // the weights: one set, one address
+  for (const std::int64_t seq : {1, 2, 3, 5, 29}) {
+    feeds["x"] = random_feeds(g, {{"Batch", 2}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
+    const RunResult want = interpret(g, feeds);
+    for (const RunResult& got : {codegen::cpu::run(g, feeds, 2), bound(g, feeds)}) {
+      ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
+      EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 1.0 / 128) << seq;
+    }
+  }
+  EXPECT_EQ(bound.prepared(), 1);
 }
 
 TEST(Half, TheAotHeaderTakesTheBitsOfHalfArraysAsUint16) {

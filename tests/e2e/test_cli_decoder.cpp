@@ -10,6 +10,7 @@
 #include <map>
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace qkv {
 namespace {
@@ -266,9 +267,20 @@ TEST_F(Cli, CausalLmReadsBf16WeightsWithANote) {
   const Result r = run("run causal-lm --model " + m.string() + " --tokens " + (m / "tokens.npy").string() +
                        " --logits-out " + tmp("logits.npy"));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("the weights are stored as bf16; they are converted to f32"));
+  EXPECT_THAT(r.err, HasSubstr("the model computes in f32 (--dtype f32); converted on load: "));
+  EXPECT_THAT(r.err, HasSubstr(" stored as bf16 (model."));
   // Truncated weights move the logits, but not past a few percent of their range.
   EXPECT_LT(error(tmp("logits.npy"), (m / "expected_logits_f64.npy").string()), 0.5);
+
+  // --dtype bf16 takes them as they are (no note) and computes in bf16: logits are bf16 too.
+  for (const char* backend : {"cpu", "reference"}) {
+    const Result h = run("run causal-lm --dtype bf16 --backend " + std::string(backend) + " --model " + m.string() +
+                         " --tokens " + (m / "tokens.npy").string() + " --logits-out " + tmp("logits_bf16.npy"));
+    ASSERT_EQ(h.code, 0) << h.err;
+    EXPECT_THAT(h.err, Not(HasSubstr("converted on load"))) << backend;
+    EXPECT_EQ(read_npy(tmp("logits_bf16.npy")).dtype, DType::bf16) << backend;
+    EXPECT_LT(error(tmp("logits_bf16.npy"), (m / "expected_logits_f64.npy").string()), 0.5) << backend;
+  }
 }
 
 }  // namespace

@@ -23,6 +23,8 @@ import os
 import numpy as np
 import torch
 
+from make_long_rows import uniform  # the same counter hash as the C++ tests
+
 # (name, N, D, heads, causal, padded keys). Keep in step with kCases in test_bf16_attention.cpp.
 CASES = [
     ("N128_D64", 128, 64, 2, False, 0),
@@ -32,20 +34,6 @@ CASES = [
     ("N2048_D64", 2048, 64, 2, False, 0),
     ("N333_D40_causal_padded", 333, 40, 2, True, 33),
 ]
-
-M64 = (1 << 64) - 1
-
-
-def uniform(count, seed):
-    """splitmix64(seed * 1000003 + i) >> 40, as (x / 2^24) * 2 − 1 (exact in float32)."""
-    with np.errstate(over="ignore"):
-        x = np.arange(count, dtype=np.uint64) + np.uint64((seed * 1000003) & M64)
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return ((x >> np.uint64(40)).astype(np.float64) / 16777216.0 * 2.0 - 1.0).astype(np.float32)
-
 
 def inputs(case_index, N, D, H):
     base = 20 * (case_index + 1)

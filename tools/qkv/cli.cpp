@@ -95,6 +95,18 @@ struct BackendFlag {
   [[nodiscard]] Backend get() const { return parse_backend(value); }
 };
 
+struct DTypeFlag {
+  std::string value = "f32";
+  void add(CLI::App* app) {
+    app->add_option("--dtype", value,
+                    "How the model stores its floats: f32 | bf16 | f16 (inputs and weights stored otherwise are "
+                    "converted on load, with a note; kernels accumulate in f32)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+        ->capture_default_str();
+  }
+  [[nodiscard]] DType get() const { return parse_dtype(value); }
+};
+
 // Every command has its own flag objects: an object shared by two commands would be bound to
 // the second one's option only (encoder-layer's --causal was once ignored that way).
 
@@ -121,6 +133,7 @@ struct RunMhaFlags {
   RunMha o;
   CausalFlag causal;
   BackendFlag backend;
+  DTypeFlag dtype;
   CLI::App* cmd = nullptr;
   void add(CLI::App* run) {
     cmd = run->add_subcommand("mha", "nn.MultiheadAttention(batch_first=True), eval mode");
@@ -143,6 +156,7 @@ struct RunMhaFlags {
     mods.add(cmd, o.mods);
     cmd->add_option("--alibi-slopes", o.alibi_slopes, "f32 [H] or [B, H]: ALiBi, score - slope*|i' - j|");
     backend.add(cmd);
+    dtype.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   ModFlagsOptions mods;
@@ -150,6 +164,7 @@ struct RunMhaFlags {
     o.causal = causal.get();
     mods.get(o.mods);
     o.backend = backend.get();
+    o.dtype = dtype.get();
     return o;
   }
 };
@@ -158,6 +173,7 @@ struct RunSdpaFlags {
   RunSdpa o;
   CausalFlag causal;
   BackendFlag backend;
+  DTypeFlag dtype;
   double scale = 0;
   CLI::Option* scale_opt = nullptr;
   CLI::App* cmd = nullptr;
@@ -182,6 +198,7 @@ struct RunSdpaFlags {
     cmd->add_option("--q-doc-ids", o.q_doc_ids, "int [B, L]: document of each query (with --kv-doc-ids)");
     cmd->add_option("--kv-doc-ids", o.kv_doc_ids, "int [B, S]: document of each key; only equal ids attend");
     backend.add(cmd);
+    dtype.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   ModFlagsOptions mods;
@@ -190,6 +207,7 @@ struct RunSdpaFlags {
     mods.get(o.mods);
     if (scale_opt->count()) o.scale = scale;
     o.backend = backend.get();
+    o.dtype = dtype.get();
     return o;
   }
 };
@@ -198,6 +216,7 @@ struct RunEncoderFlags {
   RunEncoder o;
   CausalFlag causal;
   BackendFlag backend;
+  DTypeFlag dtype;
   CLI::App* cmd = nullptr;
   void add(CLI::App* run, bool stack) {
     o.stack = stack;
@@ -222,11 +241,13 @@ struct RunEncoderFlags {
     causal.add(cmd);
     cmd->add_option("--out,-o", o.out, "Output [B, L, d_model] .npy")->required();
     backend.add(cmd);
+    dtype.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunEncoder get() {
     o.causal = causal.get();
     o.backend = backend.get();
+    o.dtype = dtype.get();
     return o;
   }
 };
@@ -234,6 +255,7 @@ struct RunEncoderFlags {
 struct RunCausalLmFlags {
   RunCausalLm o;
   BackendFlag backend;
+  DTypeFlag dtype;
   CLI::App* cmd = nullptr;
   void add(CLI::App* run) {
     cmd = run->add_subcommand("causal-lm", "A Hugging Face decoder (llama, qwen2, mistral): one full forward");
@@ -243,10 +265,12 @@ struct RunCausalLmFlags {
     cmd->add_option("--tokens", o.tokens, "int [B, L] or [L]: token ids (positions 0 .. L-1)")->required();
     cmd->add_option("--logits-out", o.logits_out, "Output [B, L, vocab] .npy")->required();
     backend.add(cmd);
+    dtype.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunCausalLm get() {
     o.backend = backend.get();
+    o.dtype = dtype.get();
     return o;
   }
 };
@@ -254,6 +278,7 @@ struct RunCausalLmFlags {
 struct GenerateFlags {
   Generate o;
   BackendFlag backend;
+  DTypeFlag dtype;
   CLI::App* cmd = nullptr;
   bool json = false;
   /// bench: `qkv bench generate` (--out optional, --json).
@@ -285,9 +310,11 @@ struct GenerateFlags {
     cmd->add_option("--seed", o.seed, "The sampler's seed");
     cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
     backend.add(cmd);
+    dtype.add(cmd);
   }
   Generate get() {
     o.backend = backend.get();
+    o.dtype = dtype.get();
     return o;
   }
 };
@@ -317,10 +344,13 @@ struct ShapeFlags {
     app->add_flag("--alibi", m.alibi, "sdpa: ALiBi with the paper's slopes 2^(-8(h+1)/H)");
     app->add_option("--documents", m.documents, "sdpa: N packed documents of equal length (a document mask)")
         ->check(positive);
+    dtype.add(app);
   }
   ModFlagsOptions mods;
+  DTypeFlag dtype;
   ShapeModel get() {
     m.causal = causal.get();
+    m.dtype = dtype.get();
     mods.get(m.mods);
     return m;
   }
@@ -481,9 +511,10 @@ int run_cli(int argc, char** argv) {
   verify_cmd->footer("Example: qkv verify sdpa --batch 1 --heads 2 --seq 33 --head-dim 64 --backend cpu");
   verify_flags.add(verify_cmd);
   verify_backend.add(verify_cmd, "cpu | cuda");
-  verify_cmd->add_option("--tolerance", verify_opts.tolerance, "Largest allowed max abs error")
-      ->check(finite_number())
-      ->capture_default_str();
+  verify_cmd
+      ->add_option("--tolerance", verify_opts.tolerance,
+                   "Largest allowed max abs error (default: 1e-4 for f32, 1e-2 for f16, 5e-2 for bf16)")
+      ->check(finite_number());
 
   Heatmap hm;
   std::int64_t head = 0;

@@ -26,6 +26,8 @@ class UsageError : public std::runtime_error {
 
 enum class Backend { reference, cpu, cuda };
 Backend parse_backend(const std::string& s);
+/// --dtype: f32 | bf16 | f16, how the model stores its floats (qkv/ir/float_dtype.hpp).
+DType parse_dtype(const std::string& s);
 /// Parses an optional --causal value ("" = given without alignment).
 Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, std::int64_t len_k);
 
@@ -44,6 +46,7 @@ struct RunMha {
   std::string alibi_slopes;  // f32 [H] or [B, H]
   bool add_zero_attn = false, need_weights = false, per_head_weights = false;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   bool stats = false;  // print what was compiled, and the time, to stderr
 };
 /// The flags as Mods (without ALiBi and documents, whose inputs each command makes), or
@@ -59,6 +62,7 @@ struct RunSdpa {
   double dropout = 0.0;
   std::uint64_t seed = 0;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   bool stats = false;
 };
 struct RunEncoder {
@@ -69,12 +73,14 @@ struct RunEncoder {
   double eps = 1e-5;
   std::optional<std::string> causal;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   bool stats = false;
 };
 /// qkv run causal-lm: one full forward of a Hugging Face decoder (commands_decoder.cpp).
 struct RunCausalLm {
   std::string model, tokens, logits_out;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   bool stats = false;
 };
 int run_causal_lm(const RunCausalLm& o);
@@ -88,6 +94,7 @@ struct Generate {
   std::int64_t top_k = 0;    // 0: every token
   std::uint64_t seed = 0;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   int threads = 0;
 };
 int generate(const Generate& o);
@@ -110,6 +117,7 @@ struct ShapeModel {
   ModFlags mods;               // sdpa only
   bool alibi = false;          // slopes 2^(-8(h+1)/H), as in the ALiBi paper
   std::int64_t documents = 0;  // that many equal-length packed documents (ids i·N/L, j·N/S)
+  DType dtype = DType::f32;    // how the model stores its floats (--dtype)
 };
 /// Prints the shape table; with `dump_after` (a pass name or "all") or `time_passes`, also runs
 /// the CPU backend's pass pipeline and prints the graph after that pass / each pass's time.
@@ -124,8 +132,12 @@ int bench(const Bench& b);
 struct Verify {
   ShapeModel model;
   Backend backend = Backend::cpu;
-  double tolerance = 1e-4;
+  std::optional<double> tolerance;  // default: default_tolerance(the model's dtype)
 };
+/// verify's default tolerance on the max abs error: 1e-4 for f32; for f16 / bf16 a few units in
+/// the last place of values near 1, since the interpreter rounds each op's value to the dtype while
+/// the fused kernels keep scores and sums in f32 (docs/cli.md).
+double default_tolerance(DType dtype);
 int verify(const Verify& v);
 
 struct Heatmap {

@@ -56,18 +56,11 @@ NdArray positions_for(std::int64_t batch, std::int64_t len, std::int64_t start =
   return p;
 }
 
-/// The checkpoint's weights as feeds (f32), with a note when they were stored otherwise.
+/// The checkpoint's weights as feeds, as stored (model_as converts them to the model's dtype).
 Feeds weight_feeds(const HfCheckpoint& ck) {
   require_memory(ck.f32_bytes(), "reading the weights of the model");
-  const auto types = ck.dtypes();
-  for (DType t : types)
-    if (t != DType::f32) {
-      std::fprintf(stderr, "qkv: note: the weights are stored as %s; they are converted to f32 (computing in f32)\n",
-                   std::string(dtype_name(t)).c_str());
-      break;
-    }
   Feeds feeds;
-  for (const auto& name : ck.names()) feeds[name] = ck.load_f32(name);
+  for (const auto& name : ck.names()) feeds[name] = ck.load(name);
   return feeds;
 }
 
@@ -91,7 +84,8 @@ int run_causal_lm(const RunCausalLm& o) {
   Feeds feeds = weight_feeds(ck);
   feeds["tokens"] = std::move(tokens);
   feeds["positions"] = positions_for(B, L);
-  const RunResult r = run_model(build_causal_lm(c), feeds, o.backend, o.stats);
+  const Graph g = model_as(build_causal_lm(c), o.dtype, feeds);
+  const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, logits_file, r.outputs.at("logits"));
@@ -178,8 +172,10 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size).
   if (o.backend == Backend::cpu) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
+  Feeds weights = weight_feeds(ck);
+  Graph step = model_as(build_causal_lm_step(c), o.dtype, weights);
   DecoderSession session(
-      build_causal_lm_step(c), weight_feeds(ck),
+      std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,
        .kv_heads = c.num_key_value_heads,
        .head_dim = c.head_dim,
@@ -221,6 +217,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   NdArray next = NdArray::zeros(DType::i64, {B, 1});
   for (std::int64_t t = 0; t < N; ++t) {
     const std::int64_t len = logits.shape[1];
+    if (logits.dtype != DType::f32) logits = logits.converted(DType::f32);  // a bf16 / f16 model's, exactly
     const auto lv = logits.as<float>();
     for (std::int64_t b = 0; b < B; ++b) {
       const std::span<const float> row = lv.subspan(static_cast<std::size_t>((b * len + len - 1)) * V, V);

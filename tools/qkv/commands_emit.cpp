@@ -121,8 +121,8 @@ void stage_example(OutputGroup& outputs, const Example& ex, const Instance& in, 
   for (std::size_t k = 0; k < ex.files.size(); ++k) {
     const auto& a = sig.args[k];
     const NdArray& v = a.output ? want.outputs.at(a.name) : feeds.at(a.name);
-    stage_npy(outputs, ex.files[k].second,
-              a.dtype == DType::boolean || v.dtype == DType::f32 ? v : NdArray::from_f32(v.to_f32(), v.shape));
+    // As the function takes it: bool as bytes, everything else in its storage dtype.
+    stage_npy(outputs, ex.files[k].second, a.dtype == DType::boolean ? v : v.converted(a.dtype));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/jit.hpp>
+#include <qkv/ir/float_dtype.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -26,6 +27,46 @@ Backend parse_backend(const std::string& s) {
   if (s == "cpu") return Backend::cpu;
   if (s == "cuda") return Backend::cuda;
   throw UsageError("--backend must be reference, cpu or cuda, not '" + s + "'");
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  throw UsageError("--dtype must be f32, bf16 or f16, not '" + s + "'");
+}
+
+std::vector<Converted> convert_feeds(const Graph& g, Feeds& feeds) {
+  std::vector<Converted> done;
+  for (const Node& n : g.nodes()) {
+    if (!is_array_leaf(n) || !is_model_float(n.dtype)) continue;
+    const auto it = feeds.find(n.name);
+    if (it == feeds.end() || it->second.dtype == n.dtype || it->second.dtype == DType::boolean ||
+        is_integer(it->second.dtype))
+      continue;  // a missing or mistyped feed is the backend's one-line error
+    done.push_back({n.name, it->second.dtype});
+    it->second = it->second.converted(n.dtype);
+  }
+  return done;
+}
+
+Graph model_as(const Graph& g, DType dtype, Feeds& feeds) {
+  Graph out = with_float_dtype(g, dtype);
+  const std::vector<Converted> done = convert_feeds(out, feeds);
+  if (done.empty()) return out;
+  std::map<DType, std::vector<std::string>> from;
+  for (const auto& c : done) from[c.from].push_back(c.name);
+  std::string what;
+  for (const auto& [t, names] : from) {
+    what +=
+        (what.empty() ? "" : "; ") + std::to_string(names.size()) + " stored as " + std::string(dtype_name(t)) + " (";
+    for (std::size_t i = 0; i < names.size() && i < 3; ++i) what += (i ? ", " : "") + names[i];
+    if (names.size() > 3) what += ", ...";
+    what += ")";
+  }
+  std::fprintf(stderr, "qkv: note: the model computes in %s (--dtype %s); converted on load: %s\n",
+               std::string(dtype_name(dtype)).c_str(), std::string(dtype_name(dtype)).c_str(), what.c_str());
+  return out;
 }
 
 Mods parse_mod_flags(const ModFlags& f, bool alibi, std::int64_t len_q, std::int64_t len_k) {
@@ -343,13 +384,14 @@ int run_mha(const RunMha& o) {
     feeds["key"] = std::move(k);
     feeds["value"] = std::move(v);
   }
-  const RunResult r = run_model(build_mha(m), feeds, o.backend, o.stats);
+  const Graph g = model_as(build_mha(m), o.dtype, feeds);
+  const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));
   if (want_weights) {
     const NdArray& w = r.outputs.at("weights");
-    stage_npy(outputs, weights_file, o.per_head_weights ? w : mean_over_axis(w, 1));
+    stage_npy(outputs, weights_file, o.per_head_weights ? w : mean_over_axis(w, 1).converted(w.dtype));
   }
   outputs.commit();
   return 0;
@@ -445,7 +487,8 @@ int run_sdpa(const RunSdpa& o) {
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, S);
   m.mods = parse_mods(o, feeds, B, H, L, S);
-  const RunResult r = run_model(build_sdpa(m), feeds, o.backend, o.stats);
+  const Graph g = model_as(build_sdpa(m), o.dtype, feeds);
+  const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));
@@ -511,7 +554,8 @@ int run_encoder(const RunEncoder& o) {
   m.masks = masks.finish(feeds);
   m.masks.causal = parse_causal(o.causal, L, L);
   feeds["src"] = std::move(src);
-  const RunResult r = run_model(build_encoder(m), feeds, o.backend, o.stats);
+  const Graph g = model_as(build_encoder(m), o.dtype, feeds);
+  const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, out_file, r.outputs.at("out"));

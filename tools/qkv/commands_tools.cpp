@@ -12,6 +12,7 @@
 
 #include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/ir/float_dtype.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/random_feeds.hpp>
@@ -125,6 +126,7 @@ Instance instantiate(const ShapeModel& s) {
   } else {
     throw UsageError("unknown model '" + s.kind + "' (sdpa, mha, encoder-layer)");
   }
+  in.graph = with_float_dtype(in.graph, s.dtype);
   (void)value_bytes(in.graph, in.sizes);  // UsageError when a value's size overflows
   return in;
 }
@@ -159,6 +161,7 @@ Feeds seeded_feeds(const Instance& in, const ShapeModel& s) {
     feeds["q_doc_ids"] = ids(in.sizes.at("Seq"));
     feeds["kv_doc_ids"] = ids(in.sizes.at("Key"));
   }
+  convert_feeds(in.graph, feeds);  // drawn as f32: stored as the model's dtype (--dtype)
   return feeds;
 }
 
@@ -244,28 +247,41 @@ int bench(const Bench& b) {
   if (b.json) {
     std::printf(
         "{\"model\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"seq\": %lld, \"kv_seq\": %lld, \"head_dim\": %lld, "
-        "\"causal\": %s, \"backend\": \"%s\", \"repeat\": %d, \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
+        "\"causal\": %s, \"dtype\": \"%s\", \"backend\": \"%s\", \"repeat\": %d, \"median_ms\": %.6g, \"min_ms\": "
+        "%.6g, \"max_ms\": %.6g, "
         "\"gflops\": %.6g, \"peak_mem_mib\": %.6g, \"modules_compiled\": %lld, \"modules_compiled_timed\": %lld, "
         "\"compile_ms\": %.6g}\n",
         s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
         static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
-        s.causal ? "true" : "false",
+        s.causal ? "true" : "false", std::string(dtype_name(s.dtype)).c_str(),
         b.backend == Backend::reference ? "reference" : (b.backend == Backend::cuda ? "cuda" : "cpu"), b.repeat, median,
         sorted.front(), sorted.back(), gflops, peak, modules, modules_timed, compile_ms);
   } else {
     std::printf(
-        "%s: median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f); "
+        "%s (%s): median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f); "
         "%lld LLVM module(s) compiled in %.1f ms\n",
-        s.kind.c_str(), median, sorted.front(), sorted.back(), b.repeat, gflops, peak, peak - rss_before, modules,
-        compile_ms);
+        s.kind.c_str(), std::string(dtype_name(s.dtype)).c_str(), median, sorted.front(), sorted.back(), b.repeat,
+        gflops, peak, peak - rss_before, modules, compile_ms);
   }
   return 0;
+}
+
+double default_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return 5e-2;  // 8 significant bits: an ulp of a value near 1 is 2^-7
+    case DType::f16:
+      return 1e-2;  // 11 significant bits: 2^-10
+    default:
+      return 1e-4;
+  }
 }
 
 int verify(const Verify& v) {
   if (v.backend == Backend::reference)
     throw UsageError("verify compares a backend with the reference interpreter: give --backend cpu or cuda");
-  if (!(std::isfinite(v.tolerance) && v.tolerance >= 0))
+  const double tolerance = v.tolerance.value_or(default_tolerance(v.model.dtype));
+  if (!(std::isfinite(tolerance) && tolerance >= 0))
     throw UsageError("--tolerance must be a non-negative finite number");
   const Instance in = instantiate(v.model);
   require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, Backend::reference) +
@@ -283,8 +299,9 @@ int verify(const Verify& v) {
       rel_err = std::max(rel_err, d / std::max(1e-6, std::abs(static_cast<double>(e[i]))));
     }
   }
-  std::printf("max abs error %.3g, max rel error %.3g (tolerance %.3g)\n", abs_err, rel_err, v.tolerance);
-  return abs_err <= v.tolerance ? 0 : 1;
+  std::printf("max abs error %.3g, max rel error %.3g (tolerance %.3g, %s)\n", abs_err, rel_err, tolerance,
+              std::string(dtype_name(v.model.dtype)).c_str());
+  return abs_err <= tolerance ? 0 : 1;
 }
 
 namespace {

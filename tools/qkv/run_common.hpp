@@ -19,6 +19,18 @@ namespace qkv::cli {
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0,
                     const Destinations& into = {});
 
+/// `g` stored as `dtype` (with_float_dtype, PyTorch's model.to(dtype)), with every float feed
+/// converted to the dtype of the input or parameter it feeds. Returns the names converted, each
+/// with the dtype it was stored as.
+struct Converted {
+  std::string name;
+  DType from;
+};
+std::vector<Converted> convert_feeds(const Graph& g, Feeds& feeds);
+/// The same for a command's files: converts and prints one note on stderr naming what was
+/// converted ("inputs are converted on load when their stored dtype differs").
+Graph model_as(const Graph& g, DType dtype, Feeds& feeds);
+
 /// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
 /// was compiled for the run and how long it took.
 RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool stats);

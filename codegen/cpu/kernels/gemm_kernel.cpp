@@ -19,6 +19,7 @@
 #include <qkv/ir/hash.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -33,6 +34,7 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/raw_ostream.h>
@@ -63,6 +65,11 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   if (spec.rows > 0) c.rows = spec.rows;
   if (spec.col_vectors > 0) c.col_vectors = spec.col_vectors;
   c.k_block = spec.k_block > 0 ? spec.k_block : 256;
+  c.bf16 = spec.bf16;
+  bool bf16_dot = false;
+  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
+  c.dpbf16 = spec.bf16 && bf16_dot && c.lanes == 16;
+  if (c.dpbf16) c.k_block += c.k_block % 2;  // whole pairs per K block
   c.cpu = host.cpu;
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
   return c;
@@ -82,6 +89,10 @@ class GemmEmitter {
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
     vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(cfg.lanes));
+    i16_ = b_.getInt16Ty();
+    i32_ = b_.getInt32Ty();
+    vi_ = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(cfg.lanes));
+    vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * cfg.lanes));
   }
 
   void emit(const std::string& name) {
@@ -109,6 +120,7 @@ class GemmEmitter {
     k_ = field(offsetof(GemmArgs, k), i64_, "K");
 
     const std::int64_t mr = cfg_.rows, nr = cfg_.cols(), kc = cfg_.k_block;
+    // f32 [kc][MR], or with dpbf16 the pairs [kc/2][MR] (i32: two bf16) — the same bytes.
     ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
     llvm::Value* p0 = b_.CreateSDiv(n0, c64(nr), "p0");
     llvm::Value* p1 = b_.CreateSDiv(b_.CreateAdd(n1, c64(nr - 1)), c64(nr), "p1");
@@ -138,20 +150,43 @@ class GemmEmitter {
     return b_.CreateSelect(b_.CreateICmpSLT(x, y), x, y, nm);
   }
 
-  /// Ap[kk][r] = A[i + r][k0 + kk] for r < rows, 0 for rows ≤ r < MR.
+  /// Ap[kk][r] = A[i + r][k0 + kk] for r < rows, 0 for rows ≤ r < MR (as f32); with dpbf16 the
+  /// pairs Ap[kp][r] = (A[i + r][k0 + 2kp], A[i + r][k0 + 2kp + 1]), the second 0 past K.
   void pack_a(llvm::Value* i, llvm::Value* k0, llvm::Value* depth, llvm::Value* rows) {
     const std::int64_t mr = cfg_.rows;
+    llvm::Type* elem = cfg_.bf16 ? i16_ : f32_;
     ir::emit_loop(
         b_, c64(0), c64(mr), 1,
         [&](llvm::Value* r) {
           llvm::Value* valid = b_.CreateICmpSLT(r, rows);
           // An invalid row reads row i (always valid) and stores zero: no branch in the loop.
           llvm::Value* src_row = b_.CreateSelect(valid, b_.CreateAdd(i, r), i);
-          llvm::Value* src = b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(src_row, k_), k0), "a_row");
+          llvm::Value* src = b_.CreateInBoundsGEP(elem, a_, b_.CreateAdd(b_.CreateMul(src_row, k_), k0), "a_row");
+          if (cfg_.dpbf16) {
+            llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
+            ir::emit_loop(
+                b_, c64(0), pairs, 1,
+                [&](llvm::Value* kp) {
+                  llvm::Value* kk = b_.CreateMul(kp, c64(2));
+                  llvm::Value* second = b_.CreateAdd(kk, c64(1));
+                  llvm::Value* has_second = b_.CreateICmpSLT(second, depth);
+                  llvm::Value* lo = b_.CreateLoad(i16_, b_.CreateInBoundsGEP(i16_, src, kk));
+                  // Past K the second half reads the first again and is zeroed.
+                  llvm::Value* hi =
+                      b_.CreateLoad(i16_, b_.CreateInBoundsGEP(i16_, src, b_.CreateSelect(has_second, second, kk)));
+                  hi = b_.CreateSelect(has_second, hi, b_.getInt16(0));
+                  llvm::Value* pair = b_.CreateOr(b_.CreateZExt(lo, i32_), b_.CreateShl(b_.CreateZExt(hi, i32_), 16));
+                  pair = b_.CreateSelect(valid, pair, b_.getInt32(0));
+                  b_.CreateStore(pair, b_.CreateInBoundsGEP(i32_, ap_, b_.CreateAdd(b_.CreateMul(kp, c64(mr)), r)));
+                },
+                "pack_k", ir::Unroll::allowed);
+            return;
+          }
           ir::emit_loop(
               b_, c64(0), depth, 1,
               [&](llvm::Value* kk) {
-                llvm::Value* x = b_.CreateLoad(f32_, b_.CreateInBoundsGEP(f32_, src, kk));
+                llvm::Value* x = b_.CreateLoad(elem, b_.CreateInBoundsGEP(elem, src, kk));
+                if (cfg_.bf16) x = ir::half_to_f32(b_, x, /*brain=*/true);
                 x = b_.CreateSelect(valid, x, llvm::ConstantFP::get(f32_, 0.0));
                 b_.CreateStore(x, b_.CreateInBoundsGEP(f32_, ap_, b_.CreateAdd(b_.CreateMul(kk, c64(mr)), r)));
               },
@@ -221,6 +256,46 @@ class GemmEmitter {
         init[idx] = phi;
       }
 
+    if (cfg_.dpbf16) {
+      // Panel p holds [K2][NR][2] bf16 (K2 = ceil(K / 2)); the K block starts at pair k0 / 2. Per
+      // pair: col_vectors loads of 32 bf16 (16 columns × 2), one 32-bit broadcast of A's pair
+      // per row, and acc += A.lo·B.lo + A.hi·B.hi lane by lane (vdpbf16ps).
+      llvm::Value* k2 = b_.CreateSDiv(b_.CreateAdd(k_, c64(1)), c64(2));
+      llvm::Value* panel = b_.CreateInBoundsGEP(
+          i32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k2), b_.CreateSDiv(k0, c64(2))), c64(nr)), "b_panel");
+      llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
+      std::vector<llvm::Value*> acc = ir::emit_loop(
+          b_, c64(0), pairs, 1, init,
+          [&](llvm::Value* kp, const std::vector<llvm::Value*>& cur) {
+            llvm::Value* brow = b_.CreateInBoundsGEP(i32_, panel, b_.CreateMul(kp, c64(nr)));
+            llvm::Value* arow = b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(kp, c64(mr)));
+            std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
+            for (int v = 0; v < nv; ++v)
+              bv[static_cast<std::size_t>(v)] = b_.CreateBitCast(
+                  b_.CreateAlignedLoad(
+                      vi_,
+                      b_.CreateConstInBoundsGEP1_64(i32_, brow,
+                                                    static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(lanes)),
+                      vec_align, "b_v"),
+                  vbf_);
+            std::vector<llvm::Value*> next(cur.size());
+            for (int r = 0; r < mr; ++r) {
+              llvm::Value* x =
+                  b_.CreateAlignedLoad(i32_, b_.CreateConstInBoundsGEP1_64(i32_, arow, static_cast<std::uint64_t>(r)),
+                                       llvm::Align(4), "a_s");
+              llvm::Value* xs = b_.CreateBitCast(b_.CreateVectorSplat(static_cast<unsigned>(lanes), x), vbf_);
+              for (int v = 0; v < nv; ++v) {
+                const auto idx = static_cast<std::size_t>(r * nv + v);
+                next[idx] = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                                               {cur[idx], xs, bv[static_cast<std::size_t>(v)]});
+              }
+            }
+            return next;
+          },
+          "k");
+      for (std::size_t x = 0; x < acc.size(); ++x) b_.CreateMaskedStore(acc[x], c_ptr[x], llvm::Align(4), mask[x]);
+      return;
+    }
     llvm::Value* panel =
         b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
     std::vector<llvm::Value*> acc = ir::emit_loop(
@@ -256,8 +331,8 @@ class GemmEmitter {
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   GemmConfig cfg_;
-  llvm::Type *f32_ = nullptr, *i8_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
-  llvm::FixedVectorType* vf_ = nullptr;
+  llvm::Type *f32_ = nullptr, *i8_ = nullptr, *i16_ = nullptr, *i32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
+  llvm::FixedVectorType *vf_ = nullptr, *vi_ = nullptr, *vbf_ = nullptr;
   llvm::Function* fn_ = nullptr;
   llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *n_ = nullptr, *k_ = nullptr;
   llvm::Value* ap_ = nullptr;
@@ -370,7 +445,7 @@ float* scratch(std::vector<float>& buf, std::size_t n) {
 
 std::uint64_t GemmSpec::hash() const {
   Fnv1a h;
-  for (int v : {vector_floats, rows, col_vectors, k_block}) h.i(v);
+  for (int v : {vector_floats, rows, col_vectors, k_block, bf16 ? 1 : 0}) h.i(v);
   return h.value();
 }
 
@@ -381,6 +456,7 @@ GemmInfo prepare_linear(const GemmSpec& spec) {
   info.rows = k.config.rows;
   info.cols = k.config.cols();
   info.k_block = k.config.k_block;
+  info.dpbf16 = k.config.dpbf16;
   return info;
 }
 
@@ -407,8 +483,14 @@ std::string gemm_kernel_ir(const GemmSpec& spec, bool optimized) {
   return text;
 }
 
-void run_linear(const float* a, const float* b, const float* bias, float* c, std::int64_t m, std::int64_t n,
-                std::int64_t k, int threads, const GemmSpec& spec) {
+namespace {
+
+/// What run_linear and run_linear_bf16 share: the checks, the kernel, Bᵀ packed panel by panel by
+/// `pack(p, panel)` into panels of `panel_words` 4-byte words, the bias padded, then the tasks of
+/// schedule.hpp's gemm_blocks.
+template <class Pack>
+void drive(const void* a, bool have_b, const float* bias, float* c, std::int64_t m, std::int64_t n, std::int64_t k,
+           int threads, const GemmSpec& spec, Pack pack) {
   if (m < 0 || n < 0 || k < 0) invalid("m, n and k must not be negative");
   if (m == 0 || n == 0) return;
   if (!c) invalid("c must not be null");
@@ -417,30 +499,19 @@ void run_linear(const float* a, const float* b, const float* bias, float* c, std
       for (std::int64_t j = 0; j < n; ++j) c[i * n + j] = bias ? bias[j] : 0.0f;
     return;
   }
-  if (!a || !b) invalid("a and b must not be null");
+  if (!a || !have_b) invalid("a and b must not be null");
   const Kernel& kernel = get_kernel(spec, nullptr);
   const GemmConfig& cfg = kernel.config;
   const std::int64_t mr = cfg.rows, nr = cfg.cols();
   const std::int64_t panels = (n + nr - 1) / nr;
+  const std::int64_t panel_words = gemm_panel_bytes(cfg, nr, k) / 4;
 
-  // Bᵀ in panels: bp[(p·K + kk)·NR + r] = B[p·NR + r][kk], zeros past N; the bias padded alike.
   thread_local std::vector<float> packed_buf, bias_buf;
-  float* bp = scratch(packed_buf, static_cast<std::size_t>(panels * k * nr));
+  float* bp = scratch(packed_buf, static_cast<std::size_t>(panels * panel_words));
   float* bias_pad = scratch(bias_buf, static_cast<std::size_t>(panels * nr));
   for (std::int64_t j = 0; j < panels * nr; ++j) bias_pad[j] = bias && j < n ? bias[j] : 0.0f;
   ThreadPool& pool = ThreadPool::shared();
-  pool.run(panels, threads, [&](std::int64_t p) {
-    float* dst = bp + p * k * nr;
-    for (std::int64_t r = 0; r < nr; ++r) {
-      const std::int64_t row = p * nr + r;
-      if (row < n) {
-        const float* src = b + row * k;
-        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = src[kk];
-      } else {
-        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = 0.0f;
-      }
-    }
-  });
+  pool.run(panels, threads, [&](std::int64_t p) { pack(cfg, p, bp + p * panel_words); });
 
   const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr);  // schedule.hpp
   const std::int64_t mc = blocks.mc, nblocks = blocks.nblocks, panels_per = blocks.panels_per;
@@ -452,6 +523,45 @@ void run_linear(const float* a, const float* b, const float* bias, float* c, std
     const std::int64_t m0 = mb * mc, m1 = std::min(m, m0 + mc);
     const std::int64_t n0 = nb * panels_per * nr, n1 = std::min(n, n0 + panels_per * nr);
     fn(&args, m0, m1, n0, n1);
+  });
+}
+
+float widen_bf16(std::uint16_t x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16); }
+
+}  // namespace
+
+void run_linear(const float* a, const float* b, const float* bias, float* c, std::int64_t m, std::int64_t n,
+                std::int64_t k, int threads, const GemmSpec& spec) {
+  if (spec.bf16) invalid("spec.bf16 is run_linear_bf16's");
+  // Bᵀ in panels: bp[(p·K + kk)·NR + r] = B[p·NR + r][kk], zeros past N.
+  drive(a, b != nullptr, bias, c, m, n, k, threads, spec, [&](const GemmConfig& cfg, std::int64_t p, float* dst) {
+    const std::int64_t nr = cfg.cols();
+    for (std::int64_t r = 0; r < nr; ++r) {
+      const std::int64_t row = p * nr + r;
+      const float* src = b + std::min(row, n - 1) * k;  // rows past N are zeros
+      for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = row < n ? src[kk] : 0.0f;
+    }
+  });
+}
+
+void run_linear_bf16(const std::uint16_t* a, const std::uint16_t* b, const float* bias, float* c, std::int64_t m,
+                     std::int64_t n, std::int64_t k, int threads, GemmSpec spec) {
+  spec.bf16 = true;
+  drive(a, b != nullptr, bias, c, m, n, k, threads, spec, [&](const GemmConfig& cfg, std::int64_t p, float* dst) {
+    const std::int64_t nr = cfg.cols();
+    for (std::int64_t r = 0; r < nr; ++r) {
+      const std::int64_t row = p * nr + r;
+      const std::uint16_t* src = b + std::min(row, n - 1) * k;  // rows past N are zeros
+      if (cfg.dpbf16) {  // pairs: word (kp·NR + r) = B[row][2kp] | B[row][2kp + 1] << 16, zeros past K and N
+        auto* words = reinterpret_cast<std::uint32_t*>(dst);
+        for (std::int64_t kp = 0; 2 * kp < k; ++kp) {
+          const std::uint32_t lo = row < n ? src[2 * kp] : 0, hi = row < n && 2 * kp + 1 < k ? src[2 * kp + 1] : 0;
+          words[kp * nr + r] = lo | hi << 16;
+        }
+      } else {
+        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = row < n ? widen_bf16(src[kk]) : 0.0f;
+      }
+    }
   });
 }
 

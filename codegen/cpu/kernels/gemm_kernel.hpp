@@ -19,8 +19,8 @@ namespace qkv::codegen::cpu {
 
 /// What the generated function reads through its first argument (its layout is the kernel ABI).
 struct GemmArgs {
-  const float* a;     // [M, K]
-  const float* bp;    // packed Bᵀ: ceil(N / NR) panels of [K][NR]
+  const void* a;      // [M, K], f32 (or bf16 with GemmConfig::bf16)
+  const void* bp;     // packed Bᵀ: ceil(N / NR) panels of [K][NR] f32, or with dpbf16 of [ceil(K/2)][NR][2] bf16
   const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
   float* c;           // [M, N]
   std::int64_t m, n, k;
@@ -33,9 +33,17 @@ using GemmKernelFn = void(const GemmArgs* args, std::int64_t m0, std::int64_t m1
 /// The blocking of one kernel (GemmSpec resolved for a target).
 struct GemmConfig {
   int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
+  bool bf16 = false;    // A (and W for the GEMV) are bf16, widened as loaded unless dpbf16
+  bool dpbf16 = false;  // bf16 with vdpbf16ps: A and the panels hold pairs of K (k_block even)
   std::string cpu, features;
   [[nodiscard]] int cols() const { return lanes * col_vectors; }
 };
+
+/// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs.
+inline std::int64_t gemm_panel_bytes(const GemmConfig& cfg, std::int64_t n, std::int64_t k) {
+  const std::int64_t panels = (n + cfg.cols() - 1) / cfg.cols();
+  return cfg.dpbf16 ? panels * ((k + 1) / 2) * cfg.cols() * 4 : panels * k * cfg.cols() * 4;
+}
 
 /// GemmSpec's non-zero fields win; the rest is chosen from the target's vector width.
 GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host);
@@ -48,8 +56,8 @@ void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::st
 /// product whose time is the time to read W, and packing W first would read it twice and write
 /// it once; bias [n] (never null: zeros when the call has none); y [m, n].
 struct GemvArgs {
-  const float* x;
-  const float* w;
+  const void* x;  // f32, or bf16 with GemmConfig::bf16 (as W)
+  const void* w;
   const float* bias;
   float* y;
   std::int64_t m, n, k;

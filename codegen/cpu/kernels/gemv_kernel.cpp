@@ -58,9 +58,12 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* kfull = b.CreateSub(k, rem, "kfull");
   llvm::Value* tail = lane_mask(lanes, rem);
   // Rows past m repeat row m − 1 (their results are not stored).
+  // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes).
+  llvm::Type* elem = cfg.bf16 ? b.getInt16Ty() : f32;
+  auto* vin = llvm::FixedVectorType::get(elem, static_cast<unsigned>(lanes));
   std::vector<llvm::Value*> xrow(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r)
-    xrow[r] = b.CreateInBoundsGEP(f32, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
+    xrow[r] = b.CreateInBoundsGEP(elem, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
 
   ir::emit_loop(
       b, n0, n1, outs,
@@ -68,15 +71,16 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
         // Outputs past n1 (the last group only) read row n1 − 1 of W.
         std::vector<llvm::Value*> wrow(static_cast<std::size_t>(outs));
         for (int j = 0; j < outs; ++j)
-          wrow[j] = b.CreateInBoundsGEP(f32, w, b.CreateMul(smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1))), k));
+          wrow[j] =
+              b.CreateInBoundsGEP(elem, w, b.CreateMul(smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1))), k));
         auto step = [&](llvm::Value* i, const std::vector<llvm::Value*>& in, llvm::Value* mask) {
           std::vector<llvm::Value*> acc = in;
           auto load = [&](llvm::Value* row) {
-            llvm::Value* p = b.CreateGEP(f32, row, i);
-            if (mask)
-              return static_cast<llvm::Value*>(
-                  b.CreateMaskedLoad(vf, p, llvm::Align(4), mask, llvm::ConstantFP::get(vf, 0.0)));
-            return static_cast<llvm::Value*>(b.CreateAlignedLoad(vf, p, llvm::Align(4)));
+            llvm::Value* p = b.CreateGEP(elem, row, i);
+            const llvm::Align align(cfg.bf16 ? 2 : 4);
+            llvm::Value* v = mask ? b.CreateMaskedLoad(vin, p, align, mask, llvm::Constant::getNullValue(vin))
+                                  : static_cast<llvm::Value*>(b.CreateAlignedLoad(vin, p, align));
+            return cfg.bf16 ? ir::half_to_f32(b, v, /*brain=*/true) : v;
           };
           std::vector<llvm::Value*> xv(static_cast<std::size_t>(rows));
           for (int r = 0; r < rows; ++r) xv[r] = load(xrow[r]);

@@ -37,9 +37,15 @@ void ModuleBuilder::emit_gemm(int id) {
       [&] { emit_gemm_call(id, x, wt, bias, y, m, nn, k); });
 }
 
+GemmConfig ModuleBuilder::gemm_config(int id) const {
+  GemmSpec spec;  // bf16 x and W: legalize-dtypes left them so (storage.hpp's half_operand)
+  spec.bf16 = storage_dtype(g_.node(g_.node(id).inputs[0]).dtype) == DType::bf16;
+  return choose_gemm_config(spec, target_);
+}
+
 void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y,
                                    const I& m, const I& nn, const I& k) {
-  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+  gemm_cfg_ = gemm_config(id);
   auto [packed, bias_pad] = gemm_blocks_.at(id);
   // A prepared linear under a handle: its panels and padded bias were made once, by prepare.
   const auto it = std::find(plan_.prepared.begin(), plan_.prepared.end(), id);
@@ -73,23 +79,42 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
   if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
 }
 
-/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk]; zeros past N.
+/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened); zeros past N. With dpbf16 the
+/// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
+/// zeros past N and past K.
 void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k) {
   const std::int64_t nr = gemm_cfg_.cols();
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
+  const I zero = c64(0), one = c64(1), two = c64(2);
+  if (gemm_cfg_.dpbf16) {
+    llvm::Type* i16 = b_.getInt16Ty();
+    const I k2 = ceil_div(k, 2), whole = k / 2, odd = k % 2;
+    const I panel = k2 * (nr * 2), pair = c64(nr * 2);
+    auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
+    branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
+    // Whole panels: (p, kp, r, half); then the last K of each row when K is odd.
+    nest({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero}, copy);
+    branch(odd != 0, [&] { nest({full, c64(nr)}, {{panel, two}, {k * nr, k}}, {whole * pair, k - 1}, copy); });
+    // The last panel's `rest` columns.
+    nest({whole, rest, two}, {{pair, two, one}, {two, k, one}}, {full * panel, full * nr * k}, copy);
+    branch(odd != 0, [&] { nest({rest}, {{two}, {k}}, {full * panel + whole * pair, full * nr * k + k - 1}, copy); });
+    return;
+  }
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
-  const I one = c64(1);
-  nest({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {c64(0), c64(0)},
-       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
-  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
-       [&](const Dims&, const Dims& off) { store(load(f32_, wt, off[1]), packed, off[0]); });
+  auto copy = [&](const Dims&, const Dims& off) {
+    llvm::Value* w = gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, off[1]), /*brain=*/true)
+                                    : load(f32_, wt, off[1]);
+    store(w, packed, off[0]);
+  };
+  nest({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, copy);
+  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr}, copy);
 }
 
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
                                    const I& nn, const I& k) {
   auto kernel = [&](int rows) {
-    const std::string name = "qkv_gemv_" + std::to_string(rows);
+    const std::string name = std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") + std::to_string(rows);
     if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
     return callee(name);
   };
@@ -112,10 +137,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 /// The GEMM kernel's tasks over x and the packed panels.
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
                                      const I& m, const I& nn, const I& k) {
-  if (!gemm_) {
-    emit_gemm_kernel(m_, gemm_cfg_, "qkv_gemm");
-    gemm_ = callee("qkv_gemm");
-  }
+  const std::string name = gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm";
+  if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
+  llvm::Function* kernel = callee(name);
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
 
   auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
@@ -123,7 +147,6 @@ void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::
   const Values fields{x, packed, bias_pad, y, m.v(), nn.v(), k.v()};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr);
-  llvm::Function* kernel = gemm_;
   parallel_for(blocks.tasks(), m * nn * k * 2,
                {args, blocks.nblocks.v(), blocks.mc.v(), (blocks.panels_per * nr).v(), m.v(), nn.v()},
                [&](I t, const Values& cap) {

@@ -649,6 +649,8 @@ class ModuleBuilder {
   /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel: Bᵀ packed into panels of NR columns
   /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.
   void emit_gemm(int id);
+  /// The GEMM / GEMV kernels' configuration for linear node `id` (bf16 operands or f32).
+  GemmConfig gemm_config(int id) const;
 
   void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m,
                       const I& nn, const I& k);
@@ -677,8 +679,7 @@ class ModuleBuilder {
   std::map<int, llvm::Value*> weights_, lse_, split_;
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
   bool rowwise_emitted_ = false;
-  llvm::Function* gemm_ = nullptr;
-  GemmConfig gemm_cfg_;
+  GemmConfig gemm_cfg_;             // of the linear being emitted (gemm_config)
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
   llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)

@@ -46,13 +46,13 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
     b_.CreateStore(a, slot(handle, slot_param(param++)));
     leaves[id] = a;
   }
-  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
-  const std::int64_t nr = gemm_cfg_.cols();
   for (std::size_t j = 0; j < plan_.prepared.size(); ++j) {
     const Node& n = g_.node(plan_.prepared[j]);
+    gemm_cfg_ = gemm_config(plan_.prepared[j]);
+    const std::int64_t nr = gemm_cfg_.cols();
     const Dims w = shape(n.inputs[1]);
     const I panels = ceil_div(w[0], nr);
-    llvm::Value* packed = aligned_alloc(panels * nr * w[1] * 4);
+    llvm::Value* packed = aligned_alloc(panels * nr * w[1] * 4);  // f32 panels; bf16 pairs take less
     b_.CreateStore(packed, slot(handle, slot_prepared(j)));
     llvm::Value* bias_pad = aligned_alloc(panels * nr * 4);
     b_.CreateStore(bias_pad, slot(handle, slot_prepared(j) + 1));

@@ -8,6 +8,7 @@
 #include <qkv/dsl/params.hpp>
 #include <qkv/dsl/score_mod.hpp>
 #include <qkv/dsl/tensor.hpp>
+#include <qkv/ir/float_dtype.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/nn/attention.hpp>
 #include <qkv/nn/llama.hpp>

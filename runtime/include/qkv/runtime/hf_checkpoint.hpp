@@ -56,10 +56,8 @@ class HfCheckpoint {
   [[nodiscard]] const HfConfig& config() const { return config_; }
   /// The names of the weights the model reads, in order.
   [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
-  /// The stored dtypes of the weights (for a note when they are not f32).
-  [[nodiscard]] std::vector<DType> dtypes() const;
-  /// Weight `name` as f32.
-  [[nodiscard]] NdArray load_f32(const std::string& name) const;
+  /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes).
+  [[nodiscard]] NdArray load(const std::string& name) const;
   /// Bytes of all weights once converted to f32.
   [[nodiscard]] std::uint64_t f32_bytes() const;
 

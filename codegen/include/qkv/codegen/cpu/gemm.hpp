@@ -27,6 +27,10 @@ struct GemmSpec {
   int rows = 0;           // MR: rows of A per micro-tile
   int col_vectors = 0;    // NR / lanes: vectors of B columns per micro-tile
   int k_block = 0;        // KC: depth of one pass over a micro-tile
+  /// A and B are bf16 (the bits, uint16_t); products accumulate in f32 and C is f32. With
+  /// AVX512-BF16 (and 16 lanes) Bᵀ is packed as pairs of K and the micro-kernel runs vdpbf16ps
+  /// (two products per lane and instruction); otherwise both are widened to f32 as they are packed.
+  bool bf16 = false;
 
   [[nodiscard]] std::uint64_t hash() const;
   friend bool operator==(const GemmSpec&, const GemmSpec&) = default;
@@ -39,6 +43,10 @@ struct GemmSpec {
 void run_linear(const float* a, const float* b, const float* bias, float* c, std::int64_t m, std::int64_t n,
                 std::int64_t k, int threads = 0, const GemmSpec& spec = {});
 
+/// run_linear on bf16 A and B (the bits; spec.bf16 is implied): C (f32) = A·Bᵀ + bias (f32).
+void run_linear_bf16(const std::uint16_t* a, const std::uint16_t* b, const float* bias, float* c, std::int64_t m,
+                     std::int64_t n, std::int64_t k, int threads = 0, GemmSpec spec = {});
+
 /// What preparing a GEMM kernel cost, and how it is blocked.
 struct GemmInfo {
   std::string name;       // the JIT symbol
@@ -48,6 +56,7 @@ struct GemmInfo {
   int rows = 0;           // MR
   int cols = 0;           // NR = col_vectors · lanes
   int k_block = 0;        // KC
+  bool dpbf16 = false;    // bf16 pairs on vdpbf16ps (spec.bf16 on a host with AVX512-BF16)
 };
 
 /// Gets the kernel for `spec` from the cache or compiles it (what run_linear does first).

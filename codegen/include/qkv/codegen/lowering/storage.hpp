@@ -27,7 +27,9 @@ inline std::size_t storage_bytes(DType t) { return dtype_size(storage_dtype(t));
 /// f32 and, where the node is not native, computes it in f32 and rounds its value back. Native:
 /// leaves and views (no code), convert, the strided copies and update_slice (they move elements
 /// without arithmetic), and a fused attention whose q, k, v and output are all bf16 (its mod's
-/// tensors are read as f32).
+/// tensors are read as f32). A linear layer on the GEMM / GEMV kernels reads bf16 x and W itself
+/// (both bf16; vdpbf16ps where the host has it) and writes f32, which is rounded after it: the
+/// K blocks' partial sums stay f32.
 inline bool half_native(const Graph& lowered, int id) {
   const Node& n = lowered.node(id);
   switch (select_kernel(lowered, id)) {
@@ -45,7 +47,11 @@ inline bool half_native(const Graph& lowered, int id) {
   }
 }
 inline bool half_operand(const Graph& lowered, int id, std::size_t input) {
-  return half_native(lowered, id) && (lowered.node(id).op != Op::fused_attention || input < 3);
+  const Node& n = lowered.node(id);
+  if (select_kernel(lowered, id) == KernelKind::gemm)
+    return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
+           lowered.node(n.inputs[1]).dtype == DType::bf16;
+  return half_native(lowered, id) && (n.op != Op::fused_attention || input < 3);
 }
 
 }  // namespace qkv::codegen
