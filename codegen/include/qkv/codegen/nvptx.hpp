@@ -9,9 +9,9 @@
 //   std::string why;
 //   if (auto r = run_ptxas(k.ptx, 90, &why)) ... r->registers, r->spill_stores ...
 //
-// Every kernel is fp32 and takes plain device pointers (4-byte alignment suffices) and i64 sizes,
-// in the order documented at each request type below; the launcher passes them as kernel
-// parameters in that order. Every emitted PTX starts with comment lines
+// Every kernel is fp32 (but the attention's bf16 storage) and takes plain device pointers (4-byte alignment suffices)
+// and i64 sizes, in the order documented at each request type below; the launcher passes them as kernel parameters in
+// that order. Every emitted PTX starts with comment lines
 //   // qkv kernel: <C-like signature>
 //   // launch: grid <rule> block (x,y,z) dynamic shared <bytes> B
 // A grid with a zero extent means "nothing to do": do not launch it.
@@ -53,6 +53,13 @@ struct Dim3 {
 /// each). out must not overlap the inputs. Specs the kernel cannot evaluate (a keep predicate
 /// that reads the score, a 16-bit float tensor, an axis the scores lack) are refused by
 /// attention_shared_bytes / attention_grid / emit_ptx alike.
+///
+/// spec.storage == bf16: q, k, v, out hold bf16 bits (uint16, 16-byte aligned) and the kernel runs
+/// on tensor cores (mma.sync m16n8k16 bf16 → fp32, ldmatrix; codegen/nvptx/attention_mma_ptx.cpp)
+/// with the CPU kernel's bf16 semantics: scores, softmax and accumulators fp32, P rounded to bf16
+/// for P·V, out rounded to bf16, lse f32. It refuses write_weights, dropout and head widths that
+/// are not multiples of 16 in [16, 128] (attention_supported says why); block_q is 16 rows per
+/// warp (0 or 16·threads/32), block_k a multiple of 16 up to 128 (0: 64), threads at most 256.
 /// grid (ceil(L / block_q), Hq, B), block (threads, 1, 1), dynamic shared memory shared_bytes
 /// (attention_shared_bytes; above 48 KiB the launcher must first raise
 /// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it). L = 0 or B = 0: nothing to launch.
@@ -213,6 +220,9 @@ Dim3 decode_grid(const DecodeAttentionKernel& kernel, std::int64_t batch, std::i
 Dim3 decode_merge_grid(const DecodeMergeKernel& kernel, std::int64_t batch, std::int64_t len_q);
 /// The dynamic shared memory of the attention kernel (what PtxKernel::shared_bytes says).
 int attention_shared_bytes(const AttentionKernel& kernel);
+/// Whether emit_ptx can generate `kernel` (for bf16 storage: the tensor-core kernel's limits);
+/// else `*why` (if non-null) says why.
+bool attention_supported(const AttentionKernel& kernel, std::string* why);
 
 /// What `ptxas -v` says about the (first) entry of a module.
 struct PtxasReport {
