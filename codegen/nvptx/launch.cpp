@@ -85,6 +85,7 @@ std::string decode_unsupported(const cpu::AttentionSpec& s) {
   if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0) return "query heads that are not a multiple of the kv heads";
   if (s.write_weights) return "it writes the attention weights";
   if (s.dropout_p != 0.0) return "it has dropout";
+  if (s.storage != DType::f32) return "q, k, v and out are not f32";
   if (!(s.effective_scale() == s.effective_scale())) return "the scale is NaN";
   const std::int64_t group = s.hq / s.hkv;
   if (group > 32) return "more than 32 query heads per kv head";
