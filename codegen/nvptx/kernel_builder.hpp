@@ -169,6 +169,11 @@ KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request,
 KernelInfo build_attention_mma(llvm::Module& module, const AttentionKernel& request,
                                const HostEmulation* emulation = nullptr);
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
+/// storage == bf16: the tensor-core GEMM (linear_mma_ptx.cpp); build_linear dispatches to it.
+KernelInfo build_linear_mma(llvm::Module& module, const LinearKernel& request,
+                            const HostEmulation* emulation = nullptr);
+/// Why build_linear_mma cannot generate `request` (empty: it can).
+std::string linear_mma_unsupported(const LinearKernel& request);
 KernelInfo build_decode_attention(llvm::Module& module, const DecodeAttentionKernel& request,
                                   const HostEmulation* emulation = nullptr);
 KernelInfo build_decode_merge(llvm::Module& module, const DecodeMergeKernel& request,

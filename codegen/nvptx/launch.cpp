@@ -329,8 +329,8 @@ std::string kernel_name(const KernelRequest& request) {
           return std::string(std::is_same_v<T, DecodeAttentionKernel> ? "qkv_decode_" : "qkv_decode_merge_") +
                  hex(h.value());
         } else if constexpr (std::is_same_v<T, LinearKernel>) {
-          return "qkv_linear_" + std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" +
-                 std::to_string(r.block_k);
+          return std::string(r.storage == DType::bf16 ? "qkv_linear_bf16_" : "qkv_linear_") +
+                 std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" + std::to_string(r.block_k);
         } else if constexpr (std::is_same_v<T, LayerNormKernel>) {
           return "qkv_layer_norm_t" + std::to_string(r.threads);
         } else if constexpr (std::is_same_v<T, ElementwiseKernel>) {

@@ -287,5 +287,65 @@ TEST(MmaAttention, UnsupportedSpecsAreRefusedWithAReason) {
   refused(f16, "f16");
 }
 
+// ------------------------------------------------------------------------------------------------
+// the bf16 tensor-core GEMM (linear_mma_ptx.cpp)
+
+struct GemmCase {
+  LinearKernel kernel;
+  std::int64_t m, n, k;
+  bool bias;
+};
+
+std::ostream& operator<<(std::ostream& os, const GemmCase& c) {
+  return os << c.m << "x" << c.n << "x" << c.k << (c.bias ? " + bias" : "") << " tiles " << c.kernel.block_m << "x"
+            << c.kernel.block_n << "x" << c.kernel.block_k;
+}
+
+class EmulatedMmaLinear : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(EmulatedMmaLinear, MatchesTheRoundedExactProduct) {
+  // Reference: the exact Σ x·w (double) of the bf16 values plus the bias, rounded to f32 then to
+  // bf16 — the CPU's linear of bf16 tensors up to its fp32 summation order. The kernel's fp32 sums
+  // may round differently, moving y by at most one bf16 ulp (2^-8 relative) plus their own error.
+  const GemmCase& c = GetParam();
+  const std::int64_t M = c.m, N = c.n, K = c.k;
+  std::mt19937 gen(99);
+  const auto x = to_bf16(emulation::random_vec(static_cast<std::size_t>(M * K), gen));
+  const auto w = to_bf16(emulation::random_vec(static_cast<std::size_t>(N * K), gen));
+  const auto bias = to_bf16(emulation::random_vec(static_cast<std::size_t>(N), gen));
+  std::vector<std::uint16_t> y(static_cast<std::size_t>(M * N), 0x7FC0);  // NaN: unwritten
+  Emulated e = emulate(c.kernel);
+  using Fn = void(const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, std::uint16_t*, std::int64_t,
+                  std::int64_t, std::int64_t);
+  auto* fn = e.fn<Fn>();
+  e.launch(linear_grid(c.kernel, M, N),
+           [&] { fn(x.data(), w.data(), c.bias ? bias.data() : nullptr, y.data(), M, N, K); });
+  std::size_t bad = 0;
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      double sum = c.bias ? bf16_to_f32(bias[static_cast<std::size_t>(j)]) : 0.0;
+      for (std::int64_t d = 0; d < K; ++d)
+        sum += static_cast<double>(bf16_to_f32(x[static_cast<std::size_t>(i * K + d)])) *
+               bf16_to_f32(w[static_cast<std::size_t>(j * K + d)]);
+      const double want = bf16_to_f32(f32_to_bf16(static_cast<float>(sum)));
+      const double got = bf16_to_f32(y[static_cast<std::size_t>(i * N + j)]);
+      if (!(std::fabs(got - want) <= std::fabs(want) / 256 + 1e-5 * static_cast<double>(K)) && ++bad <= 5)
+        ADD_FAILURE() << "y[" << i << "][" << j << "]: got " << got << ", want " << want;
+    }
+  EXPECT_EQ(bad, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Emulation, EmulatedMmaLinear,
+                         ::testing::Values(GemmCase{LinearKernel{64, 64, 32, DType::bf16}, 70, 90, 50, true},
+                                           GemmCase{LinearKernel{32, 32, 16, DType::bf16}, 33, 17, 40, false},
+                                           GemmCase{LinearKernel{16, 128, 64, DType::bf16}, 20, 130, 16, true}));
+
+TEST(MmaLinear, UnsupportedTilingsThrow) {
+  EXPECT_THROW(emit_ptx(LinearKernel{64, 64, 8, DType::bf16}, 80), std::runtime_error);
+  EXPECT_THROW(emit_ptx(LinearKernel{24, 64, 16, DType::bf16}, 80), std::runtime_error);
+  EXPECT_THROW(emit_ptx(LinearKernel{64, 64, 16, DType::f16}, 80), std::runtime_error);
+  EXPECT_NE(kernel_name(LinearKernel{64, 64, 16, DType::bf16}), kernel_name(LinearKernel{64, 64, 16}));
+}
+
 }  // namespace
 }  // namespace qkv

@@ -226,6 +226,8 @@ std::vector<Case> other_cases() {
   std::vector<Case> cases;
   cases.push_back({"linear_64x64x16", LinearKernel{}});
   cases.push_back({"linear_32x128x8", LinearKernel{32, 128, 8}});
+  cases.push_back({"linear_bf16_mma_64x64x32", LinearKernel{64, 64, 32, DType::bf16}});
+  cases.push_back({"linear_bf16_mma_128x128x32", LinearKernel{128, 128, 32, DType::bf16}});
   cases.push_back({"layer_norm_128", LayerNormKernel{}});
   cases.push_back({"layer_norm_256", LayerNormKernel{256}});
   cases.push_back({"relu", ElementwiseKernel{ElementwiseOp::relu, 1.0f, 256}});
@@ -293,6 +295,11 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
     EXPECT_EQ(k.shared_bytes, 0);
   }
   EXPECT_EQ(k.static_shared_bytes > 0, is_linear);
+  if (is_linear) {
+    const bool mma = std::get<LinearKernel>(c.request).storage == DType::bf16;
+    EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
+    EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos, mma);
+  }
 
   // (3) ptxas accepts it.
   std::string why;

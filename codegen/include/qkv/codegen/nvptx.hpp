@@ -119,10 +119,19 @@ struct DecodeMergeKernel {
 /// y must not overlap x, w or b. grid (ceil(M / block_m), ceil(N / block_n), 1) — M·N == 0:
 /// nothing to launch — block (block_m / 8 · block_n / 4, 1, 1), no dynamic shared memory (the
 /// tiles are static shared memory). Each thread computes an 8×4 micro-tile.
+///
+/// storage == bf16: x, w, b, y hold bf16 bits (uint16; any alignment of 2) and the kernel runs on
+/// tensor cores (mma.sync m16n8k16 bf16 → fp32; codegen/nvptx/linear_mma_ptx.cpp): fp32 sums,
+/// the bias added in fp32, y rounded to bf16 (nearest even) — a linear of bf16 tensors as the CPU
+/// computes it, up to the order of the sums. block_m, block_n multiples of 16 in [16, 128],
+/// block_k a multiple of 16 up to 64; block (2·block_m, 1, 1): warp w computes rows
+/// [16w, 16w + 16) of the block. Not used by the CUDA backend's plan yet (it runs linears of bf16
+/// tensors on the host).
 struct LinearKernel {
-  int block_m = 64;  // multiple of 8
-  int block_n = 64;  // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024
-  int block_k = 16;  // depth of one shared-memory K slice
+  int block_m = 64;            // multiple of 8
+  int block_n = 64;            // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024
+  int block_k = 16;            // depth of one shared-memory K slice
+  DType storage = DType::f32;  // f32, or bf16 (tensor cores)
   friend bool operator==(const LinearKernel&, const LinearKernel&) = default;
 };
 
