@@ -1,6 +1,7 @@
-// Forward attention on the GPU, fp32: the NVPTX fused attention kernel (qkv/codegen/nvptx.hpp)
-// through qkv::codegen::cuda::AttentionBench, B = 4, H = 16, D = 64 and 128, N = L = S in
-// {1024, …, 16384}, causal and not. Each iteration is one launch timed with CUDA events (kernel
+// Forward attention on the GPU: the NVPTX fused attention kernel (qkv/codegen/nvptx.hpp) through
+// qkv::codegen::cuda::AttentionBench, fp32 (FMA) and bf16 (tensor cores: mma.sync m16n8k16,
+// fp32 accumulation; bf16=1), B = 4, H = 16, D = 64 and 128, N = L = S in {1024, …, 16384},
+// causal and not. Each iteration is one launch timed with CUDA events (kernel
 // time only: q/k/v are on the device before the loop, nothing is copied while timing);
 // TFLOP/s counts 4·B·H·N²·D, half of it for causal.
 //
@@ -64,6 +65,7 @@ void BM_GpuAttention(benchmark::State& state) {
   spec.dk = spec.dv = d;
   spec.hq = spec.hkv = kHeads;
   spec.causal = causal;
+  if (state.range(3) != 0) spec.storage = qkv::DType::bf16;
   const auto bench = make_bench(state, spec, kBatch, n, n);
   if (!bench) return;
   const double ms = time_launches(state, *bench);
@@ -72,10 +74,11 @@ void BM_GpuAttention(benchmark::State& state) {
 }
 
 void arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"D", "N", "causal"});
-  for (std::int64_t d : {64, 128})
-    for (std::int64_t causal : {0, 1})
-      for (std::int64_t n : {1024, 2048, 4096, 8192, 16384}) b->Args({d, n, causal});
+  b->ArgNames({"D", "N", "causal", "bf16"});
+  for (std::int64_t bf16 : {0, 1})
+    for (std::int64_t d : {64, 128})
+      for (std::int64_t causal : {0, 1})
+        for (std::int64_t n : {1024, 2048, 4096, 8192, 16384}) b->Args({d, n, causal, bf16});
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
@@ -117,8 +120,8 @@ int main(int argc, char** argv) {
   } else {
     try {
       const qkv::cuda::Device gpu = qkv::cuda::Device::open();
-      std::printf("GPU 0: %s, %s, %d SMs, B = %lld, H = %lld, fp32\n", gpu.name().c_str(), gpu.arch().c_str(),
-                  gpu.sm_count(), static_cast<long long>(kBatch), static_cast<long long>(kHeads));
+      std::printf("GPU 0: %s, %s, %d SMs, B = %lld, H = %lld, fp32 and bf16 (bf16:1)\n", gpu.name().c_str(),
+                  gpu.arch().c_str(), gpu.sm_count(), static_cast<long long>(kBatch), static_cast<long long>(kHeads));
     } catch (const std::exception& e) {
       std::printf("%s\n", e.what());
     }

@@ -16,6 +16,7 @@
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/runtime/cuda.hpp>
+#include <qkv/runtime/io/array.hpp>
 
 #include "cuda/grid.hpp"
 
@@ -319,13 +320,24 @@ struct AttentionBench::State {
 };
 
 namespace {
-std::unique_ptr<qkv::cuda::Buffer> random_buffer(const Gpu& g, std::int64_t count, unsigned seed) {
+std::unique_ptr<qkv::cuda::Buffer> random_buffer(const Gpu& g, std::int64_t count, unsigned seed,
+                                                 DType storage = DType::f32) {
   // A seeded block of values repeated over the buffer: the timing does not depend on the data,
-  // and this keeps set-up short for the largest problems (GiBs).
+  // and this keeps set-up short for the largest problems (GiBs). bf16 storage: their bf16 bits.
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> block(static_cast<std::size_t>(std::min<std::int64_t>(count, 1 << 20)));
   for (float& x : block) x = dist(gen);
+  if (storage == DType::bf16) {
+    std::vector<std::uint16_t> bits(block.size());
+    for (std::size_t i = 0; i < block.size(); ++i) bits[i] = f32_to_bf16(block[i]);
+    std::vector<std::uint16_t> host(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < host.size(); i += bits.size())
+      std::memcpy(host.data() + i, bits.data(), std::min(bits.size(), host.size() - i) * 2);
+    auto b = std::make_unique<qkv::cuda::Buffer>(g.device.alloc(host.size() * 2));
+    b->upload(host.data(), host.size() * 2);
+    return b;
+  }
   std::vector<float> host(static_cast<std::size_t>(count));
   for (std::size_t i = 0; i < host.size(); i += block.size())
     std::memcpy(host.data() + i, block.data(), std::min(block.size(), host.size() - i) * sizeof(float));
@@ -403,19 +415,20 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
   if (!kernel) throw std::runtime_error(why);
   const Dim3 grid = nvptx::attention_grid(*kernel, batch, len_q);
   if (empty_grid(grid) || !fits(grid)) throw std::runtime_error("attention bench: nothing to launch or grid too large");
-  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hq * len_q * spec.dk, 1));
-  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dk, 2));
-  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dv, 3));
-  s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(
-      s.gpu->device.alloc(static_cast<std::size_t>(batch * spec.hq * len_q * spec.dv) * sizeof(float))));
+  const DType st = s.spec.storage;  // f32, or bf16 (the tensor-core kernel)
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hq * len_q * spec.dk, 1, st));
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dk, 2, st));
+  s.bufs.push_back(random_buffer(*s.gpu, batch * spec.hkv * len_k * spec.dv, 3, st));
+  s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(
+      static_cast<std::size_t>(batch * spec.hq * len_q * spec.dv) * (st == DType::bf16 ? 2 : sizeof(float)))));
   s.kernel = &compiled(*s.gpu, *kernel);
   s.grid = grid;
   // All 14 parameters of the kernel (the driver reads as many as the kernel declares; lse last).
   s.params = {ptr(*s.bufs[0]), ptr(*s.bufs[1]), ptr(*s.bufs[2]), ptr(*s.bufs[3]), null, null, null, null, null,
               i64(batch),      i64(len_q),      i64(len_k),      i64(0),          null};
-  s.kernel_text = s.kernel->name + " block_q " + std::to_string(kernel->block_q) + " block_k " +
-                  std::to_string(kernel->block_k) + " threads " + std::to_string(kernel->threads) + " smem " +
-                  std::to_string(s.kernel->shared_bytes / 1024) + " KiB";
+  s.kernel_text = s.kernel->name + (st == DType::bf16 ? " (bf16, tensor cores)" : "") + " block_q " +
+                  std::to_string(kernel->block_q) + " block_k " + std::to_string(kernel->block_k) + " threads " +
+                  std::to_string(kernel->threads) + " smem " + std::to_string(s.kernel->shared_bytes / 1024) + " KiB";
   launch_ms(1);  // warm-up
 }
 

@@ -83,6 +83,23 @@ std::optional<nvptx::AttentionKernel> choose_attention_kernel(const cpu::Attenti
   k.spec = spec;
   k.spec.vector_floats = k.spec.query_vectors = k.spec.key_tile = k.spec.qk_keys = k.spec.pv_dims = 0;
   k.threads = 128;
+  if (spec.storage == DType::bf16) {
+    // The tensor-core kernel: 16 query rows per warp; key blocks of 64, 32, 16 until one fits.
+    k.block_q = 16 * (k.threads / 32);
+    std::string no;
+    if (!nvptx::attention_supported(k, &no)) {
+      if (why) *why = "bf16 attention outside the tensor-core kernel's limits (" + no + ")";
+      return std::nullopt;
+    }
+    for (int bk : {64, 32, 16}) {
+      k.block_k = bk;
+      if (nvptx::attention_shared_bytes(k) <= max_shared_bytes) return k;
+    }
+    if (why)
+      *why = "no tiling of the attention kernel fits (bf16: " + std::to_string(nvptx::attention_shared_bytes(k)) +
+             " bytes of shared memory at block_k 16 exceed the device's " + std::to_string(max_shared_bytes) + ")";
+    return std::nullopt;
+  }
   // The kernel's defaults first (nvptx.hpp), then smaller query and key blocks: fewer
   // accumulators per thread and less shared memory.
   const int bq0 = spec.dv <= 128 ? 64 : 32, bk0 = spec.dk <= 64 && spec.dv <= 64 ? 64 : 32;
@@ -287,8 +304,9 @@ class Planner {
       s.lse_buffer = lse;
     }
     use_inputs(id);
-    if (spec.storage != DType::f32)
-      return host(id, "bf16 attention has no GPU kernel yet (the CPU's fused kernel runs it)");
+    if (spec.storage != DType::f32 && spec.storage != DType::bf16)
+      return host(
+          id, std::string(dtype_name(spec.storage)) + " attention has no GPU kernel (the CPU's fused kernel runs it)");
     std::string why;
     const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
     if (!kernel) return host(id, why);

@@ -27,19 +27,14 @@
 // forms exact probabilities 2^(S − m)/l (after dropout), writes them to weights and accumulates
 // O without rescaling.
 //
-// The mod's nodes are computed per thread as scalars, each at the outermost level it can be (as
-// in the CPU kernel, attention_mod.cpp): nodes of neither the query nor the key once in the
-// prologue, of the query only once per thread row in the prologue, of the key only once per
-// tile key, the rest per entry. Loads are scalar global loads (indices clamped into range) from
-// the tensor table: captured tensor k at tensors[k], its extents at extents[...] in order; the
-// flags' key_keep [B, S] and bias [L, S] from their own parameters. e^x is ex2(x·log2 e), ln x
-// is lg2(x)·ln 2 (the .approx.ftz instructions).
+// The mod expression is attention_mod_ptx.hpp's, over each thread's R × KJ scores.
 //
 // The thread mapping and the shared-memory layout are in geometry.hpp. S = Q·Kᵀ and O += P·V are
 // separate member functions over shared-memory tiles so that a tensor-core (mma.sync) version can
 // replace them without touching the softmax / masking / dropout logic around them.
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -48,9 +43,9 @@
 
 #include <qkv/ir/error.hpp>
 
-#include "llvm/mod_ir.hpp"
 #include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
+#include "nvptx/attention_mod_ptx.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
 
@@ -73,15 +68,12 @@ class AttentionPtx {
         KJ_(g_.keys_per_thread),
         TC_(g_.col_chunks),
         dk_(spec_.dk),
-        dv_(spec_.dv),
-        mod_(cpu::effective_mod(spec_)) {}
+        dv_(spec_.dv) {}
 
   KernelInfo emit(const std::string& name);
 
  private:
   enum class Pass { online, stats, normalized };
-  class Leaves;
-  class BoundsLeaves;
 
   void declare(const std::string& name);
   void prologue();
@@ -101,21 +93,6 @@ class AttentionPtx {
   void store_output(const Values& o, const Values* inv);
   void store_lse(const Values& m, const Values& l);  // spec.write_lse: the row statistics as ln Σ e^s
 
-  // the mod expression
-  void setup_tensors();
-  void prepare_mod();
-  /// The coordinate along `axis` of thread row i (−1: none) and key `key` (null: none), as f32.
-  llvm::Value* axis_value(const std::string& axis, int i, llvm::Value* key, bool position);
-  llvm::Value* axis_length(const std::string& axis);
-  llvm::Value* load_element(const ModNode& n, const Values& index);
-  /// The task-level cache (or `seed`) plus the key-level nodes `root` needs, for key `key`.
-  Values key_values(llvm::Value* key, int root, const Values* seed);
-  /// Node `root` for thread row i, key `key` and score `score` (null: none).
-  llvm::Value* mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc);
-  /// (always kept, never kept) over the tile at k0: block-uniform i1s.
-  std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
-  /// The score modification, then the keep predicate and keys past S where `masked`.
-  Values apply_mod(Values s, const Values& key, llvm::Value* masked, llvm::Value* partial);
   /// The normalized sweep's weights for a skipped tile: zeros.
   void zero_tile_weights(const Values& key);
 
@@ -151,13 +128,7 @@ class AttentionPtx {
   Values row_ok_;     // i1 row < L
   // global bases of this (batch, head, query tile)
   llvm::Value *q_blk_ = nullptr, *k_blk_ = nullptr, *v_blk_ = nullptr, *o_blk_ = nullptr, *w_blk_ = nullptr;
-  // the mod expression (effective_mod) and its per-level caches
-  cpu::EffectiveMod mod_;
-  ModAnalysis info_;
-  std::vector<ModTensorIn> tensors_m_;
-  llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;
-  Values task_cache_;              // nodes of neither query nor key
-  std::vector<Values> row_cache_;  // per thread row: + the query's nodes
+  std::unique_ptr<AttentionModIr> mod_;  // the mod expression (effective_mod)
   // shared memory
   llvm::Value* smem_ = nullptr;
   llvm::Value *qs_ = nullptr, *ks_ = nullptr, *vs_ = nullptr, *ps_ = nullptr;
@@ -283,8 +254,9 @@ void AttentionPtx::prologue() {
     k_rows_.push_back(at(ks_, b_.CreateMul(b_.CreateAdd(kg_, c32(8 * j)), c32(g_.qk_stride))));
   v_lane_ = at(vs_, b_.CreateMul(kg_, c32(g_.wv)));
 
-  setup_tensors();
-  prepare_mod();
+  AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
+                          batch_, head_, q0_,      nvalid_,  g_.block_k, KJ_,    row_f32_};
+  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame));
 }
 
 void AttentionPtx::stage_queries() {
@@ -341,7 +313,7 @@ void AttentionPtx::sweep(Pass pass, Values& m, Values& l, Values& o, const Value
         for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
         // The tile's class under the keep predicate (block-uniform): never kept → skipped, with
         // the carried values unchanged and, in the normalized sweep, zero weights.
-        auto [always, never] = classify_tile(k0);
+        auto [always, never] = mod_->classify_tile(k0);
         llvm::Function* fn = kb_.fn();
         llvm::BasicBlock* skip = llvm::BasicBlock::Create(kb_.ctx(), std::string(name) + ".skip", fn);
         llvm::BasicBlock* visit = llvm::BasicBlock::Create(kb_.ctx(), std::string(name) + ".visit", fn);
@@ -387,7 +359,7 @@ Values AttentionPtx::visit_tile(Pass pass, llvm::Value* k0, const Values& key, l
   // The keep predicate only where the tile is partial; keys past S only on the last tile.
   llvm::Value* partial = b_.CreateNot(always, "partial");
   llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
-  Values s = apply_mod(emit_qk_tile(), key, b_.CreateOr(partial, past_s, "masked"), partial);
+  Values s = mod_->apply(emit_qk_tile(), key, b_.CreateOr(partial, past_s, "masked"), partial);
 
   // Softmax step, row by row (the 8 lanes of a row group hold the row's KJ·8 keys).
   Values p(s.size());
@@ -570,203 +542,6 @@ void AttentionPtx::store_output(const Values& o, const Values* inv) {
   }
 }
 
-// ------------------------------------------------------------------------------------------------
-// the mod expression
-
-/// Entry values of the leaves for thread row i (−1: none) and key `key` (null: none).
-class AttentionPtx::Leaves final : public Log2ScoreLeaves {
- public:
-  Leaves(AttentionPtx& k, int i, llvm::Value* key, llvm::Value* score_log2)
-      : Log2ScoreLeaves(k.b_, score_log2, "nvptx attention"), k_(k), i_(i), key_(key) {}
-  llvm::Value* exp2(llvm::Value* x) override { return k_.kb_.ex2(x); }
-  llvm::Value* index(const std::string& axis) override { return k_.axis_value(axis, i_, key_, false); }
-  llvm::Value* position(const std::string& axis) override { return k_.axis_value(axis, i_, key_, true); }
-  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
-  llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& at) override { return k_.load_element(n, at); }
-  llvm::Value* extent(const ModNode& n, std::size_t d) override {
-    return k_.tensors_m_.at(static_cast<std::size_t>(n.input)).extent_f32.at(d);
-  }
-  llvm::Value* exp(llvm::Value* x) override { return k_.kb_.ex2(k_.b_.CreateFMul(x, k_.kb_.cf(kLog2e))); }
-  llvm::Value* log(llvm::Value* x) override { return k_.b_.CreateFMul(k_.kb_.lg2(x), k_.kb_.cf(kLn2)); }
-
- private:
-  AttentionPtx& k_;
-  int i_;
-  llvm::Value* key_;
-};
-
-/// Bounds of the leaves over one tile: the block's rows [q0, q0 + nvalid) × keys [k0, k0 +
-/// block_k) ∩ [0, S). Block-uniform: every thread computes the same.
-class AttentionPtx::BoundsLeaves final : public ModBoundsLeaves {
- public:
-  BoundsLeaves(AttentionPtx& k, llvm::Value* k0) : k_(k), k0_(k0) {}
-  IrInterval index(const std::string& axis) override { return range(axis, false); }
-  IrInterval position(const std::string& axis) override { return range(axis, true); }
-  llvm::Value* length(const std::string& axis) override { return k_.axis_length(axis); }
-  IrInterval load(const ModNode& n, const std::vector<IrInterval>& at) override {
-    // Every thread scans the same addresses: broadcast loads.
-    return emit_load_bounds(
-        k_.b_, k_.mod_.expr, k_.info_.deps, n, at, k_.tensors_m_.at(static_cast<std::size_t>(n.input)).extent_f32,
-        [&](const std::vector<llvm::Value*>& idx) { return k_.load_element(n, idx); },
-        [&](llvm::Value* begin, llvm::Value* end, std::vector<llvm::Value*> init, const ModLoopBody& body) {
-          return k_.kb_.loop(begin, end, 1, std::move(init), body, "mod_scan", /*unroll=*/false);
-        });
-  }
-
- private:
-  IrInterval range(const std::string& axis, bool position) {
-    auto& b = k_.b_;
-    const TileSpan t{k_.q0_,     b.CreateAdd(k_.q0_, k_.nvalid_),
-                     k0_,        k_.kb_.smin(b.CreateAdd(k0_, k_.c64(k_.g_.block_k)), k_.len_k_),
-                     k_.len_qf_, k_.len_kf_};
-    if (auto r = tile_axis_range(b, k_.mod_.expr, k_.mod_.axes.query, k_.mod_.axes.key, t, axis, position)) return *r;
-    llvm::Value* x = k_.axis_value(axis, -1, nullptr, position);
-    return {x, x};
-  }
-
-  AttentionPtx& k_;
-  llvm::Value* k0_;
-};
-
-void AttentionPtx::setup_tensors() {
-  // Captured tensors in order from the table `tensors`, their extents from `extents`; the flags'
-  // masks from their own parameters.
-  len_qf_ = b_.CreateSIToFP(len_q_, kb_.f32(), "len_qf");
-  len_kf_ = b_.CreateSIToFP(len_k_, kb_.f32(), "len_kf");
-  batchf_ = b_.CreateSIToFP(batch_, kb_.f32(), "batchf");
-  tensors_m_ = mod_tensors(b_, mod_.tensors, keep_, bias_, tensors_, extents_, nbatch_, len_q_, len_k_);
-}
-
-llvm::Value* AttentionPtx::axis_value(const std::string& axis, int i, llvm::Value* key, bool position) {
-  const cpu::ModAxes& a = mod_.axes;
-  if (axis == a.query) {
-    if (i < 0) internal_error("nvptx attention: a query coordinate outside the entry loop");
-    llvm::Value* x = row_f32_[static_cast<std::size_t>(i)];
-    if (position && mod_.expr.shifts(axis)) x = b_.CreateFAdd(x, b_.CreateFSub(len_kf_, len_qf_));
-    return x;
-  }
-  if (axis == a.key) {
-    if (!key) internal_error("nvptx attention: a key coordinate outside the key loop");
-    return b_.CreateSIToFP(key, kb_.f32());
-  }
-  if (axis == a.batch) return batchf_;
-  if (llvm::Value* c = mod_head_coordinate(b_, a, axis, head_)) return c;
-  internal_error("nvptx attention: a mod names the axis `" + axis + "`, which the scores do not have");
-}
-
-llvm::Value* AttentionPtx::axis_length(const std::string& axis) {
-  return mod_axis_length(b_, mod_.axes, axis, len_qf_, len_kf_, nbatch_);
-}
-
-llvm::Value* AttentionPtx::load_element(const ModNode& n, const Values& index) {
-  return load_mod_element(b_, tensors_m_.at(static_cast<std::size_t>(n.input)),
-                          mod_.tensors.at(static_cast<std::size_t>(n.input)).dtype, index, 1);
-}
-
-void AttentionPtx::prepare_mod() {
-  const ModExpr& e = mod_.expr;
-  info_ = analyse_mod(e, mod_.axes.query, mod_.axes.key);
-  // (attention_geometry has refused a keep predicate that reads the score and 16-bit tensors.)
-  // Block-level nodes, then row-level ones per thread row (the prologue dominates every use).
-  task_cache_.assign(e.nodes.size(), nullptr);
-  Leaves task(*this, -1, nullptr, nullptr);
-  for (std::size_t i = 0; i < e.nodes.size(); ++i)
-    if (info_.reach[i] && info_.deps[i] == 0) emit_mod(b_, e, static_cast<int>(i), task, task_cache_);
-  row_cache_.assign(static_cast<std::size_t>(R_), task_cache_);
-  for (int r = 0; r < R_; ++r) {
-    Leaves row(*this, r, nullptr, nullptr);
-    for (std::size_t i = 0; i < e.nodes.size(); ++i)
-      if (info_.reach[i] && info_.deps[i] == kDepQuery) emit_mod(b_, e, static_cast<int>(i), row, row_cache_[r]);
-  }
-}
-
-Values AttentionPtx::key_values(llvm::Value* key, int root, const Values* seed) {
-  Values cache = seed ? *seed : task_cache_;
-  if (root < 0) return cache;
-  const auto r = mod_reachable(mod_.expr, root);
-  Leaves leaves(*this, -1, key, nullptr);
-  for (std::size_t i = 0; i < r.size(); ++i)
-    if (r[i] && info_.deps[i] == kDepKey) emit_mod(b_, mod_.expr, static_cast<int>(i), leaves, cache);
-  return cache;
-}
-
-llvm::Value* AttentionPtx::mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc) {
-  Values cache = row_cache_[static_cast<std::size_t>(i)];
-  for (std::size_t n = 0; n < cache.size() && n < keyc.size(); ++n)
-    if (!cache[n]) cache[n] = keyc[n];
-  Leaves leaves(*this, i, key, score);
-  return emit_mod(b_, mod_.expr, root, leaves, cache);
-}
-
-std::pair<llvm::Value*, llvm::Value*> AttentionPtx::classify_tile(llvm::Value* k0) {
-  if (mod_.expr.keep < 0) return {b_.getTrue(), b_.getFalse()};
-  BoundsLeaves leaves(*this, k0);
-  return emit_mod_classify(b_, mod_.expr, leaves);
-}
-
-Values AttentionPtx::apply_mod(Values s, const Values& key, llvm::Value* masked, llvm::Value* partial) {
-  const ModExpr& e = mod_.expr;
-  llvm::Value* last_key = b_.CreateSub(len_k_, c64(1));
-  llvm::Value* ninf = kb_.cf(kNegInf);
-  // The mod reads keys clamped to S − 1 (their entries are masked below anyway).
-  Values kc;
-  for (int j = 0; j < KJ_; ++j) kc.push_back(kb_.smin(key[j], last_key));
-  std::vector<Values> keyc(static_cast<std::size_t>(KJ_), task_cache_);
-  if (e.score >= 0) {
-    const int root = info_.score_add >= 0 ? info_.score_add : e.score;
-    for (int j = 0; j < KJ_; ++j) {
-      keyc[j] = key_values(kc[j], root, &keyc[j]);
-      for (int i = 0; i < R_; ++i) {
-        llvm::Value*& x = s[si(i, j)];
-        if (info_.score_add >= 0) {
-          llvm::Value* factor = kb_.cf(info_.score_add_sign * kLog2e);
-          if (info_.score_add_factor >= 0)
-            factor = b_.CreateFMul(mod_value(info_.score_add_factor, i, kc[j], nullptr, keyc[j]), factor);
-          x = kb_.fma(mod_value(root, i, kc[j], nullptr, keyc[j]), factor, x);
-        } else {
-          // The scores are in log2 units (Q pre-scaled by log2 e): the mod sees nats, except a
-          // softcap at the root, computed in log2 units directly.
-          Leaves leaves(*this, i, kc[j], x);
-          llvm::Value* capped = emit_softcap_log2(b_, e, root, leaves);
-          x = capped ? capped : b_.CreateFMul(mod_value(root, i, kc[j], x, keyc[j]), kb_.cf(kLog2e));
-        }
-      }
-    }
-  }
-
-  // The keep predicate and the keys past S, only where the tile needs them (a block-uniform branch).
-  llvm::BasicBlock* from = b_.GetInsertBlock();
-  llvm::BasicBlock* mask = llvm::BasicBlock::Create(kb_.ctx(), "mask", kb_.fn());
-  llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), "mask.done", kb_.fn());
-  b_.CreateCondBr(masked, mask, join);
-  b_.SetInsertPoint(mask);
-  Values out = s;
-  llvm::Value* full = b_.CreateNot(partial);
-  for (int j = 0; j < KJ_; ++j) {
-    llvm::Value* inside = b_.CreateICmpSLT(key[j], len_k_, "inside");
-    if (e.keep >= 0) keyc[j] = key_values(kc[j], e.keep, &keyc[j]);
-    for (int i = 0; i < R_; ++i) {
-      llvm::Value* visible = inside;
-      if (e.keep >= 0) {
-        llvm::Value* k = mod_value(e.keep, i, kc[j], nullptr, keyc[j]);
-        if (k->getType()->isFloatingPointTy()) k = b_.CreateFCmpUNE(k, kb_.cf(0.0));  // a literal
-        visible = b_.CreateAnd(visible, b_.CreateOr(k, full));
-      }
-      out[si(i, j)] = b_.CreateSelect(visible, s[si(i, j)], ninf);
-    }
-  }
-  llvm::BasicBlock* mask_end = b_.GetInsertBlock();
-  b_.CreateBr(join);
-  b_.SetInsertPoint(join);
-  for (std::size_t k = 0; k < s.size(); ++k) {
-    llvm::PHINode* phi = b_.CreatePHI(kb_.f32(), 2, "s");
-    phi->addIncoming(s[k], from);
-    phi->addIncoming(out[k], mask_end);
-    out[k] = phi;
-  }
-  return out;
-}
-
 void AttentionPtx::zero_tile_weights(const Values& key) {
   // This thread's entries of the tile (rows < L, keys < S), as the visited tiles write them.
   for (int i = 0; i < R_; ++i) {
@@ -781,6 +556,7 @@ void AttentionPtx::zero_tile_weights(const Values& key) {
 }  // namespace
 
 KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request, const HostEmulation* emulation) {
+  if (request.spec.storage == DType::bf16) return build_attention_mma(module, request, emulation);
   return AttentionPtx(module, request, emulation).emit(kernel_name(request));
 }
 

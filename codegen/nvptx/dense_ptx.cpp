@@ -57,6 +57,8 @@ std::pair<llvm::Value*, llvm::Value*> grid_stride(KernelBuilder& kb) {
 // then per k two ld.shared.v4 of As, one of Bs and 32 fma. Accumulation is in increasing k.
 
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& r, const HostEmulation* emulation) {
+  if (r.storage == DType::bf16) return build_linear_mma(module, r, emulation);
+  if (r.storage != DType::f32) fail("linear: x, w, b and y stored as " + std::string(dtype_name(r.storage)));
   if (r.block_m < 8 || r.block_m % 8 != 0 || r.block_n < 4 || r.block_n % 4 != 0 || r.block_k < 1 || r.block_k > 64)
     fail("linear: block_m must be a multiple of 8, block_n a multiple of 4, block_k in [1, 64]");
   const int threads = (r.block_m / 8) * (r.block_n / 4);

@@ -37,10 +37,19 @@ struct AttentionGeometry {
   std::int64_t q_offset = 0, k_offset = 0, v_offset = 0, p_offset = 0;  // in floats
   std::int64_t shared_floats = 0;
   [[nodiscard]] int shared_bytes() const { return static_cast<int>(shared_floats * 4); }
+
+  /// spec.storage == bf16: the tensor-core kernel (attention_mma_ptx.cpp). Warp w owns the 16
+  /// local rows [16w, 16w + 16); block_q = 16·warps, block_k a multiple of 16. Shared memory
+  /// holds bf16 rows: Q [block_q][qk_stride], K [block_k][qk_stride], V [block_k][v_stride] with
+  /// strides in bf16 elements (dk + 8, dv + 8: rows 16 bytes apart mod 128, so the 8 row
+  /// addresses of an ldmatrix hit distinct banks); the offsets stay in floats. No P region.
+  bool mma = false;
 };
 
 /// Validates the request (and its spec) and resolves it; throws std::runtime_error.
 AttentionGeometry attention_geometry(const AttentionKernel& request);
+/// Why the bf16 tensor-core kernel cannot compute `request` (empty: it can).
+std::string mma_attention_unsupported(const AttentionKernel& request);
 
 /// Dynamic shared memory an sm allows per block after the opt-in (bytes).
 int max_shared_bytes(int sm);

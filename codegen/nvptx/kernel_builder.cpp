@@ -13,6 +13,8 @@
 
 #include <stdexcept>
 
+#include "llvm/ir_util.hpp"
+
 namespace qkv::codegen::nvptx::detail {
 
 KernelBuilder::KernelBuilder(llvm::Module& module, const HostEmulation* emulation)
@@ -119,6 +121,68 @@ llvm::Value* KernelBuilder::smin(llvm::Value* a, llvm::Value* x) {
 }
 llvm::Value* KernelBuilder::smax(llvm::Value* a, llvm::Value* x) {
   return b_.CreateIntrinsic(llvm::Intrinsic::smax, {a->getType()}, {a, x});
+}
+
+llvm::Value* KernelBuilder::entry_alloca(llvm::Type* type, int n) {
+  llvm::BasicBlock& entry = fn_->getEntryBlock();
+  llvm::IRBuilder<> at(&entry, entry.getFirstInsertionPt());
+  return at.CreateAlloca(type, b_.getInt32(static_cast<std::uint32_t>(n)));
+}
+
+std::vector<llvm::Value*> KernelBuilder::ldmatrix_x4(llvm::Value* row, bool trans) {
+  std::vector<llvm::Value*> out;
+  if (emu_) {
+    if (!emu_->ldmatrix_x4) throw std::runtime_error("nvptx emulation: no ldmatrix hook");
+    llvm::Value* regs = entry_alloca(i32(), 4);
+    host_call(reinterpret_cast<const void*>(emu_->ldmatrix_x4), b_.getVoidTy(), {row, c32(trans ? 1 : 0), regs});
+    for (int m = 0; m < 4; ++m)
+      out.push_back(b_.CreateLoad(i32(), b_.CreateConstInBoundsGEP1_32(i32(), regs, static_cast<unsigned>(m))));
+    return out;
+  }
+  llvm::Value* r = b_.CreateIntrinsic(trans ? llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16
+                                            : llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16,
+                                      {row->getType()}, {row});
+  for (unsigned m = 0; m < 4; ++m) out.push_back(b_.CreateExtractValue(r, {m}));
+  return out;
+}
+
+std::vector<llvm::Value*> KernelBuilder::mma_bf16(const std::vector<llvm::Value*>& a,
+                                                  const std::vector<llvm::Value*>& b,
+                                                  const std::vector<llvm::Value*>& c) {
+  if (a.size() != 4 || b.size() != 2 || c.size() != 4) throw std::logic_error("mma_bf16: 4 + 2 + 4 registers");
+  std::vector<llvm::Value*> out;
+  if (emu_) {
+    if (!emu_->mma_bf16) throw std::runtime_error("nvptx emulation: no mma hook");
+    llvm::Value* ra = entry_alloca(i32(), 4);
+    llvm::Value* rb = entry_alloca(i32(), 2);
+    llvm::Value* rc = entry_alloca(f32(), 4);
+    auto slot = [&](llvm::Type* t, llvm::Value* base, int k) {
+      return b_.CreateConstInBoundsGEP1_32(t, base, static_cast<unsigned>(k));
+    };
+    for (int k = 0; k < 4; ++k) b_.CreateStore(a[k], slot(i32(), ra, k));
+    for (int k = 0; k < 2; ++k) b_.CreateStore(b[k], slot(i32(), rb, k));
+    for (int k = 0; k < 4; ++k) b_.CreateStore(c[k], slot(f32(), rc, k));
+    host_call(reinterpret_cast<const void*>(emu_->mma_bf16), b_.getVoidTy(), {ra, rb, rc});
+    for (int k = 0; k < 4; ++k) out.push_back(b_.CreateLoad(f32(), slot(f32(), rc, k)));
+    return out;
+  }
+  llvm::Value* r = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16, {},
+                                      {a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]});
+  for (unsigned k = 0; k < 4; ++k) out.push_back(b_.CreateExtractValue(r, {k}));
+  return out;
+}
+
+llvm::Value* KernelBuilder::pack_bf16x2(llvm::Value* lo, llvm::Value* hi) {
+  if (emu_) {  // the host's round-to-nearest-even bits (no bfloat arithmetic on the host target)
+    llvm::Value* l = b_.CreateZExt(cpu::ir::f32_to_half(b_, lo, true), i32());
+    llvm::Value* h = b_.CreateZExt(cpu::ir::f32_to_half(b_, hi, true), i32());
+    return b_.CreateOr(l, b_.CreateShl(h, c32(16)));
+  }
+  auto* v2f = llvm::FixedVectorType::get(f32(), 2);
+  llvm::Value* v = b_.CreateInsertElement(llvm::PoisonValue::get(v2f), lo, std::uint64_t{0});
+  v = b_.CreateInsertElement(v, hi, std::uint64_t{1});
+  v = b_.CreateFPTrunc(v, llvm::FixedVectorType::get(b_.getBFloatTy(), 2));  // cvt.rn.bf16(x2).f32
+  return b_.CreateBitCast(v, i32());
 }
 
 llvm::Value* KernelBuilder::dynamic_shared(const std::string& name) {

@@ -40,6 +40,14 @@ struct HostEmulation {
   float (*ex2)(float x) = nullptr;  // ex2.approx.ftz.f32
   float (*lg2)(float x) = nullptr;  // lg2.approx.ftz.f32
   float* shared = nullptr;          // the block's shared memory (16-byte aligned, large enough)
+  /// Warp-collective (every lane of the warp calls them, as the instructions require):
+  /// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 — `row` is this lane's row address (lanes
+  /// 8m..8m+7 give matrix m's rows), out[m] this lane's register of matrix m;
+  void (*ldmatrix_x4)(const void* row, std::int32_t trans, std::int32_t* out) = nullptr;
+  /// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 — a[4], b[2]: this lane's A and B
+  /// fragment registers (bf16 pairs, the lower index in the low half), c[4]: its C fragment in,
+  /// D out.
+  void (*mma_bf16)(const std::int32_t* a, const std::int32_t* b, float* c) = nullptr;
 };
 
 /// Counted loop body: the induction variable and the carried values in, the next carried values out.
@@ -99,6 +107,18 @@ class KernelBuilder {
   llvm::Value* smin(llvm::Value* a, llvm::Value* x);
   llvm::Value* smax(llvm::Value* a, llvm::Value* x);
 
+  // --- tensor cores (sm_80+), warp-collective: every lane of the warp must execute them together
+  /// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 from this lane's row address `row` (a
+  /// shared-memory pointer, 16-byte aligned): four i32, register m from matrix m (lanes 8m..8m+7
+  /// address its rows).
+  std::vector<llvm::Value*> ldmatrix_x4(llvm::Value* row, bool trans);
+  /// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D = A·B + C on this lane's fragments
+  /// (a: 4 i32, b: 2 i32, c: 4 f32) → d: 4 f32.
+  std::vector<llvm::Value*> mma_bf16(const std::vector<llvm::Value*>& a, const std::vector<llvm::Value*>& b,
+                                     const std::vector<llvm::Value*>& c);
+  /// Two f32 rounded to bf16 (nearest, ties to even) packed in an i32: `lo` in bits 0..15.
+  llvm::Value* pack_bf16x2(llvm::Value* lo, llvm::Value* hi);
+
   /// The module's extern dynamic shared-memory array (`extern __shared__ float4 smem[]`).
   llvm::Value* dynamic_shared(const std::string& name);
   /// A static shared array of `floats` f32, 16-byte aligned.
@@ -127,6 +147,8 @@ class KernelBuilder {
   llvm::Value* sreg(llvm::Intrinsic::ID id, int which);
   /// A call of a host function by address (emulation).
   llvm::Value* host_call(const void* fn, llvm::Type* ret, llvm::ArrayRef<llvm::Value*> args);
+  /// An array of n `type` in the entry block (emulation: the hooks' in/out registers).
+  llvm::Value* entry_alloca(llvm::Type* type, int n);
   std::vector<llvm::Value*> loop_impl(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
                                       std::vector<llvm::Value*> init, const LoopBody& body, const std::string& name,
                                       bool unroll);
@@ -142,7 +164,16 @@ class KernelBuilder {
 // `emulation`, the host-emulation variant of the same kernel)
 KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request,
                            const HostEmulation* emulation = nullptr);
+/// spec.storage == bf16: the tensor-core kernel (attention_mma_ptx.cpp); build_attention
+/// dispatches to it.
+KernelInfo build_attention_mma(llvm::Module& module, const AttentionKernel& request,
+                               const HostEmulation* emulation = nullptr);
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
+/// storage == bf16: the tensor-core GEMM (linear_mma_ptx.cpp); build_linear dispatches to it.
+KernelInfo build_linear_mma(llvm::Module& module, const LinearKernel& request,
+                            const HostEmulation* emulation = nullptr);
+/// Why build_linear_mma cannot generate `request` (empty: it can).
+std::string linear_mma_unsupported(const LinearKernel& request);
 KernelInfo build_decode_attention(llvm::Module& module, const DecodeAttentionKernel& request,
                                   const HostEmulation* emulation = nullptr);
 KernelInfo build_decode_merge(llvm::Module& module, const DecodeMergeKernel& request,

@@ -85,6 +85,7 @@ std::string decode_unsupported(const cpu::AttentionSpec& s) {
   if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0) return "query heads that are not a multiple of the kv heads";
   if (s.write_weights) return "it writes the attention weights";
   if (s.dropout_p != 0.0) return "it has dropout";
+  if (s.storage != DType::f32) return "q, k, v and out are not f32";
   if (!(s.effective_scale() == s.effective_scale())) return "the scale is NaN";
   const std::int64_t group = s.hq / s.hkv;
   if (group > 32) return "more than 32 query heads per kv head";
@@ -100,6 +101,51 @@ std::string decode_unsupported(const cpu::AttentionSpec& s) {
   return {};
 }
 
+std::string mma_attention_unsupported(const AttentionKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
+  if (s.storage != DType::bf16) return "q, k, v and out are not bf16";
+  if (s.dk % 16 != 0 || s.dv % 16 != 0 || s.dk < 16 || s.dv < 16 || s.dk > 128 || s.dv > 128)
+    return "head widths dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
+           " are not multiples of 16 in [16, 128]";
+  if (s.write_weights) return "it writes the attention weights";
+  if (s.dropout_p != 0.0) return "it has dropout";
+  if (request.threads % 32 != 0 || request.threads < 32 || request.threads > 256)
+    return "threads = " + std::to_string(request.threads) + " is not a multiple of 32 in [32, 256]";
+  if (request.block_q != 0 && request.block_q != 16 * (request.threads / 32))
+    return "block_q = " + std::to_string(request.block_q) + " is not 16 rows per warp";
+  if (request.block_k != 0 && (request.block_k % 16 != 0 || request.block_k > 128))
+    return "block_k = " + std::to_string(request.block_k) + " is not a multiple of 16 in [16, 128]";
+  return {};
+}
+
+namespace {
+AttentionGeometry mma_geometry(const AttentionKernel& request) {
+  if (const std::string why = mma_attention_unsupported(request); !why.empty())
+    fail("attention (bf16, tensor cores): " + why);
+  const cpu::AttentionSpec& s = request.spec;
+  AttentionGeometry g;
+  g.mma = true;
+  g.threads = request.threads;
+  g.warps = request.threads / 32;
+  g.block_q = 16 * g.warps;
+  g.block_k = request.block_k > 0 ? request.block_k : 64;
+  g.rows_per_thread = 2;              // rows g and g + 8 of the warp's 16
+  g.keys_per_thread = g.block_k / 4;  // 2 columns of each of the block_k / 8 key tiles
+  g.wk = g.wv = 0;                    // unused
+  g.col_chunks = static_cast<int>(s.dv / 8);
+  g.qk_stride = static_cast<int>(s.dk) + 8;
+  g.v_stride = static_cast<int>(s.dv) + 8;
+  g.p_stride = 0;
+  // bf16 elements → floats: every row is a multiple of 16 bytes.
+  g.q_offset = 0;
+  g.k_offset = g.q_offset + std::int64_t{g.block_q} * g.qk_stride / 2;
+  g.v_offset = g.k_offset + std::int64_t{g.block_k} * g.qk_stride / 2;
+  g.p_offset = g.v_offset + std::int64_t{g.block_k} * g.v_stride / 2;
+  g.shared_floats = g.p_offset;
+  return g;
+}
+}  // namespace
+
 AttentionGeometry attention_geometry(const AttentionKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
   if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096)
@@ -112,6 +158,9 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
   if (!(s.effective_scale() == s.effective_scale())) fail("attention: the scale is NaN");
   check_threads(request.threads, 512, "attention");
   check_mod(s);
+  if (s.storage == DType::bf16) return mma_geometry(request);
+  if (s.storage != DType::f32)
+    fail("attention: q, k, v and out stored as " + std::string(dtype_name(s.storage)) + " (f32 or bf16)");
 
   AttentionGeometry g;
   g.threads = request.threads;
@@ -219,6 +268,17 @@ Dim3 elementwise_grid(int threads, std::int64_t count) {
 
 int attention_shared_bytes(const AttentionKernel& kernel) { return detail::attention_geometry(kernel).shared_bytes(); }
 
+bool attention_supported(const AttentionKernel& kernel, std::string* why) {
+  try {
+    (void)detail::attention_geometry(kernel);
+  } catch (const std::runtime_error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
 bool decode_attention_supported(const cpu::AttentionSpec& spec, std::string* why) {
   const std::string no = detail::decode_unsupported(spec);
   if (why) *why = no;
@@ -269,8 +329,8 @@ std::string kernel_name(const KernelRequest& request) {
           return std::string(std::is_same_v<T, DecodeAttentionKernel> ? "qkv_decode_" : "qkv_decode_merge_") +
                  hex(h.value());
         } else if constexpr (std::is_same_v<T, LinearKernel>) {
-          return "qkv_linear_" + std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" +
-                 std::to_string(r.block_k);
+          return std::string(r.storage == DType::bf16 ? "qkv_linear_bf16_" : "qkv_linear_") +
+                 std::to_string(r.block_m) + "x" + std::to_string(r.block_n) + "x" + std::to_string(r.block_k);
         } else if constexpr (std::is_same_v<T, LayerNormKernel>) {
           return "qkv_layer_norm_t" + std::to_string(r.threads);
         } else if constexpr (std::is_same_v<T, ElementwiseKernel>) {

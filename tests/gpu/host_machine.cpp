@@ -83,10 +83,14 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           const std::int64_t B = p.at(9).i64, L = p.at(10).i64, S = p.at(11).i64;
           expect_grid(nvptx::attention_grid(r, B, L), "attention");
           const auto f = sizeof(float);
-          need(0, static_cast<std::size_t>(B * s.hq * L * s.dk) * f, "attention q");
-          need(1, static_cast<std::size_t>(B * s.hkv * S * s.dk) * f, "attention k");
-          need(2, static_cast<std::size_t>(B * s.hkv * S * s.dv) * f, "attention v");
-          need(3, static_cast<std::size_t>(B * s.hq * L * s.dv) * f, "attention out");
+          // q, k, v, out: bf16 bits with bf16 storage (the tensor-core kernel), else f32.
+          const std::size_t elem = s.storage == DType::bf16 ? 2 : f;
+          if (s.storage == DType::bf16) ++launches["attention_bf16"];
+          if (std::string no; !nvptx::attention_supported(r, &no)) errors.push_back("attention: " + no);
+          need(0, static_cast<std::size_t>(B * s.hq * L * s.dk) * elem, "attention q");
+          need(1, static_cast<std::size_t>(B * s.hkv * S * s.dk) * elem, "attention k");
+          need(2, static_cast<std::size_t>(B * s.hkv * S * s.dv) * elem, "attention v");
+          need(3, static_cast<std::size_t>(B * s.hq * L * s.dv) * elem, "attention out");
           if (s.write_weights) need(4, static_cast<std::size_t>(B * s.hq * L * S) * f, "attention weights");
           if (s.key_padding) need(5, static_cast<std::size_t>(B * S), "attention key_keep");
           if (s.bias) need(6, static_cast<std::size_t>(L * S) * f, "attention bias");

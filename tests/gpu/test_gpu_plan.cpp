@@ -92,7 +92,10 @@ void expect_header_geometry(const Plan& p, const std::string& name) {
             std::size_t params = 0;
             if constexpr (std::is_same_v<T, nvptx::AttentionKernel>) {
               params = 14;
-              const int bq = r.block_q > 0 ? r.block_q : (r.spec.dv <= 128 ? 64 : 32);
+              const int bq = r.block_q > 0                   ? r.block_q
+                             : r.spec.storage == DType::bf16 ? 16 * (r.threads / 32)  // 16 rows per warp
+                             : r.spec.dv <= 128              ? 64
+                                                             : 32;
               want = {ceil_div(i64(a, 10), bq), r.spec.hq, i64(a, 9)};
               EXPECT_EQ(r.spec.write_weights, a.at(4).kind == Arg::Kind::buffer) << name;
               EXPECT_EQ(r.spec.write_lse, a.at(13).kind == Arg::Kind::buffer) << name;
@@ -361,6 +364,52 @@ TEST(GpuPlan, TheLogSumExpComesFromTheGpuKernelAndFromTheHostFallback) {
           std::cout << "  attention with lse, sm_" << sm << ": " << report->registers << " registers\n";
         }
       }
+}
+
+TEST(GpuPlan, Bf16AttentionRunsOnTheTensorCoreKernelOrFallsBackWithAReason) {
+  // bf16 q, k, v: the fused attention is the tensor-core kernel (its inputs uploaded as bf16 bits,
+  // its output downloaded as bf16) — and with its weights asked for, which that kernel does not
+  // write, the CPU's bf16 kernel on the host, saying why.
+  using namespace qkv::nn;
+  for (const bool weights : {false, true}) {
+    Graph g;
+    auto q = input<Tensor<bf16, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<64>>>(g, "q");
+    auto k = input<Tensor<bf16, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<64>>>(g, "k");
+    auto v = input<Tensor<bf16, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<64>>>(g, "v");
+    auto p = softmax<Key>(modded(scaled(contract<HeadDim>(q, k)), mods::causal(bottom_right)));
+    output(contract<Key>(p, v), "out");
+    if (weights) output(p, "weights");
+    const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 37}, {"Key", 70}}, 5, 1.0f);
+    const Graph lowered = codegen::lower(g);
+    const Plan plan = codegen::cuda::plan(lowered, bind_extents(lowered, feeds));
+    int fused = 0;
+    for (std::size_t id = 0; id < plan.steps.size(); ++id) {
+      if (lowered.node(static_cast<int>(id)).op != Op::fused_attention) continue;
+      ++fused;
+      const Step& s = plan.steps[id];
+      if (weights) {
+        EXPECT_EQ(s.kind, Step::Kind::host);
+        EXPECT_THAT(s.why, ::testing::HasSubstr("tensor-core kernel"));
+        EXPECT_THAT(s.why, ::testing::HasSubstr("weights"));
+      } else {
+        EXPECT_EQ(s.kind, Step::Kind::gpu) << s.why;
+        ASSERT_EQ(s.launches.size(), 1u);
+        const auto& r = std::get<nvptx::AttentionKernel>(s.launches[0].request);
+        EXPECT_EQ(r.spec.storage, DType::bf16);
+        EXPECT_EQ(r.block_k, 64);
+      }
+    }
+    EXPECT_EQ(fused, 1) << lowered.table();
+    expect_header_geometry(plan, "bf16 attention");
+    expect_lifetimes(plan, lowered, "bf16 attention");
+    HostMachine m;
+    const RunResult got = codegen::cuda::execute_on(m, lowered, feeds);
+    const RunResult want = interpret(g, feeds);  // rounds the scores and the weights to bf16 too
+    EXPECT_TRUE(m.errors.empty()) << (m.errors.empty() ? "" : m.errors.front());
+    EXPECT_EQ(m.launches.count("attention_bf16"), weights ? 0u : 1u);
+    ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
+    for (const auto& [name, w] : want.outputs) EXPECT_LE(relative_error(got.outputs.at(name), w).worst, 2e-2) << name;
+  }
 }
 
 TEST(GpuPlan, AKvCacheAppendIsCopiedOnTheGpuAndTheAttentionReadsItsPrefix) {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -57,6 +58,9 @@ class Barrier {
 struct Warp {
   Barrier barrier{32};
   float slots[32] = {};
+  // the warp-collective tensor-core operations: each lane's operands
+  const unsigned char* rows[32] = {};
+  std::int32_t a[32][4] = {}, b[32][2] = {};
 };
 
 struct Block {
@@ -108,6 +112,71 @@ float emu_lg2(float x) {  // lg2.approx.ftz.f32: subnormal inputs flush to 0 (�
   return std::log2(std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x);
 }
 
+// --- tensor cores (warp-collective: every lane deposits its operands, the warp meets, each lane
+// computes its own result registers from all 32 lanes' operands, the warp meets again before the
+// slots are reused). Layouts from the PTX ISA: "Warp-level matrix load instruction: ldmatrix"
+// (lane 8m + r gives row r of matrix m; lane l receives (row l/4, columns 2(l%4), 2(l%4) + 1),
+// or with .trans (rows 2(l%4), 2(l%4) + 1, column l/4)) and "Matrix Fragments for mma.m16n8k16
+// with floating point type" (groupID = lane >> 2, threadID_in_group = lane % 4; see
+// codegen/nvptx/attention_mma_ptx.cpp).
+
+Warp& my_warp() { return *t_block->warps[static_cast<std::size_t>(t_tid / 32)]; }
+
+std::uint16_t bits16(const unsigned char* p) {
+  std::uint16_t x;
+  std::memcpy(&x, p, 2);
+  return x;
+}
+
+void emu_ldmatrix_x4(const void* row, std::int32_t trans, std::int32_t* out) {
+  Warp& w = my_warp();
+  const int lane = t_tid % 32;
+  w.rows[lane] = static_cast<const unsigned char*>(row);
+  w.barrier.wait();
+  for (int m = 0; m < 4; ++m) {
+    std::uint16_t lo, hi;
+    if (!trans) {  // row lane/4, columns 2(lane%4) + {0,1}
+      const unsigned char* r = w.rows[8 * m + lane / 4];
+      lo = bits16(r + 4 * (lane % 4));
+      hi = bits16(r + 4 * (lane % 4) + 2);
+    } else {  // rows 2(lane%4) + {0,1}, column lane/4
+      lo = bits16(w.rows[8 * m + 2 * (lane % 4)] + 2 * (lane / 4));
+      hi = bits16(w.rows[8 * m + 2 * (lane % 4) + 1] + 2 * (lane / 4));
+    }
+    out[m] = static_cast<std::int32_t>(static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16));
+  }
+  w.barrier.wait();
+}
+
+double bf16_half(std::int32_t reg, int half) {
+  const auto bits = static_cast<std::uint32_t>(reg) >> (16 * half) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void emu_mma_bf16(const std::int32_t* a, const std::int32_t* b, float* c) {
+  Warp& w = my_warp();
+  const int lane = t_tid % 32;
+  std::memcpy(w.a[lane], a, sizeof w.a[lane]);
+  std::memcpy(w.b[lane], b, sizeof w.b[lane]);
+  w.barrier.wait();
+  // A[row][k]: lane (row % 8)·4 + (k % 8)/2, register (row >= 8) + 2·(k >= 8), half k % 2.
+  auto A = [&](int row, int k) {
+    return bf16_half(w.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+  };
+  // B[k][col]: lane col·4 + (k % 8)/2, register k >= 8, half k % 2.
+  auto B = [&](int k, int col) { return bf16_half(w.b[col * 4 + (k % 8) / 2][k >= 8], k % 2); };
+  const int g = lane >> 2, t = lane % 4;
+  for (int e = 0; e < 4; ++e) {  // c0, c1: (g, 2t + {0,1}); c2, c3: (g + 8, 2t + {0,1})
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    double sum = 0.0;  // bf16 products are exact; the sum in double, rounded once to f32
+    for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
+    c[e] = static_cast<float>(sum + static_cast<double>(c[e]));
+  }
+  w.barrier.wait();
+}
+
 }  // namespace
 
 void Emulated::launch(Dim3 grid, const std::function<void()>& call) {
@@ -143,6 +212,8 @@ Emulated emulate(const KernelRequest& request) {
   hooks.shfl_xor = emu_shfl_xor;
   hooks.ex2 = emu_ex2;
   hooks.lg2 = emu_lg2;
+  hooks.ldmatrix_x4 = emu_ldmatrix_x4;
+  hooks.mma_bf16 = emu_mma_bf16;
   hooks.shared = e.shared.data();
   std::string error;
   e.jit = codegen::Jit::create(&error);

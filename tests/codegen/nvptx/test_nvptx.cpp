@@ -178,6 +178,21 @@ std::vector<Case> attention_cases() {
     documents_softcap_mod(a);
     add("d128_mod_documents_softcap_causal", a);
   }
+  // bf16 storage: the tensor-core kernel (attention_mma_ptx.cpp).
+  for (std::int64_t d : {64, 128}) {
+    auto a = attention(d, d);
+    a.spec.storage = DType::bf16;
+    a.spec.hq = 8;
+    a.spec.hkv = 2;
+    add("bf16_mma_d" + std::to_string(d), a);
+    a.spec.causal = true;
+    a.spec.write_lse = true;
+    add("bf16_mma_d" + std::to_string(d) + "_causal_lse", a);
+    a.spec.causal = false;
+    a.spec.write_lse = false;
+    window_alibi_mod(a);
+    add("bf16_mma_d" + std::to_string(d) + "_mod_window_alibi", a);
+  }
   return cases;
 }
 
@@ -211,6 +226,8 @@ std::vector<Case> other_cases() {
   std::vector<Case> cases;
   cases.push_back({"linear_64x64x16", LinearKernel{}});
   cases.push_back({"linear_32x128x8", LinearKernel{32, 128, 8}});
+  cases.push_back({"linear_bf16_mma_64x64x32", LinearKernel{64, 64, 32, DType::bf16}});
+  cases.push_back({"linear_bf16_mma_128x128x32", LinearKernel{128, 128, 32, DType::bf16}});
   cases.push_back({"layer_norm_128", LayerNormKernel{}});
   cases.push_back({"layer_norm_256", LayerNormKernel{256}});
   cases.push_back({"relu", ElementwiseKernel{ElementwiseOp::relu, 1.0f, 256}});
@@ -270,10 +287,19 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
     EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
     EXPECT_NE(k.ptx.find("shfl.sync.bfly.b32"), std::string::npos);
     EXPECT_NE(k.ptx.find("bar.sync"), std::string::npos);
+    const bool mma = std::get<AttentionKernel>(c.request).spec.storage == DType::bf16;
+    EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
+    EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos, mma);
+    EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos, mma);
   } else {
     EXPECT_EQ(k.shared_bytes, 0);
   }
   EXPECT_EQ(k.static_shared_bytes > 0, is_linear);
+  if (is_linear) {
+    const bool mma = std::get<LinearKernel>(c.request).storage == DType::bf16;
+    EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
+    EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos, mma);
+  }
 
   // (3) ptxas accepts it.
   std::string why;

@@ -9,9 +9,9 @@
 //   std::string why;
 //   if (auto r = run_ptxas(k.ptx, 90, &why)) ... r->registers, r->spill_stores ...
 //
-// Every kernel is fp32 and takes plain device pointers (4-byte alignment suffices) and i64 sizes,
-// in the order documented at each request type below; the launcher passes them as kernel
-// parameters in that order. Every emitted PTX starts with comment lines
+// Every kernel is fp32 (but the attention's bf16 storage) and takes plain device pointers (4-byte alignment suffices)
+// and i64 sizes, in the order documented at each request type below; the launcher passes them as kernel parameters in
+// that order. Every emitted PTX starts with comment lines
 //   // qkv kernel: <C-like signature>
 //   // launch: grid <rule> block (x,y,z) dynamic shared <bytes> B
 // A grid with a zero extent means "nothing to do": do not launch it.
@@ -53,6 +53,13 @@ struct Dim3 {
 /// each). out must not overlap the inputs. Specs the kernel cannot evaluate (a keep predicate
 /// that reads the score, a 16-bit float tensor, an axis the scores lack) are refused by
 /// attention_shared_bytes / attention_grid / emit_ptx alike.
+///
+/// spec.storage == bf16: q, k, v, out hold bf16 bits (uint16, 16-byte aligned) and the kernel runs
+/// on tensor cores (mma.sync m16n8k16 bf16 → fp32, ldmatrix; codegen/nvptx/attention_mma_ptx.cpp)
+/// with the CPU kernel's bf16 semantics: scores, softmax and accumulators fp32, P rounded to bf16
+/// for P·V, out rounded to bf16, lse f32. It refuses write_weights, dropout and head widths that
+/// are not multiples of 16 in [16, 128] (attention_supported says why); block_q is 16 rows per
+/// warp (0 or 16·threads/32), block_k a multiple of 16 up to 128 (0: 64), threads at most 256.
 /// grid (ceil(L / block_q), Hq, B), block (threads, 1, 1), dynamic shared memory shared_bytes
 /// (attention_shared_bytes; above 48 KiB the launcher must first raise
 /// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it). L = 0 or B = 0: nothing to launch.
@@ -112,10 +119,19 @@ struct DecodeMergeKernel {
 /// y must not overlap x, w or b. grid (ceil(M / block_m), ceil(N / block_n), 1) — M·N == 0:
 /// nothing to launch — block (block_m / 8 · block_n / 4, 1, 1), no dynamic shared memory (the
 /// tiles are static shared memory). Each thread computes an 8×4 micro-tile.
+///
+/// storage == bf16: x, w, b, y hold bf16 bits (uint16; any alignment of 2) and the kernel runs on
+/// tensor cores (mma.sync m16n8k16 bf16 → fp32; codegen/nvptx/linear_mma_ptx.cpp): fp32 sums,
+/// the bias added in fp32, y rounded to bf16 (nearest even) — a linear of bf16 tensors as the CPU
+/// computes it, up to the order of the sums. block_m, block_n multiples of 16 in [16, 128],
+/// block_k a multiple of 16 up to 64; block (2·block_m, 1, 1): warp w computes rows
+/// [16w, 16w + 16) of the block. Not used by the CUDA backend's plan yet (it runs linears of bf16
+/// tensors on the host).
 struct LinearKernel {
-  int block_m = 64;  // multiple of 8
-  int block_n = 64;  // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024
-  int block_k = 16;  // depth of one shared-memory K slice
+  int block_m = 64;            // multiple of 8
+  int block_n = 64;            // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024
+  int block_k = 16;            // depth of one shared-memory K slice
+  DType storage = DType::f32;  // f32, or bf16 (tensor cores)
   friend bool operator==(const LinearKernel&, const LinearKernel&) = default;
 };
 
@@ -213,6 +229,9 @@ Dim3 decode_grid(const DecodeAttentionKernel& kernel, std::int64_t batch, std::i
 Dim3 decode_merge_grid(const DecodeMergeKernel& kernel, std::int64_t batch, std::int64_t len_q);
 /// The dynamic shared memory of the attention kernel (what PtxKernel::shared_bytes says).
 int attention_shared_bytes(const AttentionKernel& kernel);
+/// Whether emit_ptx can generate `kernel` (for bf16 storage: the tensor-core kernel's limits);
+/// else `*why` (if non-null) says why.
+bool attention_supported(const AttentionKernel& kernel, std::string* why);
 
 /// What `ptxas -v` says about the (first) entry of a module.
 struct PtxasReport {

@@ -97,7 +97,8 @@ struct PlanOptions {
 };
 
 /// The attention kernel request for `spec` (GPU tiling: the kernel's defaults, else smaller query
-/// or key blocks until the tiling validates and its shared memory fits), or why none fits.
+/// or key blocks until the tiling validates and its shared memory fits), or why none fits. bf16
+/// storage: the tensor-core kernel (block_k 64, 32 or 16), or why it cannot run the spec.
 std::optional<nvptx::AttentionKernel> choose_attention_kernel(const cpu::AttentionSpec& spec, int max_shared_bytes,
                                                               std::string* why = nullptr);
 

@@ -1,0 +1,76 @@
+// codegen/nvptx/attention_mod_ptx.hpp — the mod expression (effective_mod: the flags causal / key
+// padding / bias and spec.mod as one expression) of the NVPTX attention kernels, per thread over
+// an R × KJ block of scores (R thread rows, KJ tile keys; s[i·KJ + j]) in log2 units. Shared by
+// the fp32 FMA kernel (attention_ptx.cpp) and the bf16 tensor-core kernel (attention_mma_ptx.cpp),
+// which differ only in which rows and keys a thread holds. Private.
+//
+// The mod's nodes are computed per thread as scalars, each at the outermost level it can be (as
+// in the CPU kernel, attention_mod.cpp): nodes of neither the query nor the key once in the
+// prologue, of the query only once per thread row in the prologue, of the key only once per
+// tile key, the rest per entry. Loads are scalar global loads (indices clamped into range) from
+// the tensor table: captured tensor k at tensors[k], its extents at extents[...] in order; the
+// flags' key_keep [B, S] and bias [L, S] from their own parameters. e^x is ex2(x·log2 e), ln x
+// is lg2(x)·ln 2 (the .approx.ftz instructions).
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "llvm/mod_ir.hpp"
+#include "nvptx/kernel_builder.hpp"
+
+namespace qkv::codegen::nvptx::detail {
+
+/// What the mod needs from the kernel (i64 unless said otherwise), all defined in the prologue.
+struct AttentionModFrame {
+  llvm::Value *key_keep = nullptr, *bias = nullptr, *tensors = nullptr, *extents = nullptr;  // parameters
+  llvm::Value *nbatch = nullptr, *len_q = nullptr, *len_k = nullptr;                         // sizes
+  llvm::Value *batch = nullptr, *head = nullptr;                                             // this block's
+  llvm::Value *q0 = nullptr, *nvalid = nullptr;  // the block's first query row and its rows < L
+  int block_k = 64;                              // keys per tile
+  int keys_per_thread = 8;                       // KJ
+  std::vector<llvm::Value*> row_f32;             // per thread row i < R: its absolute row, as f32
+};
+
+class AttentionModIr {
+ public:
+  /// Emits the block- and row-level nodes at the builder's position (the prologue).
+  AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame);
+  ~AttentionModIr();
+
+  /// Whether the expression has a keep predicate.
+  [[nodiscard]] bool has_keep() const;
+  /// (always kept, never kept) over the tile at k0: block-uniform i1s.
+  std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
+  /// The score modification on s (R × KJ, log2 units) at the tile keys `key` (i64 per j), then
+  /// — where `masked` (a block-uniform i1) — the keep predicate where `partial` and keys past S
+  /// (→ −inf).
+  std::vector<llvm::Value*> apply(std::vector<llvm::Value*> s, const std::vector<llvm::Value*>& key,
+                                  llvm::Value* masked, llvm::Value* partial);
+
+ private:
+  class Leaves;
+  class BoundsLeaves;
+  using Values = std::vector<llvm::Value*>;
+
+  llvm::Value* axis_value(const std::string& axis, int i, llvm::Value* key, bool position);
+  llvm::Value* axis_length(const std::string& axis);
+  llvm::Value* load_element(const ModNode& n, const Values& index);
+  Values key_values(llvm::Value* key, int root, const Values* seed);
+  llvm::Value* mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc);
+  [[nodiscard]] std::size_t si(int i, int j) const { return static_cast<std::size_t>(i * KJ_ + j); }
+
+  KernelBuilder& kb_;
+  llvm::IRBuilder<>& b_;
+  AttentionModFrame f_;
+  int R_, KJ_;
+  cpu::EffectiveMod mod_;
+  ModAnalysis info_;
+  std::vector<ModTensorIn> tensors_m_;
+  llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;
+  Values task_cache_;              // nodes of neither query nor key
+  std::vector<Values> row_cache_;  // per thread row: + the query's nodes
+};
+
+}  // namespace qkv::codegen::nvptx::detail
