@@ -2,7 +2,8 @@
 """PyTorch CPU baselines for bench/bench_attention.cpp, same shapes, 2 threads.
 
 Run with Debian's interpreter (it has python3-torch): /usr/bin/python3 bench/pytorch_attention.py
-(`... pytorch_attention.py mods`: the score / mask modifications of BM_Mod, dense masks).
+(`... pytorch_attention.py mods`: the score / mask modifications of BM_Mod, dense masks;
+`... pytorch_attention.py bf16`: bf16 attention beside BM_FusedBf16 and the linear layer of bench_gemm).
 Prints one line per shape: median milliseconds and GFLOP/s (4*B*H*N^2*D, half for causal),
 for PyTorch's matmul-softmax-matmul attention, and nn.MultiheadAttention at E=512, H=8.
 """
@@ -64,9 +65,29 @@ def mods():
             print(f"pytorch_mods N={n} {case}: {ms:.1f} ms")
 
 
+def bf16():
+    """PyTorch's own bf16 CPU attention (matmul-softmax-matmul in bf16, no upcast) beside BM_FusedBf16,
+    and its bf16 / fp32 linear layer at bench_gemm's M = 2048, N = K = 4096."""
+    b, h, d = 1, 8, 64
+    with torch.no_grad():
+        for n in (1024, 2048, 4096):
+            q, k, v = (torch.randn(b, h, n, d).to(torch.bfloat16) for _ in range(3))
+            for causal in (False, True):
+                ms = median_ms(lambda: attention(q, k, v, causal), 3 if n <= 2048 else 1)
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                print(f"pytorch_attention_bf16 N={n} causal={int(causal)}: {ms:.2f} ms, {flops / ms / 1e6:.1f} GFLOP/s")
+        m, nn_, kk = 2048, 4096, 4096
+        for dtype in (torch.float32, torch.bfloat16):
+            x, w, bias = torch.randn(m, kk).to(dtype), torch.randn(nn_, kk).to(dtype), torch.randn(nn_).to(dtype)
+            ms = median_ms(lambda: torch.nn.functional.linear(x, w, bias), 3)
+            print(f"pytorch_linear {dtype} M={m} N={nn_} K={kk}: {ms:.2f} ms, {2 * m * nn_ * kk / ms / 1e6:.1f} GFLOP/s")
+
+
 def main():
     if sys.argv[1:] == ["mods"]:
         return mods()
+    if sys.argv[1:] == ["bf16"]:
+        return bf16()
     sizes = [int(x) for x in sys.argv[1:]] or [512, 1024, 2048, 4096]
     b, h, d = 1, 8, 64
     with torch.no_grad():

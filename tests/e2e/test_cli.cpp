@@ -8,6 +8,7 @@
 #include <qkv/runtime/cuda.hpp>
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace qkv {
 namespace {
@@ -27,6 +28,45 @@ TEST_F(Cli, RunMhaMatchesEveryPyTorchFixtureOnBothBackends) {
       EXPECT_LE(error(tmp("w.npy"), fixture(name, "expected_weights_f64.npy")), 1e-5) << name << " on " << backend;
     }
   }
+}
+
+TEST_F(Cli, RunMhaReadsABf16StateDictAsItIsUnderDtypeBf16) {
+  // The key_padding fixture's state dict and query as PyTorch writes them after
+  // model.to(torch.bfloat16) (each value rounded to nearest even).
+  const std::string name = "key_padding";
+  const auto c = config(name);
+  const SafetensorsFile f = SafetensorsFile::open(fixture(name, "weights.safetensors"));
+  std::map<std::string, NdArray> bf16;
+  for (const auto& n : f.names()) bf16[n] = f.load(n).converted(DType::bf16);
+  write_safetensors(tmp("bf16.safetensors"), bf16);
+  write_npy(tmp("query_bf16.npy"), read_npy(fixture(name, "query.npy")).converted(DType::bf16));
+  const std::string flags = "run mha --weights " + tmp("bf16.safetensors") + " --heads " +
+                            std::to_string(c.at("num_heads").get<int>()) + " --key-padding-mask " +
+                            fixture(name, "key_padding_mask.npy") + " -o " + tmp("o.npy");
+  // Rounding the weights and the query to bf16 moves the output by about 1 % of its size; the
+  // bf16 run also rounds every value it makes.
+  const double tol = 5e-2;
+  for (const std::string backend : {"cpu", "reference"}) {
+    // As stored: nothing converted, the output bf16.
+    Result r = run(flags + " --query " + tmp("query_bf16.npy") + " --dtype bf16 --backend " + backend);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("converted on load"))) << backend;
+    EXPECT_EQ(read_npy(tmp("o.npy")).dtype, DType::bf16);
+    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), tol) << backend;
+    // An f32 query under --dtype bf16: converted, and named.
+    r = run(flags + " --query " + fixture(name, "query.npy") + " --dtype bf16 --backend " + backend);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("qkv: note: the model computes in bf16 (--dtype bf16); converted on load: 1 stored "
+                                 "as f32 (query)"));
+    // The default f32: the bf16 weights widened (exactly), named, and an f32 output.
+    r = run(flags + " --query " + tmp("query_bf16.npy") + " --backend " + backend);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("the model computes in f32 (--dtype f32); converted on load: "));
+    EXPECT_THAT(r.err, HasSubstr("5 stored as bf16 ("));  // the 4 weights and the query
+    EXPECT_EQ(read_npy(tmp("o.npy")).dtype, DType::f32);
+    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), tol) << backend;
+  }
+  EXPECT_EQ(run(flags + " --query " + tmp("query_bf16.npy") + " --dtype f64").code, 2);  // not a model dtype
 }
 
 TEST_F(Cli, RunMhaAveragesWeightsOverHeadsByDefault) {

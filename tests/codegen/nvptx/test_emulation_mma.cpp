@@ -235,8 +235,11 @@ TEST_P(EmulatedMmaAttention, AsAccurateAsTheCpuBf16Kernel) {
   EXPECT_LE(mean_gpu, 2.0 * mean_cpu + 1e-5);
   EXPECT_LE(err_gpu, 2e-2 * ref_max);
   EXPECT_GT(err_gpu, 0.0);  // P and out are rounded to bf16: an exact match would mean the f32 path ran
-  for (std::size_t i = 0; i < ref.out.size(); ++i)
-    if (ref.out[i] == 0.0f) ASSERT_EQ(gpu.out[i], 0.0f) << "a row with no visible key, element " << i;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    if (ref.out[i] == 0.0f) {
+      ASSERT_EQ(gpu.out[i], 0.0f) << "a row with no visible key, element " << i;
+    }
+  }
   for (std::size_t i = 0; i < ref.lse.size(); ++i) {
     if (std::isinf(ref.lse[i])) {
       EXPECT_EQ(gpu.lse[i], ref.lse[i]) << "lse[" << i << "]";

@@ -1,0 +1,101 @@
+// The linear layer's GEMM on the CPU, 2 threads: y[M, N] = x[M, K] · W[N, K]ᵀ + b, in one run,
+//   * qkv's fp32 GEMM (codegen::cpu::run_linear), against the FMA peak measured around it,
+//   * qkv's bf16 GEMM (run_linear_bf16: vdpbf16ps on AVX512-BF16), against the vdpbf16ps peak and
+//     as a multiple of qkv's fp32 GEMM on the same shape (x_fp32),
+//   * OpenBLAS sgemm on the same layout (B transposed), against the FMA peak.
+// GFLOP/s counts 2·M·N·K. Every call packs W into the kernel's panels, as a linear layer that is
+// not prepared does (a prepared one packs once: CompiledGraph::prepare).
+//
+//   bench_gemm --benchmark_min_time=0.2 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <qkv/codegen/cpu/gemm.hpp>
+
+#include "bench_util.hpp"
+#include "peaks.hpp"
+
+namespace {
+
+using qkv::bench::Clock;
+using qkv::bench::kThreads;
+using qkv::bench::seconds_since;
+
+enum Kind : std::int64_t { kQkvF32 = 0, kQkvBf16 = 1, kOpenBlas = 2 };
+
+std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, double> g_fp32_gflops;  // qkv fp32 per shape
+
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<std::uint16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v[i]) >> 16);
+  return out;
+}
+
+void BM_Linear(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const auto kind = static_cast<Kind>(state.range(3));
+  if (kind == kQkvBf16 && !qkv::bench::has_avx512bf16()) {
+    state.SkipWithError("no AVX512-BF16 on this CPU (run_linear_bf16 would widen to f32)");
+    return;
+  }
+  const auto x = qkv::bench::random_values(static_cast<std::size_t>(m * k), 1);
+  const auto w = qkv::bench::random_values(static_cast<std::size_t>(n * k), 2);
+  const auto bias = qkv::bench::random_values(static_cast<std::size_t>(n), 3);
+  const auto xh = to_bf16(x), wh = to_bf16(w);
+  std::vector<float> y(static_cast<std::size_t>(m * n));
+  openblas_set_num_threads(kThreads);
+  auto call = [&] {
+    switch (kind) {
+      case kQkvF32:
+        qkv::codegen::cpu::run_linear(x.data(), w.data(), bias.data(), y.data(), m, n, k, kThreads);
+        break;
+      case kQkvBf16:
+        qkv::codegen::cpu::run_linear_bf16(xh.data(), wh.data(), bias.data(), y.data(), m, n, k, kThreads);
+        break;
+      case kOpenBlas:
+        for (std::int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), y.begin() + i * n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                    static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 1.0f,
+                    y.data(), static_cast<int>(n));
+        break;
+    }
+  };
+  call();  // compile (qkv) or warm up (OpenBLAS)
+  const bool bf16 = kind == kQkvBf16;
+  const double peak_before = bf16 ? qkv::bench::probe_bf16_peak() : qkv::bench::probe_peak();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    call();
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double peak = std::max(peak_before, bf16 ? qkv::bench::probe_bf16_peak() : qkv::bench::probe_peak());
+  const double gflops = 2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["peak"] = peak;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  if (kind == kQkvF32) g_fp32_gflops[{m, n, k}] = gflops;
+  if (auto it = g_fp32_gflops.find({m, n, k}); kind != kQkvF32 && it != g_fp32_gflops.end())
+    state.counters["x_fp32"] = gflops / it->second;
+}
+
+// qkv fp32 first on each shape, so that the others can report their ratio to it.
+BENCHMARK(BM_Linear)
+    ->ArgNames({"M", "N", "K", "kind"})
+    ->ArgsProduct({{2048}, {4096}, {4096}, {kQkvF32, kQkvBf16, kOpenBlas}})
+    ->ArgsProduct({{2048}, {512}, {512}, {kQkvF32, kQkvBf16, kOpenBlas}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
