@@ -226,6 +226,30 @@ void BM_Fused(benchmark::State& state) {
   g_fused_gflops[{p.n, p.causal}] = state.counters["GFLOP/s"];
 }
 
+/// BM_Fused with the blocking of the "avx512" row of the tuning table forced (4 query vectors ×
+/// 4 keys, tiles of 64: what split-pipe AVX-512 hosts such as Zen 4 run): x_table = BM_Fused's
+/// GFLOP/s (the table's choice for this host) over this one's, at the same N, in this run.
+void BM_FusedSplitPipeRow(benchmark::State& state) {
+  wait_for_other_threads_to_block();
+  Problem p(state.range(0), state.range(1) != 0);
+  AttentionSpec spec = bench_spec(p.causal);
+  spec.query_vectors = spec.qk_keys = spec.pv_dims = 4;
+  spec.key_tile = 64;
+  const AttentionArgs args = args_of(p);
+  qkv::codegen::cpu::run_attention(spec, args, kThreads);
+  double seconds = 0;
+  const double peak_before = probe_peak();
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    qkv::codegen::cpu::run_attention(spec, args, kThreads);
+    seconds += seconds_since(t0);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  report(state, p, seconds, std::max(peak_before, probe_peak()), "split-pipe row");
+  if (auto it = g_fused_gflops.find({p.n, p.causal}); it != g_fused_gflops.end())
+    state.counters["x_table"] = it->second / state.counters["GFLOP/s"];
+}
+
 /// The fused kernel on bf16 q, k, v and out (the same values rounded): GFLOP/s, against the FMA
 /// peak and the vdpbf16ps peak probed around it, and x_fp32 = its GFLOP/s over BM_Fused's at the
 /// same N in this run. dpbf16 = 1 when the kernel runs on vdpbf16ps (else it converts as it loads).
@@ -421,6 +445,11 @@ BENCHMARK(BM_Unfused)
 BENCHMARK(BM_Fused)
     ->ArgNames({"N", "causal"})
     ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_FusedSplitPipeRow)
+    ->ArgNames({"N", "causal"})
+    ->ArgsProduct({{2048, 4096, 8192}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_FusedBf16)

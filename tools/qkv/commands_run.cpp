@@ -7,6 +7,7 @@
 #include <map>
 
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/ir/float_dtype.hpp>
@@ -27,6 +28,11 @@ Backend parse_backend(const std::string& s) {
   if (s == "cpu") return Backend::cpu;
   if (s == "cuda") return Backend::cuda;
   throw UsageError("--backend must be reference, cpu or cuda, not '" + s + "'");
+}
+
+codegen::cpu::KernelTuning host_tuning() {
+  const codegen::HostTarget host = codegen::host_target();
+  return codegen::cpu::kernel_tuning(host, host.vector_floats);
 }
 
 DType parse_dtype(const std::string& s) {
@@ -155,8 +161,9 @@ RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool st
   if (stats) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const codegen::JitStats after = codegen::jit_stats();
-    std::fprintf(stderr, "qkv: stats: %lld LLVM module(s) compiled in %.1f ms; the run took %.1f ms in all\n",
-                 static_cast<long long>(after.modules - before.modules), after.compile_ms - before.compile_ms, ms);
+    std::fprintf(stderr, "qkv: stats: %lld LLVM module(s) compiled in %.1f ms; the run took %.1f ms in all%s\n",
+                 static_cast<long long>(after.modules - before.modules), after.compile_ms - before.compile_ms, ms,
+                 backend == Backend::cpu ? ("; kernels tuned as " + host_tuning().name).c_str() : "");
   }
   return r;
 }

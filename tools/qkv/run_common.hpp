@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/files.hpp>
 
@@ -30,6 +31,9 @@ std::vector<Converted> convert_feeds(const Graph& g, Feeds& feeds);
 /// The same for a command's files: converts and prints one note on stderr naming what was
 /// converted ("inputs are converted on load when their stored dtype differs").
 Graph model_as(const Graph& g, DType dtype, Feeds& feeds);
+
+/// The CPU kernels' tuning for this host (qkv/codegen/cpu/tuning.hpp), for `qkv host` and --stats.
+codegen::cpu::KernelTuning host_tuning();
 
 /// Checks there is memory to run `g` on `feeds`, then runs it; with `stats`, says on stderr what
 /// was compiled for the run and how long it took.

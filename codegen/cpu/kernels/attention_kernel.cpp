@@ -2,6 +2,8 @@
 // geometry of a task (which tiles to visit, which need masks), the stack state, the sweeps over
 // the K/V tiles and the epilogue. The tile body is in attention_tile.cpp.
 #include "cpu/kernels/attention_kernel.hpp"
+
+#include <qkv/codegen/cpu/tuning.hpp>
 #include "llvm/vector_math.hpp"
 
 #include <algorithm>
@@ -34,34 +36,23 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
   c.lanes = spec.vector_floats > 0 ? spec.vector_floats : std::max(host.vector_floats, 4);
   // Register budget: accumulators R·Ck (scores) and R·Dc (P·V) plus R operand vectors must fit
   // the register file with room for the broadcasts: 32 registers with AVX-512, 16 with AVX2/SSE.
-  bool avx512 = false;
-  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
-  if (c.lanes >= 16 && avx512) {
-    c.query_vectors = 4;
-    c.qk_keys = 4;
-    c.pv_dims = 4;
-    c.key_tile = 64;
-  } else if (c.lanes >= 8) {
-    c.query_vectors = 2;
-    c.qk_keys = 4;
-    c.pv_dims = 4;
-    c.key_tile = 64;
-  } else {
-    c.query_vectors = 2;
-    c.qk_keys = 2;
-    c.pv_dims = 2;
-    c.key_tile = 32;
-  }
+  // The blocking per target is the table's (tuning.hpp).
+  bool bf16_dot = false;
+  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
+  // bf16 pairs on vdpbf16ps (else bf16 is widened as loaded and computed like f32).
+  const bool bf16 = spec.storage == DType::bf16 && bf16_dot && c.lanes == 16 && spec.dk % 2 == 0 && spec.dv % 16 == 0;
+  const KernelTuning t = kernel_tuning(host, c.lanes);
+  c.query_vectors = bf16 ? t.bf16_query_vectors : t.query_vectors;
+  c.qk_keys = bf16 ? t.bf16_qk_keys : t.qk_keys;
+  c.pv_dims = bf16 ? t.bf16_pv_dims : t.pv_dims;
+  c.key_tile = bf16 ? t.bf16_key_tile : t.key_tile;
   if (spec.query_vectors > 0) c.query_vectors = spec.query_vectors;
   if (spec.qk_keys > 0) c.qk_keys = spec.qk_keys;
   if (spec.pv_dims > 0) c.pv_dims = spec.pv_dims;
   if (spec.key_tile > 0) c.key_tile = spec.key_tile;
   c.key_tile = (c.key_tile + c.qk_keys - 1) / c.qk_keys * c.qk_keys;  // whole Q·Kᵀ blocks per tile
   c.flush_denormals = host.triple.starts_with("x86_64");
-  bool bf16_dot = false;
-  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
-  c.dpbf16 = spec.storage == DType::bf16 && bf16_dot && c.lanes == 16 && spec.dk % 2 == 0 && spec.dv % 16 == 0 &&
-             c.key_tile % 2 == 0;
+  c.dpbf16 = bf16 && c.key_tile % 2 == 0;
   c.cpu = host.cpu;
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
   return c;

@@ -16,6 +16,7 @@
 // n0 is a multiple of NR; Bp (the packed Bᵀ) holds panel p's K × NR block contiguously,
 // zero-padded past N, so the micro-kernel never needs a column mask until the store.
 #include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/ir/hash.hpp>
 
 #include <algorithm>
@@ -50,21 +51,14 @@ namespace qkv::codegen::cpu {
 
 GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   GemmConfig c;
-  bool avx512 = false;
-  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
   c.lanes = spec.vector_floats > 0 ? spec.vector_floats : std::max(host.vector_floats, 4);
   // Accumulators rows · col_vectors plus col_vectors loads of B must fit the register file (the
-  // broadcasts of A fold into the FMAs' memory operand with AVX-512, take one register otherwise).
-  if (c.lanes >= 16 && avx512) {
-    c.rows = 12;
-    c.col_vectors = 2;
-  } else {
-    c.rows = 6;
-    c.col_vectors = 2;
-  }
-  if (spec.rows > 0) c.rows = spec.rows;
-  if (spec.col_vectors > 0) c.col_vectors = spec.col_vectors;
-  c.k_block = spec.k_block > 0 ? spec.k_block : 256;
+  // broadcasts of A fold into the FMAs' memory operand with AVX-512, take one register otherwise):
+  // the table's (tuning.hpp).
+  const KernelTuning t = kernel_tuning(host, c.lanes);
+  c.rows = spec.rows > 0 ? spec.rows : t.gemm_rows;
+  c.col_vectors = spec.col_vectors > 0 ? spec.col_vectors : t.gemm_col_vectors;
+  c.k_block = spec.k_block > 0 ? spec.k_block : (spec.bf16 ? t.gemm_k_block_bf16 : t.gemm_k_block);
   c.bf16 = spec.bf16;
   bool bf16_dot = false;
   for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";

@@ -1,0 +1,64 @@
+// qkv/codegen/cpu/tuning.hpp — how the CPU kernels are blocked for a target: the one table, keyed
+// by the vector width and by how wide the FMA pipes are (no LLVM).
+//
+// The register blockings were measured (docs/performance.md, "Tuning per host"): where 512-bit
+// FMAs are split over two 256-bit pipes (Zen 4) the fused attention's Q·Kᵀ is bound by its FMAs
+// and 4 query vectors × 4 keys is best; with two full-width 512-bit pipes (Zen 5) the FMAs go
+// twice as fast and the broadcasts of K and the loads of Qᵀ become the limit, so fewer query
+// vectors against more keys per broadcast (3 × 8) and longer key tiles win (+10–17 % on one
+// core). The bf16 kernel (vdpbf16ps) keeps 4 × 4. Hosts not in the table get the blocking of
+// their vector width. The explicit fields of AttentionSpec / GemmSpec still win over it.
+#pragma once
+
+#include <string>
+
+#include <qkv/codegen/target.hpp>
+
+namespace qkv::codegen::cpu {
+
+struct KernelTuning {
+  std::string name;  // "avx512-full-width", "avx512", "avx2", "sse"
+  std::string why;   // the property of the target that chose it
+  // The fused attention (KernelConfig's fields): f32 storage, then bf16.
+  int query_vectors = 4, qk_keys = 4, pv_dims = 4, key_tile = 64;
+  int bf16_query_vectors = 4, bf16_qk_keys = 4, bf16_pv_dims = 4, bf16_key_tile = 64;
+  // The GEMM's micro-tile (rows × col_vectors vectors) and K blocks (elements; bf16 pairs pack
+  // twice as many in the same bytes).
+  int gemm_rows = 12, gemm_col_vectors = 2, gemm_k_block = 256, gemm_k_block_bf16 = 512;
+};
+
+/// Whether `host` has two full-width 512-bit FMA pipes per core (measured: znver5).
+inline bool full_width_avx512(const HostTarget& host) { return host.cpu == "znver5"; }
+
+/// The tuning for kernels `lanes` f32 wide (the spec's vector width, or the host's) on `host`.
+inline KernelTuning kernel_tuning(const HostTarget& host, int lanes) {
+  bool avx512 = false;
+  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
+  KernelTuning t;
+  if (lanes >= 16 && avx512 && full_width_avx512(host)) {
+    t.name = "avx512-full-width";
+    t.why = host.cpu + ": two full-width 512-bit FMA pipes per core";
+    t.query_vectors = 3;
+    t.qk_keys = 8;
+    t.key_tile = 128;
+  } else if (lanes >= 16 && avx512) {
+    t.name = "avx512";
+    t.why = host.cpu + ": AVX-512 (512-bit FMAs on split or unknown pipes)";
+  } else if (lanes >= 8) {
+    t.name = "avx2";
+    t.why = host.cpu + ": 8-lane vectors";
+    t.query_vectors = t.bf16_query_vectors = 2;
+    t.gemm_rows = 6;  // 16 registers: 12 accumulators, 2 loads of B, a broadcast
+  } else {
+    t.name = "sse";
+    t.why = host.cpu + ": 4-lane vectors";
+    t.query_vectors = t.bf16_query_vectors = 2;
+    t.qk_keys = t.bf16_qk_keys = 2;
+    t.pv_dims = t.bf16_pv_dims = 2;
+    t.key_tile = t.bf16_key_tile = 32;
+    t.gemm_rows = 6;
+  }
+  return t;
+}
+
+}  // namespace qkv::codegen::cpu
