@@ -15,6 +15,13 @@ bf16 values), computes
 (mask: −inf above the diagonal when causal; −inf on the padded keys, the last `pad` of them) and
 writes bf16_attention/torch_errors.json: per case max |bf16 − fp64| over the output. Run with
 Debian's python3-torch:  /usr/bin/python3 tests/numerics/make_bf16_attention.py
+
+f16: PyTorch 1.13 has no f16 matmul or softmax on the CPU ("addmm_impl_cpu_" not implemented for
+'Half'), so the framework's f16 error is PyTorch's CUDA semantics emulated in NumPy from the same
+inputs rounded to float16: each matmul accumulates in f32 and rounds its result to f16 (cuBLAS's
+f16 GEMM), the scaled scores and the mask are f16 additions, the softmax runs in f32 on the f16
+scores and rounds its result to f16 (PyTorch's half softmax kernel) — written per case as
+framework_f16_max_abs_error.
 """
 
 import json
@@ -44,6 +51,35 @@ def inputs(case_index, N, D, H):
     return q, k, v
 
 
+def inputs_f16(case_index, N, D, H):
+    """The same uniform values as inputs(), rounded to float16 (nearest even, as qkv)."""
+    base = 20 * (case_index + 1)
+    q = (uniform(H * N * D, base + 1).reshape(1, H, N, D) * np.float32(3.0)).astype(np.float16)
+    k = uniform(H * N * D, base + 2).reshape(1, H, N, D).astype(np.float16)
+    v = uniform(H * N * D, base + 3).reshape(1, H, N, D).astype(np.float16)
+    return q, k, v
+
+
+def f16_reference(case_index, N, D, H, mask):
+    """fp64 from the f16 values."""
+    q, k, v = (t.astype(np.float64) for t in inputs_f16(case_index, N, D, H))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(D) + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p @ v) / p.sum(-1, keepdims=True)
+
+
+def f16_attention(case_index, N, D, H, mask):
+    """A framework's f16 attention (see the module's docstring): f16 values between the ops."""
+    q, k, v = inputs_f16(case_index, N, D, H)
+    f32 = np.float32
+    s = (q.astype(f32) @ np.swapaxes(k, -1, -2).astype(f32)).astype(np.float16)  # matmul: f32 sums, f16 out
+    s = (s / np.float16(np.sqrt(D))).astype(np.float16) + mask.astype(np.float16)
+    s32 = s.astype(f32)
+    e = np.exp(s32 - s32.max(-1, keepdims=True))
+    p = (e / e.sum(-1, keepdims=True)).astype(np.float16)  # softmax: f32 inside, f16 out
+    return (p.astype(f32) @ v.astype(f32)).astype(np.float16)
+
+
 def main():
     torch.set_num_threads(2)
     out = {}
@@ -61,9 +97,10 @@ def main():
         m = torch.from_numpy(mask).to(torch.bfloat16)
         o = torch.softmax(q @ k.transpose(-1, -2) / (D ** 0.5) + m, -1) @ v
         err = float(np.abs(o.to(torch.float64).numpy() - ref).max())
+        err16 = float(np.abs(f16_attention(i, N, D, H, mask).astype(np.float64) - f16_reference(i, N, D, H, mask)).max())
         out[name] = {"N": N, "D": D, "heads": H, "causal": causal, "pad": pad, "torch_bf16_max_abs_error": err,
-                     "max_abs_output": float(np.abs(ref).max())}
-        print(name, err)
+                     "framework_f16_max_abs_error": err16, "max_abs_output": float(np.abs(ref).max())}
+        print(name, err, err16)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bf16_attention", "torch_errors.json")
     with open(path, "w") as f:
         json.dump({"generator": "tests/numerics/make_bf16_attention.py", "torch": torch.__version__, "cases": out},

@@ -12,12 +12,15 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/qkv.hpp>
 #include <qkv/runtime/io/array.hpp>
 
 namespace qkv {
@@ -39,16 +42,23 @@ constexpr Bf16Case kCases[] = {
     {"N2048_D64", 2048, 64, 2, false, 0},     {"N333_D40_causal_padded", 333, 40, 2, true, 33},
 };
 
-/// make_bf16_attention.py's uniform(), then rounded to bf16: the bits.
-std::vector<std::uint16_t> uniform_bf16(std::size_t count, std::uint64_t seed, float times) {
-  std::vector<std::uint16_t> out(count);
+/// make_bf16_attention.py's uniform() × times (exact in f32).
+std::vector<float> uniform_values(std::size_t count, std::uint64_t seed, float times) {
+  std::vector<float> out(count);
   for (std::size_t i = 0; i < count; ++i) {
     std::uint64_t x = seed * 1000003ull + i + 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     x ^= x >> 31;
-    out[i] = f32_to_bf16(static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 * 2.0 - 1.0) * times);
+    out[i] = static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 * 2.0 - 1.0) * times;
   }
+  return out;
+}
+
+/// Those values rounded to bf16: the bits.
+std::vector<std::uint16_t> uniform_bf16(std::size_t count, std::uint64_t seed, float times) {
+  std::vector<std::uint16_t> out;
+  for (float x : uniform_values(count, seed, times)) out.push_back(f32_to_bf16(x));
   return out;
 }
 
@@ -123,6 +133,112 @@ TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Bf16Attention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::string(kCases[p.param].name); });
+
+// f16, the same rule, through a whole graph on the CPU backend: f16 q, k, v (the same uniform
+// values rounded to f16), the attention fused, its output f16. PyTorch 1.13 has no f16 attention
+// on the CPU; the framework's error is PyTorch's CUDA f16 semantics emulated by the generator
+// (make_bf16_attention.py: f16 values between the ops, f32 inside each).
+QKV_AXIS(Batch);
+QKV_AXIS(Heads);
+QKV_AXIS(Seq);
+QKV_AXIS(Key);
+QKV_AXIS(HeadDim);
+
+template <int D>
+Graph f16_attention_graph(bool is_causal) {
+  Graph g;
+  auto q = input<Tensor<f16, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<D>>>(g, "q");
+  auto k = input<Tensor<f16, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<D>>>(g, "k");
+  auto v = input<Tensor<f16, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<D>>>(g, "v");
+  auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+  auto s = masked(scaled(contract<HeadDim>(q, k)), keep);
+  if (is_causal)
+    output(contract<Key>(softmax<Key>(causal<Seq, Key>(s, top_left)), v), "out");
+  else
+    output(contract<Key>(softmax<Key>(s), v), "out");
+  return g;
+}
+
+Graph f16_graph_for(int d, bool is_causal) {
+  switch (d) {
+    case 32:
+      return f16_attention_graph<32>(is_causal);
+    case 40:
+      return f16_attention_graph<40>(is_causal);
+    case 64:
+      return f16_attention_graph<64>(is_causal);
+    case 128:
+      return f16_attention_graph<128>(is_causal);
+  }
+  throw std::invalid_argument("no f16 graph for D = " + std::to_string(d));
+}
+
+class F16Attention : public ::testing::TestWithParam<int> {};
+
+TEST_P(F16Attention, WithinTwiceAFrameworksF16ErrorPlusOneThousandth) {
+  const int index = GetParam();
+  const Bf16Case& c = kCases[index];
+  std::ifstream in(std::string(QKV_NUMERICS_DIR) + "/bf16_attention/torch_errors.json");
+  const double framework_error =
+      nlohmann::json::parse(in).at("cases").at(c.name).at("framework_f16_max_abs_error").get<double>();
+  const std::uint64_t base = 20 * static_cast<std::uint64_t>(index + 1);
+  const std::size_t n = static_cast<std::size_t>(c.heads) * c.N * c.D;
+  // The same values rounded to f16 (and read back exactly).
+  auto values = [&](std::uint64_t seed, float times) {
+    std::vector<float> out = uniform_values(n, seed, times);
+    for (float& x : out) x = f16_to_f32(f32_to_f16(x));
+    return out;
+  };
+  const auto q = values(base + 1, 3.0f), k = values(base + 2, 1.0f), v = values(base + 3, 1.0f);
+  const int visible = c.N - c.pad;
+  const std::vector<std::int64_t> shape{1, c.heads, c.N, c.D};
+  NdArray keep = NdArray::zeros(DType::boolean, {1, c.N});
+  for (int j = 0; j < visible; ++j) keep.bytes[static_cast<std::size_t>(j)] = std::byte{1};
+  const Feeds feeds{{"q", NdArray::from_f32_as(DType::f16, q, shape)},
+                    {"k", NdArray::from_f32_as(DType::f16, k, shape)},
+                    {"v", NdArray::from_f32_as(DType::f16, v, shape)},
+                    {"keep", keep}};
+  const Graph g = f16_graph_for(c.D, c.causal);
+  const RunResult r = codegen::cpu::run(g, feeds, 2);
+  const NdArray& out = r.outputs.at("out");
+  ASSERT_EQ(out.dtype, DType::f16);
+  const auto got = out.to_f32();
+
+  // fp64 from the f16 values.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  double err = 0;
+  std::vector<double> s(static_cast<std::size_t>(c.N)), o(static_cast<std::size_t>(c.D));
+  for (int h = 0; h < c.heads; ++h)
+    for (int i = 0; i < c.N; ++i) {
+      const std::size_t qi = (static_cast<std::size_t>(h) * c.N + i) * c.D;
+      const int keys = std::min(visible, c.causal ? i + 1 : c.N);
+      double m = -INFINITY, z = 0;
+      for (int j = 0; j < keys; ++j) {
+        const std::size_t kj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
+        double d = 0;
+        for (int x = 0; x < c.D; ++x) d += static_cast<double>(q[qi + x]) * k[kj + x];
+        s[static_cast<std::size_t>(j)] = d * scale;
+        m = std::max(m, s[static_cast<std::size_t>(j)]);
+      }
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = 0; j < keys; ++j) {
+        const double p = std::exp(s[static_cast<std::size_t>(j)] - m);
+        z += p;
+        const std::size_t vj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
+        for (int x = 0; x < c.D; ++x) o[static_cast<std::size_t>(x)] += p * v[vj + x];
+      }
+      for (int x = 0; x < c.D; ++x) {
+        const double e = std::abs(got[qi + x] - o[static_cast<std::size_t>(x)] / z);
+        err = std::isnan(e) ? INFINITY : std::max(err, e);
+      }
+    }
+  RecordProperty("qkv_over_framework", std::to_string(err / framework_error));
+  EXPECT_LE(err, 2.0 * framework_error + 1e-3)
+      << c.name << ": error " << err << " = " << err / framework_error << " x the framework's f16 " << framework_error;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, F16Attention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const ::testing::TestParamInfo<int>& p) { return std::string(kCases[p.param].name); });
 
 }  // namespace
