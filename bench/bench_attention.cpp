@@ -208,10 +208,10 @@ void BM_Unfused(benchmark::State& state) {
 
 // --- the fused kernel ---------------------------------------------------------------------------
 
-void BM_Fused(benchmark::State& state) {
+/// Times the fused kernel on `spec` over the state's iterations (compiled first) and reports it
+/// against the FMA peak probed around it.
+void time_fused(benchmark::State& state, Problem& p, const AttentionSpec& spec, const char* kind) {
   wait_for_other_threads_to_block();  // OpenBLAS's workers from the unfused baseline
-  Problem p(state.range(0), state.range(1) != 0);
-  const AttentionSpec spec = bench_spec(p.causal);
   const AttentionArgs args = args_of(p);
   qkv::codegen::cpu::run_attention(spec, args, kThreads);  // compiles (or fetches) the kernel
   double seconds = 0;
@@ -222,7 +222,12 @@ void BM_Fused(benchmark::State& state) {
     seconds += seconds_since(t0);
     benchmark::DoNotOptimize(p.out.data());
   }
-  report(state, p, seconds, std::max(peak_before, probe_peak()), "fused");
+  report(state, p, seconds, std::max(peak_before, probe_peak()), kind);
+}
+
+void BM_Fused(benchmark::State& state) {
+  Problem p(state.range(0), state.range(1) != 0);
+  time_fused(state, p, bench_spec(p.causal), "fused");
   g_fused_gflops[{p.n, p.causal}] = state.counters["GFLOP/s"];
 }
 
@@ -230,22 +235,11 @@ void BM_Fused(benchmark::State& state) {
 /// 4 keys, tiles of 64: what split-pipe AVX-512 hosts such as Zen 4 run): x_table = BM_Fused's
 /// GFLOP/s (the table's choice for this host) over this one's, at the same N, in this run.
 void BM_FusedSplitPipeRow(benchmark::State& state) {
-  wait_for_other_threads_to_block();
   Problem p(state.range(0), state.range(1) != 0);
   AttentionSpec spec = bench_spec(p.causal);
   spec.query_vectors = spec.qk_keys = spec.pv_dims = 4;
   spec.key_tile = 64;
-  const AttentionArgs args = args_of(p);
-  qkv::codegen::cpu::run_attention(spec, args, kThreads);
-  double seconds = 0;
-  const double peak_before = probe_peak();
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    qkv::codegen::cpu::run_attention(spec, args, kThreads);
-    seconds += seconds_since(t0);
-    benchmark::DoNotOptimize(p.out.data());
-  }
-  report(state, p, seconds, std::max(peak_before, probe_peak()), "split-pipe row");
+  time_fused(state, p, spec, "split-pipe row");
   if (auto it = g_fused_gflops.find({p.n, p.causal}); it != g_fused_gflops.end())
     state.counters["x_table"] = it->second / state.counters["GFLOP/s"];
 }

@@ -62,6 +62,54 @@ std::vector<std::uint16_t> uniform_bf16(std::size_t count, std::uint64_t seed, f
   return out;
 }
 
+/// fp64 from the (half-precision) values q, k, v [heads, N, D]: softmax(q·kᵀ / sqrt(D) + mask) · v,
+/// the mask causal (top-left) and / or hiding the last c.pad keys.
+std::vector<double> fp64_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, const Bf16Case& c) {
+  std::vector<double> ref(q.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  const int visible_keys = c.N - c.pad;
+  std::vector<double> s(static_cast<std::size_t>(c.N)), o(static_cast<std::size_t>(c.D));
+  for (int h = 0; h < c.heads; ++h)
+    for (int i = 0; i < c.N; ++i) {
+      const std::size_t qi = (static_cast<std::size_t>(h) * c.N + i) * c.D;
+      const int keys = std::min(visible_keys, c.causal ? i + 1 : c.N);
+      double m = -INFINITY, z = 0;
+      for (int j = 0; j < keys; ++j) {
+        const std::size_t kj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
+        double d = 0;
+        for (int x = 0; x < c.D; ++x) d += static_cast<double>(q[qi + x]) * k[kj + x];
+        s[static_cast<std::size_t>(j)] = d * scale;
+        m = std::max(m, s[static_cast<std::size_t>(j)]);
+      }
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = 0; j < keys; ++j) {
+        const double p = std::exp(s[static_cast<std::size_t>(j)] - m);
+        z += p;
+        const std::size_t vj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
+        for (int x = 0; x < c.D; ++x) o[static_cast<std::size_t>(x)] += p * v[vj + x];
+      }
+      for (int x = 0; x < c.D; ++x) ref[qi + x] = o[static_cast<std::size_t>(x)] / z;
+    }
+  return ref;
+}
+
+/// max |got − ref| (NaN: infinity).
+double max_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  double err = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::abs(got[i] - ref[i]);
+    err = std::isnan(e) ? INFINITY : std::max(err, e);
+  }
+  return err;
+}
+
+std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
+  std::vector<float> out;
+  for (std::uint16_t b : bits) out.push_back(bf16_to_f32(b));
+  return out;
+}
+
 class Bf16Attention : public ::testing::TestWithParam<int> {};
 
 TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
@@ -76,32 +124,7 @@ TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
              v = uniform_bf16(n, base + 3, 1.0f);
   const int visible_keys = c.N - c.pad;
 
-  // fp64 from the bf16 values: softmax(q·kᵀ / sqrt(D) + mask) · v.
-  std::vector<double> ref(n);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-  std::vector<double> s(static_cast<std::size_t>(c.N));
-  for (int h = 0; h < c.heads; ++h)
-    for (int i = 0; i < c.N; ++i) {
-      const std::size_t qi = (static_cast<std::size_t>(h) * c.N + i) * c.D;
-      const int keys = std::min(visible_keys, c.causal ? i + 1 : c.N);
-      double m = -INFINITY;
-      for (int j = 0; j < keys; ++j) {
-        const std::size_t kj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
-        double d = 0;
-        for (int x = 0; x < c.D; ++x) d += static_cast<double>(bf16_to_f32(q[qi + x])) * bf16_to_f32(k[kj + x]);
-        s[j] = d * scale;
-        m = std::max(m, s[j]);
-      }
-      double z = 0;
-      std::vector<double> o(static_cast<std::size_t>(c.D), 0.0);
-      for (int j = 0; j < keys; ++j) {
-        const double p = std::exp(s[j] - m);
-        z += p;
-        const std::size_t vj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
-        for (int x = 0; x < c.D; ++x) o[x] += p * bf16_to_f32(v[vj + x]);
-      }
-      for (int x = 0; x < c.D; ++x) ref[qi + x] = o[x] / z;
-    }
+  const std::vector<double> ref = fp64_attention(widened(q), widened(k), widened(v), c);
 
   AttentionSpec spec;
   spec.dk = spec.dv = c.D;
@@ -121,11 +144,7 @@ TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
   a.batch = 1;
   a.len_q = a.len_k = c.N;
   codegen::cpu::run_attention(spec, a, 2);
-  double err = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double e = std::abs(bf16_to_f32(out[i]) - ref[i]);
-    err = std::isnan(e) ? INFINITY : std::max(err, e);
-  }
+  const double err = max_error(widened(out), ref);
   RecordProperty("qkv_over_torch", std::to_string(err / torch_error));
   RecordProperty("dpbf16", codegen::cpu::prepare_attention(spec).dpbf16 ? "yes" : "no");
   EXPECT_LE(err, 2.0 * torch_error + 1e-3)
@@ -205,34 +224,7 @@ TEST_P(F16Attention, WithinTwiceAFrameworksF16ErrorPlusOneThousandth) {
   ASSERT_EQ(out.dtype, DType::f16);
   const auto got = out.to_f32();
 
-  // fp64 from the f16 values.
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-  double err = 0;
-  std::vector<double> s(static_cast<std::size_t>(c.N)), o(static_cast<std::size_t>(c.D));
-  for (int h = 0; h < c.heads; ++h)
-    for (int i = 0; i < c.N; ++i) {
-      const std::size_t qi = (static_cast<std::size_t>(h) * c.N + i) * c.D;
-      const int keys = std::min(visible, c.causal ? i + 1 : c.N);
-      double m = -INFINITY, z = 0;
-      for (int j = 0; j < keys; ++j) {
-        const std::size_t kj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
-        double d = 0;
-        for (int x = 0; x < c.D; ++x) d += static_cast<double>(q[qi + x]) * k[kj + x];
-        s[static_cast<std::size_t>(j)] = d * scale;
-        m = std::max(m, s[static_cast<std::size_t>(j)]);
-      }
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int j = 0; j < keys; ++j) {
-        const double p = std::exp(s[static_cast<std::size_t>(j)] - m);
-        z += p;
-        const std::size_t vj = (static_cast<std::size_t>(h) * c.N + j) * c.D;
-        for (int x = 0; x < c.D; ++x) o[static_cast<std::size_t>(x)] += p * v[vj + x];
-      }
-      for (int x = 0; x < c.D; ++x) {
-        const double e = std::abs(got[qi + x] - o[static_cast<std::size_t>(x)] / z);
-        err = std::isnan(e) ? INFINITY : std::max(err, e);
-      }
-    }
+  const double err = max_error(got, fp64_attention(q, k, v, c));
   RecordProperty("qkv_over_framework", std::to_string(err / framework_error));
   EXPECT_LE(err, 2.0 * framework_error + 1e-3)
       << c.name << ": error " << err << " = " << err / framework_error << " x the framework's f16 " << framework_error;
