@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,6 +45,8 @@ struct DecodeCase {
   std::int64_t kv_rows = 0;                  // rows per K/V head as stored (0: S); rows past S hold NaN
   int decode_chunk = 0;
 };
+
+void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<std::uint16_t> random_bf16(std::size_t n, unsigned seed, float lo, float hi) {
   std::mt19937 gen(seed);
