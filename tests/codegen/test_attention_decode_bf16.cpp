@@ -5,6 +5,9 @@
 // chunks), L = 1 and L = 3 causal bottom-right, padded keys (a batch row that sees none), forced
 // small chunks, and K/V read in place out of a cache of kv_rows > S rows (NaN past S).
 //
+// Q·K runs on vdpbf16ps (pairs of features as stored) where the host has AVX512-BF16 and dk is
+// a multiple of 32, and on K widened as loaded otherwise (dk = 48, 8-float vectors): both here.
+//
 // Tolerances. The decode kernel rounds only its output: |out − ref| <= u·|ref| + f32's error,
 // u = 2^-8 (bf16's unit roundoff: 8 significant bits, round to nearest), f32's error as in
 // test_attention_kernel.cpp (kRel · (|ref| + typical)). The fused kernel, on a host with
@@ -44,6 +47,7 @@ struct DecodeCase {
   std::vector<std::int64_t> visible_keys{};  // key padding (per batch row: keys [0, n) kept) when non-empty
   std::int64_t kv_rows = 0;                  // rows per K/V head as stored (0: S); rows past S hold NaN
   int decode_chunk = 0;
+  int vector_floats = 0;  // 0: the host's; 8: AVX2's width (no vdpbf16ps: K widened as loaded)
 };
 
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
@@ -142,6 +146,7 @@ std::vector<std::uint16_t> run(const DecodeCase& c, const Inputs& in, int decode
   s.storage = DType::bf16;
   s.decode_queries = decode_queries;
   s.decode_chunk = c.decode_chunk;
+  s.vector_floats = c.vector_floats;
   std::vector<std::uint16_t> out(static_cast<std::size_t>(c.batch * c.hq * c.len_q * c.dv), kNanBits);
   AttentionArgs a;
   a.q = in.q.data();
@@ -267,6 +272,27 @@ std::vector<DecodeCase> cases() {
        .dv = 64,
        .causal = true,
        .kv_rows = 96},
+      // Q·K on vdpbf16ps needs dk a multiple of 32 (and AVX512-BF16): these widen K as loaded.
+      {.name = "dk_48_widened_keys",
+       .batch = 2,
+       .hq = 4,
+       .hkv = 2,
+       .len_q = 2,
+       .len_k = 700,
+       .dk = 48,
+       .dv = 48,
+       .causal = true,
+       .kv_rows = 720,
+       .decode_chunk = 256},
+      {.name = "avx2_width_widened_keys",
+       .hq = 8,
+       .hkv = 2,
+       .len_q = 1,
+       .len_k = 2000,
+       .dk = 64,
+       .dv = 64,
+       .decode_chunk = 300,
+       .vector_floats = 8},
   };
 }
 

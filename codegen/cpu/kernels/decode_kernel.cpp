@@ -12,6 +12,7 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/Module.h>
 
 #include <qkv/ir/error.hpp>
@@ -81,7 +82,8 @@ class DecodeEmitter {
         dvv_(spec.dv / d_.lanes),
         group_(spec.hq / spec.hkv),
         mod_(effective_mod(spec)),
-        half_(spec.storage == DType::bf16) {
+        half_(spec.storage == DType::bf16),
+        dot_(half_ && config.dpbf16 && config.lanes == 16 && spec.dk % (2 * config.lanes) == 0) {
     f32_ = b_.getFloatTy();
     i32_ = b_.getInt32Ty();
     i64_ = b_.getInt64Ty();
@@ -89,6 +91,8 @@ class DecodeEmitter {
     vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
     st_ = half_ ? b_.getInt16Ty() : f32_;
     vst_ = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
+    vpair_ = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(2 * lanes_));
+    vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * lanes_));
     vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
     info_ = analyse_mod(mod_.expr, mod_.axes.query, mod_.axes.key);
     if (mod_.expr.keep >= 0 && (info_.deps[static_cast<std::size_t>(mod_.expr.keep)] & kDepScore))
@@ -174,9 +178,13 @@ class DecodeEmitter {
   EffectiveMod mod_;
   ModAnalysis info_;
   bool half_;  // bf16 storage of q, k, v and out
+  /// bf16 on a host with AVX512-BF16 and dk a multiple of 2·lanes: Q·K by vdpbf16ps on pairs of
+  /// features as stored (each lane sums the exact products of two; q unscaled, the scores scaled
+  /// after); else K is widened as loaded. V is widened as loaded either way (P stays f32).
+  bool dot_;
 
   llvm::Type *f32_, *i32_, *i64_, *ptr_, *st_;
-  llvm::VectorType *vf_, *vi64_, *vst_;
+  llvm::VectorType *vf_, *vi64_, *vst_, *vpair_, *vbf_;
 
   // the unit
   llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *len_qf_ = nullptr, *len_kf_ = nullptr;
@@ -312,6 +320,13 @@ void DecodeEmitter::pack_queries() {
   llvm::Value* factor = vconst(spec_.effective_scale() * kLog2e);
   for (int r = 0; r < rows_; ++r) {
     llvm::Value* src = sptr(q_, b_.CreateMul(row_index(r), c64(spec_.dk)));
+    if (dot_) {  // qs[r] = q[row r] as stored: 2·lanes bf16 per vector (key_scores scales the scores)
+      for (std::int64_t v = 0; v < dkv_ / 2; ++v) {
+        llvm::Value* x = b_.CreateAlignedLoad(vpair_, sptr(src, c64(v * 2 * lanes_)), llvm::Align(2));
+        vstore(b_.CreateBitCast(x, vf_), stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
+      }
+      continue;
+    }
     for (std::int64_t v = 0; v < dkv_; ++v) {
       llvm::Value* x = sload(sptr(src, c64(v * lanes_)));
       vstore(b_.CreateFMul(x, factor), stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
@@ -320,6 +335,20 @@ void DecodeEmitter::pack_queries() {
 }
 
 std::vector<llvm::Value*> DecodeEmitter::reduce_keys(const std::vector<llvm::Value*>& kptr, int lo, int n) {
+  if (n == 1 && dot_) {
+    // Lane j: the products of features (2j, 2j + 1) of each 2·lanes block, summed over blocks.
+    std::vector<llvm::Value*> kv(static_cast<std::size_t>(dkv_ / 2));
+    for (std::int64_t v = 0; v < dkv_ / 2; ++v)
+      kv[v] = b_.CreateAlignedLoad(vpair_, sptr(kptr[lo], c64(v * 2 * lanes_)), llvm::Align(2));
+    std::vector<llvm::Value*> acc(static_cast<std::size_t>(rows_), vconst(0.0));
+    for (int r = 0; r < rows_; ++r)
+      for (std::int64_t v = 0; v < dkv_ / 2; ++v) {
+        llvm::Value* q = vload(stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
+        acc[r] = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                                    {acc[r], b_.CreateBitCast(q, vbf_), b_.CreateBitCast(kv[v], vbf_)});
+      }
+    return acc;
+  }
   if (n == 1) {
     // The lane-wise products of key `lo` with every row's query: d in the lanes.
     std::vector<llvm::Value*> kv(static_cast<std::size_t>(dkv_));
@@ -347,7 +376,10 @@ std::vector<llvm::Value*> DecodeEmitter::key_scores(llvm::Value* kb) {
     llvm::Value* key = smin(b_.CreateAdd(kb, c64(j)), last);
     kptr[j] = sptr(k_base_, b_.CreateMul(key, c64(spec_.dk)));
   }
-  return reduce_keys(kptr, 0, lanes_);
+  std::vector<llvm::Value*> s = reduce_keys(kptr, 0, lanes_);
+  if (dot_)
+    for (auto& x : s) x = b_.CreateFMul(x, vconst(spec_.effective_scale() * kLog2e));
+  return s;
 }
 
 llvm::Value* DecodeEmitter::modify(int r, llvm::Value* s, llvm::Value* kidx, llvm::Value* partial) {

@@ -19,9 +19,11 @@
 // result (m, l, O unnormalised) to a workspace, and the merge function combines the chunks of
 // a unit by their log-sum-exp: M = max_c m_c, w_c = 2^(m_c − M), out = Σ w_c O_c / Σ w_c l_c.
 // The split (schedule.hpp, split_kv) depends only on the sizes, never on the thread count.
-// bf16 storage (spec.storage): q, K and V rows are loaded as 16-bit vectors and widened as loaded
-// (exact), everything after — scores, softmax, P, the accumulators and the chunks' partial
-// records — is f32, and only the output is rounded to bf16, at its store (nearest even).
+// bf16 storage (spec.storage): V rows (and K rows, see below) are loaded as 16-bit vectors and
+// widened as loaded (exact); everything after — scores, softmax, P, the accumulators and the
+// chunks' partial records — is f32, and only the output is rounded to bf16, at its store
+// (nearest even). With AVX512-BF16 and dk a multiple of 2·lanes, Q·K runs on vdpbf16ps over
+// pairs of features as stored (exact products summed in f32; the scores scaled after).
 #pragma once
 
 #include <cstdint>
