@@ -9,20 +9,27 @@
 //     once for the 4 query heads of its group, chunks merged by their log-sum-exp);
 //   * BM_Decode/fused: the fused prefill kernel on the same call (decode_queries = −1), the
 //     baseline: its lanes run over query rows, so at L = 1 it uses one lane in 16.
-// Counters: GB/s of K and V read per step, x_read_bw (÷ the read bandwidth probed before and
-// after the measurement, the larger of the two), x_fused (split-KV ÷ fused, same S).
+//   * the same two on bf16 storage (AttentionSpec::storage; the third argument 1): q, K, V and
+//     out bf16, K and V widened as loaded, f32 inside — half the bytes per step.
+// Counters: GB/s of K and V read per step (4 bytes per element for fp32, 2 for bf16), x_read_bw
+// (÷ the read bandwidth probed before and after the measurement, the larger of the two), x_fused
+// (split-KV ÷ fused, same S and dtype), x_fp32_time (bf16 split-KV: the fp32 split-KV's time per
+// step ÷ its own, same S).
 //
 //   bench_decode --benchmark_min_time=0.05
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
@@ -123,11 +130,13 @@ void BM_ReadBandwidth(benchmark::State& state) {
 
 // --- decode attention -------------------------------------------------------------------------
 
-std::map<std::int64_t, double> g_fused_gbps;  // by S, for x_fused (the fused case runs first)
+std::map<std::pair<std::int64_t, bool>, double> g_fused_gbps;  // by (S, bf16), for x_fused (fused runs first)
+std::map<std::int64_t, double> g_fp32_step;                    // fp32 split-KV seconds per step, by S
 
 void BM_Decode(benchmark::State& state) {
   const std::int64_t s = state.range(0);
   const bool split = state.range(1) != 0;
+  const bool bf16 = state.range(2) != 0;
   AttentionSpec spec;
   spec.dk = spec.dv = kDim;
   spec.hq = kHq;
@@ -139,11 +148,23 @@ void BM_Decode(benchmark::State& state) {
   const auto k = random_values(static_cast<std::size_t>(kHkv * s * kDim), 2);
   const auto v = random_values(static_cast<std::size_t>(kHkv * s * kDim), 3);
   std::vector<float> out(static_cast<std::size_t>(kHq * kDim));
+  // bf16: the top halves of the values (truncated: the data's values do not matter here).
+  auto halves = [](const std::vector<float>& x) {
+    std::vector<std::uint16_t> h(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      h[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x[i]) >> 16);
+    return h;
+  };
+  const std::vector<std::uint16_t> qh = bf16 ? halves(q) : std::vector<std::uint16_t>{},
+                                   kh = bf16 ? halves(k) : std::vector<std::uint16_t>{},
+                                   vh = bf16 ? halves(v) : std::vector<std::uint16_t>{};
+  std::vector<std::uint16_t> outh(bf16 ? out.size() : 0);
+  if (bf16) spec.storage = qkv::DType::bf16;
   AttentionArgs a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = out.data();
+  a.q = bf16 ? static_cast<const void*>(qh.data()) : q.data();
+  a.k = bf16 ? static_cast<const void*>(kh.data()) : k.data();
+  a.v = bf16 ? static_cast<const void*>(vh.data()) : v.data();
+  a.out = bf16 ? static_cast<void*>(outh.data()) : out.data();
   a.batch = 1;
   a.len_q = 1;
   a.len_k = s;
@@ -157,21 +178,25 @@ void BM_Decode(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double bw = std::max(bw_before, probe_bandwidth());
-  const double bytes = 2.0 * kHkv * static_cast<double>(s) * kDim * 4;
+  const double bytes = 2.0 * kHkv * static_cast<double>(s) * kDim * (bf16 ? 2 : 4);
   const double gbps = bytes * static_cast<double>(state.iterations()) / seconds * 1e-9;
   state.counters["GB/s"] = gbps;
   state.counters["read_bw"] = bw;
   state.counters["x_read_bw"] = gbps / bw;
   state.counters["GFLOP/s"] =
       4.0 * kHq * static_cast<double>(s) * kDim * static_cast<double>(state.iterations()) / seconds * 1e-9;
-  if (!split) g_fused_gbps[s] = gbps;
-  if (split && g_fused_gbps.count(s)) state.counters["x_fused"] = gbps / g_fused_gbps[s];
-  state.SetLabel(split ? "split_kv" : "fused");
+  if (!split) g_fused_gbps[{s, bf16}] = gbps;
+  if (split && g_fused_gbps.count({s, bf16})) state.counters["x_fused"] = gbps / g_fused_gbps[{s, bf16}];
+  const double step = seconds / static_cast<double>(state.iterations());
+  if (split && !bf16) g_fp32_step[s] = step;
+  if (split && bf16 && g_fp32_step.count(s)) state.counters["x_fp32_time"] = g_fp32_step[s] / step;
+  state.SetLabel(std::string(split ? "split_kv" : "fused") + (bf16 ? " bf16" : ""));
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  for (std::int64_t s : {1024, 4096, 8192, 16384, 32768})
-    for (int split : {0, 1}) b->Args({s, split});
+  for (int bf16 : {0, 1})
+    for (std::int64_t s : {1024, 4096, 8192, 16384, 32768})
+      for (int split : {0, 1}) b->Args({s, split, bf16});
 }
 
 }  // namespace

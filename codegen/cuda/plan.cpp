@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -145,6 +146,10 @@ class Planner {
   }
 
   Plan run() {
+    readers_.assign(g_.size(), 0);
+    for (const auto& n : g_.nodes())
+      for (int x : n.inputs) ++readers_[static_cast<std::size_t>(x)];
+    for (const auto& o : g_.outputs()) ++readers_[static_cast<std::size_t>(o.node)];
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) node(id);
     for (const auto& o : g_.outputs()) use(o.node, static_cast<int>(g_.size()));
     p_.free_after.assign(g_.size(), {});
@@ -236,6 +241,16 @@ class Planner {
         return;
       case KernelKind::fused_attention:
         return attention(id);
+      case KernelKind::convert:
+        if (bf16_linear_.count(g_.node(id).inputs[0])) {  // written by its bf16 linear (linear_bf16)
+          s.kind = Step::Kind::view;
+          p_.buffer[static_cast<std::size_t>(id)] = buf(g_.node(id).inputs[0]);
+          return;
+        }
+        break;
+      case KernelKind::gemm:
+        if (linear_bf16(id)) return;
+        break;
       default:
         break;
     }
@@ -377,6 +392,51 @@ class Planner {
                             Arg::i(m), Arg::i(nn), Arg::i(k)});
     if (!ok) why = "the linear's grid exceeds CUDA's limits";
     return ok;
+  }
+
+  /// A linear layer of bf16 x and W: legalize-dtypes left it reading them as stored and writing
+  /// f32 (the GEMM's contract on the CPU), its bias widened by a convert and its value rounded by
+  /// the convert after it (its only reader). The tensor-core kernel (LinearKernel, storage bf16)
+  /// computes the pair at once — fp32 sums, the bias added in fp32, y rounded to bf16 — so it
+  /// reads the bias as stored (the convert's input) and writes the rounding convert's value, which
+  /// becomes a view of this node's buffer (bf16, never read as f32). False (nothing planned): not
+  /// that form, or a grid past CUDA's limits; the node then takes the general path (the host).
+  bool linear_bf16(int id) {
+    const Node& n = g_.node(id);
+    auto bf16 = [&](int x) { return g_.node(x).dtype == DType::bf16; };
+    if (n.inputs.size() < 2 || !bf16(n.inputs[0]) || !bf16(n.inputs[1]) || n.dtype != DType::f32) return false;
+    int rounding = -1;
+    for (int u = id + 1; u < static_cast<int>(g_.size()) && rounding < 0; ++u) {
+      const Node& c = g_.node(u);
+      if (c.op == Op::convert && c.dtype == DType::bf16 && c.inputs.size() == 1 && c.inputs[0] == id) rounding = u;
+    }
+    if (rounding < 0 || readers_[static_cast<std::size_t>(id)] != 1) return false;
+    int bias = -1;
+    if (n.inputs.size() > 2) {
+      const Node& b = g_.node(n.inputs[2]);
+      if (b.op != Op::convert || b.inputs.size() != 1 || !bf16(b.inputs[0])) return false;
+      bias = b.inputs[0];
+    }
+    if (!util::linear_on_last_axis(g_, n)) return false;
+    const Shape &xs = shape(n.inputs[0]), &ws = shape(n.inputs[1]);
+    if (ws.size() != 2 || xs.back() != ws[1] || (bias >= 0 && shape(bias) != Shape{ws[0]})) return false;
+    const std::int64_t k = ws[1], nn = ws[0];
+    const std::int64_t m = k > 0 ? numel(xs) / k : numel(shape(id)) / std::max<std::int64_t>(nn, 1);
+    nvptx::LinearKernel kernel;
+    kernel.storage = DType::bf16;
+    const Dim3 grid = nvptx::linear_grid(kernel, m, nn);
+    if (!empty_grid(grid) && !fits(grid)) return false;
+    Step& s = step(id);
+    s.kind = Step::Kind::gpu;
+    p_.buffer[static_cast<std::size_t>(id)] =
+        new_buffer(static_cast<std::size_t>(numel(shape(id))) * storage_bytes(DType::bf16), id);
+    use_inputs(id);  // the f32 bias too: every input lives to its reader (it is not read)
+    if (bias >= 0) use(bias, id);
+    launch(id, kernel, grid,
+           {Arg::buf(buf(n.inputs[0])), Arg::buf(buf(n.inputs[1])), bias >= 0 ? Arg::buf(buf(bias)) : Arg::null(),
+            Arg::buf(buf(id)), Arg::i(m), Arg::i(nn), Arg::i(k)});
+    bf16_linear_.insert(id);
+    return true;
   }
 
   bool layer_norm(int id, std::string& why) {
@@ -533,6 +593,8 @@ class Planner {
   Plan p_;
   std::map<int, int> weights_;  // fused node → its weights buffer
   std::map<int, int> lse_;      // fused node → its log-sum-exp buffer
+  std::vector<int> readers_;    // per node: the inputs naming it, and the outputs
+  std::set<int> bf16_linear_;   // gemm nodes on the bf16 tensor-core kernel (linear_bf16)
 };
 
 }  // namespace

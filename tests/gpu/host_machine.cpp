@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/runtime/io/array.hpp>
 
 namespace qkv::test {
 
@@ -229,18 +230,26 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
               }
         } else if constexpr (std::is_same_v<T, nvptx::LinearKernel>) {
           const std::int64_t m = p.at(4).i64, n = p.at(5).i64, k = p.at(6).i64;
-          expect_grid(nvptx::linear_grid(r, m, n), "linear");
-          need(0, static_cast<std::size_t>(m * k) * 4, "linear x");
-          need(1, static_cast<std::size_t>(n * k) * 4, "linear w");
-          if (p[2].address) need(2, static_cast<std::size_t>(n) * 4, "linear b");
-          need(3, static_cast<std::size_t>(m * n) * 4, "linear y");
-          const float *x = ptr<const float>(p[0]), *w = ptr<const float>(p[1]), *b = ptr<const float>(p[2]);
-          float* y = ptr<float>(p[3]);
+          // bf16 storage (the tensor-core kernel): x, w, b and y are bf16 bits; the sums are
+          // exact here (fp64 of the bf16 values), y rounded once to bf16.
+          const bool half = r.storage == DType::bf16;
+          const std::size_t e = half ? 2 : 4;
+          expect_grid(nvptx::linear_grid(r, m, n), half ? "linear_bf16" : "linear");
+          need(0, static_cast<std::size_t>(m * k) * e, "linear x");
+          need(1, static_cast<std::size_t>(n * k) * e, "linear w");
+          if (p[2].address) need(2, static_cast<std::size_t>(n) * e, "linear b");
+          need(3, static_cast<std::size_t>(m * n) * e, "linear y");
+          auto at = [&](const ParamValue& v, std::int64_t i) -> double {
+            return half ? bf16_to_f32(ptr<const std::uint16_t>(v)[i]) : ptr<const float>(v)[i];
+          };
           for (std::int64_t i = 0; i < m; ++i)
             for (std::int64_t j = 0; j < n; ++j) {
-              double acc = b ? b[j] : 0.0;
-              for (std::int64_t c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * w[j * k + c];
-              y[i * n + j] = static_cast<float>(acc);
+              double acc = p[2].address ? at(p[2], j) : 0.0;
+              for (std::int64_t c = 0; c < k; ++c) acc += at(p[0], i * k + c) * at(p[1], j * k + c);
+              if (half)
+                ptr<std::uint16_t>(p[3])[i * n + j] = f32_to_bf16(static_cast<float>(acc));
+              else
+                ptr<float>(p[3])[i * n + j] = static_cast<float>(acc);
             }
         } else if constexpr (std::is_same_v<T, nvptx::LayerNormKernel>) {
           const std::int64_t rows = p.at(4).i64, n = p.at(5).i64;

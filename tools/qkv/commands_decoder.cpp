@@ -1,6 +1,7 @@
 // qkv run causal-lm and qkv generate: Hugging Face decoder checkpoints (llama, qwen2, mistral)
 // on token ids.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -167,7 +168,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   // the CUDA backend hand back a second set each step), beside the weights.
   const std::uint64_t cache =
       2ull * (o.backend == Backend::cpu ? 1 : 2) *
-      static_cast<std::uint64_t>(c.num_hidden_layers * B * c.num_key_value_heads * total * c.head_dim) * 4;
+      static_cast<std::uint64_t>(c.num_hidden_layers * B * c.num_key_value_heads * total * c.head_dim) *
+      (o.dtype == DType::f32 ? 4 : 2);  // the caches are in the model's dtype
   require_memory(cache, "the KV cache");
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size).
@@ -254,17 +256,24 @@ void protect_model(OutputGroup& outputs, const Generate& o) {
 
 /// GB/s of K and V read by the decode attention at the model's shape (batch B, query heads over
 /// kv heads, head_dim) against a cache of `keys` keys: the split-KV kernel on its own, the
-/// median of 21 runs.
-double decode_attention_gbps(const HfConfig& c, std::int64_t batch, std::int64_t keys, int threads) {
+/// median of 21 runs; a bf16 model's on bf16 q, K, V (2 bytes per element), others' on f32.
+double decode_attention_gbps(const HfConfig& c, std::int64_t batch, std::int64_t keys, int threads, DType dtype) {
   codegen::cpu::AttentionSpec spec;
+  const bool half = dtype == DType::bf16;
+  if (half) spec.storage = DType::bf16;
   spec.dk = spec.dv = c.head_dim;
   spec.hq = c.num_attention_heads;
   spec.hkv = c.num_key_value_heads;
   spec.causal = true;
   spec.align = CausalAlign::bottom_right;
   const auto kv = static_cast<std::size_t>(batch * spec.hkv * keys * c.head_dim);
-  std::vector<float> q(static_cast<std::size_t>(batch * spec.hq * c.head_dim), 0.01f), k(kv, 0.02f), v(kv, 0.03f),
-      out(q.size());
+  // bf16: each float's bits hold two bf16 copies of the value (its top half, truncated).
+  auto value = [&](float x) {
+    const std::uint32_t h = std::bit_cast<std::uint32_t>(x) >> 16;
+    return half ? std::bit_cast<float>(h << 16 | h) : x;
+  };
+  std::vector<float> q(static_cast<std::size_t>(batch * spec.hq * c.head_dim), value(0.01f)), k(kv, value(0.02f)),
+      v(kv, value(0.03f)), out(q.size());
   codegen::cpu::AttentionArgs a;
   a.q = q.data();
   a.k = k.data();
@@ -281,7 +290,7 @@ double decode_attention_gbps(const HfConfig& c, std::int64_t batch, std::int64_t
     ms.push_back(ms_since(t0));
   }
   std::sort(ms.begin(), ms.end());
-  return 2.0 * static_cast<double>(kv) * 4 / (ms[ms.size() / 2] * 1e-3) * 1e-9;
+  return 2.0 * static_cast<double>(kv) * (half ? 2 : 4) / (ms[ms.size() / 2] * 1e-3) * 1e-9;
 }
 
 }  // namespace
@@ -328,7 +337,7 @@ int bench_generate(const Generate& o, bool json) {
   const double prefill_tps = per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms);
   const double decode_tps = per_second(static_cast<double>(r.batch * r.steps), r.decode_ms);
   const double attention_gbps =
-      o.backend == Backend::cpu ? decode_attention_gbps(c, r.batch, r.prompt + r.steps, o.threads) : 0.0;
+      o.backend == Backend::cpu ? decode_attention_gbps(c, r.batch, r.prompt + r.steps, o.threads, o.dtype) : 0.0;
   const double growth = r.rss_end_mib - r.rss_after_first_step_mib;
   if (json) {
     std::printf(

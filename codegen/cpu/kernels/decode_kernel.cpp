@@ -12,6 +12,7 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/Module.h>
 
 #include <qkv/ir/error.hpp>
@@ -34,9 +35,9 @@ bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
 bool decode_kernel_supported(const AttentionSpec& spec, const KernelConfig& config) {
-  return spec.decode_queries >= 0 && spec.storage == DType::f32 && !spec.write_weights && spec.dropout_p == 0.0 &&
-         power_of_two(config.lanes) && spec.dk % config.lanes == 0 && spec.dv % config.lanes == 0 && spec.hkv > 0 &&
-         spec.hq % spec.hkv == 0;
+  return spec.decode_queries >= 0 && (spec.storage == DType::f32 || spec.storage == DType::bf16) &&
+         !spec.write_weights && spec.dropout_p == 0.0 && power_of_two(config.lanes) && spec.dk % config.lanes == 0 &&
+         spec.dv % config.lanes == 0 && spec.hkv > 0 && spec.hq % spec.hkv == 0;
 }
 
 std::int64_t decode_max_queries(const AttentionSpec& spec, const KernelConfig& config) {
@@ -80,12 +81,18 @@ class DecodeEmitter {
         dkv_(spec.dk / d_.lanes),
         dvv_(spec.dv / d_.lanes),
         group_(spec.hq / spec.hkv),
-        mod_(effective_mod(spec)) {
+        mod_(effective_mod(spec)),
+        half_(spec.storage == DType::bf16),
+        dot_(half_ && config.dpbf16 && config.lanes == 16 && spec.dk % (2 * config.lanes) == 0) {
     f32_ = b_.getFloatTy();
     i32_ = b_.getInt32Ty();
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
     vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
+    st_ = half_ ? b_.getInt16Ty() : f32_;
+    vst_ = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
+    vpair_ = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(2 * lanes_));
+    vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * lanes_));
     vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
     info_ = analyse_mod(mod_.expr, mod_.axes.query, mod_.axes.key);
     if (mod_.expr.keep >= 0 && (info_.deps[static_cast<std::size_t>(mod_.expr.keep)] & kDepScore))
@@ -129,6 +136,17 @@ class DecodeEmitter {
     return b_.CreateIntrinsic(llvm::Intrinsic::smin, {a->getType()}, {a, x});
   }
   llvm::Value* fptr(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(f32_, base, index); }
+  /// q, k, v and out as stored: f32, or the bits of bf16 values (i16), widened as loaded (exact)
+  /// and rounded to nearest even as stored; every value in registers is f32.
+  llvm::Value* sptr(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(st_, base, index); }
+  llvm::Value* sload(llvm::Value* p) {
+    llvm::Value* x = b_.CreateAlignedLoad(vst_, p, llvm::Align(half_ ? 2 : 4));
+    return half_ ? ir::half_to_f32(b_, x, /*brain=*/true) : x;
+  }
+  void sstore(llvm::Value* x, llvm::Value* p) {
+    if (half_) x = ir::f32_to_half(b_, x, /*brain=*/true);
+    b_.CreateAlignedStore(x, p, llvm::Align(half_ ? 2 : 4));
+  }
   llvm::Value* vload(llvm::Value* p, std::uint64_t align) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(align)); }
   void vstore(llvm::Value* x, llvm::Value* p, std::uint64_t align) { b_.CreateAlignedStore(x, p, llvm::Align(align)); }
   /// Vector v of row r of a stack buffer laid out [rows][width vectors].
@@ -159,9 +177,14 @@ class DecodeEmitter {
   std::int64_t dkv_, dvv_, group_;  // vectors per key row, per value row; query heads per kv head
   EffectiveMod mod_;
   ModAnalysis info_;
+  bool half_;  // bf16 storage of q, k, v and out
+  /// bf16 on a host with AVX512-BF16 and dk a multiple of 2·lanes: Q·K by vdpbf16ps on pairs of
+  /// features as stored (each lane sums the exact products of two; q unscaled, the scores scaled
+  /// after); else K is widened as loaded. V is widened as loaded either way (P stays f32).
+  bool dot_;
 
-  llvm::Type *f32_, *i32_, *i64_, *ptr_;
-  llvm::VectorType *vf_, *vi64_;
+  llvm::Type *f32_, *i32_, *i64_, *ptr_, *st_;
+  llvm::VectorType *vf_, *vi64_, *vst_, *vpair_, *vbf_;
 
   // the unit
   llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *len_qf_ = nullptr, *len_kf_ = nullptr;
@@ -234,8 +257,8 @@ void DecodeEmitter::load_unit(llvm::Value* args, llvm::Value* unit) {
   head0_ = b_.CreateAdd(b_.CreateMul(kv_head, c64(group_)), b_.CreateMul(block, c64(rows_)), "head0");
   llvm::Value* kv_rows =
       b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), head_rows(b_, args, len_k_));
-  k_base_ = fptr(field(offsetof(AttentionArgs, k), ptr_, "k"), b_.CreateMul(kv_rows, c64(spec_.dk)));
-  v_base_ = fptr(field(offsetof(AttentionArgs, v), ptr_, "v"), b_.CreateMul(kv_rows, c64(spec_.dv)));
+  k_base_ = sptr(field(offsetof(AttentionArgs, k), ptr_, "k"), b_.CreateMul(kv_rows, c64(spec_.dk)));
+  v_base_ = sptr(field(offsetof(AttentionArgs, v), ptr_, "v"), b_.CreateMul(kv_rows, c64(spec_.dv)));
   tensors_ = load_mod_tensors(b_, args, mod_.tensors, nbatch_, len_q_, len_k_);
 }
 
@@ -296,19 +319,40 @@ void DecodeEmitter::pack_queries() {
   // qs[r] = q[row r] · scale · log2 e: the scores come out in log2 units.
   llvm::Value* factor = vconst(spec_.effective_scale() * kLog2e);
   for (int r = 0; r < rows_; ++r) {
-    llvm::Value* src = fptr(q_, b_.CreateMul(row_index(r), c64(spec_.dk)));
+    llvm::Value* src = sptr(q_, b_.CreateMul(row_index(r), c64(spec_.dk)));
+    if (dot_) {  // qs[r] = q[row r] as stored: 2·lanes bf16 per vector (key_scores scales the scores)
+      for (std::int64_t v = 0; v < dkv_ / 2; ++v) {
+        llvm::Value* x = b_.CreateAlignedLoad(vpair_, sptr(src, c64(v * 2 * lanes_)), llvm::Align(2));
+        vstore(b_.CreateBitCast(x, vf_), stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
+      }
+      continue;
+    }
     for (std::int64_t v = 0; v < dkv_; ++v) {
-      llvm::Value* x = vload(fptr(src, c64(v * lanes_)), 4);
+      llvm::Value* x = sload(sptr(src, c64(v * lanes_)));
       vstore(b_.CreateFMul(x, factor), stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
     }
   }
 }
 
 std::vector<llvm::Value*> DecodeEmitter::reduce_keys(const std::vector<llvm::Value*>& kptr, int lo, int n) {
+  if (n == 1 && dot_) {
+    // Lane j: the products of features (2j, 2j + 1) of each 2·lanes block, summed over blocks.
+    std::vector<llvm::Value*> kv(static_cast<std::size_t>(dkv_ / 2));
+    for (std::int64_t v = 0; v < dkv_ / 2; ++v)
+      kv[v] = b_.CreateAlignedLoad(vpair_, sptr(kptr[lo], c64(v * 2 * lanes_)), llvm::Align(2));
+    std::vector<llvm::Value*> acc(static_cast<std::size_t>(rows_), vconst(0.0));
+    for (int r = 0; r < rows_; ++r)
+      for (std::int64_t v = 0; v < dkv_ / 2; ++v) {
+        llvm::Value* q = vload(stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
+        acc[r] = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                                    {acc[r], b_.CreateBitCast(q, vbf_), b_.CreateBitCast(kv[v], vbf_)});
+      }
+    return acc;
+  }
   if (n == 1) {
     // The lane-wise products of key `lo` with every row's query: d in the lanes.
     std::vector<llvm::Value*> kv(static_cast<std::size_t>(dkv_));
-    for (std::int64_t v = 0; v < dkv_; ++v) kv[v] = vload(fptr(kptr[lo], c64(v * lanes_)), 4);
+    for (std::int64_t v = 0; v < dkv_; ++v) kv[v] = sload(sptr(kptr[lo], c64(v * lanes_)));
     std::vector<llvm::Value*> acc(static_cast<std::size_t>(rows_));
     for (int r = 0; r < rows_; ++r) {
       for (std::int64_t v = 0; v < dkv_; ++v) {
@@ -330,9 +374,12 @@ std::vector<llvm::Value*> DecodeEmitter::key_scores(llvm::Value* kb) {
   std::vector<llvm::Value*> kptr(static_cast<std::size_t>(lanes_));
   for (int j = 0; j < lanes_; ++j) {
     llvm::Value* key = smin(b_.CreateAdd(kb, c64(j)), last);
-    kptr[j] = fptr(k_base_, b_.CreateMul(key, c64(spec_.dk)));
+    kptr[j] = sptr(k_base_, b_.CreateMul(key, c64(spec_.dk)));
   }
-  return reduce_keys(kptr, 0, lanes_);
+  std::vector<llvm::Value*> s = reduce_keys(kptr, 0, lanes_);
+  if (dot_)
+    for (auto& x : s) x = b_.CreateFMul(x, vconst(spec_.effective_scale() * kLog2e));
+  return s;
 }
 
 llvm::Value* DecodeEmitter::modify(int r, llvm::Value* s, llvm::Value* kidx, llvm::Value* partial) {
@@ -452,14 +499,14 @@ void DecodeEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value*
   // acc[r·width + c] = Σ P_r[j] · V[k0 + j][dc + c] over the tile's keys, from zero; then
   // O_r = α_r · O_r + acc: one rounded term per tile (the fused kernel's emit_pv_block says why).
   std::vector<llvm::Value*> init(static_cast<std::size_t>(rows_ * width), vconst(0.0));
-  llvm::Value* vbase = fptr(v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(spec_.dv)), b_.CreateMul(dc, c64(lanes_))));
+  llvm::Value* vbase = sptr(v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(spec_.dv)), b_.CreateMul(dc, c64(lanes_))));
   std::vector<llvm::Value*> acc = ir::emit_loop(
       b_, c64(0), nk, 1, init,
       [&](llvm::Value* j, const std::vector<llvm::Value*>& in) {
         std::vector<llvm::Value*> a = in;
-        llvm::Value* vrow = fptr(vbase, b_.CreateMul(j, c64(spec_.dv)));
+        llvm::Value* vrow = sptr(vbase, b_.CreateMul(j, c64(spec_.dv)));
         std::vector<llvm::Value*> vv(static_cast<std::size_t>(width));
-        for (int c = 0; c < width; ++c) vv[c] = vload(fptr(vrow, c64(static_cast<std::int64_t>(c) * lanes_)), 4);
+        for (int c = 0; c < width; ++c) vv[c] = sload(sptr(vrow, c64(static_cast<std::int64_t>(c) * lanes_)));
         for (int r = 0; r < rows_; ++r) {
           llvm::Value* p =
               splat(b_.CreateLoad(f32_, fptr(sp_, b_.CreateAdd(c64(static_cast<std::int64_t>(r) * tile_), j))));
@@ -481,11 +528,10 @@ void DecodeEmitter::store_row(int r, llvm::Value* m, llvm::Value* l,
   llvm::Value* row = row_index(r);
   llvm::Value* seen = b_.CreateFCmpOGT(l, fconst(0.0));
   llvm::Value* inv = splat(b_.CreateSelect(seen, b_.CreateFDiv(fconst(1.0), l), fconst(0.0)));
-  llvm::Value* dst = fptr(out_, b_.CreateMul(row, c64(spec_.dv)));
+  llvm::Value* dst = sptr(out_, b_.CreateMul(row, c64(spec_.dv)));
   ir::emit_loop(
       b_, c64(0), c64(dvv_), 1,
-      [&](llvm::Value* v) { vstore(b_.CreateFMul(column(v), inv), fptr(dst, b_.CreateMul(v, c64(lanes_))), 4); },
-      "store");
+      [&](llvm::Value* v) { sstore(b_.CreateFMul(column(v), inv), sptr(dst, b_.CreateMul(v, c64(lanes_)))); }, "store");
   if (spec_.write_lse) {
     llvm::Value* value =
         b_.CreateSelect(seen, b_.CreateFMul(b_.CreateFAdd(m, emit_log2(b_, l)), fconst(kLn2)), fconst(kNegInf), "lse");

@@ -19,6 +19,11 @@
 // result (m, l, O unnormalised) to a workspace, and the merge function combines the chunks of
 // a unit by their log-sum-exp: M = max_c m_c, w_c = 2^(m_c − M), out = Σ w_c O_c / Σ w_c l_c.
 // The split (schedule.hpp, split_kv) depends only on the sizes, never on the thread count.
+// bf16 storage (spec.storage): V rows (and K rows, see below) are loaded as 16-bit vectors and
+// widened as loaded (exact); everything after — scores, softmax, P, the accumulators and the
+// chunks' partial records — is f32, and only the output is rounded to bf16, at its store
+// (nearest even). With AVX512-BF16 and dk a multiple of 2·lanes, Q·K runs on vdpbf16ps over
+// pairs of features as stored (exact products summed in f32; the scores scaled after).
 #pragma once
 
 #include <cstdint>
@@ -47,7 +52,8 @@ inline constexpr int kDecodeMaxRows = 16;
 
 /// Whether the decode kernel can compute `spec` at all (its static conditions): no weights and
 /// no dropout (the fused kernel does those), a positive limit on L (spec.decode_queries >= 0),
-/// head widths that are whole vectors of `config.lanes` floats, and a power-of-two width.
+/// head widths that are whole vectors of `config.lanes` floats, a power-of-two width, and q, k,
+/// v, out stored as f32 or bf16.
 bool decode_kernel_supported(const AttentionSpec& spec, const KernelConfig& config);
 
 /// The most query rows a call may have for the decode kernel to run it (0: never).

@@ -125,8 +125,9 @@ struct DecodeMergeKernel {
 /// the bias added in fp32, y rounded to bf16 (nearest even) — a linear of bf16 tensors as the CPU
 /// computes it, up to the order of the sums. block_m, block_n multiples of 16 in [16, 128],
 /// block_k a multiple of 16 up to 64; block (2·block_m, 1, 1): warp w computes rows
-/// [16w, 16w + 16) of the block. Not used by the CUDA backend's plan yet (it runs linears of bf16
-/// tensors on the host).
+/// [16w, 16w + 16) of the block. The CUDA backend's plan runs a linear of bf16 x and W on it
+/// (cuda/plan.cpp, linear_bf16): the bias read as stored and y written as the bf16 value of the
+/// convert legalize-dtypes put after the linear's f32 value.
 struct LinearKernel {
   int block_m = 64;            // multiple of 8
   int block_n = 64;            // multiple of 4; (block_m / 8)·(block_n / 4) a multiple of 32, <= 1024

@@ -79,7 +79,9 @@ struct AttentionSpec {
   bool write_weights = false;  // also write the attention weights [B, Hq, L, S] (two passes over K)
   bool write_lse = false;      // also write the log-sum-exp of each row's modified scores [B, Hq, L]
   /// How q, k, v and out are stored: f32, or bf16 (the scores, the softmax and the accumulators
-  /// stay f32; P is rounded to bf16 for P·V, as FlashAttention does; weights and lse stay f32).
+  /// stay f32; the fused kernel on a host with AVX512-BF16 rounds P to bf16 for P·V, as
+  /// FlashAttention does, the split-KV decode kernel keeps P f32 and rounds only the output;
+  /// weights and lse stay f32).
   DType storage = DType::f32;
   /// Score / mask modifications (after the flags above); loads read `tensors` (load input k =
   /// tensors[k]).

@@ -9,7 +9,8 @@
 // buffers are freed at their last use (views share their input's buffer and keep it alive).
 //
 // What runs where: lowering/select.hpp gives every node its kernel kind, and cuda/plan.cpp's
-// node() implements each kind (the table in docs/architecture.md): fused attention, GEMM, layer
+// node() implements each kind (the table in docs/architecture.md): fused attention, GEMM (bf16 x
+// and W: the tensor-core GEMM, its bf16 y the value of the rounding convert after it), layer
 // norm over rows, unary/equal-shape add and strided copies (rank <= 6 after merging) run as PTX
 // kernels; the fused attention evaluates its whole mod expression on the GPU (masks, biases,
 // causal, windows, score modifications: its loads read the node's tensor inputs through a table
