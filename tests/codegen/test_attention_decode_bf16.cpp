@@ -209,8 +209,11 @@ TEST_P(DecodeBf16, RoundsOnlyTheOutputAndMatchesTheFusedKernel) {
       [&](std::size_t i) { return fused_bound(i) + kUnit * std::abs(ref.out[i]) + kRel * (std::abs(ref.out[i]) + t); },
       "decode vs fused");
   // A row that sees no key is zeros (not NaN), exactly.
-  for (std::size_t i = 0; i < ref.out.size(); ++i)
-    if (ref.spread[i] == 0 && ref.out[i] == 0) EXPECT_EQ(decode[i], 0u) << i;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    if (ref.spread[i] == 0 && ref.out[i] == 0) {
+      EXPECT_EQ(decode[i], 0u) << i;
+    }
+  }
 }
 
 std::vector<DecodeCase> cases() {

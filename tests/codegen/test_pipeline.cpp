@@ -394,7 +394,7 @@ TEST(DecoderSession, Bf16IncrementalDecodingGivesTheFullForwardsLogits) {
   Graph step32;
   declare_cached_step(step32, CausalLm<32>::make(step32, cfg));
   const Graph full = with_float_dtype(full32, DType::bf16), step = with_float_dtype(step32, DType::bf16);
-  cases::GraphCase c{.graph = full32};
+  cases::GraphCase c{.graph = full32, .feeds = {}};
   c.feeds = random_feeds(
       full32, {{"Batch", 2}, {"Seq", 9}, {"Vocab", 50}, {"Hidden", 64}, {"QProj", 32}, {"KvProj", 16}}, 7, 0.5f);
   const NdArray tokens = cases::int_feed(2, 9, 50, 12);

@@ -452,7 +452,9 @@ TEST(GpuPlan, Bf16LinearsRunOnTheTensorCoreGemm) {
       EXPECT_EQ(s.kind, Step::Kind::view);
       EXPECT_EQ(plan.buffer[id], plan.buffer[static_cast<std::size_t>(n.inputs[0])]);
     }
-    if (n.op == Op::fused_attention) EXPECT_EQ(s.kind, Step::Kind::gpu) << s.why;
+    if (n.op == Op::fused_attention) {
+      EXPECT_EQ(s.kind, Step::Kind::gpu) << s.why;
+    }
   }
   EXPECT_EQ(gemms, 4) << lowered.table();
   EXPECT_EQ(biases, 3);
