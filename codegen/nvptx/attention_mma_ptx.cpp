@@ -169,28 +169,11 @@ KernelInfo AttentionMmaPtx::emit(const std::string& name) {
   store_lse(m, l);
   b_.CreateRetVoid();
 
-  KernelInfo info;
-  info.name = name;
-  info.signature = attention_params();
-  info.grid_rule = "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
-  info.block_x = g_.threads;
-  info.shared_bytes = g_.shared_bytes();
-  return info;
+  return attention_entry_info(name, g_, spec_.hq);
 }
 
 void AttentionMmaPtx::declare(const std::string& name) {
-  // The fp32 kernel's parameters (attention_params), q, k, v, out holding bf16 bits; weights and
-  // seed are unused (no weights, no dropout).
-  llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn = kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p},
-                                          {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents",
-                                           "batch", "len_q", "len_k", "seed", "lse"},
-                                          g_.threads, /*min_blocks=*/1);
-  for (unsigned a : {0u, 1u, 2u, 3u, 5u, 6u, 7u, 8u, 13u}) {
-    fn->addParamAttr(a, llvm::Attribute::NoAlias);
-    fn->addParamAttr(a, llvm::Attribute::NoCapture);
-    fn->addParamAttr(a, a == 3 || a == 13 ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
-  }
+  llvm::Function* fn = declare_attention_entry(kb_, name, g_.threads);
   q_ = fn->getArg(0);
   k_ = fn->getArg(1);
   v_ = fn->getArg(2);

@@ -14,6 +14,30 @@
 
 namespace qkv::codegen::nvptx::detail {
 
+llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& name, int threads) {
+  llvm::Type *p = kb.ptr(), *i64 = kb.i64();
+  llvm::Function* fn = kb.declare_kernel(name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p},
+                                         {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents",
+                                          "batch", "len_q", "len_k", "seed", "lse"},
+                                         threads, /*min_blocks=*/1);
+  for (unsigned a : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 13u}) {
+    fn->addParamAttr(a, llvm::Attribute::NoAlias);
+    fn->addParamAttr(a, llvm::Attribute::NoCapture);
+    fn->addParamAttr(a, a == 3 || a == 4 || a == 13 ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
+  }
+  return fn;
+}
+
+KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq) {
+  KernelInfo info;
+  info.name = name;
+  info.signature = attention_params();
+  info.grid_rule = "(ceil(len_q / " + std::to_string(g.block_q) + "), " + std::to_string(hq) + ", batch)";
+  info.block_x = g.threads;
+  info.shared_bytes = g.shared_bytes();
+  return info;
+}
+
 namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 using Values = std::vector<llvm::Value*>;

@@ -2,7 +2,7 @@
 // padding / bias and spec.mod as one expression) of the NVPTX attention kernels, per thread over
 // an R × KJ block of scores (R thread rows, KJ tile keys; s[i·KJ + j]) in log2 units. Shared by
 // the fp32 FMA kernel (attention_ptx.cpp) and the bf16 tensor-core kernel (attention_mma_ptx.cpp),
-// which differ only in which rows and keys a thread holds. Private.
+// which differ only in which rows and keys a thread holds; and the .entry both declare. Private.
 //
 // The mod's nodes are computed per thread as scalars, each at the outermost level it can be (as
 // in the CPU kernel, attention_mod.cpp): nodes of neither the query nor the key once in the
@@ -14,15 +14,27 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "llvm/mod_ir.hpp"
+#include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
 
 namespace qkv::codegen::nvptx::detail {
 
 /// What the mod needs from the kernel (i64 unless said otherwise), all defined in the prologue.
+/// The .entry both attention kernels declare (their ABI, attention_params: AttentionArgs' order)
+///   q, k, v, out, weights, key_keep, bias, tensors, extents, batch, len_q, len_k, seed, lse
+/// for `threads` threads: the pointers noalias and nocapture, out / weights / lse write-only, the
+/// rest read-only (a kernel that has no weights or dropout ignores those parameters).
+llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& name, int threads);
+
+/// What both report: grid (ceil(len_q / block_q), Hq, batch), g.threads a block, g's dynamic
+/// shared memory.
+KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq);
+
 struct AttentionModFrame {
   llvm::Value *key_keep = nullptr, *bias = nullptr, *tensors = nullptr, *extents = nullptr;  // parameters
   llvm::Value *nbatch = nullptr, *len_q = nullptr, *len_k = nullptr;                         // sizes

@@ -166,26 +166,11 @@ KernelInfo AttentionPtx::emit(const std::string& name) {
   }
   b_.CreateRetVoid();
 
-  KernelInfo info;
-  info.name = name;
-  info.signature = attention_params();
-  info.grid_rule = "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
-  info.block_x = g_.threads;
-  info.shared_bytes = g_.shared_bytes();
-  return info;
+  return attention_entry_info(name, g_, spec_.hq);
 }
 
 void AttentionPtx::declare(const std::string& name) {
-  llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn = kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p},
-                                          {"q", "k", "v", "out", "weights", "key_keep", "bias", "tensors", "extents",
-                                           "batch", "len_q", "len_k", "seed", "lse"},
-                                          g_.threads, /*min_blocks=*/1);
-  for (unsigned a = 0; a < 9; ++a) {
-    fn->addParamAttr(a, llvm::Attribute::NoAlias);
-    fn->addParamAttr(a, llvm::Attribute::NoCapture);
-    fn->addParamAttr(a, a == 3 || a == 4 ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
-  }
+  llvm::Function* fn = declare_attention_entry(kb_, name, g_.threads);
   q_ = fn->getArg(0);
   k_ = fn->getArg(1);
   v_ = fn->getArg(2);
@@ -200,8 +185,6 @@ void AttentionPtx::declare(const std::string& name) {
   len_k_ = fn->getArg(11);
   seed_ = fn->getArg(12);
   lse_ = fn->getArg(13);
-  fn->addParamAttr(13, llvm::Attribute::NoAlias);
-  fn->addParamAttr(13, llvm::Attribute::WriteOnly);
   smem_ = kb_.dynamic_shared("qkv_attention_smem");
 }
 
