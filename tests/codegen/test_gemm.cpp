@@ -32,6 +32,32 @@ std::vector<float> random_vec(std::size_t n, std::mt19937& gen) {
   return v;
 }
 
+/// Every element of C [m, n] against the fp64 loop over A [m, k] and B [n, k] (the values as the
+/// kernel reads them), within 1e-5 of Σ|a||b| (+|bias|); `what` names the call in failures.
+void expect_fp64_sums(const std::vector<double>& a, const std::vector<double>& b, const float* bias,
+                      const std::vector<float>& c, std::int64_t m, std::int64_t n, std::int64_t k,
+                      const std::string& what) {
+  int bad = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double ref = bias ? bias[j] : 0.0, mag = std::fabs(ref);
+      for (std::int64_t x = 0; x < k; ++x) {
+        const double p = a[static_cast<std::size_t>(i * k + x)] * b[static_cast<std::size_t>(j * k + x)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = c[static_cast<std::size_t>(i * n + j)];
+      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-30) && bad++ < 5)
+        ADD_FAILURE() << what << ": C[" << i << ", " << j << "] = " << got << ", expected " << ref;
+    }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+std::string describe(const char* kind, std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads) {
+  return std::string(kind) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+         " bias=" + std::to_string(with_bias) + " threads=" + std::to_string(threads);
+}
+
 /// Runs the GEMM and checks every element against the fp64 loop, within 1e-5 of Σ|a||b| (+|bias|).
 void check(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads, const GemmSpec& spec = {}) {
   std::mt19937 gen(static_cast<unsigned>(m * 1000003 + n * 1009 + k * 7 + with_bias));
@@ -40,22 +66,8 @@ void check(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int t
   const auto bias = random_vec(static_cast<std::size_t>(n), gen);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::nanf(""));
   run_linear(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
-  int bad = 0;
-  for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) {
-      double ref = with_bias ? bias[static_cast<std::size_t>(j)] : 0.0, mag = std::fabs(ref);
-      for (std::int64_t x = 0; x < k; ++x) {
-        const double p =
-            static_cast<double>(a[static_cast<std::size_t>(i * k + x)]) * b[static_cast<std::size_t>(j * k + x)];
-        ref += p;
-        mag += std::fabs(p);
-      }
-      const double got = c[static_cast<std::size_t>(i * n + j)];
-      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-30) && bad++ < 5)
-        ADD_FAILURE() << "m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << " threads=" << threads
-                      << ": C[" << i << ", " << j << "] = " << got << ", expected " << ref;
-    }
-  EXPECT_EQ(bad, 0) << "m=" << m << " n=" << n << " k=" << k;
+  expect_fp64_sums({a.begin(), a.end()}, {b.begin(), b.end()}, with_bias ? bias.data() : nullptr, c, m, n, k,
+                   describe("f32", m, n, k, with_bias, threads));
 }
 
 TEST(Gemm, MatchesFp64ReferenceOverOddShapes) {
@@ -104,7 +116,11 @@ std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& gen) {
   for (auto& x : v) x = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(d(gen)) >> 16);
   return v;
 }
-double widen(std::uint16_t x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16); }
+std::vector<double> widened(const std::vector<std::uint16_t>& bits) {
+  std::vector<double> out;
+  for (std::uint16_t x : bits) out.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16));
+  return out;
+}
 
 /// run_linear_bf16 against fp64 sums of the same bf16 products, within 1e-5 of Σ|a||b| (+|bias|):
 /// the products of two bf16 values are exact in f32, so only the f32 accumulation errs.
@@ -116,21 +132,8 @@ void check_bf16(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, 
   const auto bias = random_vec(static_cast<std::size_t>(n), gen);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::nanf(""));
   run_linear_bf16(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
-  int bad = 0;
-  for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) {
-      double ref = with_bias ? bias[static_cast<std::size_t>(j)] : 0.0, mag = std::fabs(ref);
-      for (std::int64_t x = 0; x < k; ++x) {
-        const double p = widen(a[static_cast<std::size_t>(i * k + x)]) * widen(b[static_cast<std::size_t>(j * k + x)]);
-        ref += p;
-        mag += std::fabs(p);
-      }
-      const double got = c[static_cast<std::size_t>(i * n + j)];
-      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-30) && bad++ < 5)
-        ADD_FAILURE() << "bf16 m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << ": C[" << i << ", " << j
-                      << "] = " << got << ", expected " << ref;
-    }
-  EXPECT_EQ(bad, 0) << "bf16 m=" << m << " n=" << n << " k=" << k;
+  expect_fp64_sums(widened(a), widened(b), with_bias ? bias.data() : nullptr, c, m, n, k,
+                   describe("bf16", m, n, k, with_bias, threads));
 }
 
 bool host_has_avx512bf16() {

@@ -363,15 +363,13 @@ int host() {
             << (t.has_fma ? ", FMA" : ", no FMA") << "\nbackends:";
   for (const auto& b : qkv::codegen::available_backends()) std::cout << " " << b;
   const auto k = host_tuning();
-  bool bf16_dot = false;
-  for (const auto& f : t.features) bf16_dot = bf16_dot || f == "+avx512bf16";
   std::cout << "\ntuning:   " << k.name << " (" << k.why << "): attention f32 " << k.query_vectors << "x"
             << t.vector_floats << " queries x " << k.qk_keys << " keys, tiles of " << k.key_tile << "; bf16 "
             << k.bf16_query_vectors << "x" << t.vector_floats << " x " << k.bf16_qk_keys << ", tiles of "
             << k.bf16_key_tile << "; GEMM " << k.gemm_rows << " x " << k.gemm_col_vectors * t.vector_floats
             << ", K blocks " << k.gemm_k_block << " (bf16 " << k.gemm_k_block_bf16 << ")\nbf16:     "
-            << (bf16_dot && t.vector_floats >= 16 ? "vdpbf16ps (AVX512-BF16)"
-                                                  : "widened to f32 as loaded (no AVX512-BF16)")
+            << (qkv::codegen::cpu::bf16_dot_products(t, t.vector_floats) ? "vdpbf16ps (AVX512-BF16)"
+                                                                         : "widened to f32 as loaded (no AVX512-BF16)")
             << "\n";
   return 0;
 }

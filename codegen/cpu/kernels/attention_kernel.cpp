@@ -37,10 +37,9 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
   // Register budget: accumulators R·Ck (scores) and R·Dc (P·V) plus R operand vectors must fit
   // the register file with room for the broadcasts: 32 registers with AVX-512, 16 with AVX2/SSE.
   // The blocking per target is the table's (tuning.hpp).
-  bool bf16_dot = false;
-  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
   // bf16 pairs on vdpbf16ps (else bf16 is widened as loaded and computed like f32).
-  const bool bf16 = spec.storage == DType::bf16 && bf16_dot && c.lanes == 16 && spec.dk % 2 == 0 && spec.dv % 16 == 0;
+  const bool bf16 =
+      spec.storage == DType::bf16 && bf16_dot_products(host, c.lanes) && spec.dk % 2 == 0 && spec.dv % 16 == 0;
   const KernelTuning t = kernel_tuning(host, c.lanes);
   c.query_vectors = bf16 ? t.bf16_query_vectors : t.query_vectors;
   c.qk_keys = bf16 ? t.bf16_qk_keys : t.qk_keys;

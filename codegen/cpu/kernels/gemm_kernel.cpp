@@ -60,9 +60,7 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   c.col_vectors = spec.col_vectors > 0 ? spec.col_vectors : t.gemm_col_vectors;
   c.k_block = spec.k_block > 0 ? spec.k_block : (spec.bf16 ? t.gemm_k_block_bf16 : t.gemm_k_block);
   c.bf16 = spec.bf16;
-  bool bf16_dot = false;
-  for (const auto& f : host.features) bf16_dot = bf16_dot || f == "+avx512bf16";
-  c.dpbf16 = spec.bf16 && bf16_dot && c.lanes == 16;
+  c.dpbf16 = spec.bf16 && bf16_dot_products(host, c.lanes);
   if (c.dpbf16) c.k_block += c.k_block % 2;  // whole pairs per K block
   c.cpu = host.cpu;
   for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <qkv/codegen/target.hpp>
 
@@ -27,13 +28,25 @@ struct KernelTuning {
   int gemm_rows = 12, gemm_col_vectors = 2, gemm_k_block = 256, gemm_k_block_bf16 = 512;
 };
 
+/// Whether `host` enables `feature` (LLVM's spelling, e.g. "+avx512f").
+inline bool has_feature(const HostTarget& host, std::string_view feature) {
+  for (const auto& f : host.features)
+    if (f == feature) return true;
+  return false;
+}
+
+/// Whether kernels `lanes` f32 wide run bf16 products on vdpbf16ps (AVX512-BF16 and 16 lanes;
+/// otherwise bf16 is widened to f32 as it is loaded).
+inline bool bf16_dot_products(const HostTarget& host, int lanes) {
+  return lanes == 16 && has_feature(host, "+avx512bf16");
+}
+
 /// Whether `host` has two full-width 512-bit FMA pipes per core (measured: znver5).
 inline bool full_width_avx512(const HostTarget& host) { return host.cpu == "znver5"; }
 
 /// The tuning for kernels `lanes` f32 wide (the spec's vector width, or the host's) on `host`.
 inline KernelTuning kernel_tuning(const HostTarget& host, int lanes) {
-  bool avx512 = false;
-  for (const auto& f : host.features) avx512 = avx512 || f == "+avx512f";
+  const bool avx512 = has_feature(host, "+avx512f");
   KernelTuning t;
   if (lanes >= 16 && avx512 && full_width_avx512(host)) {
     t.name = "avx512-full-width";
