@@ -4,6 +4,8 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/Metadata.h>
 #include <llvm/IR/Module.h>
 
@@ -137,6 +139,12 @@ llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain) {
   if (!brain) return b.CreateFPExt(b.CreateBitCast(bits, like(bits, b.getHalfTy())), like(bits, b.getFloatTy()));
   llvm::Value* wide = b.CreateShl(b.CreateZExt(bits, like(bits, b.getInt32Ty())), 16);
   return b.CreateBitCast(wide, like(bits, b.getFloatTy()));
+}
+
+llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* x, llvm::Value* y) {
+  auto* pairs = llvm::FixedVectorType::get(b.getBFloatTy(), 32);
+  return b.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                           {acc, b.CreateBitCast(x, pairs), b.CreateBitCast(y, pairs)});
 }
 
 llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain) {

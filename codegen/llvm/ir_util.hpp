@@ -68,4 +68,9 @@ inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt
 llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain);
 llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
 
+/// acc + x·y over pairs of bf16, lane by lane (vdpbf16ps, AVX512-BF16): acc is <16 x float>; x and
+/// y are any 64-byte vectors holding 32 bf16 (bitcast here); each lane adds the two exact products
+/// of its pair.
+llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* x, llvm::Value* y);
+
 }  // namespace qkv::codegen::cpu::ir

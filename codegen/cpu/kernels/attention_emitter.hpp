@@ -110,7 +110,6 @@ class AttentionEmitter {
   llvm::Type *f32_, *i8_, *i32_, *i64_, *ptr_;
   llvm::Type* st_;  // how q, k, v and out are stored: f32, or i16 (the bits of bf16)
   bool half_;       // spec.storage is bf16
-  llvm::VectorType *vbf_ = nullptr, *vpair16_ = nullptr;  // <2·lanes x bfloat>, <2·lanes x i16>
   llvm::VectorType *vf_, *vi32_, *vi64_;
   llvm::Function* fn_ = nullptr;
 

@@ -15,7 +15,6 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Intrinsics.h>
-#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 
 #include "cpu/kernels/attention_common.hpp"
@@ -98,8 +97,6 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
   vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
   half_ = spec.storage == DType::bf16;
   st_ = half_ ? b_.getInt16Ty() : f32_;
-  vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * lanes_));
-  vpair16_ = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(2 * lanes_));
 }
 
 llvm::Function* AttentionEmitter::emit(const std::string& name) {
@@ -390,8 +387,7 @@ llvm::Value* AttentionEmitter::load_stored(llvm::Value* base, llvm::Value* index
   return half_ ? ir::half_to_f32(b_, x, true) : x;
 }
 llvm::Value* AttentionEmitter::dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b) {
-  return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
-                            {acc, b_.CreateBitCast(a, vbf_), b_.CreateBitCast(b, vbf_)});
+  return ir::dot_bf16_pairs(b_, acc, a, b);
 }
 
 }  // namespace qkv::codegen::cpu

@@ -12,7 +12,6 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
 #include <llvm/IR/Intrinsics.h>
-#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/Module.h>
 
 #include <qkv/ir/error.hpp>
@@ -92,7 +91,6 @@ class DecodeEmitter {
     st_ = half_ ? b_.getInt16Ty() : f32_;
     vst_ = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
     vpair_ = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(2 * lanes_));
-    vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * lanes_));
     vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
     info_ = analyse_mod(mod_.expr, mod_.axes.query, mod_.axes.key);
     if (mod_.expr.keep >= 0 && (info_.deps[static_cast<std::size_t>(mod_.expr.keep)] & kDepScore))
@@ -184,7 +182,7 @@ class DecodeEmitter {
   bool dot_;
 
   llvm::Type *f32_, *i32_, *i64_, *ptr_, *st_;
-  llvm::VectorType *vf_, *vi64_, *vst_, *vpair_, *vbf_;
+  llvm::VectorType *vf_, *vi64_, *vst_, *vpair_;
 
   // the unit
   llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *len_qf_ = nullptr, *len_kf_ = nullptr;
@@ -344,8 +342,7 @@ std::vector<llvm::Value*> DecodeEmitter::reduce_keys(const std::vector<llvm::Val
     for (int r = 0; r < rows_; ++r)
       for (std::int64_t v = 0; v < dkv_ / 2; ++v) {
         llvm::Value* q = vload(stack_vec(qs_, r, dkv_, c64(v)), kVectorAlign);
-        acc[r] = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
-                                    {acc[r], b_.CreateBitCast(q, vbf_), b_.CreateBitCast(kv[v], vbf_)});
+        acc[r] = ir::dot_bf16_pairs(b_, acc[r], q, kv[v]);
       }
     return acc;
   }

@@ -35,7 +35,6 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Intrinsics.h>
-#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/raw_ostream.h>
@@ -84,7 +83,6 @@ class GemmEmitter {
     i16_ = b_.getInt16Ty();
     i32_ = b_.getInt32Ty();
     vi_ = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(cfg.lanes));
-    vbf_ = llvm::FixedVectorType::get(b_.getBFloatTy(), static_cast<unsigned>(2 * cfg.lanes));
   }
 
   void emit(const std::string& name) {
@@ -263,23 +261,20 @@ class GemmEmitter {
             llvm::Value* arow = b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(kp, c64(mr)));
             std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
             for (int v = 0; v < nv; ++v)
-              bv[static_cast<std::size_t>(v)] = b_.CreateBitCast(
-                  b_.CreateAlignedLoad(
-                      vi_,
-                      b_.CreateConstInBoundsGEP1_64(i32_, brow,
-                                                    static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(lanes)),
-                      vec_align, "b_v"),
-                  vbf_);
+              bv[static_cast<std::size_t>(v)] = b_.CreateAlignedLoad(
+                  vi_,
+                  b_.CreateConstInBoundsGEP1_64(i32_, brow,
+                                                static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(lanes)),
+                  vec_align, "b_v");
             std::vector<llvm::Value*> next(cur.size());
             for (int r = 0; r < mr; ++r) {
               llvm::Value* x =
                   b_.CreateAlignedLoad(i32_, b_.CreateConstInBoundsGEP1_64(i32_, arow, static_cast<std::uint64_t>(r)),
                                        llvm::Align(4), "a_s");
-              llvm::Value* xs = b_.CreateBitCast(b_.CreateVectorSplat(static_cast<unsigned>(lanes), x), vbf_);
+              llvm::Value* xs = b_.CreateVectorSplat(static_cast<unsigned>(lanes), x);
               for (int v = 0; v < nv; ++v) {
                 const auto idx = static_cast<std::size_t>(r * nv + v);
-                next[idx] = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
-                                               {cur[idx], xs, bv[static_cast<std::size_t>(v)]});
+                next[idx] = ir::dot_bf16_pairs(b_, cur[idx], xs, bv[static_cast<std::size_t>(v)]);
               }
             }
             return next;
@@ -324,7 +319,7 @@ class GemmEmitter {
   llvm::IRBuilder<> b_;
   GemmConfig cfg_;
   llvm::Type *f32_ = nullptr, *i8_ = nullptr, *i16_ = nullptr, *i32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
-  llvm::FixedVectorType *vf_ = nullptr, *vi_ = nullptr, *vbf_ = nullptr;
+  llvm::FixedVectorType *vf_ = nullptr, *vi_ = nullptr;
   llvm::Function* fn_ = nullptr;
   llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *n_ = nullptr, *k_ = nullptr;
   llvm::Value* ap_ = nullptr;
