@@ -13,7 +13,9 @@
 //   void qkv_add(const float* a, const float* b, float* y, i64 i0, i64 i1)
 //
 // Every loop is a host-width vector loop over whole vectors followed by a scalar loop over the
-// rest; the element functions are written once on a `float` or `<N x float>` type.
+// rest; the element functions are written once on a `float` or `<N x float>` type. The same five
+// are emitted per storage dtype (rowwise_kernel_name: `qkv_gelu_bf16`, …), their pointers then
+// to uint16_t bits: loads widen to f32, stores round once, the arithmetic is the same.
 #include <qkv/codegen/cpu/rowwise.hpp>
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include <llvm/IR/Module.h>
 
 #include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/lowering/storage.hpp>
 
 #include "cpu/kernels/rowwise_kernel.hpp"
 #include "cpu/thread_pool.hpp"
@@ -52,10 +55,12 @@ using BinaryFn = void(const float*, const float*, float*, std::int64_t, std::int
 
 class RowwiseEmitter {
  public:
-  RowwiseEmitter(llvm::Module& module, const HostTarget& host)
-      : module_(module), ctx_(module.getContext()), b_(ctx_), host_(host) {
+  RowwiseEmitter(llvm::Module& module, const HostTarget& host, DType storage)
+      : module_(module), ctx_(module.getContext()), b_(ctx_), host_(host), storage_(storage) {
     lanes_ = std::max(host.vector_floats, 4);
     f32_ = b_.getFloatTy();
+    half_ = storage == DType::f16 || storage == DType::bf16;
+    elem_ = half_ ? static_cast<llvm::Type*>(b_.getInt16Ty()) : f32_;
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
     vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
@@ -85,7 +90,8 @@ class RowwiseEmitter {
   static llvm::Constant* zero(llvm::Type* t) { return llvm::ConstantFP::get(t, 0.0); }
 
   llvm::Function* begin_function(const std::string& name, llvm::ArrayRef<llvm::Type*> params) {
-    fn_ = ir::declare_kernel(module_, b_, name, params.vec(), host_.cpu, features_, lanes_, /*args_param=*/false);
+    fn_ = ir::declare_kernel(module_, b_, rowwise_kernel_name(name, storage_), params.vec(), host_.cpu, features_,
+                             lanes_, /*args_param=*/false);
     return fn_;
   }
 
@@ -95,12 +101,19 @@ class RowwiseEmitter {
     return b_.CreateAdd(begin, b_.CreateSub(len, b_.CreateSRem(len, c64(lanes_))), "vec_end");
   }
 
+  /// Element(s) i of an array as f32 (t: float or the vector type), widened from the storage.
   llvm::Value* load(llvm::Type* t, llvm::Value* base, llvm::Value* i) {
-    return b_.CreateAlignedLoad(t, b_.CreateInBoundsGEP(f32_, base, i), llvm::Align(4));
+    llvm::Type* stored = !half_            ? t
+                         : t->isVectorTy() ? llvm::FixedVectorType::get(elem_, static_cast<unsigned>(lanes_))
+                                           : elem_;
+    llvm::Value* v = b_.CreateAlignedLoad(stored, b_.CreateInBoundsGEP(elem_, base, i), align());
+    return half_ ? ir::half_to_f32(b_, v, storage_ == DType::bf16) : v;
   }
   void store(llvm::Value* v, llvm::Value* base, llvm::Value* i) {
-    b_.CreateAlignedStore(v, b_.CreateInBoundsGEP(f32_, base, i), llvm::Align(4));
+    if (half_) v = ir::f32_to_half(b_, v, storage_ == DType::bf16);
+    b_.CreateAlignedStore(v, b_.CreateInBoundsGEP(elem_, base, i), align());
   }
+  llvm::Align align() const { return llvm::Align(half_ ? 2 : 4); }
 
   /// Horizontal sum of a vector (a shuffle tree).
   llvm::Value* hsum(llvm::Value* v) {
@@ -143,8 +156,8 @@ class RowwiseEmitter {
         b_, r0, r1, 1,
         [&](llvm::Value* r) {
           llvm::Value* off = b_.CreateMul(r, n);
-          llvm::Value* xr = b_.CreateGEP(f32_, x, off, "x_row");
-          llvm::Value* yr = b_.CreateGEP(f32_, y, off, "y_row");
+          llvm::Value* xr = b_.CreateGEP(elem_, x, off, "x_row");
+          llvm::Value* yr = b_.CreateGEP(elem_, y, off, "y_row");
           llvm::Value* sum =
               row_sum(xr, n, vec_end, [&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); }, "sum");
           llvm::Value* mean = b_.CreateFMul(sum, inv_n, "mean");
@@ -220,6 +233,9 @@ class RowwiseEmitter {
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   const HostTarget& host_;
+  DType storage_;
+  bool half_ = false;
+  llvm::Type* elem_ = nullptr;  // the stored element: float, or i16 for f16 / bf16 bits
   std::string features_;
   int lanes_ = 4;
   llvm::Type *f32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
@@ -229,7 +245,14 @@ class RowwiseEmitter {
 
 }  // namespace
 
-void emit_rowwise_kernels(llvm::Module& module, const HostTarget& host) { RowwiseEmitter(module, host).emit_all(); }
+void emit_rowwise_kernels(llvm::Module& module, const HostTarget& host, DType storage) {
+  RowwiseEmitter(module, host, storage).emit_all();
+}
+
+std::string rowwise_kernel_name(const std::string& base, DType storage) {
+  const DType s = storage_dtype(storage);
+  return s == DType::bf16 ? base + "_bf16" : s == DType::f16 ? base + "_f16" : base;
+}
 
 namespace {
 

@@ -18,6 +18,7 @@
 #include <limits>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include "cpu/kernels/attention_kernel.hpp"
@@ -120,6 +121,25 @@ class ModuleBuilder {
   void store(llvm::Value* v, llvm::Value* base, const I& offset) {
     b_.CreateStore(v, b_.CreateGEP(v->getType(), base, offset.v()));
   }
+  /// An element as the kernels compute with it: f16 / bf16 bits widened to f32 (exactly), an f32
+  /// or a bool byte as loaded. `v` was loaded from a buffer of dtype `t`.
+  llvm::Value* widen(llvm::Value* v, DType t) {
+    const DType s = storage_dtype(t);
+    return s == DType::f16 || s == DType::bf16 ? ir::half_to_f32(b_, v, s == DType::bf16) : v;
+  }
+  /// An f32 result as a buffer of dtype `t` stores it: rounded (to nearest even) to f16 / bf16.
+  llvm::Value* narrow(llvm::Value* f, DType t) {
+    const DType s = storage_dtype(t);
+    return s == DType::f16 || s == DType::bf16 ? ir::f32_to_half(b_, f, s == DType::bf16) : f;
+  }
+  /// Element `offset` of node x's buffer, widened; and the store of node y's element, rounded:
+  /// the kernels that compute in f32 read and write every float dtype through these two.
+  llvm::Value* value(int x, const I& offset) {
+    const Node& n = g_.node(x);
+    return widen(load(elem(n), buf(x), offset), n.dtype);
+  }
+  void put(llvm::Value* f, int y, const I& offset) { store(narrow(f, g_.node(y).dtype), buf(y), offset); }
+
   llvm::Value* to_bool(llvm::Value* byte) { return b_.CreateICmpNE(byte, b_.getInt8(0)); }
   llvm::Constant* neg_inf() { return llvm::ConstantFP::getInfinity(f32_, true); }
   llvm::Value* f64_of(const I& v) { return b_.CreateSIToFP(v.v(), f64_); }
@@ -158,12 +178,12 @@ class ModuleBuilder {
     if (!f) internal_error("codegen: kernel `" + name + "` was not emitted");
     return f;
   }
-  llvm::Function* rowwise(const char* name) {
-    if (!rowwise_emitted_) {
-      emit_rowwise_kernels(m_, target_);
-      rowwise_emitted_ = true;
-    }
-    return callee(name);
+  /// The row-wise kernel `name` whose arrays are all stored as `t` (rowwise_kernel.hpp), its
+  /// module's set of kernels for that dtype emitted on first use.
+  llvm::Function* rowwise(const char* name, DType t) {
+    const DType s = storage_dtype(t);
+    if (rowwise_emitted_.insert(s).second) emit_rowwise_kernels(m_, target_, s);
+    return callee(rowwise_kernel_name(name, s));
   }
 
   using Body = std::function<void(const Dims& idx, const Dims& offsets)>;
@@ -204,6 +224,17 @@ class ModuleBuilder {
       for (std::size_t k = 0; k < inputs.size(); ++k)
         in.push_back(load(elem(g_.node(inputs[k])), buf(inputs[k]), off[k + 1]));
       store(f(idx, in), buf(id), off[0]);
+    });
+  }
+
+  /// map() on values: each input widened as it is loaded, the result rounded to y's dtype as it is
+  /// stored (f computes in f32; a bool input stays a byte).
+  void map_values(int id, const std::vector<int>& inputs, const std::vector<Dims>& in_strides,
+                  const std::function<llvm::Value*(const Dims& idx, const Values& in)>& f) {
+    map(id, inputs, in_strides, [&](const Dims& idx, const Values& in) {
+      Values wide;
+      for (std::size_t k = 0; k < inputs.size(); ++k) wide.push_back(widen(in[k], g_.node(inputs[k]).dtype));
+      return narrow(f(idx, wide), g_.node(id).dtype);
     });
   }
 
@@ -537,7 +568,7 @@ class ModuleBuilder {
         const bool boolean = storage_dtype(n.dtype) == DType::boolean;
         llvm::Value* c = boolean ? static_cast<llvm::Value*>(b_.getInt8(n.scalar != 0.0 ? 1 : 0))
                                  : llvm::ConstantFP::get(f32_, n.scalar);
-        map(id, {}, {}, [&](const Dims&, const Values&) { return c; });
+        map_values(id, {}, {}, [&](const Dims&, const Values&) { return c; });
         return;
       }
       case KernelKind::softmax:
@@ -562,14 +593,10 @@ class ModuleBuilder {
         return emit_argmax(id);
       case KernelKind::update_slice:
         return emit_update_slice(id);
-      case KernelKind::convert: {
-        const DType from = storage_dtype(g_.node(n.inputs[0]).dtype), to = storage_dtype(n.dtype);
-        map(id, {n.inputs[0]}, {strides_of(shape(n.inputs[0]))}, [&](const Dims&, const Values& in) {
-          llvm::Value* f = from == DType::f32 ? in[0] : ir::half_to_f32(b_, in[0], from == DType::bf16);
-          return to == DType::f32 ? f : ir::f32_to_half(b_, f, to == DType::bf16);
-        });
+      case KernelKind::convert:  // widened as loaded, rounded as stored: nothing in between
+        map_values(id, {n.inputs[0]}, {strides_of(shape(n.inputs[0]))},
+                   [](const Dims&, const Values& in) { return in[0]; });
         return;
-      }
     }
     internal_error("codegen: op " + std::string(op_name(n.op)) + " has no lowering");
   }
@@ -624,7 +651,7 @@ class ModuleBuilder {
   /// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
   /// −inf) is zeros.
   /// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
-  llvm::Value* row_max(llvm::Value* x, const I& n, const std::function<I(const I& k)>& at);
+  llvm::Value* row_max(int x, const I& n, const std::function<I(const I& k)>& at);
 
   void emit_softmax(int id);
 
@@ -678,7 +705,7 @@ class ModuleBuilder {
   std::vector<llvm::Value*> buf_;
   std::map<int, llvm::Value*> weights_, lse_, split_;
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
-  bool rowwise_emitted_ = false;
+  std::set<DType> rowwise_emitted_;
   GemmConfig gemm_cfg_;             // of the linear being emitted (gemm_config)
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;

@@ -13,7 +13,7 @@ void ModuleBuilder::emit_scale(int id) {
     llvm::Value* d = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, f64_of(dim(*n.dim)));
     f = b_.CreateFDiv(llvm::ConstantFP::get(f64_, 1.0), d);
   }
-  map(id, {n.inputs[0]}, {strides_of(shape(id))}, [&](const Dims&, const Values& in) {
+  map_values(id, {n.inputs[0]}, {strides_of(shape(id))}, [&](const Dims&, const Values& in) {
     return b_.CreateFPTrunc(b_.CreateFMul(b_.CreateFPExt(in[0], f64_), f), f32_);
   });
 }
@@ -24,7 +24,7 @@ void ModuleBuilder::emit_causal(int id) {
   const std::size_t pq = axis_pos(axes, n.attr_axes[0]), pk = axis_pos(axes, n.attr_axes[1]);
   const Dims s = shape(n.inputs[0]);
   const I shift = n.align == CausalAlign::bottom_right ? s[pk] - s[pq] : c64(0);
-  map(id, {n.inputs[0]}, {strides_of(s)}, [&, pq, pk](const Dims& idx, const Values& in) {
+  map_values(id, {n.inputs[0]}, {strides_of(s)}, [&, pq, pk](const Dims& idx, const Values& in) {
     return b_.CreateSelect((idx[pk] > idx[pq] + shift).v(), neg_inf(), in[0]);
   });
 }
@@ -65,11 +65,11 @@ void ModuleBuilder::emit_score_mod(int id) {
       const Dims ts = mb.shape(tid), st = mb.strides_of(ts);
       I off = mb.c64(0);
       for (std::size_t k = 0; k < at.size(); ++k) off = off + I(mb.b_, at[k]) * st[k];
-      llvm::Value* v = mb.load(mb.elem(t), mb.buf(tid), off);
+      llvm::Value* v = mb.value(tid, off);
       return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
     }
   } leaves(*this, n, axes, s);
-  map(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) {
+  map_values(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) {
     leaves.idx = &idx;
     leaves.x = in[0];
     std::vector<llvm::Value*> cache;
@@ -82,14 +82,14 @@ void ModuleBuilder::emit_score_mod(int id) {
 /// relu / gelu / silu on the row-wise kernels, in ranges of the flat index.
 void ModuleBuilder::emit_activation(int id) {
   const Node& n = g_.node(id);
-  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : n.op == Op::silu ? "qkv_silu" : "qkv_gelu");
+  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : n.op == Op::silu ? "qkv_silu" : "qkv_gelu", n.dtype);
   parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30), {buf(n.inputs[0]), buf(id)},
                   [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], i0.v(), i1.v()}); });
 }
 
 void ModuleBuilder::emit_add_same(int id) {
   const Node& n = g_.node(id);
-  llvm::Function* kernel = rowwise("qkv_add");
+  llvm::Function* kernel = rowwise("qkv_add", n.dtype);
   parallel_ranges(
       numel(shape(id)), 16384, 64, c64(1), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
       [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0.v(), i1.v()}); });
@@ -138,18 +138,18 @@ void ModuleBuilder::emit_broadcasting(int id) {
   const Node& n = g_.node(id);
   const Node &x = g_.node(n.inputs[0]), &y = g_.node(n.inputs[1]);
   const Op op = n.op;
-  map(id, {n.inputs[0], n.inputs[1]},
-      {strides_of(shape(n.inputs[0])), strides_by_name(x.axes, y.axes, shape(n.inputs[1]))},
-      [this, op](const Dims&, const Values& in) -> llvm::Value* {
-        switch (op) {
-          case Op::mul:
-            return b_.CreateFMul(in[0], in[1]);
-          case Op::keep_mask:
-            return b_.CreateSelect(to_bool(in[1]), in[0], neg_inf());
-          default:
-            return b_.CreateFAdd(in[0], in[1]);
-        }
-      });
+  map_values(id, {n.inputs[0], n.inputs[1]},
+             {strides_of(shape(n.inputs[0])), strides_by_name(x.axes, y.axes, shape(n.inputs[1]))},
+             [this, op](const Dims&, const Values& in) -> llvm::Value* {
+               switch (op) {
+                 case Op::mul:
+                   return b_.CreateFMul(in[0], in[1]);
+                 case Op::keep_mask:
+                   return b_.CreateSelect(to_bool(in[1]), in[0], neg_inf());
+                 default:
+                   return b_.CreateFAdd(in[0], in[1]);
+               }
+             });
 }
 
 /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:
@@ -163,7 +163,7 @@ void ModuleBuilder::emit_dropout(int id) {
   const std::size_t rank = s.size();
   llvm::Value* seed = c64(static_cast<std::int64_t>(n.seed)).v();
   llvm::Value* keep_scale = llvm::ConstantFP::get(f64_, 1.0 / (1.0 - p));
-  map(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) -> llvm::Value* {
+  map_values(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) -> llvm::Value* {
     if (p == 0.0) return in[0];
     auto i32 = [&](const I& v) { return b_.CreateTrunc(v.v(), i32_); };
     llvm::Value* zero = b_.getInt32(0);
@@ -198,41 +198,45 @@ llvm::Value* ModuleBuilder::sum(const I& n, const std::function<llvm::Value*(con
       ir::Unroll::allowed)[0];
 }
 
-/// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
-/// −inf) is zeros.
 /// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
-llvm::Value* ModuleBuilder::row_max(llvm::Value* x, const I& n, const std::function<I(const I& k)>& at) {
+llvm::Value* ModuleBuilder::row_max(int x, const I& n, const std::function<I(const I& k)>& at) {
   return ir::emit_loop(
       b_, c64(0).v(), n.v(), 1, {neg_inf()},
       [&](llvm::Value* k, const Values& cur) -> Values {
-        llvm::Value* v = load(f32_, x, at(I(b_, k)));
+        llvm::Value* v = value(x, at(I(b_, k)));
         return {b_.CreateSelect(b_.CreateFCmpUGT(v, cur[0]), v, cur[0])};
       },
       "max")[0];
 }
 
+/// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
+/// −inf) is zeros. An f32 y holds the exponentials between the two passes; a half-precision y
+/// cannot (they would be rounded twice), so the second pass computes them again.
 void ModuleBuilder::emit_softmax(int id) {
   const Node& n = g_.node(id);
-  const Around r = around(shape(id), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
-  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  const int x = n.inputs[0];
+  const Around r = around(shape(id), axis_pos(g_.node(x).axes, n.attr_axes[0]));
+  llvm::Value* y = buf(id);
+  const bool keep = storage_dtype(n.dtype) == DType::f32;
   lines(r, [&](const I& base) {
     auto at = [&](const I& k) { return base + k * r.inner; };
     llvm::Value* m = row_max(x, r.n, at);
+    auto exp_at = [&](const I& k) { return emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)); };
     branch(
         ir::Bool(b_, b_.CreateFCmpOEQ(m, neg_inf())),
-        [&] { loop(c64(0), r.n, [&](I k) { store(llvm::ConstantFP::get(f32_, 0.0), y, at(k)); }, "zero"); },
+        [&] { loop(c64(0), r.n, [&](I k) { put(llvm::ConstantFP::get(f32_, 0.0), id, at(k)); }, "zero"); },
         [&] {
           llvm::Value* total = sum(r.n, [&](const I& k) {
-            llvm::Value* e = emit_exp(b_, b_.CreateFSub(load(f32_, x, at(k)), m));
-            store(e, y, at(k));
+            llvm::Value* e = exp_at(k);
+            if (keep) store(e, y, at(k));
             return b_.CreateFPExt(e, f64_);
           });
           llvm::Value* inv = b_.CreateFDiv(llvm::ConstantFP::get(f64_, 1.0), total);
           loop(
               c64(0), r.n,
               [&](I k) {
-                llvm::Value* e = b_.CreateFPExt(load(f32_, y, at(k)), f64_);
-                store(b_.CreateFPTrunc(b_.CreateFMul(e, inv), f32_), y, at(k));
+                llvm::Value* e = b_.CreateFPExt(keep ? load(f32_, y, at(k)) : exp_at(k), f64_);
+                put(b_.CreateFPTrunc(b_.CreateFMul(e, inv), f32_), id, at(k));
               },
               "norm", ir::Unroll::allowed);
         });
@@ -245,7 +249,7 @@ void ModuleBuilder::emit_softmax(int id) {
 void ModuleBuilder::emit_logsumexp(int id) {
   const Node& n = g_.node(id);
   const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
-  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  const int x = n.inputs[0];
   nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
        [&](const Dims&, const Dims& off) {
          auto at = [&](const I& k) { return off[0] + k * r.inner; };
@@ -256,14 +260,14 @@ void ModuleBuilder::emit_logsumexp(int id) {
              ir::Bool(b_, finite),
              [&] {
                llvm::Value* total = sum(r.n, [&](const I& k) {
-                 return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(load(f32_, x, at(k)), m)), f64_);
+                 return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)), f64_);
                });
                // total >= 1 (the max term is 1): its f32 rounding moves the log by < 1e-7.
                llvm::Value* ln =
                    b_.CreateFMul(emit_log2(b_, b_.CreateFPTrunc(total, f32_)), llvm::ConstantFP::get(f32_, kLn2));
-               store(b_.CreateFAdd(m, ln), y, off[1]);
+               put(b_.CreateFAdd(m, ln), id, off[1]);
              },
-             [&] { store(m, y, off[1]); });
+             [&] { put(m, id, off[1]); });
        });
 }
 
@@ -273,7 +277,7 @@ void ModuleBuilder::emit_layer_norm_rows(int id) {
   const Node& n = g_.node(id);
   const Dims s = shape(id);
   const I len = s.back(), rows = pick(len > 0, numel(s) / imax(len, 1), c64(0));
-  llvm::Function* kernel = rowwise("qkv_layer_norm");
+  llvm::Function* kernel = rowwise("qkv_layer_norm", n.dtype);
   // Blocks of about 16k elements: a grain of 16384 / len rows when len is known here.
   const auto known = len.constant();
   const std::int64_t grain = known ? std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(*known, 1)) : 1;
@@ -289,11 +293,11 @@ void ModuleBuilder::emit_layer_norm_strided(int id) {
   const Node& n = g_.node(id);
   const Dims s = shape(id);
   const double eps = n.scalar;
-  llvm::Value *x = buf(n.inputs[0]), *gamma = buf(n.inputs[1]), *beta = buf(n.inputs[2]), *y = buf(id);
-  const Around r = around(s, axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  const int x = n.inputs[0], gamma = n.inputs[1], beta = n.inputs[2];
+  const Around r = around(s, axis_pos(g_.node(x).axes, n.attr_axes[0]));
   lines(r, [&](const I& base) {
     auto at = [&](const I& k) { return base + k * r.inner; };
-    auto xd = [&](const I& k) { return b_.CreateFPExt(load(f32_, x, at(k)), f64_); };
+    auto xd = [&](const I& k) { return b_.CreateFPExt(value(x, at(k)), f64_); };
     llvm::Value* count = f64_of(r.n);
     llvm::Value* mean = b_.CreateFDiv(sum(r.n, xd), count);
     llvm::Value* var = b_.CreateFDiv(sum(r.n,
@@ -309,9 +313,9 @@ void ModuleBuilder::emit_layer_norm_strided(int id) {
         c64(0), r.n,
         [&](I k) {
           llvm::Value* v = b_.CreateFMul(b_.CreateFSub(xd(k), mean), inv_std);
-          v = b_.CreateFAdd(b_.CreateFMul(v, b_.CreateFPExt(load(f32_, gamma, k), f64_)),
-                            b_.CreateFPExt(load(f32_, beta, k), f64_));
-          store(b_.CreateFPTrunc(v, f32_), y, at(k));
+          v = b_.CreateFAdd(b_.CreateFMul(v, b_.CreateFPExt(value(gamma, k), f64_)),
+                            b_.CreateFPExt(value(beta, k), f64_));
+          put(b_.CreateFPTrunc(v, f32_), id, at(k));
         },
         "ln", ir::Unroll::allowed);
   });
@@ -370,12 +374,12 @@ void ModuleBuilder::emit_contract(int id) {
 /// RMSNorm along attr_axes[0]: x · (1/sqrt(Σx²/n + eps)) · weight, the sum in double.
 void ModuleBuilder::emit_rms_norm(int id) {
   const Node& n = g_.node(id);
-  llvm::Value *x = buf(n.inputs[0]), *w = buf(n.inputs[1]), *y = buf(id);
-  const Around r = around(shape(id), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
+  const int x = n.inputs[0], w = n.inputs[1];
+  const Around r = around(shape(id), axis_pos(g_.node(x).axes, n.attr_axes[0]));
   lines(r, [&](const I& base) {
     auto at = [&](const I& k) { return base + k * r.inner; };
     llvm::Value* ss = sum(r.n, [&](const I& k) {
-      llvm::Value* v = b_.CreateFPExt(load(f32_, x, at(k)), f64_);
+      llvm::Value* v = b_.CreateFPExt(value(x, at(k)), f64_);
       return b_.CreateFMul(v, v);
     });
     llvm::Value* mean = b_.CreateFAdd(b_.CreateFDiv(ss, f64_of(r.n)), llvm::ConstantFP::get(f64_, n.scalar));
@@ -384,9 +388,9 @@ void ModuleBuilder::emit_rms_norm(int id) {
     loop(
         c64(0), r.n,
         [&](I k) {
-          llvm::Value* v = b_.CreateFMul(b_.CreateFPExt(load(f32_, x, at(k)), f64_), inv);
-          v = b_.CreateFMul(v, b_.CreateFPExt(load(f32_, w, k), f64_));
-          store(b_.CreateFPTrunc(v, f32_), y, at(k));
+          llvm::Value* v = b_.CreateFMul(b_.CreateFPExt(value(x, at(k)), f64_), inv);
+          v = b_.CreateFMul(v, b_.CreateFPExt(value(w, k), f64_));
+          put(b_.CreateFPTrunc(v, f32_), id, at(k));
         },
         "rms", ir::Unroll::allowed);
   });
@@ -406,7 +410,7 @@ void ModuleBuilder::emit_rope(int id) {
   half_shape[p] = half;
   const Dims xs = strides_of(s);
   const Dims ps = strides_by_name(axes, g_.node(n.inputs[1]).axes, shape(n.inputs[1]));
-  llvm::Value *x = buf(n.inputs[0]), *pos = buf(n.inputs[1]), *y = buf(id);
+  const int x = n.inputs[0], pos = n.inputs[1];
   auto f64c = [&](double v) { return llvm::ConstantFP::get(f64_, v); };
   llvm::Value* log2_theta = f64c(std::log2(ra.theta));
   llvm::Value* d_f = f64_of(d);
@@ -426,34 +430,37 @@ void ModuleBuilder::emit_rope(int id) {
       llvm::Value* v = b_.CreateSelect(b_.CreateFCmpOGT(wavelen, f64c(low)), slow, mid);
       f = b_.CreateSelect(b_.CreateFCmpOLT(wavelen, f64c(high)), f, v);
     }
-    llvm::Value* angle = b_.CreateFMul(b_.CreateFPTrunc(f, f32_), load(f32_, pos, off[1]));
+    llvm::Value* angle = b_.CreateFMul(b_.CreateFPTrunc(f, f32_), value(pos, off[1]));
     auto [sin64, cos64] = emit_sincos_f64(b_, b_.CreateFPExt(angle, f64_));
     llvm::Value *sn = b_.CreateFPTrunc(sin64, f32_), *cs = b_.CreateFPTrunc(cos64, f32_);
     const I hi = off[0] + half * xs[p];
-    llvm::Value *x0 = load(f32_, x, off[0]), *x1 = load(f32_, x, hi);
-    store(b_.CreateFAdd(b_.CreateFMul(x0, cs), b_.CreateFMul(b_.CreateFNeg(x1), sn)), y, off[0]);
-    store(b_.CreateFAdd(b_.CreateFMul(x1, cs), b_.CreateFMul(x0, sn)), y, hi);
+    llvm::Value *x0 = value(x, off[0]), *x1 = value(x, hi);
+    put(b_.CreateFAdd(b_.CreateFMul(x0, cs), b_.CreateFMul(b_.CreateFNeg(x1), sn)), id, off[0]);
+    put(b_.CreateFAdd(b_.CreateFMul(x1, cs), b_.CreateFMul(x0, sn)), id, hi);
   });
 }
 
 /// embedding: out[k, :] = table[ids[k], :] for every flat index k of the ids (a memcpy per
-/// row). An id outside [0, rows) (NaN included) reads row 0 and sets the entry's status to 3.
+/// row, as stored: the table and the output share a dtype, storage.hpp). An id outside
+/// [0, rows) (NaN included) reads row 0 and sets the entry's status to 3.
 void ModuleBuilder::emit_embedding(int id) {
   const Node& n = g_.node(id);
   const Dims ts = shape(n.inputs[0]), is = shape(n.inputs[1]);
   const I rows = ts[0], width = ts[1];
-  llvm::Value *table = buf(n.inputs[0]), *ids = buf(n.inputs[1]), *y = buf(id);
+  llvm::Value *table = buf(n.inputs[0]), *y = buf(id);
+  llvm::Type* row_elem = elem(n);
+  const std::int64_t elem_bytes = static_cast<std::int64_t>(storage_bytes(n.dtype));
   loop(
       c64(0), numel(is),
       [&](I k) {
-        llvm::Value* v = load(f32_, ids, k);
+        llvm::Value* v = value(n.inputs[1], k);
         llvm::Value* ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
                                        b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
         branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
         const I row(b_, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_));
-        const I bytes = width * 4;
-        b_.CreateMemCpy(b_.CreateGEP(f32_, y, (k * width).v()), llvm::MaybeAlign(4),
-                        b_.CreateGEP(f32_, table, (row * width).v()), llvm::MaybeAlign(4), bytes.v());
+        const I bytes = width * elem_bytes;
+        b_.CreateMemCpy(b_.CreateGEP(row_elem, y, (k * width).v()), llvm::MaybeAlign(elem_bytes),
+                        b_.CreateGEP(row_elem, table, (row * width).v()), llvm::MaybeAlign(elem_bytes), bytes.v());
       },
       "rows");
 }
@@ -463,22 +470,22 @@ void ModuleBuilder::emit_embedding(int id) {
 void ModuleBuilder::emit_argmax(int id) {
   const Node& n = g_.node(id);
   const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
-  llvm::Value *x = buf(n.inputs[0]), *y = buf(id);
+  const int x = n.inputs[0];
   nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
        [&](const Dims&, const Dims& off) {
          branch(r.n > 0, [&] {
-           llvm::Value* first = load(f32_, x, off[0]);
+           llvm::Value* first = value(x, off[0]);
            const Values best = ir::emit_loop(
                b_, c64(1).v(), r.n.v(), 1, {first, c64(0).v()},
                [&](llvm::Value* k, const Values& cur) -> Values {
-                 llvm::Value* v = load(f32_, x, off[0] + I(b_, k) * r.inner);
+                 llvm::Value* v = value(x, off[0] + I(b_, k) * r.inner);
                  llvm::Value* nan_v = b_.CreateFCmpUNO(v, v);
                  llvm::Value* best_ordered = b_.CreateFCmpORD(cur[0], cur[0]);
                  llvm::Value* take = b_.CreateAnd(best_ordered, b_.CreateOr(b_.CreateFCmpOGT(v, cur[0]), nan_v));
                  return {b_.CreateSelect(take, v, cur[0]), b_.CreateSelect(take, k, cur[1])};
                },
                "argmax");
-           store(b_.CreateSIToFP(best[1], f32_), y, off[1]);
+           put(b_.CreateSIToFP(best[1], f32_), id, off[1]);
          });
        });
 }

@@ -22,14 +22,30 @@ inline DType storage_dtype(DType t) {
 /// Bytes per element as stored.
 inline std::size_t storage_bytes(DType t) { return dtype_size(storage_dtype(t)); }
 
+/// Whether every input of node `id` is stored as its value is (the row-wise kernels take one
+/// element type for all their arrays).
+inline bool stored_alike(const Graph& lowered, int id) {
+  const Node& n = lowered.node(id);
+  for (int in : n.inputs)
+    if (storage_dtype(lowered.node(in).dtype) != storage_dtype(n.dtype)) return false;
+  return true;
+}
+
 /// Whether the kernel of node `id` reads its f16 / bf16 inputs (half_operand) and writes an
 /// f16 / bf16 value (half_native) itself; the pass legalize_dtypes converts the other operands to
-/// f32 and, where the node is not native, computes it in f32 and rounds its value back. Native:
-/// leaves and views (no code), convert, the strided copies and update_slice (they move elements
-/// without arithmetic), and a fused attention whose q, k, v and output are all bf16 (its mod's
-/// tensors are read as f32). A linear layer on the GEMM / GEMV kernels reads bf16 x and W itself
-/// (both bf16; vdpbf16ps where the host has it) and writes f32, which is rounded after it: the
-/// K blocks' partial sums stay f32.
+/// f32 and, where the node is not native, computes it in f32 and rounds its value back.
+///
+/// Native: leaves and views (no code), convert, the strided copies and update_slice (they move
+/// elements without arithmetic); the element-wise and row-wise kernels, which widen each element
+/// to f32 as they load it and round their value once as they store it — bit for bit what the
+/// conversions around an f32 kernel would give, at a half of the bytes moved (the activations,
+/// adds and layer norm over rows on the row-wise kernels when all their arrays share one dtype;
+/// broadcasting arithmetic, masks, score mods, dropout, softmax, logsumexp, argmax, layer norm
+/// along another axis, RMSNorm and RoPE with any mix); an embedding whose table is stored as its value (rows copied);
+/// and a fused attention whose q, k, v and output are all bf16 (its mod's tensors are read as
+/// f32). A linear layer on the GEMM / GEMV kernels reads bf16 x and W itself (both bf16;
+/// vdpbf16ps where the host has it) and writes f32, which is rounded after it: the K blocks'
+/// partial sums stay f32.
 inline bool half_native(const Graph& lowered, int id) {
   const Node& n = lowered.node(id);
   switch (select_kernel(lowered, id)) {
@@ -38,7 +54,24 @@ inline bool half_native(const Graph& lowered, int id) {
     case KernelKind::convert:
     case KernelKind::strided_copy:
     case KernelKind::update_slice:
+    case KernelKind::fill:
+    case KernelKind::broadcast_binary:
+    case KernelKind::causal:
+    case KernelKind::dropout:
+    case KernelKind::score_mod:
+    case KernelKind::softmax:
+    case KernelKind::logsumexp:
+    case KernelKind::argmax:
+    case KernelKind::layer_norm_strided:
+    case KernelKind::rms_norm:
+    case KernelKind::rope:
       return true;
+    case KernelKind::unary:
+    case KernelKind::add_same:
+    case KernelKind::layer_norm_rows:
+      return n.op == Op::scale || stored_alike(lowered, id);
+    case KernelKind::embedding:
+      return storage_dtype(lowered.node(n.inputs[0]).dtype) == storage_dtype(n.dtype);
     case KernelKind::fused_attention:
       return n.dtype == DType::bf16 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
              lowered.node(n.inputs[1]).dtype == DType::bf16 && lowered.node(n.inputs[2]).dtype == DType::bf16;
