@@ -61,7 +61,6 @@ void ModuleBuilder::emit_score_mod(int id) {
     }
     llvm::Value* load(const ModNode& m, const std::vector<llvm::Value*>& at) override {
       const int tid = n.inputs[static_cast<std::size_t>(m.input)];
-      const Node& t = mb.g_.node(tid);
       const Dims ts = mb.shape(tid), st = mb.strides_of(ts);
       I off = mb.c64(0);
       for (std::size_t k = 0; k < at.size(); ++k) off = off + I(mb.b_, at[k]) * st[k];
