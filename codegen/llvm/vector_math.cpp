@@ -10,6 +10,7 @@
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 namespace qkv::codegen::cpu {
 
@@ -118,6 +119,20 @@ llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow) {
   auto [n, scale] = round_and_scale(b, y);
   llvm::Value* f = b.CreateFSub(y, n, "exp2.f");
   return b.CreateFMul(polynomial(b, f, kExp2Poly), scale, "exp2");
+}
+
+llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* t = x->getType();
+  // Clamped below so that −inf − round(−inf) is no NaN; at −150 the result rounds to +0.
+  llvm::Value* y = clamp_keep_nan(b, x, -150.0, std::numeric_limits<double>::quiet_NaN());
+  llvm::Value* all = b.getInt16(0xFFFF);
+  llvm::Value* current = b.getInt32(4);  // _MM_FROUND_CUR_DIRECTION: round to nearest even
+  // imm 8: round to the nearest integer (ties to even), precision exceptions suppressed.
+  llvm::Value* n = b.CreateIntrinsic(llvm::Intrinsic::x86_avx512_mask_rndscale_ps_512, {},
+                                     {y, b.getInt32(8), y, all, current}, nullptr, "exp2.n");
+  llvm::Value* p = polynomial(b, b.CreateFSub(y, n, "exp2.f"), kExp2Poly);
+  return b.CreateIntrinsic(llvm::Intrinsic::x86_avx512_mask_scalef_ps_512, {},
+                           {p, n, llvm::UndefValue::get(t), all, current}, nullptr, "exp2");
 }
 
 llvm::Value* emit_exp(llvm::IRBuilder<>& b, llvm::Value* x) {

@@ -2,6 +2,8 @@
 // against libm in double, and the Philox4x32-10 / dropout-keep IR against runtime/src/rng.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +16,7 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/runtime/rng.hpp>
 
@@ -124,6 +127,50 @@ TEST(VectorMath, Exp2IsAccurateAndMapsMinusInfinityToZero) {
   const double err = max_rel_error(x, y, [](double v) { return std::exp2(v); }, 1.2e-38);
   EXPECT_LT(err, 3e-7);
   RecordProperty("exp2_max_rel_error", std::to_string(err));
+}
+
+TEST(VectorMath, Exp2ByScalefGivesExp2sValues) {
+  // The fused attention's exponentials on AVX-512 (vrndscaleps + vscalefps): bit for bit the
+  // portable form's values on the normal range, −inf to +0, NaN kept.
+  if (!cpu::has_feature(jit().target(), "+avx512f")) GTEST_SKIP() << "the host has no AVX-512";
+  auto* scalef = reinterpret_cast<MapFn*>(compile_map(
+      "test_exp2_scalef", f32_type, f32_type,
+      [](llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value*, llvm::Value*) { return cpu::emit_exp2_scalef(b, x); }));
+  auto* portable = reinterpret_cast<MapFn*>(compile_map(
+      "test_exp2_portable", f32_type, f32_type,
+      [](llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value*, llvm::Value*) { return cpu::emit_exp2(b, x); }));
+  ASSERT_NE(scalef, nullptr);
+  ASSERT_NE(portable, nullptr);
+  std::vector<float> x = sample_inputs(-126.0f, 127.0f, 1 << 16);
+  for (int k = 0; k < 4096; ++k) x[static_cast<std::size_t>(k)] = -static_cast<float>(k) / 64.0f;  // a softmax's range
+  const float specials[] = {-std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -1000.0f,
+                            128.0f,
+                            std::numeric_limits<float>::infinity(),
+                            0.0f,
+                            -0.0f,
+                            -160.0f};
+  std::copy(std::begin(specials), std::end(specials), x.end() - std::size(specials));
+  std::vector<float> got(x.size()), want(x.size());
+  scalef(x.data(), got.data(), static_cast<std::int64_t>(x.size()), 0);
+  portable(x.data(), want.data(), static_cast<std::int64_t>(x.size()), 0);
+  int compared = 0;
+  for (std::size_t i = 0; i + std::size(specials) < x.size(); ++i) {
+    if (x[i] < -126.0f) continue;  // a denormal result: flushed only under FTZ
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << "2^" << x[i];
+    ++compared;
+  }
+  EXPECT_GT(compared, 60000);
+  const float* s = got.data() + x.size() - std::size(specials);
+  EXPECT_EQ(s[0], 0.0f);
+  EXPECT_TRUE(std::isnan(s[1]));
+  EXPECT_EQ(s[2], 0.0f);
+  EXPECT_EQ(s[3], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(s[4], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(s[5], 1.0f);
+  EXPECT_EQ(s[6], 1.0f);
+  EXPECT_EQ(s[7], 0.0f);
 }
 
 TEST(VectorMath, ExpIsAccurateAndMapsMinusInfinityToZero) {

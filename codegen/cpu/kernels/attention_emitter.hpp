@@ -82,6 +82,8 @@ class AttentionEmitter {
   llvm::Value* vconst(double v) { return llvm::ConstantFP::get(vf_, v); }
   llvm::Value* splat(llvm::Value* scalar) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes_), scalar); }
   llvm::Value* fma(llvm::Value* a, llvm::Value* x, llvm::Value* c);
+  /// 2^x of x <= 0 or NaN (a softmax step): cfg_.scalef_exp2's form or the portable one.
+  llvm::Value* exp2(llvm::Value* x);
   llvm::Value* smin(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "");
   llvm::Value* smax(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "");
   /// Vector number `index` of a stack buffer of vectors.

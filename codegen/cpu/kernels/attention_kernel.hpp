@@ -47,6 +47,10 @@ struct KernelConfig {
   /// place, P rounded to bf16 and V repacked per tile as (key, key+1) pairs. Otherwise bf16 values
   /// are converted to f32 as they are loaded and the kernel computes as for f32.
   bool dpbf16 = false;
+  /// The softmax's 2^x by vrndscaleps + vscalefps (emit_exp2_scalef: 9 vector operations where
+  /// the portable form takes 12): 16 lanes of AVX-512, with flush_denormals (under which both
+  /// forms give the same values).
+  bool scalef_exp2 = false;
 
   [[nodiscard]] int query_rows() const { return lanes * query_vectors; }
 };

@@ -29,6 +29,10 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
 }  // namespace
 
+llvm::Value* AttentionEmitter::exp2(llvm::Value* x) {
+  return cfg_.scalef_exp2 ? emit_exp2_scalef(b_, x) : emit_exp2(b_, x, /*no_overflow=*/true);
+}
+
 void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
   llvm::Value* k0 = b_.CreateMul(kt, c64(tile_), "k0", true, true);
   llvm::Value* nk = smin(c64(tile_), b_.CreateSub(len_k_, k0), "nk");  // keys of this tile before S
@@ -60,7 +64,7 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
     llvm::Value* m_old = load_vec(m_, c64(v));
     llvm::Value* m_new = b_.CreateMaxNum(m_old, tile_max[v], "m_new");
     m_use[v] = b_.CreateSelect(b_.CreateFCmpOEQ(m_new, vconst(kNegInf)), vconst(0.0), m_new, "m_use");
-    alpha[v] = emit_exp2(b_, b_.CreateFSub(m_old, m_use[v]), /*no_overflow=*/true);
+    alpha[v] = exp2(b_.CreateFSub(m_old, m_use[v]));
     store_vec(m_, c64(v), m_new);
   }
 
@@ -201,7 +205,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
         llvm::Value* col = dropout ? b_.CreateTrunc(b_.CreateAdd(k0, c), i32_, "col") : nullptr;
         llvm::Value* row = vec_row(sp_, c);
         for (int v = 0; v < qv_; ++v) {
-          llvm::Value* p = emit_exp2(b_, b_.CreateFSub(load_at(row, v), m_use[v]), /*no_overflow=*/true);
+          llvm::Value* p = exp2(b_.CreateFSub(load_at(row, v), m_use[v]));
           if (pass != Pass::normalized) sums[v] = b_.CreateFAdd(sums[v], p);
           if (pass == Pass::stats) continue;
           if (pass == Pass::normalized) p = b_.CreateFMul(p, inv_l[v]);
