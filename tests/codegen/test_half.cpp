@@ -15,6 +15,7 @@
 
 #include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/ir/float_dtype.hpp>
@@ -22,6 +23,7 @@
 #include <qkv/runtime/random_feeds.hpp>
 
 #include "backend_cases.hpp"
+#include "cpu/module/module_builder.hpp"
 
 using ::testing::HasSubstr;
 
@@ -239,8 +241,11 @@ TEST(Half, AMixOfDtypesIsReadAsStoredAndMatchesTheInterpreter) {
   // gelu reads and writes bf16; rms_norm reads its bf16 x and f32 weight as they are stored.
   const Graph lowered = codegen::lower(g);
   EXPECT_EQ(count_op(lowered, Op::convert), 0);
-  for (const auto& n : lowered.nodes())
-    if (n.op == Op::gelu || n.op == Op::rms_norm) EXPECT_EQ(n.dtype, DType::bf16);
+  for (const auto& n : lowered.nodes()) {
+    if (n.op == Op::gelu || n.op == Op::rms_norm) {
+      EXPECT_EQ(n.dtype, DType::bf16);
+    }
+  }
   const RunResult want = interpret(g, feeds);
   const RunResult got = codegen::cpu::run(g, feeds, 2);
   ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
@@ -295,6 +300,31 @@ TEST(Half, Bf16LinearLayersReadTheirBf16OperandsThemselves) {
     }
   }
   EXPECT_EQ(bound.prepared(), 1);
+}
+
+TEST(Half, Bf16WeightsArePackedInHalfTheBytes) {
+  // The GEMM's packed Bᵀ (the arena's panels, and a prepared handle's): f32 panels for an f32
+  // linear; for a bf16 one pairs of K in bf16 where the host runs vdpbf16ps (K = 37 rounds up to
+  // 19 pairs), f32 panels where it widens them as it packs.
+  Graph model;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<37>>>(model, "x");
+  output(linear(x, linear_params<Model<37>, Hidden<40>>(model, "fc")), "out");
+  const codegen::HostTarget host = codegen::host_target();
+  auto panel_bytes = [&](DType dt) -> std::int64_t {
+    const Graph lowered = codegen::lower(with_float_dtype(model, dt));
+    const codegen::cpu::ModulePlan plan = codegen::cpu::plan_module(lowered, {{"Batch", 2}, {"Seq", 64}}, host);
+    auto fixed = [&](const Extent& e) { return *e.resolve(plan.fixed); };
+    for (const auto& a : plan.allocs)
+      if (a.kind == codegen::cpu::ModulePlan::Block::gemm_panels)
+        return codegen::cpu::block_bytes<std::int64_t>(lowered, plan, a, fixed);
+    ADD_FAILURE() << "no panels planned";
+    return 0;
+  };
+  const std::int64_t cols = codegen::cpu::choose_gemm_config({}, host).cols();
+  const std::int64_t padded = (40 + cols - 1) / cols * cols;
+  EXPECT_EQ(panel_bytes(DType::f32), padded * 37 * 4);
+  const bool pairs = codegen::cpu::bf16_dot_products(host, std::max(host.vector_floats, 4));
+  EXPECT_EQ(panel_bytes(DType::bf16), pairs ? padded * 19 * 2 * 2 : padded * 37 * 4);
 }
 
 TEST(Half, TheAotHeaderTakesTheBitsOfHalfArraysAsUint16) {

@@ -39,10 +39,12 @@ struct GemmConfig {
   [[nodiscard]] int cols() const { return lanes * col_vectors; }
 };
 
-/// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs.
-inline std::int64_t gemm_panel_bytes(const GemmConfig& cfg, std::int64_t n, std::int64_t k) {
-  const std::int64_t panels = (n + cfg.cols() - 1) / cfg.cols();
-  return cfg.dpbf16 ? panels * ((k + 1) / 2) * cfg.cols() * 4 : panels * k * cfg.cols() * 4;
+/// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
+/// (half the bytes). I: std::int64_t, or the generated code's ir::Int.
+template <class I>
+I gemm_panel_bytes(const GemmConfig& cfg, const I& n, const I& k) {
+  const I cols = (n + (cfg.cols() - 1)) / cfg.cols() * cfg.cols();
+  return cfg.dpbf16 ? cols * ((k + 1) / 2) * 4 : cols * k * 4;
 }
 
 /// GemmSpec's non-zero fields win; the rest is chosen from the target's vector width.

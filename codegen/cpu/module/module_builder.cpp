@@ -37,11 +37,7 @@ void ModuleBuilder::emit_gemm(int id) {
       [&] { emit_gemm_call(id, x, wt, bias, y, m, nn, k); });
 }
 
-GemmConfig ModuleBuilder::gemm_config(int id) const {
-  GemmSpec spec;  // bf16 x and W: legalize-dtypes left them so (storage.hpp's half_operand)
-  spec.bf16 = storage_dtype(g_.node(g_.node(id).inputs[0]).dtype) == DType::bf16;
-  return choose_gemm_config(spec, target_);
-}
+GemmConfig ModuleBuilder::gemm_config(int id) const { return plan_.gemm_config.at(id); }
 
 void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y,
                                    const I& m, const I& nn, const I& k) {

@@ -36,6 +36,7 @@
 #include <qkv/codegen/target.hpp>
 #include <qkv/ir/graph.hpp>
 #include "cpu/kernels/decode_kernel.hpp"
+#include "cpu/kernels/gemm_kernel.hpp"
 
 namespace llvm {
 class LLVMContext;
@@ -80,12 +81,16 @@ struct ModulePlan {
   std::vector<int> prepared;
   std::vector<Alloc> allocs;
   int slots = 0;
-  std::int64_t gemm_cols = 0;  // NR of the GEMM kernel for the target
+  std::map<int, GemmConfig> gemm_config;  // linear id on the GEMM kernel -> its configuration
 };
 
 /// Plans `lowered` for code specialised on `fixed` (a symbol of the graph that `fixed` does not
 /// bind is dynamic). Throws ShapeError when a size a kernel is specialised on is not fixed.
 ModulePlan plan_module(const Graph& lowered, const Bindings& fixed, const HostTarget& target);
+
+/// The GEMM / GEMV configuration of linear node `id` of `lowered` on `target`: bf16 x and W read
+/// as stored (legalize-dtypes left them so, storage.hpp's half_operand), f32 otherwise.
+GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& target);
 
 /// The arguments of the generated function.
 AotSignature module_signature(const Graph& lowered, const AotOptions& options, const ModulePlan& plan);

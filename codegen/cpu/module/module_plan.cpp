@@ -106,6 +106,12 @@ std::vector<std::string> specialised_sizes(const Graph& g) {
   return out;
 }
 
+GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& target) {
+  GemmSpec spec;
+  spec.bf16 = storage_dtype(lowered.node(lowered.node(id).inputs[0]).dtype) == DType::bf16;
+  return choose_gemm_config(spec, target);
+}
+
 ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& target) {
   const int count = static_cast<int>(g.size());
   ModulePlan plan;
@@ -117,7 +123,6 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
   }
   plan.alloc.assign(static_cast<std::size_t>(count), -1);
   plan.output_arg.assign(static_cast<std::size_t>(count), -1);
-  plan.gemm_cols = choose_gemm_config(GemmSpec{}, target).cols();
 
   // Outputs computed in place: a node that is neither a leaf nor a view, output under one name.
   std::size_t arg = 0;
@@ -161,6 +166,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     }
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
+      plan.gemm_config[id] = linear_gemm_config(g, id, target);
       auto param = [&](std::size_t k) { return k >= n.inputs.size() || g.node(n.inputs[k]).op == Op::param; };
       if (param(1) && param(2)) plan.prepared.push_back(id);
     }

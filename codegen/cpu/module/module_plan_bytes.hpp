@@ -42,12 +42,12 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
     case ModulePlan::Block::gemm_panels:
     case ModulePlan::Block::gemm_bias: {
       const auto& w = g.node(n.inputs[1]).axes;  // W [out, in]
-      const I cols = round_up(dim(w[0].extent), plan.gemm_cols) * 4;
-      if (a.kind == ModulePlan::Block::gemm_bias) return cols;
+      const GemmConfig& cfg = plan.gemm_config.at(a.node);
+      if (a.kind == ModulePlan::Block::gemm_bias) return round_up(dim(w[0].extent), cfg.cols()) * 4;
       // The panels of the packed Bᵀ; none when the GEMV reads W in place (at most kGemvMaxRows rows).
       const I k = dim(w[1].extent);
       const I rows = numel(g.node(n.inputs[0]).axes) / imax(k, 1);
-      return pick(rows <= kGemvMaxRows, dim(Extent::fixed(0)), cols * k);
+      return pick(rows <= kGemvMaxRows, dim(Extent::fixed(0)), gemm_panel_bytes(cfg, dim(w[0].extent), k));
     }
   }
   return dim(Extent::fixed(0));
