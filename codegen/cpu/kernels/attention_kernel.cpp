@@ -97,6 +97,7 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
   vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
   vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
   half_ = spec.storage == DType::bf16;
+  compensated_ = !half_;
   st_ = half_ ? b_.getInt16Ty() : f32_;
 }
 
@@ -200,9 +201,10 @@ void AttentionEmitter::compute_geometry() {
 }
 
 void AttentionEmitter::allocate_state() {
-  qt_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dk_ * qv_), kVectorAlign, "qt");    // [dk][R] Qᵀ
-  ot_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ot");    // [dv][R] Oᵀ
-  ct_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ct");    // its rounding errors
+  qt_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dk_ * qv_), kVectorAlign, "qt");  // [dk][R] Qᵀ
+  ot_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ot");  // [dv][R] Oᵀ
+  if (compensated_)
+    ct_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(dv_ * qv_), kVectorAlign, "ct");  // its rounding errors
   sp_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(tile_ * qv_), kVectorAlign, "sp");  // [T][R] S, then P
   m_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "m");  // running max (log2 units)
   l_ = ir::entry_alloca(b_, vf_, static_cast<std::uint64_t>(qv_), kVectorAlign, "l");  // running sum
@@ -260,7 +262,8 @@ void AttentionEmitter::pack_queries() {
 
 void AttentionEmitter::init_state() {
   b_.CreateMemSet(ot_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
-  b_.CreateMemSet(ct_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
+  if (compensated_)
+    b_.CreateMemSet(ct_, b_.getInt8(0), static_cast<std::uint64_t>(dv_ * rows_ * 4), llvm::MaybeAlign(kVectorAlign));
   for (int v = 0; v < qv_; ++v) {
     store_vec(m_, c64(v), vconst(-std::numeric_limits<double>::infinity()));
     store_vec(l_, c64(v), vconst(0.0));
@@ -326,9 +329,10 @@ void AttentionEmitter::store_output(Pass pass) {
       [&](llvm::Value* d) {
         llvm::Value* column = b_.CreateInBoundsGEP(st_, o_base_, d);
         llvm::Value* row = vec_row(ot_, d);
-        llvm::Value* comp = vec_row(ct_, d);
+        llvm::Value* comp = compensated_ ? vec_row(ct_, d) : nullptr;
         for (int v = 0; v < qv_; ++v) {
-          llvm::Value* x = b_.CreateFAdd(load_at(row, v), load_at(comp, v));  // the sum and what it lost
+          llvm::Value* x = load_at(row, v);
+          if (comp) x = b_.CreateFAdd(x, load_at(comp, v));  // the sum and what it lost
           if (inv[v]) x = b_.CreateFMul(x, inv[v]);
           if (half_) x = ir::f32_to_half(b_, x, true);
           b_.CreateMaskedScatter(x, b_.CreateGEP(st_, column, lane_offsets(v, dv_)), llvm::Align(half_ ? 2 : 4),

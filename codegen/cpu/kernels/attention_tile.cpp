@@ -236,13 +236,14 @@ void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Val
   // random walk far larger than its mean, and rounding it key by key cost ~1e-7 absolute however
   // long the row (7.6 × PyTorch fp32's error at S = 20 000). So each tile's sum starts afresh and
   // is added to O by Fast2Sum, its rounding error kept in Cᵀ (scaled by α like O, added at the end):
-  // what remains is the rounding within the tiles (tests/numerics/test_long_rows.cpp).
+  // what remains is the rounding within the tiles (tests/numerics/test_long_rows.cpp). A bf16
+  // output (compensated_ false) takes the plain sum: its own rounding is 2^-9.
   std::vector<llvm::Value*> orow(static_cast<std::size_t>(width));
   std::vector<llvm::Value*> init(static_cast<std::size_t>(width * qv_), vconst(0.0));
   std::vector<llvm::Value*> crow(static_cast<std::size_t>(width));
   for (int j = 0; j < width; ++j) {
     orow[j] = vec_row(ot_, b_.CreateAdd(dc, c64(j), "", true, true));
-    crow[j] = vec_row(ct_, b_.CreateAdd(dc, c64(j), "", true, true));
+    if (compensated_) crow[j] = vec_row(ct_, b_.CreateAdd(dc, c64(j), "", true, true));
   }
   llvm::Value* vbase = b_.CreateInBoundsGEP(st_, v_base_, b_.CreateAdd(b_.CreateMul(k0, c64(dv_)), dc), "vtile");
   std::vector<llvm::Value*> acc;
@@ -286,14 +287,16 @@ void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Val
   for (int j = 0; j < width; ++j)
     for (int v = 0; v < qv_; ++v) {
       llvm::Value* o = load_at(orow[j], v);
-      llvm::Value* c = load_at(crow[j], v);
-      if (alpha) {
-        o = b_.CreateFMul(o, (*alpha)[v]);
-        c = b_.CreateFMul(c, (*alpha)[v]);
+      if (alpha) o = b_.CreateFMul(o, (*alpha)[v]);
+      llvm::Value* x = acc[j * qv_ + v];
+      if (!compensated_) {
+        store_at(orow[j], v, b_.CreateFAdd(o, x));
+        continue;
       }
+      llvm::Value* c = load_at(crow[j], v);
+      if (alpha) c = b_.CreateFMul(c, (*alpha)[v]);
       // Fast2Sum (Dekker): t + e = o + x exactly when |o| >= |x| — the running sum is the larger
       // but for the first tiles, where e is still a close estimate (3 operations, not TwoSum's 6).
-      llvm::Value* x = acc[j * qv_ + v];
       llvm::Value* t = b_.CreateFAdd(o, x);
       llvm::Value* e = b_.CreateFSub(x, b_.CreateFSub(t, o));
       store_at(orow[j], v, t);
