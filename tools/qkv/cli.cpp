@@ -502,7 +502,9 @@ int run_cli(int argc, char** argv) {
   Bench bench_opts;
   ShapeFlags bench_flags;
   BackendFlag bench_backend;
-  auto* bench_cmd = app.add_subcommand("bench", "Time a model: median/min/max ms, GFLOP/s, peak memory");
+  auto* bench_cmd = app.add_subcommand("bench",
+                                       "Time a model: median/min/max ms, GFLOP/s, peak memory (cpu: run as a loop runs "
+                                       "it, weights packed once and buffers kept)");
   bench_cmd->footer("Example: qkv bench sdpa --batch 1 --heads 8 --seq 512 --head-dim 64 --causal --json");
   bench_flags.add(bench_cmd);
   bench_backend.add(bench_cmd);
