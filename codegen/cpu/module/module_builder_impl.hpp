@@ -648,9 +648,8 @@ class ModuleBuilder {
   /// Σ over k in [0, n) of f(k), in double.
   llvm::Value* sum(const I& n, const std::function<llvm::Value*(const I& k)>& f);
 
-  /// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
-  /// −inf) is zeros.
-  /// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
+  /// The largest element at(k) of node x over k in [0, n) (−inf when n = 0); a NaN wins, as in
+  /// the interpreter.
   llvm::Value* row_max(int x, const I& n, const std::function<I(const I& k)>& at);
 
   void emit_softmax(int id);

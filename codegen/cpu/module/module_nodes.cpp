@@ -197,7 +197,6 @@ llvm::Value* ModuleBuilder::sum(const I& n, const std::function<llvm::Value*(con
       ir::Unroll::allowed)[0];
 }
 
-/// The largest x[at(k)] over k in [0, n) (−inf when n = 0); a NaN wins, as in the interpreter.
 llvm::Value* ModuleBuilder::row_max(int x, const I& n, const std::function<I(const I& k)>& at) {
   return ir::emit_loop(
       b_, c64(0).v(), n.v(), 1, {neg_inf()},
