@@ -141,6 +141,14 @@ llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain) {
   return b.CreateBitCast(wide, like(bits, b.getFloatTy()));
 }
 
+llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType t) {
+  return t == DType::f16 || t == DType::bf16 ? half_to_f32(b, v, t == DType::bf16) : v;
+}
+
+llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t) {
+  return t == DType::f16 || t == DType::bf16 ? f32_to_half(b, f, t == DType::bf16) : f;
+}
+
 llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* x, llvm::Value* y) {
   auto* pairs = llvm::FixedVectorType::get(b.getBFloatTy(), 32);
   return b.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},

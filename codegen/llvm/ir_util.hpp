@@ -9,6 +9,8 @@
 
 #include <llvm/IR/IRBuilder.h>
 
+#include <qkv/ir/dtype.hpp>
+
 namespace qkv::codegen::cpu::ir {
 
 /// The body of a counted loop: given the induction variable and the current values of the
@@ -67,6 +69,12 @@ inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt
 /// host's f32_to_bf16 / f32_to_f16 (runtime/io/array.hpp) do.
 llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain);
 llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
+
+/// The same by dtype: an element loaded from a buffer of dtype `t` as the kernels compute with it
+/// (f16 / bf16 bits widened to f32; f32, bool bytes and the rest as loaded), and an f32 result as
+/// a buffer of dtype `t` stores it (rounded to f16 / bf16 bits; otherwise as it is).
+llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType t);
+llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t);
 
 /// acc + x·y over pairs of bf16, lane by lane (vdpbf16ps, AVX512-BF16): acc is <16 x float>; x and
 /// y are any 64-byte vectors holding 32 bf16 (bitcast here); each lane adds the two exact products

@@ -13,6 +13,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <qkv/codegen/cpu/gemm.hpp>
@@ -58,16 +59,49 @@ std::string describe(const char* kind, std::int64_t m, std::int64_t n, std::int6
          " bias=" + std::to_string(with_bias) + " threads=" + std::to_string(threads);
 }
 
-/// Runs the GEMM and checks every element against the fp64 loop, within 1e-5 of Σ|a||b| (+|bias|).
-void check(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads, const GemmSpec& spec = {}) {
-  std::mt19937 gen(static_cast<unsigned>(m * 1000003 + n * 1009 + k * 7 + with_bias));
-  const auto a = random_vec(static_cast<std::size_t>(m * k), gen);
-  const auto b = random_vec(static_cast<std::size_t>(n * k), gen);
+/// bf16 values in [-1, 1) (the bits), drawn from `gen`.
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& gen) {
+  std::vector<std::uint16_t> v(n);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (auto& x : v) x = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(d(gen)) >> 16);
+  return v;
+}
+/// The values as the kernel reads them, in double.
+std::vector<double> widened(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> widened(const std::vector<std::uint16_t>& bits) {
+  std::vector<double> out;
+  for (std::uint16_t x : bits) out.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16));
+  return out;
+}
+
+/// Runs the GEMM on A and B drawn by `draw` (f32: run_linear; bf16 bits: run_linear_bf16, whose
+/// products of two bf16 values are exact in f32, so only the f32 accumulation errs) and checks
+/// every element against the fp64 loop, within 1e-5 of Σ|a||b| (+|bias|).
+template <class T>
+void check_linear(const char* kind, unsigned seed, std::vector<T> (*draw)(std::size_t, std::mt19937&), std::int64_t m,
+                  std::int64_t n, std::int64_t k, bool with_bias, int threads, const GemmSpec& spec) {
+  std::mt19937 gen(seed);
+  const auto a = draw(static_cast<std::size_t>(m * k), gen);
+  const auto b = draw(static_cast<std::size_t>(n * k), gen);
   const auto bias = random_vec(static_cast<std::size_t>(n), gen);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::nanf(""));
-  run_linear(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
-  expect_fp64_sums({a.begin(), a.end()}, {b.begin(), b.end()}, with_bias ? bias.data() : nullptr, c, m, n, k,
-                   describe("f32", m, n, k, with_bias, threads));
+  if constexpr (std::is_same_v<T, float>)
+    run_linear(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
+  else
+    run_linear_bf16(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
+  expect_fp64_sums(widened(a), widened(b), with_bias ? bias.data() : nullptr, c, m, n, k,
+                   describe(kind, m, n, k, with_bias, threads));
+}
+
+void check(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads, const GemmSpec& spec = {}) {
+  check_linear<float>("f32", static_cast<unsigned>(m * 1000003 + n * 1009 + k * 7 + with_bias), random_vec, m, n, k,
+                      with_bias, threads, spec);
+}
+
+void check_bf16(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads,
+                const GemmSpec& spec = {}) {
+  check_linear<std::uint16_t>("bf16", static_cast<unsigned>(m * 7919 + n * 104729 + k * 13 + with_bias), random_bf16, m,
+                              n, k, with_bias, threads, spec);
 }
 
 TEST(Gemm, MatchesFp64ReferenceOverOddShapes) {
@@ -107,33 +141,6 @@ TEST(Gemm, EmptyAndDegenerate) {
   run_linear(nullptr, nullptr, nullptr, nullptr, 2, 0, 4, 1);
   EXPECT_THROW(run_linear(nullptr, nullptr, nullptr, c.data(), -1, 3, 4, 1), std::invalid_argument);
   EXPECT_THROW(run_linear(nullptr, nullptr, nullptr, c.data(), 2, 3, 4, 1), std::invalid_argument);
-}
-
-/// bf16 values in [-1, 1) (the bits), drawn from `gen`.
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& gen) {
-  std::vector<std::uint16_t> v(n);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  for (auto& x : v) x = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(d(gen)) >> 16);
-  return v;
-}
-std::vector<double> widened(const std::vector<std::uint16_t>& bits) {
-  std::vector<double> out;
-  for (std::uint16_t x : bits) out.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16));
-  return out;
-}
-
-/// run_linear_bf16 against fp64 sums of the same bf16 products, within 1e-5 of Σ|a||b| (+|bias|):
-/// the products of two bf16 values are exact in f32, so only the f32 accumulation errs.
-void check_bf16(std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias, int threads,
-                const GemmSpec& spec = {}) {
-  std::mt19937 gen(static_cast<unsigned>(m * 7919 + n * 104729 + k * 13 + with_bias));
-  const auto a = random_bf16(static_cast<std::size_t>(m * k), gen);
-  const auto b = random_bf16(static_cast<std::size_t>(n * k), gen);
-  const auto bias = random_vec(static_cast<std::size_t>(n), gen);
-  std::vector<float> c(static_cast<std::size_t>(m * n), std::nanf(""));
-  run_linear_bf16(a.data(), b.data(), with_bias ? bias.data() : nullptr, c.data(), m, n, k, threads, spec);
-  expect_fp64_sums(widened(a), widened(b), with_bias ? bias.data() : nullptr, c, m, n, k,
-                   describe("bf16", m, n, k, with_bias, threads));
 }
 
 bool host_has_avx512bf16() {

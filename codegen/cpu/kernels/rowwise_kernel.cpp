@@ -107,11 +107,10 @@ class RowwiseEmitter {
                          : t->isVectorTy() ? llvm::FixedVectorType::get(elem_, static_cast<unsigned>(lanes_))
                                            : elem_;
     llvm::Value* v = b_.CreateAlignedLoad(stored, b_.CreateInBoundsGEP(elem_, base, i), align());
-    return half_ ? ir::half_to_f32(b_, v, storage_ == DType::bf16) : v;
+    return ir::from_storage(b_, v, storage_);
   }
   void store(llvm::Value* v, llvm::Value* base, llvm::Value* i) {
-    if (half_) v = ir::f32_to_half(b_, v, storage_ == DType::bf16);
-    b_.CreateAlignedStore(v, b_.CreateInBoundsGEP(elem_, base, i), align());
+    b_.CreateAlignedStore(ir::to_storage(b_, v, storage_), b_.CreateInBoundsGEP(elem_, base, i), align());
   }
   llvm::Align align() const { return llvm::Align(half_ ? 2 : 4); }
 

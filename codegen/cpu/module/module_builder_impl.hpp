@@ -121,24 +121,14 @@ class ModuleBuilder {
   void store(llvm::Value* v, llvm::Value* base, const I& offset) {
     b_.CreateStore(v, b_.CreateGEP(v->getType(), base, offset.v()));
   }
-  /// An element as the kernels compute with it: f16 / bf16 bits widened to f32 (exactly), an f32
-  /// or a bool byte as loaded. `v` was loaded from a buffer of dtype `t`.
-  llvm::Value* widen(llvm::Value* v, DType t) {
-    const DType s = storage_dtype(t);
-    return s == DType::f16 || s == DType::bf16 ? ir::half_to_f32(b_, v, s == DType::bf16) : v;
-  }
-  /// An f32 result as a buffer of dtype `t` stores it: rounded (to nearest even) to f16 / bf16.
-  llvm::Value* narrow(llvm::Value* f, DType t) {
-    const DType s = storage_dtype(t);
-    return s == DType::f16 || s == DType::bf16 ? ir::f32_to_half(b_, f, s == DType::bf16) : f;
-  }
-  /// Element `offset` of node x's buffer, widened; and the store of node y's element, rounded:
-  /// the kernels that compute in f32 read and write every float dtype through these two.
+  /// Element `offset` of node x's buffer, widened (ir::from_storage); and the store of node y's
+  /// element, rounded (ir::to_storage): the kernels that compute in f32 read and write every float
+  /// dtype through these two.
   llvm::Value* value(int x, const I& offset) {
     const Node& n = g_.node(x);
-    return widen(load(elem(n), buf(x), offset), n.dtype);
+    return ir::from_storage(b_, load(elem(n), buf(x), offset), n.dtype);
   }
-  void put(llvm::Value* f, int y, const I& offset) { store(narrow(f, g_.node(y).dtype), buf(y), offset); }
+  void put(llvm::Value* f, int y, const I& offset) { store(ir::to_storage(b_, f, g_.node(y).dtype), buf(y), offset); }
 
   llvm::Value* to_bool(llvm::Value* byte) { return b_.CreateICmpNE(byte, b_.getInt8(0)); }
   llvm::Constant* neg_inf() { return llvm::ConstantFP::getInfinity(f32_, true); }
@@ -233,8 +223,9 @@ class ModuleBuilder {
                   const std::function<llvm::Value*(const Dims& idx, const Values& in)>& f) {
     map(id, inputs, in_strides, [&](const Dims& idx, const Values& in) {
       Values wide;
-      for (std::size_t k = 0; k < inputs.size(); ++k) wide.push_back(widen(in[k], g_.node(inputs[k]).dtype));
-      return narrow(f(idx, wide), g_.node(id).dtype);
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        wide.push_back(ir::from_storage(b_, in[k], g_.node(inputs[k]).dtype));
+      return ir::to_storage(b_, f(idx, wide), g_.node(id).dtype);
     });
   }
 

@@ -8,7 +8,8 @@
 // vectors against more keys per broadcast (3 × 8) and longer key tiles win (+10–17 % on one
 // core). The bf16 kernel (vdpbf16ps) keeps 4 × 4 but on tiles of 128 keys there (+3–7 %: the
 // per-tile rescale of the output and the packing of V's pairs half as often). Hosts not in the
-// table get the blocking of their vector width. The explicit fields of AttentionSpec / GemmSpec still win over it.
+// table get the blocking of their vector width. The explicit fields of AttentionSpec / GemmSpec
+// still win over it.
 #pragma once
 
 #include <string>

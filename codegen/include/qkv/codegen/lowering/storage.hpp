@@ -69,7 +69,7 @@ inline bool half_native(const Graph& lowered, int id) {
     case KernelKind::unary:
     case KernelKind::add_same:
     case KernelKind::layer_norm_rows:
-      return n.op == Op::scale || stored_alike(lowered, id);
+      return stored_alike(lowered, id);
     case KernelKind::embedding:
       return storage_dtype(lowered.node(n.inputs[0]).dtype) == storage_dtype(n.dtype);
     case KernelKind::fused_attention:
