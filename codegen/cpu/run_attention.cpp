@@ -224,8 +224,8 @@ void run_attention(const AttentionSpec& spec, const AttentionArgs& args, int thr
   const std::int64_t bh = args.batch * spec.hq;
   AttentionKernelFn* fn = kernel.fn;
   ThreadPool::shared().run(bh * blocks, threads, [&](std::int64_t t) {
-    const std::int64_t blk = attention_task_block(t, bh, blocks, spec.causal), r = t % bh;
-    fn(&args, r / spec.hq, r % spec.hq, blk * rows);
+    const AttentionTask<std::int64_t> task = attention_task(t, blocks, spec.hq, spec.hkv, spec.causal);
+    fn(&args, task.batch, task.head, task.row_block * rows);
   });
 }
 

@@ -61,13 +61,25 @@ Ranges<I> ranges(I total, std::int64_t grain, std::int64_t align) {
   return {block, ceil_div(total, block)};
 }
 
-/// The attention's tasks: (batch, head, block of query rows), the block index outermost so
-/// neighbouring tasks share K and V in cache; causal: the blocks with the most visible keys
-/// first, so the cheap ones at the top finish the loop together. Task t → its query block.
+/// One task of the fused attention: the query rows [row_block · rows, …) of (batch, head).
 template <class I>
-I attention_task_block(I t, I batch_heads, I blocks, bool causal) {
-  const I blk = t / batch_heads;
-  return causal ? blocks - 1 - blk : blk;
+struct AttentionTask {
+  I batch, head, row_block;
+};
+/// Task t of the fused attention over `blocks` blocks of query rows, hq query heads on hkv K/V
+/// heads. Tasks go K/V head by K/V head (batch outermost): within one, block by block, and the
+/// query heads that read it innermost — so the threads, taking tasks in order, all stream the
+/// same K and V and keep it in the shared cache. (Blocks outermost with every head inside made
+/// each task read another head's K and V: from H·S·(dk + dv) floats, past the L3 cache at
+/// S = 8 192 and H = 8, 5–7 % slower there.) Causal: within a K/V head the blocks with the most
+/// visible keys first, so that the cheap ones at the top finish the loop together.
+template <class I>
+AttentionTask<I> attention_task(I t, I blocks, std::int64_t hq, std::int64_t hkv, bool causal) {
+  const std::int64_t group = hq / hkv;
+  const I per_kv = blocks * group;
+  const I kv = t / per_kv, within = t % per_kv;  // kv = batch · hkv + K/V head
+  const I blk = within / group;
+  return {kv / hkv, kv % hkv * group + within % group, causal ? blocks - 1 - blk : blk};
 }
 
 /// The split-KV decode kernel (cpu/kernels/decode_kernel.hpp) runs calls with at most this many

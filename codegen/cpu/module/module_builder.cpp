@@ -216,11 +216,9 @@ void ModuleBuilder::emit_attention(int id) {
     const std::int64_t rows = cfg.query_rows();
     const I blocks = ceil_div(lq, rows);
     const bool causal = triangular_work(spec);
-    parallel_for(bh * blocks, work, {args, bh.v(), blocks.v()}, [&](I t, const Values& cap) {
-      const I heads(b_, cap[1]), nblocks(b_, cap[2]);
-      const I blk = attention_task_block(t, heads, nblocks, causal);
-      const I r = t % heads;
-      b_.CreateCall(kernel, {cap[0], (r / spec.hq).v(), (r % spec.hq).v(), (blk * rows).v()});
+    parallel_for(bh * blocks, work, {args, blocks.v()}, [&](I t, const Values& cap) {
+      const AttentionTask<I> task = attention_task(t, I(b_, cap[1]), spec.hq, spec.hkv, causal);
+      b_.CreateCall(kernel, {cap[0], task.batch.v(), task.head.v(), (task.row_block * rows).v()});
     });
   };
   const auto decode = plan_.decode.find(id);
