@@ -33,6 +33,10 @@ constexpr double kLn2Lo = -2.12194440e-4;
 // Minimax (relative error) fits, computed for fp32 evaluation with fused multiply-adds:
 // 2^f on [-1/2, 1/2] (fit error 9.1e-8) and e^r on [-ln2/2, ln2/2] (fit error 9.2e-8).
 constexpr std::array<double, 6> kExp2Poly = {1.0, 0.693147004, 0.240222424, 0.0555073358, 0.00967151299, 0.00132647273};
+// 2^f on [-1/2, 1/2] to degree 3 (Lawson's weighted least squares, relative error 7.5e-5 with
+// fp32 coefficients and fused multiply-adds): for values rounded to bf16 before they are used.
+constexpr std::array<double, 4> kExp2PolyBf16 = {0.9999280571937561, 0.6932610273361206, 0.24261121451854706,
+                                                 0.05517137795686722};
 constexpr std::array<double, 6> kExpPoly = {1.0, 0.999999702, 0.499991506, 0.166676372, 0.0418979637, 0.00829030853};
 
 llvm::Type* int_type_like(llvm::Type* t) {
@@ -121,7 +125,7 @@ llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow) {
   return b.CreateFMul(polynomial(b, f, kExp2Poly), scale, "exp2");
 }
 
-llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x) {
+llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x, bool for_bf16) {
   llvm::Type* t = x->getType();
   // Clamped below so that −inf − round(−inf) is no NaN; at −150 the result rounds to +0.
   llvm::Value* y = clamp_keep_nan(b, x, -150.0, std::numeric_limits<double>::quiet_NaN());
@@ -130,7 +134,8 @@ llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x) {
   // imm 8: round to the nearest integer (ties to even), precision exceptions suppressed.
   llvm::Value* n = b.CreateIntrinsic(llvm::Intrinsic::x86_avx512_mask_rndscale_ps_512, {},
                                      {y, b.getInt32(8), y, all, current}, nullptr, "exp2.n");
-  llvm::Value* p = polynomial(b, b.CreateFSub(y, n, "exp2.f"), kExp2Poly);
+  llvm::Value* f = b.CreateFSub(y, n, "exp2.f");
+  llvm::Value* p = for_bf16 ? polynomial(b, f, kExp2PolyBf16) : polynomial(b, f, kExp2Poly);
   return b.CreateIntrinsic(llvm::Intrinsic::x86_avx512_mask_scalef_ps_512, {},
                            {p, n, llvm::UndefValue::get(t), all, current}, nullptr, "exp2");
 }

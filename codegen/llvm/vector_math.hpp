@@ -30,7 +30,10 @@ llvm::Value* emit_exp2(llvm::IRBuilder<>& b, llvm::Value* x, bool no_overflow = 
 /// where emit_exp2 overflows early); x = −inf gives +0, NaN stays NaN; for x below −126 the
 /// result is the denormal, flushed to +0 under MXCSR's flush-to-zero (which the fused attention
 /// kernel sets while it runs, so that there both forms agree everywhere).
-llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x);
+///
+/// `for_bf16`: a degree-3 polynomial instead (max relative error 7.5e-5, 7 operations) for values
+/// that are rounded to bf16 (relative error up to 2^-9 = 2.0e-3) before they are used.
+llvm::Value* emit_exp2_scalef(llvm::IRBuilder<>& b, llvm::Value* x, bool for_bf16 = false);
 
 /// e^x (Cody–Waite reduction by ln 2 in two parts, then the same kind of polynomial). Max
 /// relative error ~3e-7; x = −inf (and x below about −87.7) gives +0, x >= 88.73 gives +inf,

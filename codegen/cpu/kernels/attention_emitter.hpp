@@ -115,6 +115,10 @@ class AttentionEmitter {
   /// O's tile sums are added by Fast2Sum, their rounding errors kept in ct_ (f32 output). A bf16
   /// output is rounded to 8 bits, 2^16 times coarser than what that recovers: a plain add.
   bool compensated_;
+  /// The exponentials are used only as P rounded to bf16 (cfg_.dpbf16), its row sum and the
+  /// rescale of O and that sum alike (no log-sum-exp, no weights written): 2^x to bf16's
+  /// accuracy (emit_exp2_scalef's for_bf16, 7.5e-5 against P's own rounding of up to 2.0e-3).
+  bool bf16_exp_;
   llvm::VectorType *vf_, *vi32_, *vi64_;
   llvm::Function* fn_ = nullptr;
 

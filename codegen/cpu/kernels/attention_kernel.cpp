@@ -98,6 +98,7 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
   vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
   half_ = spec.storage == DType::bf16;
   compensated_ = !half_;
+  bf16_exp_ = config.dpbf16 && config.scalef_exp2 && !spec.write_lse && !spec.write_weights;
   st_ = half_ ? b_.getInt16Ty() : f32_;
 }
 

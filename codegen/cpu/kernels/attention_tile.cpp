@@ -30,7 +30,7 @@ int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
 }  // namespace
 
 llvm::Value* AttentionEmitter::exp2(llvm::Value* x) {
-  return cfg_.scalef_exp2 ? emit_exp2_scalef(b_, x) : emit_exp2(b_, x, /*no_overflow=*/true);
+  return cfg_.scalef_exp2 ? emit_exp2_scalef(b_, x, bf16_exp_) : emit_exp2(b_, x, /*no_overflow=*/true);
 }
 
 void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
