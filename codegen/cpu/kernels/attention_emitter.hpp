@@ -69,9 +69,13 @@ class AttentionEmitter {
   void emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,
                      const std::vector<llvm::Value*>* alpha);
   void emit_weights_copy(llvm::Value* k0, llvm::Value* nk);
-  /// cfg_.dpbf16: P of the tile rounded to bf16 (key, key+1) pairs into spb_, V's rows of the
-  /// tile repacked as (key, key+1) pairs into vp_ (a missing second key is zero).
-  void pack_pairs(llvm::Value* k0, llvm::Value* nk);
+  /// cfg_.dpbf16: P of the tile rounded to bf16 (key, key+1) pairs into spb_ (unless the softmax
+  /// step wrote them: `p_packed`), V's rows of the tile repacked as (key, key+1) pairs into vp_ (a
+  /// missing second key is zero).
+  void pack_pairs(llvm::Value* k0, llvm::Value* nk, bool p_packed);
+  /// The bf16 pairs (x[lane], y[lane]) of two f32 vectors, rounded to nearest even, as a vector
+  /// of 32-bit lanes (vcvtne2ps2bf16 and one interleave).
+  llvm::Value* bf16_pairs(llvm::Value* x, llvm::Value* y);
   /// acc + Σ over the pairs of a·b (vdpbf16ps); a, b: 64-byte vectors of any lane type.
   llvm::Value* dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b);
   /// One stored q/k/v element at `index` of `base` as f32 (bf16 storage: converted).

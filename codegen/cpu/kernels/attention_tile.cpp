@@ -9,6 +9,7 @@
 // A row whose keys are all masked keeps m = −inf; the step then uses 0 in place of m' (so
 // 2^(−inf − 0) = 0 rather than NaN), its sum stays 0 and its output row is written as zeros.
 #include <limits>
+#include <vector>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -27,6 +28,13 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 /// Unroll factor of the d loop of Q·Kᵀ: the largest of 4, 2, 1 dividing dk.
 int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
+
+/// Shuffle lanes [x0, y0, x1, y1, ...] of the halves [x | y] of 2·lanes elements.
+std::vector<int> interleave_halves(int lanes) {
+  std::vector<int> order;
+  for (int i = 0; i < 2 * lanes; ++i) order.push_back(i % 2 ? lanes + i / 2 : i / 2);
+  return order;
+}
 }  // namespace
 
 llvm::Value* AttentionEmitter::exp2(llvm::Value* x) {
@@ -73,7 +81,7 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
     for (int v = 0; v < qv_; ++v) store_vec(l_, c64(v), fma(load_vec(l_, c64(v)), alpha[v], sums[v]));
   }
   if (pass != Pass::stats) {
-    if (cfg_.dpbf16) pack_pairs(k0, nk);
+    if (cfg_.dpbf16) pack_pairs(k0, nk, /*p_packed=*/pass == Pass::online);
     emit_pv(k0, nk, pass == Pass::online ? &alpha : nullptr);
     if (pass == Pass::normalized) emit_weights_copy(k0, nk);
   }
@@ -196,28 +204,49 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
                                                                const std::vector<llvm::Value*>& m_use,
                                                                const std::vector<llvm::Value*>& inv_l) {
   const bool dropout = spec_.dropout_p > 0 && pass != Pass::stats;
+  // One pass (the weights are not written): P goes straight to spb_'s bf16 pairs, key by key
+  // pair, never stored in f32 (its sum is taken in f32, in the same order).
+  const bool to_pairs = cfg_.dpbf16 && pass == Pass::online;
+  const int step = to_pairs ? 2 : 1;
   llvm::Value* keep_scale = vconst(dropout ? 1.0 / (1.0 - spec_.dropout_p) : 1.0);
   std::vector<llvm::Value*> zero(static_cast<std::size_t>(qv_), vconst(0.0));
   return ir::emit_loop(
-      b_, c64(0), c64(tile_), 1, zero,
-      [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
+      b_, c64(0), c64(tile_ / step), 1, zero,
+      [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
         std::vector<llvm::Value*> sums = in;
-        llvm::Value* col = dropout ? b_.CreateTrunc(b_.CreateAdd(k0, c), i32_, "col") : nullptr;
-        llvm::Value* row = vec_row(sp_, c);
-        for (int v = 0; v < qv_; ++v) {
-          llvm::Value* p = exp2(b_.CreateFSub(load_at(row, v), m_use[v]));
-          if (pass != Pass::normalized) sums[v] = b_.CreateFAdd(sums[v], p);
-          if (pass == Pass::stats) continue;
-          if (pass == Pass::normalized) p = b_.CreateFMul(p, inv_l[v]);
-          if (dropout) {
-            llvm::Value* keep = emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, abs_rows_[v], col);
-            p = b_.CreateSelect(keep, b_.CreateFMul(p, keep_scale), vconst(0.0));
+        std::vector<std::vector<llvm::Value*>> pairs(static_cast<std::size_t>(qv_));
+        for (int half = 0; half < step; ++half) {
+          llvm::Value* c = to_pairs ? b_.CreateAdd(b_.CreateMul(i, c64(2)), c64(half)) : i;
+          llvm::Value* col = dropout ? b_.CreateTrunc(b_.CreateAdd(k0, c), i32_, "col") : nullptr;
+          llvm::Value* row = vec_row(sp_, c);
+          for (int v = 0; v < qv_; ++v) {
+            llvm::Value* p = exp2(b_.CreateFSub(load_at(row, v), m_use[v]));
+            if (pass != Pass::normalized) sums[v] = b_.CreateFAdd(sums[v], p);
+            if (pass == Pass::stats) continue;
+            if (pass == Pass::normalized) p = b_.CreateFMul(p, inv_l[v]);
+            if (dropout) {
+              llvm::Value* keep = emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32_, abs_rows_[v], col);
+              p = b_.CreateSelect(keep, b_.CreateFMul(p, keep_scale), vconst(0.0));
+            }
+            if (to_pairs)
+              pairs[v].push_back(p);
+            else
+              store_at(row, v, p);
           }
-          store_at(row, v, p);
+        }
+        if (to_pairs) {
+          llvm::Value* out = vec_row(spb_, i);
+          for (int v = 0; v < qv_; ++v) store_at(out, v, bf16_pairs(pairs[v][0], pairs[v][1]));
         }
         return sums;
       },
       "softmax");
+}
+
+llvm::Value* AttentionEmitter::bf16_pairs(llvm::Value* x, llvm::Value* y) {
+  llvm::Value* halves =
+      b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {}, {y, x});  // [x | y] rounded
+  return b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, interleave_halves(lanes_)), vf_);
 }
 
 void AttentionEmitter::emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha) {
@@ -304,25 +333,21 @@ void AttentionEmitter::emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Val
     }
 }
 
-void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk) {
-  std::vector<int> interleave;  // lanes [x0, y0, x1, y1, ...] of the halves [x | y]
-  for (int i = 0; i < 2 * lanes_; ++i) interleave.push_back(i % 2 ? lanes_ + i / 2 : i / 2);
+void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk, bool p_packed) {
   // P: spb_[c/2][v] = bf16 pairs (P[c][rows], P[c+1][rows]), rounded to nearest even. Keys past S
   // already have P = 0.
-  ir::emit_loop(
-      b_, c64(0), c64(tile_ / 2), 1,
-      [&](llvm::Value* cp) {
-        llvm::Value* c = b_.CreateMul(cp, c64(2));
-        llvm::Value* row0 = vec_row(sp_, c);
-        llvm::Value* row1 = vec_row(sp_, b_.CreateAdd(c, c64(1)));
-        llvm::Value* out = vec_row(spb_, cp);
-        for (int v = 0; v < qv_; ++v) {
-          llvm::Value* halves = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {},
-                                                   {load_at(row1, v), load_at(row0, v)});  // [P[c] | P[c+1]]
-          store_at(out, v, b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, interleave), vf_));
-        }
-      },
-      "pack.p");
+  if (!p_packed) {
+    ir::emit_loop(
+        b_, c64(0), c64(tile_ / 2), 1,
+        [&](llvm::Value* cp) {
+          llvm::Value* c = b_.CreateMul(cp, c64(2));
+          llvm::Value* row0 = vec_row(sp_, c);
+          llvm::Value* row1 = vec_row(sp_, b_.CreateAdd(c, c64(1)));
+          llvm::Value* out = vec_row(spb_, cp);
+          for (int v = 0; v < qv_; ++v) store_at(out, v, bf16_pairs(load_at(row0, v), load_at(row1, v)));
+        },
+        "pack.p");
+  }
   // V: vp_[c/2][d] = the pair (V[k0 + c][d], V[k0 + c + 1][d]), zero where key c + 1 is past the
   // tile's keys (nk odd), so that P's zero there meets a finite value.
   llvm::Type* lane16 = llvm::FixedVectorType::get(st_, static_cast<unsigned>(lanes_));
@@ -341,7 +366,7 @@ void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk) {
           llvm::Value* y = b_.CreateAlignedLoad(
               lane16, b_.CreateConstInBoundsGEP1_64(st_, r1, static_cast<std::uint64_t>(d)), llvm::Align(2));
           y = b_.CreateSelect(second, y, llvm::Constant::getNullValue(lane16));
-          b_.CreateAlignedStore(b_.CreateShuffleVector(x, y, interleave),
+          b_.CreateAlignedStore(b_.CreateShuffleVector(x, y, interleave_halves(lanes_)),
                                 b_.CreateConstInBoundsGEP1_64(i32_, out, static_cast<std::uint64_t>(d)),
                                 llvm::Align(vec_bytes_));
         }
