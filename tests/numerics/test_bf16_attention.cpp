@@ -154,6 +154,55 @@ TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
 INSTANTIATE_TEST_SUITE_P(All, Bf16Attention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const ::testing::TestParamInfo<int>& p) { return std::string(kCases[p.param].name); });
 
+TEST(Bf16AttentionDropout, DropsTheEntriesTheFp32KernelDrops) {
+  // Dropout in the bf16 kernel's one-pass softmax (P written as bf16 pairs as it is computed):
+  // against the fp32 kernel on the same values, seed and rate. A dropped entry here weighs ~1/67
+  // of a row (an error of ~1e-2 if the masks differed); bf16's own rounding costs ~1e-3. N odd:
+  // the last tile ends in half a pair; causal: masked and dropped entries together.
+  constexpr int kN = 67, kD = 64, kHeads = 2;
+  const std::size_t n = static_cast<std::size_t>(kHeads) * kN * kD;
+  const auto q = uniform_bf16(n, 901, 3.0f), k = uniform_bf16(n, 902, 1.0f), v = uniform_bf16(n, 903, 1.0f);
+  const auto qf = widened(q), kf = widened(k), vf = widened(v);
+  for (bool causal : {false, true}) {
+    AttentionSpec spec;
+    spec.dk = spec.dv = kD;
+    spec.hq = spec.hkv = kHeads;
+    spec.causal = causal;
+    spec.dropout_p = 0.25;
+    AttentionArgs a;
+    a.batch = 1;
+    a.len_q = a.len_k = kN;
+    a.seed = 0x5eedull;
+    std::vector<float> want(n);
+    a.q = qf.data();
+    a.k = kf.data();
+    a.v = vf.data();
+    a.out = want.data();
+    codegen::cpu::run_attention(spec, a, 2);
+    spec.storage = DType::bf16;
+    std::vector<std::uint16_t> out(n, 0x7FC0);  // NaN until written
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.out = out.data();
+    codegen::cpu::run_attention(spec, a, 2);
+    const std::vector<float> got = widened(out);
+    // Outside the bound: |got − want| > 2e-3 + 2^-8·|want| (the top rows of the causal case see
+    // a few keys, their outputs up to 1/(1 − p) large).
+    double err = 0, zeros = 0;
+    int outside = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double e = std::abs(static_cast<double>(got[i]) - want[i]);
+      err = std::isnan(e) ? INFINITY : std::max(err, e);
+      outside += !(e <= 2e-3 + std::abs(want[i]) / 256.0);
+      zeros += want[i] == 0.0f;
+    }
+    EXPECT_EQ(outside, 0) << (causal ? "causal" : "full") << ": max error " << err;
+    EXPECT_LT(zeros, 0.01 * static_cast<double>(n));  // the rows are not dropped whole
+    RecordProperty(causal ? "causal_max_error" : "max_error", std::to_string(err));
+  }
+}
+
 // f16, the same rule, through a whole graph on the CPU backend: f16 q, k, v (the same uniform
 // values rounded to f16), the attention fused, its output f16. PyTorch 1.13 has no f16 attention
 // on the CPU; the framework's error is PyTorch's CUDA f16 semantics emulated by the generator
