@@ -44,8 +44,11 @@ std::vector<int> memory_ends(const Graph& g) {
 std::vector<int> assign_slots(const std::vector<Lifetime>& blocks) {
   std::vector<std::size_t> order(blocks.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t x, std::size_t y) { return blocks[x].start < blocks[y].start; });
+  // By start, ties by index: stable_sort's order, by std::sort with a total order (libstdc++-12's
+  // stable_sort trips a deprecation warning in clang-19 that -Werror turns into an error).
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return blocks[x].start != blocks[y].start ? blocks[x].start < blocks[y].start : x < y;
+  });
   std::vector<int> slot(blocks.size(), -1);
   std::vector<int> busy_until;           // per slot: the last node at which it is read
   std::vector<std::int64_t> slot_bytes;  // per slot: its largest block so far

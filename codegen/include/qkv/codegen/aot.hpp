@@ -68,7 +68,7 @@ struct AotOptions {
   std::string cpu = "native";
   /// Symbols (e.g. "Seq", "Key") left as run-time sizes: the entry point takes them as int64_t
   /// arguments, before the arrays. Empty (the default): every size fixed, fully specialised code.
-  std::vector<std::string> dynamic;
+  std::vector<std::string> dynamic{};
 };
 
 /// One argument of the generated function.

@@ -35,10 +35,10 @@ QKV_AXIS(Slot);    // the positions a KV cache can hold (its capacity)
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
 struct LlamaAttentionConfig {
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
-  RopeConfig rope;
-  bool qkv_bias = false;                       // Qwen2 (always), Llama's attention_bias
-  bool o_bias = false;                         // Llama's attention_bias (never Qwen2)
-  std::optional<std::int64_t> sliding_window;  // W: query i sees keys i − W < j ≤ i
+  RopeConfig rope{};
+  bool qkv_bias = false;                         // Qwen2 (always), Llama's attention_bias
+  bool o_bias = false;                           // Llama's attention_bias (never Qwen2)
+  std::optional<std::int64_t> sliding_window{};  // W: query i sees keys i − W < j ≤ i
 };
 
 template <auto E>
@@ -179,12 +179,12 @@ struct LlamaDecoderLayer {
 /// The whole model's numbers (config.json's).
 struct LlamaConfig {
   std::int64_t layers = 0;
-  LlamaAttentionConfig attention;  // sliding_window: the window of the layers that have one
+  LlamaAttentionConfig attention{};  // sliding_window: the window of the layers that have one
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   /// The layers with a sliding window (Qwen2: from max_window_layers on; Mistral: all); empty: all
   /// when attention.sliding_window is set.
-  std::vector<bool> windowed;
+  std::vector<bool> windowed{};
 };
 
 /// embedding -> N decoder layers -> RMSNorm -> lm_head (Hugging Face's *ForCausalLM).

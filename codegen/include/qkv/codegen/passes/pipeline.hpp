@@ -16,7 +16,7 @@
 namespace qkv::codegen {
 
 struct PipelineOptions {
-  std::string dump_after;  // "", a pass name, or "all"
+  std::string dump_after{};  // "", a pass name, or "all"
   bool time_passes = false;
 #ifdef NDEBUG
   bool verify_each = false;
