@@ -1,4 +1,5 @@
-// Forward attention on the CPU, fp32, B = 1, H = 8, D = 64, 2 threads: the fused JIT kernel
+// Forward attention on the CPU, B = 1, H = 8, D = 64 (the fused kernels also at D = 128), 2 threads,
+// fp32 and bf16: the fused JIT kernel
 // (qkv::codegen::cpu::run_attention) against, in the same run,
 //   * the machine's measured FMA peak (a register-resident FMA loop on host-width vectors),
 //   * OpenBLAS sgemm 2048³ (the practical limit of a well-tuned kernel),
@@ -31,6 +32,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,8 +61,8 @@ constexpr std::int64_t kHeads = 8;
 constexpr std::int64_t kDim = 64;
 
 // Shared between benchmarks of one run (they run in registration order).
-std::map<std::pair<std::int64_t, bool>, double> g_unfused_fraction;  // GFLOP/s ÷ peak
-std::map<std::pair<std::int64_t, bool>, double> g_fused_gflops;      // BM_Fused's GFLOP/s
+std::map<std::pair<std::int64_t, bool>, double> g_unfused_fraction;             // GFLOP/s ÷ peak
+std::map<std::tuple<std::int64_t, bool, std::int64_t>, double> g_fused_gflops;  // BM_Fused's, by (N, causal, D)
 
 void BM_Bf16DotPeak(benchmark::State& state) {
   if (!has_avx512bf16()) {
@@ -109,9 +111,10 @@ void BM_Sgemm2048(benchmark::State& state) {
 struct Problem {
   std::int64_t n;
   bool causal;
+  std::int64_t d;  // the head width (dk = dv)
   std::vector<float> q, k, v, out;
-  explicit Problem(std::int64_t n_, bool causal_) : n(n_), causal(causal_) {
-    const auto size = static_cast<std::size_t>(kHeads * n * kDim);
+  explicit Problem(std::int64_t n_, bool causal_, std::int64_t d_ = kDim) : n(n_), causal(causal_), d(d_) {
+    const auto size = static_cast<std::size_t>(kHeads * n * d);
     q = random_values(size, 11);
     k = random_values(size, 12);
     v = random_values(size, 13);
@@ -120,15 +123,15 @@ struct Problem {
   [[nodiscard]] double flops() const;
 };
 
-AttentionSpec bench_spec(bool causal) {
+AttentionSpec bench_spec(bool causal, std::int64_t d = kDim) {
   AttentionSpec s;
-  s.dk = s.dv = kDim;
+  s.dk = s.dv = d;
   s.hq = s.hkv = kHeads;
   s.causal = causal;
   return s;
 }
 
-double Problem::flops() const { return qkv::codegen::cpu::attention_flops(bench_spec(causal), 1, n, n); }
+double Problem::flops() const { return qkv::codegen::cpu::attention_flops(bench_spec(causal, d), 1, n, n); }
 
 AttentionArgs args_of(Problem& p) {
   AttentionArgs a;
@@ -226,9 +229,9 @@ void time_fused(benchmark::State& state, Problem& p, const AttentionSpec& spec, 
 }
 
 void BM_Fused(benchmark::State& state) {
-  Problem p(state.range(0), state.range(1) != 0);
-  time_fused(state, p, bench_spec(p.causal), "fused");
-  g_fused_gflops[{p.n, p.causal}] = state.counters["GFLOP/s"];
+  Problem p(state.range(0), state.range(1) != 0, state.range(2));
+  time_fused(state, p, bench_spec(p.causal, p.d), "fused");
+  g_fused_gflops[{p.n, p.causal, p.d}] = state.counters["GFLOP/s"];
 }
 
 /// BM_Fused with the blocking of the "avx512" row of the tuning table forced (4 query vectors ×
@@ -240,7 +243,7 @@ void BM_FusedSplitPipeRow(benchmark::State& state) {
   spec.query_vectors = spec.qk_keys = spec.pv_dims = 4;
   spec.key_tile = 64;
   time_fused(state, p, spec, "split-pipe row");
-  if (auto it = g_fused_gflops.find({p.n, p.causal}); it != g_fused_gflops.end())
+  if (auto it = g_fused_gflops.find({p.n, p.causal, p.d}); it != g_fused_gflops.end())
     state.counters["x_table"] = it->second / state.counters["GFLOP/s"];
 }
 
@@ -249,8 +252,8 @@ void BM_FusedSplitPipeRow(benchmark::State& state) {
 /// same N in this run. dpbf16 = 1 when the kernel runs on vdpbf16ps (else it converts as it loads).
 void BM_FusedBf16(benchmark::State& state) {
   wait_for_other_threads_to_block();
-  Problem p(state.range(0), state.range(1) != 0);
-  AttentionSpec spec = bench_spec(p.causal);
+  Problem p(state.range(0), state.range(1) != 0, state.range(2));
+  AttentionSpec spec = bench_spec(p.causal, p.d);
   spec.storage = qkv::DType::bf16;
   auto bits = [](const std::vector<float>& x) {
     std::vector<std::uint16_t> out(x.size());
@@ -281,7 +284,7 @@ void BM_FusedBf16(benchmark::State& state) {
   state.counters["bf16_peak"] = bf16_peak;
   if (bf16_peak > 0) state.counters["pct_bf16_peak"] = 100.0 * gflops / bf16_peak;
   state.counters["dpbf16"] = qkv::codegen::cpu::prepare_attention(spec).dpbf16 ? 1 : 0;
-  if (auto it = g_fused_gflops.find({p.n, p.causal}); it != g_fused_gflops.end())
+  if (auto it = g_fused_gflops.find({p.n, p.causal, p.d}); it != g_fused_gflops.end())
     state.counters["x_fp32"] = gflops / it->second;
 }
 
@@ -437,8 +440,8 @@ BENCHMARK(BM_Unfused)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Fused)
-    ->ArgNames({"N", "causal"})
-    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
+    ->ArgNames({"N", "causal", "D"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}, {64, 128}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_FusedSplitPipeRow)
@@ -447,8 +450,8 @@ BENCHMARK(BM_FusedSplitPipeRow)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_FusedBf16)
-    ->ArgNames({"N", "causal"})
-    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}})
+    ->ArgNames({"N", "causal", "D"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {0, 1}, {64, 128}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Mod)
