@@ -126,6 +126,25 @@ llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>
   return level.at(0);
 }
 
+std::vector<llvm::Value*> transpose_square(llvm::IRBuilder<>& b, std::vector<llvm::Value*> rows) {
+  const int n = static_cast<int>(rows.size());
+  for (int bit = 1; bit < n; bit *= 2) {
+    std::vector<int> lo, hi;  // lanes with `bit` clear from x (the lower row), set from y
+    for (int lane = 0; lane < n; ++lane) {
+      lo.push_back((lane & bit) != 0 ? n + lane - bit : lane);
+      hi.push_back((lane & bit) != 0 ? n + lane : lane + bit);
+    }
+    for (int i = 0; i < n; ++i) {
+      if ((i & bit) != 0) continue;
+      const auto x = static_cast<std::size_t>(i), y = static_cast<std::size_t>(i + bit);
+      llvm::Value* low = b.CreateShuffleVector(rows[x], rows[y], lo);
+      rows[y] = b.CreateShuffleVector(rows[x], rows[y], hi);
+      rows[x] = low;
+    }
+  }
+  return rows;
+}
+
 namespace {
 /// `scalar` as a type of v's shape (a vector of as many lanes when v is a vector).
 llvm::Type* like(llvm::Value* v, llvm::Type* scalar) {

@@ -61,6 +61,12 @@ llvm::Value* transpose_add(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y,
 /// result, w = lanes / parts.size(), still to be summed when w > 1.
 llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>& parts);
 
+/// The transpose of a square block held as n vectors of n lanes (n a power of two): lane j of
+/// result i is lane i of rows[j]. log2(n) stages of n two-source shuffles, each swapping one bit
+/// of the row index with the same bit of the lane index (64 shuffles for 16 x 16, where the
+/// strided gathers or scatters it replaces cost far more on AMD's cores).
+std::vector<llvm::Value*> transpose_square(llvm::IRBuilder<>& b, std::vector<llvm::Value*> rows);
+
 inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt64(static_cast<std::uint64_t>(v)); }
 
 /// Half-precision storage (lowering/storage.hpp) in registers: i16 elements (a scalar or a

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,8 @@ class AttentionEmitter {
   llvm::Value* bf16_pairs(llvm::Value* x, llvm::Value* y);
   /// acc + Σ over the pairs of a·b (vdpbf16ps); a, b: 64-byte vectors of any lane type.
   llvm::Value* dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b);
+  /// `every` where all the task's rows are real rows (all but a sequence's last task), else `some`.
+  void if_every_row(const std::function<void()>& every, const std::function<void()>& some);
   /// One stored q/k/v element at `index` of `base` as f32 (bf16 storage: converted).
   llvm::Value* load_stored(llvm::Value* base, llvm::Value* index);
 
