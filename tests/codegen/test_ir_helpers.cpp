@@ -1,5 +1,6 @@
 // The IR building blocks of the CPU kernels, JIT-compiled on their own: the vector exp/exp2
-// against libm in double, and the Philox4x32-10 / dropout-keep IR against runtime/src/rng.cpp.
+// against libm in double, the Philox4x32-10 / dropout-keep IR against runtime/src/rng.cpp, and the
+// register transpose.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -309,6 +310,42 @@ TEST(PhiloxIr, DropoutKeepMatchesTheRuntime) {
       differ += (got[i] != 0) != dropout_keep(p, seed, 1, 3, rows[i], col);
     }
     EXPECT_EQ(differ, 0u) << "p = " << p;
+  }
+}
+
+TEST(IrUtil, TransposeSquareTransposesBlocksOfEveryVectorWidth) {
+  // The attention kernel packs Qᵀ and stores O through it: a wrong stage would swap features or
+  // rows there. Here each width on its own, against the transpose of distinct values.
+  for (int n : {2, 4, 8, 16}) {
+    auto ctx = std::make_unique<llvm::LLVMContext>();
+    const std::string name = "transpose_" + std::to_string(n);
+    auto mod = std::make_unique<llvm::Module>(name, *ctx);
+    llvm::IRBuilder<> b(*ctx);
+    auto* ptr = b.getPtrTy();
+    auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {ptr, ptr}, false),
+                                      llvm::GlobalValue::ExternalLinkage, name, *mod);
+    b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", fn));
+    llvm::Type* row_t = llvm::FixedVectorType::get(b.getInt32Ty(), static_cast<unsigned>(n));
+    std::vector<llvm::Value*> rows;
+    for (int r = 0; r < n; ++r)
+      rows.push_back(
+          b.CreateAlignedLoad(row_t, b.CreateConstGEP1_64(b.getInt32Ty(), fn->getArg(0), r * n), llvm::Align(4)));
+    rows = cpu::ir::transpose_square(b, std::move(rows));
+    for (int r = 0; r < n; ++r)
+      b.CreateAlignedStore(rows[static_cast<std::size_t>(r)],
+                           b.CreateConstGEP1_64(b.getInt32Ty(), fn->getArg(1), r * n), llvm::Align(4));
+    b.CreateRetVoid();
+    std::string error;
+    ASSERT_TRUE(jit().add(std::move(mod), std::move(ctx), &error)) << error;
+    auto* f = reinterpret_cast<void (*)(const std::int32_t*, std::int32_t*)>(jit().lookup_address(name, &error));
+    ASSERT_NE(f, nullptr) << error;
+    std::vector<std::int32_t> in(static_cast<std::size_t>(n * n)), out(in.size(), -1);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::int32_t>(1000 + 7 * i);
+    f(in.data(), out.data());
+    for (int r = 0; r < n; ++r)
+      for (int c = 0; c < n; ++c)
+        EXPECT_EQ(out[static_cast<std::size_t>(r * n + c)], in[static_cast<std::size_t>(c * n + r)])
+            << n << " x " << n << ": row " << r << ", lane " << c;
   }
 }
 
