@@ -50,21 +50,25 @@ class AttentionEmitter {
   /// the task-level ones.
   std::vector<llvm::Value*> key_values(llvm::Value* key, int root, const std::vector<llvm::Value*>* seed);
   llvm::Value* mod_value(int root, int v, llvm::Value* key, llvm::Value* score, std::vector<llvm::Value*>& keyc);
-  /// The tile's class: (always kept, never kept) as i1.
-  std::pair<llvm::Value*, llvm::Value*> classify_tile(llvm::Value* k0);
+  /// The class of the keys [k_begin, k_end) for the task's rows: (always kept, never kept) as i1.
+  std::pair<llvm::Value*, llvm::Value*> classify_keys(llvm::Value* k_begin, llvm::Value* k_end);
+  /// How many of the tile's keys its loops visit: tile_, or the shortest prefix (halves down to 16
+  /// keys) past which no row of the task keeps a key.
+  llvm::Value* tile_span(llvm::Value* k0, llvm::Value* k_end);
   llvm::Value* load_element(const ModNode& n, const std::vector<llvm::Value*>& index_i64);
   llvm::Value* axis_value(const std::string& axis, int v, llvm::Value* key, bool position);
   llvm::Value* axis_length(const std::string& axis);
 
   // --- attention_tile.cpp: one tile of `key_tile` keys starting at key k0
   void emit_tile(llvm::Value* kt, Pass pass);
-  std::vector<llvm::Value*> emit_scores(llvm::Value* k0, llvm::Value* masked, llvm::Value* partial);
+  std::vector<llvm::Value*> emit_scores(llvm::Value* k0, llvm::Value* span, llvm::Value* masked, llvm::Value* partial);
   std::vector<llvm::Value*> apply_score_mod(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key,
                                             std::vector<std::vector<llvm::Value*>>& keyc);
   std::vector<llvm::Value*> apply_tile_masks(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key,
                                              llvm::Value* masked, llvm::Value* partial,
                                              std::vector<std::vector<llvm::Value*>>& keyc);
-  std::vector<llvm::Value*> emit_probabilities(llvm::Value* k0, Pass pass, const std::vector<llvm::Value*>& m_use,
+  std::vector<llvm::Value*> emit_probabilities(llvm::Value* k0, llvm::Value* span, Pass pass,
+                                               const std::vector<llvm::Value*>& m_use,
                                                const std::vector<llvm::Value*>& inv_l);
   void emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha);
   void emit_pv_block(llvm::Value* k0, llvm::Value* nk, llvm::Value* dc, int width,

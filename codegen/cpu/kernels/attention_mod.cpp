@@ -109,10 +109,9 @@ llvm::Value* AttentionEmitter::mod_value(int root, int v, llvm::Value* key, llvm
   return x->getType()->isVectorTy() ? x : splat(x);
 }
 
-std::pair<llvm::Value*, llvm::Value*> AttentionEmitter::classify_tile(llvm::Value* k0) {
+std::pair<llvm::Value*, llvm::Value*> AttentionEmitter::classify_keys(llvm::Value* k_begin, llvm::Value* k_end) {
   if (mod_.expr.keep < 0) return {b_.getTrue(), b_.getFalse()};
-  const TileSpan span{q0_,    b_.CreateAdd(q0_, nvalid_), k0, smin(b_.CreateAdd(k0, c64(tile_)), len_k_), len_qf_,
-                      len_kf_};
+  const TileSpan span{q0_, b_.CreateAdd(q0_, nvalid_), k_begin, k_end, len_qf_, len_kf_};
   AttentionBoundsLeaves leaves(
       b_, mod_, info_.deps, tensors_, span,
       [&](const std::string& axis, bool position) { return axis_value(axis, -1, nullptr, position); },

@@ -44,9 +44,10 @@ llvm::Value* AttentionEmitter::exp2(llvm::Value* x) {
 void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
   llvm::Value* k0 = b_.CreateMul(kt, c64(tile_), "k0", true, true);
   llvm::Value* nk = smin(c64(tile_), b_.CreateSub(len_k_, k0), "nk");  // keys of this tile before S
+  llvm::Value* k_end = b_.CreateAdd(k0, nk, "k_end");
   // The tile's class under the keep predicate: never kept → skipped (its weights are zeros);
   // always kept → no per-entry mask unless it runs past S.
-  auto [always, never] = classify_tile(k0);
+  auto [always, never] = classify_keys(k0, k_end);
   llvm::Function* fn = b_.GetInsertBlock()->getParent();
   llvm::BasicBlock* body = llvm::BasicBlock::Create(ctx_, "tile.body", fn);
   llvm::BasicBlock* skip = llvm::BasicBlock::Create(ctx_, "tile.skip", fn);
@@ -59,7 +60,9 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
 
   llvm::Value* partial = b_.CreateNot(always, "partial");
   llvm::Value* masked = b_.CreateOr(partial, b_.CreateICmpSGE(kt, nclean_), "masked");
-  std::vector<llvm::Value*> tile_max = emit_scores(k0, masked, partial);
+  llvm::Value* span = pass == Pass::online ? tile_span(k0, k_end) : c64(tile_);
+  nk = smin(nk, span, "nk");
+  std::vector<llvm::Value*> tile_max = emit_scores(k0, span, masked, partial);
 
   std::vector<llvm::Value*> m_use(static_cast<std::size_t>(qv_)), alpha(static_cast<std::size_t>(qv_)),
       inv_l(static_cast<std::size_t>(qv_));
@@ -76,7 +79,7 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
     store_vec(m_, c64(v), m_new);
   }
 
-  std::vector<llvm::Value*> sums = emit_probabilities(k0, pass, m_use, inv_l);
+  std::vector<llvm::Value*> sums = emit_probabilities(k0, span, pass, m_use, inv_l);
   if (pass != Pass::normalized) {
     for (int v = 0; v < qv_; ++v) store_vec(l_, c64(v), fma(load_vec(l_, c64(v)), alpha[v], sums[v]));
   }
@@ -89,7 +92,23 @@ void AttentionEmitter::emit_tile(llvm::Value* kt, Pass pass) {
   b_.SetInsertPoint(done);
 }
 
-std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* masked, llvm::Value* partial) {
+llvm::Value* AttentionEmitter::tile_span(llvm::Value* k0, llvm::Value* k_end) {
+  // A causal diagonal tile (or a window's far edge) ends in keys that no row of the task keeps:
+  // the loops stop before them instead of computing scores to mask. Halves, quarters, … of the
+  // tile, each a whole number of Q·Kᵀ blocks and of bf16 pairs; the smallest never-kept suffix
+  // wins (a longer one contains it). Each is a few scalar operations on the predicate's bounds.
+  llvm::Value* span = c64(tile_);
+  if (mod_.expr.keep < 0) return span;
+  for (int h = tile_ / 2; h >= 16 && h % qk_keys_ == 0 && h % 2 == 0; h /= 2) {
+    llvm::Value* begin = b_.CreateAdd(k0, c64(h));
+    llvm::Value* never = b_.CreateOr(b_.CreateICmpSGE(begin, k_end), classify_keys(begin, k_end).second);
+    span = b_.CreateSelect(never, c64(h), span, "span");
+  }
+  return span;
+}
+
+std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::Value* span, llvm::Value* masked,
+                                                        llvm::Value* partial) {
   // With dpbf16 the loop runs over the dk/2 pairs of features: Qᵀ's rows are pairs, a key's pair
   // (d, d+1) is one 32-bit broadcast from K in place.
   const std::int64_t depth = cfg_.dpbf16 ? dk_ / 2 : dk_;
@@ -97,7 +116,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_scores(llvm::Value* k0, llvm::V
   llvm::Value* last_key = b_.CreateSub(len_k_, c64(1), "last_key");
   std::vector<llvm::Value*> max_init(static_cast<std::size_t>(qv_), vconst(kNegInf));
   return ir::emit_loop(
-      b_, c64(0), c64(tile_), qk_keys_, max_init,
+      b_, c64(0), span, qk_keys_, max_init,
       [&](llvm::Value* sb, const std::vector<llvm::Value*>& running_max) {
         // The block's keys; keys past S (last tile only) read row S−1 and are masked below.
         llvm::Value* kbase = b_.CreateAdd(k0, sb, "", true, true);
@@ -200,7 +219,7 @@ std::vector<llvm::Value*> AttentionEmitter::apply_tile_masks(const std::vector<l
   return out;
 }
 
-std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, Pass pass,
+std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, llvm::Value* span, Pass pass,
                                                                const std::vector<llvm::Value*>& m_use,
                                                                const std::vector<llvm::Value*>& inv_l) {
   const bool dropout = spec_.dropout_p > 0 && pass != Pass::stats;
@@ -211,7 +230,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
   llvm::Value* keep_scale = vconst(dropout ? 1.0 / (1.0 - spec_.dropout_p) : 1.0);
   std::vector<llvm::Value*> zero(static_cast<std::size_t>(qv_), vconst(0.0));
   return ir::emit_loop(
-      b_, c64(0), c64(tile_ / step), 1, zero,
+      b_, c64(0), b_.CreateSDiv(span, c64(step)), 1, zero,
       [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
         std::vector<llvm::Value*> sums = in;
         std::vector<std::vector<llvm::Value*>> pairs(static_cast<std::size_t>(qv_));
