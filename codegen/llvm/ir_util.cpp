@@ -145,6 +145,12 @@ std::vector<llvm::Value*> transpose_square(llvm::IRBuilder<>& b, std::vector<llv
   return rows;
 }
 
+std::vector<int> interleave_halves(int lanes) {
+  std::vector<int> order;
+  for (int i = 0; i < 2 * lanes; ++i) order.push_back(i % 2 ? lanes + i / 2 : i / 2);
+  return order;
+}
+
 namespace {
 /// `scalar` as a type of v's shape (a vector of as many lanes when v is a vector).
 llvm::Type* like(llvm::Value* v, llvm::Type* scalar) {

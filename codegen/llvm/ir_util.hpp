@@ -67,6 +67,10 @@ llvm::Value* transpose_sum(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>
 /// strided gathers or scatters it replaces cost far more on AMD's cores).
 std::vector<llvm::Value*> transpose_square(llvm::IRBuilder<>& b, std::vector<llvm::Value*> rows);
 
+/// The shuffle mask that interleaves the halves [x | y] of 2·lanes elements: [x0, y0, x1, y1, ...]
+/// (bf16 pairs from two vectors of `lanes` elements).
+std::vector<int> interleave_halves(int lanes);
+
 inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt64(static_cast<std::uint64_t>(v)); }
 
 /// Half-precision storage (lowering/storage.hpp) in registers: i16 elements (a scalar or a

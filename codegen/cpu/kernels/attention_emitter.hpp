@@ -85,6 +85,8 @@ class AttentionEmitter {
   llvm::Value* dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b);
   /// `every` where all the task's rows are real rows (all but a sequence's last task), else `some`.
   void if_every_row(const std::function<void()>& every, const std::function<void()>& some);
+  /// The alignment of a stored q/k/v/out element (st_).
+  llvm::Align st_align() const { return llvm::Align(half_ ? 2 : 4); }
   /// One stored q/k/v element at `index` of `base` as f32 (bf16 storage: converted).
   llvm::Value* load_stored(llvm::Value* base, llvm::Value* index);
 

@@ -232,7 +232,8 @@ void AttentionEmitter::pack_queries() {
     return b_.CreateFMul(x, factor);
   };
   // Every row real: lanes_ × lanes_ blocks, each row's columns one contiguous load, transposed in
-  // registers (a strided gather per vector cost ~4 % of the kernel at N = 2 048, D = 64).
+  // registers — strided gathers (and the scatters of store_output) are slow on AMD's cores: the
+  // two transposes together gave fp32 +1.4 % on one core at N = 2 048, D = 64, bf16 +4-5 %.
   auto by_transpose = [&] {
     llvm::Type* elem = pairs ? i32_ : st_;
     llvm::Type* row_t = llvm::FixedVectorType::get(elem, static_cast<unsigned>(lanes_));
@@ -243,7 +244,7 @@ void AttentionEmitter::pack_queries() {
             std::vector<llvm::Value*> rows;
             for (int r = 0; r < lanes_; ++r) {
               llvm::Value* at = b_.CreateInBoundsGEP(elem, q_base_, b_.CreateAdd(c0, c64((v * lanes_ + r) * columns)));
-              rows.push_back(b_.CreateAlignedLoad(row_t, at, llvm::Align(half_ ? 2 : 4)));
+              rows.push_back(b_.CreateAlignedLoad(row_t, at, st_align()));
             }
             rows = ir::transpose_square(b_, std::move(rows));
             for (int j = 0; j < lanes_; ++j) store_at(vec_row(qt_, b_.CreateAdd(c0, c64(j))), v, to_qt(rows[j]));
@@ -258,10 +259,9 @@ void AttentionEmitter::pack_queries() {
     llvm::Value* zero = llvm::Constant::getNullValue(lane_t);
     auto gather = [&](llvm::Value* column, int v) {
       llvm::Value* ptrs = b_.CreateGEP(st_, column, lane_offsets(v, dk_));
-      return b_.CreateMaskedGather(lane_t, ptrs, llvm::Align(half_ ? 2 : 4), valid_[v], zero);
+      return b_.CreateMaskedGather(lane_t, ptrs, st_align(), valid_[v], zero);
     };
-    std::vector<int> interleave;
-    for (int i = 0; i < 2 * lanes_; ++i) interleave.push_back(i % 2 ? lanes_ + i / 2 : i / 2);
+    const std::vector<int> interleave = ir::interleave_halves(lanes_);
     ir::emit_loop(
         b_, c64(0), c64(columns), 1,
         [&](llvm::Value* c) {
@@ -367,7 +367,7 @@ void AttentionEmitter::store_output(Pass pass) {
     return half_ ? ir::f32_to_half(b_, x, true) : x;
   };
   // Every row real: lanes_ × lanes_ blocks transposed in registers, a contiguous store per row
-  // (a strided scatter per vector is slow on AMD's cores: ~2 % of the kernel at N = 2 048).
+  // (as pack_queries loads them).
   auto by_transpose = [&] {
     ir::emit_loop(
         b_, c64(0), c64(dv_), lanes_,
@@ -379,7 +379,7 @@ void AttentionEmitter::store_output(Pass pass) {
             for (int r = 0; r < lanes_; ++r)
               b_.CreateAlignedStore(columns[static_cast<std::size_t>(r)],
                                     b_.CreateInBoundsGEP(st_, o_base_, b_.CreateAdd(d0, c64((v * lanes_ + r) * dv_))),
-                                    llvm::Align(half_ ? 2 : 4));
+                                    st_align());
           }
         },
         "store");
@@ -391,8 +391,8 @@ void AttentionEmitter::store_output(Pass pass) {
         [&](llvm::Value* d) {
           llvm::Value* column = b_.CreateInBoundsGEP(st_, o_base_, d);
           for (int v = 0; v < qv_; ++v)
-            b_.CreateMaskedScatter(finished(d, v), b_.CreateGEP(st_, column, lane_offsets(v, dv_)),
-                                   llvm::Align(half_ ? 2 : 4), valid_[v]);
+            b_.CreateMaskedScatter(finished(d, v), b_.CreateGEP(st_, column, lane_offsets(v, dv_)), st_align(),
+                                   valid_[v]);
         },
         "store");
   };

@@ -28,13 +28,6 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 /// Unroll factor of the d loop of Q·Kᵀ: the largest of 4, 2, 1 dividing dk.
 int d_unroll(std::int64_t dk) { return dk % 4 == 0 ? 4 : dk % 2 == 0 ? 2 : 1; }
-
-/// Shuffle lanes [x0, y0, x1, y1, ...] of the halves [x | y] of 2·lanes elements.
-std::vector<int> interleave_halves(int lanes) {
-  std::vector<int> order;
-  for (int i = 0; i < 2 * lanes; ++i) order.push_back(i % 2 ? lanes + i / 2 : i / 2);
-  return order;
-}
 }  // namespace
 
 llvm::Value* AttentionEmitter::exp2(llvm::Value* x) {
@@ -265,7 +258,7 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
 llvm::Value* AttentionEmitter::bf16_pairs(llvm::Value* x, llvm::Value* y) {
   llvm::Value* halves =
       b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {}, {y, x});  // [x | y] rounded
-  return b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, interleave_halves(lanes_)), vf_);
+  return b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, ir::interleave_halves(lanes_)), vf_);
 }
 
 void AttentionEmitter::emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha) {
@@ -385,7 +378,7 @@ void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk, bool p_packe
           llvm::Value* y = b_.CreateAlignedLoad(
               lane16, b_.CreateConstInBoundsGEP1_64(st_, r1, static_cast<std::uint64_t>(d)), llvm::Align(2));
           y = b_.CreateSelect(second, y, llvm::Constant::getNullValue(lane16));
-          b_.CreateAlignedStore(b_.CreateShuffleVector(x, y, interleave_halves(lanes_)),
+          b_.CreateAlignedStore(b_.CreateShuffleVector(x, y, ir::interleave_halves(lanes_)),
                                 b_.CreateConstInBoundsGEP1_64(i32_, out, static_cast<std::uint64_t>(d)),
                                 llvm::Align(vec_bytes_));
         }
