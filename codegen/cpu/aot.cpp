@@ -49,10 +49,14 @@ bool is_c_identifier(const std::string& s) {
 
 void init_llvm() {
   static const bool ok = [] {
-    return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter() &&
-           !llvm::InitializeNativeTargetAsmParser();
+    llvm::InitializeAllTargetInfos();
+    llvm::InitializeAllTargets();
+    llvm::InitializeAllTargetMCs();
+    llvm::InitializeAllAsmPrinters();
+    llvm::InitializeAllAsmParsers();  // the CPU check's cpuid is inline assembly
+    return true;
   }();
-  if (!ok) failed("LLVM has no native target for this host");
+  if (!ok) failed("LLVM has no targets");
 }
 
 /// The machine code is generated for, and what the kernel generators need to know of it.
@@ -61,34 +65,24 @@ struct EmitTarget {
   std::unique_ptr<llvm::TargetMachine> tm;
 };
 
-EmitTarget machine_for(const std::string& cpu) {
+/// The target of `options` (make_target: every feature explicit) and its LLVM machine.
+EmitTarget machine_for(const AotOptions& options) {
   init_llvm();
   EmitTarget m;
-  if (cpu == "native" || cpu.empty()) {
-    m.target = host_target();
-  } else {
-    m.target.triple = llvm::sys::getDefaultTargetTriple();
-    m.target.cpu = cpu;
+  try {
+    m.target = make_target(options.target, options.cpu, options.features);
+  } catch (const std::invalid_argument& e) {
+    invalid(e.what());
   }
+  const std::string arch = target_arch(m.target.triple);
+  if (arch != "x86_64" && arch != "aarch64")
+    invalid("target " + m.target.triple + ": qkv emits CPU code for x86_64 and aarch64");
   std::string error;
   const llvm::Target* t = llvm::TargetRegistry::lookupTarget(m.target.triple, error);
   if (!t) failed("no LLVM target for " + m.target.triple + ": " + error);
-  {  // ask the target's processor table first: creating a machine for an unknown CPU only warns
-    std::unique_ptr<llvm::MCSubtargetInfo> probe(t->createMCSubtargetInfo(m.target.triple, "", ""));
-    if (!probe || !probe->isCPUStringValid(m.target.cpu))
-      invalid("unknown CPU '" + cpu +
-              "' (use native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4 or a CPU name LLVM knows)");
-  }
-  std::string features;
-  for (std::size_t i = 0; i < m.target.features.size(); ++i) features += (i ? "," : "") + m.target.features[i];
-  m.tm.reset(t->createTargetMachine(m.target.triple, m.target.cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_,
-                                    std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+  m.tm.reset(t->createTargetMachine(m.target.triple, m.target.cpu, joined_features(m.target), llvm::TargetOptions(),
+                                    llvm::Reloc::PIC_, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
   if (!m.tm) failed("cannot create a target machine for " + m.target.triple + " (" + m.target.cpu + ")");
-  const llvm::MCSubtargetInfo* sti = m.tm->getMCSubtargetInfo();
-  if (m.target.features.empty()) {  // a named CPU: its features are implied by the name
-    m.target.has_fma = sti->checkFeatures("+fma");
-    m.target.vector_floats = sti->checkFeatures("+avx512f") ? 16 : sti->checkFeatures("+avx") ? 8 : 4;
-  }
   return m;
 }
 
@@ -200,8 +194,13 @@ std::string c_pointer_type(DType t) {
   return "float* ";
 }
 
-std::string header_text(const AotSignature& sig, const AotOptions& options, const std::string& cpu,
+std::string header_text(const AotSignature& sig, const AotOptions& options, const HostTarget& target,
                         const std::string& file) {
+  std::string needs;
+  for (const auto& f : required_features(target)) {
+    const std::size_t line = needs.size() - (needs.rfind('\n') == std::string::npos ? 0 : needs.rfind('\n') + 1);
+    needs += (needs.empty() ? "" : line > 80 ? ",\n *   " : ", ") + f;
+  }
   const std::string& f = options.function;
   const std::string guard = upper(f) + "_H";
   const bool dynamic = !sig.sizes.empty();
@@ -211,9 +210,16 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     << " * " << f << "() computes the model for "
     << (dynamic ? "the sizes it is given (int64_t arguments, first) and the fixed sizes below"
                 : "exactly the sizes below")
-    << ",\n * with machine code for the CPU `" << cpu << "`. It needs only the C library (and its pthreads) at\n"
+    << ",\n * with machine code for " << target_arch(target.triple) << ", CPU `" << target.cpu
+    << "`. It needs only the C library (and its pthreads) at\n"
     << " * run time. Every array is dense and row-major, axes listed outermost first; bool tensors take\n"
     << " * one byte per element (keep-masks: 1 = may attend, 0 = masked out).\n";
+  h << " *\n * CPU check: the code uses these instruction-set features, and every entry point first checks\n"
+    << " * that the CPU running it has them (" << (target_arch(target.triple) == "x86_64" ? "cpuid and the OS's saved register state"
+                                                                               : "getauxval(AT_HWCAP)")
+    << "; once, cached):\n *   " << (needs.empty() ? "(none beyond the architecture's baseline)" : needs) << "\n"
+    << " * On a CPU without one it returns " << cpu::kCpuLacksFeatures << " (" << f << "_prepare returns NULL) and executes nothing\n"
+    << " * else; " << f << "_check_cpu() then gives the line that says which are missing.\n *\n";
   if (sig.checks_ids)
     h << " * Token ids: a return of 3 says an id was outside its embedding table (its row reads as row 0).\n";
   if (dynamic)
@@ -297,6 +303,13 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
   h << "/* Frees a handle (NULL: nothing). */\nvoid " << f << "_release(void* handle);\n\n";
   h << "/* Threads for later calls: n >= 1, or 0 (the default) for one per online CPU. Returns 0, or 1\n"
     << " * for n < 0. Not to be called while " << f << " runs. */\nint " << f << "_set_threads(int n);\n\n";
+  h << "/* The features of the CPU check above, comma-separated (\"\" when none). */\nconst char* " << f
+    << "_required_features(void);\n\n";
+  h << "/* NULL when this CPU has every required feature; otherwise a line naming the missing ones:\n"
+    << " * \"code for " << target.cpu << " needs …; this CPU lacks …\" (static storage). */\nconst char* " << f
+    << "_check_cpu(void);\n\n";
+  h << "/* What every entry point returns on a CPU without a required feature. */\n#define " << upper(f)
+    << "_ERROR_CPU " << cpu::kCpuLacksFeatures << "\n";
   h << "#define " << upper(f) << "_NUM_SIZES " << sig.sizes.size() << "\n";
   h << "#define " << upper(f) << "_NUM_ARGS " << sig.args.size() << "\n";
   for (const auto& a : sig.args)
@@ -312,13 +325,13 @@ AotSignature aot_signature(const Graph& g, const Bindings& sizes, const AotOptio
 }
 
 std::string aot_header(const Graph& g, const Bindings& sizes, const AotOptions& options) {
-  const EmitTarget m = machine_for(options.cpu);
-  return header_text(prepare(g, sizes, options, m.target).signature, options, m.target.cpu, options.function + ".h");
+  const EmitTarget m = machine_for(options);
+  return header_text(prepare(g, sizes, options, m.target).signature, options, m.target, options.function + ".h");
 }
 
 std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const AotOptions& options, AotFormat format,
                                   const std::string& path) {
-  EmitTarget m = machine_for(options.cpu);
+  EmitTarget m = machine_for(options);
   const Compiled c = prepare(g, sizes, options, m.target);
   llvm::LLVMContext context;
   auto module = cpu::build_graph_module(context, c.lowered, c.signature, c.plan, m.target, options.function, true);
@@ -361,7 +374,7 @@ std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const A
   }
   const std::string header = std::filesystem::path(path).replace_extension(".h").string();
   write_file(header,
-             header_text(c.signature, options, m.target.cpu, std::filesystem::path(header).filename().string()));
+             header_text(c.signature, options, m.target, std::filesystem::path(header).filename().string()));
   written.push_back(header);
   return written;
 }

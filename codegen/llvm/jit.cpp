@@ -4,14 +4,18 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/Error.h>
+#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -25,6 +29,10 @@ namespace qkv::codegen {
 struct Jit::Impl {
   HostTarget host;
   std::string key;
+  std::string refused;  // inspect mode, a target this CPU cannot run: why lookups hand out nothing
+  bool inspect = false;
+  mutable std::mutex objects_mutex;
+  std::vector<std::string> objects;
   std::unique_ptr<llvm::TargetMachine> machine;  // for the optimisation pipeline's cost models
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::mutex mutex;  // the pass pipeline and LLJIT's module adds are serialised
@@ -52,6 +60,9 @@ bool fail(std::string* error, std::string message) {
 
 std::string consume(llvm::Error e) { return llvm::toString(std::move(e)); }
 
+std::mutex g_target_mutex;
+std::optional<HostTarget> g_target;  // set_jit_target's
+
 llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) {
   llvm::orc::JITTargetMachineBuilder jtmb{llvm::Triple(llvm::sys::getProcessTriple())};
   jtmb.setCPU(host.cpu);
@@ -63,10 +74,32 @@ llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) 
 
 JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6}; }
 
+HostTarget jit_target() {
+  {
+    std::lock_guard lock(g_target_mutex);
+    if (g_target) return *g_target;
+  }
+  static const HostTarget host = host_target();
+  return host;
+}
+
+void set_jit_target(const HostTarget& target) {
+  const HostTarget host = host_target();
+  if (target_arch(target.triple) != target_arch(host.triple))
+    throw std::invalid_argument("the JIT runs code for this host's architecture (" + target_arch(host.triple) +
+                                "), not " + target_arch(target.triple) + "; use qkv emit for other targets");
+  const auto missing = missing_features(target, host);
+  if (!missing.empty()) throw std::invalid_argument(cpu_error(target, missing));
+  std::lock_guard lock(g_target_mutex);
+  g_target = target;
+}
+
 Jit::Jit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Jit::~Jit() = default;
 
-std::unique_ptr<Jit> Jit::create(std::string* error) {
+std::unique_ptr<Jit> Jit::create(std::string* error) { return create(JitOptions{}, error); }
+
+std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) {
   static const bool initialised = [] {
     return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter();
   }();
@@ -75,9 +108,20 @@ std::unique_ptr<Jit> Jit::create(std::string* error) {
     return nullptr;
   }
   auto impl = std::make_unique<Impl>();
-  impl->host = host_target();
-  impl->key = impl->host.cpu + ":";
-  for (std::size_t i = 0; i < impl->host.features.size(); ++i) impl->key += (i ? "," : "") + impl->host.features[i];
+  impl->host = options.target ? *options.target : jit_target();
+  impl->inspect = options.inspect;
+  impl->key = impl->host.cpu + ":" + joined_features(impl->host);
+  if (target_arch(impl->host.triple) != target_arch(llvm::sys::getProcessTriple())) {
+    fail(error, "jit: cannot run code for " + impl->host.triple + " in this process");
+    return nullptr;
+  }
+  if (const auto missing = missing_features(impl->host, host_target()); !missing.empty()) {
+    impl->refused = "jit: " + cpu_error(impl->host, missing);
+    if (!options.inspect) {
+      fail(error, impl->refused);
+      return nullptr;
+    }
+  }
 
   auto machine = host_machine_builder(impl->host).createTargetMachine();
   if (!machine) {
@@ -93,6 +137,15 @@ std::unique_ptr<Jit> Jit::create(std::string* error) {
     return nullptr;
   }
   impl->jit = std::move(*jit);
+  if (impl->inspect) {
+    Impl* keeper = impl.get();
+    impl->jit->getObjTransformLayer().setTransform(
+        [keeper](std::unique_ptr<llvm::MemoryBuffer> object) -> llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> {
+          std::lock_guard lock(keeper->objects_mutex);
+          keeper->objects.push_back(object->getBuffer().str());
+          return std::move(object);
+        });
+  }
   return std::unique_ptr<Jit>(new Jit(std::move(impl)));
 }
 
@@ -130,7 +183,16 @@ void* Jit::lookup_address(std::string_view name, std::string* error) {
     fail(error, "jit: no symbol '" + std::string(name) + "': " + consume(address.takeError()));
     return nullptr;
   }
+  if (!impl_->refused.empty()) {  // compiled for inspection; this CPU cannot run it
+    fail(error, impl_->refused);
+    return nullptr;
+  }
   return address->toPtr<void*>();
+}
+
+std::vector<std::string> Jit::objects() const {
+  std::lock_guard lock(impl_->objects_mutex);
+  return impl_->objects;
 }
 
 }  // namespace qkv::codegen

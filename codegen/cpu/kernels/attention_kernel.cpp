@@ -53,7 +53,7 @@ KernelConfig choose_kernel_config(const AttentionSpec& spec, const HostTarget& h
   c.dpbf16 = bf16 && c.key_tile % 2 == 0;
   c.scalef_exp2 = c.lanes == 16 && has_feature(host, "+avx512f") && c.flush_denormals;
   c.cpu = host.cpu;
-  for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
+  c.features = joined_features(host);
   return c;
 }
 

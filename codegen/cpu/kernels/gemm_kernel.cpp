@@ -62,7 +62,7 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   c.dpbf16 = spec.bf16 && bf16_dot_products(host, c.lanes);
   if (c.dpbf16) c.k_block += c.k_block % 2;  // whole pairs per K block
   c.cpu = host.cpu;
-  for (std::size_t i = 0; i < host.features.size(); ++i) c.features += (i ? "," : "") + host.features[i];
+  c.features = joined_features(host);
   return c;
 }
 

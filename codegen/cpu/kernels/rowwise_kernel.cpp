@@ -64,7 +64,7 @@ class RowwiseEmitter {
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
     vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
-    for (std::size_t i = 0; i < host.features.size(); ++i) features_ += (i ? "," : "") + host.features[i];
+    features_ = joined_features(host);
   }
 
   void emit_all() {

@@ -19,7 +19,9 @@
 // args are the graph's inputs and parameters in graph order, then its outputs (AotSignature).
 // Returns 0; 1 when the scratch arena cannot be allocated; 2 when the sizes are invalid
 // (negative, or failing one of the graph's shape checks); 3 for an embedding id outside its table;
-// 4 when a handle was prepared for other sizes of the parameters; 5 for a null handle.
+// 4 when a handle was prepared for other sizes of the parameters; 5 for a null handle; 6 (the C
+// entry points of an AOT build) when this CPU lacks a feature the code was compiled for
+// (cpu_check.hpp: <f>_check_cpu says which, <f>_required_features lists them all).
 #pragma once
 
 #include <cstddef>
@@ -44,6 +46,9 @@ class Module;
 }  // namespace llvm
 
 namespace qkv::codegen::cpu {
+
+/// What the C entry points return when this CPU lacks a feature the code was compiled for.
+inline constexpr int kCpuLacksFeatures = 6;
 
 /// Where every value of the lowered graph lives while the generated function runs. Block sizes
 /// are computed by the generated code from the sizes (block_bytes); only the assignment of blocks

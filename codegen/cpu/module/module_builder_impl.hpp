@@ -52,7 +52,7 @@ class ModuleBuilder {
     i32_ = b_.getInt32Ty();
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
-    for (std::size_t i = 0; i < target.features.size(); ++i) features_ += (i ? "," : "") + target.features[i];
+    features_ = joined_features(target);
   }
 
   void build(const std::string& name, bool aot) {

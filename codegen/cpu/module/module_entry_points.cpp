@@ -1,6 +1,7 @@
 // The module's entry points beside <f>_entry (ModuleBuilder, module_builder_impl.hpp): the
 // prepared handle's <f>_prepare_entry / <f>_release_entry, and the C entry points of an AOT
 // build (<f>, <f>_packed, <f>_set_threads, <f>_prepare, <f>_run, <f>_release and their packed forms).
+#include "cpu/module/cpu_check.hpp"
 #include "cpu/module/module_builder_impl.hpp"
 
 namespace qkv::codegen::cpu::detail {
@@ -86,10 +87,17 @@ llvm::Function* ModuleBuilder::emit_release(const std::string& name) {
 /// The C entry points around the entry: <f>(sizes…, arrays…), <f>_packed([sizes,] args),
 /// <f>_set_threads, and the prepared pair <f>_prepare(sizes…, params…) -> handle,
 /// <f>_run(handle, sizes…, the other arrays…), <f>_release(handle), with their _packed forms.
+//
+/// They are compiled for the architecture's baseline (cpu_check.hpp) and run the CPU check first:
+/// a CPU without a feature the kernels were compiled for gets 6 (NULL from the _prepare pair, and
+/// _release frees nothing) before any instruction it lacks runs.
 std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::string& name, llvm::Function* entry,
                                                                 llvm::Function* prepare, llvm::Function* release) {
+  for (llvm::Function* f : {entry, prepare, release}) f->addFnAttr(llvm::Attribute::NoInline);
+  const CpuCheck cpu = emit_cpu_check(m_, target_, name);
+  auto baseline = [this](llvm::Function* f) { baseline_attributes(f, target_); };
   llvm::Function* set = nullptr;
-  llvm::GlobalVariable* setting = emit_thread_setting(m_, name, [this](llvm::Function* f) { attributes(f); }, &set);
+  llvm::GlobalVariable* setting = emit_thread_setting(m_, name, baseline, &set);
   const std::size_t n_sizes = sig_.sizes.size(), n_args = sig_.args.size();
   std::vector<bool> is_param(n_args, false);
   {
@@ -102,8 +110,20 @@ std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::strin
   auto begin = [&](const std::string& fname, llvm::Type* ret, std::vector<llvm::Type*> params) {
     fn_ = llvm::Function::Create(llvm::FunctionType::get(ret, params, false), llvm::GlobalValue::ExternalLinkage, fname,
                                  m_);
-    attributes(fn_);
+    baseline(fn_);
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    // The CPU check: 6 (or NULL, or nothing) unless this CPU has every feature the code needs.
+    auto* refuse = llvm::BasicBlock::Create(ctx_, "cpu_lacks", fn_);
+    auto* go = llvm::BasicBlock::Create(ctx_, "cpu_ok", fn_);
+    b_.CreateCondBr(b_.CreateIsNull(b_.CreateCall(cpu.check)), go, refuse);
+    b_.SetInsertPoint(refuse);
+    if (ret->isVoidTy())
+      b_.CreateRetVoid();
+    else if (ret->isPointerTy())
+      b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+    else
+      b_.CreateRet(b_.getInt32(kCpuLacksFeatures));
+    b_.SetInsertPoint(go);
     return fn_;
   };
   auto arrays = [&](std::size_t n) { return ir::entry_alloca(b_, ptr_, std::max<std::size_t>(n, 1), 8, "args"); };
@@ -196,7 +216,7 @@ std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::strin
   llvm::Function* rel = begin(name + "_release", b_.getVoidTy(), {ptr_});
   b_.CreateCall(release, {rel->getArg(0)});
   b_.CreateRetVoid();
-  return {direct, packed, set, prep, prep_packed, run, run_packed, rel};
+  return {direct, packed, set, prep, prep_packed, run, run_packed, rel, cpu.required, cpu.check};
 }
 
 }  // namespace qkv::codegen::cpu::detail

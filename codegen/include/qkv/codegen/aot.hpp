@@ -38,7 +38,14 @@
 // graph's inputs and parameters in graph order, then its outputs; every array is dense,
 // row-major, in the axis order the header lists. Returns 0; 1 when the arena cannot be allocated;
 // 2 when dynamic sizes are invalid (negative, or failing a shape check of the model); _run also
-// 4 when the parameters' sizes differ from the handle's and 5 for a NULL handle. A handle holds
+// 4 when the parameters' sizes differ from the handle's and 5 for a NULL handle; every entry
+// point 6 (NULL from _prepare) on a CPU that lacks a feature the code was compiled for, checked
+// before anything else runs (cpuid / AT_HWCAP, once):
+//
+//   const char* <function>_required_features(void);   // "avx,avx2,bmi,bmi2,f16c,fma,…"
+//   const char* <function>_check_cpu(void);            // NULL, or "code for x86-64-v4 needs …; this CPU lacks avx512f, …"
+//
+// A handle holds
 // the parameters' pointers, every linear layer's weights packed into the GEMM's panels once and
 // the arena, kept between runs (docs/aot.md). Bool tensors (keep-masks: 1 = may attend) are one
 // byte per element.
@@ -63,9 +70,16 @@ enum class AotFormat {
 struct AotOptions {
   /// The C name of the entry point (a C identifier).
   std::string function = "qkv_model";
-  /// "native" (this host's CPU and features), "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", or
-  /// any CPU name LLVM's x86-64 backend knows (e.g. "znver4", "skylake-avx512").
+  /// The architecture or triple the code is for: "" (this host's), "x86_64", "aarch64", or a
+  /// full triple (e.g. "aarch64-unknown-linux-gnu").
+  std::string target{};
+  /// "native" (this host's CPU and features, exactly as it reports them), "x86-64", "x86-64-v2",
+  /// "x86-64-v3", "x86-64-v4", or any CPU name LLVM knows for the architecture (e.g. "znver4",
+  /// "skylake-avx512"; aarch64: "generic", "neoverse-n1", "neoverse-v1").
   std::string cpu = "native";
+  /// Features added to or removed from the CPU's ("+avx512bf16,-avx512f": LLVM's -mattr
+  /// syntax; removing one removes those built on it).
+  std::string features{};
   /// Symbols (e.g. "Seq", "Key") left as run-time sizes: the entry point takes them as int64_t
   /// arguments, before the arrays. Empty (the default): every size fixed, fully specialised code.
   std::vector<std::string> dynamic{};

@@ -6,8 +6,9 @@
 //   if (!jit->add(std::move(module), std::move(ctx), &error)) ...
 //   auto* fn = jit->lookup<void(const float*, float*)>("my_kernel", &error);
 //
-// Modules are compiled for the host: LLVM's name for the host CPU and its feature list
-// (llvm/TargetParser/Host.h), with the -O3 pipeline of a PassBuilder that knows the target
+// Modules are compiled for the host — LLVM's name for the host CPU and every feature as the host
+// reports it, enabled and disabled (target.hpp) — or for the target set_jit_target chose (`qkv
+// run --cpu`), which must be one this CPU runs; with the -O3 pipeline of a PassBuilder that knows the target
 // machine (so the cost models see the real vector width), then code generation at
 // CodeGenOptLevel::Aggressive. Nothing here exits the process: every failure comes back as
 // false / nullptr with a message.
@@ -18,8 +19,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <qkv/codegen/target.hpp>
 
@@ -38,10 +41,30 @@ struct JitStats {
 };
 JitStats jit_stats();
 
+/// The target every JIT is created for unless told otherwise: the host (host_target()), or the
+/// one set_jit_target chose.
+HostTarget jit_target();
+
+/// Makes the JITs created from now on compile for `target` (`qkv run … --cpu x86-64-v3`: the code
+/// a library for that CPU would run, timed here). Throws std::invalid_argument with cpu_error's
+/// line when this CPU lacks a feature the target needs, or when it is another architecture.
+void set_jit_target(const HostTarget& target);
+
+struct JitOptions {
+  /// The target to compile for; jit_target() when empty.
+  std::optional<HostTarget> target{};
+  /// Compile only, for inspection: keep every object file the JIT links (objects()), and accept
+  /// a target this CPU cannot run — lookups then compile the code but hand out no address.
+  bool inspect = false;
+};
+
 class Jit {
  public:
-  /// A JIT for the host CPU, or nullptr with `*error` set (if error is non-null).
+  /// A JIT for jit_target(), or nullptr with `*error` set (if error is non-null).
   static std::unique_ptr<Jit> create(std::string* error);
+  /// A JIT as `options` say. Unless options.inspect, a target whose features this CPU lacks is
+  /// refused (nullptr, cpu_error's line): code for it would raise SIGILL.
+  static std::unique_ptr<Jit> create(const JitOptions& options, std::string* error);
   ~Jit();
   Jit(const Jit&) = delete;
   Jit& operator=(const Jit&) = delete;
@@ -62,6 +85,9 @@ class Jit {
 
   /// The address of `name` (compiling its module if needed), or nullptr with `*error` set.
   void* lookup_address(std::string_view name, std::string* error);
+
+  /// With JitOptions::inspect: the object files linked so far, in the order they were made.
+  [[nodiscard]] std::vector<std::string> objects() const;
 
   template <class Fn>
   Fn* lookup(std::string_view name, std::string* error) {
