@@ -237,6 +237,59 @@ TEST_F(Cli, EmitWritesEveryFormatAndRefusesBadFlags) {
   }
 }
 
+TEST_F(Cli, EmitForAnotherArchitectureAndCpu) {
+  const std::string model = "emit sdpa --batch 1 --heads 2 --seq 9 --head-dim 16 --causal ";
+  const Result a = run(model + "--target aarch64 --cpu neoverse-n1 --function attn -o " + tmp("a.so"));
+  ASSERT_EQ(a.code, 0) << a.err;
+  const std::string elf = slurp(tmp("a.so"));
+  ASSERT_GT(elf.size(), 20u);
+  EXPECT_EQ(static_cast<unsigned char>(elf[18]), 183u);  // e_machine EM_AARCH64
+  const std::string h = slurp(tmp("a.h"));
+  EXPECT_THAT(h, HasSubstr("machine code for aarch64, CPU `neoverse-n1`"));
+  EXPECT_THAT(h, HasSubstr("dotprod"));
+  EXPECT_THAT(h, HasSubstr("const char* attn_check_cpu(void);"));
+  EXPECT_THAT(h, HasSubstr("#define ATTN_ERROR_CPU 6"));
+  const Result x = run(model + "--target x86_64 --cpu znver4 --features -avx512f --format asm -o " + tmp("z.s"));
+  ASSERT_EQ(x.code, 0) << x.err;
+  EXPECT_THAT(slurp(tmp("z.s")), Not(HasSubstr("zmm")));
+  for (const std::string& bad : std::vector<std::string>{
+           model + "--target aarch64 --cpu znver4 -o " + tmp("x.so"),        // an x86 CPU for aarch64
+           model + "--cpu x86-64-v3 --features avx2 -o " + tmp("x.so"),       // no sign
+           model + "--cpu x86-64-v3 --features -no-such -o " + tmp("x.so"),  // unknown feature
+           model + "--target sparc -o " + tmp("x.so"), model + "--target nvptx --cpu generic -o " + tmp("x.ptx")}) {
+    const Result r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    expect_one_line_error(r);
+    EXPECT_FALSE(fs::exists(tmp("x.so"))) << bad;
+  }
+}
+
+TEST_F(Cli, RunOnTheCpuBackendForANamedCpu) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86-64 CPU names";
+#endif
+  write_npy(tmp("q.npy"), NdArray::from_f32({0.1f, 0.2f, 0.3f, 0.4f, -0.5f, 0.6f}, {1, 1, 3, 2}));
+  const std::string base = "run sdpa --query " + tmp("q.npy") + " --key " + tmp("q.npy") + " --value " + tmp("q.npy");
+  ASSERT_EQ(run(base + " -o " + tmp("native.npy")).code, 0);
+  const Result v2 = run(base + " --cpu x86-64-v2 -o " + tmp("v2.npy"));
+  ASSERT_EQ(v2.code, 0) << v2.err;
+  const auto a = read_npy(tmp("native.npy")).to_f32(), b = read_npy(tmp("v2.npy")).to_f32();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
+  // Code this CPU cannot run is refused before anything is compiled (FMA4: AMD's Bulldozer only).
+  const Result r = run(base + " --features +fma4 -o " + tmp("x.npy"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("this CPU lacks fma4"));
+  expect_one_line_error(r);
+  EXPECT_FALSE(fs::exists(tmp("x.npy")));
+  EXPECT_EQ(run(base + " --cpu no-such-cpu -o " + tmp("x.npy")).code, 2);
+  EXPECT_EQ(run(base + " --backend reference --cpu x86-64-v2 -o " + tmp("x.npy")).code, 2);
+  const Result host = run("host");
+  ASSERT_EQ(host.code, 0);
+  EXPECT_THAT(host.out, HasSubstr("requires: "));
+  EXPECT_THAT(host.out, HasSubstr("--target aarch64"));
+}
+
 TEST_F(Cli, RunSdpaGroupedQueryEqualsRepeatedKeyValueHeads) {
   // k/v with 2 heads for 6 query heads: query head h reads kv head h / 3 (PyTorch's enable_gqa),
   // so the result must equal plain attention on k/v with every head repeated 3 times.

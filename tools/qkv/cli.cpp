@@ -17,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/target.hpp>
 #include <qkv/ir/extent.hpp>
 #include <qkv/runtime/io/files.hpp>
@@ -86,14 +87,39 @@ struct CausalFlag {
   }
 };
 
+/// --backend, and for the cpu backend the CPU its code is compiled for (--cpu, --features): the
+/// code a library emitted for that CPU would run, timed on this host — refused, with the features
+/// this CPU lacks, where it would raise SIGILL.
 struct BackendFlag {
   std::string value = "cpu";
+  std::string cpu, features;
+  CLI::Option *cpu_opt = nullptr, *features_opt = nullptr;
   void add(CLI::App* app, const std::string& help = "cpu (compiled kernels) | reference (the interpreter) | cuda") {
     app->add_option("--backend", value, help)
         ->check(CLI::IsMember({"reference", "cpu", "cuda"}))
         ->capture_default_str();
+    cpu_opt = app->add_option("--cpu", cpu,
+                              "cpu backend: compile for this CPU (native | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM "
+                              "CPU name; default native), refused if this CPU cannot run its code");
+    features_opt = app->add_option("--features", features, "cpu backend: features added or removed, e.g. -avx512f");
   }
-  [[nodiscard]] Backend get() const { return parse_backend(value); }
+  [[nodiscard]] Backend get() const {
+    const Backend b = parse_backend(value);
+    if (cpu_opt->count() + features_opt->count() == 0) return b;
+    if (b != Backend::cpu) throw UsageError("--cpu and --features go with --backend cpu");
+    codegen::HostTarget target;
+    try {
+      target = codegen::make_target("", cpu.empty() ? "native" : cpu, features);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    try {
+      codegen::set_jit_target(target);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());  // this CPU cannot run the code: a failure, not a usage error
+    }
+    return b;
+  }
 };
 
 struct DTypeFlag {
@@ -371,6 +397,13 @@ int host() {
             << (qkv::codegen::cpu::bf16_dot_products(t, t.vector_floats) ? "vdpbf16ps (AVX512-BF16)"
                                                                          : "widened to f32 as loaded (no AVX512-BF16)")
             << "\n";
+  std::string needs;
+  for (const auto& f : qkv::codegen::required_features(t)) needs += (needs.empty() ? "" : " ") + f;
+  std::cout << "requires: " << needs
+            << "\n          (what code built for this host, --cpu native, needs: every emitted library checks it)\n"
+            << "targets:  qkv emit --target x86_64 --cpu native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | <LLVM CPU>\n"
+            << "          qkv emit --target aarch64 --cpu generic | neoverse-n1 | neoverse-v1 | <LLVM CPU> (NEON, 4 x f32)\n"
+            << "          qkv emit --target nvptx --sm 80 | 86 | 87 | 89 | 90 (PTX)\n";
   return 0;
 }
 
@@ -554,11 +587,14 @@ int run_cli(int argc, char** argv) {
       "Example: qkv emit mha --batch 1 --heads 8 --seq 128 --embed-dim 512 --target cpu --cpu x86-64-v3 --format so "
       "-o mha.so");
   emit_flags.add(emit_cmd);
-  emit_cmd->add_option("--target", emit_opts.target, "cpu | nvptx")
-      ->check(CLI::IsMember({"cpu", "nvptx"}))
+  emit_cmd->add_option("--target", emit_opts.target, "cpu (this host's architecture) | x86_64 | aarch64 | nvptx")
+      ->check(CLI::IsMember({"cpu", "x86_64", "aarch64", "nvptx"}))
       ->capture_default_str();
-  emit_cmd->add_option("--cpu", emit_opts.cpu, "native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM CPU name")
-      ->capture_default_str();
+  emit_cmd->add_option("--cpu", emit_opts.cpu,
+                       "native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM CPU name (aarch64: generic | "
+                       "neoverse-n1 | neoverse-v1 | …); default native, or generic for another architecture");
+  emit_cmd->add_option("--features", emit_opts.features,
+                       "Features added to or removed from the CPU's, e.g. -avx512f or +avx512bf16 (LLVM's names)");
   emit_cmd->add_option("--sm", emit_opts.sm, "80 | 86 | 87 | 89 | 90 (nvptx)")
       ->check(integer_in(0, kIntMax))
       ->capture_default_str();

@@ -155,8 +155,9 @@ int heatmap(const Heatmap& h);
 /// interpreter's outputs there as .npy, one file per argument of the generated function.
 struct Emit {
   ShapeModel model;
-  std::string target = "cpu";  // cpu | nvptx
-  std::string cpu = "native";
+  std::string target = "cpu";  // cpu (the host's architecture) | x86_64 | aarch64 | nvptx
+  std::string cpu;             // empty: native, or generic for another architecture
+  std::string features;        // LLVM's -mattr syntax: -avx512f,+fma
   int sm = 80;
   std::string format;  // ll | asm | obj | so | ptx (default: so for cpu, ptx for nvptx)
   std::string out, function, example_dir;

@@ -16,6 +16,7 @@
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/nvptx.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/codegen/target.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 
@@ -97,6 +98,7 @@ void check_function_name(const std::string& f, bool user_given) {
 /// The seeded inputs and the reference outputs, one .npy per argument of the generated function.
 struct Example {
   std::vector<std::pair<std::string, std::size_t>> files;  // argument, output index
+  std::size_t manifest = 0;                                 // arguments.txt
 };
 
 /// Declares the example's files and checks there is memory for the reference run.
@@ -106,9 +108,25 @@ Example declare_example(OutputGroup& outputs, const Instance& in, const codegen:
   Example ex;
   for (const auto& a : sig.args)
     ex.files.emplace_back(a.name, outputs.add_file(fs::path(dir) / (a.c_name + ".npy"), "--example-dir"));
+  ex.manifest = outputs.add_file(fs::path(dir) / "arguments.txt", "--example-dir");
   require_memory(feed_bytes(in.graph, in.sizes) + run_bytes(in.graph, in.sizes, Backend::reference),
                  "--example-dir (the reference run)");
   return ex;
+}
+
+void write_text(OutputGroup& outputs, std::size_t i, const std::string& text) {
+  outputs.write(i, {std::as_bytes(std::span(text.data(), text.size()))});
+}
+
+/// arguments.txt: the function's arguments in order, one line each — "<c_name> input|output
+/// <dtype>", after the run-time sizes as "<c_name> size" — for a program that calls any model
+/// through <f>_packed (tests/e2e/aot/aot_check.c).
+std::string manifest(const codegen::AotSignature& sig) {
+  std::string text = "# the arguments of the generated function, in order: name, role, dtype (qkv emit)\n";
+  for (const auto& s : sig.sizes) text += s.c_name + " size\n";
+  for (const auto& a : sig.args)
+    text += a.c_name + (a.output ? " output " : " input ") + std::string(dtype_name(a.dtype)) + "\n";
+  return text;
 }
 
 void stage_example(OutputGroup& outputs, const Example& ex, const Instance& in, const ShapeModel& model,
@@ -124,10 +142,7 @@ void stage_example(OutputGroup& outputs, const Example& ex, const Instance& in, 
     // As the function takes it: bool as bytes, everything else in its storage dtype.
     stage_npy(outputs, ex.files[k].second, a.dtype == DType::boolean ? v : v.converted(a.dtype));
   }
-}
-
-void write_text(OutputGroup& outputs, std::size_t i, const std::string& text) {
-  outputs.write(i, {std::as_bytes(std::span(text.data(), text.size()))});
+  write_text(outputs, ex.manifest, manifest(sig));
 }
 
 std::string dims(const codegen::nvptx::Dim3& d) {
@@ -201,14 +216,21 @@ int emit_ptx(const Emit& e, const Instance& in) {
 
 int emit(const Emit& e) {
   if (e.out.empty()) throw UsageError("give the output file with -o / --out");
-  if (e.target != "cpu" && e.target != "nvptx") throw UsageError("--target must be cpu or nvptx, not " + e.target);
-  if (e.target == "nvptx" && !e.example_dir.empty()) throw UsageError("--example-dir goes with --target cpu");
-  if (e.target == "nvptx" && !e.dynamic.empty()) throw UsageError("--dynamic goes with --target cpu");
+  if (e.target != "cpu" && e.target != "x86_64" && e.target != "aarch64" && e.target != "nvptx")
+    throw UsageError("--target must be cpu, x86_64, aarch64 or nvptx, not " + e.target);
+  if (e.target == "nvptx" && !e.example_dir.empty()) throw UsageError("--example-dir goes with a CPU target");
+  if (e.target == "nvptx" && !e.dynamic.empty()) throw UsageError("--dynamic goes with a CPU target");
+  if (e.target == "nvptx" && (!e.cpu.empty() || !e.features.empty()))
+    throw UsageError("--cpu and --features go with a CPU target; nvptx takes --sm");
   const Instance in = instantiate(e.model);
   if (e.target == "nvptx") return emit_ptx(e, in);
 
   codegen::AotOptions options;
-  options.cpu = e.cpu;
+  options.target = e.target == "cpu" ? "" : e.target;
+  const bool foreign =
+      !options.target.empty() && options.target != codegen::target_arch(codegen::host_target().triple);
+  options.cpu = !e.cpu.empty() ? e.cpu : foreign ? "generic" : "native";
+  options.features = e.features;
   options.function = e.function;
   options.dynamic = e.dynamic;
   if (options.function.empty()) {  // qkv_sdpa, qkv_mha, qkv_encoder_layer

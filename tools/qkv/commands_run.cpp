@@ -31,7 +31,7 @@ Backend parse_backend(const std::string& s) {
 }
 
 codegen::cpu::KernelTuning host_tuning() {
-  const codegen::HostTarget host = codegen::host_target();
+  const codegen::HostTarget host = codegen::jit_target();  // the host, or what --cpu chose
   return codegen::cpu::kernel_tuning(host, host.vector_floats);
 }
 

@@ -3,7 +3,8 @@
  * C++ runtime), reads the inputs `qkv emit --example-dir` wrote, calls the function both ways
  * (typed and packed) and compares its output with the reference interpreter's.
  *
- *   usage: mha_main EXAMPLE_DIR        exit 0: agrees within 1e-4 · max(1, |ref|); 1 otherwise */
+ *   usage: mha_main EXAMPLE_DIR        exit 0: agrees within 1e-4 · max(1, |ref|); 3: the library
+ *   refused this CPU (the line naming the missing features on stderr); 1 otherwise */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,8 +33,13 @@ int main(int argc, char** argv) {
   if (!out || !out_packed) return 1;
   for (long i = 0; i < MHA_OUT_NUMEL; ++i) out[i] = out_packed[i] = NAN;
 
-  if (mha(query, in_w, in_b, out_w, out_b, keep, out) != 0) {
-    fprintf(stderr, "mha() failed\n");
+  const int rc = mha(query, in_w, in_b, out_w, out_b, keep, out);
+  if (rc == MHA_ERROR_CPU) { /* built for a CPU this one is not: it says which features are missing */
+    fprintf(stderr, "mha: %s\n", mha_check_cpu());
+    return 3;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "mha() failed (%d)\n", rc);
     return 1;
   }
   void* args[MHA_NUM_ARGS] = {query, in_w, in_b, out_w, out_b, keep, out_packed};

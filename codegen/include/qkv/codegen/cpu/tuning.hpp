@@ -20,7 +20,7 @@
 namespace qkv::codegen::cpu {
 
 struct KernelTuning {
-  std::string name;  // "avx512-full-width", "avx512", "avx2", "sse"
+  std::string name;  // "avx512-full-width", "avx512", "avx2", "sse", "neon"
   std::string why;   // the property of the target that chose it
   // The fused attention (KernelConfig's fields): f32 storage, then bf16.
   int query_vectors = 4, qk_keys = 4, pv_dims = 4, key_tile = 64;
@@ -60,6 +60,13 @@ inline KernelTuning kernel_tuning(const HostTarget& host, int lanes) {
   } else if (lanes >= 16 && avx512) {
     t.name = "avx512";
     t.why = host.cpu + ": AVX-512 (512-bit FMAs on split or unknown pipes)";
+  } else if (lanes == 4 && host.triple.starts_with("aarch64")) {
+    // NEON: 4 lanes like SSE, but 32 vector registers (SSE has 16): the blocking of the 32-register
+    // AVX-512 row, 16 attention accumulators (enough to cover a 4-cycle FMA on two pipes, which
+    // the SSE row's 2 × 2 cannot) and a 12 × 8 GEMM tile (24 accumulators, 2 loads of B, a
+    // broadcast). Chosen by register count; not yet timed on ARM hardware (docs/aot.md).
+    t.name = "neon";
+    t.why = host.cpu + ": 4-lane vectors, 32 registers";
   } else if (lanes >= 8) {
     t.name = "avx2";
     t.why = host.cpu + ": 8-lane vectors";
