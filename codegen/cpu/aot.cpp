@@ -215,10 +215,11 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     << " * run time. Every array is dense and row-major, axes listed outermost first; bool tensors take\n"
     << " * one byte per element (keep-masks: 1 = may attend, 0 = masked out).\n";
   h << " *\n * CPU check: the code uses these instruction-set features, and every entry point first checks\n"
-    << " * that the CPU running it has them (" << (target_arch(target.triple) == "x86_64" ? "cpuid and the OS's saved register state"
-                                                                               : "getauxval(AT_HWCAP)")
+    << " * that the CPU running it has them ("
+    << (target_arch(target.triple) == "x86_64" ? "cpuid and the OS's saved register state" : "getauxval(AT_HWCAP)")
     << "; once, cached):\n *   " << (needs.empty() ? "(none beyond the architecture's baseline)" : needs) << "\n"
-    << " * On a CPU without one it returns " << cpu::kCpuLacksFeatures << " (" << f << "_prepare returns NULL) and executes nothing\n"
+    << " * On a CPU without one it returns " << cpu::kCpuLacksFeatures << " (" << f
+    << "_prepare returns NULL) and executes nothing\n"
     << " * else; " << f << "_check_cpu() then gives the line that says which are missing.\n *\n";
   if (sig.checks_ids)
     h << " * Token ids: a return of 3 says an id was outside its embedding table (its row reads as row 0).\n";
@@ -373,8 +374,7 @@ std::vector<std::string> emit_aot(const Graph& g, const Bindings& sizes, const A
     }
   }
   const std::string header = std::filesystem::path(path).replace_extension(".h").string();
-  write_file(header,
-             header_text(c.signature, options, m.target, std::filesystem::path(header).filename().string()));
+  write_file(header, header_text(c.signature, options, m.target, std::filesystem::path(header).filename().string()));
   written.push_back(header);
   return written;
 }

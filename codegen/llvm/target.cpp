@@ -21,8 +21,8 @@ namespace cpu_features {
 
 namespace {
 constexpr std::uint64_t bit(int b) { return std::uint64_t{1} << b; }
-constexpr std::uint64_t kYmmState = 0x6;    // XCR0: SSE and AVX state
-constexpr std::uint64_t kZmmState = 0xE6;   // ... and opmask, ZMM0-15 upper halves, ZMM16-31
+constexpr std::uint64_t kYmmState = 0x6;   // XCR0: SSE and AVX state
+constexpr std::uint64_t kZmmState = 0xE6;  // ... and opmask, ZMM0-15 upper halves, ZMM16-31
 
 // clang-format off
 constexpr Checked kX86[] = {
@@ -146,9 +146,12 @@ std::vector<std::string> feature_flags(const std::map<std::string, bool>& featur
 std::string target_arch(const std::string& triple) {
   const llvm::Triple t(triple);
   switch (t.getArch()) {
-    case llvm::Triple::x86_64: return "x86_64";
-    case llvm::Triple::aarch64: return "aarch64";
-    default: return t.getArchName().str();
+    case llvm::Triple::x86_64:
+      return "x86_64";
+    case llvm::Triple::aarch64:
+      return "aarch64";
+    default:
+      return t.getArchName().str();
   }
 }
 
@@ -170,8 +173,8 @@ HostTarget make_target(const std::string& triple_in, const std::string& cpu_in, 
   const bool native = cpu_in.empty() || cpu_in == "native";
   const HostTarget host = native ? host_target() : HostTarget{};
   if (native && target_arch(t.triple) != target_arch(host.triple))
-    invalid("--cpu native means this host (" + target_arch(host.triple) + "); name a CPU for " +
-            target_arch(t.triple) + " (e.g. generic)");
+    invalid("--cpu native means this host (" + target_arch(host.triple) + "); name a CPU for " + target_arch(t.triple) +
+            " (e.g. generic)");
   t.cpu = native ? host.cpu : cpu_in;
   std::string error;
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget(t.triple, error);
@@ -179,8 +182,9 @@ HostTarget make_target(const std::string& triple_in, const std::string& cpu_in, 
   std::unique_ptr<llvm::MCSubtargetInfo> probe(target->createMCSubtargetInfo(t.triple, "", ""));
   if (!probe || !probe->isCPUStringValid(t.cpu))
     invalid("unknown CPU '" + cpu_in + "' for " + target_arch(t.triple) +
-            (target_arch(t.triple) == "x86_64" ? " (use native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4 or a CPU name LLVM knows)"
-                                               : " (use generic or a CPU name LLVM knows, e.g. neoverse-n1, neoverse-v1)"));
+            (target_arch(t.triple) == "x86_64"
+                 ? " (use native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4 or a CPU name LLVM knows)"
+                 : " (use generic or a CPU name LLVM knows, e.g. neoverse-n1, neoverse-v1)"));
   // Check the overrides' names: LLVM only warns about an unknown one.
   std::string fs = native ? joined_features(host) : "";
   std::size_t start = 0;

@@ -161,8 +161,8 @@ Scan scan_x86_object(const std::string& bytes) {
     if (!section.isText()) continue;
     auto contents = section.getContents();
     if (!contents) continue;
-    const auto data = llvm::ArrayRef<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(contents->data()),
-                                                   contents->size());
+    const auto data =
+        llvm::ArrayRef<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(contents->data()), contents->size());
     for (std::uint64_t at = 0; at < data.size();) {
       llvm::MCInst inst;
       std::uint64_t size = 0;

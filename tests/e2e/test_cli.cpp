@@ -254,7 +254,7 @@ TEST_F(Cli, EmitForAnotherArchitectureAndCpu) {
   EXPECT_THAT(slurp(tmp("z.s")), Not(HasSubstr("zmm")));
   for (const std::string& bad : std::vector<std::string>{
            model + "--target aarch64 --cpu znver4 -o " + tmp("x.so"),        // an x86 CPU for aarch64
-           model + "--cpu x86-64-v3 --features avx2 -o " + tmp("x.so"),       // no sign
+           model + "--cpu x86-64-v3 --features avx2 -o " + tmp("x.so"),      // no sign
            model + "--cpu x86-64-v3 --features -no-such -o " + tmp("x.so"),  // unknown feature
            model + "--target sparc -o " + tmp("x.so"), model + "--target nvptx --cpu generic -o " + tmp("x.ptx")}) {
     const Result r = run(bad);

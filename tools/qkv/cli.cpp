@@ -399,11 +399,12 @@ int host() {
             << "\n";
   std::string needs;
   for (const auto& f : qkv::codegen::required_features(t)) needs += (needs.empty() ? "" : " ") + f;
-  std::cout << "requires: " << needs
-            << "\n          (what code built for this host, --cpu native, needs: every emitted library checks it)\n"
-            << "targets:  qkv emit --target x86_64 --cpu native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | <LLVM CPU>\n"
-            << "          qkv emit --target aarch64 --cpu generic | neoverse-n1 | neoverse-v1 | <LLVM CPU> (NEON, 4 x f32)\n"
-            << "          qkv emit --target nvptx --sm 80 | 86 | 87 | 89 | 90 (PTX)\n";
+  std::cout
+      << "requires: " << needs
+      << "\n          (what code built for this host, --cpu native, needs: every emitted library checks it)\n"
+      << "targets:  qkv emit --target x86_64 --cpu native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | <LLVM CPU>\n"
+      << "          qkv emit --target aarch64 --cpu generic | neoverse-n1 | neoverse-v1 | <LLVM CPU> (NEON, 4 x f32)\n"
+      << "          qkv emit --target nvptx --sm 80 | 86 | 87 | 89 | 90 (PTX)\n";
   return 0;
 }
 

@@ -98,7 +98,7 @@ void check_function_name(const std::string& f, bool user_given) {
 /// The seeded inputs and the reference outputs, one .npy per argument of the generated function.
 struct Example {
   std::vector<std::pair<std::string, std::size_t>> files;  // argument, output index
-  std::size_t manifest = 0;                                 // arguments.txt
+  std::size_t manifest = 0;                                // arguments.txt
 };
 
 /// Declares the example's files and checks there is memory for the reference run.
@@ -227,8 +227,7 @@ int emit(const Emit& e) {
 
   codegen::AotOptions options;
   options.target = e.target == "cpu" ? "" : e.target;
-  const bool foreign =
-      !options.target.empty() && options.target != codegen::target_arch(codegen::host_target().triple);
+  const bool foreign = !options.target.empty() && options.target != codegen::target_arch(codegen::host_target().triple);
   options.cpu = !e.cpu.empty() ? e.cpu : foreign ? "generic" : "native";
   options.features = e.features;
   options.function = e.function;

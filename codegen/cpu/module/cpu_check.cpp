@@ -135,8 +135,8 @@ CpuCheck emit_cpu_check(llvm::Module& m, const HostTarget& target, const std::st
                                           llvm::ConstantAggregateZero::get(buffer_type), prefix + "_cpu_message");
   // 0: not checked yet, 1: this CPU runs the code, 2: it does not (the message is written), 3: a
   // thread is writing the message.
-  auto* state = new llvm::GlobalVariable(m, i32, false, llvm::GlobalValue::InternalLinkage, b.getInt32(0),
-                                         prefix + "_cpu_state");
+  auto* state =
+      new llvm::GlobalVariable(m, i32, false, llvm::GlobalValue::InternalLinkage, b.getInt32(0), prefix + "_cpu_state");
   llvm::Function* f = out.check = llvm::Function::Create(llvm::FunctionType::get(ptr, false),
                                                          llvm::GlobalValue::ExternalLinkage, prefix + "_check_cpu", m);
   baseline_attributes(f, target);

@@ -472,11 +472,42 @@ class ModuleBuilder {
     b_.SetInsertPoint(next);
   }
 
-  /// Return 2 unless every run-time size is >= 0, every extent of the graph too, and the graph's
-  /// deferred shape checks hold.
+  /// The extent as a double (no i64 overflow however large the run-time size).
+  llvm::Value* fdim(const Extent& e) {
+    if (auto v = e.resolve(plan_.fixed)) return llvm::ConstantFP::get(f64_, static_cast<double>(*v));
+    llvm::Value* s = b_.CreateSIToFP(sym_.at(e.symbol), f64_);
+    return b_.CreateFAdd(b_.CreateFDiv(b_.CreateFMul(s, llvm::ConstantFP::get(f64_, static_cast<double>(e.num))),
+                                       llvm::ConstantFP::get(f64_, static_cast<double>(e.den))),
+                         llvm::ConstantFP::get(f64_, static_cast<double>(e.plus)));
+  }
+
+  /// Whether the run-time sizes keep every size the code computes inside int64: the sum, over
+  /// the nodes `n` with keep(n), of the product of every extent of the node and its inputs (each
+  /// loop nest's iteration space, each buffer, a fused attention's L × S, the arena, which is
+  /// smaller than this sum) times 8 bytes, is at most 2^56 — computed in f64, so sizes such as
+  /// 2^62 or INT64_MAX cannot wrap it. 2^56 bytes (64 PiB) leaves a factor of 128 for the
+  /// blocks derived from them (packed panels' padding, split-KV partial results).
+  ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep) {
+    llvm::Value* total = llvm::ConstantFP::get(f64_, 0.0);
+    for (const auto& n : g_.nodes()) {
+      if (!keep(n)) continue;
+      std::map<std::string, const Extent*> space;
+      for (const auto& a : n.axes) space.emplace(a.name, &a.extent);
+      for (int in : n.inputs)
+        for (const auto& a : g_.node(in).axes) space.emplace(a.name, &a.extent);
+      llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
+      for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
+      total = b_.CreateFAdd(total, product);
+    }
+    constexpr double kLimit = 72057594037927936.0;  // 2^56
+    return ir::Bool(b_, b_.CreateFCmpOLE(total, llvm::ConstantFP::get(f64_, kLimit)));
+  }
+
+  /// Return 2 unless every run-time size is >= 0, every extent of the graph too, the graph's
+  /// deferred shape checks hold, and every size computed from them fits (sizes_fit).
   void emit_size_checks() {
     if (plan_.dynamic.empty()) return;
-    ir::Bool ok(b_, b_.getTrue());
+    ir::Bool ok = sizes_fit([](const Node&) { return true; });
     for (const auto& n : g_.nodes())
       for (const auto& a : n.axes)
         if (a.extent.is_dynamic()) ok = ok && dim(a.extent) >= 0;

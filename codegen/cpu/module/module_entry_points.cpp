@@ -18,6 +18,20 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
   sym_.clear();
   for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
     sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
+  // The sizes of the parameters (the only ones read here) must be >= 0 and fit (sizes_fit).
+  if (!plan_.dynamic.empty()) {
+    ir::Bool fits = sizes_fit([](const Node& n) { return n.op == Op::param; });
+    for (const auto& n : g_.nodes())
+      if (n.op == Op::param)
+        for (const auto& a : n.axes)
+          if (a.extent.is_dynamic()) fits = fits && dim(a.extent) >= 0;
+    auto* bad = llvm::BasicBlock::Create(ctx_, "bad_sizes", fn_);
+    auto* fine = llvm::BasicBlock::Create(ctx_, "sizes_fit", fn_);
+    b_.CreateCondBr(fits.v(), fine, bad);
+    b_.SetInsertPoint(bad);
+    b_.CreateRet(llvm::ConstantPointerNull::get(ptr_));
+    b_.SetInsertPoint(fine);
+  }
   auto* calloc_fn = m_.getOrInsertFunction("calloc", ptr_, i64_, i64_).getCallee();
   llvm::Value* handle =
       b_.CreateCall(llvm::cast<llvm::Function>(calloc_fn), {b_.getInt64(handle_slots()), b_.getInt64(8)}, "handle");

@@ -43,7 +43,8 @@
 // before anything else runs (cpuid / AT_HWCAP, once):
 //
 //   const char* <function>_required_features(void);   // "avx,avx2,bmi,bmi2,f16c,fma,…"
-//   const char* <function>_check_cpu(void);            // NULL, or "code for x86-64-v4 needs …; this CPU lacks avx512f, …"
+//   const char* <function>_check_cpu(void);            // NULL, or "code for x86-64-v4 needs …; this CPU lacks avx512f,
+//   …"
 //
 // A handle holds
 // the parameters' pointers, every linear layer's weights packed into the GEMM's panels once and
