@@ -143,7 +143,7 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
         [keeper](std::unique_ptr<llvm::MemoryBuffer> object) -> llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> {
           std::lock_guard lock(keeper->objects_mutex);
           keeper->objects.push_back(object->getBuffer().str());
-          return std::move(object);
+          return object;
         });
   }
   return std::unique_ptr<Jit>(new Jit(std::move(impl)));

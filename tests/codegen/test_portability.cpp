@@ -120,8 +120,9 @@ TEST(Target, UnknownNamesAreRefused) {
   EXPECT_THROW(codegen::make_target("x86_64", "x86-64-v3", "-no-such-feature"), std::invalid_argument);
   EXPECT_THROW(codegen::make_target("x86_64", "x86-64-v3", "avx2"), std::invalid_argument);  // no sign
   EXPECT_THROW(codegen::make_target("aarch64", "znver4"), std::invalid_argument);
-  if (codegen::target_arch(codegen::host_target().triple) == "x86_64")
+  if (codegen::target_arch(codegen::host_target().triple) == "x86_64") {
     EXPECT_THROW(codegen::make_target("aarch64", "native"), std::invalid_argument);
+  }
 }
 
 // --- machine code ---------------------------------------------------------------------------
@@ -283,7 +284,9 @@ TEST(NoEvex, Znver4WithAvx512MaskedInTheJit) {
   // The JIT hands out the code only where this CPU runs it.
   const auto missing = codegen::missing_features(masked, codegen::host_target());
   EXPECT_EQ(error.empty(), missing.empty()) << error;
-  if (!missing.empty()) EXPECT_THAT(error, HasSubstr("this CPU lacks"));
+  if (!missing.empty()) {
+    EXPECT_THAT(error, HasSubstr("this CPU lacks"));
+  }
 }
 
 TEST(NoEvex, Znver4WithAvx512MaskedAheadOfTime) {
@@ -303,8 +306,10 @@ TEST(NoEvex, AJitForTheFullZnver4IsRefusedWhereAvx512IsMissing) {
   auto jit = codegen::Jit::create(codegen::JitOptions{.target = full}, &error);
   const auto missing = codegen::missing_features(full, codegen::host_target());
   EXPECT_EQ(jit == nullptr, !missing.empty());
-  if (!missing.empty()) EXPECT_THAT(error, HasSubstr("code for znver4 needs"));
-  if (!missing.empty()) EXPECT_THROW(codegen::set_jit_target(full), std::invalid_argument);
+  if (!missing.empty()) {
+    EXPECT_THAT(error, HasSubstr("code for znver4 needs"));
+    EXPECT_THROW(codegen::set_jit_target(full), std::invalid_argument);
+  }
 }
 
 // --- the CPU check of an emitted library ------------------------------------------------------
