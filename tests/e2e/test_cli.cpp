@@ -229,7 +229,9 @@ TEST_F(Cli, EmitWritesEveryFormatAndRefusesBadFlags) {
   for (const std::string& bad : std::vector<std::string>{
            model + "--cpu no-such-cpu -o " + tmp("x.so"), model + "--function 9lives -o " + tmp("x.so"),
            model + "--target nvptx --format so -o " + tmp("x.so"), model + "--target nvptx --sm 70 -o " + tmp("x.so"),
-           model + "--format ptx -o " + tmp("x.so"), model + "--format so"}) {
+           model + "--format ptx -o " + tmp("x.so"), model + "--format so",
+           model + "--function main -o " + tmp("x.so"),  // #28 item 10: every C program has a main
+           model + "--window '' -o " + tmp("x.so")}) {   // #28 item 10: an empty window is not "none"
     const Result r = run(bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
     expect_one_line_error(r);

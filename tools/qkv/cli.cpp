@@ -141,9 +141,10 @@ struct DTypeFlag {
 struct ModFlagsOptions {
   double softcap = 0;
   std::int64_t prefix_len = 0;
-  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr;
+  CLI::Option *softcap_opt = nullptr, *prefix_opt = nullptr, *window_opt = nullptr;
   void add(CLI::App* cmd, ModFlags& f) {
-    cmd->add_option("--window", f.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
+    window_opt =
+        cmd->add_option("--window", f.window, "LEFT,RIGHT: keep keys i'-LEFT <= j <= i'+RIGHT (-1 = unbounded)");
     softcap_opt = cmd->add_option("--softcap", softcap, "C: scores become C*tanh(s/C)")->check(finite_number());
     prefix_opt =
         cmd->add_option("--prefix-len", prefix_len, "N: prefix-LM, keys j < N or j <= i'")->check(unsigned_integer());
@@ -151,6 +152,8 @@ struct ModFlagsOptions {
         ->check(CLI::IsMember({"top-left", "bottom-right"}));
   }
   void get(ModFlags& f) const {
+    // An empty --window '' is not "no window": say so rather than run the model unwindowed.
+    if (window_opt->count() && f.window.empty()) throw UsageError("--window takes LEFT,RIGHT (integers), not ''");
     if (softcap_opt->count()) f.softcap = softcap;
     if (prefix_opt->count()) f.prefix_len = prefix_len;
   }

@@ -89,6 +89,7 @@ void check_function_name(const std::string& f, bool user_given) {
     if (in_c_library(symbol))
       refuse(symbol == f ? "is a C library function or variable; the library would displace it"
                          : "makes '" + symbol + "', a C library symbol");
+  if (f == "main") refuse("is the entry point of every C program that would call it");
   static const char* kMacros[] = {"errno", "assert", "stdin", "stdout", "stderr", "offsetof", "NULL"};
   if (std::find(std::begin(kMacros), std::end(kMacros), f) != std::end(kMacros)) refuse("is a C library macro");
 }
