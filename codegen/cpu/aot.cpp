@@ -48,7 +48,7 @@ bool is_c_identifier(const std::string& s) {
 }
 
 void init_llvm() {
-  static const bool ok = [] {
+  static const bool done = [] {
     llvm::InitializeAllTargetInfos();
     llvm::InitializeAllTargets();
     llvm::InitializeAllTargetMCs();
@@ -56,7 +56,7 @@ void init_llvm() {
     llvm::InitializeAllAsmParsers();  // the CPU check's cpuid is inline assembly
     return true;
   }();
-  if (!ok) failed("LLVM has no targets");
+  (void)done;
 }
 
 /// The machine code is generated for, and what the kernel generators need to know of it.

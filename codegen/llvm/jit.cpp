@@ -74,17 +74,19 @@ llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) 
 
 JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6}; }
 
-HostTarget jit_target() {
-  {
-    std::lock_guard lock(g_target_mutex);
-    if (g_target) return *g_target;
-  }
+/// The host, read once per process (every JIT and every check compares against it).
+const HostTarget& this_host() {
   static const HostTarget host = host_target();
   return host;
 }
 
+HostTarget jit_target() {
+  std::lock_guard lock(g_target_mutex);
+  return g_target ? *g_target : this_host();
+}
+
 void set_jit_target(const HostTarget& target) {
-  const HostTarget host = host_target();
+  const HostTarget& host = this_host();
   if (target_arch(target.triple) != target_arch(host.triple))
     throw std::invalid_argument("the JIT runs code for this host's architecture (" + target_arch(host.triple) +
                                 "), not " + target_arch(target.triple) + "; use qkv emit for other targets");
@@ -115,7 +117,7 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
     fail(error, "jit: cannot run code for " + impl->host.triple + " in this process");
     return nullptr;
   }
-  if (const auto missing = missing_features(impl->host, host_target()); !missing.empty()) {
+  if (const auto missing = missing_features(impl->host, this_host()); !missing.empty()) {
     impl->refused = "jit: " + cpu_error(impl->host, missing);
     if (!options.inspect) {
       fail(error, impl->refused);
