@@ -5,6 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <qkv/runtime/io/files.hpp>
+#include <qkv/runtime/io/quote.hpp>
+
+#include "io/json_text.hpp"
 
 #include <set>
 #include <sstream>
@@ -22,6 +25,9 @@ std::string read_text(const std::filesystem::path& path) {
 }
 
 json parse_json(std::string_view text, const std::string& what) {
+  if (const auto at = json_text::too_deep(text))
+    fail(what, "nests arrays or objects deeper than " + std::to_string(json_text::kMaxDepth) + " levels (at byte " +
+                   std::to_string(*at) + ")");
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -43,7 +49,7 @@ std::int64_t positive_int(const json& c, const char* key, const std::string& wha
     fail(what, "has no `" + std::string(key) + "`");
   }
   if (!v->is_number_integer() || v->get<std::int64_t>() <= 0)
-    fail(what, "`" + std::string(key) + "` must be a positive integer, is " + v->dump());
+    fail(what, "`" + std::string(key) + "` must be a positive integer, is " + json_text::excerpt(*v));
   return v->get<std::int64_t>();
 }
 
@@ -51,14 +57,14 @@ double positive_number(const json& c, const char* key, const std::string& what, 
   const json* v = find(c, key);
   if (!v) return def;
   if (!v->is_number() || !(v->get<double>() > 0))
-    fail(what, "`" + std::string(key) + "` must be a positive number, is " + v->dump());
+    fail(what, "`" + std::string(key) + "` must be a positive number, is " + json_text::excerpt(*v));
   return v->get<double>();
 }
 
 bool flag(const json& c, const char* key, const std::string& what, bool def) {
   const json* v = find(c, key);
   if (!v) return def;
-  if (!v->is_boolean()) fail(what, "`" + std::string(key) + "` must be true or false, is " + v->dump());
+  if (!v->is_boolean()) fail(what, "`" + std::string(key) + "` must be true or false, is " + json_text::excerpt(*v));
   return v->get<bool>();
 }
 
@@ -80,10 +86,11 @@ std::map<std::string, std::string> parse_weight_map(std::string_view text, const
   if (!wm || !wm->is_object()) fail(what, "has no `weight_map` object");
   std::map<std::string, std::string> out;
   for (const auto& [name, file] : wm->items()) {
-    if (!file.is_string()) fail(what, "the shard of `" + name + "` is not a file name");
+    if (!file.is_string()) fail(what, "the shard of " + quote_text(name) + " is not a file name");
     const std::string f = file.get<std::string>();
-    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      fail(what, "the shard '" + f + "' of `" + name + "` is not a file of the model folder");
+    const bool control = std::any_of(f.begin(), f.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || control)
+      fail(what, "the shard " + quote_text(f) + " of " + quote_text(name) + " is not a file of the model folder");
     out[name] = f;
   }
   return out;
@@ -97,9 +104,10 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   if (!type || !type->is_string()) fail(what, "has no `model_type` string");
   h.model_type = type->get<std::string>();
   if (h.model_type != "llama" && h.model_type != "qwen2" && h.model_type != "mistral")
-    fail(what, "model_type '" + h.model_type + "' is not one qkv runs (llama, qwen2, mistral)");
+    fail(what, "model_type " + quote_text(h.model_type) + " is not one qkv runs (llama, qwen2, mistral)");
   if (const json* act = find(c, "hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
-    fail(what, "hidden_act " + act->dump() + " is not \"silu\", the only activation of these models qkv runs");
+    fail(what,
+         "hidden_act " + json_text::excerpt(*act) + " is not \"silu\", the only activation of these models qkv runs");
   h.hidden_size = positive_int(c, "hidden_size", what);
   h.intermediate_size = positive_int(c, "intermediate_size", what);
   h.num_hidden_layers = positive_int(c, "num_hidden_layers", what);
@@ -119,7 +127,7 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   h.rope_theta = positive_number(c, "rope_theta", what, 10000.0);
   h.tie_word_embeddings = flag(c, "tie_word_embeddings", what, false);
   if (const json* rs = find(c, "rope_scaling")) {
-    if (!rs->is_object()) fail(what, "`rope_scaling` must be an object or null, is " + rs->dump());
+    if (!rs->is_object()) fail(what, "`rope_scaling` must be an object or null, is " + json_text::excerpt(*rs));
     const json* t = find(*rs, "rope_type");
     if (!t) t = find(*rs, "type");
     const std::string kind = t && t->is_string() ? t->get<std::string>() : "?";
@@ -134,7 +142,7 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
       if (!(s.high_freq_factor > s.low_freq_factor)) fail(w, "high_freq_factor must exceed low_freq_factor");
       h.rope_llama3 = s;
     } else if (kind != "default") {
-      fail(what, "rope_scaling type '" + kind + "' is not supported (qkv implements llama3 and default)");
+      fail(what, "rope_scaling type " + quote_text(kind) + " is not supported (qkv implements llama3 and default)");
     }
   }
   // Biases: Llama's attention_bias puts them on q, k, v and o; Qwen2 always has q/k/v biases.
@@ -164,12 +172,17 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   const HfConfig& h = ck.config_;
   // The shards.
   const auto single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  // transformers' precedence: model.safetensors when it exists, else the index and its shards.
   std::map<std::string, std::string> weight_map;  // name -> file
-  if (std::filesystem::exists(index)) {
-    weight_map = parse_weight_map(read_text(index), index.string());
-  } else if (std::filesystem::exists(single)) {
+  ck.paths_.push_back(dir / "config.json");
+  if (std::filesystem::exists(single)) {
     ck.files_.push_back(SafetensorsFile::open(single));
+    ck.paths_.push_back(single);
+    ck.ignored_index_ = std::filesystem::exists(index);
     for (const auto& name : ck.files_[0].names()) weight_map[name] = "model.safetensors";
+  } else if (std::filesystem::exists(index)) {
+    weight_map = parse_weight_map(read_text(index), index.string());
+    ck.paths_.push_back(index);
   } else {
     fail(ck.what_, "has neither model.safetensors nor model.safetensors.index.json");
   }
@@ -179,9 +192,11 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
     if (!file_index.count(f)) {
       file_index[f] = ck.files_.size();
       ck.files_.push_back(SafetensorsFile::open(dir / f));
+      ck.paths_.push_back(dir / f);
     }
     const std::size_t k = file_index[f];
-    if (!ck.files_[k].contains(name)) fail((dir / f).string(), "has no `" + name + "`, which the index puts there");
+    if (!ck.files_[k].contains(name))
+      fail((dir / f).string(), "has no " + quote_text(name, 80, '`') + ", which the index puts there");
     ck.where_[name] = k;
   }
   for (const auto& file : ck.files_)
@@ -235,8 +250,8 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
     const bool inv_freq = name.size() > 9 && name.ends_with("inv_freq");
     const bool tied_head = name == "lm_head.weight" && h.tie_word_embeddings;
     if (!inv_freq && !tied_head)
-      fail(ck.what_,
-           "the checkpoint has `" + name + "`, which a " + h.model_type + " model with this config.json does not use");
+      fail(ck.what_, "the checkpoint has " + quote_text(name, 80, '`') + ", which a " + h.model_type +
+                         " model with this config.json does not use");
   }
   return ck;
 }

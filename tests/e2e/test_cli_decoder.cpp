@@ -6,6 +6,7 @@
 #include "cli_test.hpp"
 
 #include <bit>
+#include <cstring>
 #include <functional>
 #include <map>
 
@@ -60,6 +61,18 @@ TEST_F(Cli, RunCausalLmMatchesThePyTorchReferenceOnEveryCheckpoint) {
       }
     }
   }
+}
+
+/// A length-delimited protobuf field: the key (`number`, wire type 2), the varint length, the bytes.
+std::string proto_bytes(std::uint32_t number, const std::string& payload) {
+  std::string out;
+  auto varint = [&](std::uint64_t v) {
+    for (; v >= 0x80; v >>= 7) out += static_cast<char>(v | 0x80);
+    out += static_cast<char>(v);
+  };
+  varint(number << 3 | 2);
+  varint(payload.size());
+  return out + payload;
 }
 
 /// The first `n` columns of ids [B, L] (int64) written to `path`.
@@ -167,6 +180,41 @@ TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
     bad << "not a protobuf at all";
   }
   expect_failure(run("generate --model " + model.string() + base), "not a SentencePiece model", "garbage tokenizer");
+  // Issue 28 item 3: normalization tables (precompiled_charsmap) that libsentencepiece would walk
+  // out of bounds (it segfaulted on the first) are refused before it sees them; a sound one works.
+  const std::string spm = slurp(kLlamaFixtures.parent_path() / "tokenizer" / "tokenizer.model");
+  auto with_charsmap = [&](const std::vector<std::uint32_t>& trie, const std::string& text) {
+    std::string blob(4 + 4 * trie.size(), '\0');
+    const auto bytes = static_cast<std::uint32_t>(4 * trie.size());
+    std::memcpy(blob.data(), &bytes, 4);
+    std::memcpy(blob.data() + 4, trie.data(), 4 * trie.size());
+    // NormalizerSpec (field 3 of ModelProto) { precompiled_charsmap (field 2) }: merged into the
+    // model's own spec by protobuf, overriding its empty table.
+    write_text(model / "tokenizer.model", spm + proto_bytes(3, proto_bytes(2, blob + text)));
+  };
+  std::vector<std::uint32_t> trie(768, 0x80000000u);  // unused units: a label no byte matches
+  trie[0] = 256u << 10;                               // the root's offset: state 256
+  trie[256 ^ 'a'] = (865u << 10) | (1u << 8) | 'a';   // 'a', a match: to 353 ^ 865 = 512
+  trie[512] = 0x80000000u;                            // its value: offset 0 of the text
+  with_charsmap(trie, std::string("b\0", 2));         // 'a' -> 'b'
+  const Result sound = run("generate --model " + model.string() + base);
+  ASSERT_EQ(sound.code, 0) << sound.err;
+  EXPECT_EQ(sound.out.rfind("the cbt", 0), 0u) << sound.out;  // the table normalized the prompt
+  fs::remove(tmp("none.npy"));
+  std::vector<std::uint32_t> far(256, 0);
+  far[0] = 0xFFFFFC00u;  // the root's offset points far outside the table
+  with_charsmap(far, std::string("x\0", 2));
+  expect_failure(run("generate --model " + model.string() + base), "its normalization trie points outside itself",
+                 "root offset outside the table");
+  trie[512] = 0x80000000u | 7;  // a replacement past the end of the text
+  with_charsmap(trie, std::string("b\0", 2));
+  expect_failure(run("generate --model " + model.string() + base), "names a replacement outside itself",
+                 "replacement outside the text");
+  trie[512] = 0x80000000u;
+  trie[512 ^ 'a'] = (97u << 10) | (1u << 8) | 'a';  // from 512, 'a' matches again and leads back to 512
+  with_charsmap(trie, std::string("b\0", 2));       // ("aaa...": a match per byte, past the library's 32)
+  expect_failure(run("generate --model " + model.string() + base), "its normalization trie has a cycle",
+                 "a cycle of matches");
   expect_usage_error(run("generate --model " + model.string() + base + " --prompt-ids " + tmp("prompt.npy")),
                      "excludes", "both prompts");
   EXPECT_FALSE(fs::exists(tmp("none.npy")));
@@ -187,7 +235,75 @@ TEST_F(Cli, GenerateSamplesReproduciblyFromItsSeed) {
   expect_usage_error(run(base + " --top-k 5 --out " + tmp("d.npy")), "--top-k samples: give a --temperature > 0",
                      "top-k without temperature");
   expect_usage_error(run(base + " --new-tokens 0 --out " + tmp("d.npy")), "--new-tokens", "no tokens");
+  // Issue 28 items 8 and 9: seeds outside [0, 2^64) and a length past the model's positions (once
+  // an overflow of the cache's capacity) are usage errors.
+  expect_usage_error(run(base + " --temperature 1 --seed -1 --out " + tmp("d.npy")), "--seed", "negative seed");
+  expect_usage_error(run(base + " --temperature 1 --seed 18446744073709551616 --out " + tmp("d.npy")), "--seed",
+                     "seed of 2^64");
+  for (const char* n : {"9223372036854775807", "61"})
+    expect_usage_error(run("generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
+                           " --new-tokens " + n + " --out " + tmp("d.npy")),
+                       "--new-tokens " + std::string(n) +
+                           ": the prompt's 4 token(s) and the new ones exceed the model's max_position_embeddings "
+                           "(64); give at most 60",
+                       n);
   EXPECT_FALSE(fs::exists(tmp("d.npy")));
+}
+
+// Issue 28 item 6: a non-finite weight makes the logits non-finite; sampling (which would draw ids
+// from NaN weights), greedy decoding and run causal-lm refuse them, naming the weight.
+TEST_F(Cli, NonFiniteLogitsAreRefusedNamingTheWeight) {
+  const fs::path m = copy_model("mistral", tmp("mistral"));
+  write_prompt(read_npy((m / "tokens.npy").string()), 4, tmp("prompt.npy"));
+  const SafetensorsFile f = SafetensorsFile::open(m / "model.safetensors");
+  std::map<std::string, NdArray> w;
+  for (const auto& n : f.names()) w[n] = f.load(n);
+  const std::string poisoned = "model.layers.1.mlp.up_proj.weight";
+  w.at(poisoned).as<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  write_safetensors(m / "model.safetensors", w);
+  const std::string says = "the weight `" + poisoned + "` has nan at index 5";
+  const std::string gen = "generate --model " + m.string() + " --prompt-ids " + tmp("prompt.npy") + " --new-tokens 3";
+  for (const std::string how : {" --temperature 1 --seed 3", ""}) {
+    const Result r = run(gen + how + " --out " + tmp("ids.npy"));
+    expect_failure(r, "new token 1 of sequence 0: the logits are not finite (nan for token id ", "generate" + how);
+    EXPECT_THAT(r.err, HasSubstr(says));
+  }
+  const Result c = run("run causal-lm --model " + m.string() + " --tokens " + tmp("prompt.npy") + " --logits-out " +
+                       tmp("logits.npy"));
+  expect_failure(c, "--tokens: the logits are not finite", "run causal-lm");
+  EXPECT_THAT(c.err, HasSubstr(says));
+  EXPECT_FALSE(fs::exists(tmp("ids.npy")));
+  EXPECT_FALSE(fs::exists(tmp("logits.npy")));
+}
+
+// Issue 28 item 5: a folder with model.safetensors and an index with shards is read as
+// transformers reads it — model.safetensors — and stderr says so.
+TEST_F(Cli, ModelSafetensorsTakesPrecedenceOverTheShardsAsInTransformers) {
+  const fs::path m = copy_model("qwen2", tmp("qwen2"));
+  const std::string tokens = (m / "tokens.npy").string();
+  auto logits = [&](const std::string& says) {
+    const Result r =
+        run("run causal-lm --model " + m.string() + " --tokens " + tokens + " --logits-out " + tmp("logits.npy"));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(says));
+    return read_npy(tmp("logits.npy"));
+  };
+  const NdArray sharded = logits("qkv: weights: 2 shard(s) listed by " + (m / "model.safetensors.index.json").string());
+  // One file with every weight of the shards, the final norm's scaled: other logits.
+  std::map<std::string, NdArray> all;
+  for (const auto& e : fs::directory_iterator(m))
+    if (e.path().filename().string().find("-of-") != std::string::npos) {
+      const SafetensorsFile f = SafetensorsFile::open(e.path());
+      for (const auto& n : f.names()) all[n] = f.load(n);
+    }
+  for (float& x : all.at("model.norm.weight").as<float>()) x *= 2;
+  write_safetensors(m / "model.safetensors", all);
+  const NdArray both =
+      logits("qkv: weights: " + (m / "model.safetensors").string() +
+             " (model.safetensors.index.json and its shards are ignored, as transformers ignores them)");
+  EXPECT_NE(both, sharded);
+  fs::remove(m / "model.safetensors.index.json");
+  EXPECT_EQ(logits("qkv: weights: " + (m / "model.safetensors").string() + "\n"), both);
 }
 
 TEST_F(Cli, CausalLmCheckpointProblemsAreOneLineNamingTheKey) {
@@ -225,6 +341,45 @@ TEST_F(Cli, CausalLmCheckpointProblemsAreOneLineNamingTheKey) {
   expect_fails(edit_config("llama", [](auto& c) { c["attention_bias"] = false; }),
                "has `model.layers.0.self_attn.k_proj.bias`, which a llama model with this config.json does not use",
                "unexpected bias", tokens);
+
+  // Issue 28 items 2 and 11: a value nested a million levels deep (it overflowed the stack while
+  // the message was built), and user data in messages bounded and escaped: a 1 MB model_type, a
+  // shard name with a NUL byte (the message ended at it) or a newline.
+  fs::remove_all(tmp("llama"));
+  {
+    const fs::path m = copy_model("llama", tmp("deep"));
+    std::string text = slurp(m / "config.json");
+    const auto at = text.find("\"hidden_size\": ") + 15;
+    const auto end = text.find_first_of(",}", at);
+    text.replace(at, end - at, std::string(1000000, '[') + std::string(1000000, ']'));
+    write_text(m / "config.json", text);
+    expect_fails(m, "nests arrays or objects deeper than 64 levels", "deep hidden_size", tokens);
+  }
+  {
+    const Result r = [&] {
+      const fs::path m = edit_config("llama", [](auto& c) { c["model_type"] = std::string(1 << 20, 'x') + "\n"; });
+      return run("run causal-lm --model " + m.string() + " --tokens " + tokens.string() + " --logits-out " +
+                 tmp("logits.npy"));
+    }();
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.err, HasSubstr("model_type 'xxxx"));
+    EXPECT_THAT(r.err, HasSubstr("... (1048577 bytes) is not one qkv runs"));
+    EXPECT_LT(r.err.size(), 400u) << r.err.substr(0, 400);
+    fs::remove_all(tmp("llama"));
+  }
+  for (const std::string& shard : {std::string("model-00001\0-of-00002.safetensors", 33), std::string("a\nb")}) {
+    const fs::path m = copy_model("qwen2", tmp("qwen2"));
+    std::ifstream in(m / "model.safetensors.index.json");
+    auto index = nlohmann::json::parse(in);
+    in.close();
+    index["weight_map"]["model.norm.weight"] = shard;
+    write_text(m / "model.safetensors.index.json", index.dump());
+    expect_fails(m,
+                 shard[1] == '\n' ? "the shard 'a\\nb' of 'model.norm.weight' is not a file of the model folder"
+                                  : "the shard 'model-00001\\x00-of-00002.safetensors' of 'model.norm.weight'",
+                 "a shard name with a control character", tokens);
+    fs::remove_all(m);
+  }
 
   // A weight missing from its shard, and a shard missing.
   {

@@ -153,23 +153,117 @@ TEST_F(Outputs, DeviceNodesFifosAndLinksToThemAreNeverReplaced) {
   expect_nothing_left();
 }
 
-// Item 12: an output that is one of the inputs.
-TEST_F(Outputs, AnOutputThatIsAnInputIsRefused) {
-  const std::string q = slurp(tmp("q.npy"));
-  fs::create_symlink(tmp("q.npy"), tmp("alias.npy"));
-  for (const std::string& out : {tmp("q.npy"), tmp("alias.npy"), tmp("v.npy")}) {
-    const Result r = run_argv(sdpa(out));
-    expect_usage_error(r, "is also the input", out);
+// Issue 13 item 12 and issue 28 item 1: no command writes over a file it reads — any of the
+// --model folder's files (config, index, every shard, tokenizer.model), a prompt, an .npy or
+// safetensors input — named as it is, through a symbolic link or through a hard link (compared by
+// device and inode). One table for every command that reads files.
+TEST_F(Outputs, NoCommandWritesOverAFileItReads) {
+  const fs::path fixtures = fs::path(QKV_FIXTURES_DIR);
+  const fs::path model = dir_ / "qwen2";  // a sharded checkpoint
+  fs::copy(fixtures.parent_path() / "llama_fixtures" / "qwen2", model, fs::copy_options::recursive);
+  fs::copy_file(fixtures.parent_path() / "tokenizer" / "tokenizer.model", model / "tokenizer.model");
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(model))
+    if (e.path().filename().string().find("-of-") != std::string::npos) shards.push_back(e.path().string());
+  std::sort(shards.begin(), shards.end());
+  ASSERT_EQ(shards.size(), 2u);
+  write_npy(tmp("prompt.npy"), read_npy((model / "tokens.npy").string()));
+  fs::copy_file(fixture("key_padding", "weights.safetensors"), tmp("mha.safetensors"));
+  fs::copy_file(fixture("encoder_relu_post", "weights.safetensors"), tmp("layer.safetensors"));
+  fs::copy_file(fixture("encoder_relu_post", "src.npy"), tmp("src.npy"));
+  write_text(tmp("tokens.txt"), "a b c d\n");
+
+  const std::string m = model.string(), config = (model / "config.json").string(),
+                    index = (model / "model.safetensors.index.json").string();
+  using Args = std::vector<std::string>;
+  const Args sdpa_args = sdpa("");
+  const Args mha{"run", "mha", "--weights", tmp("mha.safetensors"), "--query", tmp("q.npy"), "--heads", "4"};
+  const Args layer{"run",   "encoder-layer", "--weights", tmp("layer.safetensors"),
+                   "--src", tmp("src.npy"),  "--heads",   "2"};
+  const Args heatmap{"heatmap", "--weights", tmp("q.npy"), "--tokens-file", tmp("tokens.txt")};
+  const Args causal{"run", "causal-lm", "--model", m, "--tokens", tmp("prompt.npy")};
+  const Args generate{"generate", "--model", m, "--prompt-ids", tmp("prompt.npy"), "--new-tokens", "2"};
+  const Args generate_text{"generate", "--model", m, "--prompt", "the cat", "--new-tokens", "2"};
+  const Args bench{"bench", "generate", "--model", m, "--prompt-ids", tmp("prompt.npy"), "--new-tokens", "2"};
+  struct Case {
+    Args args;  // without the output flag
+    std::string flag, input, label;
+  };
+  Args sdpa_no_out(sdpa_args.begin(), sdpa_args.end() - 2);  // sdpa("") ends with --out ""
+  const std::vector<Case> cases{
+      {sdpa_no_out, "--out", tmp("q.npy"), "--query"},
+      {sdpa_no_out, "--out", tmp("k.npy"), "--key"},
+      {sdpa_no_out, "--out", tmp("v.npy"), "--value"},
+      {mha, "--out", tmp("mha.safetensors"), "--weights"},
+      {mha, "--out", tmp("q.npy"), "--query"},
+      {layer, "--out", tmp("layer.safetensors"), "--weights"},
+      {layer, "--out", tmp("src.npy"), "--src"},
+      {heatmap, "--out", tmp("q.npy"), "--weights"},
+      {heatmap, "--out", tmp("tokens.txt"), "--tokens-file"},
+      {causal, "--logits-out", tmp("prompt.npy"), "--tokens"},
+      {causal, "--logits-out", config, "--model"},
+      {causal, "--logits-out", index, "--model"},
+      {causal, "--logits-out", shards[0], "--model"},
+      {causal, "--logits-out", shards[1], "--model"},
+      {generate, "--out", tmp("prompt.npy"), "--prompt-ids"},
+      {generate, "--out", shards[1], "--model"},
+      {generate, "--out", (model / "tokenizer.model").string(), "--model"},
+      {generate_text, "--out", (model / "tokenizer.model").string(), "--model"},
+      {generate, "--logits-out", shards[0], "--model"},
+      {generate, "--logits-out", config, "--model"},
+      {bench, "--out", shards[0], "--model"},
+      {bench, "--out", index, "--model"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string before = slurp(c.input);
+    const std::string soft = tmp("soft" + std::to_string(n)), hard = tmp("hard" + std::to_string(n));
+    ++n;
+    fs::create_symlink(c.input, soft);
+    fs::create_hard_link(c.input, hard);
+    for (const std::string& out : {c.input, soft, hard}) {
+      Args a = c.args;
+      if (c.flag == "--logits-out" && a[0] == "generate") a.insert(a.end(), {"--out", tmp("ids.npy")});
+      a.insert(a.end(), {c.flag, out});
+      const std::string what = a[0] + " " + a[1] + " " + c.flag + " " + out;
+      const Result r = run_argv(a);
+      expect_usage_error(r, "is also the input " + c.label, what);
+      EXPECT_EQ(slurp(c.input), before) << what;
+    }
+    fs::remove(soft);
+    fs::remove(hard);
   }
-  EXPECT_EQ(slurp(tmp("q.npy")), q);
-  // run mha: --out on the state dict.
-  fs::copy_file(fixture("key_padding", "weights.safetensors"), tmp("w.safetensors"));
-  const std::string weights = slurp(tmp("w.safetensors"));
-  const Result m = run_argv({"run", "mha", "--weights", tmp("w.safetensors"), "--query",
-                             fixture("key_padding", "query.npy"), "--heads", "4", "--out", tmp("w.safetensors")});
-  expect_usage_error(m, "is also the input --weights", "mha --out = --weights");
-  EXPECT_EQ(slurp(tmp("w.safetensors")), weights);
+  EXPECT_FALSE(fs::exists(tmp("ids.npy")));
   expect_nothing_left();
+  expect_nothing_left(model);
+}
+
+// Issue 28 item 7: SIGTERM or SIGINT while the outputs are being written (emit compiles its
+// library into the staging directory) ends qkv by that signal, with no staging directory left
+// and no output; the user's existing file keeps its content.
+TEST_F(Outputs, ASignalWhileWritingLeavesNoTemporaryBehind) {
+  write_text(tmp("lib.so"), kOld);
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const Process p = start({"emit", "encoder-layer", "--heads", "4", "--seq", "64", "--embed-dim", "128",
+                             "--example-dir", tmp("ex"), "-o", tmp("lib.so")});
+    // Wait for the staging directory (or for qkv to end first, which fails the test below).
+    bool staged = false, exited = false;
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+         !staged && !exited && std::chrono::steady_clock::now() < until;) {
+      for (const auto& name : listing()) staged |= name.rfind(".qkv-", 0) == 0;
+      siginfo_t info{};
+      exited = ::waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0;
+      if (!staged && !exited) ::usleep(1000);
+    }
+    ASSERT_TRUE(staged) << "emit ended before it staged anything";
+    ::kill(p.pid, sig);
+    const Result r = wait(p);
+    EXPECT_EQ(r.signal, sig) << r.err;
+    EXPECT_EQ(slurp(tmp("lib.so")), kOld);
+    EXPECT_FALSE(fs::exists(tmp("lib.h")));
+    EXPECT_FALSE(fs::exists(tmp("ex")));
+    expect_nothing_left();
+  }
 }
 
 // Items 13 and 4: emit's outputs (the library, its header, the example directory) are checked

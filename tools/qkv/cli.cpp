@@ -337,7 +337,7 @@ struct GenerateFlags {
         ->check(finite_number());
     cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (with --temperature)")
         ->check(integer_in(0, kInt64Max));
-    cmd->add_option("--seed", o.seed, "The sampler's seed");
+    cmd->add_option("--seed", o.seed, "The sampler's seed")->check(unsigned_integer());
     cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
     backend.add(cmd);
     dtype.add(cmd);

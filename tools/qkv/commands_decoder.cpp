@@ -65,17 +65,66 @@ Feeds weight_feeds(const HfCheckpoint& ck) {
   return feeds;
 }
 
+/// Opens the checkpoint in `dir`; no output may be any file it read (the config, every shard, the
+/// index; by device and inode, so through links too).
+HfCheckpoint open_model(OutputGroup& outputs, const std::string& dir) {
+  HfCheckpoint ck = HfCheckpoint::open(dir);
+  for (const auto& f : ck.files()) outputs.protect(f, "--model");
+  return ck;
+}
+
+/// Says on stderr which weights a command that succeeded read (a failure stays one line).
+void say_weights(const HfCheckpoint& ck) {
+  const auto& files = ck.files();
+  if (ck.ignored_index())
+    std::fprintf(stderr,
+                 "qkv: weights: %s (model.safetensors.index.json and its shards are ignored, as transformers "
+                 "ignores them)\n",
+                 files[1].c_str());
+  else if (files[1].filename() == "model.safetensors.index.json")
+    std::fprintf(stderr, "qkv: weights: %zu shard(s) listed by %s\n", files.size() - 2, files[1].c_str());
+  else
+    std::fprintf(stderr, "qkv: weights: %s\n", files[1].c_str());
+}
+
+/// The first non-finite value of the checkpoint's weights, as "`name` has nan at index i", or ""
+/// when every weight is finite: what a non-finite logit is checked against (read only then).
+std::string first_non_finite_weight(const HfCheckpoint& ck) {
+  for (const auto& name : ck.names()) {
+    const std::vector<float> w = ck.load(name).to_f32();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (!std::isfinite(w[i]))
+        return "`" + name + "` has " +
+               (std::isnan(w[i]) ? "nan"
+                : w[i] > 0       ? "inf"
+                                 : "-inf") +
+               " at index " + std::to_string(i);
+  }
+  return "";
+}
+
+/// Refuses logits with a non-finite value (exit 1): `where` says which (e.g. "new token 3 of
+/// sequence 0"), and the message names the first non-finite weight, or says that every weight is
+/// finite (the activations overflowed).
+void require_finite(std::span<const float> logits, const HfCheckpoint& ck, const std::string& where) {
+  const auto bad = std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  if (bad == logits.end()) return;
+  const std::string weight = first_non_finite_weight(ck);
+  throw std::runtime_error(where + ": the logits are not finite (" + (std::isnan(*bad) ? "nan" : "inf") +
+                           " for token id " + std::to_string(bad - logits.begin()) + "); " +
+                           (weight.empty() ? "every weight is finite, so an activation overflowed (try --dtype f32)"
+                                           : "the weight " + weight));
+}
+
 }  // namespace
 
 int run_causal_lm(const RunCausalLm& o) {
   OutputGroup outputs;
   protect_inputs(outputs, {{o.tokens, "--tokens"}});
-  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
-    outputs.protect(std::filesystem::path(o.model) / f, "--model");
   const std::size_t logits_file = outputs.add_file(o.logits_out, "--logits-out");
 
   const Activity reading("reading the model");
-  const HfCheckpoint ck = HfCheckpoint::open(o.model);
+  const HfCheckpoint ck = open_model(outputs, o.model);
   const HfConfig& c = ck.config();
   NdArray tokens = load_token_ids(o.tokens, "--tokens", c.vocab_size);
   const std::int64_t B = tokens.shape[0], L = tokens.shape[1];
@@ -87,10 +136,14 @@ int run_causal_lm(const RunCausalLm& o) {
   feeds["positions"] = positions_for(B, L);
   const Graph g = model_as(build_causal_lm(c), o.dtype, feeds);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
+  const NdArray& logits = r.outputs.at("logits");
+  require_finite(logits.dtype == DType::f32 ? logits.as<float>() : logits.converted(DType::f32).as<float>(), ck,
+                 "--tokens");
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, logits_file, r.outputs.at("logits"));
   outputs.commit();
+  say_weights(ck);
   return 0;
 }
 
@@ -160,10 +213,12 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size);
   }
   const std::int64_t B = prompt.shape[0], P = prompt.shape[1], N = o.new_tokens;
+  if (N > c.max_position_embeddings - P)  // also where P + N would overflow
+    throw UsageError("--new-tokens " + std::to_string(N) + ": the prompt's " + std::to_string(P) +
+                     " token(s) and the new ones exceed the model's max_position_embeddings (" +
+                     std::to_string(c.max_position_embeddings) + "); give at most " +
+                     std::to_string(std::max<std::int64_t>(c.max_position_embeddings - P, 0)));
   const std::int64_t total = P + N;
-  if (total > c.max_position_embeddings)
-    std::fprintf(stderr, "qkv: note: %lld positions exceed max_position_embeddings (%lld) of the model\n",
-                 static_cast<long long>(total), static_cast<long long>(c.max_position_embeddings));
   // The caches at their full capacity (written in place by the CPU backend; the interpreter and
   // the CUDA backend hand back a second set each step), beside the weights.
   const std::uint64_t cache =
@@ -225,6 +280,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
       const std::span<const float> row = lv.subspan(static_cast<std::size_t>((b * len + len - 1)) * V, V);
       std::copy(row.begin(), row.end(),
                 r.chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
+      require_finite(row, ck, "new token " + std::to_string(t + 1) + " of sequence " + std::to_string(b));
       const std::int64_t id = choose(row, o, rng);
       r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
       next.as<std::int64_t>()[static_cast<std::size_t>(b)] = id;
@@ -246,12 +302,11 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
 
 double per_second(double count, double ms) { return ms > 0 ? 1e3 * count / ms : 0.0; }
 
-void protect_model(OutputGroup& outputs, const Generate& o) {
+/// The inputs of generate outside the checkpoint's own files (open_model protects those).
+void protect_prompt(OutputGroup& outputs, const Generate& o) {
   if (o.prompt_ids.empty() && o.prompt.empty()) throw UsageError("--prompt-ids is required (or --prompt TEXT)");
   outputs.protect(std::filesystem::path(o.model) / "tokenizer.model", "--model");
   protect_inputs(outputs, {{o.prompt_ids, "--prompt-ids"}});
-  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
-    outputs.protect(std::filesystem::path(o.model) / f, "--model");
 }
 
 /// GB/s of K and V read by the decode attention at the model's shape (batch B, query heads over
@@ -297,12 +352,12 @@ double decode_attention_gbps(const HfConfig& c, std::int64_t batch, std::int64_t
 
 int generate(const Generate& o) {
   OutputGroup outputs;
-  protect_model(outputs, o);
+  protect_prompt(outputs, o);
   const std::size_t ids_file = outputs.add_file(o.out, "--out");
   const std::size_t logits_file = o.logits_out.empty() ? 0 : outputs.add_file(o.logits_out, "--logits-out");
 
   const Activity reading("reading the model");
-  const HfCheckpoint ck = HfCheckpoint::open(o.model);
+  const HfCheckpoint ck = open_model(outputs, o.model);
   std::optional<Tokenizer> tokenizer;
   if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, ck.config().vocab_size);
   const Generation r = run_generation(o, ck, /*warm=*/false, tokenizer ? &*tokenizer : nullptr);
@@ -317,6 +372,7 @@ int generate(const Generate& o) {
   stage_npy(outputs, ids_file, r.ids);
   if (!o.logits_out.empty()) stage_npy(outputs, logits_file, r.chosen_logits);
   outputs.commit();
+  say_weights(ck);
   if (tokenizer) {  // the prompt and its continuation, as text
     const auto ids = r.ids.as<std::int64_t>();
     std::printf("%s\n", tokenizer->decode(ids).c_str());
@@ -326,10 +382,10 @@ int generate(const Generate& o) {
 
 int bench_generate(const Generate& o, bool json) {
   OutputGroup outputs;
-  protect_model(outputs, o);
+  protect_prompt(outputs, o);
   const std::size_t ids_file = o.out.empty() ? 0 : outputs.add_file(o.out, "--out");
   const Activity reading("reading the model");
-  const HfCheckpoint ck = HfCheckpoint::open(o.model);
+  const HfCheckpoint ck = open_model(outputs, o.model);
   const HfConfig& c = ck.config();
   std::optional<Tokenizer> tokenizer;
   if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, c.vocab_size);
@@ -369,6 +425,7 @@ int bench_generate(const Generate& o, bool json) {
     stage_npy(outputs, ids_file, r.ids);
     outputs.commit();
   }
+  say_weights(ck);
   return 0;
 }
 

@@ -80,6 +80,15 @@ void on_terminate() {
   die("internal error while ", detail);
 }
 
+/// SIGINT, SIGTERM, SIGHUP, SIGQUIT: what the output groups staged is removed, then the signal
+/// ends the process as it would have (the shell sees the signal); during a group's renames the
+/// signal waits for them (abandon_staged_outputs_for_signal).
+void on_ending_signal(int signal) {
+  if (!abandon_staged_outputs_for_signal(signal)) return;  // raised again after the renames
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
 }  // namespace
 
 void install_allocation_handlers() noexcept {
@@ -92,6 +101,14 @@ void install_out_of_memory_handlers() {
   llvm::install_bad_alloc_error_handler(on_llvm_bad_alloc, nullptr);
   llvm::install_fatal_error_handler(on_llvm_fatal_error, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    struct sigaction now{};
+    if (sigaction(signal, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) continue;  // nohup, `cmd &`
+    struct sigaction on{};
+    on.sa_handler = on_ending_signal;
+    sigemptyset(&on.sa_mask);
+    sigaction(signal, &on, nullptr);
+  }
 }
 
 Activity::Activity(const char* what) : previous_(g_activity.exchange(what)), uncaught_(std::uncaught_exceptions()) {}

@@ -20,8 +20,10 @@ namespace qkv::cli {
 /// has run (main.cpp calls it from .preinit_array, since LLVM's static constructors allocate).
 void install_allocation_handlers() noexcept;
 
-/// install_allocation_handlers, LLVM's bad-alloc and fatal-error handlers, and SIGXFSZ ignored,
-/// so that a file-size limit is a write error naming the file instead of a signal.
+/// install_allocation_handlers, LLVM's bad-alloc and fatal-error handlers, SIGXFSZ ignored, so
+/// that a file-size limit is a write error naming the file instead of a signal, and SIGINT,
+/// SIGTERM, SIGHUP and SIGQUIT handled: the staged outputs are removed, then the signal ends the
+/// process (not while a group renames its outputs into place: the signal waits for that).
 void install_out_of_memory_handlers();
 
 /// What the process is doing, for the out-of-memory line ("reading the inputs"); the previous

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -108,6 +109,20 @@ void remove_tree_noalloc(const char* dir) noexcept {
 void abandon_staged_outputs() noexcept {
   for (auto& s : g_slots)
     if (s.used.load()) remove_tree_noalloc(s.path);
+}
+
+namespace {
+std::atomic<int> g_committing{0};       // OutputGroups renaming their outputs into place now
+std::atomic<int> g_deferred_signal{0};  // a signal that arrived meanwhile
+}  // namespace
+
+bool abandon_staged_outputs_for_signal(int signal) noexcept {
+  if (g_committing.load() > 0) {
+    g_deferred_signal.store(signal);
+    return false;
+  }
+  abandon_staged_outputs();
+  return true;
 }
 
 // --- InputFile -----------------------------------------------------------------------------------
@@ -417,6 +432,9 @@ void OutputGroup::commit() {
   }
   // From here to the end of the renames nothing allocates, so running out of memory cannot
   // leave half a group.
+  // A signal handler that abandons the staged outputs (abandon_staged_outputs_for_signal) waits
+  // for the renames: a group is renamed whole or not at all, and the signal is raised after.
+  g_committing.fetch_add(1);
   int failed_errno = 0;
   std::size_t failed = moves.size();
   for (std::size_t k = 0; k < moves.size(); ++k) {
@@ -436,6 +454,8 @@ void OutputGroup::commit() {
   }
   for (const Locked& l : locks) ::fsync(l.fd);
   unlock();
+  if (g_committing.fetch_sub(1) == 1)
+    if (const int signal = g_deferred_signal.exchange(0)) ::raise(signal);
   if (failed < moves.size()) {
     abandon();
     throw IoError(moves[failed].who + ": cannot write (rename): " + errno_text(failed_errno) +

@@ -1,5 +1,6 @@
 // npy.cpp — .npy reading/writing (see qkv/runtime/io/npy.hpp for the accepted subset).
 #include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/io/quote.hpp>
 
 #include <qkv/runtime/io/files.hpp>
 
@@ -43,7 +44,7 @@ class DictParser {
       expect(':');
       skip_ws();
       auto once = [&](bool& seen) {
-        if (seen) error("duplicate key '" + key + "'");
+        if (seen) error("duplicate key " + quote_text(key));
         seen = true;
       };
       if (key == "descr") {
@@ -57,7 +58,7 @@ class DictParser {
         once(seen_shape);
         h.shape = shape_tuple();
       } else {
-        error("unexpected key '" + key + "'");
+        error("unexpected key " + quote_text(key));
       }
       skip_ws();
       if (eat(',')) {  // another entry or the closing brace (trailing comma)
@@ -174,8 +175,8 @@ struct Descr {
 };
 
 [[noreturn]] void unsupported_dtype(const std::string& descr, std::string_view what) {
-  fail(what, "unsupported dtype '" + descr +
-                 "' (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants, <V2 for bfloat16)");
+  fail(what, "unsupported dtype " + quote_text(descr) +
+                 " (supported: <f4 <f8 <f2 |b1 <i4 <i8 and their big-endian variants, <V2 for bfloat16)");
 }
 
 // '<f4' etc. → dtype and byte order. One-byte types accept any byte-order character.

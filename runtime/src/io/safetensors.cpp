@@ -5,6 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <qkv/runtime/io/files.hpp>
+#include <qkv/runtime/io/quote.hpp>
+
+#include "json_text.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -90,6 +93,9 @@ class DuplicateCheckingSax {
 };
 
 json parse_header(std::string_view text, std::string_view what) {
+  if (const auto at = json_text::too_deep(text))
+    fail(what, "header nests arrays or objects deeper than " + std::to_string(json_text::kMaxDepth) +
+                   " levels (at byte " + std::to_string(*at) + ")");
   json header;
   DuplicateCheckingSax sax(header);
   try {
@@ -98,8 +104,8 @@ json parse_header(std::string_view text, std::string_view what) {
     fail(what, std::string("header is not valid JSON: ") + e.what());
   }
   if (sax.duplicate) {
-    if (sax.duplicate_depth == 1) fail(what, "duplicate tensor name '" + *sax.duplicate + "' in the header");
-    fail(what, "duplicate key '" + *sax.duplicate + "' in the header");
+    if (sax.duplicate_depth == 1) fail(what, "duplicate tensor name " + quote_text(*sax.duplicate) + " in the header");
+    fail(what, "duplicate key " + quote_text(*sax.duplicate) + " in the header");
   }
   if (!header.is_object()) fail(what, std::string("header is not a JSON object (it is ") + header.type_name() + ")");
   return header;
@@ -114,10 +120,7 @@ std::int64_t non_negative(const json& v, std::string_view what, const std::strin
     return static_cast<std::int64_t>(u);
   }
   if (v.is_number_integer()) fail(what, where + " has negative value " + v.dump());
-  // Never dump() a container: it recurses, and a hostile header can nest arbitrarily deep.
-  std::string found = v.is_primitive() ? v.dump() : v.type_name();
-  if (found.size() > 40) found = found.substr(0, 37) + "...";
-  fail(what, where + " must contain integers, found " + found);
+  fail(what, where + " must contain integers, found " + json_text::excerpt(v));
 }
 
 const json& member(const json& entry, const char* key, std::string_view what, const std::string& tensor) {
@@ -261,20 +264,21 @@ void SafetensorsFile::parse() {
       if (!val.is_object())
         fail(what_, std::string("__metadata__ must be an object of string to string, not ") + val.type_name());
       for (const auto& [k, v] : val.items()) {
-        if (!v.is_string()) fail(what_, "__metadata__ value for '" + k + "' must be a string, not " + v.type_name());
+        if (!v.is_string())
+          fail(what_, "__metadata__ value for " + quote_text(k) + " must be a string, not " + v.type_name());
         metadata_.emplace(k, v.get<std::string>());
       }
       continue;
     }
-    const std::string tensor = "tensor '" + name + "'";
+    const std::string tensor = "tensor " + quote_text(name);
     if (!val.is_object()) fail(what_, tensor + ": entry is not a JSON object");
 
     const json& jdtype = member(val, "dtype", what_, tensor);
     if (!jdtype.is_string()) fail(what_, tensor + ": 'dtype' is not a string");
     const auto dtype = dtype_from_name(jdtype.get_ref<const std::string&>());
     if (!dtype)
-      fail(what_, tensor + ": unsupported dtype '" + jdtype.get<std::string>() +
-                      "' (supported: F32 F64 F16 BF16 BOOL I32 I64)");
+      fail(what_, tensor + ": unsupported dtype " + quote_text(jdtype.get<std::string>()) +
+                      " (supported: F32 F64 F16 BF16 BOOL I32 I64)");
 
     const json& jshape = member(val, "shape", what_, tensor);
     if (!jshape.is_array()) fail(what_, tensor + ": 'shape' is not an array");
@@ -282,7 +286,7 @@ void SafetensorsFile::parse() {
     shape.reserve(jshape.size());
     for (const json& d : jshape) {
       if (d.is_number_integer() && !d.is_number_unsigned())
-        fail(what_, tensor + ": negative dimension " + d.dump() + " in 'shape'");
+        fail(what_, tensor + ": negative dimension " + json_text::excerpt(d) + " in 'shape'");
       shape.push_back(non_negative(d, what_, tensor + ": 'shape'"));
     }
     const std::size_t nbytes = checked_nbytes(shape, *dtype, what_ + ": " + tensor);
@@ -303,7 +307,7 @@ void SafetensorsFile::parse() {
     const auto [it, inserted] =
         entries_.emplace(name, Entry{*dtype, std::move(shape), data_start + static_cast<std::size_t>(begin),
                                      data_start + static_cast<std::size_t>(end)});
-    if (!inserted) fail(what_, "duplicate tensor name '" + name + "'");  // unreachable: see parse_header
+    if (!inserted) fail(what_, "duplicate tensor name " + quote_text(name));  // unreachable: see parse_header
     ranges.push_back({begin, end, &it->first});
   }
 
@@ -313,9 +317,9 @@ void SafetensorsFile::parse() {
   const Range* furthest = nullptr;
   for (const Range& r : ranges) {
     if (furthest && r.begin < furthest->end)
-      fail(what_, "tensors '" + *furthest->name + "' [" + std::to_string(furthest->begin) + ", " +
-                      std::to_string(furthest->end) + "] and '" + *r.name + "' [" + std::to_string(r.begin) + ", " +
-                      std::to_string(r.end) + "] overlap");
+      fail(what_, "tensors " + quote_text(*furthest->name) + " [" + std::to_string(furthest->begin) + ", " +
+                      std::to_string(furthest->end) + "] and " + quote_text(*r.name) + " [" + std::to_string(r.begin) +
+                      ", " + std::to_string(r.end) + "] overlap");
     if (!furthest || r.end > furthest->end) furthest = &r;
   }
 }
@@ -331,7 +335,7 @@ bool SafetensorsFile::contains(std::string_view name) const { return entries_.fi
 
 const SafetensorsFile::Entry& SafetensorsFile::entry(std::string_view name) const {
   const auto it = entries_.find(name);
-  if (it == entries_.end()) fail(what_, "no tensor named '" + std::string(name) + "'");
+  if (it == entries_.end()) fail(what_, "no tensor named " + quote_text(name));
   return it->second;
 }
 

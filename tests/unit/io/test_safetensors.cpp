@@ -338,13 +338,31 @@ TEST(SafetensorsErrors, MetadataValueNotString) {
 }
 
 TEST(SafetensorsErrors, DeeplyNestedHeaderDoesNotOverflowTheStack) {
+  // Past 64 levels the header is refused before it is parsed (issue 28 item 2), wherever the nest is.
   const std::size_t depth = 200'000;
   const std::string nest = std::string(depth, '[') + std::string(depth, ']');
-  EXPECT_IO_ERROR(from(nest, 0), kName, "not a JSON object");
-  EXPECT_IO_ERROR(from("{\"t\":" + nest + "}", 0), kName, "tensor 't': entry is not a JSON object");
-  EXPECT_IO_ERROR(from(entry_with("shape", nest)), kName, "'shape' must contain integers, found array");
-  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[" + nest + ", 8]")), kName, "found array");
-  EXPECT_IO_ERROR(from("{\"__metadata__\":{\"k\":" + nest + "}}", 0), kName, "must be a string, not array");
+  const std::string deep = "header nests arrays or objects deeper than 64 levels";
+  EXPECT_IO_ERROR(from(nest, 0), kName, deep + " (at byte 64)");
+  EXPECT_IO_ERROR(from("{\"t\":" + nest + "}", 0), kName, deep);
+  EXPECT_IO_ERROR(from(entry_with("shape", nest)), kName, deep);
+  EXPECT_IO_ERROR(from("{\"__metadata__\":{\"k\":" + nest + "}}", 0), kName, deep);
+  EXPECT_IO_ERROR(from("{\"k\":\"" + std::string(depth, '[') + "\"}", 0), kName, "entry is not a JSON object");
+  // Within the limit, a nested value is named by its kind and size, never written out.
+  const std::string shallow = "[[[[1, 2]]], 3]";
+  EXPECT_IO_ERROR(from("{\"t\":" + shallow + "}", 0), kName, "tensor 't': entry is not a JSON object");
+  EXPECT_IO_ERROR(from(entry_with("shape", shallow)), kName,
+                  "'shape' must contain integers, found an array of 1 element(s)");
+  EXPECT_IO_ERROR(from(entry_with("data_offsets", "[" + shallow + ", 8]")), kName, "found an array of 2 element(s)");
+  EXPECT_IO_ERROR(from("{\"__metadata__\":{\"k\":" + shallow + "}}", 0), kName, "must be a string, not array");
+}
+
+TEST(SafetensorsErrors, NamesInMessagesAreBoundedAndEscaped) {
+  // Issue 28 item 11: a 1 MB tensor name, and names with a NUL byte or a newline.
+  const std::string huge(1 << 20, 'n');
+  EXPECT_IO_ERROR(from("{\"" + huge + "\":[]}", 0), kName,
+                  "tensor '" + std::string(80, 'n') + "'... (1048576 bytes): entry is not a JSON object");
+  EXPECT_IO_ERROR(from(R"({"a\u0000b":[], "c":1})", 0), kName, "tensor 'a\\x00b': entry is not a JSON object");
+  EXPECT_IO_ERROR(from(R"({"a\nb":[]})", 0), kName, "tensor 'a\\nb': entry is not a JSON object");
 }
 
 TEST(SafetensorsErrors, MissingTensor) {

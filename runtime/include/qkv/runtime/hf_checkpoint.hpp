@@ -58,6 +58,11 @@ class HfCheckpoint {
   [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
   /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes).
   [[nodiscard]] NdArray load(const std::string& name) const;
+  /// Every file open() read: config.json, then model.safetensors, or the index and its shards
+  /// in the order the index first names them (a command's outputs may be none of these).
+  [[nodiscard]] const std::vector<std::filesystem::path>& files() const { return paths_; }
+  /// Whether the folder also has model.safetensors.index.json, which model.safetensors overrode.
+  [[nodiscard]] bool ignored_index() const { return ignored_index_; }
   /// Bytes of all weights once converted to f32.
   [[nodiscard]] std::uint64_t f32_bytes() const;
 
@@ -65,6 +70,8 @@ class HfCheckpoint {
   std::string what_;
   HfConfig config_;
   std::vector<SafetensorsFile> files_;
+  std::vector<std::filesystem::path> paths_;
+  bool ignored_index_ = false;
   std::map<std::string, std::size_t> where_;  // weight name -> file
   std::vector<std::string> names_;
 };

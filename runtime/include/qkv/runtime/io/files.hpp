@@ -138,4 +138,9 @@ class OutputGroup {
 /// ends the process when memory runs out. Safe to call once, from one thread.
 void abandon_staged_outputs() noexcept;
 
+/// For a handler of a signal that ends the process (SIGINT, SIGTERM): abandon_staged_outputs()
+/// and true, or, while a group is renaming its outputs into place, false: the signal is raised
+/// again once the renames are done, so a group is never left half renamed. Async-signal-safe.
+bool abandon_staged_outputs_for_signal(int signal) noexcept;
+
 }  // namespace qkv
