@@ -484,7 +484,7 @@ class Planner {
         b = Arg::buf(buf(n.inputs[1]));
         break;
       }
-      default: {  // scale
+      case Op::scale: {
         k.op = nvptx::ElementwiseOp::scale;
         double factor = n.scalar;
         if (n.dim) {
@@ -493,7 +493,11 @@ class Planner {
           factor = 1.0 / std::sqrt(static_cast<double>(*d));
         }
         k.factor = static_cast<float>(factor);
+        break;
       }
+      default:  // an op this kernel does not compute runs on the host, never as another op
+        why = std::string(op_name(n.op)) + " has no GPU elementwise kernel";
+        return false;
     }
     if (n.inputs.empty() || shape(n.inputs[0]) != shape(id)) {
       why = "an elementwise op whose input and output shapes differ";

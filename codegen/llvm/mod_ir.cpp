@@ -241,6 +241,80 @@ llvm::Value* emit_softcap_log2(llvm::IRBuilder<>& b, const ModExpr& e, int root,
   return x ? softcap_from_log2(b, x, d, c * kLog2e, leaves) : nullptr;
 }
 
+namespace {
+
+llvm::Value* exp_of(llvm::IRBuilder<>& b, llvm::Value* x, ModLeaves& leaves) {
+  llvm::Value* e = leaves.exp(x);
+  return e ? e : cpu::emit_exp(b, x);
+}
+
+/// 1 / (1 + e^−x) from e = e^−|x| <= 1 (no overflow): 1 / (1 + e) for x >= 0, e / (1 + e) below,
+/// so the tail keeps its relative accuracy (sigmoid −100 is 3.7e−44, not 0 or 1/overflow).
+llvm::Value* emit_sigmoid(llvm::IRBuilder<>& b, llvm::Value* x, ModLeaves& leaves) {
+  llvm::Type* t = x->getType();
+  llvm::Value* e = exp_of(b, b.CreateFNeg(b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)), leaves);
+  llvm::Value* s = b.CreateFDiv(fconst(t, 1.0), b.CreateFAdd(fconst(t, 1.0), e));
+  return b.CreateSelect(b.CreateFCmpOLT(x, fconst(t, 0.0)), b.CreateFMul(e, s), s);
+}
+
+/// erf x: below |x| = 0.5 its Taylor series to x^13 (relative error < 1e−8, so erf of a tiny x
+/// keeps its digits); above, 1 − erfc(|x|) with Numerical Recipes' erfc (t = 1 / (1 + z/2),
+/// erfc z = t·e^(−z² + P(t)), fractional error < 1.2e−7); the sign of x; NaN stays NaN.
+llvm::Value* emit_erf(llvm::IRBuilder<>& b, llvm::Value* x, ModLeaves& leaves) {
+  llvm::Type* t = x->getType();
+  auto c = [&](double v) { return fconst(t, v); };
+  auto fma = [&](llvm::Value* p, llvm::Value* q, llvm::Value* r) {
+    return b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {t}, {p, q, r});
+  };
+  llvm::Value* z = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x);
+  // Series: 2/√π · z · Σ (−1)^n z^(2n) / (n! (2n+1)), n = 0..6, Horner in z².
+  llvm::Value* z2 = b.CreateFMul(z, z);
+  llvm::Value* s = c(1.0 / 9360.0);
+  for (const double k : {-1.0 / 1320.0, 1.0 / 216.0, -1.0 / 42.0, 1.0 / 10.0, -1.0 / 3.0, 1.0}) s = fma(s, z2, c(k));
+  llvm::Value* small = b.CreateFMul(b.CreateFMul(s, z), c(1.1283791670955126));  // 2/√π
+  // Numerical Recipes' erfcc.
+  llvm::Value* tt = b.CreateFDiv(c(1.0), fma(z, c(0.5), c(1.0)));
+  llvm::Value* p = c(0.17087277);
+  for (const double k :
+       {-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196, 1.00002368, -1.26551223})
+    p = fma(p, tt, c(k));
+  llvm::Value* erfc = b.CreateFMul(tt, exp_of(b, b.CreateFSub(p, z2), leaves));
+  llvm::Value* large = b.CreateFSub(c(1.0), erfc);
+  llvm::Value* r = b.CreateSelect(b.CreateFCmpOLT(z, c(0.5)), small, large);
+  return b.CreateBinaryIntrinsic(llvm::Intrinsic::copysign, r, x);
+}
+
+/// x^y as C's pow for the cases a model meets: e^(y·ln|x|) through exp2/log2; x^0 = 1 and 1^y = 1
+/// (even for NaN); 0^y = 0 (y > 0) or +inf (y < 0); a negative x with an integral y takes the
+/// sign of y's parity, with any other y it is NaN (−inf: +inf or +0).
+llvm::Value* emit_pow(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y, ModLeaves& leaves) {
+  llvm::Type* t = x->getType();
+  auto c = [&](double v) { return fconst(t, v); };
+  llvm::Value* ax = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x);
+  llvm::Value* l2 = b.CreateFMul(y, cpu::emit_log2(b, ax));
+  llvm::Value* e2 = leaves.exp2(l2);
+  if (!e2) e2 = cpu::emit_exp2(b, l2);
+  // Whether y is integral, and odd, by a round trip through i32 below 2^23 (above, every float is
+  // an even integer) — no floor(), which baseline x86-64 would call from libm.
+  llvm::Type* it = b.getInt32Ty();
+  if (auto* vt = llvm::dyn_cast<llvm::VectorType>(t)) it = llvm::VectorType::get(it, vt);
+  llvm::Value* small = b.CreateFCmpOLT(b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, y), c(8388608.0));
+  llvm::Value* yi = b.CreateFPToSI(b.CreateSelect(small, y, c(0.0)), it);
+  llvm::Value* integral = b.CreateSelect(small, b.CreateFCmpOEQ(b.CreateSIToFP(yi, t), y), b.CreateFCmpORD(y, y));
+  llvm::Value* odd =
+      b.CreateAnd(b.CreateAnd(small, integral),
+                  b.CreateICmpNE(b.CreateAnd(yi, llvm::ConstantInt::get(it, 1)), llvm::Constant::getNullValue(it)));
+  llvm::Value* negative = b.CreateFCmpOLT(x, c(0.0));
+  llvm::Value* r = b.CreateSelect(odd, b.CreateFNeg(e2), e2);
+  // (−inf)^y: +inf or +0 unless y is an odd integer, as C's pow.
+  llvm::Value* keeps = b.CreateOr(integral, b.CreateFCmpOEQ(x, c(-std::numeric_limits<double>::infinity())));
+  r = b.CreateSelect(negative, b.CreateSelect(keeps, r, c(std::numeric_limits<double>::quiet_NaN())), e2);
+  llvm::Value* one = b.CreateOr(b.CreateFCmpOEQ(y, c(0.0)), b.CreateFCmpOEQ(x, c(1.0)));
+  return b.CreateSelect(one, c(1.0), r);
+}
+
+}  // namespace
+
 llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeaves& leaves,
                       std::vector<llvm::Value*>& cache) {
   cache.resize(e.nodes.size(), nullptr);
@@ -343,6 +417,23 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       out = b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {t}, {recip_plus_one(b, ex), fconst(t, -2.0), fconst(t, 1.0)});
       break;
     }
+    case ModOp::sqrt:
+      out = b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, x(n.a));
+      break;
+    case ModOp::rsqrt: {
+      llvm::Value* a = x(n.a);
+      out = b.CreateFDiv(fconst(a->getType(), 1.0), b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, a));
+      break;
+    }
+    case ModOp::sigmoid:
+      out = emit_sigmoid(b, x(n.a), leaves);
+      break;
+    case ModOp::erf:
+      out = emit_erf(b, x(n.a), leaves);
+      break;
+    case ModOp::pow:
+      out = bin([&](auto l, auto r) { return emit_pow(b, l, r, leaves); });
+      break;
     case ModOp::lt:
       out = bin([&](auto l, auto r) { return b.CreateFCmpOLT(l, r); });
       break;
@@ -526,7 +617,12 @@ std::pair<llvm::Value*, llvm::Value*> emit_mod_classify(llvm::IRBuilder<>& b, co
       case ModOp::exp:
       case ModOp::log:
       case ModOp::tanh:
-        break;  // monotone, but the kernels' approximations are not checked for monotonicity: unbounded
+      case ModOp::sqrt:
+      case ModOp::rsqrt:
+      case ModOp::sigmoid:
+      case ModOp::erf:
+      case ModOp::pow:
+        break;  // monotone or not, the kernels' approximations are not checked for monotonicity: unbounded
       case ModOp::lt:
         t = {b.CreateFCmpOLT(A().hi, B().lo), b.CreateFCmpOGE(A().lo, B().hi)};
         break;

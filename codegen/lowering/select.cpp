@@ -49,6 +49,7 @@ KernelKind select_kernel(const Graph& g, int id) {
     case Op::causal:
       return KernelKind::causal;
     case Op::score_mod:
+    case Op::pointwise:
       return KernelKind::score_mod;
     case Op::dropout:
       return KernelKind::dropout;

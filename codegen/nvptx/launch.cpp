@@ -335,6 +335,8 @@ std::string kernel_name(const KernelRequest& request) {
           return "qkv_layer_norm_t" + std::to_string(r.threads);
         } else if constexpr (std::is_same_v<T, ElementwiseKernel>) {
           static constexpr const char* kOps[] = {"relu", "gelu", "add", "scale"};
+          static_assert(std::size(kOps) == static_cast<std::size_t>(ElementwiseOp::scale) + 1,
+                        "a name for every ElementwiseOp, in the enum's order");
           std::string name = std::string("qkv_") + kOps[static_cast<int>(r.op)] + "_t" + std::to_string(r.threads);
           if (r.op == ElementwiseOp::scale) {
             std::uint32_t bits = 0;

@@ -17,6 +17,38 @@ bool same_names(const std::vector<Axis>& a, const std::vector<Axis>& b) {
 
 bool plain_scale(const Node& n) { return n.op == Op::scale && !n.dim; }
 
+/// outer(inner(x, a...), b...) as one pointwise node over (x, a..., b...): inner's expression
+/// first, then outer's with its `score` leaf (inner's value) replaced by inner's root and its
+/// loads renumbered past inner's inputs.
+Node merge_pointwise(const Node& inner, Node outer) {
+  const ModExpr& in = *inner.mod;
+  const ModExpr& out = *outer.mod;
+  ModExpr e = in;
+  e.score = -1;
+  const int shift = static_cast<int>(inner.inputs.size()) - 1;
+  std::vector<int> id(out.nodes.size(), -1);
+  auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
+  for (std::size_t k = 0; k < out.nodes.size(); ++k) {
+    ModNode m = out.nodes[k];
+    if (m.op == ModOp::score) {
+      id[k] = in.score;
+      continue;
+    }
+    m.a = map(m.a);
+    m.b = map(m.b);
+    m.c = map(m.c);
+    for (int& x : m.at) x = map(x);
+    if (m.op == ModOp::load) m.input += shift;
+    id[k] = e.add(std::move(m));
+  }
+  e.score = map(out.score);
+  std::vector<int> inputs = inner.inputs;
+  inputs.insert(inputs.end(), outer.inputs.begin() + 1, outer.inputs.end());
+  outer.inputs = std::move(inputs);
+  outer.mod = std::move(e);
+  return outer;
+}
+
 }  // namespace
 
 Graph eliminate_dead_nodes(const Graph& g) {
@@ -33,9 +65,18 @@ Graph eliminate_dead_nodes(const Graph& g) {
 }
 
 Graph canonicalize(const Graph& g) {
+  // How many nodes and outputs read each node (a pointwise node read once is merged into its reader).
+  std::vector<int> readers(g.size(), 0);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    for (int in : g.node(id).inputs) ++readers[static_cast<std::size_t>(in)];
+  for (const auto& o : g.outputs()) ++readers[static_cast<std::size_t>(o.node)];
   return eliminate_dead_nodes(Rewrite(g).run([&](Rewrite& r, int id) {
     Node n = r.remapped(id);
     Graph& out = r.out;
+    if (n.op == Op::pointwise && out.node(n.inputs[0]).op == Op::pointwise &&
+        readers[static_cast<std::size_t>(g.node(id).inputs[0])] == 1 && n.dtype == DType::f32 &&
+        out.node(n.inputs[0]).dtype == DType::f32)  // a half node rounds its value: not merged
+      n = merge_pointwise(out.node(n.inputs[0]), std::move(n));
     if (n.op == Op::permute) {
       const Node& x = out.node(n.inputs[0]);
       if (x.op == Op::permute) n.inputs[0] = x.inputs[0];  // permute(permute(y)) = one reordering of y

@@ -114,6 +114,22 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       for (const auto& a : n.attr_axes)
         if (!has(x->axes, a)) report("names `" + a + "`, which its input lacks");
     if (n.op == Op::fused_attention && !n.attention) report("has no attention attributes");
+    if (n.op == Op::score_mod || n.op == Op::pointwise) {
+      if (!n.mod) {
+        report("has no expression");
+      } else {
+        if (n.op == Op::pointwise && (n.mod->score < 0 || n.mod->keep >= 0))
+          report("has a keep predicate or no value (a pointwise expression is a value only)");
+        for (const ModNode& m : n.mod->nodes) {
+          if (m.op != ModOp::load) continue;
+          if (m.input < 1 || static_cast<std::size_t>(m.input) >= n.inputs.size())
+            report("its expression loads input " + std::to_string(m.input) + ", which it does not have");
+          else if (g.node(n.inputs[static_cast<std::size_t>(m.input)]).axes.size() != m.at.size())
+            report("its expression loads input " + std::to_string(m.input) + " with " + std::to_string(m.at.size()) +
+                   " indices");
+        }
+      }
+    }
     if (n.op == Op::input && n.dim &&
         (!n.axes.empty() || !n.dim->is_dynamic() || n.dim->num != 1 || n.dim->den != 1 || n.dim->plus != 0 ||
          !is_integer(n.dtype)))

@@ -432,7 +432,7 @@ Value op_causal(const OpArgs& a) {
 /// the entry's coordinates (mod_eval in qkv/ir/mod_expr.hpp: the reference semantics).
 Value op_score_mod(const OpArgs& a) {
   expect_inputs(a);
-  if (!a.node.mod) internal_error(where(a) + "a score_mod node without its expression");
+  if (!a.node.mod) internal_error(where(a) + "a " + std::string(op_name(a.node.op)) + " node without its expression");
   const ModExpr& e = *a.node.mod;
   const Value& X = *a.in[0];
   const auto& axes = a.in_nodes[0]->axes;
@@ -674,6 +674,7 @@ Value eval_op(const OpArgs& a) {
     case Op::causal:
       return op_causal(a);
     case Op::score_mod:
+    case Op::pointwise:  // the same evaluation, with no keep predicate
       return op_score_mod(a);
     case Op::dropout:
       return op_dropout(a);

@@ -81,7 +81,21 @@ void ModuleBuilder::emit_score_mod(int id) {
 /// relu / gelu / silu on the row-wise kernels, in ranges of the flat index.
 void ModuleBuilder::emit_activation(int id) {
   const Node& n = g_.node(id);
-  llvm::Function* kernel = rowwise(n.op == Op::relu ? "qkv_relu" : n.op == Op::silu ? "qkv_silu" : "qkv_gelu", n.dtype);
+  const char* name = nullptr;
+  switch (n.op) {
+    case Op::relu:
+      name = "qkv_relu";
+      break;
+    case Op::silu:
+      name = "qkv_silu";
+      break;
+    case Op::gelu:
+      name = "qkv_gelu";
+      break;
+    default:
+      internal_error("codegen: " + std::string(op_name(n.op)) + " is not an activation of the row-wise kernels");
+  }
+  llvm::Function* kernel = rowwise(name, n.dtype);
   parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30), {buf(n.inputs[0]), buf(id)},
                   [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], i0.v(), i1.v()}); });
 }

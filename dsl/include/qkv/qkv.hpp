@@ -4,6 +4,7 @@
 #include <qkv/dsl/axis.hpp>
 #include <qkv/dsl/ops_decoder.hpp>
 #include <qkv/dsl/ops_math.hpp>
+#include <qkv/dsl/ops_pointwise.hpp>
 #include <qkv/dsl/ops_structure.hpp>
 #include <qkv/dsl/params.hpp>
 #include <qkv/dsl/score_mod.hpp>

@@ -1,6 +1,7 @@
 // qkv/dsl/mod_values.hpp — what a score or mask mod is traced with (see score_mod.hpp): typed
 // values (numbers and bools) that are nodes of the ModExpr being built, the index variables b, h,
-// q, k of the score axes, their operators and functions (+ - * / min max abs exp log tanh,
+// q, k of the score axes, their operators and functions (+ - * / min max abs exp log tanh sqrt
+// rsqrt sigmoid erf pow,
 // comparisons, && || !, where), and loads t[i][j]... from captured tensors. Every type rule of
 // score_mod.hpp's header is checked here, at the operator or the load that breaks it.
 #pragma once
@@ -543,6 +544,27 @@ auto log(const A& a) {
 template <detail::ModOperand A>
 auto tanh(const A& a) {
   return detail::mod_unary<ModOp::tanh, "tanh", false>(a);
+}
+template <detail::ModOperand A>
+auto sqrt(const A& a) {
+  return detail::mod_unary<ModOp::sqrt, "sqrt", false>(a);
+}
+template <detail::ModOperand A>
+auto rsqrt(const A& a) {
+  return detail::mod_unary<ModOp::rsqrt, "rsqrt", false>(a);
+}
+template <detail::ModOperand A>
+auto sigmoid(const A& a) {
+  return detail::mod_unary<ModOp::sigmoid, "sigmoid", false>(a);
+}
+template <detail::ModOperand A>
+auto erf(const A& a) {
+  return detail::mod_unary<ModOp::erf, "erf", false>(a);
+}
+template <class A, class B>
+  requires detail::ModOperands<A, B>
+auto pow(const A& a, const B& b) {
+  return detail::mod_binary<ModOp::pow, "pow", detail::mod_sig::arith>(a, b);
 }
 
 /// where(c, a, b): a where c holds, else b (c a bool; a and b both numbers or both bools).

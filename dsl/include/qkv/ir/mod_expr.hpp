@@ -1,6 +1,9 @@
 // qkv/ir/mod_expr.hpp — score and mask modifications as plain data: a small expression IR over
 // the score of one entry and the positions of that entry along the score's axes.
 //
+// A `pointwise` node carries one too, as element-wise math on tensors: out(e) = nodes[score](e),
+// its `score` leaf the entry of the node's first input, its loads the other inputs (keep: −1).
+//
 // A `score_mod` node (and a fused attention) carries one ModExpr:
 //
 //   score'(e) = nodes[score](e)        (−1: the score unchanged)
@@ -18,8 +21,8 @@
 //   load    input, at...  element at[0], at[1], ... (one index per axis, each rounded toward
 //                         zero and clamped into [0, extent − 1]) of the node's input `input`, a
 //                         small tensor captured by the mod (bool: 0 / 1; ints: their value)
-// Everything else is arithmetic (+ − · / min max neg abs exp log tanh), comparisons, logic and
-// where(c, a, b). Booleans and numbers never mix implicitly: the DSL checks the types.
+// Everything else is arithmetic (+ − · / min max neg abs exp log tanh sqrt rsqrt sigmoid erf
+// pow), comparisons, logic and where(c, a, b). Booleans and numbers never mix implicitly: the DSL checks the types.
 //
 // Plain data, no templates beyond the evaluators: the DSL, codegen and the runtime include it.
 #pragma once
@@ -56,6 +59,11 @@ enum class ModOp : std::uint8_t {
   exp,
   log,
   tanh,
+  sqrt,
+  rsqrt,
+  sigmoid,
+  erf,
+  pow,
   lt,
   le,
   gt,
@@ -69,10 +77,11 @@ enum class ModOp : std::uint8_t {
 };
 
 inline const char* mod_op_name(ModOp op) {
-  static constexpr const char* names[] = {"score", "index", "position", "length", "constant", "load", "add",
-                                          "sub",   "mul",   "div",      "min",    "max",      "neg",  "abs",
-                                          "exp",   "log",   "tanh",     "lt",     "le",       "gt",   "ge",
-                                          "eq",    "ne",    "and",      "or",     "not",      "where"};
+  static constexpr const char* names[] = {"score", "index", "position", "length",  "constant", "load", "add", "sub",
+                                          "mul",   "div",   "min",      "max",     "neg",      "abs",  "exp", "log",
+                                          "tanh",  "sqrt",  "rsqrt",    "sigmoid", "erf",      "pow",  "lt",  "le",
+                                          "gt",    "ge",    "eq",       "ne",      "and",      "or",   "not", "where"};
+  static_assert(std::size(names) == static_cast<std::size_t>(ModOp::where) + 1, "a ModOp without a name");
   const auto k = static_cast<std::size_t>(op);
   return k < std::size(names) ? names[k] : "?";
 }
@@ -95,13 +104,32 @@ inline int mod_op_arity(ModOp op) {
     case ModOp::exp:
     case ModOp::log:
     case ModOp::tanh:
+    case ModOp::sqrt:
+    case ModOp::rsqrt:
+    case ModOp::sigmoid:
+    case ModOp::erf:
     case ModOp::logical_not:
       return 1;
+    case ModOp::add:
+    case ModOp::sub:
+    case ModOp::mul:
+    case ModOp::div:
+    case ModOp::min:
+    case ModOp::max:
+    case ModOp::pow:
+    case ModOp::lt:
+    case ModOp::le:
+    case ModOp::gt:
+    case ModOp::ge:
+    case ModOp::eq:
+    case ModOp::ne:
+    case ModOp::logical_and:
+    case ModOp::logical_or:
+      return 2;
     case ModOp::where:
       return 3;
-    default:
-      return 2;
   }
+  return 2;  // not an op (a corrupt expression): verify reports it
 }
 
 struct ModNode {
@@ -258,6 +286,21 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
         break;
       case ModOp::tanh:
         r = std::tanh(x(n.a));
+        break;
+      case ModOp::sqrt:
+        r = std::sqrt(x(n.a));
+        break;
+      case ModOp::rsqrt:
+        r = 1.0 / std::sqrt(x(n.a));
+        break;
+      case ModOp::sigmoid:
+        r = 1.0 / (1.0 + std::exp(-x(n.a)));
+        break;
+      case ModOp::erf:
+        r = std::erf(x(n.a));
+        break;
+      case ModOp::pow:
+        r = std::pow(x(n.a), x(n.b));
         break;
       case ModOp::lt:
         r = x(n.a) < x(n.b);
@@ -489,6 +532,20 @@ void mod_bounds(const ModExpr& e, const Env& env, std::vector<ModInterval>& v) {
       case ModOp::tanh:
         r = {std::tanh(x(n.a).lo), std::tanh(x(n.a).hi)};
         break;
+      case ModOp::sqrt:
+        r = x(n.a).lo >= 0 ? ModInterval{std::sqrt(x(n.a).lo), std::sqrt(x(n.a).hi)} : ModInterval{};
+        break;
+      case ModOp::rsqrt:
+        r = x(n.a).lo > 0 ? ModInterval{1.0 / std::sqrt(x(n.a).hi), 1.0 / std::sqrt(x(n.a).lo)} : ModInterval{};
+        break;
+      case ModOp::sigmoid:
+        r = {1.0 / (1.0 + std::exp(-x(n.a).lo)), 1.0 / (1.0 + std::exp(-x(n.a).hi))};
+        break;
+      case ModOp::erf:
+        r = {std::erf(x(n.a).lo), std::erf(x(n.a).hi)};
+        break;
+      case ModOp::pow:
+        break;  // unbounded
       // Comparisons: decided only when the intervals separate (NaN bounds compare false).
       case ModOp::lt:
         r = tri(x(n.a).hi < x(n.b).lo, x(n.a).lo >= x(n.b).hi);

@@ -51,6 +51,7 @@ enum class Op : std::uint8_t {
   argmax,
   update_slice,
   convert,
+  pointwise,
 };
 
 struct OpInfo {
@@ -63,7 +64,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 36> kOps{{
+inline constexpr std::array<OpInfo, 37> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -116,6 +117,9 @@ inline constexpr std::array<OpInfo, 36> kOps{{
      "start: the size input of dim (a KV cache's append)"},
     {Op::convert, "convert", 1, 1, false, true, false,
      "the input's values as this node's dtype (f32, f16, bf16; rounded to nearest, ties to even)"},
+    {Op::pointwise, "pointwise", 1, -1, false, true, false,
+     "(x, tensors...): mod (ModExpr) `score` per entry of x: its `score` leaf is x's entry, its loads read the "
+     "other inputs (broadcast by name: indexed by the entry's coordinates); keep is -1"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

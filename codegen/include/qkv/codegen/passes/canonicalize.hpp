@@ -2,7 +2,9 @@
 //
 // After this pass: no permute reads a permute (chains are folded into one reordering); no
 // permute keeps its input's order (it is replaced by its input); no plain scale reads a plain
-// scale (constant factors are multiplied); no node is dead (every non-leaf node reaches a graph
+// scale (constant factors are multiplied); no f32 pointwise node reads an f32 pointwise node that
+// nothing else reads (the two expressions are one node: element-wise math becomes one loop); no
+// node is dead (every non-leaf node reaches a graph
 // output; inputs and params are kept, since they bind sizes). Node ids are renumbered densely in
 // the same topological order.
 #pragma once

@@ -24,10 +24,18 @@ inline std::string quote_text(std::string_view s, std::size_t max = 80, char quo
   for (std::size_t i = 0; i < keep; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\\': out += "\\\\"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
       default:
         if (c == static_cast<unsigned char>(quote)) {
           out += '\\';
