@@ -3,6 +3,7 @@
 //   * qkv's bf16 GEMM (run_linear_bf16: vdpbf16ps on AVX512-BF16), against the vdpbf16ps peak and
 //     as a multiple of qkv's fp32 GEMM on the same shape (x_fp32),
 //   * OpenBLAS sgemm on the same layout (B transposed), against the FMA peak.
+// BM_Projection: GPT-2's Conv1D layout through the whole CPU backend (below).
 // GFLOP/s counts 2·M·N·K. Every call packs W into the kernel's panels, as a linear layer that is
 // not prepared does (a prepared one packs once: CompiledGraph::prepare).
 //
@@ -17,7 +18,9 @@
 #include <tuple>
 #include <vector>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/gemm.hpp>
+#include <qkv/qkv.hpp>
 
 #include "bench_util.hpp"
 #include "peaks.hpp"
@@ -93,6 +96,51 @@ BENCHMARK(BM_Linear)
     ->ArgNames({"M", "N", "K", "kind"})
     ->ArgsProduct({{2048}, {4096}, {4096}, {kQkvF32, kQkvBf16, kOpenBlas}})
     ->ArgsProduct({{2048}, {512}, {512}, {kQkvF32, kQkvBf16, kOpenBlas}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// GPT-2's Conv1D projection (the weight stored [in, out]) as a graph on the CPU backend, 2
+// threads, M = 1024 rows, 256 -> 768: as torch.nn.Linear's layout (the GEMM), as conv1d_params
+// (the weight transposed by a strided copy in the graph, then the GEMM), and as the contraction a
+// user wrote before conv1d_params existed (contract<Model>(x, W): a loop nest). Each call runs the
+// compiled graph (compiled by the first); the peak is probed around the run.
+QKV_AXIS(Seq);
+QKV_AXIS(Model);
+QKV_AXIS(Hidden);
+enum Form : std::int64_t { kLinear = 0, kConv1d = 1, kContract = 2 };
+
+void BM_Projection(benchmark::State& state) {
+  using namespace qkv;
+  const std::int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const auto form = static_cast<Form>(state.range(3));
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<256>>>(g, "x");
+  if (form == kLinear) output(linear(x, linear_params<Model<256>, Hidden<768>>(g, "p")), "y");
+  if (form == kConv1d) output(linear(x, conv1d_params<Model<256>, Hidden<768>>(g, "p")), "y");
+  if (form == kContract) output(contract<Model>(x, input<Tensor<f32, Model<256>, Hidden<768>>>(g, "w")), "y");
+  Feeds feeds;
+  feeds["x"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(m * k), 1), {m, k});
+  const auto w = qkv::bench::random_values(static_cast<std::size_t>(n * k), 2);
+  feeds[form == kContract ? "w" : "p.weight"] =
+      form == kLinear ? NdArray::from_f32(w, {n, k}) : NdArray::from_f32(w, {k, n});
+  if (form != kContract)
+    feeds["p.bias"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(n), 3), {n});
+  (void)codegen::cpu::run(g, feeds, kThreads);  // compile
+  const double peak_before = qkv::bench::probe_peak();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    benchmark::DoNotOptimize(codegen::cpu::run(g, feeds, kThreads));
+    seconds += seconds_since(t0);
+  }
+  const double peak = std::max(peak_before, qkv::bench::probe_peak());
+  const double gflops = 2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+}
+BENCHMARK(BM_Projection)
+    ->ArgNames({"M", "K", "N", "form"})
+    ->ArgsProduct({{1024}, {256}, {768}, {kLinear, kConv1d, kContract}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

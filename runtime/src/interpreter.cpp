@@ -218,8 +218,16 @@ Bindings bind_extents(const Graph& g, const Feeds& feeds) {
           b[sym] = got;
           bound_by[sym] = n.name;
         } else if (f->second != got) {
+          // Two inputs that each declare the axis (not one renamed from the other) are most often
+          // two sequences given one name: say how to tell them apart.
+          const std::string hint =
+              ax.name == sym && bound_by[sym] != n.name
+                  ? "; both declare `" + sym + "` with one run-time size: if they are different sequences (an " +
+                        "encoder's source and a decoder's target), give one its own axis (e.g. QKV_AXIS(Mem) and " +
+                        "Mem<dyn>), as the memory of CrossAttention has"
+                  : "";
           throw ShapeError(who + ": axis `" + ax.name + "` (extent " + ax.extent.str() + ") is " + std::to_string(got) +
-                           " but '" + bound_by[sym] + "' bound " + sym + " = " + std::to_string(f->second));
+                           " but '" + bound_by[sym] + "' bound " + sym + " = " + std::to_string(f->second) + hint);
         }
       } else {
         derived.push_back({&n, k, got});

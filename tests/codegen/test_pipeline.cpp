@@ -14,6 +14,7 @@
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
@@ -361,7 +362,9 @@ TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
       if (t == 6) modules = codegen::jit_stats().modules;  // the first one-token step compiles its shape class
     }
     EXPECT_EQ(codegen::jit_stats().modules, modules) << "decode steps after the first compile nothing";
-    if (backend == 1) EXPECT_EQ(bound.prepared(), 1) << "one handle for the weights, packed once";
+    if (backend == 1) {
+      EXPECT_EQ(bound.prepared(), 1) << "one handle for the weights, packed once";
+    }
     EXPECT_EQ(s.position(), 9);
     try {
       (void)s.decode(columns(tokens, 0, 1));
@@ -525,6 +528,40 @@ TEST(CpuBackend, LinearLayersWithAFewRowsReadTheirWeightsInPlace) {
   for (std::int64_t rows : {1, 2, 3, 4, 5}) {
     SCOPED_TRACE("rows " + std::to_string(rows));
     expect_backends_agree(g, random_feeds(g, {{"Seq", rows}}, 40 + static_cast<unsigned>(rows), 1.0f), 2e-5);
+  }
+}
+
+TEST(CpuBackend, AConv1DLinearIsTheLinearOfTheTransposedWeightOnTheGemm) {
+  // Hugging Face's Conv1D (GPT-2): the weight stored [in, out]. The same values as torch.nn.Linear
+  // with W transposed, on the interpreter and the CPU backend, at 1 row (GEMV) and 9 (GEMM); the
+  // lowered graph runs it as a strided copy of W and the GEMM kernel, no contraction loop nest.
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<37>>>(g, "x");
+  const auto conv = conv1d_params<Model<37>, Hidden<45>>(g, "c_attn");
+  output(linear(x, conv), "conv1d");
+  output(linear(x, linear_params<Model<37>, Hidden<45>>(g, "linear")), "linear");
+  const Graph lowered = codegen::lower(g);
+  int gemms = 0, loops = 0;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
+    gemms += codegen::select_kernel(lowered, id) == codegen::KernelKind::gemm;
+    loops += codegen::select_kernel(lowered, id) == codegen::KernelKind::contract ||
+             codegen::select_kernel(lowered, id) == codegen::KernelKind::linear_strided;
+  }
+  EXPECT_EQ(gemms, 2);
+  EXPECT_EQ(loops, 0);
+  for (std::int64_t rows : {1, 9}) {
+    Feeds f = random_feeds(g, {{"Seq", rows}}, 60 + static_cast<unsigned>(rows), 1.0f);
+    ASSERT_EQ(f.at("c_attn.weight").shape, (std::vector<std::int64_t>{37, 45}));  // as GPT-2 stores it
+    // The same layer as a Linear: W transposed into [out, in], the same bias.
+    const auto wt = f.at("c_attn.weight").to_f32();
+    std::vector<float> w(wt.size());
+    for (std::size_t i = 0; i < 37; ++i)
+      for (std::size_t o = 0; o < 45; ++o) w[o * 37 + i] = wt[i * 45 + o];
+    f["linear.weight"] = NdArray::from_f32(w, {45, 37});
+    f["linear.bias"] = f.at("c_attn.bias");
+    const RunResult want = interpret(g, f);
+    EXPECT_EQ(want.outputs.at("conv1d"), want.outputs.at("linear")) << "rows " << rows;
+    expect_backends_agree(g, f, 2e-5);
   }
 }
 

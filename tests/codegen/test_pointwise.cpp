@@ -28,12 +28,12 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 /// The test values, as a [Row = 4, Col = 16] tensor (row-major).
 std::vector<float> values() {
-  std::vector<float> v{0.0f,    -0.0f,  1e-6f,  -1e-6f, 0.1f,    -0.3f,  0.49f,  0.5f,   0.51f,  -0.5f,  1.0f,
-                       -1.0f,   2.5f,   -2.5f,  3.0f,   -3.0f,   5.0f,   -5.0f,  9.0f,   -9.0f,  12.0f,  -12.0f,
-                       20.0f,   -20.0f, 40.0f,  -40.0f, 88.0f,   -88.0f, 100.0f, -100.0f, 1e-30f, -1e-30f, 0.7071f,
-                       1.5f,    -1.5f,  0.25f,  -0.25f, 7.0f,    -7.0f,  0.999f, 1.001f, 30.0f,  -30.0f, 0.0625f,
-                       16.0f,   2.0f,   -2.0f,  4.0f,   -4.0f,   64.0f,  1e10f,  -1e10f, 1e-3f,  -1e-3f, 0.75f,
-                       -0.75f,  6.0f,   -6.0f,  0.3f,   1.2f,    -1.2f};
+  std::vector<float> v{0.0f,   -0.0f,  1e-6f, -1e-6f, 0.1f,  -0.3f,  0.49f,  0.5f,    0.51f,  -0.5f,   1.0f,
+                       -1.0f,  2.5f,   -2.5f, 3.0f,   -3.0f, 5.0f,   -5.0f,  9.0f,    -9.0f,  12.0f,   -12.0f,
+                       20.0f,  -20.0f, 40.0f, -40.0f, 88.0f, -88.0f, 100.0f, -100.0f, 1e-30f, -1e-30f, 0.7071f,
+                       1.5f,   -1.5f,  0.25f, -0.25f, 7.0f,  -7.0f,  0.999f, 1.001f,  30.0f,  -30.0f,  0.0625f,
+                       16.0f,  2.0f,   -2.0f, 4.0f,   -4.0f, 64.0f,  1e10f,  -1e10f,  1e-3f,  -1e-3f,  0.75f,
+                       -0.75f, 6.0f,   -6.0f, 0.3f,   1.2f,  -1.2f};
   v.push_back(static_cast<float>(kInf));
   v.push_back(static_cast<float>(-kInf));
   v.push_back(static_cast<float>(kNaN));
@@ -99,28 +99,42 @@ TEST(Pointwise, EveryFunctionMatchesItsFormulaOnTheInterpreterAndTheCpuBackend) 
   const Feeds feeds{{"x", matrix(x)}};
   const double s2pi = std::sqrt(2.0 / std::acos(-1.0));
   const std::vector<Case> cases{
-      unary("tanh", [](auto t) { return tanh(t); }, [](double v) { return std::tanh(v); }, 3e-7, 0),
-      unary("sigmoid", [](auto t) { return sigmoid(t); }, [](double v) { return 1 / (1 + std::exp(-v)); }, 1e-30,
-            3e-6),
-      unary("exp", [](auto t) { return exp(t); }, [](double v) { return std::exp(v); }, 1e-30, 3e-6),
-      unary("log", [](auto t) { return log(t); }, [](double v) { return std::log(v); }, 3e-7, 1e-6),
-      unary("sqrt", [](auto t) { return sqrt(t); }, [](double v) { return std::sqrt(v); }, 1e-30, 2e-7),
-      unary("rsqrt", [](auto t) { return rsqrt(t); }, [](double v) { return 1 / std::sqrt(v); }, 1e-30, 3e-7),
-      unary("abs", [](auto t) { return abs(t); }, [](double v) { return std::abs(v); }, 0, 1e-7),
-      unary("erf", [](auto t) { return erf(t); }, [](double v) { return std::erf(v); }, 1e-30, 3e-7),
-      unary("pow 3", [](auto t) { return pow(t, 3.0); }, [](double v) { return v * v * v; }, 1e-30, 4e-7),
-      unary("pow 2.5", [](auto t) { return pow(t, 2.5); }, [](double v) { return std::pow(v, 2.5); }, 1e-30, 1e-5),
-      unary("pow -2", [](auto t) { return pow(t, -2.0); }, [](double v) { return std::pow(v, -2.0); }, 1e-30, 1e-5),
-      unary("pow -0.5", [](auto t) { return pow(t, -0.5); }, [](double v) { return std::pow(v, -0.5); }, 1e-30, 1e-5),
-      unary("gelu_tanh", [](auto t) { return gelu_tanh(t); },
-            // 0.5·x·(1 + tanh u) = x / (1 + e^(−2u)), the form without cancellation
-            [s2pi](double v) { return v / (1 + std::exp(-2 * s2pi * (v + 0.044715 * v * v * v))); },
-            1e-6, 1e-6),
-      unary("clamp", [](auto t) { return clamp(t, -2.0, 3.0); },
-            [](double v) { return std::isnan(v) ? v : std::min(std::max(v, -2.0), 3.0); }, 0, 1e-7),
-      unary("2 - x * 0.5 / 4 + 1", [](auto t) { return 2.0 - t * 0.5 / 4.0 + 1.0; },
-            [](double v) { return 2.0 - v * 0.5 / 4.0 + 1.0; }, 1e-7, 1e-7),
-      unary("-x", [](auto t) { return -t; }, [](double v) { return -v; }, 0, 1e-7),
+      unary(
+          "tanh", [](auto t) { return tanh(t); }, [](double v) { return std::tanh(v); }, 3e-7, 0),
+      unary(
+          "sigmoid", [](auto t) { return sigmoid(t); }, [](double v) { return 1 / (1 + std::exp(-v)); }, 1e-30, 3e-6),
+      unary(
+          "exp", [](auto t) { return exp(t); }, [](double v) { return std::exp(v); }, 1e-30, 3e-6),
+      unary(
+          "log", [](auto t) { return log(t); }, [](double v) { return std::log(v); }, 3e-7, 1e-6),
+      unary(
+          "sqrt", [](auto t) { return sqrt(t); }, [](double v) { return std::sqrt(v); }, 1e-30, 2e-7),
+      unary(
+          "rsqrt", [](auto t) { return rsqrt(t); }, [](double v) { return 1 / std::sqrt(v); }, 1e-30, 3e-7),
+      unary(
+          "abs", [](auto t) { return abs(t); }, [](double v) { return std::abs(v); }, 0, 1e-7),
+      unary(
+          "erf", [](auto t) { return erf(t); }, [](double v) { return std::erf(v); }, 1e-30, 3e-7),
+      unary(
+          "pow 3", [](auto t) { return pow(t, 3.0); }, [](double v) { return v * v * v; }, 1e-30, 4e-7),
+      unary(
+          "pow 2.5", [](auto t) { return pow(t, 2.5); }, [](double v) { return std::pow(v, 2.5); }, 1e-30, 1e-5),
+      unary(
+          "pow -2", [](auto t) { return pow(t, -2.0); }, [](double v) { return std::pow(v, -2.0); }, 1e-30, 1e-5),
+      unary(
+          "pow -0.5", [](auto t) { return pow(t, -0.5); }, [](double v) { return std::pow(v, -0.5); }, 1e-30, 1e-5),
+      unary(
+          "gelu_tanh", [](auto t) { return gelu_tanh(t); },
+          // 0.5·x·(1 + tanh u) = x / (1 + e^(−2u)), the form without cancellation
+          [s2pi](double v) { return v / (1 + std::exp(-2 * s2pi * (v + 0.044715 * v * v * v))); }, 1e-6, 1e-6),
+      unary(
+          "clamp", [](auto t) { return clamp(t, -2.0, 3.0); },
+          [](double v) { return std::isnan(v) ? v : std::min(std::max(v, -2.0), 3.0); }, 0, 1e-7),
+      unary(
+          "2 - x * 0.5 / 4 + 1", [](auto t) { return 2.0 - t * 0.5 / 4.0 + 1.0; },
+          [](double v) { return 2.0 - v * 0.5 / 4.0 + 1.0; }, 1e-7, 1e-7),
+      unary(
+          "-x", [](auto t) { return -t; }, [](double v) { return -v; }, 0, 1e-7),
   };
   for (const Case& c : cases) {
     const Results r = run_both(c.build, feeds);
@@ -137,9 +151,22 @@ TEST(Pointwise, EveryFunctionMatchesItsFormulaOnTheInterpreterAndTheCpuBackend) 
 
 TEST(Pointwise, PowFollowsCOnNegativeBasesZeroAndOne) {
   // Bases down the rows, exponents across the columns (y broadcast into x by name).
-  std::vector<float> base, expo{0.0f, 1.0f, 2.0f, 3.0f, -1.0f, -2.0f, 0.5f, -0.5f, 2.5f, 1e9f,
-                                static_cast<float>(kNaN), static_cast<float>(kInf), static_cast<float>(-kInf),
-                                7.0f, -3.0f, 0.0f};
+  std::vector<float> base, expo{0.0f,
+                                1.0f,
+                                2.0f,
+                                3.0f,
+                                -1.0f,
+                                -2.0f,
+                                0.5f,
+                                -0.5f,
+                                2.5f,
+                                1e9f,
+                                static_cast<float>(kNaN),
+                                static_cast<float>(kInf),
+                                static_cast<float>(-kInf),
+                                7.0f,
+                                -3.0f,
+                                0.0f};
   for (float b : {-2.0f, 0.0f, 1.0f, static_cast<float>(kNaN)})
     for (int k = 0; k < 16; ++k) base.push_back(b);
   const Feeds feeds{{"x", matrix(base)}, {"y", NdArray::from_f32(expo, {16})}};

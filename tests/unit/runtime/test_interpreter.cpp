@@ -422,6 +422,19 @@ TEST(Bind, InconsistentDynamicSymbolNamesBothTensors) {
   EXPECT_EQ(b, (Bindings{{"Batch", 2}, {"Seq", 4}}));
 }
 
+TEST(Bind, TwoInputsDeclaringOneDynamicAxisAreToldHowToSeparateThem) {
+  // An encoder-decoder whose source and target are both Seq<dyn> (issue 31): one size for both.
+  Graph g;
+  const int src = leaf(g, "src", {dyn_ax("Batch", "Batch"), dyn_ax("Seq", "Seq")});
+  const int tgt = leaf(g, "tgt", {dyn_ax("Batch", "Batch"), dyn_ax("Seq", "Seq")});
+  g.mark_output(src, "src");
+  g.mark_output(tgt, "tgt");
+  EXPECT_EQ(shape_error_message(g, {{"src", random_array({2, 9}, 29)}, {"tgt", random_array({2, 6}, 30)}}),
+            "input 'tgt': axis `Seq` (extent Seq?) is 6 but 'src' bound Seq = 9; both declare `Seq` with one run-time "
+            "size: if they are different sequences (an encoder's source and a decoder's target), give one its own "
+            "axis (e.g. QKV_AXIS(Mem) and Mem<dyn>), as the memory of CrossAttention has");
+}
+
 TEST(Bind, DerivedExtentIsCheckedAfterBinding) {
   Graph g;
   leaf(g, "x", {dyn_ax("Seq", "Seq")});

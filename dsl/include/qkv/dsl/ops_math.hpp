@@ -18,25 +18,6 @@ namespace qkv {
 
 namespace detail {
 
-/// The first axis of L1 that L2 also has, with a different static extent (L1::size if none).
-template <class L1, class L2>
-constexpr std::size_t first_shared_mismatch() {
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    auto bad = []<class X>() {
-      if constexpr (!has_axis_named<L2, X>)
-        return false;
-      else {
-        using Y = find_named<L2, X>;
-        return X::is_static && Y::is_static && X::extent != Y::extent;
-      }
-    };
-    constexpr bool differ[] = { bad.template operator()<axis_at<L1, I>>()..., true };
-    std::size_t i = 0;
-    while (!differ[i]) ++i;
-    return i;
-  }(std::make_index_sequence<L1::size>{});
-}
-
 /// The name of L's only axis ("" unless L has exactly one).
 template <class L>
 constexpr auto single_name() {
@@ -389,6 +370,27 @@ auto unscaled(const T& t) {
 }
 
 namespace detail {
+/// The key axis a scores trait got from its contraction ("" for any other trait).
+template <class Tr>
+constexpr auto scores_keys() {
+  if constexpr (requires { Tr::keys; })
+    return Tr::keys;
+  else
+    return fixed_string("");
+}
+/// Who made a key claim, as the user wrote it.
+template <class Claim>
+constexpr auto claimant_fs() {
+  if constexpr (Claim::by == trait::claimant::causal)
+    return fixed_string("causal<") + Claim::query + ", " + Claim::key + ">";
+  else if constexpr (Claim::by == trait::claimant::key_padding_mask)
+    return fixed_string("the key-padding mask");
+  else if constexpr (Claim::by == trait::claimant::attention_mask)
+    return fixed_string("the attention mask");
+  else
+    return fixed_string("the mods");
+}
+
 /// What softmax<Over> and logsumexp<Over> check of their scores T (the axis exists, the scores
 /// are scaled, the masks agree on the key axis): the failure, or rows_ok{} when T passes.
 struct rows_ok {};
@@ -409,7 +411,15 @@ constexpr auto row_reduction_error() {
                 extent_fs<Dk>() + "); fix: " + Name + "<" + over +
                 ">(scaled(scores)), or unscaled(scores) to opt out">();
   } else if constexpr (!std::is_void_v<WrongClaim>) {
-    return claim_error<WrongClaim, L, over>();
+    if constexpr (WrongClaim::by == trait::claimant::causal && scores_keys<Tr>() == WrongClaim::key) {
+      // causal<Q, K> named both axes and the contraction agrees on K: the reduction is over the
+      // wrong axis, not the mask (a mask's claim keeps its own message: it may be the mistake).
+      return fail<Name + ": the key axis of the scores " + axes_fs<L>() + " is `" + WrongClaim::key +
+                  "` (the axis k brought to the contraction, and " + claimant_fs<WrongClaim>() + " says so too), but " +
+                  Name + " is over `" + over + "`; fix: " + Name + "<" + WrongClaim::key + ">(scores)">();
+    } else {
+      return claim_error<WrongClaim, L, over>();
+    }
   } else {
     return rows_ok{};
   }

@@ -23,6 +23,25 @@ Node unary_node(const T& t, Op op, std::vector<Axis> out_axes) {
   return n;
 }
 
+/// The first axis of L1 that L2 also has, with a different static extent (L1::size if none).
+template <class L1, class L2>
+constexpr std::size_t first_shared_mismatch() {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    auto bad = []<class X>() {
+      if constexpr (!has_axis_named<L2, X>)
+        return false;
+      else {
+        using Y = find_named<L2, X>;
+        return X::is_static && Y::is_static && X::extent != Y::extent;
+      }
+    };
+    constexpr bool differ[] = { bad.template operator()<axis_at<L1, I>>()..., true };
+    std::size_t i = 0;
+    while (!differ[i]) ++i;
+    return i;
+  }(std::make_index_sequence<L1::size>{});
+}
+
 /// L with the axis named like A replaced by the axes in R (in place).
 template <class L, class A, class R>
 struct replace_axis;
@@ -478,6 +497,15 @@ auto append(const X& x, const Y& y) {
     } else if constexpr (without<LY, LX>::size != 0) {
       return fail<fixed_string("append: ") + axes_fs<LY>() + " has axes that " + axes_fs<LX>() +
                   " lacks; fix: the appended part may only drop axes, not add them">();
+    } else if constexpr (constexpr auto k =
+                             detail::first_shared_mismatch<detail::replace_t<LX, find_family<LX, Ax>, axes<>>, LY>();
+                         k != LX::size - 1) {
+      using XO = detail::replace_t<LX, find_family<LX, Ax>, axes<>>;
+      using Z = axis_at<XO, k>;
+      return fail<fixed_string("append: `") + family_name_fs<Ax> + "`-joined parts differ on `" + Z::name_fs + "` (" +
+                  number<Z::extent>() + " vs " + number<find_named<LY, Z>::extent>() +
+                  "); fix: give both parts the same sizes off the joined axis (append along `" + Z::name_fs +
+                  "` if that is the axis to join)">();
     } else {
       using A = find_family<LX, Ax>;
       using B = find_family<LY, Ax>;

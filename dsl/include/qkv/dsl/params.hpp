@@ -46,6 +46,35 @@ Linear<In, Out> linear_params(Graph& g, const std::string& prefix, bool bias = t
   return l;
 }
 
+/// Declares the parameters of Hugging Face's Conv1D (GPT-2's attention and MLP projections):
+/// `<prefix>.weight` stored [in, out] — the transpose of torch.nn.Linear's — and `<prefix>.bias`
+/// [out]; y = x·W + b. The result is a Linear: linear(x, w) runs it on the GEMM kernel like any
+/// other, the weight transposed to [out, in] in the graph first (a permute: one strided copy of W
+/// per call, not a loop nest over the product).
+template <AxisType In, AxisType Out>
+Linear<In, Out> conv1d_params(Graph& g, const std::string& prefix, bool bias = true) {
+  Linear<In, Out> l{&g, -1, -1, prefix + ".weight"};
+  const Axis out{"out", ir_extent<Out>()}, in{"in", ir_extent<In>()};
+  Node w;  // as the checkpoint holds it
+  w.op = Op::param;
+  w.name = prefix + ".weight";
+  w.axes = {in, out};
+  Node t;  // as linear reads it
+  t.op = Op::permute;
+  t.inputs = {g.add(std::move(w))};
+  t.axes = {out, in};
+  l.weight = g.add(std::move(t));
+  if (bias) {
+    Node b;
+    b.op = Op::param;
+    b.name = prefix + ".bias";
+    b.axes = {out};
+    l.bias = g.add(std::move(b));
+  }
+  l.prefix = prefix;
+  return l;
+}
+
 /// linear(x, W): x's axis named like In becomes Out (x·Wᵀ + b, as torch.nn.Linear).
 template <class T, class In, class Out>
 auto linear(const T& x, const Linear<In, Out>& w) {

@@ -47,10 +47,17 @@ struct Extent {
   /// keeps run-time sizes visibly apart from compile-time ones.
   [[nodiscard]] std::string str() const {
     if (is_static()) return std::to_string(value);
-    std::string s = symbol + "?";
-    if (num != 1) s += "*" + std::to_string(num);
-    if (den != 1) s += "/" + std::to_string(den);
-    if (plus != 0) s += (plus > 0 ? "+" : "") + std::to_string(plus);
+    // Appended piece by piece: `"*" + std::to_string(n)` makes g++ 12 -O3 warn -Wrestrict (a
+    // false positive in its inlined memcpy, GCC bug 105329).
+    std::string s = symbol;
+    s.push_back('?');
+    auto part = [&s](char sign, std::int64_t v) {
+      if (sign) s.push_back(sign);
+      s.append(std::to_string(v));
+    };
+    if (num != 1) part('*', num);
+    if (den != 1) part('/', den);
+    if (plus != 0) part(plus > 0 ? '+' : '\0', plus);
     return s;
   }
 
