@@ -523,7 +523,12 @@ class Planner {
         const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
         const Shape in_strides = strides_of(shape(n.inputs[0]));
         if (in_strides.size() != out.size()) return false;
-        const std::int64_t start = n.offset * out[p];
+        std::int64_t start = n.offset * out[p];
+        if (n.dim) {
+          const auto s = n.dim->resolve(p_.sizes);
+          if (!s) throw ShapeError("cuda: the slice's start " + n.dim->str() + " is not bound");
+          start = *s;
+        }
         return copy(id, Arg::buf(buf(n.inputs[0])), Arg::buf(buf(id)), start * in_strides[p], out, in_strides);
       }
       default:

@@ -7,11 +7,26 @@
 
 namespace qkv::codegen {
 
+static_assert(
+    [] {
+      int views = 0;
+      for (const OpInfo& o : kOps) views += o.view;
+      return views == 4 && is_view(Op::split) && is_view(Op::merge) && is_view(Op::rename) && is_view(Op::view);
+    }(),
+    "select_kernel maps exactly the view ops of kOps to KernelKind::view");
+
 KernelKind select_kernel(const Graph& g, int id) {
   const Node& n = g.node(id);
-  if (n.op == Op::input || n.op == Op::param) return KernelKind::leaf;
-  if (is_view(n.op)) return KernelKind::view;
+  // Every op has a case and there is no default: an op added without a kernel kind does not build.
   switch (n.op) {
+    case Op::input:
+    case Op::param:
+      return KernelKind::leaf;
+    case Op::split:
+    case Op::merge:
+    case Op::rename:
+    case Op::view:
+      return KernelKind::view;
     case Op::fused_attention:
       return KernelKind::fused_attention;
     case Op::attention_weights:
@@ -67,8 +82,6 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::update_slice;
     case Op::convert:
       return KernelKind::convert;
-    default:
-      break;
   }
   internal_error("select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
 }

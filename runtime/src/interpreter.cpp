@@ -42,7 +42,8 @@ void check_feed_array(const Node& n, const NdArray& a) {
 /// For a slice at offset 0 of an update_slice along the updated axis: where the update's rows
 /// end (start + their extent), once bound.
 std::optional<std::int64_t> update_end(const Graph& g, const Node& n, const Bindings& b) {
-  if (n.op != Op::slice || n.offset != 0 || n.attr_axes.size() != 2 || n.inputs.size() != 1) return std::nullopt;
+  if (n.op != Op::slice || n.offset != 0 || n.dim || n.attr_axes.size() != 2 || n.inputs.size() != 1)
+    return std::nullopt;
   if (n.inputs[0] < 0 || static_cast<std::size_t>(n.inputs[0]) >= g.size()) return std::nullopt;
   const Node& u = g.node(n.inputs[0]);
   if (u.op != Op::update_slice || !u.dim || u.attr_axes.size() != 2 || u.attr_axes[0] != n.attr_axes[0] ||

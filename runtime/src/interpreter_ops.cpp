@@ -548,10 +548,16 @@ Value op_slice(const OpArgs& a) {
   const std::size_t p = axis_pos(a, a.in_nodes[0]->axes, a.node.attr_axes[0], "input");
   const std::size_t q = axis_pos(a, a.node.axes, a.node.attr_axes[1], "output");
   if (p != q || a.node.axes.size() != X.shape.size()) internal_error(where(a) + "the sliced axis moved");
-  const std::int64_t P = bound_extent(a, a.node.axes[q]), start = a.node.offset * P;
-  if (a.node.offset < 0 || start + P > X.shape[p])
-    internal_error(where(a) + "part " + std::to_string(a.node.offset) + " of size " + std::to_string(P) +
-                   " is outside `" + a.node.attr_axes[0] + "` (" + std::to_string(X.shape[p]) + ")");
+  const std::int64_t P = bound_extent(a, a.node.axes[q]);
+  std::int64_t start = a.node.offset * P;
+  if (a.node.dim) {  // the first element, not a part
+    const auto s = a.node.dim->resolve(a.bindings);
+    if (!s) internal_error(where(a) + "the start " + a.node.dim->str() + " is not bound");
+    start = *s;
+  }
+  if (a.node.offset < 0 || start < 0 || start + P > X.shape[p])
+    internal_error(where(a) + "[" + std::to_string(start) + ", " + std::to_string(start + P) + ") is outside `" +
+                   a.node.attr_axes[0] + "` (" + std::to_string(X.shape[p]) + ")");
   Shape out_shape = X.shape;
   out_shape[p] = P;
   const Around r = around(X.shape, p);

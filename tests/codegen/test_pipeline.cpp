@@ -565,6 +565,60 @@ TEST(CpuBackend, AConv1DLinearIsTheLinearOfTheTransposedWeightOnTheGemm) {
   }
 }
 
+TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
+  // Issue 31 item 2 on the interpreter and the CPU backend: a slice at an element start, a select
+  // of the first and of the last axis, position ids as a value, a CLS token put before every
+  // sequence; a slice past the end of a dynamic axis is a shape error on both.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<8>>>(g, "x");
+  auto ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "ids");
+  auto cls = input<Tensor<f32, Seq<1>, Model<8>>>(g, "cls");
+  output(slice<Seq, 2, 3>(x), "slice");
+  output(select<Seq, 0>(x), "first");
+  output(select<Model, 7>(x), "last_feature");
+  output(arange<Seq>(ids), "positions");
+  output(prepend<Seq>(x, cls), "with_cls");
+  const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 6}}, 71, 1.0f);
+  const RunResult r = interpret(g, f);
+  const auto xv = f.at("x").to_f32(), cv = f.at("cls").to_f32();
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t m) {
+    return xv[static_cast<std::size_t>((b * 6 + t) * 8 + m)];
+  };
+  const auto sl = r.outputs.at("slice").to_f32(), first = r.outputs.at("first").to_f32(),
+             last = r.outputs.at("last_feature").to_f32(), pos = r.outputs.at("positions").to_f32(),
+             wc = r.outputs.at("with_cls").to_f32();
+  EXPECT_EQ(r.outputs.at("slice").shape, (std::vector<std::int64_t>{2, 3, 8}));
+  EXPECT_EQ(r.outputs.at("first").shape, (std::vector<std::int64_t>{2, 8}));
+  EXPECT_EQ(r.outputs.at("last_feature").shape, (std::vector<std::int64_t>{2, 6}));
+  static_assert(std::is_same_v<decltype(arange<Seq>(ids))::dtype, i64>, "positions are integers");
+  EXPECT_EQ(r.outputs.at("with_cls").shape, (std::vector<std::int64_t>{2, 7, 8}));
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t m = 0; m < 8; ++m) {
+      for (std::int64_t t = 0; t < 3; ++t)
+        EXPECT_EQ(sl[static_cast<std::size_t>((b * 3 + t) * 8 + m)], at(b, 2 + t, m));
+      EXPECT_EQ(first[static_cast<std::size_t>(b * 8 + m)], at(b, 0, m));
+      EXPECT_EQ(wc[static_cast<std::size_t>((b * 7) * 8 + m)], cv[static_cast<std::size_t>(m)]);
+      for (std::int64_t t = 0; t < 6; ++t) {
+        EXPECT_EQ(wc[static_cast<std::size_t>((b * 7 + 1 + t) * 8 + m)], at(b, t, m));
+        if (m == 0) {
+          EXPECT_EQ(last[static_cast<std::size_t>(b * 6 + t)], at(b, t, 7));
+          EXPECT_EQ(pos[static_cast<std::size_t>(b * 6 + t)], static_cast<float>(t));
+        }
+      }
+    }
+  expect_backends_agree(g, f, 0.0);
+  // Seq = 4: [2, 5) is past its end.
+  const Feeds short_f = random_feeds(g, {{"Batch", 2}, {"Seq", 4}}, 72, 1.0f);
+  for (int backend : {0, 1}) {
+    try {
+      (void)(backend ? codegen::cpu::run(g, short_f, 2) : interpret(g, short_f));
+      ADD_FAILURE() << "a slice past the end ran (backend " << backend << ")";
+    } catch (const ShapeError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("slice: [2, 5) is outside `Seq` (4); fix: a longer input, or a range inside it"));
+    }
+  }
+}
+
 TEST(CpuBackend, AnEmbeddingIdOutsideTheTableIsAnInputErrorOnBothBackends) {
   Graph g;
   auto table = embedding_params<Vocab<dyn>, Model<8>>(g, "embed");

@@ -127,6 +127,9 @@ class Cli : public ::testing::Test {
     argv.push_back(nullptr);
     p.pid = ::fork();
     if (p.pid == 0) {
+      // qkv as a terminal would start it: a shell without job control starts background
+      // commands with SIGINT and SIGQUIT ignored, and qkv (rightly) leaves ignored signals alone.
+      for (const int sig : {SIGINT, SIGQUIT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
       const int o = ::open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(o, 1);

@@ -514,7 +514,17 @@ class ModuleBuilder {
     for (const auto& s : plan_.dynamic) ok = ok && I(b_, sym_.at(s)) >= 0;
     for (const auto& c : g_.constraints()) {
       const I a = dim(c.a), d = dim(c.b);
-      ok = ok && (c.kind == Constraint::Kind::equal ? a == d : (d != 0) && (a % pick(d == 0, c64(1), d) == 0));
+      switch (c.kind) {
+        case Constraint::Kind::equal:
+          ok = ok && a == d;
+          break;
+        case Constraint::Kind::divisible:
+          ok = ok && (d != 0) && (a % pick(d == 0, c64(1), d) == 0);
+          break;
+        case Constraint::Kind::at_most:
+          ok = ok && a <= d;
+          break;
+      }
     }
     // A concat whose joined axis has a symbol of its own (parts of different symbols): that size
     // must be the sum of the parts', or the parts would be written past the output.
@@ -531,8 +541,9 @@ class ModuleBuilder {
       if (n.op == Op::slice && n.attr_axes.size() == 2) {
         const auto& in = g_.node(n.inputs[0]);
         const I part = dim(n.axes[axis_pos(n.axes, n.attr_axes[1])].extent);
-        ok = ok && part * (n.offset + 1) <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
-        if (in.op == Op::update_slice && n.offset == 0 && in.attr_axes[0] == n.attr_axes[0])
+        const I start = n.dim ? dim(*n.dim) : part * n.offset;
+        ok = ok && start + part <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
+        if (in.op == Op::update_slice && n.offset == 0 && !n.dim && in.attr_axes[0] == n.attr_axes[0])
           ok = ok && part == update_end(in);
       }
       if (n.op == Op::update_slice) ok = ok && update_end(n) <= dim(n.axes[axis_pos(n.axes, n.attr_axes[0])].extent);

@@ -113,7 +113,7 @@ void ModuleBuilder::emit_slice(int id) {
   const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
   const Dims in_strides = strides_of(shape(n.inputs[0]));
   const Dims s = shape(id);
-  const I start = s[p] * n.offset;
+  const I start = n.dim ? dim(*n.dim) : s[p] * n.offset;
   nest(s, {strides_of(s), in_strides}, {c64(0), start * in_strides[p]},
        [&](const Dims&, const Dims& off) { store(load(elem(n), buf(n.inputs[0]), off[1]), buf(id), off[0]); });
 }

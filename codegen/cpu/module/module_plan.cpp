@@ -42,7 +42,7 @@ std::set<std::string> graph_symbols(const Graph& g) {
 /// of fused attentions, whose key axis it is.
 bool cache_prefix(const Graph& g, int id, const std::vector<std::vector<int>>& users, const std::set<int>& outputs) {
   const Node& n = g.node(id);
-  if (n.op != Op::slice || n.offset != 0 || n.attr_axes.size() != 2 || outputs.count(id)) return false;
+  if (n.op != Op::slice || n.offset != 0 || n.dim || n.attr_axes.size() != 2 || outputs.count(id)) return false;
   const auto& in = g.node(n.inputs[0]).axes;
   if (in.size() < 2 || in[in.size() - 2].name != n.attr_axes[0] || n.axes.size() != in.size()) return false;
   for (int u : users[static_cast<std::size_t>(id)]) {

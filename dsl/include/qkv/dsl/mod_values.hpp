@@ -182,20 +182,8 @@ inline int emit_leaf(ModOp op, std::string axis) {
   n.axis = std::move(axis);
   return emit(std::move(n));
 }
-inline int emit_constant(double v) {
-  ModNode n;
-  n.op = ModOp::constant;
-  n.value = v;
-  return emit(std::move(n));
-}
-inline int emit_op(ModOp op, int a, int b = -1, int c = -1) {
-  ModNode n;
-  n.op = op;
-  n.a = a;
-  n.b = b;
-  n.c = c;
-  return emit(std::move(n));
-}
+inline int emit_constant(double v) { return emit(mod_constant(v)); }
+inline int emit_op(ModOp op, int a, int b = -1, int c = -1) { return emit(mod_node(op, a, b, c)); }
 
 // --- what an operand is ----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // qkv/dsl/ops_pointwise.hpp — element-wise math on tensors: tanh, sigmoid, exp, log, sqrt,
-// rsqrt, abs, erf, pow, gelu_tanh, clamp, min, max, where, and arithmetic with scalars
-// (x * 0.5, 1.0 - x, -x).
+// rsqrt, abs, erf, pow, gelu_tanh, clamp, min, max, where, arithmetic with scalars (x * 0.5,
+// 1.0 - x, -x), and arange (positions as a value).
 //
 // Each is one `pointwise` node of the Graph IR holding an expression (the ModExpr of score mods,
 // qkv/ir/mod_expr.hpp) over its first input's entry and its other inputs, read by axis name; the
@@ -12,6 +12,7 @@
 // softmax belongs in a score_mod.
 #pragma once
 
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -24,25 +25,16 @@ namespace detail {
 /// The expression of one pointwise node while it is built: x is its first input's entry.
 class pointwise_expr {
  public:
-  pointwise_expr() {
-    ModNode x;
-    x.op = ModOp::score;
-    x_ = add(std::move(x));
-  }
+  pointwise_expr() { x_ = add(mod_node(ModOp::score)); }
   [[nodiscard]] int x() const { return x_; }
-  int constant(double v) {
-    ModNode n;
-    n.op = ModOp::constant;
-    n.value = v;
-    return add(std::move(n));
-  }
-  int op(ModOp o, int a, int b = -1, int c = -1) {
-    ModNode n;
-    n.op = o;
-    n.a = a;
-    n.b = b;
-    n.c = c;
-    return add(std::move(n));
+  int constant(double v) { return add(mod_constant(v)); }
+  int op(ModOp o, int a, int b = -1, int c = -1) { return add(mod_node(o, a, b, c)); }
+  /// The entry's coordinate along `axis`.
+  int index(std::string axis) {
+    ModNode i;
+    i.op = ModOp::index;
+    i.axis = std::move(axis);
+    return add(std::move(i));
   }
   /// Input `input` of the node at this entry: indexed by the entry's coordinate along each of
   /// its axes (by name; they are axes of the first input).
@@ -50,12 +42,7 @@ class pointwise_expr {
     ModNode l;
     l.op = ModOp::load;
     l.input = input;
-    for (const auto& a : axes) {
-      ModNode i;
-      i.op = ModOp::index;
-      i.axis = a.name;
-      l.at.push_back(add(std::move(i)));
-    }
+    for (const auto& a : axes) l.at.push_back(index(a.name));
     return add(std::move(l));
   }
   [[nodiscard]] ModExpr finish(int root) && {
@@ -207,6 +194,23 @@ auto clamp(const T& t, double lo, double hi) {
     const int l = e.constant(lo), h = e.constant(hi);
     return e.op(ModOp::where, e.op(ModOp::lt, x, l), l, e.op(ModOp::where, e.op(ModOp::gt, x, h), h, x));
   });
+}
+
+/// Positions as a value: an i64 tensor with like's axes whose entries are their coordinates along
+/// Ax (torch.arange broadcast like `like`): arange<Seq>(ids) gives GPT-2's position ids [Batch, Seq]
+/// for embedding(wpe, ...). Exact below 2^24 (integers are held in f32).
+template <template <auto> class Ax, TensorType T>
+auto arange(const T& like) {
+  using L = typename T::axis_list;
+  if constexpr (!has_family<L, Ax>) {
+    return missing_axis<"arange", L, Ax>();
+  } else {
+    detail::pointwise_expr e;
+    const int root = e.index(std::string(find_family<L, Ax>::name));
+    Node n = detail::unary_node(like, Op::pointwise, like.node().axes);
+    n.mod = std::move(e).finish(root);
+    return detail::make<i64, L, trait::plain>(like.graph(), std::move(n));
+  }
 }
 
 // --- with a number ------------------------------------------------------------------------------

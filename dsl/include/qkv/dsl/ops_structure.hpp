@@ -482,27 +482,28 @@ Node concat_node(const T& x, int tail, std::string_view axis, const Extent& tail
 }
 }  // namespace detail
 
-/// append<Key>(k, bias_k): y laid after x along Ax (PyTorch's add_bias_kv appends one learned
-/// key and value). y may lack some of x's other axes; it is repeated along them.
-template <template <auto> class Ax, class X, class Y>
-auto append(const X& x, const Y& y) {
+namespace detail {
+/// append (y after x) and prepend (y before x) along Ax: y may lack some of x's other axes (it is
+/// repeated along them); the axes it has must match x's, and the result has x's axes.
+template <template <auto> class Ax, fixed_string Op, class X, class Y>
+auto join(const X& x, const Y& y, bool head_first) {
   if constexpr (any_poison<X, Y>) {
     return poison{};
   } else {
     using LX = typename X::axis_list;
     using LY = typename Y::axis_list;
     if constexpr (!has_family<LX, Ax> || !has_family<LY, Ax>) {
-      return fail<fixed_string("append: both ") + axes_fs<LX>() + " and " + axes_fs<LY>() + " need the axis `" +
+      return fail<fixed_string(Op) + ": both " + axes_fs<LX>() + " and " + axes_fs<LY>() + " need the axis `" +
                   family_name_fs<Ax> + "`; fix: append along an axis both have">();
     } else if constexpr (without<LY, LX>::size != 0) {
-      return fail<fixed_string("append: ") + axes_fs<LY>() + " has axes that " + axes_fs<LX>() +
+      return fail<fixed_string(Op) + ": " + axes_fs<LY>() + " has axes that " + axes_fs<LX>() +
                   " lacks; fix: the appended part may only drop axes, not add them">();
     } else if constexpr (constexpr auto k =
                              detail::first_shared_mismatch<detail::replace_t<LX, find_family<LX, Ax>, axes<>>, LY>();
                          k != LX::size - 1) {
       using XO = detail::replace_t<LX, find_family<LX, Ax>, axes<>>;
       using Z = axis_at<XO, k>;
-      return fail<fixed_string("append: `") + family_name_fs<Ax> + "`-joined parts differ on `" + Z::name_fs + "` (" +
+      return fail<fixed_string(Op) + ": `" + family_name_fs<Ax> + "`-joined parts differ on `" + Z::name_fs + "` (" +
                   number<Z::extent>() + " vs " + number<find_named<LY, Z>::extent>() +
                   "); fix: give both parts the same sizes off the joined axis (append along `" + Z::name_fs +
                   "` if that is the axis to join)">();
@@ -515,7 +516,7 @@ auto append(const X& x, const Y& y) {
       for (const auto& ya : y.node().axes)
         if (ya.name != A::name)
           defer_equal(g, ir_axis(x.node(), ya.name).extent, ya.extent, [](auto sa, auto sb) {
-            return fixed_string("append: `") + family_name_fs<Ax> + "`-joined parts differ on another axis (" + sa +
+            return fixed_string(Op) + ": `" + family_name_fs<Ax> + "`-joined parts differ on another axis (" + sa +
                    " vs " + sb + "); fix: give both parts the same sizes off the joined axis";
           });
       int tail = y.id();
@@ -526,8 +527,94 @@ auto append(const X& x, const Y& y) {
         Node b = detail::unary_node(y, Op::broadcast, std::move(target));
         tail = g.add(std::move(b));
       }
-      return tensor<typename X::dtype, Out, typename X::trait_type>(
-          g, g.add(detail::concat_node(x, tail, A::name, tail_extent)));
+      Node joined = detail::concat_node(x, tail, A::name, tail_extent);
+      if (head_first) std::swap(joined.inputs[0], joined.inputs[1]);
+      return tensor<typename X::dtype, Out, typename X::trait_type>(g, g.add(std::move(joined)));
+    }
+  }
+}
+}  // namespace detail
+
+/// append<Key>(k, bias_k): y laid after x along Ax (PyTorch's add_bias_kv appends one learned
+/// key and value). y may lack some of x's other axes; it is repeated along them.
+template <template <auto> class Ax, class X, class Y>
+auto append(const X& x, const Y& y) {
+  return detail::join<Ax, "append">(x, y, /*head_first=*/false);
+}
+
+/// prepend<Seq>(x, head): head laid before x along Ax — a learned CLS token [Seq = 1, Model]
+/// put in front of every sequence of x [Batch, Seq, Model] (ViT, BERT's pooler input). head may
+/// lack some of x's other axes (it is repeated along them); the axes it has must match x's.
+template <template <auto> class Ax, class X, class H>
+auto prepend(const X& x, const H& head) {
+  return detail::join<Ax, "prepend">(x, head, /*head_first=*/true);
+}
+
+/// slice<Seq, Start, Length>(x): entries [Start, Start + Length) of the axis, which keeps its name
+/// and becomes Length long (x[..., Start:Start+Length, ...] in PyTorch). On a static axis a slice
+/// past its end is a compile error; on a dynamic one, a shape error when the sizes are bound (the
+/// compiled function returns 2).
+template <template <auto> class Ax, std::int64_t Start, std::int64_t Length, class T>
+auto slice(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else {
+    using L = typename T::axis_list;
+    if constexpr (!has_family<L, Ax>) {
+      return missing_axis<"slice", L, Ax>();
+    } else if constexpr (Start < 0 || Length <= 0) {
+      return fail<fixed_string("slice: the start (") + number<Start>() + ") must be >= 0 and the length (" +
+                  number<Length>() + ") > 0; fix: slice<Axis, Start, Length> with a non-empty range">();
+    } else if constexpr (find_family<L, Ax>::is_static && Start + Length > find_family<L, Ax>::extent) {
+      using A = find_family<L, Ax>;
+      return fail<fixed_string("slice: [") + number<Start>() + ", " + number<Start + Length>() + ") is outside `" +
+                  A::name_fs + "` (" + number<A::extent>() + "); fix: a range inside the axis">();
+    } else {
+      using A = find_family<L, Ax>;
+      Graph& g = t.graph();
+      const Extent whole = ir_axis(t.node(), A::name).extent;
+      if (whole.is_dynamic())
+        g.require(Constraint{Constraint::Kind::at_most, Extent::fixed(Start + Length), whole,
+                             "slice: [" + std::to_string(Start) + ", {a}) is outside `" + std::string(A::name) +
+                                 "` ({b}); fix: a longer input, or a range inside it"});
+      Node n = detail::unary_node(
+          t, Op::slice,
+          detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(Length)}}));
+      n.attr_axes = {std::string(A::name), std::string(A::name)};
+      n.dim = Extent::fixed(Start);
+      return tensor<typename T::dtype, detail::replace_t<L, A, axes<Ax<Length>>>, trait::plain>(g, g.add(std::move(n)));
+    }
+  }
+}
+
+/// select<Seq, Index>(x): entry Index of the axis, which is dropped (x[..., Index, ...]): BERT's
+/// [CLS] row, select<Seq, 0>(hidden) [Batch, Model]. x keeps at least one axis.
+template <template <auto> class Ax, std::int64_t Index, class T>
+auto select(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else if constexpr (T::axis_list::size < 2 && has_family<typename T::axis_list, Ax>) {
+    return fail<fixed_string("select: x ") + axes_fs<typename T::axis_list>() +
+                " would have no axis left; fix: slice<" + family_name_fs<Ax> + ", " + number<Index>() +
+                ", 1>(x) keeps it">();
+  } else {
+    auto one = slice<Ax, Index, 1>(t);
+    if constexpr (is_poison<decltype(one)>) {
+      return poison{};
+    } else {
+      // The axis, now of extent 1, merged into its neighbour (a view: no copy).
+      using L = typename T::axis_list;
+      using A = find_family<L, Ax>;
+      const auto& have = one.node().axes;
+      const std::size_t i = index_of<L, A>;
+      const std::size_t j = i + 1 < have.size() ? i + 1 : i - 1;
+      std::vector<Axis> out;
+      for (std::size_t k = 0; k < have.size(); ++k)
+        if (k != i) out.push_back(have[k]);
+      Node n = detail::unary_node(one, Op::merge, std::move(out));
+      n.attr_axes = {have[std::min(i, j)].name, have[std::max(i, j)].name, have[j].name};
+      Graph& g = t.graph();
+      return tensor<typename T::dtype, without<L, axes<A>>, trait::plain>(g, g.add(std::move(n)));
     }
   }
 }

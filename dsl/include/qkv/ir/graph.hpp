@@ -76,8 +76,8 @@ struct Node {
   std::uint64_t seed = 0;
   CausalAlign align = CausalAlign::top_left;
   MaskKind mask = MaskKind::keep;
-  std::int64_t offset = 0;                  // slice: which part (in units of the output extent)
-  std::optional<Extent> dim;                // scale: divide by sqrt(dim); input: the size it feeds; update_slice: start
+  std::int64_t offset = 0;    // slice: which part (in units of the output extent)
+  std::optional<Extent> dim;  // scale: divide by sqrt(dim); input: the size it feeds; update_slice, slice: start
   std::optional<AttentionAttrs> attention;  // fused_attention only
   std::optional<ModExpr> mod;               // score_mod only
   std::optional<RopeAttrs> rope;            // rope only
@@ -94,8 +94,8 @@ inline bool is_array_leaf(const Node& n) { return (n.op == Op::input && !n.dim) 
 /// A check the DSL could not decide at compile time because an extent is dynamic. `message`
 /// is the compile-time diagnostic with `{a}` and `{b}` standing for the two sizes.
 struct Constraint {
-  enum class Kind : std::uint8_t { equal, divisible } kind = Kind::equal;
-  Extent a, b;  // equal: a == b; divisible: a % b == 0
+  enum class Kind : std::uint8_t { equal, divisible, at_most } kind = Kind::equal;
+  Extent a, b;  // equal: a == b; divisible: a % b == 0; at_most: a <= b
   std::string message;
   friend bool operator==(const Constraint&, const Constraint&) = default;
 };
@@ -175,7 +175,9 @@ inline void Graph::check(const Bindings& b) const {
       throw ShapeError("bind: no size given for the dynamic extent '" + missing +
                        "' (needed by: " + fill_sizes(c.message, c.a.str(), c.b.str()) + ")");
     }
-    bool ok = c.kind == Constraint::Kind::equal ? *a == *d : (*d != 0 && *a % *d == 0);
+    bool ok = c.kind == Constraint::Kind::equal     ? *a == *d
+              : c.kind == Constraint::Kind::at_most ? *a <= *d
+                                                    : (*d != 0 && *a % *d == 0);
     if (!ok) throw ShapeError(fill_sizes(c.message, std::to_string(*a), std::to_string(*d)));
   }
 }

@@ -142,6 +142,22 @@ struct ModNode {
   friend bool operator==(const ModNode&, const ModNode&) = default;
 };
 
+/// A node of operator `op` over the nodes a, b, c (−1: none); a constant node.
+inline ModNode mod_node(ModOp op, int a = -1, int b = -1, int c = -1) {
+  ModNode n;
+  n.op = op;
+  n.a = a;
+  n.b = b;
+  n.c = c;
+  return n;
+}
+inline ModNode mod_constant(double v) {
+  ModNode n;
+  n.op = ModOp::constant;
+  n.value = v;
+  return n;
+}
+
 struct ModExpr {
   std::vector<ModNode> nodes;
   int score = -1;  // the modified score, or −1

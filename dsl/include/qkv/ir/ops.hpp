@@ -95,7 +95,8 @@ inline constexpr std::array<OpInfo, 37> kOps{{
     {Op::attention_weights, "attention_weights", 1, 1, false, false, true,
      "the weights its fused_attention input wrote (write_weights)"},
     {Op::slice, "slice", 1, 1, false, false, false,
-     "part `offset` of attr_axes[0]: [offset*P, (offset+1)*P), P the extent of attr_axes[1]"},
+     "part `offset` of attr_axes[0]: [offset*P, (offset+1)*P), P the extent of attr_axes[1]; with dim: elements "
+     "[dim, dim + P)"},
     {Op::score_mod, "score_mod", 1, -1, false, true, false,
      "(scores, captured tensors...): mod (ModExpr): keep ? score' : -inf per entry"},
     {Op::logsumexp, "logsumexp", 1, 1, false, false, false,
