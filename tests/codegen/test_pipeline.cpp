@@ -578,6 +578,7 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
   output(select<Model, 7>(x), "last_feature");
   output(arange<Seq>(ids), "positions");
   output(prepend<Seq>(x, cls), "with_cls");
+  output(broadcast_like(select<Seq, 0>(cls), x), "cls_everywhere");  // [Model] over [Batch, Seq, Model]
   const Feeds f = random_feeds(g, {{"Batch", 2}, {"Seq", 6}}, 71, 1.0f);
   const RunResult r = interpret(g, f);
   const auto xv = f.at("x").to_f32(), cv = f.at("cls").to_f32();
@@ -586,7 +587,7 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
   };
   const auto sl = r.outputs.at("slice").to_f32(), first = r.outputs.at("first").to_f32(),
              last = r.outputs.at("last_feature").to_f32(), pos = r.outputs.at("positions").to_f32(),
-             wc = r.outputs.at("with_cls").to_f32();
+             wc = r.outputs.at("with_cls").to_f32(), every = r.outputs.at("cls_everywhere").to_f32();
   EXPECT_EQ(r.outputs.at("slice").shape, (std::vector<std::int64_t>{2, 3, 8}));
   EXPECT_EQ(r.outputs.at("first").shape, (std::vector<std::int64_t>{2, 8}));
   EXPECT_EQ(r.outputs.at("last_feature").shape, (std::vector<std::int64_t>{2, 6}));
@@ -600,6 +601,7 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
       EXPECT_EQ(wc[static_cast<std::size_t>((b * 7) * 8 + m)], cv[static_cast<std::size_t>(m)]);
       for (std::int64_t t = 0; t < 6; ++t) {
         EXPECT_EQ(wc[static_cast<std::size_t>((b * 7 + 1 + t) * 8 + m)], at(b, t, m));
+        EXPECT_EQ(every[static_cast<std::size_t>((b * 6 + t) * 8 + m)], cv[static_cast<std::size_t>(m)]);
         if (m == 0) {
           EXPECT_EQ(last[static_cast<std::size_t>(b * 6 + t)], at(b, t, 7));
           EXPECT_EQ(pos[static_cast<std::size_t>(b * 6 + t)], static_cast<float>(t));

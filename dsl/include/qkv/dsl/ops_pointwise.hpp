@@ -1,6 +1,6 @@
 // qkv/dsl/ops_pointwise.hpp — element-wise math on tensors: tanh, sigmoid, exp, log, sqrt,
 // rsqrt, abs, erf, pow, gelu_tanh, clamp, min, max, where, arithmetic with scalars (x * 0.5,
-// 1.0 - x, -x), and arange (positions as a value).
+// 1.0 - x, -x), arange (positions as a value) and broadcast_like (repetition by name).
 //
 // Each is one `pointwise` node of the Graph IR holding an expression (the ModExpr of score mods,
 // qkv/ir/mod_expr.hpp) over its first input's entry and its other inputs, read by axis name; the
@@ -194,6 +194,22 @@ auto clamp(const T& t, double lo, double hi) {
     const int l = e.constant(lo), h = e.constant(hi);
     return e.op(ModOp::where, e.op(ModOp::lt, x, l), l, e.op(ModOp::where, e.op(ModOp::gt, x, h), h, x));
   });
+}
+
+/// x repeated over the axes of `like` it lacks: the result has like's axes (in like's order) and
+/// x's values and dtype — e.g. a learned token [Seq = 1, Model] made [Batch, Seq = 1, Model] for
+/// a batch. Every axis of x must be an axis of like, of the same size.
+template <TensorType X, TensorType Like>
+auto broadcast_like(const X& x, const Like& like) {
+  if constexpr (constexpr auto why = detail::broadcast_problem<"broadcast_like", Like, X>(); why.size() > 0) {
+    return fail<why>();
+  } else {
+    constexpr auto fix = [](auto) { return fixed_string("x needs the size `like` has on each shared axis"); };
+    detail::defer_shared<"broadcast_like", typename Like::axis_list>(like.graph(), like.node(), x.node(), fix);
+    std::vector<Axis> target = like.node().axes;
+    Node n = detail::unary_node(x, Op::broadcast, std::move(target));
+    return detail::make<typename X::dtype, typename Like::axis_list, trait::plain>(x.graph(), std::move(n));
+  }
 }
 
 /// Positions as a value: an i64 tensor with like's axes whose entries are their coordinates along
