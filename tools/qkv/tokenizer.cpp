@@ -75,6 +75,9 @@ bool each_bytes_field(std::string_view msg, F&& field) {
 std::string charsmap_problem(std::string_view blob) {
   if (blob.empty()) return "";  // no normalization table
   if (blob.size() < 4) return "its normalization table is shorter than its 4-byte size";
+  // Real tables are a few hundred KB (nmt_nfkc's ~240 KB); the walk below visits every state
+  // once with 256 labels each, so a bound on the size bounds the time.
+  if (blob.size() > (16u << 20)) return "its normalization table is larger than 16 MiB";
   std::uint32_t trie_bytes = 0;
   std::memcpy(&trie_bytes, blob.data(), 4);
   if (trie_bytes == 0 || trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4)
@@ -180,7 +183,7 @@ Tokenizer Tokenizer::open(const std::filesystem::path& model_dir, std::int64_t v
   // libsentencepiece reports most bad files by its status, but some by throwing (its trie builder
   // throws on an empty piece): both are this one line.
   std::string why;
-  const std::vector<std::byte> bytes = InputFile::open(file).read_all(1u << 30, "a SentencePiece model");
+  const std::vector<std::byte> bytes = InputFile::open(file).read_all(256u << 20, "a SentencePiece model");
   const std::string_view proto(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   if (const std::string problem = model_problem(proto); !problem.empty())
     throw IoError("--prompt: " + file.string() + ": not a SentencePiece model qkv can use safely (" + problem + ")");

@@ -494,7 +494,7 @@ auto join(const X& x, const Y& y, bool head_first) {
     using LY = typename Y::axis_list;
     if constexpr (!has_family<LX, Ax> || !has_family<LY, Ax>) {
       return fail<fixed_string(Op) + ": both " + axes_fs<LX>() + " and " + axes_fs<LY>() + " need the axis `" +
-                  family_name_fs<Ax> + "`; fix: append along an axis both have">();
+                  family_name_fs<Ax> + "`; fix: " + Op + " along an axis both have">();
     } else if constexpr (without<LY, LX>::size != 0) {
       return fail<fixed_string(Op) + ": " + axes_fs<LY>() + " has axes that " + axes_fs<LX>() +
                   " lacks; fix: the appended part may only drop axes, not add them">();
@@ -505,7 +505,7 @@ auto join(const X& x, const Y& y, bool head_first) {
       using Z = axis_at<XO, k>;
       return fail<fixed_string(Op) + ": `" + family_name_fs<Ax> + "`-joined parts differ on `" + Z::name_fs + "` (" +
                   number<Z::extent>() + " vs " + number<find_named<LY, Z>::extent>() +
-                  "); fix: give both parts the same sizes off the joined axis (append along `" + Z::name_fs +
+                  "); fix: give both parts the same sizes off the joined axis (" + Op + " along `" + Z::name_fs +
                   "` if that is the axis to join)">();
     } else {
       using A = find_family<LX, Ax>;
