@@ -49,6 +49,68 @@ Node merge_pointwise(const Node& inner, Node outer) {
   return outer;
 }
 
+/// outer(x, ..., p(y, c...), ...) with p read in place (mod_loads_in_place) as input j: p's expression
+/// inlined where outer loaded it; input j becomes y (p's `score` leaf, a load of it in place) and
+/// p's other inputs are appended.
+Node inline_loaded_pointwise(const Node& p, Node outer, int j) {
+  const ModExpr& pe = *p.mod;
+  const ModExpr& oe = *outer.mod;
+  const int base = static_cast<int>(outer.inputs.size());
+  ModExpr e;
+  e.query = oe.query;
+  e.key = oe.key;
+  e.align = oe.align;
+  int inlined = -1;  // p's value, once inlined
+  auto inline_p = [&] {
+    std::vector<int> id(pe.nodes.size(), -1);
+    auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
+    for (std::size_t k = 0; k < pe.nodes.size(); ++k) {
+      ModNode m = pe.nodes[k];
+      if (m.op == ModOp::score) {  // y at the entry's coordinates
+        m = ModNode{};
+        m.op = ModOp::load;
+        m.input = j;
+        for (const Axis& a : outer.axes) {
+          ModNode i;
+          i.op = ModOp::index;
+          i.axis = a.name;
+          m.at.push_back(e.add(std::move(i)));
+        }
+        id[k] = e.add(std::move(m));
+        continue;
+      }
+      m.a = map(m.a);
+      m.b = map(m.b);
+      m.c = map(m.c);
+      for (int& x : m.at) x = map(x);
+      if (m.op == ModOp::load) m.input = base + m.input - 1;
+      id[k] = e.add(std::move(m));
+    }
+    return map(pe.score);
+  };
+  std::vector<int> id(oe.nodes.size(), -1);
+  auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
+  for (std::size_t k = 0; k < oe.nodes.size(); ++k) {
+    ModNode m = oe.nodes[k];
+    if (m.op == ModOp::load && m.input == j) {
+      if (inlined < 0) inlined = inline_p();
+      id[k] = inlined;
+      continue;
+    }
+    m.a = map(m.a);
+    m.b = map(m.b);
+    m.c = map(m.c);
+    for (int& x : m.at) x = map(x);
+    id[k] = e.add(std::move(m));
+  }
+  e.score = map(oe.score);
+  e.keep = map(oe.keep);
+  outer.inputs[static_cast<std::size_t>(j)] = p.inputs[0];
+  outer.inputs.insert(outer.inputs.end(), p.inputs.begin() + 1, p.inputs.end());
+  outer.mod = std::move(e);
+  return outer;
+}
+
 }  // namespace
 
 Graph eliminate_dead_nodes(const Graph& g) {
@@ -73,6 +135,17 @@ Graph canonicalize(const Graph& g) {
   return eliminate_dead_nodes(Rewrite(g).run([&](Rewrite& r, int id) {
     Node n = r.remapped(id);
     Graph& out = r.out;
+    // An f32 pointwise input read nowhere else and loaded at the entry's own coordinates: inlined.
+    if (n.op == Op::pointwise && n.dtype == DType::f32) {
+      const std::size_t count = n.inputs.size();
+      for (std::size_t j = 1; j < count; ++j) {
+        const Node& p = out.node(n.inputs[j]);
+        if (p.op == Op::pointwise && p.dtype == DType::f32 &&
+            readers[static_cast<std::size_t>(g.node(id).inputs[j])] == 1 && same_names(p.axes, n.axes) &&
+            mod_loads_in_place(*n.mod, static_cast<int>(j), n.axes))
+          n = inline_loaded_pointwise(p, std::move(n), static_cast<int>(j));
+      }
+    }
     if (n.op == Op::pointwise && out.node(n.inputs[0]).op == Op::pointwise &&
         readers[static_cast<std::size_t>(g.node(id).inputs[0])] == 1 && n.dtype == DType::f32 &&
         out.node(n.inputs[0]).dtype == DType::f32)  // a half node rounds its value: not merged

@@ -235,6 +235,22 @@ TEST(Pointwise, AChainIsOneNodeAfterCanonicalizeWithTheSameValues) {
   const auto cpu = codegen::cpu::run(g, feeds, 1).outputs.at("out").to_f32();
   EXPECT_LE(worst(fused, std::vector<double>(want.begin(), want.end()), 1e-37, 1e-6), 1.0);
   EXPECT_LE(worst(cpu, std::vector<double>(want.begin(), want.end()), 1e-6, 1e-6), 1.0);
+  // Two chains on one input, joined by a product: one node (the second chain, read in place, is
+  // inlined where the product loads it), the values unchanged.
+  Graph j;
+  auto jx = input<Tensor<f32, Row<4>, Col<16>>>(j, "x");
+  output(tanh(jx * 0.5) * sigmoid(jx) + jx / 4.0, "out");  // one sign: no cancellation
+  int joined = 0;
+  for (const Node& n : codegen::lower(j).nodes()) joined += n.op == Op::pointwise;
+  EXPECT_EQ(joined, 1);
+  const Feeds jf{{"x", matrix(values())}};
+  const auto jwant = interpret(j, jf).outputs.at("out").to_f32();
+  EXPECT_LE(worst(interpret(codegen::lower(j), jf).outputs.at("out").to_f32(),
+                  std::vector<double>(jwant.begin(), jwant.end()), 1e-37, 1e-6),
+            1.0);
+  EXPECT_LE(worst(codegen::cpu::run(j, jf, 2).outputs.at("out").to_f32(),
+                  std::vector<double>(jwant.begin(), jwant.end()), 1e-6, 1e-6),
+            1.0);
   // A value read twice is not merged into its readers (it would be computed twice).
   Graph h;
   auto hx = input<Tensor<f32, Row<4>, Col<16>>>(h, "x");

@@ -42,6 +42,8 @@ void ModuleBuilder::emit_score_mod(int id) {
     const std::vector<Axis>& axes;
     const Dims& s;
     const Dims* idx = nullptr;
+    const Values* vals = nullptr;  // the entry's values of the inputs read in place
+    std::vector<int> direct;       // per input: its slot in `vals`, or −1 (loaded by index)
     llvm::Value* x = nullptr;
     Leaves(ModuleBuilder& m, const Node& nn, const std::vector<Axis>& a, const Dims& sh)
         : mb(m), n(nn), axes(a), s(sh) {}
@@ -60,6 +62,10 @@ void ModuleBuilder::emit_score_mod(int id) {
       return mb.b_.CreateSIToFP(mb.dim(t.axes[k].extent).v(), mb.f32_);
     }
     llvm::Value* load(const ModNode& m, const std::vector<llvm::Value*>& at) override {
+      if (const int slot = direct[static_cast<std::size_t>(m.input)]; slot >= 0) {
+        llvm::Value* v = (*vals)[static_cast<std::size_t>(slot)];
+        return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
+      }
       const int tid = n.inputs[static_cast<std::size_t>(m.input)];
       const Dims ts = mb.shape(tid), st = mb.strides_of(ts);
       I off = mb.c64(0);
@@ -68,8 +74,22 @@ void ModuleBuilder::emit_score_mod(int id) {
       return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
     }
   } leaves(*this, n, axes, s);
-  map_values(id, {n.inputs[0]}, {strides_of(s)}, [&](const Dims& idx, const Values& in) {
+  // Inputs with the entry's own axes, loaded at its coordinates (a pointwise node's operands of
+  // one shape): read beside the first input at the same offset, not through index arithmetic.
+  std::vector<int> read{n.inputs[0]};
+  std::vector<Dims> strides{strides_of(s)};
+  leaves.direct.assign(n.inputs.size(), -1);
+  for (std::size_t k = 1; k < n.inputs.size(); ++k) {
+    const Node& t = g_.node(n.inputs[k]);
+    if (util::same_axes(t.axes, axes) && mod_loads_in_place(e, static_cast<int>(k), axes)) {
+      leaves.direct[k] = static_cast<int>(read.size());
+      read.push_back(n.inputs[k]);
+      strides.push_back(strides_of(shape(n.inputs[k])));
+    }
+  }
+  map_values(id, read, strides, [&](const Dims& idx, const Values& in) {
     leaves.idx = &idx;
+    leaves.vals = &in;
     leaves.x = in[0];
     std::vector<llvm::Value*> cache;
     llvm::Value* out = e.score >= 0 ? emit_mod(b_, e, e.score, leaves, cache) : in[0];

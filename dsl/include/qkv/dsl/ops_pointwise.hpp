@@ -280,6 +280,25 @@ auto operator-(const T& t) {
 
 // --- two and three tensors ----------------------------------------------------------------------
 
+/// a ⊕ b entry by entry, b broadcast into a by name (plain tensors: unlike add / mul, these do
+/// not carry the meaning of scores, a residual or a scale; use those where it matters).
+template <TensorType A, TensorType B>
+auto operator+(const A& a, const B& b) {
+  return detail::pointwise_binary<"+">(a, b, [](auto& e, int x, int y) { return e.op(ModOp::add, x, y); });
+}
+template <TensorType A, TensorType B>
+auto operator-(const A& a, const B& b) {
+  return detail::pointwise_binary<"-">(a, b, [](auto& e, int x, int y) { return e.op(ModOp::sub, x, y); });
+}
+template <TensorType A, TensorType B>
+auto operator*(const A& a, const B& b) {
+  return detail::pointwise_binary<"*">(a, b, [](auto& e, int x, int y) { return e.op(ModOp::mul, x, y); });
+}
+template <TensorType A, TensorType B>
+auto operator/(const A& a, const B& b) {
+  return detail::pointwise_binary<"/">(a, b, [](auto& e, int x, int y) { return e.op(ModOp::div, x, y); });
+}
+
 /// The larger of a and b entry by entry, b broadcast into a by name; NaN in either gives NaN (as
 /// torch.maximum).
 template <TensorType A, TensorType B>

@@ -202,6 +202,21 @@ inline void mix_hash(Fnv1a& h, const ModExpr& e) {
   h.i(e.score).i(e.keep).str(e.query).str(e.key).i(static_cast<std::int64_t>(e.align));
 }
 
+/// Whether every load of input `input` reads it at the entry's own coordinates along `axes` (in
+/// that order): the input can be read at the entry's offset, like the first input.
+template <class AxisList>
+bool mod_loads_in_place(const ModExpr& e, int input, const AxisList& axes) {
+  for (const ModNode& m : e.nodes) {
+    if (m.op != ModOp::load || m.input != input) continue;
+    if (m.at.size() != axes.size()) return false;
+    for (std::size_t k = 0; k < axes.size(); ++k) {
+      const ModNode& i = e.nodes[static_cast<std::size_t>(m.at[k])];
+      if (i.op != ModOp::index || i.axis != axes[k].name) return false;
+    }
+  }
+  return true;
+}
+
 /// The nodes that `root` depends on (itself included), as a mask over expr.nodes.
 inline std::vector<bool> mod_reachable(const ModExpr& e, int root) {
   std::vector<bool> used(e.nodes.size(), false);
