@@ -241,12 +241,13 @@ TEST(Pointwise, AChainIsOneNodeAfterCanonicalizeWithTheSameValues) {
   auto jx = input<Tensor<f32, Row<4>, Col<16>>>(j, "x");
   output(tanh(jx * 0.5) * sigmoid(jx) + jx / 4.0, "out");  // one sign: no cancellation
   int joined = 0;
-  for (const Node& n : codegen::lower(j).nodes()) joined += n.op == Op::pointwise;
+  const Graph j_lowered = codegen::lower(j);  // kept: a range-for over a temporary's nodes would dangle
+  for (const Node& n : j_lowered.nodes()) joined += n.op == Op::pointwise;
   EXPECT_EQ(joined, 1);
   const Feeds jf{{"x", matrix(values())}};
   const auto jwant = interpret(j, jf).outputs.at("out").to_f32();
-  EXPECT_LE(worst(interpret(codegen::lower(j), jf).outputs.at("out").to_f32(),
-                  std::vector<double>(jwant.begin(), jwant.end()), 1e-37, 1e-6),
+  EXPECT_LE(worst(interpret(j_lowered, jf).outputs.at("out").to_f32(), std::vector<double>(jwant.begin(), jwant.end()),
+                  1e-37, 1e-6),
             1.0);
   EXPECT_LE(worst(codegen::cpu::run(j, jf, 2).outputs.at("out").to_f32(),
                   std::vector<double>(jwant.begin(), jwant.end()), 1e-6, 1e-6),
@@ -258,7 +259,8 @@ TEST(Pointwise, AChainIsOneNodeAfterCanonicalizeWithTheSameValues) {
   output(exp(t) + 1.0, "out");
   output(t, "t");
   int kept = 0;
-  for (const Node& n : codegen::lower(h).nodes()) kept += n.op == Op::pointwise;
+  const Graph h_lowered = codegen::lower(h);
+  for (const Node& n : h_lowered.nodes()) kept += n.op == Op::pointwise;
   EXPECT_EQ(kept, 2);  // tanh (an output too), then exp(t) + 1 merged
 }
 
