@@ -149,7 +149,10 @@ Graph canonicalize(const Graph& g) {
     if (n.op == Op::pointwise && out.node(n.inputs[0]).op == Op::pointwise &&
         readers[static_cast<std::size_t>(g.node(id).inputs[0])] == 1 && n.dtype == DType::f32 &&
         out.node(n.inputs[0]).dtype == DType::f32)  // a half node rounds its value: not merged
-      n = merge_pointwise(out.node(n.inputs[0]), std::move(n));
+    {
+      const Node& inner = out.node(n.inputs[0]);  // before n is moved from: argument order is unspecified
+      n = merge_pointwise(inner, std::move(n));
+    }
     if (n.op == Op::permute) {
       const Node& x = out.node(n.inputs[0]);
       if (x.op == Op::permute) n.inputs[0] = x.inputs[0];  // permute(permute(y)) = one reordering of y
