@@ -390,12 +390,9 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
     case ModOp::abs:
       out = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x(n.a));
       break;
-    case ModOp::exp: {
-      llvm::Value* a = x(n.a);
-      out = leaves.exp(a);
-      if (!out) out = cpu::emit_exp(b, a);
+    case ModOp::exp:
+      out = exp_of(b, x(n.a), leaves);
       break;
-    }
     case ModOp::log: {
       llvm::Value* a = x(n.a);
       out = leaves.log(a);
@@ -412,9 +409,8 @@ llvm::Value* emit_mod(llvm::IRBuilder<>& b, const ModExpr& e, int root, ModLeave
       a = b.CreateSelect(b.CreateFCmpOLT(a, lo), lo, a);
       a = b.CreateSelect(b.CreateFCmpOGT(a, hi), hi, a);
       llvm::Value* two = b.CreateFMul(a, fconst(t, 2.0));
-      llvm::Value* ex = leaves.exp(two);
-      if (!ex) ex = cpu::emit_exp(b, two);
-      out = b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {t}, {recip_plus_one(b, ex), fconst(t, -2.0), fconst(t, 1.0)});
+      out = b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {t},
+                              {recip_plus_one(b, exp_of(b, two, leaves)), fconst(t, -2.0), fconst(t, 1.0)});
       break;
     }
     case ModOp::sqrt:

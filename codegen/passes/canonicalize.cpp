@@ -17,31 +17,40 @@ bool same_names(const std::vector<Axis>& a, const std::vector<Axis>& b) {
 
 bool plain_scale(const Node& n) { return n.op == Op::scale && !n.dim; }
 
-/// outer(inner(x, a...), b...) as one pointwise node over (x, a..., b...): inner's expression
-/// first, then outer's with its `score` leaf (inner's value) replaced by inner's root and its
-/// loads renumbered past inner's inputs.
-Node merge_pointwise(const Node& inner, Node outer) {
-  const ModExpr& in = *inner.mod;
-  const ModExpr& out = *outer.mod;
-  ModExpr e = in;
-  e.score = -1;
-  const int shift = static_cast<int>(inner.inputs.size()) - 1;
-  std::vector<int> id(out.nodes.size(), -1);
+/// Appends the nodes of `from` to `into`, operands renumbered; the id that stands for each
+/// (returned by index). `instead(node)` may give the id that stands for a node in its place (≥ 0)
+/// or −1 to copy it; a copied load reads input `input(its input)`.
+template <class Instead, class Input>
+std::vector<int> splice(ModExpr& into, const ModExpr& from, Instead&& instead, Input&& input) {
+  std::vector<int> id(from.nodes.size(), -1);
   auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
-  for (std::size_t k = 0; k < out.nodes.size(); ++k) {
-    ModNode m = out.nodes[k];
-    if (m.op == ModOp::score) {
-      id[k] = in.score;
-      continue;
-    }
+  for (std::size_t k = 0; k < from.nodes.size(); ++k) {
+    if ((id[k] = instead(from.nodes[k])) >= 0) continue;
+    ModNode m = from.nodes[k];
     m.a = map(m.a);
     m.b = map(m.b);
     m.c = map(m.c);
     for (int& x : m.at) x = map(x);
-    if (m.op == ModOp::load) m.input += shift;
-    id[k] = e.add(std::move(m));
+    if (m.op == ModOp::load) m.input = input(m.input);
+    id[k] = into.add(std::move(m));
   }
-  e.score = map(out.score);
+  return id;
+}
+
+/// The id of `root` in `from` after splice gave `ids` (−1 stays −1).
+int spliced(const std::vector<int>& ids, int root) { return root < 0 ? root : ids[static_cast<std::size_t>(root)]; }
+
+/// outer(inner(x, a...), b...) as one pointwise node over (x, a..., b...): inner's expression
+/// first, then outer's with its `score` leaf (inner's value) replaced by inner's root and its
+/// loads renumbered past inner's inputs.
+Node merge_pointwise(const Node& inner, Node outer) {
+  const ModExpr& out = *outer.mod;
+  ModExpr e = *inner.mod;
+  const int value = e.score, shift = static_cast<int>(inner.inputs.size()) - 1;
+  const auto ids = splice(
+      e, out, [&](const ModNode& m) { return m.op == ModOp::score ? value : -1; },
+      [&](int input) { return input + shift; });
+  e.score = spliced(ids, out.score);
   std::vector<int> inputs = inner.inputs;
   inputs.insert(inputs.end(), outer.inputs.begin() + 1, outer.inputs.end());
   outer.inputs = std::move(inputs);
@@ -49,11 +58,10 @@ Node merge_pointwise(const Node& inner, Node outer) {
   return outer;
 }
 
-/// outer(x, ..., p(y, c...), ...) with p read in place (mod_loads_in_place) as input j: p's expression
-/// inlined where outer loaded it; input j becomes y (p's `score` leaf, a load of it in place) and
-/// p's other inputs are appended.
+/// outer(x, ..., p(y, c...), ...) with p read in place (mod_loads_in_place) as input j: p's
+/// expression inlined where outer loaded it; input j becomes y (p's `score` leaf, a load of it in
+/// place) and p's other inputs are appended.
 Node inline_loaded_pointwise(const Node& p, Node outer, int j) {
-  const ModExpr& pe = *p.mod;
   const ModExpr& oe = *outer.mod;
   const int base = static_cast<int>(outer.inputs.size());
   ModExpr e;
@@ -62,49 +70,31 @@ Node inline_loaded_pointwise(const Node& p, Node outer, int j) {
   e.align = oe.align;
   int inlined = -1;  // p's value, once inlined
   auto inline_p = [&] {
-    std::vector<int> id(pe.nodes.size(), -1);
-    auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
-    for (std::size_t k = 0; k < pe.nodes.size(); ++k) {
-      ModNode m = pe.nodes[k];
-      if (m.op == ModOp::score) {  // y at the entry's coordinates
-        m = ModNode{};
-        m.op = ModOp::load;
-        m.input = j;
-        for (const Axis& a : outer.axes) {
-          ModNode i;
-          i.op = ModOp::index;
-          i.axis = a.name;
-          m.at.push_back(e.add(std::move(i)));
-        }
-        id[k] = e.add(std::move(m));
-        continue;
+    auto y_in_place = [&](const ModNode& m) {
+      if (m.op != ModOp::score) return -1;
+      ModNode load;
+      load.op = ModOp::load;
+      load.input = j;
+      for (const Axis& a : outer.axes) {
+        ModNode i;
+        i.op = ModOp::index;
+        i.axis = a.name;
+        load.at.push_back(e.add(std::move(i)));
       }
-      m.a = map(m.a);
-      m.b = map(m.b);
-      m.c = map(m.c);
-      for (int& x : m.at) x = map(x);
-      if (m.op == ModOp::load) m.input = base + m.input - 1;
-      id[k] = e.add(std::move(m));
-    }
-    return map(pe.score);
+      return e.add(std::move(load));
+    };
+    return spliced(splice(e, *p.mod, y_in_place, [&](int input) { return base + input - 1; }), p.mod->score);
   };
-  std::vector<int> id(oe.nodes.size(), -1);
-  auto map = [&](int x) { return x < 0 ? x : id[static_cast<std::size_t>(x)]; };
-  for (std::size_t k = 0; k < oe.nodes.size(); ++k) {
-    ModNode m = oe.nodes[k];
-    if (m.op == ModOp::load && m.input == j) {
-      if (inlined < 0) inlined = inline_p();
-      id[k] = inlined;
-      continue;
-    }
-    m.a = map(m.a);
-    m.b = map(m.b);
-    m.c = map(m.c);
-    for (int& x : m.at) x = map(x);
-    id[k] = e.add(std::move(m));
-  }
-  e.score = map(oe.score);
-  e.keep = map(oe.keep);
+  const auto ids = splice(
+      e, oe,
+      [&](const ModNode& m) {
+        if (m.op != ModOp::load || m.input != j) return -1;
+        if (inlined < 0) inlined = inline_p();
+        return inlined;
+      },
+      [](int input) { return input; });
+  e.score = spliced(ids, oe.score);
+  e.keep = spliced(ids, oe.keep);
   outer.inputs[static_cast<std::size_t>(j)] = p.inputs[0];
   outer.inputs.insert(outer.inputs.end(), p.inputs.begin() + 1, p.inputs.end());
   outer.mod = std::move(e);

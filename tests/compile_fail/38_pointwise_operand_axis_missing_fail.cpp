@@ -9,7 +9,7 @@ int main() {
   Graph g;
   auto h = input<Tensor<f32, Batch<2>, Seq<4>, Hidden<32>>>(g, "h");
   auto floor = input<Tensor<f32, Model<32>>>(g, "floor");
-  // expected-error: max: `Model` of [Model=32] is not an axis of [Batch=2, Seq=4, Hidden=32]; fix: every axis of the second operand must be an axis of the first, of the same size (the operand with every axis goes first)
+  // expected-error: max: `Model` of rhs [Model=32] is not an axis of lhs [Batch=2, Seq=4, Hidden=32]; fix: every axis of rhs must be an axis of lhs, of the same size (the operand with every axis goes first)
   auto y = max(h, floor);
   (void)y;
 }

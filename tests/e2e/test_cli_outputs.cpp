@@ -5,8 +5,11 @@
 // that names the user's path. (Issue 13, items 4, 8–14, 21, 25, 28.)
 #include "cli_test.hpp"
 
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+
+#include <string_view>
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -244,17 +247,33 @@ TEST_F(Outputs, NoCommandWritesOverAFileItReads) {
 TEST_F(Outputs, ASignalWhileWritingLeavesNoTemporaryBehind) {
   write_text(tmp("lib.so"), kOld);
   for (const int sig : {SIGTERM, SIGINT}) {
+    // Told by the kernel when anything is created in the directory (inotify) or when qkv ends
+    // (its pidfd): no polling on a clock.
+    const int created = ::inotify_init1(IN_CLOEXEC);
+    ASSERT_GE(created, 0);
+    ASSERT_GE(::inotify_add_watch(created, dir_.c_str(), IN_CREATE), 0);
     const Process p = start({"emit", "encoder-layer", "--heads", "4", "--seq", "64", "--embed-dim", "128",
                              "--example-dir", tmp("ex"), "-o", tmp("lib.so")});
+    const int ended = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+    ASSERT_GE(ended, 0);
     // Wait for the staging directory (or for qkv to end first, which fails the test below).
     bool staged = false, exited = false;
-    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-         !staged && !exited && std::chrono::steady_clock::now() < until;) {
-      for (const auto& name : listing()) staged |= name.rfind(".qkv-", 0) == 0;
-      siginfo_t info{};
-      exited = ::waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0;
-      if (!staged && !exited) ::usleep(1000);
+    while (!staged && !exited) {
+      pollfd fds[2] = {{created, POLLIN, 0}, {ended, POLLIN, 0}};
+      if (::poll(fds, 2, 120'000) <= 0) break;  // a deadline against a hang, not a pace
+      exited = (fds[1].revents & POLLIN) != 0;
+      if (fds[0].revents & POLLIN) {
+        alignas(inotify_event) char events[4096];
+        const ssize_t n = ::read(created, events, sizeof events);
+        for (ssize_t at = 0; at < n;) {
+          const auto* e = reinterpret_cast<const inotify_event*>(events + at);
+          staged |= e->len > 0 && std::string_view(e->name).starts_with(".qkv-");
+          at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+        }
+      }
     }
+    ::close(created);
+    ::close(ended);
     ASSERT_TRUE(staged) << "emit ended before it staged anything";
     ::kill(p.pid, sig);
     const Result r = wait(p);

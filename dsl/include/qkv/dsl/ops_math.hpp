@@ -261,18 +261,32 @@ auto contract(const A& a, const B& b) {
 }
 
 namespace detail {
+/// Whether rhs B may be read entry by entry beside lhs A (every axis of B an axis of A, shared
+/// axes of one size): "" or the compile-time message, with MissingFix for an axis A lacks and
+/// SizeFix for sizes that differ. The one by-name broadcast check of add, mul, masked, biased and
+/// the pointwise ops.
+template <fixed_string OpName, class A, class B, fixed_string MissingFix, fixed_string SizeFix>
+constexpr auto broadcast_problem() {
+  using LA = typename A::axis_list;
+  using LB = typename B::axis_list;
+  if constexpr (constexpr auto i = first_missing<LA, LB>(); i != LB::size) {
+    return OpName + ": `" + axis_at<LB, i>::name_fs + "` of rhs " + axes_fs<LB>() + " is not an axis of lhs " +
+           axes_fs<LA>() + "; fix: " + MissingFix;
+  } else if constexpr (constexpr auto k = first_shared_mismatch<LA, LB>(); k != LA::size) {
+    using X = axis_at<LA, k>;
+    return equal_text<OpName, X>(number<X::extent>(), number<find_named<LB, X>::extent>(), SizeFix);
+  } else {
+    return fixed_string("");
+  }
+}
+
 /// Elementwise with by-name broadcasting: every axis of rhs must be an axis of lhs (of the same
 /// size); the result has lhs's axes and the meaning OutTrait. Used by add, mul, masked and biased.
 template <fixed_string OpName, fixed_string Fix, Op IrOp, class OutTrait, class A, class B>
 auto broadcast_binary(const A& a, const B& b) {
   using LA = typename A::axis_list;
-  using LB = typename B::axis_list;
-  if constexpr (constexpr auto i = first_missing<LA, LB>(); i != LB::size) {
-    return fail<OpName + ": `" + axis_at<LB, i>::name_fs + "` of rhs " + axes_fs<LB>() + " is not an axis of lhs " +
-                axes_fs<LA>() + "; fix: " + Fix>();
-  } else if constexpr (constexpr auto k = first_shared_mismatch<LA, LB>(); k != LA::size) {
-    using X = axis_at<LA, k>;
-    return fail<equal_text<OpName, X>(number<X::extent>(), number<find_named<LB, X>::extent>(), Fix)>();
+  if constexpr (constexpr auto why = broadcast_problem<OpName, A, B, Fix, Fix>(); why.size() > 0) {
+    return fail<why>();
   } else {
     Graph& g = a.graph();
     defer_shared<OpName, LA>(g, a.node(), b.node(), [](auto) { return Fix; });

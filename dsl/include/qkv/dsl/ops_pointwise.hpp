@@ -66,9 +66,13 @@ auto pointwise_tensor(const T& x, const std::vector<int>& others, pointwise_expr
 }
 
 template <fixed_string Op, class T>
+constexpr auto not_float_text() {
+  return Op + ": " + axes_fs<typename T::axis_list>() + " is " + T::dtype::name +
+         ", not a floating tensor; fix: convert<f32>(x) first (a mask selects with where)";
+}
+template <fixed_string Op, class T>
 constexpr auto not_float_error() {
-  return fail<Op + ": " + axes_fs<typename T::axis_list>() + " is " + T::dtype::name +
-              ", not a floating tensor; fix: convert<f32>(x) first (a mask selects with where)">();
+  return fail<not_float_text<Op, T>()>();
 }
 
 /// f(e, x) builds the expression of a one-input function.
@@ -85,21 +89,18 @@ auto pointwise_unary(const T& t, F&& f) {
   }
 }
 
-/// Whether B may be read element-wise beside A (its axes a subset of A's, shared ones equally
-/// long): "" or the compile-time message.
+/// broadcast_problem (ops_math.hpp) with the pointwise ops' fixes.
+inline constexpr fixed_string kSameSizes = "every axis of rhs must be an axis of lhs, of the same size";
 template <fixed_string Op, class A, class B>
-constexpr auto broadcast_problem() {
-  using LA = typename A::axis_list;
-  using LB = typename B::axis_list;
-  constexpr fixed_string fix = "every axis of the second operand must be an axis of the first, of the same size";
-  if constexpr (constexpr auto i = first_missing<LA, LB>(); i != LB::size)
-    return Op + ": `" + axis_at<LB, i>::name_fs + "` of " + axes_fs<LB>() + " is not an axis of " + axes_fs<LA>() +
-           "; fix: " + fix + " (the operand with every axis goes first)";
-  else if constexpr (constexpr auto k = first_shared_mismatch<LA, LB>(); k != LA::size)
-    return equal_text<Op, axis_at<LA, k>>(number<axis_at<LA, k>::extent>(),
-                                          number<find_named<LB, axis_at<LA, k>>::extent>(), fix);
-  else
-    return fixed_string("");
+constexpr auto pointwise_problem() {
+  return broadcast_problem<Op, A, B, kSameSizes + " (the operand with every axis goes first)", kSameSizes>();
+}
+
+/// The run-time half of pointwise_problem: shared dynamic axes of rhs b and lhs a checked when
+/// the sizes are bound.
+template <fixed_string Op, class A, class B>
+void defer_pointwise(const A& a, const B& b) {
+  defer_shared<Op, typename A::axis_list>(a.graph(), a.node(), b.node(), [](auto) { return kSameSizes; });
 }
 
 /// f(e, x, y) builds the expression of a two-input function, y broadcast into x by name.
@@ -111,12 +112,10 @@ auto pointwise_binary(const A& a, const B& b, F&& f) {
     return not_float_error<Op, A>();
   } else if constexpr (!is_float_dtype<typename B::dtype>) {
     return not_float_error<Op, B>();
-  } else if constexpr (constexpr auto why = broadcast_problem<Op, A, B>(); why.size() > 0) {
+  } else if constexpr (constexpr auto why = pointwise_problem<Op, A, B>(); why.size() > 0) {
     return fail<why>();
   } else {
-    defer_shared<Op, typename A::axis_list>(a.graph(), a.node(), b.node(), [](auto) {
-      return fixed_string("both operands need the same size on shared axes");
-    });
+    defer_pointwise<Op>(a, b);
     pointwise_expr e;
     const int y = e.load(1, b.node().axes);
     const int root = f(e, e.x(), y);
@@ -201,11 +200,10 @@ auto clamp(const T& t, double lo, double hi) {
 /// a batch. Every axis of x must be an axis of like, of the same size.
 template <TensorType X, TensorType Like>
 auto broadcast_like(const X& x, const Like& like) {
-  if constexpr (constexpr auto why = detail::broadcast_problem<"broadcast_like", Like, X>(); why.size() > 0) {
+  if constexpr (constexpr auto why = detail::pointwise_problem<"broadcast_like", Like, X>(); why.size() > 0) {
     return fail<why>();
   } else {
-    constexpr auto fix = [](auto) { return fixed_string("x needs the size `like` has on each shared axis"); };
-    detail::defer_shared<"broadcast_like", typename Like::axis_list>(like.graph(), like.node(), x.node(), fix);
+    detail::defer_pointwise<"broadcast_like">(like, x);
     std::vector<Axis> target = like.node().axes;
     Node n = detail::unary_node(x, Op::broadcast, std::move(target));
     return detail::make<typename X::dtype, typename Like::axis_list, trait::plain>(x.graph(), std::move(n));
@@ -322,6 +320,19 @@ auto pow(const A& a, const B& b) {
   return detail::pointwise_binary<"pow">(a, b, [](auto& e, int x, int y) { return e.op(ModOp::pow, x, y); });
 }
 
+namespace detail {
+/// What is wrong with where's b (a number, or a floating tensor broadcast into a), or "".
+template <class A, class B>
+constexpr auto where_rhs_problem() {
+  if constexpr (std::is_arithmetic_v<B>)
+    return fixed_string("");
+  else if constexpr (!is_float_dtype<typename B::dtype>)
+    return not_float_text<"where", B>();
+  else
+    return pointwise_problem<"where", A, B>();
+}
+}  // namespace detail
+
 /// a where cond holds, else b: cond a bool tensor, b a tensor or a number, each broadcast into a
 /// by name (a's axes are the result's), as torch.where.
 template <TensorType C, TensorType A, class B>
@@ -332,28 +343,25 @@ auto where(const C& cond, const A& a, const B& b) {
                 ", not bool; fix: compare first, or pass a bool mask">();
   } else if constexpr (!detail::is_float_dtype<typename A::dtype>) {
     return detail::not_float_error<"where", A>();
-  } else if constexpr (constexpr auto why = detail::broadcast_problem<"where", A, C>(); why.size() > 0) {
+  } else if constexpr (constexpr auto why = detail::pointwise_problem<"where", A, C>(); why.size() > 0) {
     return fail<why>();
+  } else if constexpr (constexpr auto why_b = detail::where_rhs_problem<A, B>(); why_b.size() > 0) {
+    return fail<why_b>();
   } else {
-    constexpr auto fix = [](auto) { return fixed_string("both operands need the same size on shared axes"); };
-    detail::defer_shared<"where", typename A::axis_list>(a.graph(), a.node(), cond.node(), fix);
+    detail::pointwise_expr e;
+    detail::defer_pointwise<"where">(a, cond);
+    std::vector<int> inputs{cond.id()};
+    const int c = e.load(1, cond.node().axes);
+    int y = -1;  // b's value
     if constexpr (std::is_arithmetic_v<B>) {
-      detail::pointwise_expr e;
-      const int c = e.load(1, cond.node().axes);
-      const int root = e.op(ModOp::where, c, e.x(), e.constant(static_cast<double>(b)));
-      return detail::pointwise_tensor(a, {cond.id()}, std::move(e), root);
-    } else if constexpr (!detail::is_float_dtype<typename B::dtype>) {
-      return detail::not_float_error<"where", B>();
-    } else if constexpr (constexpr auto why_b = detail::broadcast_problem<"where", A, B>(); why_b.size() > 0) {
-      return fail<why_b>();
+      y = e.constant(static_cast<double>(b));
     } else {
-      detail::defer_shared<"where", typename A::axis_list>(a.graph(), a.node(), b.node(), fix);
-      detail::pointwise_expr e;
-      const int c = e.load(1, cond.node().axes);
-      const int y = e.load(2, b.node().axes);
-      const int root = e.op(ModOp::where, c, e.x(), y);
-      return detail::pointwise_tensor(a, {cond.id(), b.id()}, std::move(e), root);
+      detail::defer_pointwise<"where">(a, b);
+      inputs.push_back(b.id());
+      y = e.load(2, b.node().axes);
     }
+    const int root = e.op(ModOp::where, c, e.x(), y);
+    return detail::pointwise_tensor(a, inputs, std::move(e), root);
   }
 }
 
