@@ -96,6 +96,67 @@ std::map<std::string, std::string> parse_weight_map(std::string_view text, const
   return out;
 }
 
+namespace {
+/// GPT2Config's keys (n_embd, n_layer, ...; the attribute_map's names are not what config.json holds).
+void read_gpt2(const json& c, const std::string& what, HfConfig& h) {
+  if (const json* act = find(c, "activation_function")) {
+    static const std::set<std::string> known{"gelu_new", "gelu_pytorch_tanh", "gelu", "relu"};
+    if (!act->is_string() || !known.count(act->get<std::string>()))
+      fail(what, "activation_function " + json_text::excerpt(*act) +
+                     " is not one qkv runs for gpt2 (gelu_new, gelu_pytorch_tanh, gelu, relu)");
+    h.activation = act->get<std::string>();
+  } else {
+    h.activation = "gelu_new";
+  }
+  h.hidden_size = positive_int(c, "n_embd", what, 768);
+  h.num_hidden_layers = positive_int(c, "n_layer", what, 12);
+  h.num_attention_heads = h.num_key_value_heads = positive_int(c, "n_head", what, 12);
+  h.vocab_size = positive_int(c, "vocab_size", what, 50257);
+  h.max_position_embeddings = positive_int(c, "n_positions", what, 1024);
+  h.intermediate_size = positive_int(c, "n_inner", what, 4 * h.hidden_size);
+  if (h.hidden_size % h.num_attention_heads != 0)
+    fail(what, "n_embd (" + std::to_string(h.hidden_size) + ") is not a multiple of n_head (" +
+                   std::to_string(h.num_attention_heads) + ")");
+  h.head_dim = h.hidden_size / h.num_attention_heads;
+  h.norm_eps = positive_number(c, "layer_norm_epsilon", what, 1e-5);
+  h.tie_word_embeddings = flag(c, "tie_word_embeddings", what, true);
+  h.windowed.assign(static_cast<std::size_t>(h.num_hidden_layers), false);
+  // Variants qkv does not implement are refused by name rather than run differently.
+  if (!flag(c, "scale_attn_weights", what, true))
+    fail(what, "scale_attn_weights is false; qkv runs GPT-2 with its scores scaled by head_dim^-0.5 only");
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "add_cross_attention"})
+    if (flag(c, key, what, false)) fail(what, "`" + std::string(key) + "` is true; qkv does not implement it for gpt2");
+}
+/// BertConfig's keys.
+void read_bert(const json& c, const std::string& what, HfConfig& h) {
+  h.activation = "gelu";
+  if (const json* act = find(c, "hidden_act")) {
+    static const std::set<std::string> known{"gelu", "gelu_new", "gelu_pytorch_tanh", "relu"};
+    if (!act->is_string() || !known.count(act->get<std::string>()))
+      fail(what, "hidden_act " + json_text::excerpt(*act) +
+                     " is not one qkv runs for bert (gelu, gelu_new, gelu_pytorch_tanh, relu)");
+    h.activation = act->get<std::string>();
+  }
+  h.hidden_size = positive_int(c, "hidden_size", what, 768);
+  h.num_hidden_layers = positive_int(c, "num_hidden_layers", what, 12);
+  h.num_attention_heads = h.num_key_value_heads = positive_int(c, "num_attention_heads", what, 12);
+  h.intermediate_size = positive_int(c, "intermediate_size", what, 3072);
+  h.vocab_size = positive_int(c, "vocab_size", what, 30522);
+  h.max_position_embeddings = positive_int(c, "max_position_embeddings", what, 512);
+  h.type_vocab_size = positive_int(c, "type_vocab_size", what, 2);
+  if (h.hidden_size % h.num_attention_heads != 0)
+    fail(what, "hidden_size (" + std::to_string(h.hidden_size) + ") is not a multiple of num_attention_heads (" +
+                   std::to_string(h.num_attention_heads) + ")");
+  h.head_dim = h.hidden_size / h.num_attention_heads;
+  h.norm_eps = positive_number(c, "layer_norm_eps", what, 1e-12);
+  h.windowed.assign(static_cast<std::size_t>(h.num_hidden_layers), false);
+  if (const json* pe = find(c, "position_embedding_type"); pe && (!pe->is_string() || *pe != "absolute"))
+    fail(what, "position_embedding_type " + json_text::excerpt(*pe) + " is not \"absolute\", the only one qkv runs");
+  for (const char* key : {"is_decoder", "add_cross_attention"})
+    if (flag(c, key, what, false)) fail(what, "`" + std::string(key) + "` is true; qkv runs bert as an encoder only");
+}
+}  // namespace
+
 HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   const json c = parse_json(text, what);
   if (!c.is_object()) fail(what, "is not a JSON object");
@@ -103,8 +164,16 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   const json* type = find(c, "model_type");
   if (!type || !type->is_string()) fail(what, "has no `model_type` string");
   h.model_type = type->get<std::string>();
+  if (h.model_type == "gpt2") {
+    read_gpt2(c, what, h);
+    return h;
+  }
+  if (h.model_type == "bert") {
+    read_bert(c, what, h);
+    return h;
+  }
   if (h.model_type != "llama" && h.model_type != "qwen2" && h.model_type != "mistral")
-    fail(what, "model_type " + quote_text(h.model_type) + " is not one qkv runs (llama, qwen2, mistral)");
+    fail(what, "model_type " + quote_text(h.model_type) + " is not one qkv runs (llama, qwen2, mistral, gpt2, bert)");
   if (const json* act = find(c, "hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
     fail(what,
          "hidden_act " + json_text::excerpt(*act) + " is not \"silu\", the only activation of these models qkv runs");
@@ -123,7 +192,7 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   if (h.num_attention_heads % h.num_key_value_heads != 0)
     fail(what, "num_attention_heads (" + std::to_string(h.num_attention_heads) +
                    ") is not a multiple of num_key_value_heads (" + std::to_string(h.num_key_value_heads) + ")");
-  h.rms_norm_eps = positive_number(c, "rms_norm_eps", what, 1e-6);
+  h.norm_eps = positive_number(c, "rms_norm_eps", what, 1e-6);
   h.rope_theta = positive_number(c, "rope_theta", what, 10000.0);
   h.tie_word_embeddings = flag(c, "tie_word_embeddings", what, false);
   if (const json* rs = find(c, "rope_scaling")) {
@@ -207,64 +276,137 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   const std::int64_t E = h.hidden_size, I = h.intermediate_size, V = h.vocab_size;
   const std::int64_t Q = h.num_attention_heads * h.head_dim, KV = h.num_key_value_heads * h.head_dim;
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> want;
-  const std::string heads_note = " (num_attention_heads x head_dim = " + std::to_string(Q) + ")";
-  want.push_back({"model.embed_tokens.weight", {V, E}});
-  for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    want.push_back({p + "input_layernorm.weight", {E}});
-    want.push_back({p + "self_attn.q_proj.weight", {Q, E}});
-    want.push_back({p + "self_attn.k_proj.weight", {KV, E}});
-    want.push_back({p + "self_attn.v_proj.weight", {KV, E}});
-    if (h.qkv_bias) {
-      want.push_back({p + "self_attn.q_proj.bias", {Q}});
-      want.push_back({p + "self_attn.k_proj.bias", {KV}});
-      want.push_back({p + "self_attn.v_proj.bias", {KV}});
+  std::string heads_note;
+  // The prefix before the names the graph uses: GPT2LMHeadModel.save_pretrained writes
+  // `transformer.`, BertFor* `bert.`; the Hub's gpt2 files and BertModel's have none.
+  // transformers loads either.
+  std::string prefix;
+  auto prefixed = [&](const std::string& first, const std::string& p) {
+    if (!ck.where_.count(first) && ck.where_.count(p + first)) prefix = p;
+  };
+  auto layer_norm = [&](const std::string& p) {
+    want.push_back({p + ".weight", {E}});
+    want.push_back({p + ".bias", {E}});
+  };
+  auto linear = [&](const std::string& p, std::int64_t in, std::int64_t out) {
+    want.push_back({p + ".weight", {out, in}});  // torch.nn.Linear: [out, in]
+    want.push_back({p + ".bias", {out}});
+  };
+  if (h.bert()) {
+    prefixed("embeddings.word_embeddings.weight", "bert.");
+    want.push_back({"embeddings.word_embeddings.weight", {V, E}});
+    want.push_back({"embeddings.position_embeddings.weight", {h.max_position_embeddings, E}});
+    want.push_back({"embeddings.token_type_embeddings.weight", {h.type_vocab_size, E}});
+    layer_norm("embeddings.LayerNorm");
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "encoder.layer." + std::to_string(i) + ".";
+      for (const char* w : {"query", "key", "value"}) linear(p + "attention.self." + w, E, E);
+      linear(p + "attention.output.dense", E, E);
+      layer_norm(p + "attention.output.LayerNorm");
+      linear(p + "intermediate.dense", E, I);
+      linear(p + "output.dense", I, E);
+      layer_norm(p + "output.LayerNorm");
     }
-    want.push_back({p + "self_attn.o_proj.weight", {E, Q}});
-    if (h.o_bias) want.push_back({p + "self_attn.o_proj.bias", {E}});
-    want.push_back({p + "post_attention_layernorm.weight", {E}});
-    want.push_back({p + "mlp.gate_proj.weight", {I, E}});
-    want.push_back({p + "mlp.up_proj.weight", {I, E}});
-    want.push_back({p + "mlp.down_proj.weight", {E, I}});
+    ck.has_pooler_ = ck.where_.count(prefix + "pooler.dense.weight") > 0;
+    if (ck.has_pooler_) linear("pooler.dense", E, E);
+  } else if (h.gpt2()) {
+    prefixed("wte.weight", "transformer.");
+    auto conv1d = [&](const std::string& p, std::int64_t in, std::int64_t out) {
+      want.push_back({p + ".weight", {in, out}});  // Conv1D: [in, out]
+      want.push_back({p + ".bias", {out}});
+    };
+    want.push_back({"wte.weight", {V, E}});
+    want.push_back({"wpe.weight", {h.max_position_embeddings, E}});
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "h." + std::to_string(i) + ".";
+      layer_norm(p + "ln_1");
+      conv1d(p + "attn.c_attn", E, 3 * E);
+      conv1d(p + "attn.c_proj", E, E);
+      layer_norm(p + "ln_2");
+      conv1d(p + "mlp.c_fc", E, I);
+      conv1d(p + "mlp.c_proj", I, E);
+    }
+    layer_norm("ln_f");
+  } else {
+    heads_note = " (num_attention_heads x head_dim = " + std::to_string(Q) + ")";
+    want.push_back({"model.embed_tokens.weight", {V, E}});
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      want.push_back({p + "input_layernorm.weight", {E}});
+      want.push_back({p + "self_attn.q_proj.weight", {Q, E}});
+      want.push_back({p + "self_attn.k_proj.weight", {KV, E}});
+      want.push_back({p + "self_attn.v_proj.weight", {KV, E}});
+      if (h.qkv_bias) {
+        want.push_back({p + "self_attn.q_proj.bias", {Q}});
+        want.push_back({p + "self_attn.k_proj.bias", {KV}});
+        want.push_back({p + "self_attn.v_proj.bias", {KV}});
+      }
+      want.push_back({p + "self_attn.o_proj.weight", {E, Q}});
+      if (h.o_bias) want.push_back({p + "self_attn.o_proj.bias", {E}});
+      want.push_back({p + "post_attention_layernorm.weight", {E}});
+      want.push_back({p + "mlp.gate_proj.weight", {I, E}});
+      want.push_back({p + "mlp.up_proj.weight", {I, E}});
+      want.push_back({p + "mlp.down_proj.weight", {E, I}});
+    }
+    want.push_back({"model.norm.weight", {E}});
   }
-  want.push_back({"model.norm.weight", {E}});
-  if (!h.tie_word_embeddings) want.push_back({"lm_head.weight", {V, E}});
+  if (!h.tie_word_embeddings && !h.bert()) want.push_back({"lm_head.weight", {V, E}});
 
   std::set<std::string> used;
   for (const auto& [name, shape] : want) {
-    const auto it = ck.where_.find(name);
-    if (it == ck.where_.end()) fail(ck.what_, "the checkpoint has no `" + name + "`");
-    const TensorView t = ck.files_[it->second].get(name);
+    std::string s = name == "lm_head.weight" ? name : prefix + name;
+    // Old BERT checkpoints name a LayerNorm's weight and bias gamma and beta (transformers renames them).
+    if (h.bert() && !ck.where_.count(s) && name.find("LayerNorm.") != std::string::npos) {
+      const std::string legacy = s.substr(0, s.rfind('.')) + (name.ends_with(".weight") ? ".gamma" : ".beta");
+      if (ck.where_.count(legacy)) s = legacy;
+    }
+    ck.stored_[name] = s;
+    const auto it = ck.where_.find(s);
+    if (it == ck.where_.end()) fail(ck.what_, "the checkpoint has no `" + s + "`");
+    const TensorView t = ck.files_[it->second].get(s);
     if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
-      fail(ck.what_, "`" + name + "` is " + std::string(dtype_name(t.dtype)) + "; qkv reads F32, BF16 and F16 weights");
+      fail(ck.what_, "`" + s + "` is " + std::string(dtype_name(t.dtype)) + "; qkv reads F32, BF16 and F16 weights");
     if (t.shape != shape)
       fail(ck.what_,
-           "`" + name + "` is " + shape_text(t.shape) + ", config.json makes it " + shape_text(shape) +
+           "`" + s + "` is " + shape_text(t.shape) + ", config.json makes it " + shape_text(shape) +
                (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos ? heads_note
                                                                                                      : std::string()));
     ck.names_.push_back(name);
-    used.insert(name);
+    used.insert(s);
   }
   for (const auto& [name, k] : ck.where_) {
     if (used.count(name)) continue;
+    // Buffers transformers recomputes: rotary inv_freq, GPT-2's causal-mask `attn.bias` and
+    // `attn.masked_bias` (in older checkpoints); and a head tied to the embeddings.
     const bool inv_freq = name.size() > 9 && name.ends_with("inv_freq");
+    const bool mask_buffer = h.gpt2() && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
     const bool tied_head = name == "lm_head.weight" && h.tie_word_embeddings;
-    if (!inv_freq && !tied_head)
+    // BertFor*'s task heads (BertModel's weights are what qkv runs) and position_ids buffers.
+    const bool bert_extra = h.bert() && (name.starts_with("cls.") || name.ends_with("position_ids"));
+    if (!inv_freq && !mask_buffer && !tied_head && !bert_extra)
       fail(ck.what_, "the checkpoint has " + quote_text(name, 80, '`') + ", which a " + h.model_type +
                          " model with this config.json does not use");
   }
   return ck;
 }
 
+const std::string& HfCheckpoint::stored(const std::string& name) const {
+  const auto it = stored_.find(name);
+  if (it == stored_.end()) fail(what_, "the model reads no weight `" + name + "`");
+  return it->second;
+}
+
 NdArray HfCheckpoint::load(const std::string& name) const {
-  const auto it = where_.find(name);
-  if (it == where_.end()) fail(what_, "the checkpoint has no `" + name + "`");
-  return files_[it->second].load(name);
+  const std::string& s = stored(name);
+  return files_[where_.at(s)].load(s);
 }
 
 std::uint64_t HfCheckpoint::f32_bytes() const {
   std::uint64_t total = 0;
-  for (const auto& n : names_) total += checked_nbytes(files_[where_.at(n)].get(n).shape, DType::f32, what_);
+  for (const auto& n : names_) {
+    const std::string& s = stored(n);
+    total += checked_nbytes(files_[where_.at(s)].get(s).shape, DType::f32, what_);
+  }
   return total;
 }
 

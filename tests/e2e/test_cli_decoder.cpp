@@ -1,4 +1,5 @@
-// `qkv run causal-lm` on the tiny Hugging Face checkpoints of tests/numerics/llama_fixtures
+// `qkv run causal-lm` (and `run encoder-model`: BERT, at the end) on the tiny Hugging Face
+// checkpoints of tests/numerics/llama_fixtures
 // (llama with Llama 3 RoPE scaling and attention biases; qwen2 sharded, tied, windowed on its
 // last layer; mistral with a window on every layer, MQA and head_dim != hidden / heads), against
 // the PyTorch reference of make_llama_fixtures.py; and the checkpoint and token problems, each one
@@ -9,6 +10,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <tuple>
+#include <vector>
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -39,7 +42,7 @@ void expect_failure(const Result& r, const std::string& says, const std::string&
 }
 
 TEST_F(Cli, RunCausalLmMatchesThePyTorchReferenceOnEveryCheckpoint) {
-  for (const std::string name : {"llama", "qwen2", "mistral"}) {
+  for (const std::string name : {"llama", "qwen2", "mistral", "gpt2", "gpt2_saved"}) {
     const auto c = case_of(name);
     const fs::path dir = kLlamaFixtures / name;
     const NdArray tokens = read_npy((dir / "tokens.npy").string());
@@ -87,7 +90,7 @@ void write_prompt(const NdArray& tokens, std::int64_t n, const std::string& path
 }
 
 TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
-  for (const std::string name : {"llama", "qwen2", "mistral"}) {
+  for (const std::string name : {"llama", "qwen2", "mistral", "gpt2", "gpt2_saved"}) {
     const auto c = case_of(name);
     const fs::path dir = kLlamaFixtures / name;
     const NdArray tokens = read_npy((dir / "tokens.npy").string());
@@ -326,8 +329,23 @@ TEST_F(Cli, CausalLmCheckpointProblemsAreOneLineNamingTheKey) {
     write_text(m / "config.json", c.dump());
     return m;
   };
-  expect_fails(edit_config("llama", [](auto& c) { c["model_type"] = "gpt2"; }),
-               "model_type 'gpt2' is not one qkv runs (llama, qwen2, mistral)", "model type", tokens);
+  expect_fails(edit_config("llama", [](auto& c) { c["model_type"] = "falcon"; }),
+               "model_type 'falcon' is not one qkv runs (llama, qwen2, mistral, gpt2, bert)", "model type", tokens);
+  fs::remove_all(tmp("llama"));
+  // GPT-2: what qkv does not implement is refused by name, never run differently; the checkpoint's
+  // weights are checked against n_embd / n_inner as Llama's are against hidden_size.
+  const fs::path gpt2_tokens = kLlamaFixtures / "gpt2" / "tokens.npy";
+  for (const auto& [key, value, says] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"activation_function", "swish", "activation_function 'swish' is not one qkv runs for gpt2"},
+           {"scale_attn_weights", false, "scale_attn_weights is false"},
+           {"scale_attn_by_inverse_layer_idx", true, "`scale_attn_by_inverse_layer_idx` is true"},
+           {"n_embd", 30, "n_embd (30) is not a multiple of n_head (4)"},
+           {"n_inner", 64, "`h.0.mlp.c_fc.weight` is [32, 128], config.json makes it [32, 64]"},
+           {"tie_word_embeddings", false, "the checkpoint has no `lm_head.weight`"}}) {
+    expect_fails(edit_config("gpt2", [&](auto& c) { c[key] = value; }), says, key, gpt2_tokens);
+    fs::remove_all(tmp("gpt2"));
+  }
+
   fs::remove_all(tmp("llama"));
   expect_fails(edit_config("llama", [](auto& c) { c.erase("hidden_size"); }), "has no `hidden_size`", "no key", tokens);
   fs::remove_all(tmp("llama"));
@@ -436,6 +454,88 @@ TEST_F(Cli, CausalLmReadsBf16WeightsWithANote) {
     EXPECT_EQ(read_npy(tmp("logits_bf16.npy")).dtype, DType::bf16) << backend;
     EXPECT_LT(error(tmp("logits_bf16.npy"), (m / "expected_logits_f64.npy").string()), 0.5) << backend;
   }
+}
+
+// --- qkv run encoder-model: BERT checkpoints (tests/numerics/make_bert_fixtures.py) ----------------
+
+const fs::path kBertFixtures = fs::path(QKV_FIXTURES_DIR).parent_path() / "bert_fixtures";
+
+TEST_F(Cli, RunEncoderModelMatchesThePyTorchReferenceOnEveryBertCheckpoint) {
+  // bert: BertModel's layout, two sequences (the second padded), two segments, the pooler;
+  // bert_mlm: BertForMaskedLM's (`bert.` names, LayerNorm gamma/beta, a cls head, no pooler).
+  for (const std::string name : {"bert", "bert_mlm"}) {
+    const fs::path dir = kBertFixtures / name;
+    std::ifstream in(dir / "case.json");
+    const double tol = nlohmann::json::parse(in).at("tol").get<double>();
+    const bool pooled = fs::exists(dir / "expected_pooled_f64.npy");
+    std::string args = "run encoder-model --model " + dir.string() + " --tokens " + (dir / "tokens.npy").string() +
+                       " --out " + tmp("hidden.npy");
+    if (fs::exists(dir / "attention_mask.npy")) args += " --attention-mask " + (dir / "attention_mask.npy").string();
+    if (fs::exists(dir / "token_type_ids.npy")) args += " --token-type-ids " + (dir / "token_type_ids.npy").string();
+    if (pooled) args += " --pooled-out " + tmp("pooled.npy");
+    for (const std::string backend : {"cpu", "reference"}) {
+      const Result r = run(args + " --backend " + backend);
+      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+      EXPECT_LE(error(tmp("hidden.npy"), (dir / "expected_hidden_f64.npy").string()), tol) << name << " " << backend;
+      if (pooled)
+        EXPECT_LE(error(tmp("pooled.npy"), (dir / "expected_pooled_f64.npy").string()), tol) << name << " " << backend;
+    }
+  }
+  // The mask and the segments change the result (they are not silently dropped).
+  const fs::path dir = kBertFixtures / "bert";
+  const Result r = run("run encoder-model --model " + dir.string() + " --tokens " + (dir / "tokens.npy").string() +
+                       " --out " + tmp("plain.npy"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(error(tmp("plain.npy"), (dir / "expected_hidden_f64.npy").string()), 1e-2);
+}
+
+TEST_F(Cli, EncoderModelProblemsAreOneLineEach) {
+  const fs::path bert = kBertFixtures / "bert";
+  const std::string tokens = (bert / "tokens.npy").string();
+  auto expect = [&](const std::string& args, int code, const std::string& says) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, code) << args << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(says)) << args;
+    expect_one_line_error(r);
+    EXPECT_FALSE(fs::exists(tmp("out.npy"))) << args;
+  };
+  const std::string out = " --out " + tmp("out.npy");
+  // The wrong command for the model, each way.
+  expect("run encoder-model --model " + (kLlamaFixtures / "gpt2").string() + " --tokens " + tokens + out, 2,
+         "a gpt2 model is a decoder; run it with `qkv run causal-lm` or `qkv generate`");
+  expect("run causal-lm --model " + bert.string() + " --tokens " + tokens + " --logits-out " + tmp("out.npy"), 2,
+         "a bert model is an encoder; run it with `qkv run encoder-model`");
+  expect("run encoder-model --model " + (kBertFixtures / "bert_mlm").string() + " --tokens " +
+             (kBertFixtures / "bert_mlm" / "tokens.npy").string() + out + " --pooled-out " + tmp("p.npy"),
+         2, "has no pooler (pooler.dense.weight)");
+  // Masks and segments: values, shapes, a sequence with no token.
+  const NdArray ids = read_npy(tokens);
+  NdArray mask = NdArray::zeros(DType::i64, ids.shape);
+  for (auto& x : mask.as<std::int64_t>()) x = 1;
+  mask.as<std::int64_t>()[3] = 2;
+  write_npy(tmp("mask.npy"), mask);
+  expect("run encoder-model --model " + bert.string() + " --tokens " + tokens + out + " --attention-mask " +
+             tmp("mask.npy"),
+         1, "--attention-mask: entry 3 is 2; only 0 and 1 are allowed");
+  const auto L = static_cast<std::size_t>(ids.shape[1]);
+  for (std::size_t i = 0; i < mask.as<std::int64_t>().size(); ++i) mask.as<std::int64_t>()[i] = i < L ? 1 : 0;
+  write_npy(tmp("mask.npy"), mask);
+  expect("run encoder-model --model " + bert.string() + " --tokens " + tokens + out + " --attention-mask " +
+             tmp("mask.npy"),
+         1, "--attention-mask: sequence 1 has no token (every entry is 0)");
+  NdArray types = NdArray::zeros(DType::i64, ids.shape);
+  types.as<std::int64_t>()[5] = 2;
+  write_npy(tmp("types.npy"), types);
+  expect("run encoder-model --model " + bert.string() + " --tokens " + tokens + out + " --token-type-ids " +
+             tmp("types.npy"),
+         1, "token id 2 at index 5 is outside the token types (type_vocab_size) of 2");
+  write_npy(tmp("types.npy"), NdArray::zeros(DType::i64, {ids.shape[0], ids.shape[1] - 1}));
+  expect("run encoder-model --model " + bert.string() + " --tokens " + tokens + out + " --token-type-ids " +
+             tmp("types.npy"),
+         1, "--token-type-ids: shape (2, 8) must be the tokens' (2, 9)");
+  write_npy(tmp("long.npy"), NdArray::zeros(DType::i64, {1, 25}));
+  expect("run encoder-model --model " + bert.string() + " --tokens " + tmp("long.npy") + out, 2,
+         "--tokens: 25 tokens exceed max_position_embeddings (24) of the model");
 }
 
 }  // namespace

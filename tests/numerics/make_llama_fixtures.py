@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Tiny Hugging Face decoder checkpoints (llama, qwen2, mistral) and their reference logits, for
+"""Tiny Hugging Face decoder checkpoints (llama, qwen2, mistral, gpt2) and their reference logits, for
 `qkv run causal-lm` and `qkv generate`.
 
     /usr/bin/python3 tests/numerics/make_llama_fixtures.py [--check]
@@ -18,6 +18,17 @@ modeling_mistral.py (eval mode, no cache tricks):
     layers >= max_window_layers when use_sliding_window), softmax, o_proj
   * MLP: down(silu(gate(x)) * up(x)); decoder layer: x + attn(norm1(x)), then h + mlp(norm2(h))
   * model: embed_tokens -> layers -> norm -> lm_head (embed_tokens.weight when tied)
+
+GPT-2 (model_type gpt2), after modeling_gpt2.py's GPT2LMHeadModel (eval mode, fp32/fp64 eager path):
+
+  * Conv1D: y = x @ W + b, W stored [in, out]
+  * block: x + c_proj(attn(ln_1(x))), then h + mlp(ln_2(h)); mlp = c_proj(act(c_fc(x))) with act
+    gelu_new 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the erf gelu, or relu
+  * attention: c_attn's output split into q, k, v (each n_embd wide), n_head heads, scores *
+    head_dim^-0.5, causal, softmax, heads merged, c_proj
+  * model: wte[ids] + wpe[positions] -> blocks -> ln_f -> logits through wte (tied) or lm_head
+  * names: the Hub's files have none of save_pretrained's `transformer.` prefix and carry the
+    causal-mask buffers h.{i}.attn.bias, which transformers ignores on load
 
 Each case directory under tests/numerics/llama_fixtures/ is a model folder as Hugging Face
 writes it (config.json, model.safetensors or shards with model.safetensors.index.json) plus:
@@ -207,6 +218,85 @@ def random_weights(c, gen):
     return w
 
 
+class Gpt2Reference:
+    """GPT2LMHeadModel's forward pass in dtype `dt`, with an optional KV cache (as Reference)."""
+
+    def __init__(self, c, w, dt):
+        self.c, self.dt = c, dt
+        self.w = {k: v.to(dt) for k, v in w.items()}
+        self.act = {"gelu_new": lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+                    "gelu": torch.nn.functional.gelu, "relu": torch.relu}[c.get("activation_function", "gelu_new")]
+
+    def ln(self, x, name):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], self.w[name + ".weight"], self.w[name + ".bias"],
+                                              self.c.get("layer_norm_epsilon", 1e-5))
+
+    def conv1d(self, x, name):
+        return x @ self.w[name + ".weight"] + self.w[name + ".bias"]
+
+    def forward(self, tokens, start=0, cache=None):
+        c = self.c
+        B, L = tokens.shape
+        E, H = c["n_embd"], c["n_head"]
+        D = E // H
+        pos = torch.arange(start, start + L)[None, :].expand(B, L)
+        x = self.w["wte.weight"][tokens] + self.w["wpe.weight"][pos]
+        for i in range(c["n_layer"]):
+            p = f"h.{i}."
+            q, k, v = self.conv1d(self.ln(x, p + "ln_1"), p + "attn.c_attn").split(E, dim=-1)
+            q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in (q, k, v))
+            if cache is not None:
+                if len(cache) <= i:
+                    cache.append([k[:, :, :0], v[:, :, :0]])
+                cache[i][0] = torch.cat((cache[i][0], k), dim=2)
+                cache[i][1] = torch.cat((cache[i][1], v), dim=2)
+                k, v = cache[i]
+            S = k.shape[2]
+            s = (q @ k.transpose(-1, -2)) / (D ** 0.5)
+            keep = torch.arange(S)[None, :] <= torch.arange(S - L, S)[:, None]
+            s = s.masked_fill(~keep, float("-inf"))
+            a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, L, E)
+            x = x + self.conv1d(a, p + "attn.c_proj")
+            x = x + self.conv1d(self.act(self.conv1d(self.ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+        x = self.ln(x, "ln_f")
+        head = "wte.weight" if c.get("tie_word_embeddings", True) else "lm_head.weight"
+        return x @ self.w[head].T
+
+
+def random_gpt2_weights(c, gen):
+    E, V, P = c["n_embd"], c["vocab_size"], c["n_positions"]
+    I = c.get("n_inner") or 4 * E
+
+    def r(*shape, scale):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).float() * scale
+
+    w = {"wte.weight": r(V, E, scale=1.0), "wpe.weight": r(P, E, scale=0.5)}
+    for name in ["ln_f"] + [f"h.{i}.ln_{k}" for i in range(c["n_layer"]) for k in (1, 2)]:
+        w[name + ".weight"] = 1 + r(E, scale=0.1)
+        w[name + ".bias"] = r(E, scale=0.1)
+    for i in range(c["n_layer"]):
+        p = f"h.{i}."
+        for name, inp, out in (("attn.c_attn", E, 3 * E), ("attn.c_proj", E, E), ("mlp.c_fc", E, I),
+                               ("mlp.c_proj", I, E)):
+            w[p + name + ".weight"] = r(inp, out, scale=inp ** -0.5)
+            w[p + name + ".bias"] = r(out, scale=0.1)
+    if not c.get("tie_word_embeddings", True):
+        w["lm_head.weight"] = r(V, E, scale=E ** -0.5)
+    return w
+
+
+def stored_gpt2(c, w, layout):
+    """The names as a checkpoint holds them: the Hub's (causal-mask buffers beside) or
+    save_pretrained's (`transformer.` before all but lm_head)."""
+    if layout == "hub":
+        out = dict(w)
+        P = c["n_positions"]
+        for i in range(c["n_layer"]):
+            out[f"h.{i}.attn.bias"] = torch.tril(torch.ones(P, P)).view(1, 1, P, P)
+        return out
+    return {(k if k == "lm_head.weight" else "transformer." + k): v for k, v in w.items()}
+
+
 def greedy(ref, prompt, new):
     """generate(): a prefill, then one token at a time against the cache; returns the ids and the
     smallest margin between the best two logits of every choice."""
@@ -252,25 +342,41 @@ CASES = {
                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 6, "hidden_act": "silu",
                 "tie_word_embeddings": False, "torch_dtype": "float32"},
         shards=1),
+    # GPT-2 as the Hub stores it: no prefix, causal-mask buffers, n_inner null (4 x n_embd),
+    # gelu_new, the head tied to wte.
+    "gpt2": dict(
+        config={"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                "n_inner": None, "n_positions": 40, "vocab_size": 96, "activation_function": "gelu_new",
+                "layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "torch_dtype": "float32"},
+        shards=1, layout="hub"),
+    # GPT-2 as save_pretrained writes it: `transformer.` names in two shards, n_inner set, the
+    # erf gelu, an untied lm_head, head_dim 12.
+    "gpt2_saved": dict(
+        config={"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 24, "n_layer": 3, "n_head": 2,
+                "n_inner": 40, "n_positions": 32, "vocab_size": 70, "activation_function": "gelu",
+                "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        shards=2, layout="saved"),
 }
 
 
 def make_case(root, name, spec):
     c = spec["config"]
+    gpt2 = c["model_type"] == "gpt2"
+    Reference_ = Gpt2Reference if gpt2 else Reference
     for seed in range(100):
         gen = torch.Generator().manual_seed(1000 + seed)
-        w = random_weights(c, gen)
+        w = random_gpt2_weights(c, gen) if gpt2 else random_weights(c, gen)
         prompt = torch.randint(0, c["vocab_size"], (1, PROMPT), generator=gen)
-        ids64, m64 = greedy(Reference(c, w, torch.float64), prompt, NEW)
-        ids32, m32 = greedy(Reference(c, w, torch.float32), prompt, NEW)
+        ids64, m64 = greedy(Reference_(c, w, torch.float64), prompt, NEW)
+        ids32, m32 = greedy(Reference_(c, w, torch.float32), prompt, NEW)
         if torch.equal(ids64, ids32) and min(m64, m32) >= 1e-3:
             break
     else:
         raise SystemExit(f"{name}: no seed with robust greedy choices")
-    full64 = Reference(c, w, torch.float64).forward(ids64)
-    full32 = Reference(c, w, torch.float32).forward(ids64)
+    full64 = Reference_(c, w, torch.float64).forward(ids64)
+    full32 = Reference_(c, w, torch.float32).forward(ids64)
     # The cache gives the full forward's logits (a self-check of the reference).
-    cache, ref = [], Reference(c, w, torch.float64)
+    cache, ref = [], Reference_(c, w, torch.float64)
     steps = [ref.forward(ids64[:, :PROMPT], 0, cache)]
     for t in range(PROMPT, ids64.shape[1]):
         steps.append(ref.forward(ids64[:, t:t + 1], t, cache))
@@ -281,6 +387,8 @@ def make_case(root, name, spec):
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
     write_json(os.path.join(d, "config.json"), c)
+    if gpt2:
+        w = stored_gpt2(c, w, spec["layout"])
     names = sorted(w)
     if spec["shards"] == 1:
         write_safetensors(os.path.join(d, "model.safetensors"), w)

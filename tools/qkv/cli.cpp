@@ -288,7 +288,7 @@ struct RunCausalLmFlags {
   DTypeFlag dtype;
   CLI::App* cmd = nullptr;
   void add(CLI::App* run) {
-    cmd = run->add_subcommand("causal-lm", "A Hugging Face decoder (llama, qwen2, mistral): one full forward");
+    cmd = run->add_subcommand("causal-lm", "A Hugging Face decoder (llama, qwen2, mistral, gpt2): one full forward");
     cmd->footer("Example: qkv run causal-lm --model tiny-llama/ --tokens ids.npy --logits-out logits.npy");
     cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
         ->required();
@@ -299,6 +299,33 @@ struct RunCausalLmFlags {
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunCausalLm get() {
+    o.backend = backend.get();
+    o.dtype = dtype.get();
+    return o;
+  }
+};
+
+struct RunEncoderModelFlags {
+  RunEncoderModel o;
+  BackendFlag backend;
+  DTypeFlag dtype;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* run) {
+    cmd = run->add_subcommand("encoder-model", "A Hugging Face encoder (bert): hidden states and the pooled output");
+    cmd->footer("Example: qkv run encoder-model --model tiny-bert/ --tokens ids.npy --out hidden.npy");
+    cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
+        ->required();
+    cmd->add_option("--tokens", o.tokens, "int [B, L] or [L]: token ids (positions 0 .. L-1)")->required();
+    cmd->add_option("--attention-mask", o.attention_mask,
+                    "int or bool [B, L]: 1 for a real token, 0 for padding (keys with 0 are not attended to)");
+    cmd->add_option("--token-type-ids", o.token_type_ids, "int [B, L]: segment ids (default all 0)");
+    cmd->add_option("--out,-o", o.out, "Output: the last hidden state [B, L, hidden] .npy")->required();
+    cmd->add_option("--pooled-out", o.pooled_out, "Output: the pooler's output [B, hidden] .npy");
+    backend.add(cmd);
+    dtype.add(cmd);
+    cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
+  }
+  RunEncoderModel get() {
     o.backend = backend.get();
     o.dtype = dtype.get();
     return o;
@@ -522,6 +549,8 @@ int run_cli(int argc, char** argv) {
   stack.add(run, true);
   RunCausalLmFlags causal_lm;
   causal_lm.add(run);
+  RunEncoderModelFlags encoder_model;
+  encoder_model.add(run);
   GenerateFlags gen;
   gen.add(&app);
 
@@ -629,6 +658,7 @@ int run_cli(int argc, char** argv) {
     if (*layer.cmd) return run_encoder(layer.get());
     if (*stack.cmd) return run_encoder(stack.get());
     if (*causal_lm.cmd) return run_causal_lm(causal_lm.get());
+    if (*encoder_model.cmd) return run_encoder_model(encoder_model.get());
     if (*gen.cmd) return generate(gen.get());
     if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {

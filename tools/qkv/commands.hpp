@@ -85,6 +85,15 @@ struct RunCausalLm {
 };
 int run_causal_lm(const RunCausalLm& o);
 
+/// qkv run encoder-model: a Hugging Face encoder (bert) on token ids (commands_decoder.cpp).
+struct RunEncoderModel {
+  std::string model, tokens, attention_mask, token_type_ids, out, pooled_out;
+  Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
+  bool stats = false;
+};
+int run_encoder_model(const RunEncoderModel& o);
+
 /// qkv generate: a prefill of the prompt, then one token at a time against the KV cache.
 struct Generate {
   std::string model, prompt_ids, out, logits_out;

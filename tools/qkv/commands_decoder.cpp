@@ -1,5 +1,5 @@
-// qkv run causal-lm and qkv generate: Hugging Face decoder checkpoints (llama, qwen2, mistral)
-// on token ids.
+// qkv run causal-lm and qkv generate: Hugging Face decoder checkpoints (llama, qwen2, mistral, gpt2)
+// on token ids; qkv run encoder-model: an encoder checkpoint (bert).
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -30,8 +30,10 @@ namespace qkv::cli {
 
 namespace {
 
-/// The token ids of `flag`: an integer array [B, L] or [L] (one sequence), each in [0, vocab).
-NdArray load_token_ids(const std::string& path, const std::string& flag, std::int64_t vocab) {
+/// The token ids of `flag`: an integer array [B, L] or [L] (one sequence), each in [0, vocab);
+/// `table` names what vocab counts in messages.
+NdArray load_token_ids(const std::string& path, const std::string& flag, std::int64_t vocab,
+                       const std::string& table = "the vocabulary") {
   NdArray ids = load_npy(path, flag);
   if (ids.dtype != DType::i32 && ids.dtype != DType::i64)
     throw IoError(flag + ": token ids must be an integer array (int32 or int64), not " +
@@ -44,7 +46,7 @@ NdArray load_token_ids(const std::string& path, const std::string& flag, std::in
   for (std::size_t k = 0; k < v.size(); ++k)
     if (!(v[k] >= 0 && v[k] < static_cast<float>(vocab)))
       throw IoError(flag + ": token id " + std::to_string(static_cast<long long>(v[k])) + " at index " +
-                    std::to_string(k) + " is outside the vocabulary of " + std::to_string(vocab));
+                    std::to_string(k) + " is outside " + table + " of " + std::to_string(vocab));
   return ids;
 }
 
@@ -65,10 +67,16 @@ Feeds weight_feeds(const HfCheckpoint& ck) {
   return feeds;
 }
 
-/// Opens the checkpoint in `dir`; no output may be any file it read (the config, every shard, the
-/// index; by device and inode, so through links too).
-HfCheckpoint open_model(OutputGroup& outputs, const std::string& dir) {
+/// Opens the checkpoint in `dir`, a decoder's (or with `encoder`, an encoder's); no output may be
+/// any file it read (the config, every shard, the index; by device and inode, so through links too).
+HfCheckpoint open_model(OutputGroup& outputs, const std::string& dir, bool encoder = false) {
   HfCheckpoint ck = HfCheckpoint::open(dir);
+  const std::string& type = ck.config().model_type;
+  if (ck.config().bert() && !encoder)
+    throw UsageError("--model " + dir + ": a " + type + " model is an encoder; run it with `qkv run encoder-model`");
+  if (!ck.config().bert() && encoder)
+    throw UsageError("--model " + dir + ": a " + type +
+                     " model is a decoder; run it with `qkv run causal-lm` or `qkv generate`");
   for (const auto& f : ck.files()) outputs.protect(f, "--model");
   return ck;
 }
@@ -142,6 +150,71 @@ int run_causal_lm(const RunCausalLm& o) {
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, logits_file, r.outputs.at("logits"));
+  outputs.commit();
+  say_weights(ck);
+  return 0;
+}
+
+int run_encoder_model(const RunEncoderModel& o) {
+  OutputGroup outputs;
+  protect_inputs(
+      outputs,
+      {{o.tokens, "--tokens"}, {o.attention_mask, "--attention-mask"}, {o.token_type_ids, "--token-type-ids"}});
+  const std::size_t hidden_file = outputs.add_file(o.out, "--out");
+  const std::optional<std::size_t> pooled_file =
+      o.pooled_out.empty() ? std::nullopt : std::optional(outputs.add_file(o.pooled_out, "--pooled-out"));
+
+  const Activity reading("reading the model");
+  const HfCheckpoint ck = open_model(outputs, o.model, /*encoder=*/true);
+  const HfConfig& c = ck.config();
+  if (pooled_file && !ck.has_pooler())
+    throw UsageError("--pooled-out: the checkpoint in " + o.model + " has no pooler (pooler.dense.weight)");
+  NdArray tokens = load_token_ids(o.tokens, "--tokens", c.vocab_size);
+  const std::int64_t B = tokens.shape[0], L = tokens.shape[1];
+  if (L > c.max_position_embeddings)
+    throw UsageError("--tokens: " + std::to_string(L) + " tokens exceed max_position_embeddings (" +
+                     std::to_string(c.max_position_embeddings) + ") of the model");
+  // Token types and the mask are [B, L] like the ids ([L] for one sequence).
+  auto like_tokens = [&](NdArray a, const std::string& flag) {
+    if (a.shape.size() == 1) a.shape.insert(a.shape.begin(), 1);
+    if (a.shape != tokens.shape)
+      throw IoError(flag + ": shape " + shape_to_string(a.shape) + " must be the tokens' " +
+                    shape_to_string(tokens.shape));
+    return a;
+  };
+  NdArray types = o.token_type_ids.empty()
+                      ? NdArray::zeros(DType::i64, tokens.shape)
+                      : like_tokens(load_token_ids(o.token_type_ids, "--token-type-ids", c.type_vocab_size,
+                                                   "the token types (type_vocab_size)"),
+                                    "--token-type-ids");
+  Feeds feeds = weight_feeds(ck);
+  if (!o.attention_mask.empty()) {
+    const NdArray m = like_tokens(load_npy(o.attention_mask, "--attention-mask"), "--attention-mask");
+    if (m.dtype != DType::boolean && m.dtype != DType::i32 && m.dtype != DType::i64)
+      throw IoError("--attention-mask: must be an integer or bool array (1 = a token, 0 = padding), not " +
+                    std::string(dtype_name(m.dtype)));
+    const std::vector<float> v = m.to_f32();
+    NdArray keep = NdArray::zeros(DType::boolean, tokens.shape);
+    auto k = keep.as<bool>();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (v[i] != 0 && v[i] != 1)
+        throw IoError("--attention-mask: entry " + std::to_string(i) + " is " +
+                      std::to_string(static_cast<long long>(v[i])) + "; only 0 and 1 are allowed");
+      k[i] = v[i] == 1;
+    }
+    for (std::int64_t b = 0; b < B; ++b)
+      if (std::none_of(k.begin() + b * L, k.begin() + (b + 1) * L, [](bool x) { return x; }))
+        throw IoError("--attention-mask: sequence " + std::to_string(b) + " has no token (every entry is 0)");
+    feeds["key_keep"] = std::move(keep);
+  }
+  feeds["tokens"] = std::move(tokens);
+  feeds["token_type_ids"] = std::move(types);
+  const Graph g = model_as(build_encoder_model(c, !o.attention_mask.empty(), pooled_file.has_value()), o.dtype, feeds);
+  const RunResult r = run_model(g, feeds, o.backend, o.stats);
+
+  const Activity writing("writing the outputs");
+  stage_npy(outputs, hidden_file, r.outputs.at("last_hidden_state"));
+  if (pooled_file) stage_npy(outputs, *pooled_file, r.outputs.at("pooler_output"));
   outputs.commit();
   say_weights(ck);
   return 0;

@@ -221,7 +221,7 @@ namespace {
 LlamaConfig llama_config(const HfConfig& c) {
   LlamaConfig cfg;
   cfg.layers = c.num_hidden_layers;
-  cfg.rms_norm_eps = c.rms_norm_eps;
+  cfg.rms_norm_eps = c.norm_eps;
   cfg.tie_word_embeddings = c.tie_word_embeddings;
   cfg.windowed = c.windowed;
   LlamaAttentionConfig& a = cfg.attention;
@@ -237,20 +237,63 @@ LlamaConfig llama_config(const HfConfig& c) {
                                       c.rope_llama3->high_freq_factor, c.rope_llama3->original_max_position_embeddings};
   return cfg;
 }
+
+HfActivation hf_activation(const std::string& name) {
+  // read_hf_config accepted only these.
+  if (name == "gelu") return HfActivation::gelu;
+  if (name == "relu") return HfActivation::relu;
+  return HfActivation::gelu_tanh;  // gelu_new, gelu_pytorch_tanh
+}
+
+Gpt2Config gpt2_config(const HfConfig& c) {
+  Gpt2Config cfg;
+  cfg.layers = c.num_hidden_layers;
+  cfg.heads = c.num_attention_heads;
+  cfg.head_dim = c.head_dim;
+  cfg.eps = c.norm_eps;
+  cfg.tie_word_embeddings = c.tie_word_embeddings;
+  cfg.activation = hf_activation(c.activation);
+  return cfg;
+}
+
+/// f(g, model) with the decoder config.json describes, its parameters declared in g.
+template <class F>
+Graph with_decoder(const HfConfig& c, F&& f) {
+  Graph g;
+  if (c.gpt2())
+    f(g, Gpt2LmHead<dyn>::make(g, gpt2_config(c)));
+  else
+    f(g, CausalLm<dyn>::make(g, llama_config(c)));
+  return g;
+}
 }  // namespace
 
 Graph build_causal_lm(const HfConfig& c) {
-  Graph g;
-  const auto model = CausalLm<dyn>::make(g, llama_config(c));
-  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
-  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
-  output(model(tokens, positions), "logits");
-  return g;
+  return with_decoder(c, [](Graph& g, const auto& model) {
+    auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+    auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+    output(model(tokens, positions), "logits");
+  });
 }
 
 Graph build_causal_lm_step(const HfConfig& c) {
+  return with_decoder(c, [](Graph& g, const auto& model) { declare_cached_step(g, model); });
+}
+
+Graph build_encoder_model(const HfConfig& c, bool padding_mask, bool pooled) {
   Graph g;
-  declare_cached_step(g, CausalLm<dyn>::make(g, llama_config(c)));
+  const BertConfig cfg{.layers = c.num_hidden_layers,
+                       .heads = c.num_attention_heads,
+                       .head_dim = c.head_dim,
+                       .eps = c.norm_eps,
+                       .activation = hf_activation(c.activation)};
+  const auto model = BertModel<dyn>::make(g, cfg, pooled);
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto types = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "token_type_ids");
+  auto hidden = padding_mask ? model(tokens, types, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "key_keep"))
+                             : model(tokens, types);
+  output(hidden, "last_hidden_state");
+  if (pooled) output(model.pooled(hidden), "pooler_output");
   return g;
 }
 

@@ -87,14 +87,21 @@ struct EncoderModel {
 /// Input src [B, L, E], masks. Output out.
 Graph build_encoder(const EncoderModel& m);
 
-/// A Hugging Face decoder (llama, qwen2, mistral) as its config.json describes it, built with
-/// qkv::nn::CausalLm. Inputs: tokens and positions [Batch, Seq] (i64), the weights by their
-/// Hugging Face names. Output: logits [Batch, Seq, Vocab].
+/// A Hugging Face decoder (llama, qwen2, mistral; gpt2) as its config.json describes it, built
+/// with qkv::nn::CausalLm (qkv::nn::Gpt2LmHead). Inputs: tokens and positions [Batch, Seq] (i64),
+/// the weights by their Hugging Face names (HfCheckpoint::names()). Output: logits [Batch, Seq, Vocab].
 Graph build_causal_lm(const HfConfig& c);
 /// The same model as one step against a KV cache (DecoderSession's graph,
 /// qkv::nn::declare_cached_step): inputs also the size past_length and cache_k.{i} / cache_v.{i}
 /// [Batch, KvHeads, Slot, HeadDim]; outputs logits and present_k.{i} / present_v.{i}, the caches
 /// after the step.
 Graph build_causal_lm_step(const HfConfig& c);
+
+/// A Hugging Face encoder (bert) as its config.json describes it, built with qkv::nn::BertModel.
+/// Inputs: tokens and token_type_ids [Batch, Seq] (i64); with padding_mask, key_keep [Batch, Key]
+/// (bool, true = a real token: transformers' attention_mask); the weights by their names
+/// (HfCheckpoint::names()). Outputs: last_hidden_state [Batch, Seq, Model] and, with pooled,
+/// pooler_output [Batch, Model].
+Graph build_encoder_model(const HfConfig& c, bool padding_mask, bool pooled);
 
 }  // namespace qkv::cli

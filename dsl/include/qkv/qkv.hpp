@@ -12,5 +12,7 @@
 #include <qkv/ir/float_dtype.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/nn/attention.hpp>
+#include <qkv/nn/bert.hpp>
+#include <qkv/nn/gpt2.hpp>
 #include <qkv/nn/llama.hpp>
 #include <qkv/nn/transformer.hpp>

@@ -32,6 +32,41 @@ QKV_AXIS(KvProj);  // the key / value projections' output, key/value heads x hea
 QKV_AXIS(Past);    // the cached positions before a step's tokens (a run-time size)
 QKV_AXIS(Slot);    // the positions a KV cache can hold (its capacity)
 
+namespace detail {
+/// The causal attention of a decoder's layer (Llama's, GPT-2's): rotated or plain queries qh
+/// [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and values vh [Batch, Key, KvHeads,
+/// HeadDim] (the cache's and the step's), bottom-right aligned (a step's queries are the last
+/// positions of the keys), a sliding window of `window` keys when it is > 0 (i − W < j ≤ i),
+/// then `masks`; the heads merged into QProj and projected by o.
+template <class Q, class K, class V, class O, class... M>
+auto grouped_causal_attention(const Q& qh, const K& kh, const V& vh, std::int64_t window, const O& o,
+                              const M&... masks) {
+  auto qp = permute<Batch, KvHeads, Group, Seq, HeadDim>(qh);
+  auto kp = permute<Batch, KvHeads, Key, HeadDim>(kh);
+  auto vp = permute<Batch, KvHeads, Key, HeadDim>(vh);
+  auto windowed = scores_fn([window](auto s) {
+    if (window <= 0) return s;
+    return decltype(s)(s.graph(), modded(s, mods::sliding_window(window - 1, 0, bottom_right)).id());
+  });
+  auto scores = apply_masks(scaled(contract<HeadDim>(qp, kp)), causal_bottom_right, windowed, masks...);
+  auto out = contract<Key>(softmax<Key>(scores), vp);
+  auto heads = merge<KvHeads, Group, Heads>(permute<Batch, Seq, KvHeads, Group, HeadDim>(out));
+  return linear(merge<Heads, HeadDim, QProj>(heads), o);
+}
+
+/// A step's keys and values [Batch, Seq, KvHeads, HeadDim] written into the caches [Batch,
+/// KvHeads, Slot, HeadDim] after their `past` filled positions (cache_append). Returns {cache_k',
+/// cache_v', keys, values}: the caches after the write, and the Key = Past + Seq rows the
+/// attention reads from them in place.
+template <class CK, class CV, class KS, class VS>
+auto append_to_cache(const CK& cache_k, const CV& cache_v, const KS& keys, const VS& values, const Size<Past>& past) {
+  auto step = [](const auto& t) { return permute<Batch, KvHeads, Seq, HeadDim>(t); };
+  auto [ck, kh] = cache_append<Slot, Seq, Key>(cache_k, step(keys), past);
+  auto [cv, vh] = cache_append<Slot, Seq, Key>(cache_v, step(values), past);
+  return std::tuple{ck, cv, kh, vh};
+}
+}  // namespace detail
+
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
 struct LlamaAttentionConfig {
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -95,30 +130,16 @@ struct LlamaAttention {
   template <class X, class P, class CK, class CV>
   auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
-    auto qh = queries(xs, positions);
-    auto step = [](const auto& t) { return permute<Batch, KvHeads, Seq, HeadDim>(t); };
-    auto [ck, kh] =
-        cache_append<Slot, Seq, Key>(cache_k, step(rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope)), past);
-    auto [cv, vh] = cache_append<Slot, Seq, Key>(cache_v, step(kv_heads_of(xs, v)), past);
-    return std::tuple{attend(qh, kh, vh), ck, cv};
+    auto [ck, cv, kh, vh] = detail::append_to_cache(
+        cache_k, cache_v, rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope), kv_heads_of(xs, v), past);
+    return std::tuple{attend(queries(xs, positions), kh, vh), ck, cv};
   }
 
   /// The attention of rotated queries qh [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and
   /// values vh [Batch, Key, KvHeads, HeadDim] (the cache's and the step's), through o_proj.
   template <class Q, class K, class V, class... M>
   auto attend(const Q& qh, const K& kh, const V& vh, const M&... masks) const {
-    auto qp = permute<Batch, KvHeads, Group, Seq, HeadDim>(qh);
-    auto kp = permute<Batch, KvHeads, Key, HeadDim>(kh);
-    auto vp = permute<Batch, KvHeads, Key, HeadDim>(vh);
-    const std::int64_t w = cfg.sliding_window.value_or(0);
-    auto window = scores_fn([w](auto s) {
-      if (w <= 0) return s;
-      return decltype(s)(s.graph(), modded(s, mods::sliding_window(w - 1, 0, bottom_right)).id());
-    });
-    auto scores = detail::apply_masks(scaled(contract<HeadDim>(qp, kp)), causal_bottom_right, window, masks...);
-    auto out = contract<Key>(softmax<Key>(scores), vp);
-    auto heads = merge<KvHeads, Group, Heads>(permute<Batch, Seq, KvHeads, Group, HeadDim>(out));
-    return linear(merge<Heads, HeadDim, QProj>(heads), o);
+    return detail::grouped_causal_attention(qh, kh, vh, cfg.sliding_window.value_or(0), o, masks...);
   }
 };
 
@@ -242,13 +263,14 @@ struct CausalLm {
 /// A layer's KV cache as the step graph takes it: [Batch, KvHeads, Slot, HeadDim].
 using KvCache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Slot<dyn>, HeadDim<dyn>>;
 
-/// Declares in g the step graph qkv::DecoderSession runs for `model` (whose parameters are in
+/// Declares in g the step graph qkv::DecoderSession runs for `model` (a CausalLm, a Gpt2LmHead:
+/// a decoder with `layers` and `cached(tokens, positions, caches, past)`; its parameters are in
 /// g): inputs `tokens` and `positions` [Batch, Seq] (i64), the size `past_length` (Past: the
 /// positions the caches hold), `cache_k.{i}` / `cache_v.{i}` (KvCache); outputs `logits` and
 /// `present_k.{i}` / `present_v.{i}`, the caches after the step (fed the caches' own buffers,
 /// the CPU backend writes only the step's rows).
-template <auto E>
-void declare_cached_step(Graph& g, const CausalLm<E>& model) {
+template <class Decoder>
+void declare_cached_step(Graph& g, const Decoder& model) {
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
   const auto past = size_input<Past>(g, "past_length");

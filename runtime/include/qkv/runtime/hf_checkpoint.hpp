@@ -2,11 +2,11 @@
 // `config.json` and `model.safetensors`, or shards `model-0000k-of-0000n.safetensors` listed by
 // `model.safetensors.index.json` ({"weight_map": {tensor name: shard file}}).
 //
-// read_hf_config reads the keys qkv needs for model_type llama, qwen2 and mistral, with the
-// defaults and rules of transformers' LlamaConfig / Qwen2Config / MistralConfig (docs/decoding.md
-// lists them). HfCheckpoint opens the shards (memory-mapped), checks every weight's presence,
-// shape and dtype against the config, and hands out f32 copies. Every failure is an IoError of
-// one line that names the folder and the key, tensor or value.
+// read_hf_config reads the keys qkv needs for model_type llama, qwen2, mistral and gpt2, with the
+// defaults and rules of transformers' LlamaConfig / Qwen2Config / MistralConfig / GPT2Config
+// (docs/decoding.md lists them). HfCheckpoint opens the shards (memory-mapped), checks every
+// weight's presence, shape and dtype against the config, and hands out f32 copies. Every failure
+// is an IoError of one line that names the folder and the key, tensor or value.
 #pragma once
 
 #include <cstdint>
@@ -23,19 +23,32 @@
 namespace qkv {
 
 struct HfConfig {
-  std::string model_type;  // llama | qwen2 | mistral
+  std::string model_type;  // llama | qwen2 | mistral | gpt2 (decoders) | bert (an encoder)
+  // GPT-2's n_embd, n_inner (4 x n_embd when null), n_layer, n_head and n_positions land in
+  // hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and
+  // max_position_embeddings (GPT2Config's attribute_map); its key/value heads are its heads.
   std::int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   std::int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   std::int64_t vocab_size = 0, max_position_embeddings = 0;
-  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  std::int64_t type_vocab_size = 0;  // bert: rows of the token-type table
+  double norm_eps = 1e-6;  // rms_norm_eps (llama, qwen2, mistral), layer_norm_epsilon (gpt2), layer_norm_eps (bert)
+  double rope_theta = 10000.0;
   struct Llama3Scaling {
     double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192.0;
   };
   std::optional<Llama3Scaling> rope_llama3;
+  /// The MLP's activation as config.json names it: silu (the Llama family), gelu_new,
+  /// gelu_pytorch_tanh, gelu or relu (gpt2's activation_function, bert's hidden_act).
+  std::string activation = "silu";
   bool tie_word_embeddings = false;
   bool qkv_bias = false, o_bias = false;       // from attention_bias (llama) or the model type (qwen2)
   std::optional<std::int64_t> sliding_window;  // W (i − W < j ≤ i) of the layers in `windowed`
   std::vector<bool> windowed;                  // per layer
+
+  /// GPT-2's architecture: learned positions, LayerNorm, Conv1D weights, fused q/k/v.
+  [[nodiscard]] bool gpt2() const { return model_type == "gpt2"; }
+  /// BERT: an encoder (`qkv run encoder-model`), not a decoder.
+  [[nodiscard]] bool bert() const { return model_type == "bert"; }
 };
 
 /// Reads and checks `dir`/config.json.
@@ -50,11 +63,16 @@ class HfCheckpoint {
  public:
   /// Opens `dir` (config.json and the safetensors file or shards) and checks every weight the
   /// config implies: present, of the right shape, F32/BF16/F16; no tensor it does not use
-  /// (rotary inv_freq buffers and a tied lm_head.weight are ignored, as transformers does).
+  /// (rotary inv_freq buffers, GPT-2's attn.bias / attn.masked_bias buffers and a tied
+  /// lm_head.weight are ignored, as transformers does). GPT-2's weights may carry the
+  /// `transformer.` prefix (save_pretrained's) or not (the Hub's gpt2 files); BERT's the `bert.`
+  /// prefix of BertFor* checkpoints, whose task heads (`cls.*`) are ignored, and the legacy
+  /// LayerNorm names gamma/beta. BERT's pooler is optional (has_pooler()).
   static HfCheckpoint open(const std::filesystem::path& dir);
 
   [[nodiscard]] const HfConfig& config() const { return config_; }
-  /// The names of the weights the model reads, in order.
+  /// The names of the weights the model reads, in order, as the model's graph names them
+  /// (GPT-2's without a `transformer.` prefix).
   [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
   /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes).
   [[nodiscard]] NdArray load(const std::string& name) const;
@@ -63,6 +81,8 @@ class HfCheckpoint {
   [[nodiscard]] const std::vector<std::filesystem::path>& files() const { return paths_; }
   /// Whether the folder also has model.safetensors.index.json, which model.safetensors overrode.
   [[nodiscard]] bool ignored_index() const { return ignored_index_; }
+  /// bert: whether the checkpoint has the pooler (pooler.dense.*); BertForMaskedLM's has none.
+  [[nodiscard]] bool has_pooler() const { return has_pooler_; }
   /// Bytes of all weights once converted to f32.
   [[nodiscard]] std::uint64_t f32_bytes() const;
 
@@ -72,7 +92,10 @@ class HfCheckpoint {
   std::vector<SafetensorsFile> files_;
   std::vector<std::filesystem::path> paths_;
   bool ignored_index_ = false;
-  std::map<std::string, std::size_t> where_;  // weight name -> file
+  std::map<std::string, std::size_t> where_;   // weight name as stored -> file
+  std::map<std::string, std::string> stored_;  // the graph's weight name -> as stored
+  bool has_pooler_ = false;
+  [[nodiscard]] const std::string& stored(const std::string& name) const;
   std::vector<std::string> names_;
 };
 
