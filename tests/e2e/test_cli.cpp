@@ -17,8 +17,9 @@ using namespace qkv::test;
 
 TEST_F(Cli, RunMhaMatchesEveryPyTorchFixtureOnBothBackends) {
   for (const std::string backend : {"cpu", "reference"}) {
-    for (const char* name : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d",
-                             "cross_kdim_vdim", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
+    for (const char* name :
+         {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d", "cross_kdim_vdim",
+          "cross_bias_kv_zero_attn", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows"}) {
       const auto c = config(name);
       const Result r = run("run mha " + mha_flags(c, name) + " --out " + tmp("o.npy") + " --weights-out " +
                            tmp("w.npy") + " --per-head-weights --backend " + backend);

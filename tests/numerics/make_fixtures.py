@@ -559,6 +559,13 @@ CASES = [
         "PyTorch pads it with a False (visible) column for the zero key.",
         110, E=32, H=4, B=2, L=5, S=5, add_zero_attn=True, kpm_lengths=[5, 3]),
     lambda: mha_case(
+        "cross_bias_kv_zero_attn",
+        "Cross-attention E=32, 4 heads, batch 2, L=3, S=6, kdim=20, vdim=12 (separate projection "
+        "weights) with add_bias_kv=True and add_zero_attn=True (two keys/values appended after the "
+        "projections, S' = S+2), key_padding_mask lengths 6 and 4 given at [B, S].",
+        112, E=32, H=4, B=2, L=3, S=6, kdim=20, vdim=12, self_attention=False, add_bias_kv=True,
+        add_zero_attn=True, kpm_lengths=[6, 4]),
+    lambda: mha_case(
         "fully_masked_rows",
         "Self-attention E=32, 4 heads, batch 2, L=S=4, bool attn_mask [L, S] where query row 1 "
         "sees no key. Expected values follow qkv's pinned semantics (a row with no visible key has "

@@ -88,8 +88,8 @@ TEST(FixtureSet, HasEveryKind) {
   // The fixtures the generator makes; a missing one would silently shrink the suite above.
   const auto names = test::fixture_names();
   for (const char* want : {"seed_tutorial", "e512_h8", "causal", "key_padding", "float_mask", "mask_3d",
-                           "cross_kdim_vdim", "no_bias", "add_bias_kv", "add_zero_attn", "fully_masked_rows",
-                           "encoder_relu_post", "encoder_gelu_pre", "encoder_relu_post_padding"})
+                           "cross_kdim_vdim", "cross_bias_kv_zero_attn", "no_bias", "add_bias_kv", "add_zero_attn",
+                           "fully_masked_rows", "encoder_relu_post", "encoder_gelu_pre", "encoder_relu_post_padding"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   // The tutorials' experiment: hand-written attention copied into nn.MultiheadAttention agrees.
   std::cout << "  hand-written vs nn.MultiheadAttention (PyTorch): max diff "

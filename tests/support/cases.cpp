@@ -118,6 +118,14 @@ const std::map<std::string, Builder>& builders() {
          auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
          mark(CrossAttention<32, 4, 20, 12>::make(g)(query<32>(g), key, value, keep));
        }},
+      {"cross_bias_kv_zero_attn",
+       [](Graph& g, const nlohmann::json&, Feeds&) {
+         auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<20>>>(g, "key");
+         auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<12>>>(g, "value");
+         auto keep = input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep");
+         constexpr MhaOptions both{.add_bias_kv = true, .add_zero_attn = true};
+         mark(CrossAttention<32, 4, 20, 12, both>::make(g)(query<32>(g), key, value, keep));
+       }},
       {"no_bias", [](Graph& g, const nlohmann::json&,
                      Feeds&) { mark(MultiHeadAttention<32, 4>::make(g, "", /*bias=*/false)(query<32>(g))); }},
       {"add_bias_kv",

@@ -348,8 +348,6 @@ int run_mha(const RunMha& o) {
   const std::int64_t B = dim(q, 0), L = dim(q, 1), S = dim(k, 1);
   const std::int64_t extra = (cfg.add_bias_kv ? 1 : 0) + (o.add_zero_attn ? 1 : 0);
 
-  if (cfg.separate_qkv && extra > 0)
-    throw std::runtime_error("add_bias_kv/--add-zero-attn with kdim/vdim != embed_dim is not supported yet");
   MhaModel m;
   m.heads = o.heads;
   m.cross = cross;

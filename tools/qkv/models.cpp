@@ -102,8 +102,13 @@ Graph mha_graph(const MhaModel& m) {
   if (m.separate_qkv) {
     auto key = input<Tensor<f32, Batch<dyn>, Mem<dyn>, Hidden<dyn>>>(g, "key");
     auto value = input<Tensor<f32, Batch<dyn>, Mem<dyn>, ValueDim<dyn>>>(g, "value");
-    auto block = CrossAttention<dyn, dyn, dyn, dyn>::make(g, "", m.bias, m.heads);
-    with_masks(g, m.masks, [&](auto... masks) { return mark(block(x, key, value, mods, masks...)); });
+    auto block = CrossAttention<dyn, dyn, dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
+    with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) {
+      if constexpr (Opt.extra_keys() == 0)
+        return mark(block(x, key, value, mods, masks...));
+      else
+        return mark(block(x, key, value, masks...));
+    });
   } else {
     auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
     if (m.cross) {

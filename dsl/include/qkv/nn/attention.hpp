@@ -10,6 +10,7 @@
 
 #include <array>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <qkv/nn/axes.hpp>
@@ -215,6 +216,34 @@ consteval bool values_arg() {
 }
 template <class T>
 inline constexpr bool is_values_arg = values_arg<T>();
+
+/// add_bias_kv: the learned row `row` ([Key = 1, Model]) appended to projected keys or values
+/// [Batch, Key, Model] (before the heads are split, as PyTorch appends them).
+template <MhaOptions Opt, auto E, class P>
+auto with_bias_row(Graph& g, const P& projected, int row) {
+  if constexpr (Opt.add_bias_kv)
+    return append<Key>(projected, Tensor<f32, Key<1>, Model<E>>(g, row));
+  else
+    return projected;
+}
+/// add_zero_attn: a zero key / value appended after the heads are split.
+template <MhaOptions Opt, class P>
+auto with_zero_key(const P& heads) {
+  if constexpr (Opt.add_zero_attn)
+    return pad<Key, 1>(heads, 0.0);
+  else
+    return heads;
+}
+/// add_bias_kv's two rows, `<prefix>bias_k` and `<prefix>bias_v` (PyTorch stores them [1, 1, E];
+/// the importer passes them as [1, E]), or {-1, -1}.
+template <MhaOptions Opt, auto E>
+std::pair<int, int> bias_kv_params(Graph& g, const std::string& prefix) {
+  if constexpr (Opt.add_bias_kv)
+    return {param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_k").id(),
+            param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_v").id()};
+  else
+    return {-1, -1};
+}
 template <class... M>
 inline constexpr bool starts_with_values = false;
 template <class V, class... M>
@@ -250,10 +279,7 @@ struct MultiHeadAttention {
                          detail::slice_linear<Model<E>, Model<E>>(in_proj, 2),
                          linear_params<Model<E>, Model<E>>(g, prefix + "out_proj", bias)};
     m.heads = num_heads;
-    if constexpr (Opt.add_bias_kv) {
-      m.bias_k = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_k").id();
-      m.bias_v = param<Tensor<f32, Key<1>, Model<E>>>(g, prefix + "bias_v").id();
-    }
+    std::tie(m.bias_k, m.bias_v) = detail::bias_kv_params<Opt, E>(g, prefix);
     return m;
   }
 
@@ -302,26 +328,13 @@ struct MultiHeadAttention {
   }
 
  private:
-  template <class P>
-  auto with_bias_row(const P& projected, int row) const {
-    if constexpr (Opt.add_bias_kv)
-      return append<Key>(projected, Tensor<f32, Key<1>, Model<E>>(*o.graph, row));
-    else
-      return projected;
-  }
-  template <class P>
-  static auto with_zero_key(const P& heads) {
-    if constexpr (Opt.add_zero_attn)
-      return pad<Key, 1>(heads, 0.0);
-    else
-      return heads;
-  }
-
   template <class X, class KV, class VV, class... M>
   auto attend(const X& x, const KV& key_src, const VV& value_src, const M&... masks) const {
+    Graph& g = *o.graph;
     auto qh = split_heads(linear(x, q));
-    auto kh = with_zero_key(split_heads_kv(with_bias_row(linear(key_src, k), bias_k)));
-    auto vh = with_zero_key(split_heads_kv(with_bias_row(linear(value_src, v), bias_v)));
+    auto kh = detail::with_zero_key<Opt>(split_heads_kv(detail::with_bias_row<Opt, E>(g, linear(key_src, k), bias_k)));
+    auto vh =
+        detail::with_zero_key<Opt>(split_heads_kv(detail::with_bias_row<Opt, E>(g, linear(value_src, v), bias_v)));
     auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge_heads(out), o), weights};
   }
@@ -330,7 +343,9 @@ struct MultiHeadAttention {
 /// Cross-attention with separate projections and kdim/vdim != E (PyTorch's q_proj_weight,
 /// k_proj_weight, v_proj_weight): keys come from [Batch, Mem, Hidden<KDim>], values from
 /// [Batch, Mem, ValueDim<VDim>]. Sizes may be `dyn` (then make() takes the head count).
-template <auto E, auto H, auto KDim, auto VDim>
+/// Opt: add_bias_kv / add_zero_attn, as for MultiHeadAttention (the rows are E wide: PyTorch
+/// appends them after the projections).
+template <auto E, auto H, auto KDim, auto VDim, MhaOptions Opt = MhaOptions{}>
 struct CrossAttention {
   static constexpr auto D = extent_div<E, H>();
   Linear<Model<E>, Model<E>> q;
@@ -338,6 +353,7 @@ struct CrossAttention {
   Linear<ValueDim<VDim>, Model<E>> v;
   Linear<Model<E>, Model<E>> o;
   std::int64_t heads = 0;
+  int bias_k = -1, bias_v = -1;
 
   static CrossAttention make(Graph& g, const std::string& prefix = "", bool bias = true, std::int64_t num_heads = 0) {
     if constexpr (is_dyn<H>) {
@@ -359,16 +375,22 @@ struct CrossAttention {
       c.k.bias = detail::slice_rows(g, fused, 1, {Axis{"out", ir_extent<Model<E>>()}});
       c.v.bias = detail::slice_rows(g, fused, 2, {Axis{"out", ir_extent<Model<E>>()}});
     }
+    std::tie(c.bias_k, c.bias_v) = detail::bias_kv_params<Opt, E>(g, prefix);
     return c;
   }
 
   /// x [Batch, Seq, Model<E>], key [Batch, Mem, Hidden<KDim>], value [Batch, Mem, ValueDim<VDim>].
   template <class X, class K, class V, class... M>
   auto operator()(const X& x, const K& key, const V& value, const M&... masks) const {
+    Graph& g = *o.graph;
+    auto heads_of = [&](const auto& projected, int row) {
+      return detail::with_zero_key<Opt>(permute<Batch, Heads, Key, HeadDim>(
+          split_model(detail::with_bias_row<Opt, E>(g, rename<Mem, Key>(projected), row))));
+    };
     auto qh = permute<Batch, Heads, Seq, HeadDim>(split_model(linear(x, q)));
-    auto kh = permute<Batch, Heads, Key, HeadDim>(split_model(rename<Mem, Key>(linear(key, k))));
-    auto vh = permute<Batch, Heads, Key, HeadDim>(split_model(rename<Mem, Key>(linear(value, v))));
-    auto [out, weights] = attention(qh, kh, vh, masks...);
+    auto kh = heads_of(linear(key, k), bias_k);
+    auto vh = heads_of(linear(value, v), bias_v);
+    auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(out)), o), weights};
   }
 

@@ -29,7 +29,7 @@ QKV_AXIS(TokenType);  // rows of the token-type (segment) table
 /// The whole model's numbers (config.json's).
 struct BertConfig {
   std::int64_t layers = 0, heads = 0, head_dim = 0;
-  double eps = 1e-12;                              // layer_norm_eps
+  double eps = 1e-12;                            // layer_norm_eps
   HfActivation activation = HfActivation::gelu;  // hidden_act: gelu (erf), gelu_new, relu
 };
 
@@ -45,7 +45,8 @@ struct BertLayer {
   HfActivation activation = HfActivation::gelu;
 
   static BertLayer make(Graph& g, const std::string& prefix, const BertConfig& cfg) {
-    if (cfg.heads <= 0 || cfg.head_dim <= 0) throw std::invalid_argument("BertLayer: heads and head_dim must be positive");
+    if (cfg.heads <= 0 || cfg.head_dim <= 0)
+      throw std::invalid_argument("BertLayer: heads and head_dim must be positive");
     const std::string a = prefix + "attention.";
     return {linear_params<Model<E>, QProj<dyn>>(g, a + "self.query"),
             linear_params<Model<E>, QProj<dyn>>(g, a + "self.key"),
@@ -112,8 +113,9 @@ struct BertModel {
   template <class T, class Ty, class... M>
   State operator()(const T& ids, const Ty& types, const M&... masks) const {
     auto positions = embedding(position_embeddings, arange<Seq>(ids));
-    State x = State(layer_norm(
-        add(add(embedding(word_embeddings, ids), embedding(token_type_embeddings, types)), positions), embeddings_norm));
+    State x =
+        State(layer_norm(add(add(embedding(word_embeddings, ids), embedding(token_type_embeddings, types)), positions),
+                         embeddings_norm));
     for (const auto& layer : layers) x = State(layer(x, masks...));
     return x;
   }

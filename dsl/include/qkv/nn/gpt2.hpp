@@ -39,9 +39,12 @@ enum class HfActivation {
 template <class X>
 X activated(const X& x, HfActivation act) {
   switch (act) {
-    case HfActivation::gelu_tanh: return X(gelu_tanh(x));
-    case HfActivation::gelu: return X(gelu(x));
-    case HfActivation::relu: return X(relu(x));
+    case HfActivation::gelu_tanh:
+      return X(gelu_tanh(x));
+    case HfActivation::gelu:
+      return X(gelu(x));
+    case HfActivation::relu:
+      return X(relu(x));
   }
   throw std::invalid_argument("activated: unknown activation");
 }
@@ -117,8 +120,9 @@ struct Gpt2Block {
   Gpt2Mlp<E> mlp;
 
   static Gpt2Block make(Graph& g, const std::string& prefix, const Gpt2Config& cfg) {
-    return {layer_norm_params<Model<E>>(g, prefix + "ln_1", cfg.eps), layer_norm_params<Model<E>>(g, prefix + "ln_2", cfg.eps),
-            Gpt2Attention<E>::make(g, prefix + "attn.", cfg), Gpt2Mlp<E>::make(g, prefix + "mlp.", cfg.activation)};
+    return {layer_norm_params<Model<E>>(g, prefix + "ln_1", cfg.eps),
+            layer_norm_params<Model<E>>(g, prefix + "ln_2", cfg.eps), Gpt2Attention<E>::make(g, prefix + "attn.", cfg),
+            Gpt2Mlp<E>::make(g, prefix + "mlp.", cfg.activation)};
   }
 
   /// x [Batch, Seq, Model] -> [Batch, Seq, Model].
@@ -153,8 +157,11 @@ struct Gpt2LmHead {
   Linear<Model<E>, Vocab<dyn>> lm_head;
 
   static Gpt2LmHead make(Graph& g, const Gpt2Config& cfg) {
-    Gpt2LmHead m{embedding_params<Vocab<dyn>, Model<E>>(g, "wte"), embedding_params<Position<dyn>, Model<E>>(g, "wpe"),
-                 {}, {}, {}};
+    Gpt2LmHead m{embedding_params<Vocab<dyn>, Model<E>>(g, "wte"),
+                 embedding_params<Position<dyn>, Model<E>>(g, "wpe"),
+                 {},
+                 {},
+                 {}};
     for (std::int64_t i = 0; i < cfg.layers; ++i)
       m.layers.push_back(Gpt2Block<E>::make(g, "h." + std::to_string(i) + ".", cfg));
     m.ln_f = layer_norm_params<Model<E>>(g, "ln_f", cfg.eps);
