@@ -124,10 +124,20 @@ Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& 
                  "nn.TransformerEncoderLayer(bias=...) makes every bias or none");
   Feeds f = import_mha(sd, c.self_attn, p + "self_attn.");
   const std::int64_t E = c.self_attn.embed_dim, F = c.dim_feedforward;
+  // bias=False (PyTorch 2.1 on): no Linear, attention or LayerNorm bias at all — the same function
+  // as zero biases, which the graph is fed.
+  const bool bias = sd.contains(p + "linear1.bias");
+  auto bias_of = [&](const std::string& name, std::int64_t n, const std::string& what) {
+    return bias ? take(sd, name, {n}, what) : NdArray::zeros(DType::f32, {n});
+  };
+  if (!bias) {
+    f[p + "self_attn.in_proj_bias"] = NdArray::zeros(DType::f32, {3 * E});
+    f[p + "self_attn.out_proj.bias"] = NdArray::zeros(DType::f32, {E});
+  }
   f[p + "linear1.weight"] = take(sd, p + "linear1.weight", {F, E}, "[dim_feedforward, d_model]");
-  f[p + "linear1.bias"] = take(sd, p + "linear1.bias", {F}, "[dim_feedforward]");
+  f[p + "linear1.bias"] = bias_of(p + "linear1.bias", F, "[dim_feedforward]");
   f[p + "linear2.weight"] = take(sd, p + "linear2.weight", {E, F}, "[d_model, dim_feedforward]");
-  f[p + "linear2.bias"] = take(sd, p + "linear2.bias", {E}, "[d_model]");
+  f[p + "linear2.bias"] = bias_of(p + "linear2.bias", E, "[d_model]");
   for (const char* norm : {"norm1", "norm2"}) f.merge(import_layer_norm(sd, p + norm, E));
   return f;
 }
@@ -135,7 +145,9 @@ Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& 
 Feeds import_layer_norm(const SafetensorsFile& sd, const std::string& name, std::int64_t dim) {
   Feeds f;
   f[name + ".weight"] = take(sd, name + ".weight", {dim}, "layer norm gain [d_model]");
-  f[name + ".bias"] = take(sd, name + ".bias", {dim}, "layer norm shift [d_model]");
+  // LayerNorm(bias=False) (PyTorch 2.1 on) has a gain only: a zero shift.
+  f[name + ".bias"] = sd.contains(name + ".bias") ? take(sd, name + ".bias", {dim}, "layer norm shift [d_model]")
+                                                  : NdArray::zeros(DType::f32, {dim});
   return f;
 }
 

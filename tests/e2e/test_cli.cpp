@@ -115,6 +115,129 @@ TEST_F(Cli, RunEncoderStackFindsItsLayers) {
   EXPECT_LE(error(tmp("o.npy"), fixture("encoder_relu_post", "expected_out_f64.npy")), 2e-5);
 }
 
+/// Entry b of the leading axis of a (a batch element), without that axis.
+NdArray batch_element(const NdArray& a, std::int64_t b) {
+  NdArray e = a;
+  e.shape.erase(e.shape.begin());
+  const std::size_t n = e.bytes.size() / static_cast<std::size_t>(a.shape[0]);
+  e.bytes.assign(a.bytes.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(b)),
+                 a.bytes.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(b + 1)));
+  return e;
+}
+
+TEST_F(Cli, UnbatchedInputsGiveUnbatchedOutputsAsInPyTorch) {
+  // PyTorch's unbatched call ([L, E] query, [S] key padding mask) is its batched call on a batch
+  // of one: each batch element of a fixture, run alone, gives that element of the expected output.
+  struct Run {
+    std::string name, command;
+    std::vector<std::pair<std::string, std::string>> inputs;  // file -> flag
+  };
+  const std::vector<Run> runs = {
+      {"key_padding", "run mha --heads 4", {{"query", "--query"}, {"key_padding_mask", "--key-padding-mask"}}},
+      {"cross_kdim_vdim",
+       "run mha --heads 4",
+       {{"query", "--query"}, {"key", "--key"}, {"value", "--value"}, {"key_padding_mask", "--key-padding-mask"}}},
+      {"encoder_relu_post_padding",
+       "run encoder-layer --heads 4",
+       {{"src", "--src"}, {"src_key_padding_mask", "--src-key-padding-mask"}}}};
+  for (const auto& [name, command, inputs] : runs) {
+    const NdArray expected = read_npy(fixture(name, "expected_out_f64.npy"));
+    for (std::int64_t b = 0; b < expected.shape[0]; ++b) {
+      std::string flags = command + " --weights " + fixture(name, "weights.safetensors") + " -o " + tmp("o.npy");
+      for (const auto& [file, flag] : inputs) {
+        write_npy(tmp(file + ".npy"), batch_element(read_npy(fixture(name, file + ".npy")), b));
+        flags += " " + flag + " " + tmp(file + ".npy");
+      }
+      const Result r = run(flags);
+      ASSERT_EQ(r.code, 0) << name << " element " << b << ": " << r.err;
+      write_npy(tmp("e.npy"), batch_element(expected, b));
+      EXPECT_LE(error(tmp("o.npy"), tmp("e.npy")), 2e-5) << name << " element " << b;
+    }
+  }
+  // The masks keep their unbatched shapes too.
+  write_npy(tmp("kpm.npy"), read_npy(fixture("key_padding", "key_padding_mask.npy")));
+  const Result r = run("run mha --heads 4 --weights " + fixture("key_padding", "weights.safetensors") + " --query " +
+                       tmp("query.npy") + " --key-padding-mask " + tmp("kpm.npy") + " -o " + tmp("o.npy"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--key-padding-mask: shape (3, 6) must be [S] for an unbatched query"));
+}
+
+TEST_F(Cli, RunEncoderLayerWithoutBiasesIsPyTorchsBiasFalse) {
+  // TransformerEncoderLayer(bias=False) (PyTorch 2.1 on) stores no bias at all — no Linear, no
+  // attention and no LayerNorm bias: the function of zero biases.
+  const auto sd = SafetensorsFile::open(fixture("encoder_relu_post", "weights.safetensors"));
+  std::map<std::string, NdArray> none, zero;
+  for (const auto& k : sd.names()) {
+    NdArray w = sd.load(k);
+    if (k.ends_with("bias")) {
+      zero[k] = NdArray::zeros(DType::f32, w.shape);
+    } else {
+      none[k] = w;
+      zero[k] = w;
+    }
+  }
+  write_safetensors(tmp("none.safetensors"), none);
+  write_safetensors(tmp("zero.safetensors"), zero);
+  const std::string base = "run encoder-layer --heads 4 --src " + fixture("encoder_relu_post", "src.npy");
+  ASSERT_EQ(run(base + " --weights " + tmp("none.safetensors") + " -o " + tmp("none.npy")).code, 0);
+  ASSERT_EQ(run(base + " --weights " + tmp("zero.safetensors") + " -o " + tmp("zero.npy")).code, 0);
+  EXPECT_EQ(read_npy(tmp("none.npy")), read_npy(tmp("zero.npy")));
+  // The biases matter (so the comparison above could fail), and one missing of six is refused.
+  EXPECT_GT(error(tmp("none.npy"), fixture("encoder_relu_post", "expected_out_f64.npy")), 1e-3);
+  std::map<std::string, NdArray> partial = none;
+  partial["linear1.bias"] = sd.load("linear1.bias");
+  write_safetensors(tmp("partial.safetensors"), partial);
+  const Result r = run(base + " --weights " + tmp("partial.safetensors") + " -o " + tmp("p.npy"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("makes every bias or none"));
+}
+
+TEST_F(Cli, RunMhaTakesStaticKeysAndValuesAsPyTorchDoes) {
+  // static_k / static_v are keys / values already projected, [B*H, S, head_dim]: the key_padding
+  // fixture's own projections (made here from its weights) give its expected output.
+  const std::string name = "key_padding";
+  const auto sd = SafetensorsFile::open(fixture(name, "weights.safetensors"));
+  const NdArray query = read_npy(fixture(name, "query.npy"));
+  const std::int64_t B = query.shape[0], S = query.shape[1], E = query.shape[2], H = 4, D = E / H;
+  const auto w = sd.load("in_proj_weight").to_f32(), bias = sd.load("in_proj_bias").to_f32(), x = query.to_f32();
+  auto heads = [&](std::int64_t part) {  // 1: keys, 2: values
+    std::vector<float> out(static_cast<std::size_t>(B * H * S * D));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t j = 0; j < E; ++j) {
+          double acc = bias[static_cast<std::size_t>(part * E + j)];
+          for (std::int64_t i = 0; i < E; ++i)
+            acc += static_cast<double>(w[static_cast<std::size_t>((part * E + j) * E + i)]) *
+                   x[static_cast<std::size_t>((b * S + s) * E + i)];
+          out[static_cast<std::size_t>(((b * H + j / D) * S + s) * D + j % D)] = static_cast<float>(acc);
+        }
+    return NdArray::from_f32(out, {B * H, S, D});
+  };
+  write_npy(tmp("k.npy"), heads(1));
+  write_npy(tmp("v.npy"), heads(2));
+  const std::string base = "run mha " + mha_flags(config(name), name) + " -o " + tmp("o.npy");
+  for (const std::string& given : {" --static-k " + tmp("k.npy") + " --static-v " + tmp("v.npy"),
+                                   " --static-k " + tmp("k.npy"), " --static-v " + tmp("v.npy")}) {
+    const Result r = run(base + given);
+    ASSERT_EQ(r.code, 0) << given << ": " << r.err;
+    EXPECT_LE(error(tmp("o.npy"), fixture(name, "expected_out_f64.npy")), 2e-5) << given;
+  }
+  // Zero values: every output row is out_proj.bias (the values are really the static ones).
+  write_npy(tmp("v0.npy"), NdArray::zeros(DType::f32, {B * H, S, D}));
+  ASSERT_EQ(run(base + " --static-v " + tmp("v0.npy")).code, 0);
+  const auto out = read_npy(tmp("o.npy")).to_f32(), ob = sd.load("out_proj.bias").to_f32();
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ob[i % ob.size()], 1e-6) << i;
+  // Shapes and the refused combination.
+  write_npy(tmp("bad.npy"), NdArray::zeros(DType::f32, {B, S, D}));
+  Result r = run(base + " --static-k " + tmp("bad.npy"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--static-k: shape (3, 6, 8) must be [batch*heads, S, head_dim] = [12, S, 8]"));
+  r = run("run mha " + mha_flags(config("add_bias_kv"), "add_bias_kv") + " -o " + tmp("o.npy") + " --static-k " +
+          tmp("k.npy"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("PyTorch refuses them together"));
+}
+
 TEST_F(Cli, RunSdpaWithBottomRightCausalAndDropoutIsDeterministic) {
   // q: 2 queries, k/v: 4 keys; bottom-right causal lets query i see keys 0..i+2.
   write_npy(tmp("q.npy"), NdArray::from_f32({0.1f, 0.2f, 0.3f, 0.4f}, {1, 1, 2, 2}));

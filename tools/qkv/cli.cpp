@@ -179,6 +179,11 @@ struct RunMhaFlags {
     cmd->add_option("--attn-mask", o.attn_mask, "bool [L, S] or [B*H, L, S] (true = not allowed), or float (added)");
     causal.add(cmd);
     cmd->add_flag("--add-zero-attn", o.add_zero_attn, "PyTorch's add_zero_attn=True");
+    cmd->add_option("--static-k", o.static_k,
+                    "[B*H, S, head_dim]: keys already projected (PyTorch's static_k; the key projection is skipped)");
+    cmd->add_option(
+        "--static-v", o.static_v,
+        "[B*H, S, head_dim]: values already projected (PyTorch's static_v; the value projection is skipped)");
     cmd->add_flag("--need-weights", o.need_weights, "Write attention weights (averaged over heads)");
     cmd->add_flag("--per-head-weights", o.per_head_weights, "Write weights per head [B, H, L, S]");
     cmd->add_option("--out,-o", o.out, "Output [B, L, E] .npy")->required();

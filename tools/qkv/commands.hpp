@@ -40,6 +40,7 @@ struct ModFlags {
 
 struct RunMha {
   std::string weights, query, key, value, key_padding_mask, attn_mask, out, weights_out;
+  std::string static_k, static_v;  // PyTorch's static_k / static_v: [B*H, S, head_dim]
   std::int64_t heads = 0;
   std::optional<std::string> causal;
   ModFlags mods;

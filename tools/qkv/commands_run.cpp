@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/tuning.hpp>
@@ -298,6 +299,17 @@ void expect_rank(const NdArray& a, std::size_t rank, const std::string& flag, co
   if (a.dtype == DType::boolean) throw IoError(flag + ": must be a float array, got bool");
 }
 
+/// PyTorch's unbatched form: `a` as a batch of one (a leading axis of 1 added).
+NdArray as_batch_of_one(NdArray a) {
+  a.shape.insert(a.shape.begin(), 1);
+  return a;
+}
+/// The batch of one of an unbatched call dropped again from an output.
+NdArray unbatched(NdArray a) {
+  a.shape.erase(a.shape.begin());
+  return a;
+}
+
 void expect_width(const NdArray& a, std::int64_t want, const std::string& flag, const std::string& what) {
   if (a.shape.back() != want)
     throw IoError(flag + ": the last axis is " + std::to_string(a.shape.back()) + " but " + what + " is " +
@@ -330,13 +342,22 @@ int run_mha(const RunMha& o) {
   check_no_unexpected_keys(sd, feeds, "nn.MultiheadAttention");
 
   NdArray q = load_npy(o.query, "--query");
-  expect_rank(q, 3, "--query", "[batch, L, embed_dim]");
+  // nn.MultiheadAttention's unbatched call: query [L, E], key [S, kdim], value [S, vdim],
+  // key_padding_mask [S]; the outputs without the batch axis.
+  const bool batched = q.shape.size() != 2;
+  const std::string b = batched ? "batch, " : "";
+  expect_rank(q, batched ? 3 : 2, "--query", "[" + b + "L, embed_dim]");
   expect_width(q, cfg.embed_dim, "--query", "embed_dim");
   const bool cross = !o.key.empty() || !o.value.empty() || cfg.separate_qkv;
   NdArray k = o.key.empty() ? q : load_npy(o.key, "--key");
   NdArray v = o.value.empty() ? k : load_npy(o.value, "--value");
-  expect_rank(k, 3, "--key", "[batch, S, kdim]");
-  expect_rank(v, 3, "--value", "[batch, S, vdim]");
+  expect_rank(k, batched ? 3 : 2, "--key", "[" + b + "S, kdim] (as the query)");
+  expect_rank(v, batched ? 3 : 2, "--value", "[" + b + "S, vdim] (as the query)");
+  if (!batched) {
+    q = as_batch_of_one(std::move(q));
+    k = as_batch_of_one(std::move(k));
+    v = as_batch_of_one(std::move(v));
+  }
   expect_width(k, cfg.kdim, "--key", "kdim");
   expect_width(v, cfg.vdim, "--value", "vdim");
   if (dim(k, 0) != dim(q, 0) || dim(v, 0) != dim(q, 0))
@@ -345,8 +366,36 @@ int run_mha(const RunMha& o) {
   if (dim(k, 1) != dim(v, 1))
     throw IoError("--key has S = " + std::to_string(dim(k, 1)) + " positions but --value has " +
                   std::to_string(dim(v, 1)) + "; keys and values come from one sequence");
-  const std::int64_t B = dim(q, 0), L = dim(q, 1), S = dim(k, 1);
+  const std::int64_t B = dim(q, 0), L = dim(q, 1);
+  std::int64_t S = dim(k, 1);
   const std::int64_t extra = (cfg.add_bias_kv ? 1 : 0) + (o.add_zero_attn ? 1 : 0);
+  // static_k / static_v: [B*H, S, head_dim] (unbatched: [H, S, head_dim]), fed as [B, H, S, head_dim].
+  std::optional<NdArray> static_k, static_v;
+  if (!o.static_k.empty() || !o.static_v.empty()) {
+    if (cfg.add_bias_kv)
+      throw UsageError(
+          "--static-k/--static-v with add_bias_kv: PyTorch refuses them together (bias_k and bias_v are "
+          "appended to projected keys and values)");
+    if (cfg.separate_qkv)
+      throw UsageError("--static-k/--static-v: supported with a fused in_proj_weight (kdim == vdim == embed_dim) only");
+    const std::int64_t H = o.heads, D = cfg.embed_dim / o.heads;
+    auto load_static = [&](const std::string& path, const std::string& flag) {
+      NdArray a = load_npy(path, flag);
+      if (a.shape.size() != 3 || a.shape[0] != B * H || a.shape[2] != D)
+        throw IoError(flag + ": shape " + shape_str(a) + " must be [batch*heads, S, head_dim] = [" +
+                      std::to_string(B * H) + ", S, " + std::to_string(D) + "]");
+      a.shape = {B, H, a.shape[1], D};
+      return a;
+    };
+    if (!o.static_k.empty()) static_k = load_static(o.static_k, "--static-k");
+    if (!o.static_v.empty()) static_v = load_static(o.static_v, "--static-v");
+    // The keys' length is the static tensors' (the sources' where they are projected here).
+    const std::int64_t sk = static_k ? static_k->shape[2] : S, sv = static_v ? static_v->shape[2] : S;
+    if (sk != sv)
+      throw IoError("the keys have S = " + std::to_string(sk) + " positions but the values " + std::to_string(sv) +
+                    " (--static-k/--static-v and the sources they replace must agree)");
+    S = sk;
+  }
 
   MhaModel m;
   m.heads = o.heads;
@@ -356,6 +405,8 @@ int run_mha(const RunMha& o) {
   m.add_bias_kv = cfg.add_bias_kv;
   m.add_zero_attn = o.add_zero_attn;
   m.weights = want_weights;
+  m.static_k = static_k.has_value();
+  m.static_v = static_v.has_value();
   m.masks.causal = parse_causal(o.causal, L, S);
   if (m.masks.causal != Causal::none && extra > 0)
     throw UsageError(
@@ -368,8 +419,12 @@ int run_mha(const RunMha& o) {
         "(the appended keys have no position); pass an --attn-mask instead");
   if (!o.alibi_slopes.empty()) m.mods.alibi_rank = load_alibi_slopes(o.alibi_slopes, feeds, B, o.heads);
   MaskBuilder masks{B, o.heads, L, S};
-  if (!o.key_padding_mask.empty())
-    masks.key_padding(load_npy(o.key_padding_mask, "--key-padding-mask"), "--key-padding-mask");
+  if (!o.key_padding_mask.empty()) {
+    NdArray kpm = load_npy(o.key_padding_mask, "--key-padding-mask");
+    if (!batched && kpm.shape.size() != 1)
+      throw IoError("--key-padding-mask: shape " + shape_str(kpm) + " must be [S] for an unbatched query");
+    masks.key_padding(batched ? std::move(kpm) : as_batch_of_one(std::move(kpm)), "--key-padding-mask");
+  }
   if (!o.attn_mask.empty()) {
     NdArray am = load_npy(o.attn_mask, "--attn-mask");
     // nn.MultiheadAttention takes exactly these two forms (no broadcasting from fewer axes).
@@ -385,18 +440,19 @@ int run_mha(const RunMha& o) {
   m.masks = masks.finish(feeds);
   m.masks.causal = causal;
   feeds["query"] = std::move(q);
-  if (cross) {
-    feeds["key"] = std::move(k);
-    feeds["value"] = std::move(v);
-  }
+  if (cross && !static_k) feeds["key"] = std::move(k);
+  if (cross && !static_v) feeds["value"] = std::move(v);
+  if (static_k) feeds["static_k"] = std::move(*static_k);
+  if (static_v) feeds["static_v"] = std::move(*static_v);
   const Graph g = model_as(build_mha(m), o.dtype, feeds);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
-  stage_npy(outputs, out_file, r.outputs.at("out"));
+  const auto drop_batch = [&](NdArray a) { return batched ? a : unbatched(std::move(a)); };
+  stage_npy(outputs, out_file, drop_batch(r.outputs.at("out")));
   if (want_weights) {
     const NdArray& w = r.outputs.at("weights");
-    stage_npy(outputs, weights_file, o.per_head_weights ? w : mean_over_axis(w, 1).converted(w.dtype));
+    stage_npy(outputs, weights_file, drop_batch(o.per_head_weights ? w : mean_over_axis(w, 1).converted(w.dtype)));
   }
   outputs.commit();
   return 0;
@@ -544,12 +600,19 @@ int run_encoder(const RunEncoder& o) {
     check_no_unexpected_keys(sd, feeds, "nn.TransformerEncoderLayer");
   }
   NdArray src = load_npy(o.src, "--src");
-  expect_rank(src, 3, "--src", "[batch, L, d_model]");
+  // PyTorch's unbatched call: src [L, d_model], src_key_padding_mask [L]; the output [L, d_model].
+  const bool batched = src.shape.size() != 2;
+  expect_rank(src, batched ? 3 : 2, "--src", batched ? "[batch, L, d_model]" : "[L, d_model]");
   expect_width(src, E, "--src", "d_model");
+  if (!batched) src = as_batch_of_one(std::move(src));
   const std::int64_t B = dim(src, 0), L = dim(src, 1);
   MaskBuilder masks{B, o.heads, L, L};
-  if (!o.src_key_padding_mask.empty())
-    masks.key_padding(load_npy(o.src_key_padding_mask, "--src-key-padding-mask"), "--src-key-padding-mask");
+  if (!o.src_key_padding_mask.empty()) {
+    NdArray kpm = load_npy(o.src_key_padding_mask, "--src-key-padding-mask");
+    if (!batched && kpm.shape.size() != 1)
+      throw IoError("--src-key-padding-mask: shape " + shape_str(kpm) + " must be [L] for an unbatched --src");
+    masks.key_padding(batched ? std::move(kpm) : as_batch_of_one(std::move(kpm)), "--src-key-padding-mask");
+  }
   if (!o.src_mask.empty()) {
     NdArray sm = load_npy(o.src_mask, "--src-mask");
     if (sm.shape != std::vector<std::int64_t>{L, L})
@@ -563,7 +626,7 @@ int run_encoder(const RunEncoder& o) {
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
-  stage_npy(outputs, out_file, r.outputs.at("out"));
+  stage_npy(outputs, out_file, batched ? r.outputs.at("out") : unbatched(r.outputs.at("out")));
   outputs.commit();
   return 0;
 }

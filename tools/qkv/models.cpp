@@ -109,6 +109,29 @@ Graph mha_graph(const MhaModel& m) {
       else
         return mark(block(x, key, value, masks...));
     });
+  } else if (m.static_k || m.static_v) {
+    // Keys and values given as heads, or projected here from their source (the query's, or
+    // key / value's); add_bias_kv was refused with them.
+    if constexpr (!Opt.add_bias_kv) {
+      auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
+      using Heads4 = Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>;
+      using Source = Tensor<f32, Batch<dyn>, Key<dyn>, Model<dyn>>;
+      auto source = [&](const char* name) {
+        return m.cross ? Source(rename<Mem, Key>(input<Tensor<f32, Batch<dyn>, Mem<dyn>, Model<dyn>>>(g, name)))
+                       : Source(rename<Seq, Key>(x));
+      };
+      auto heads = [&](bool given, const char* name, const char* src, const auto& w) {
+        return given ? input<Heads4>(g, name) : Heads4(block.split_heads_kv(linear(source(src), w)));
+      };
+      auto kh = heads(m.static_k, "static_k", "key", block.k);
+      auto vh = heads(m.static_v, "static_v", "value", block.v);
+      with_masks<Opt.extra_keys() == 0>(g, m.masks, [&](auto... masks) {
+        if constexpr (Opt.extra_keys() == 0)
+          return mark(block.cross(x, projected(kh), projected(vh), mods, masks...));
+        else
+          return mark(block.cross(x, projected(kh), projected(vh), masks...));
+      });
+    }
   } else {
     auto block = MultiHeadAttention<dyn, dyn, Opt>::make(g, "", m.bias, m.heads);
     if (m.cross) {

@@ -50,12 +50,14 @@ struct MhaModel {
   bool bias = true;
   bool add_bias_kv = false;
   bool add_zero_attn = false;
-  bool weights = true;  // also output the attention weights (costs a second pass over the keys)
+  bool weights = true;                      // also output the attention weights (costs a second pass over the keys)
+  bool static_k = false, static_v = false;  // PyTorch's static_k / static_v: inputs [B, H, S, head_dim]
   Masks masks;
   Mods mods;  // no documents; none with add_bias_kv / add_zero_attn (the appended keys have no position)
 };
-/// Inputs: query [B, L, E], key/value [B, S, kdim/vdim] (cross), masks; params as PyTorch
-/// names them. Outputs: out [B, L, E], weights [B, H, L, S'].
+/// Inputs: query [B, L, E], key/value [B, S, kdim/vdim] (cross), static_k / static_v [B, H, S,
+/// head_dim] (fused weights only), masks; params as PyTorch names them. Outputs: out [B, L, E],
+/// weights [B, H, L, S'].
 Graph build_mha(const MhaModel& m);
 
 struct SdpaModel {

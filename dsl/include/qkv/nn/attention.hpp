@@ -178,6 +178,20 @@ struct HeadsAsModules {
   }
 };
 
+/// Keys or values already projected and split into heads, [Batch, Heads, Key, HeadDim]: PyTorch's
+/// static_k / static_v ([B·H, S, head_dim], the same memory seen as [B, H, S, head_dim]). Given to
+/// MultiHeadAttention::cross or CrossAttention in place of a key or value source, they skip that
+/// projection (add_zero_attn still appends its zero row; add_bias_kv is refused, as PyTorch
+/// refuses it).
+template <class T>
+struct Projected {
+  T heads;
+};
+template <TensorType T>
+Projected<T> projected(const T& heads) {
+  return {heads};
+}
+
 /// PyTorch's add_bias_kv (a learned key and value appended to every sequence) and
 /// add_zero_attn (a zero key and value appended after the heads are split).
 struct MhaOptions {
@@ -208,8 +222,15 @@ auto extend_over_extra_keys(const M& m) {
 /// values carry features (`Model`); masks and biases are over the scores' axes, which never
 /// include `Model`.
 template <class T>
+inline constexpr bool is_projected = false;
+template <class T>
+inline constexpr bool is_projected<Projected<T>> = true;
+
+template <class T>
 consteval bool values_arg() {
-  if constexpr (TensorType<T> && !is_keep_mask<T>)
+  if constexpr (is_projected<T>)
+    return true;
+  else if constexpr (TensorType<T> && !is_keep_mask<T>)
     return has_family<typename T::axis_list, Model>;
   else
     return false;
@@ -234,6 +255,22 @@ auto with_zero_key(const P& heads) {
   else
     return heads;
 }
+/// The key (or value) heads [Batch, Heads, Key, HeadDim] of one source: `project` maps a source
+/// [Batch, Key, features] to its projected [Batch, Key, Model] and `split` that to the heads, with
+/// add_bias_kv's row `row` and add_zero_attn's zero row as Opt says; a Projected source is used
+/// as it is (but for the zero row).
+template <MhaOptions Opt, auto E, class S, class P, class Split>
+auto kv_heads(Graph& g, const S& source, P&& project, Split&& split, int row) {
+  if constexpr (is_projected<S>) {
+    static_assert(!Opt.add_bias_kv,
+                  "static_k / static_v with add_bias_kv: PyTorch refuses the pair (bias_k is "
+                  "appended to projected keys only)");
+    return with_zero_key<Opt>(expect_axes<"static_k/static_v", Batch, Heads, Key, HeadDim>(source.heads));
+  } else {
+    return with_zero_key<Opt>(split(with_bias_row<Opt, E>(g, project(source), row)));
+  }
+}
+
 /// add_bias_kv's two rows, `<prefix>bias_k` and `<prefix>bias_v` (PyTorch stores them [1, 1, E];
 /// the importer passes them as [1, E]), or {-1, -1}.
 template <MhaOptions Opt, auto E>
@@ -316,15 +353,20 @@ struct MultiHeadAttention {
     return attend(xs, ms, ms, masks...);
   }
 
-  /// PyTorch's general call: keys and values from two tensors [Batch, Mem, Model] of one length.
-  /// (The third argument is the values when it has a `Model` axis; masks never do.)
+  /// PyTorch's general call: keys and values from two tensors [Batch, Mem, Model] of one length,
+  /// either of them possibly projected(heads) (static_k / static_v). (The third argument is the
+  /// values when it has a `Model` axis or is projected; masks are neither.)
   template <class X, class Km, class Vm, class... M>
     requires(detail::is_values_arg<Vm>)
   auto cross(const X& x, const Km& key, const Vm& value, const M&... masks) const {
     auto xs = expect_axes<"cross_attention", Batch, Seq, Model>(x);
-    auto ks = rename<Mem, Key>(expect_axes<"cross_attention key", Batch, Mem, Model>(key));
-    auto vs = rename<Mem, Key>(expect_axes<"cross_attention value", Batch, Mem, Model>(value));
-    return attend(xs, ks, vs, masks...);
+    auto source = [](const auto& t) {
+      if constexpr (detail::is_projected<std::remove_cvref_t<decltype(t)>>)
+        return t;
+      else
+        return rename<Mem, Key>(expect_axes<"cross_attention key/value", Batch, Mem, Model>(t));
+    };
+    return attend(xs, source(key), source(value), masks...);
   }
 
  private:
@@ -332,9 +374,9 @@ struct MultiHeadAttention {
   auto attend(const X& x, const KV& key_src, const VV& value_src, const M&... masks) const {
     Graph& g = *o.graph;
     auto qh = split_heads(linear(x, q));
-    auto kh = detail::with_zero_key<Opt>(split_heads_kv(detail::with_bias_row<Opt, E>(g, linear(key_src, k), bias_k)));
-    auto vh =
-        detail::with_zero_key<Opt>(split_heads_kv(detail::with_bias_row<Opt, E>(g, linear(value_src, v), bias_v)));
+    auto split = [&](const auto& t) { return split_heads_kv(t); };
+    auto kh = detail::kv_heads<Opt, E>(g, key_src, [&](const auto& t) { return linear(t, k); }, split, bias_k);
+    auto vh = detail::kv_heads<Opt, E>(g, value_src, [&](const auto& t) { return linear(t, v); }, split, bias_v);
     auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge_heads(out), o), weights};
   }
@@ -379,17 +421,17 @@ struct CrossAttention {
     return c;
   }
 
-  /// x [Batch, Seq, Model<E>], key [Batch, Mem, Hidden<KDim>], value [Batch, Mem, ValueDim<VDim>].
+  /// x [Batch, Seq, Model<E>], key [Batch, Mem, Hidden<KDim>], value [Batch, Mem, ValueDim<VDim>]
+  /// (either may be projected(heads): PyTorch's static_k / static_v).
   template <class X, class K, class V, class... M>
   auto operator()(const X& x, const K& key, const V& value, const M&... masks) const {
     Graph& g = *o.graph;
-    auto heads_of = [&](const auto& projected, int row) {
-      return detail::with_zero_key<Opt>(permute<Batch, Heads, Key, HeadDim>(
-          split_model(detail::with_bias_row<Opt, E>(g, rename<Mem, Key>(projected), row))));
-    };
+    auto split = [&](const auto& t) { return permute<Batch, Heads, Key, HeadDim>(split_model(t)); };
     auto qh = permute<Batch, Heads, Seq, HeadDim>(split_model(linear(x, q)));
-    auto kh = heads_of(linear(key, k), bias_k);
-    auto vh = heads_of(linear(value, v), bias_v);
+    auto kh =
+        detail::kv_heads<Opt, E>(g, key, [&](const auto& t) { return rename<Mem, Key>(linear(t, k)); }, split, bias_k);
+    auto vh = detail::kv_heads<Opt, E>(
+        g, value, [&](const auto& t) { return rename<Mem, Key>(linear(t, v)); }, split, bias_v);
     auto [out, weights] = attention(qh, kh, vh, detail::extend_over_extra_keys<Opt.extra_keys()>(masks)...);
     return std::pair{linear(merge<Heads, HeadDim, Model>(permute<Batch, Seq, Heads, HeadDim>(out)), o), weights};
   }

@@ -51,13 +51,13 @@ struct EncoderLayerConfig {
 };
 
 /// nn.TransformerEncoderLayer under `prefix` (e.g. "layers.0."): self_attn.*, linear1.*,
-/// linear2.*, norm1.*, norm2.*.
+/// linear2.*, norm1.*, norm2.*. Every bias, or none (bias=False: they are fed as zeros).
 EncoderLayerConfig infer_encoder_layer_config(const SafetensorsFile& sd, std::int64_t num_heads,
                                               const std::string& prefix = "");
 Feeds import_encoder_layer(const SafetensorsFile& sd, const EncoderLayerConfig& cfg, const std::string& prefix = "");
 
 /// nn.LayerNorm `name` (e.g. "norm" for nn.TransformerEncoder's final norm): name.weight and
-/// name.bias, both [dim].
+/// name.bias, both [dim] (no bias: LayerNorm(bias=False), a zero shift).
 Feeds import_layer_norm(const SafetensorsFile& sd, const std::string& name, std::int64_t dim);
 
 /// nn.TransformerEncoder: how many layers the state dict holds under layers.N. — the indices
