@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <qkv/codegen/aot.hpp>
+#include <qkv/codegen/aot_main.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
@@ -539,6 +540,45 @@ TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
   ASSERT_EQ(files.size(), 2u);
   EXPECT_EQ(read(dir / "libk.so").substr(1, 3), "ELF");
   EXPECT_FALSE(std::filesystem::exists(dir / "libk.so.o.tmp"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Aot, AGeneratorMainWritesTheLibraryAndHeaderItsCommandLineAsks) {
+  auto build = [] {
+    Graph g;
+    auto x = input<Tensor<f32, Seq<dyn>, Model<4>>>(g, "x");
+    output(relu(x), "y");
+    return g;
+  };
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_aot_main_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string obj = (dir / "m.o").string(), header = (dir / "include" / "m.h").string();
+  std::filesystem::create_directories(dir / "include");
+  auto main_with = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "gen");
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    return codegen::aot_main(static_cast<int>(argv.size()), argv.data(), build);
+  };
+  EXPECT_EQ(main_with({"-o", obj, "--header", header, "--function", "m", "--cpu", "x86-64-v2", "--sizes", "Seq=3"}), 0);
+  EXPECT_TRUE(std::filesystem::exists(obj));
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.h"));  // moved to --header, its first line naming it
+  std::ifstream in(header);
+  std::stringstream h;
+  h << in.rdbuf();
+  EXPECT_EQ(h.str().rfind("/* m.h: generated", 0), 0u);
+  EXPECT_THAT(h.str(), HasSubstr("int m(const float* x, float* y);"));
+  EXPECT_EQ(main_with({"-o", (dir / "d.o").string(), "--function", "d", "--dynamic", "Seq"}), 0);
+  std::ifstream din(dir / "d.h");
+  std::stringstream dh;
+  dh << din.rdbuf();
+  EXPECT_THAT(dh.str(), HasSubstr("int d(int64_t Seq, const float* x, float* y);"));
+  // Usage errors exit 2; a graph that cannot be compiled as asked (Seq neither sized nor dynamic) 1.
+  EXPECT_EQ(main_with({"--function", "m"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m", "--sizes", "Seq"}), 2);
+  EXPECT_EQ(main_with({"-o", (dir / "m.a").string(), "--function", "m"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m", "--bogus", "1"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m"}), 1);
   std::filesystem::remove_all(dir);
 }
 
