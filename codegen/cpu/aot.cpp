@@ -118,8 +118,8 @@ Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& option
       throw ShapeError("aot: `" + s + "` is not bound; give its size (or make it --dynamic)");
   c.signature = cpu::module_signature(c.lowered, options, c.plan);
   for (const auto& n : c.lowered.nodes()) c.signature.checks_ids = c.signature.checks_ids || n.op == Op::embedding;
-  // Integer tensors (token ids, positions, argmax) are passed as floats holding the integers
-  // (lowering/storage.hpp; exact below 2^24), as the header says.
+  // Integer inputs (token ids, positions) are int32_t / int64_t arrays, read as such; an integer
+  // output (argmax) is written as floats holding the integers (exact below 2^24), as the header says.
   auto check_dtype = [&](const std::string& name, const Node& n) {
     if (n.dtype == DType::f64)
       invalid("`" + name + "` is " + std::string(dtype_name(n.dtype)) +
@@ -187,10 +187,22 @@ std::string upper(const std::string& s) {
 }
 
 /// The C type of an array argument stored as `t`: uint8_t for bool, uint16_t for the bits of f16
-/// and bf16, float for everything else (integers as floats, lowering/storage.hpp).
+/// and bf16, int32_t / int64_t for integer inputs, float for everything else.
 std::string c_pointer_type(DType t) {
-  if (t == DType::boolean) return "uint8_t* ";
-  if (t == DType::f16 || t == DType::bf16) return "uint16_t* ";
+  switch (t) {
+    case DType::boolean:
+      return "uint8_t* ";
+    case DType::f16:
+    case DType::bf16:
+      return "uint16_t* ";
+    case DType::i32:
+      return "int32_t* ";
+    case DType::i64:
+      return "int64_t* ";
+    case DType::f32:
+    case DType::f64:
+      return "float* ";
+  }
   return "float* ";
 }
 
@@ -241,9 +253,7 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
     axes += "]";
     h << " *   " << a.c_name << (a.c_name != a.name ? " (" + a.name + ")" : "") << ": "
       << (a.output ? "output " : "input ") << dtype_name(a.dtype) << " " << axes
-      << (a.dtype == DType::i32 || a.dtype == DType::i64
-              ? " (" + std::string(dtype_name(a.dtype)) + " values as floats, exact below 2^24)"
-              : "")
+      << (a.integer_values ? " (integer values as floats, exact below 2^24)" : "")
       << (a.dtype == DType::bf16  ? " (bfloat16 bits: the top half of the f32)"
           : a.dtype == DType::f16 ? " (IEEE 754 binary16 bits)"
                                   : "")

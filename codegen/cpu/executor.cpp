@@ -76,15 +76,17 @@ RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const D
   std::vector<void*> args;
   std::vector<NdArray> converted;  // feeds stored otherwise than the backend stores them
   converted.reserve(sig.args.size());
-  for (const auto& n : g.nodes()) {
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    const Node& n = g.node(id);
     if (!is_array_leaf(n)) continue;
     const NdArray& a = feeds.find(n.name)->second;  // bind_extents checked it exists
     const NdArray* use = &a;
-    if (a.dtype != storage_dtype(n.dtype)) {
-      if (storage_dtype(n.dtype) == DType::boolean)
+    const DType stored = cpu_storage_dtype(g, id);
+    if (a.dtype != stored) {
+      if (stored == DType::boolean)
         throw std::invalid_argument("execute: `" + n.name + "` must be a bool tensor, not " +
                                     std::string(dtype_name(a.dtype)));
-      use = &converted.emplace_back(a.converted(storage_dtype(n.dtype)));
+      use = &converted.emplace_back(a.converted(stored));  // integer inputs as integers
     }
     args.push_back(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(use->bytes.data())));
   }

@@ -22,4 +22,5 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/compiled_graph.cpp
   ${CMAKE_CURRENT_LIST_DIR}/executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/aot.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/aot_main.cpp
 )

@@ -167,7 +167,11 @@ llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain) {
 }
 
 llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType t) {
-  return t == DType::f16 || t == DType::bf16 ? half_to_f32(b, v, t == DType::bf16) : v;
+  if (t == DType::f16 || t == DType::bf16) return half_to_f32(b, v, t == DType::bf16);
+  // An integer read as the integer it is (the CPU's integer inputs); a byte (bool) stays one.
+  if (llvm::Type* e = v->getType()->getScalarType(); is_integer(t) && e->isIntegerTy() && e->getIntegerBitWidth() >= 32)
+    return b.CreateSIToFP(v, like(v, b.getFloatTy()));
+  return v;
 }
 
 llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t) {

@@ -81,7 +81,8 @@ llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain);
 llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
 
 /// The same by dtype: an element loaded from a buffer of dtype `t` as the kernels compute with it
-/// (f16 / bf16 bits widened to f32; f32, bool bytes and the rest as loaded), and an f32 result as
+/// (f16 / bf16 bits widened to f32; i32 / i64 integers converted to f32; f32, bool bytes and the
+/// rest as loaded), and an f32 result as
 /// a buffer of dtype `t` stores it (rounded to f16 / bf16 bits; otherwise as it is).
 llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType t);
 llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t);

@@ -44,7 +44,10 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::unary;
     case Op::add: {
       const auto &x = g.node(n.inputs[0]).axes, &y = g.node(n.inputs[1]).axes;
-      return x == y ? KernelKind::add_same : KernelKind::broadcast_binary;  // names and extents
+      // names and extents; integers never (the row-wise kernels take floats; an integer input is
+      // read as integers, storage.hpp)
+      const bool floats = !is_integer(g.node(n.inputs[0]).dtype) && !is_integer(g.node(n.inputs[1]).dtype);
+      return x == y && floats ? KernelKind::add_same : KernelKind::broadcast_binary;
     }
     case Op::mul:
     case Op::bias:

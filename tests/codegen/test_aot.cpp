@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <qkv/codegen/aot.hpp>
+#include <qkv/codegen/aot_main.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
@@ -28,6 +29,7 @@ namespace qkv::nn {
 namespace {
 
 QKV_AXIS(Feat);
+QKV_AXIS(Rows);
 
 /// Runs the AOT-compiled function on `feeds` and returns its outputs by name.
 std::map<std::string, std::vector<float>> run_aot(const Graph& g, const Feeds& feeds) {
@@ -36,6 +38,8 @@ std::map<std::string, std::vector<float>> run_aot(const Graph& g, const Feeds& f
   const auto& sig = model->signature();
   std::vector<std::vector<float>> f32(sig.args.size());
   std::vector<std::vector<std::uint8_t>> bytes(sig.args.size());
+  std::vector<std::vector<std::int64_t>> i64(sig.args.size());
+  std::vector<std::vector<std::int32_t>> i32(sig.args.size());
   std::vector<void*> args;
   for (std::size_t k = 0; k < sig.args.size(); ++k) {
     const auto& a = sig.args[k];
@@ -54,6 +58,12 @@ std::map<std::string, std::vector<float>> run_aot(const Graph& g, const Feeds& f
     if (a.dtype == DType::boolean) {
       for (float v : in.to_f32()) bytes[k].push_back(v != 0.0f ? 1 : 0);
       args.push_back(bytes[k].data());
+    } else if (a.dtype == DType::i64) {  // token ids as the integers they are
+      for (float v : in.to_f32()) i64[k].push_back(static_cast<std::int64_t>(v));
+      args.push_back(i64[k].data());
+    } else if (a.dtype == DType::i32) {
+      for (float v : in.to_f32()) i32[k].push_back(static_cast<std::int32_t>(v));
+      args.push_back(i32[k].data());
     } else {
       f32[k] = in.to_f32();
       args.push_back(f32[k].data());
@@ -140,11 +150,66 @@ TEST(Aot, AnEmbeddingIdOutsideTheTableReturnsThree) {
   auto ids = input<Tensor<i32, Seq<dyn>>>(g, "tokens");
   output(embedding(table, ids), "out");
   auto model = codegen::AotModel::compile(g, {{"Vocab", 10}, {"Seq", 3}});
-  std::vector<float> t(80, 1.0f), id{1.0f, -1.0f, 2.0f}, out(24);
+  std::vector<float> t(80, 1.0f), out(24);
+  std::vector<std::int32_t> id{1, -1, 2};
   std::vector<void*> args{t.data(), id.data(), out.data()};
   EXPECT_EQ(model->run(args.data()), 3);
-  id[1] = 9.0f;
+  id[1] = 10;
+  EXPECT_EQ(model->run(args.data()), 3);
+  id[1] = 9;
   EXPECT_EQ(model->run(args.data()), 0);
+}
+
+// Token ids and positions are int64_t / int32_t arrays in the C signature and read as integers:
+// an id of 2^24 + 1 (no float holds it) picks its own row.
+TEST(Aot, IntegerInputsAreIntegersInTheSignatureAndInTheCode) {
+  Graph g;
+  auto table = embedding_params<Vocab<dyn>, Model<4>>(g, "embed");
+  auto ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "ids");
+  auto pos = input<Tensor<i32, Seq<dyn>>>(g, "pos");
+  auto x = embedding(table, ids);                                       // [Batch, Seq, Model]
+  output(x + embedding(table, broadcast_like(pos, ids)) * 0.5, "out");  // positions copied over Batch
+  output(rename<Seq, Rows>(ids), "ids_back");                           // an integer output
+  const Bindings sizes{{"Vocab", (1 << 24) + 2}, {"Batch", 2}, {"Seq", 3}};
+  codegen::AotOptions opt;
+  opt.function = "lm";
+  opt.cpu = "x86-64-v2";
+  const std::string h = codegen::aot_header(g, sizes, opt);
+  EXPECT_THAT(h,
+              HasSubstr("int lm(\n    const float* embed_weight,\n    const int64_t* ids,\n    const int32_t* pos,\n"));
+  EXPECT_THAT(
+      h, HasSubstr("int lm_run(void* handle, const int64_t* ids, const int32_t* pos, float* out, float* ids_back);"));
+  EXPECT_THAT(h, HasSubstr("ids: input i64 [Batch=2, Seq=3]\n"));
+  EXPECT_THAT(h, HasSubstr("ids_back: output f32 [Batch=2, Rows=3] (integer values as floats"));
+
+  // The interpreter on a small table; the compiled function on the same ids.
+  const Bindings small{{"Vocab", 7}, {"Batch", 2}, {"Seq", 3}};
+  Feeds feeds = random_feeds(g, small, /*seed=*/5);
+  NdArray id = NdArray::zeros(DType::i64, {2, 3});
+  NdArray p = NdArray::zeros(DType::i32, {3});
+  for (std::int64_t k = 0; k < 6; ++k) id.as<std::int64_t>()[static_cast<std::size_t>(k)] = (k * 3 + 1) % 7;
+  for (std::int32_t k = 0; k < 3; ++k) p.as<std::int32_t>()[static_cast<std::size_t>(k)] = 6 - k;
+  feeds["ids"] = id;
+  feeds["pos"] = p;
+  expect_aot_agrees(g, feeds, 1e-6);
+  EXPECT_THAT(codegen::cpu::run(g, feeds).outputs.at("out").to_f32(),  // the executor, integer feeds
+              ::testing::Pointwise(::testing::FloatNear(1e-6f), interpret(g, feeds).outputs.at("out").to_f32()));
+
+  // Row 2^24 + 1 of a table whose rows hold their own index: a float id would read row 2^24.
+  Graph one;
+  auto wide = embedding_params<Vocab<dyn>, Model<1>>(one, "embed");
+  output(embedding(wide, input<Tensor<i64, Seq<dyn>>>(one, "ids")), "out");
+  auto model = codegen::AotModel::compile(one, {{"Vocab", (1 << 24) + 2}, {"Seq", 2}});
+  std::vector<float> t((1 << 24) + 2);
+  for (std::size_t r = 0; r < t.size(); ++r) t[r] = static_cast<float>(r % 1000);
+  std::vector<std::int64_t> big{(1 << 24) + 1, 3};
+  std::vector<float> got(2);
+  std::vector<void*> args{t.data(), big.data(), got.data()};
+  ASSERT_EQ(model->run(args.data()), 0);
+  EXPECT_EQ(got[0], static_cast<float>(((1 << 24) + 1) % 1000));
+  EXPECT_EQ(got[1], 3.0f);
+  big[0] = (1 << 24) + 2;  // one past the table
+  EXPECT_EQ(model->run(args.data()), 3);
 }
 
 TEST(Aot, EncoderLayerThenCrossAttention) {
@@ -475,6 +540,45 @@ TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
   ASSERT_EQ(files.size(), 2u);
   EXPECT_EQ(read(dir / "libk.so").substr(1, 3), "ELF");
   EXPECT_FALSE(std::filesystem::exists(dir / "libk.so.o.tmp"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Aot, AGeneratorMainWritesTheLibraryAndHeaderItsCommandLineAsks) {
+  auto build = [] {
+    Graph g;
+    auto x = input<Tensor<f32, Seq<dyn>, Model<4>>>(g, "x");
+    output(relu(x), "y");
+    return g;
+  };
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_aot_main_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string obj = (dir / "m.o").string(), header = (dir / "include" / "m.h").string();
+  std::filesystem::create_directories(dir / "include");
+  auto main_with = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "gen");
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    return codegen::aot_main(static_cast<int>(argv.size()), argv.data(), build);
+  };
+  EXPECT_EQ(main_with({"-o", obj, "--header", header, "--function", "m", "--cpu", "x86-64-v2", "--sizes", "Seq=3"}), 0);
+  EXPECT_TRUE(std::filesystem::exists(obj));
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.h"));  // moved to --header, its first line naming it
+  std::ifstream in(header);
+  std::stringstream h;
+  h << in.rdbuf();
+  EXPECT_EQ(h.str().rfind("/* m.h: generated", 0), 0u);
+  EXPECT_THAT(h.str(), HasSubstr("int m(const float* x, float* y);"));
+  EXPECT_EQ(main_with({"-o", (dir / "d.o").string(), "--function", "d", "--dynamic", "Seq"}), 0);
+  std::ifstream din(dir / "d.h");
+  std::stringstream dh;
+  dh << din.rdbuf();
+  EXPECT_THAT(dh.str(), HasSubstr("int d(int64_t Seq, const float* x, float* y);"));
+  // Usage errors exit 2; a graph that cannot be compiled as asked (Seq neither sized nor dynamic) 1.
+  EXPECT_EQ(main_with({"--function", "m"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m", "--sizes", "Seq"}), 2);
+  EXPECT_EQ(main_with({"-o", (dir / "m.a").string(), "--function", "m"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m", "--bogus", "1"}), 2);
+  EXPECT_EQ(main_with({"-o", obj, "--function", "m"}), 1);
   std::filesystem::remove_all(dir);
 }
 

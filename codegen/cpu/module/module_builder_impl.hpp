@@ -102,10 +102,32 @@ class ModuleBuilder {
     return out;
   }
   // --- helpers --------------------------------------------------------------------------------
-  /// The element type of n's buffer: i8 for bool, i16 for the bits of f16 / bf16, else float.
-  llvm::Type* elem(const Node& n) {
-    const DType s = storage_dtype(n.dtype);
-    return s == DType::boolean ? i8_ : (s == DType::f16 || s == DType::bf16) ? b_.getInt16Ty() : f32_;
+  /// The element type of node id's buffer (cpu_storage_dtype): i8 for bool, i16 for the bits of
+  /// f16 / bf16, i32 / i64 for an integer input (integer_array), else float.
+  llvm::Type* elem(int id) {
+    switch (cpu_storage_dtype(g_, id)) {
+      case DType::boolean:
+        return i8_;
+      case DType::f16:
+      case DType::bf16:
+        return b_.getInt16Ty();
+      case DType::i32:
+        return i32_;
+      case DType::i64:
+        return i64_;
+      case DType::f32:
+      case DType::f64:
+        return f32_;
+    }
+    return f32_;
+  }
+  /// Element `from_offset` of node `from` stored as element `to_offset` of node `to`: moved as it
+  /// is when both are stored alike, else through f32 (an integer input copied into a value).
+  void copy_element(int from, const I& from_offset, int to, const I& to_offset) {
+    if (cpu_storage_dtype(g_, from) == cpu_storage_dtype(g_, to))
+      store(load(elem(from), buf(from), from_offset), buf(to), to_offset);
+    else
+      put(value(from, from_offset), to, to_offset);
   }
   llvm::Value* buf(int id) const { return buf_[static_cast<std::size_t>(id)]; }
 
@@ -125,8 +147,7 @@ class ModuleBuilder {
   /// element, rounded (ir::to_storage): the kernels that compute in f32 read and write every float
   /// dtype through these two.
   llvm::Value* value(int x, const I& offset) {
-    const Node& n = g_.node(x);
-    return ir::from_storage(b_, load(elem(n), buf(x), offset), n.dtype);
+    return ir::from_storage(b_, load(elem(x), buf(x), offset), g_.node(x).dtype);
   }
   void put(llvm::Value* f, int y, const I& offset) { store(ir::to_storage(b_, f, g_.node(y).dtype), buf(y), offset); }
 
@@ -211,8 +232,7 @@ class ModuleBuilder {
     for (const auto& st : in_strides) strides.push_back(st);
     nest(s, strides, Dims(strides.size(), c64(0)), [&](const Dims& idx, const Dims& off) {
       Values in;
-      for (std::size_t k = 0; k < inputs.size(); ++k)
-        in.push_back(load(elem(g_.node(inputs[k])), buf(inputs[k]), off[k + 1]));
+      for (std::size_t k = 0; k < inputs.size(); ++k) in.push_back(load(elem(inputs[k]), buf(inputs[k]), off[k + 1]));
       store(f(idx, in), buf(id), off[0]);
     });
   }
@@ -444,7 +464,10 @@ class ModuleBuilder {
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) emit_node(id);
     std::size_t out = leaf;
     for (const auto& o : g_.outputs()) {
-      if (plan_.output_arg[static_cast<std::size_t>(o.node)] != static_cast<int>(out)) {
+      if (integer_array(g_, o.node)) {  // an integer input as an output: its values, as f32
+        llvm::Value* to = arg(out);
+        loop(c64(0), numel(shape(o.node)), [&](I k) { store(value(o.node, k), to, k); }, "out");
+      } else if (plan_.output_arg[static_cast<std::size_t>(o.node)] != static_cast<int>(out)) {
         const Node& n = g_.node(o.node);
         const I bytes = numel(shape(o.node)) * static_cast<std::int64_t>(storage_bytes(n.dtype));
         b_.CreateMemCpy(arg(out), llvm::MaybeAlign(1), buf(o.node), llvm::MaybeAlign(1), bytes.v());
@@ -594,9 +617,16 @@ class ModuleBuilder {
         if (plan_.kv_alias.count(id)) return;  // read in place by the attention (a KV cache's prefix)
         if (n.op == Op::slice) return emit_slice(id);
         if (n.op == Op::concat) return emit_concat(id);
-        map(id, {n.inputs[0]}, {strides_by_name(n.axes, g_.node(n.inputs[0]).axes, shape(n.inputs[0]))},
-            [](const Dims&, const Values& in) { return in[0]; });
-        return;
+        {
+          // Moved as stored; an integer input (int32_t / int64_t) becomes a value through f32.
+          const std::vector<Dims> from{strides_by_name(n.axes, g_.node(n.inputs[0]).axes, shape(n.inputs[0]))};
+          auto same = [](const Dims&, const Values& in) { return in[0]; };
+          if (cpu_storage_dtype(g_, n.inputs[0]) == cpu_storage_dtype(g_, id))
+            map(id, {n.inputs[0]}, from, same);
+          else
+            map_values(id, {n.inputs[0]}, from, same);
+          return;
+        }
       case KernelKind::fill: {
         const bool boolean = storage_dtype(n.dtype) == DType::boolean;
         llvm::Value* c = boolean ? static_cast<llvm::Value*>(b_.getInt8(n.scalar != 0.0 ? 1 : 0))

@@ -135,7 +135,7 @@ void ModuleBuilder::emit_slice(int id) {
   const Dims s = shape(id);
   const I start = n.dim ? dim(*n.dim) : s[p] * n.offset;
   nest(s, {strides_of(s), in_strides}, {c64(0), start * in_strides[p]},
-       [&](const Dims&, const Dims& off) { store(load(elem(n), buf(n.inputs[0]), off[1]), buf(id), off[0]); });
+       [&](const Dims&, const Dims& off) { copy_element(n.inputs[0], off[1], id, off[0]); });
 }
 
 void ModuleBuilder::emit_concat(int id) {
@@ -146,7 +146,7 @@ void ModuleBuilder::emit_concat(int id) {
   for (int part : n.inputs) {
     const Dims s = shape(part);
     nest(s, {out_strides, strides_of(s)}, {at * out_strides[p], c64(0)},
-         [&](const Dims&, const Dims& off) { store(load(elem(n), buf(part), off[1]), buf(id), off[0]); });
+         [&](const Dims&, const Dims& off) { copy_element(part, off[1], id, off[0]); });
     at = at + s[p];
   }
 }
@@ -159,12 +159,16 @@ void ModuleBuilder::emit_update_slice(int id) {
   const std::size_t p = axis_pos(g_.node(x).axes, n.attr_axes[0]);
   const Dims out_strides = strides_of(shape(id));
   branch(ir::Bool(b_, b_.CreateICmpNE(buf(id), buf(x))), [&] {
+    if (integer_array(g_, x)) {
+      loop(c64(0), numel(shape(id)), [&](I k) { copy_element(x, k, id, k); }, "copy");
+      return;
+    }
     const I bytes = numel(shape(id)) * static_cast<std::int64_t>(storage_bytes(n.dtype));
     b_.CreateMemCpy(buf(id), llvm::MaybeAlign(1), buf(x), llvm::MaybeAlign(1), bytes.v());
   });
   const Dims s = shape(rows);
   nest(s, {out_strides, strides_of(s)}, {dim(*n.dim) * out_strides[p], c64(0)},
-       [&](const Dims&, const Dims& off) { store(load(elem(n), buf(rows), off[1]), buf(id), off[0]); });
+       [&](const Dims&, const Dims& off) { copy_element(rows, off[1], id, off[0]); });
 }
 
 void ModuleBuilder::emit_broadcasting(int id) {
@@ -480,16 +484,26 @@ void ModuleBuilder::emit_embedding(int id) {
   const Dims ts = shape(n.inputs[0]), is = shape(n.inputs[1]);
   const I rows = ts[0], width = ts[1];
   llvm::Value *table = buf(n.inputs[0]), *y = buf(id);
-  llvm::Type* row_elem = elem(n);
+  llvm::Type* row_elem = elem(id);
   const std::int64_t elem_bytes = static_cast<std::int64_t>(storage_bytes(n.dtype));
   loop(
       c64(0), numel(is),
       [&](I k) {
-        llvm::Value* v = value(n.inputs[1], k);
-        llvm::Value* ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
-                                       b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
+        // Integer ids (an input) are compared as the integers they are; computed ids are f32.
+        const int ids = n.inputs[1];
+        llvm::Value *ok = nullptr, *row_id = nullptr;
+        if (integer_array(g_, ids)) {
+          llvm::Value* v = b_.CreateSExtOrTrunc(load(elem(ids), buf(ids), k), i64_);
+          ok = b_.CreateAnd(b_.CreateICmpSGE(v, b_.getInt64(0)), b_.CreateICmpSLT(v, rows.v()));
+          row_id = b_.CreateSelect(ok, v, b_.getInt64(0));
+        } else {
+          llvm::Value* v = value(ids, k);
+          ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
+                            b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
+          row_id = b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_);
+        }
         branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
-        const I row(b_, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_));
+        const I row(b_, row_id);
         const I bytes = width * elem_bytes;
         b_.CreateMemCpy(b_.CreateGEP(row_elem, y, (k * width).v()), llvm::MaybeAlign(elem_bytes),
                         b_.CreateGEP(row_elem, table, (row * width).v()), llvm::MaybeAlign(elem_bytes), bytes.v());

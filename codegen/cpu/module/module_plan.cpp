@@ -153,7 +153,14 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
   for (int id = 0; id < count; ++id) {
     const Node& n = g.node(id);
     const auto i = static_cast<std::size_t>(id);
-    if (n.op == Op::fused_attention) plan.attention.emplace(id, describe_attention(g, id, plan.fixed));
+    if (n.op == Op::fused_attention) {
+      AttentionCall call = describe_attention(g, id, plan.fixed);
+      for (std::size_t k = 0; k < call.tensor_inputs.size(); ++k) {  // integer inputs read as integers
+        const int t = n.inputs[static_cast<std::size_t>(call.tensor_inputs[k])];
+        if (integer_array(g, t)) call.spec.tensors[k].dtype = g.node(t).dtype;
+      }
+      plan.attention.emplace(id, std::move(call));
+    }
     if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id)) continue;
     // attention_weights and attention_lse are written by their fused node: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
@@ -223,7 +230,7 @@ AotSignature module_signature(const Graph& g, const AotOptions& options, const M
     AotArgument a;
     a.name = name;
     a.c_name = unique(c_identifier(name));
-    a.dtype = storage_dtype(n.dtype);
+    a.dtype = output ? storage_dtype(n.dtype) : cpu_storage_dtype(g, id);
     a.numel = 1;
     for (const auto& x : n.axes) {
       Extent e = x.extent;
@@ -233,6 +240,7 @@ AotSignature module_signature(const Graph& g, const AotOptions& options, const M
     }
     a.output = output;
     a.param = n.op == Op::param;
+    a.integer_values = output && is_integer(n.dtype);
     sig.args.push_back(std::move(a));
   };
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {

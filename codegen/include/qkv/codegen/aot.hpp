@@ -27,7 +27,7 @@
 // The C interface (the header emit_aot writes beside an object or a shared library):
 //
 //   int <function>([int64_t <size>, …,] const float* <input>, …, const uint8_t* <bool input>, …,
-//                  float* <output>, …);
+//                  const int64_t* <i64 input (token ids)>, …, float* <output>, …);
 //   int <function>_packed([const int64_t* sizes,] void* const* args);   // the same, as arrays
 //   int <function>_set_threads(int n);          // n >= 1 threads; 0 (default): one per online CPU
 //   void* <function>_prepare([int64_t <size>, …,] const float* <param>, …);  // weights bound once
@@ -49,7 +49,8 @@
 // A handle holds
 // the parameters' pointers, every linear layer's weights packed into the GEMM's panels once and
 // the arena, kept between runs (docs/aot.md). Bool tensors (keep-masks: 1 = may attend) are one
-// byte per element.
+// byte per element; i32 / i64 inputs (token ids, positions) int32_t / int64_t, read as integers;
+// an integer output (argmax) is written as floats holding the integers (exact below 2^24).
 #pragma once
 
 #include <cstdint>
@@ -94,7 +95,8 @@ struct AotArgument {
   std::vector<Axis> axes;  // names and extents (concrete unless dynamic), in memory order
   std::int64_t numel = 0;  // -1 when it depends on a run-time size
   bool output = false;
-  bool param = false;  // a parameter (weights): bound once by <function>_prepare
+  bool param = false;           // a parameter (weights): bound once by <function>_prepare
+  bool integer_values = false;  // an integer output (argmax): f32 values holding the integers
 };
 
 /// A size the generated function takes at run time (`--dynamic`): the graph's symbol.

@@ -3,7 +3,8 @@
 //
 // bool is one byte per element (0 / 1); f16 and bf16 are stored as themselves, two bytes (the
 // IEEE binary16 bits, the top half of an f32); every other dtype is computed and stored as f32
-// (integer inputs are converted on the way in; the reference interpreter does the same).
+// (the reference interpreter does the same), except that the CPU backend reads integer inputs as
+// the integers they are (integer_array: token ids, positions, document ids).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,21 @@ inline DType storage_dtype(DType t) {
 
 /// Bytes per element as stored.
 inline std::size_t storage_bytes(DType t) { return dtype_size(storage_dtype(t)); }
+
+/// Whether node `id` is an integer array the CPU backend reads as the caller stores it (int32_t /
+/// int64_t, never floats): an i32 / i64 input or parameter, or a view of one. Such a node has no
+/// arena slot (it is the caller's array); every other integer value is computed in f32.
+inline bool integer_array(const Graph& lowered, int id) {
+  const Node& n = lowered.node(id);
+  if (!is_integer(n.dtype)) return false;
+  if (is_array_leaf(n)) return true;
+  return is_view(n.op) && !n.inputs.empty() && integer_array(lowered, n.inputs[0]);
+}
+
+/// The dtype the CPU backend stores node `id` as: storage_dtype, except for an integer array.
+inline DType cpu_storage_dtype(const Graph& lowered, int id) {
+  return integer_array(lowered, id) ? lowered.node(id).dtype : storage_dtype(lowered.node(id).dtype);
+}
 
 /// Whether every input of node `id` is stored as its value is (the row-wise kernels take one
 /// element type for all their arrays).

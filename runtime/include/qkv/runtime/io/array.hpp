@@ -273,8 +273,29 @@ struct NdArray {
     return a;
   }
 
-  /// This array's values as dtype `t` (f32, f16 or bf16; rounded to nearest even when narrower).
-  [[nodiscard]] NdArray converted(DType t) const { return dtype == t ? *this : from_f32_as(t, to_f32(), shape); }
+  /// This array's values as dtype `t`: f32, f16 or bf16 (rounded to nearest even when narrower),
+  /// or i32 / i64 (integers exactly; floats truncated toward zero, NaN and values out of range -1:
+  /// an index no table has).
+  [[nodiscard]] NdArray converted(DType t) const {
+    if (dtype == t) return *this;
+    if (t != DType::i32 && t != DType::i64) return from_f32_as(t, to_f32(), shape);
+    NdArray out = zeros(t, shape);
+    const std::vector<float> floats = dtype == DType::i32 || dtype == DType::i64 ? std::vector<float>{} : to_f32();
+    for (std::size_t i = 0; i < static_cast<std::size_t>(numel()); ++i) {
+      std::int64_t v = -1;
+      if (dtype == DType::i64)
+        v = as<std::int64_t>()[i];
+      else if (dtype == DType::i32)
+        v = as<std::int32_t>()[i];
+      else if (floats[i] >= -9.2e18f && floats[i] <= 9.2e18f)
+        v = static_cast<std::int64_t>(floats[i]);
+      if (t == DType::i64)
+        out.as<std::int64_t>()[i] = v;
+      else
+        out.as<std::int32_t>()[i] = v >= INT32_MIN && v <= INT32_MAX ? static_cast<std::int32_t>(v) : -1;
+    }
+    return out;
+  }
 
   friend bool operator==(const NdArray&, const NdArray&) = default;  // bytewise, NaN == same NaN
 
