@@ -1,0 +1,1020 @@
+// qkv/ir/grad.hpp — reverse mode over the Graph IR: append_gradients(g, loss, wrt) appends to g
+// the nodes that compute d loss / d wrt[i] for a scalar `loss` (a node without axes), from the
+// forward nodes already in g, and returns their ids. A gradient has its primal's axes (same
+// names, same order) and dtype.
+//
+// It is a pass over the graph, not over LLVM IR: every rule is written with the IR's own ops
+// (contract, pointwise, add, mul, permute, ...), so the backward graph runs wherever the forward
+// does — the interpreter is its reference, and the CPU and GPU backends compile it like any
+// graph. Recompute vs store is decided in one place, primal(): a rule reads the forward value of
+// a node by its id (stored: the forward node itself); nothing is recomputed.
+//
+// Rules: kGradRules below has one row per op of the op table (a static check keeps the two the
+// same length), each saying whether the op has a gradient, has none by nature (integers,
+// masks: nothing flows), or is not differentiated (yet) and why. An op without a rule is a
+// GradError naming it, never a silent zero. Element-wise expressions (pointwise, score_mod,
+// relu/gelu/silu) are differentiated symbolically, one rule per ModOp (d_expr below).
+//
+// Plain data, no templates: the DSL (qkv/dsl/grad.hpp), the runtime and tests include it.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <qkv/ir/error.hpp>
+#include <qkv/ir/graph.hpp>
+#include <qkv/ir/mod_expr.hpp>
+#include <qkv/ir/ops.hpp>
+
+namespace qkv {
+
+/// A graph reverse mode cannot differentiate (an op without a rule, a loss that is not a
+/// scalar, a captured tensor read at computed coordinates): one line naming the node.
+struct GradError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class GradRule : std::uint8_t {
+  yes,      // a rule below
+  leaf,     // an input, parameter or constant: where gradients arrive
+  none,     // nothing to differentiate by nature (its output is an integer or mask)
+  missing,  // differentiable, not done yet: a GradError saying `why`
+};
+struct GradRuleInfo {
+  Op op;
+  GradRule rule;
+  std::string_view why = {};
+};
+
+inline constexpr std::array<GradRuleInfo, kOps.size()> kGradRules{{
+    {Op::input, GradRule::leaf},
+    {Op::param, GradRule::leaf},
+    {Op::contract, GradRule::yes},
+    {Op::add, GradRule::yes},
+    {Op::mul, GradRule::yes},
+    {Op::scale, GradRule::yes},
+    {Op::split, GradRule::yes},
+    {Op::merge, GradRule::yes},
+    {Op::permute, GradRule::yes},
+    {Op::rename, GradRule::yes},
+    {Op::view, GradRule::yes},
+    {Op::softmax, GradRule::yes},
+    {Op::keep_mask, GradRule::yes},
+    {Op::bias, GradRule::yes},
+    {Op::causal, GradRule::yes},
+    {Op::dropout, GradRule::yes},
+    {Op::concat, GradRule::yes},
+    {Op::layer_norm, GradRule::yes},
+    {Op::relu, GradRule::yes},
+    {Op::gelu, GradRule::yes},
+    {Op::linear, GradRule::yes},
+    {Op::broadcast, GradRule::yes},
+    {Op::fill, GradRule::leaf},
+    {Op::fused_attention, GradRule::missing,
+     "the fused attention kernel's backward is not written yet; differentiate the unfused graph (the DSL's "
+     "attention is contract/softmax/contract until the pass pipeline fuses it)"},
+    {Op::attention_weights, GradRule::missing, "made by the pass pipeline, after gradients"},
+    {Op::slice, GradRule::yes},
+    {Op::score_mod, GradRule::yes},
+    {Op::logsumexp, GradRule::yes},
+    {Op::attention_lse, GradRule::missing, "made by the pass pipeline, after gradients"},
+    {Op::rms_norm, GradRule::yes},
+    {Op::silu, GradRule::yes},
+    {Op::rope, GradRule::yes},
+    {Op::embedding, GradRule::yes},
+    {Op::argmax, GradRule::none},
+    {Op::update_slice, GradRule::missing, "a KV cache's write: decoding, not training"},
+    {Op::convert, GradRule::yes},
+    {Op::pointwise, GradRule::yes},
+}};
+
+static_assert(
+    [] {
+      for (std::size_t k = 0; k < kGradRules.size(); ++k)
+        if (static_cast<std::size_t>(kGradRules[k].op) != k) return false;
+      return true;
+    }(),
+    "kGradRules must list every op of kOps, in the enum's order");
+
+namespace grad_detail {
+
+inline bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
+
+inline std::vector<std::string> names_of(const std::vector<Axis>& axes) {
+  std::vector<std::string> out;
+  for (const auto& a : axes) out.push_back(a.name);
+  return out;
+}
+inline bool has(const std::vector<Axis>& axes, const std::string& name) {
+  return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
+}
+inline const Axis& axis_named(const std::vector<Axis>& axes, const std::string& name) {
+  for (const auto& a : axes)
+    if (a.name == name) return a;
+  internal_error("grad: no axis `" + name + "`");
+}
+
+/// Symbolic derivative of a ModExpr's node values with respect to one variable leaf, appended to
+/// `e` (whose nodes it reads): d[i] is the id of d node_i / d var, or −1 for zero.
+class DExpr {
+ public:
+  DExpr(ModExpr& e, std::vector<bool> is_var) : e_(e), var_(std::move(is_var)) {}
+
+  /// d node `root` / d var (−1: zero), for the nodes [0, n) of e as they were when called.
+  int of(int root, std::size_t n) {
+    std::vector<int> d(n, -1);
+    for (std::size_t i = 0; i < n; ++i) d[i] = one(static_cast<int>(i), d);
+    return root < 0 ? -1 : d[static_cast<std::size_t>(root)];
+  }
+
+  int constant(double v) { return e_.add(mod_constant(v)); }
+  int op(ModOp o, int a, int b = -1, int c = -1) { return e_.add(mod_node(o, a, b, c)); }
+  /// a + b where either may be zero (−1).
+  int sum(int a, int b) { return a < 0 ? b : b < 0 ? a : op(ModOp::add, a, b); }
+  /// a · b where either may be zero (−1).
+  int prod(int a, int b) { return a < 0 || b < 0 ? -1 : op(ModOp::mul, a, b); }
+  int or_zero(int a) { return a < 0 ? constant(0.0) : a; }
+
+ private:
+  int one(int i, const std::vector<int>& d) {
+    const ModNode n = e_.nodes[static_cast<std::size_t>(i)];  // a copy: adding nodes moves them
+    auto da = [&] { return n.a < 0 ? -1 : d[static_cast<std::size_t>(n.a)]; };
+    auto db = [&] { return n.b < 0 ? -1 : d[static_cast<std::size_t>(n.b)]; };
+    switch (n.op) {
+      case ModOp::score:
+      case ModOp::load:
+        return var_[static_cast<std::size_t>(i)] ? constant(1.0) : -1;
+      case ModOp::index:
+      case ModOp::position:
+      case ModOp::length:
+      case ModOp::constant:
+      case ModOp::lt:
+      case ModOp::le:
+      case ModOp::gt:
+      case ModOp::ge:
+      case ModOp::eq:
+      case ModOp::ne:
+      case ModOp::logical_and:
+      case ModOp::logical_or:
+      case ModOp::logical_not:
+        return -1;
+      case ModOp::add:
+        return sum(da(), db());
+      case ModOp::sub:
+        return db() < 0 ? da() : sum(da(), op(ModOp::neg, db()));
+      case ModOp::mul:
+        return sum(prod(da(), n.b), prod(n.a, db()));
+      case ModOp::div: {
+        // d(a/b) = da/b − a·db/b²
+        const int first = da() < 0 ? -1 : op(ModOp::div, da(), n.b);
+        const int second = db() < 0 ? -1 : op(ModOp::div, prod(n.a, db()), op(ModOp::mul, n.b, n.b));
+        return second < 0 ? first : sum(first, op(ModOp::neg, second));
+      }
+      case ModOp::min:
+      case ModOp::max: {
+        if (da() < 0 && db() < 0) return -1;
+        const int pick_a = op(n.op == ModOp::min ? ModOp::le : ModOp::ge, n.a, n.b);
+        return op(ModOp::where, pick_a, or_zero(da()), or_zero(db()));
+      }
+      case ModOp::neg:
+        return da() < 0 ? -1 : op(ModOp::neg, da());
+      case ModOp::abs: {
+        if (da() < 0) return -1;
+        const int zero = constant(0.0);
+        // sign(a)·da, 0 at a = 0 (PyTorch's abs backward).
+        return op(ModOp::where, op(ModOp::gt, n.a, zero), da(),
+                  op(ModOp::where, op(ModOp::lt, n.a, zero), op(ModOp::neg, da()), zero));
+      }
+      case ModOp::exp:
+        return prod(da(), i);
+      case ModOp::log:
+        return da() < 0 ? -1 : op(ModOp::div, da(), n.a);
+      case ModOp::tanh:  // (1 − t²)·da
+        return prod(da(), op(ModOp::sub, constant(1.0), op(ModOp::mul, i, i)));
+      case ModOp::sqrt:  // da / (2·sqrt a)
+        return da() < 0 ? -1 : op(ModOp::div, da(), op(ModOp::mul, constant(2.0), i));
+      case ModOp::rsqrt:  // −½·r³·da
+        return prod(da(), op(ModOp::mul, constant(-0.5), op(ModOp::mul, i, op(ModOp::mul, i, i))));
+      case ModOp::sigmoid:  // s·(1 − s)·da
+        return prod(da(), op(ModOp::mul, i, op(ModOp::sub, constant(1.0), i)));
+      case ModOp::erf:  // 2/√π · e^(−a²) · da
+        return prod(da(), op(ModOp::mul, constant(2.0 / std::sqrt(std::acos(-1.0))),
+                             op(ModOp::exp, op(ModOp::neg, op(ModOp::mul, n.a, n.a)))));
+      case ModOp::pow: {
+        // b·a^(b−1)·da + a^b·ln a·db
+        const int first =
+            da() < 0 ? -1 : prod(da(), op(ModOp::mul, n.b, op(ModOp::pow, n.a, op(ModOp::sub, n.b, constant(1.0)))));
+        const int second = db() < 0 ? -1 : prod(db(), op(ModOp::mul, i, op(ModOp::log, n.a)));
+        return sum(first, second);
+      }
+      case ModOp::where: {
+        if (da() < 0 && db() < 0 && (n.c < 0 || d[static_cast<std::size_t>(n.c)] < 0)) return -1;
+        const int dc = n.c < 0 ? -1 : d[static_cast<std::size_t>(n.c)];
+        return op(ModOp::where, n.a, or_zero(db()), or_zero(dc));
+      }
+    }
+    return -1;
+  }
+
+  ModExpr& e_;
+  std::vector<bool> var_;
+};
+
+/// The reverse-mode builder: adjoints accumulated per forward node, rules appending IR nodes.
+class Builder {
+ public:
+  explicit Builder(Graph& g) : g_(g) {}
+
+  [[nodiscard]] const Node& node(int id) const { return g_.node(id); }
+  /// The forward value of node `id` as a rule reads it: the one place that decides recompute vs
+  /// store (stored: the forward node is read where it is).
+  [[nodiscard]] int primal(int id) const { return id; }
+
+  int add_node(Node n) { return g_.add(std::move(n)); }
+
+  /// A constant `v` over `axes`.
+  int fill(std::vector<Axis> axes, double v, DType dt) {
+    Node n;
+    n.op = Op::fill;
+    n.axes = std::move(axes);
+    n.scalar = v;
+    n.dtype = dt;
+    return add_node(std::move(n));
+  }
+
+  /// x summed over the axes `drop` (a contraction with ones).
+  int sum_over(int x, const std::vector<std::string>& drop) {
+    if (drop.empty()) return x;
+    const Node xn = node(x);
+    std::vector<Axis> ones_axes, out_axes;
+    for (const auto& a : xn.axes)
+      (std::find(drop.begin(), drop.end(), a.name) != drop.end() ? ones_axes : out_axes).push_back(a);
+    const DType dt = xn.dtype;
+    const int ones = fill(ones_axes, 1.0, dt);
+    Node c;
+    c.op = Op::contract;
+    c.inputs = {x, ones};
+    c.axes = out_axes;
+    c.attr_axes = drop;
+    c.dtype = dt;
+    return add_node(std::move(c));
+  }
+
+  /// x laid out as `target`'s axes (a permute when the order differs; the same names).
+  int permute_to(int x, const std::vector<Axis>& target) {
+    const Node xn = node(x);
+    if (names_of(xn.axes) == names_of(target)) return x;
+    Node p;
+    p.op = Op::permute;
+    p.inputs = {x};
+    p.dtype = xn.dtype;
+    for (const auto& t : target) p.axes.push_back(axis_named(xn.axes, t.name));
+    return add_node(std::move(p));
+  }
+
+  /// contract(lhs, rhs) over `contracted`, its output in the IR's canonical order (lhs's kept
+  /// axes, then rhs's kept axes lhs lacks), then laid out as `target` (the same names).
+  int contract_to(int lhs, int rhs, const std::vector<std::string>& contracted, const std::vector<Axis>& target,
+                  DType dt) {
+    const std::vector<Axis> la = node(lhs).axes, ra = node(rhs).axes;
+    auto kept = [&](const Axis& a) {
+      return std::find(contracted.begin(), contracted.end(), a.name) == contracted.end();
+    };
+    Node c;
+    c.op = Op::contract;
+    c.inputs = {lhs, rhs};
+    c.attr_axes = contracted;
+    c.dtype = dt;
+    for (const auto& a : la)
+      if (kept(a)) c.axes.push_back(a);
+    for (const auto& a : ra)
+      if (kept(a) && !has(la, a.name)) c.axes.push_back(a);
+    return permute_to(add_node(std::move(c)), target);
+  }
+
+  /// An adjoint `adj` (over the consumer's axes) reduced to the axes of `target`, which it
+  /// broadcast by name into them: summed over the axes it lacks, laid out in its order.
+  int sum_to(int adj, const Node target) {
+    std::vector<std::string> drop;
+    for (const auto& a : node(adj).axes)
+      if (!has(target.axes, a.name)) drop.push_back(a.name);
+    for (const auto& a : target.axes)
+      if (!has(node(adj).axes, a.name))
+        throw GradError("grad: the gradient reaching a tensor over " + axes_str(target.axes) + " lacks its axis `" +
+                        a.name + "`");
+    return permute_to(sum_over(adj, drop), target.axes);
+  }
+
+  int binary(Op op, int a, int b) {
+    Node n;
+    n.op = op;
+    n.inputs = {a, b};
+    n.axes = node(a).axes;
+    n.dtype = node(a).dtype;
+    return add_node(std::move(n));
+  }
+  int scaled(int x, double s) {
+    Node n;
+    n.op = Op::scale;
+    n.inputs = {x};
+    n.axes = node(x).axes;
+    n.dtype = node(x).dtype;
+    n.scalar = s;
+    return add_node(std::move(n));
+  }
+
+  /// A pointwise node over `inputs` (the first gives the axes and, unless given, the dtype).
+  int pointwise(std::vector<int> inputs, ModExpr e, std::optional<DType> dt = {}) {
+    Node n;
+    n.op = Op::pointwise;
+    n.axes = node(inputs[0]).axes;
+    n.dtype = dt.value_or(node(inputs[0]).dtype);
+    n.inputs = std::move(inputs);
+    n.mod = std::move(e);
+    return add_node(std::move(n));
+  }
+
+  /// A load of input `k` of a pointwise node at the entry's own coordinates (its axes by name).
+  static int load(ModExpr& e, int k, const std::vector<Axis>& axes) {
+    ModNode l;
+    l.op = ModOp::load;
+    l.input = k;
+    for (const auto& a : axes) {
+      ModNode i;
+      i.op = ModOp::index;
+      i.axis = a.name;
+      l.at.push_back(e.add(std::move(i)));
+    }
+    return e.add(std::move(l));
+  }
+
+  /// dy · f'(x) for an element-wise f: `derivative(e, x)` builds f'(x) in e from the node x
+  /// (a load of the primal). The result has dy's axes.
+  template <class F>
+  int elementwise(int dy, int x, F&& derivative) {
+    ModExpr e;
+    const int s = e.add(mod_node(ModOp::score));
+    const int xv = load(e, 1, node(x).axes);
+    const int d = derivative(e, xv);
+    e.score = e.add(mod_node(ModOp::mul, s, d));
+    return pointwise({dy, x}, std::move(e));
+  }
+
+  static std::string axes_str(const std::vector<Axis>& axes) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < axes.size(); ++i) s += (i ? ", " : "") + axes[i].name;
+    return s + "]";
+  }
+
+  Graph& g_;
+};
+
+}  // namespace grad_detail
+
+namespace grad_detail {
+
+/// One reverse-mode sweep (append_gradients' body).
+class Sweep : public Builder {
+ public:
+  Sweep(Graph& g, int loss, const std::vector<int>& wrt) : Builder(g), loss_(loss), wrt_(wrt) {}
+
+  std::vector<int> run() {
+    const std::size_t n = static_cast<std::size_t>(loss_) + 1;
+    const Node l = node(loss_);
+    if (!l.axes.empty())
+      throw GradError("grad: the loss " + axes_str(l.axes) +
+                      " is not a scalar; reduce it first (sum_all, mean_all, or sum over its axes)");
+    if (!is_float(l.dtype)) throw GradError("grad: the loss is not a floating-point value");
+    // Which nodes lie between a wrt and the loss: only they get adjoints.
+    std::vector<bool> from_wrt(n, false), to_loss(n, false);
+    for (int w : wrt_) {
+      if (w < 0 || w >= static_cast<int>(g_.nodes().size())) internal_error("grad: no node %" + std::to_string(w));
+      if (!is_float(node(w).dtype))
+        throw GradError("grad: %" + std::to_string(w) + " (" + std::string(op_name(node(w).op)) +
+                        ") is not a floating-point tensor; integers and masks have no gradient");
+      if (static_cast<std::size_t>(w) < n) from_wrt[static_cast<std::size_t>(w)] = true;
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      for (int in : node(static_cast<int>(i)).inputs)
+        if (from_wrt[static_cast<std::size_t>(in)] && is_float(node(static_cast<int>(i)).dtype)) from_wrt[i] = true;
+    to_loss[n - 1] = true;
+    for (std::size_t i = n; i-- > 0;)
+      if (to_loss[i])
+        for (int in : node(static_cast<int>(i)).inputs) to_loss[static_cast<std::size_t>(in)] = true;
+    needed_.assign(n, false);
+    for (std::size_t i = 0; i < n; ++i) needed_[i] = from_wrt[i] && to_loss[i];
+
+    adj_.assign(n, -1);
+    if (needed_[n - 1]) adj_[n - 1] = fill({}, 1.0, l.dtype);
+    for (std::size_t i = n; i-- > 0;)
+      if (adj_[i] >= 0 && needed_[i]) back(static_cast<int>(i), adj_[i]);
+
+    std::vector<int> out;
+    for (int w : wrt_) {
+      const auto k = static_cast<std::size_t>(w);
+      out.push_back(k < n && adj_[k] >= 0 ? adj_[k] : fill(node(w).axes, 0.0, node(w).dtype));
+    }
+    return out;
+  }
+
+ private:
+  /// Adds `contribution` (over node `id`'s axes, in its order) to id's adjoint.
+  void acc(int id, int contribution) {
+    const auto k = static_cast<std::size_t>(id);
+    if (!needed_[k]) return;
+    adj_[k] = adj_[k] < 0 ? contribution : binary(Op::add, adj_[k], contribution);
+  }
+  bool wants(int id) const { return needed_[static_cast<std::size_t>(id)]; }
+
+  [[noreturn]] void fail(int id, const std::string& why) const {
+    throw GradError("grad: %" + std::to_string(id) + " (" + std::string(op_name(node(id).op)) +
+                    (node(id).name.empty() ? "" : " '" + node(id).name + "'") + "): " + why);
+  }
+
+  void back(int id, int dy) {
+    const Node n = node(id);  // a copy: the rules append nodes
+    const GradRuleInfo& rule = kGradRules[static_cast<std::size_t>(n.op)];
+    if (std::none_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return wants(i); })) return;
+    if (rule.rule == GradRule::missing) fail(id, "no gradient: " + std::string(rule.why));
+    const auto in = [&](std::size_t k) { return n.inputs[k]; };
+    switch (n.op) {
+      case Op::input:
+      case Op::param:
+      case Op::fill:
+      case Op::argmax:
+        return;
+      case Op::add:
+      case Op::bias:
+        acc(in(0), dy);
+        if (n.inputs.size() > 1 && wants(in(1))) acc(in(1), sum_to(dy, node(in(1))));
+        return;
+      case Op::mul:
+        if (wants(in(0))) acc(in(0), binary(Op::mul, dy, primal(in(1))));
+        if (wants(in(1))) acc(in(1), sum_to(binary(Op::mul, dy, primal(in(0))), node(in(1))));
+        return;
+      case Op::scale: {
+        Node s = n;
+        s.inputs = {dy};
+        s.name.clear();
+        acc(in(0), add_node(std::move(s)));
+        return;
+      }
+      case Op::convert: {
+        Node c = n;
+        c.inputs = {dy};
+        c.name.clear();
+        c.dtype = node(in(0)).dtype;
+        acc(in(0), add_node(std::move(c)));
+        return;
+      }
+      case Op::dropout: {  // the same mask (counter-based: seed and coordinates), the same scale
+        Node d = n;
+        d.inputs = {dy};
+        d.name.clear();
+        acc(in(0), add_node(std::move(d)));
+        return;
+      }
+      case Op::permute:
+        acc(in(0), permute_to(dy, node(in(0)).axes));
+        return;
+      case Op::split:
+      case Op::merge:
+      case Op::rename:
+      case Op::view:
+        acc(in(0), reshape_back(n, dy, node(in(0))));
+        return;
+      case Op::broadcast:
+        acc(in(0), sum_to(dy, node(in(0))));
+        return;
+      case Op::keep_mask:
+        acc(in(0), masked_where(dy, in(1)));
+        return;
+      case Op::causal:
+        acc(in(0), causal_where(n, dy));
+        return;
+      case Op::softmax:
+        acc(in(0), softmax_back(n, id, dy));
+        return;
+      case Op::logsumexp:
+        acc(in(0), logsumexp_back(n, id, dy));
+        return;
+      case Op::relu:
+        acc(in(0), elementwise(dy, primal(in(0)), [](ModExpr& e, int x) {
+              return e.add(mod_node(ModOp::where, e.add(mod_node(ModOp::gt, x, e.add(mod_constant(0.0)))),
+                                    e.add(mod_constant(1.0)), e.add(mod_constant(0.0))));
+            }));
+        return;
+      case Op::silu:  // σ(x)·(1 + x·(1 − σ(x)))
+        acc(in(0), elementwise(dy, primal(in(0)), [](ModExpr& e, int x) {
+              const int s = e.add(mod_node(ModOp::sigmoid, x));
+              const int one = e.add(mod_constant(1.0));
+              return e.add(
+                  mod_node(ModOp::mul, s,
+                           e.add(mod_node(ModOp::add, one,
+                                          e.add(mod_node(ModOp::mul, x, e.add(mod_node(ModOp::sub, one, s))))))));
+            }));
+        return;
+      case Op::gelu:  // Φ(x) + x·φ(x)
+        acc(in(0), elementwise(dy, primal(in(0)), [](ModExpr& e, int x) {
+              const double inv_sqrt2 = 1.0 / std::sqrt(2.0), inv_sqrt2pi = 1.0 / std::sqrt(2.0 * std::acos(-1.0));
+              const int cdf = e.add(mod_node(
+                  ModOp::mul, e.add(mod_constant(0.5)),
+                  e.add(mod_node(
+                      ModOp::add, e.add(mod_constant(1.0)),
+                      e.add(mod_node(ModOp::erf, e.add(mod_node(ModOp::mul, x, e.add(mod_constant(inv_sqrt2))))))))));
+              const int pdf =
+                  e.add(mod_node(ModOp::mul, e.add(mod_constant(inv_sqrt2pi)),
+                                 e.add(mod_node(ModOp::exp, e.add(mod_node(ModOp::mul, e.add(mod_constant(-0.5)),
+                                                                           e.add(mod_node(ModOp::mul, x, x))))))));
+              return e.add(mod_node(ModOp::add, cdf, e.add(mod_node(ModOp::mul, x, pdf))));
+            }));
+        return;
+      case Op::pointwise:
+      case Op::score_mod:
+        expression_back(id, n, dy);
+        return;
+      case Op::contract:
+        contract_back(n, dy);
+        return;
+      case Op::linear:
+        linear_back(n, dy);
+        return;
+      case Op::concat:
+        concat_back(n, dy);
+        return;
+      case Op::slice:
+        slice_back(id, n, dy);
+        return;
+      case Op::layer_norm:
+        norm_back(n, dy, /*rms=*/false);
+        return;
+      case Op::rms_norm:
+        norm_back(n, dy, /*rms=*/true);
+        return;
+      case Op::rope:
+        rope_back(n, dy);
+        return;
+      case Op::embedding:
+        embedding_back(n, dy);
+        return;
+      case Op::fused_attention:
+      case Op::attention_weights:
+      case Op::attention_lse:
+      case Op::update_slice:
+        fail(id, "no gradient: " + std::string(rule.why));
+    }
+    fail(id, "no gradient rule");
+  }
+
+  /// split, merge, rename, view: the inverse view of dy onto x's axes.
+  int reshape_back(const Node& n, int dy, const Node x) {
+    Node r;
+    r.inputs = {dy};
+    r.axes = x.axes;
+    r.dtype = x.dtype;
+    switch (n.op) {
+      case Op::split:  // attr_axes {from, parts...}: merges of two adjacent axes, back to `from`
+        return merge_parts(dy, {n.attr_axes.begin() + 1, n.attr_axes.end()}, x);
+      case Op::merge:  // {parts..., into} -> split {into, parts...}
+        r.op = Op::split;
+        r.attr_axes = {n.attr_axes.back()};
+        r.attr_axes.insert(r.attr_axes.end(), n.attr_axes.begin(), n.attr_axes.end() - 1);
+        break;
+      case Op::rename:
+        r.op = Op::rename;
+        r.attr_axes = {n.attr_axes[1], n.attr_axes[0]};
+        break;
+      default:
+        r.op = Op::view;
+        break;
+    }
+    return add_node(std::move(r));
+  }
+
+  /// dy with the adjacent axes `parts` merged, two at a time, into x's axis `from` (x: the split's input).
+  int merge_parts(int dy, const std::vector<std::string>& parts, const Node& x) {
+    int cur = dy;
+    std::string name = parts[0];
+    for (std::size_t k = 1; k < parts.size(); ++k) {
+      const bool last = k + 1 == parts.size();
+      const std::vector<Axis> in = node(cur).axes;
+      const Axis& a = axis_named(in, name);
+      const Axis& b = axis_named(in, parts[k]);
+      Axis merged{last ? names_of(x.axes)[0] : "__grad_merge" + std::to_string(k), a.extent};
+      if (last) {
+        for (const auto& xa : x.axes)
+          if (!has(in, xa.name)) merged = xa;
+      } else if (b.extent.is_static()) {
+        merged.extent = a.extent.times(b.extent.value);
+      } else if (a.extent.is_static()) {
+        merged.extent = b.extent.times(a.extent.value);
+      } else {
+        throw GradError("grad: a split into several run-time sizes: not differentiated yet");
+      }
+      Node m;
+      m.op = Op::merge;
+      m.inputs = {cur};
+      m.dtype = x.dtype;
+      m.attr_axes = {name, parts[k], merged.name};
+      for (const auto& ax : in) {
+        if (ax.name == parts[k]) continue;
+        m.axes.push_back(ax.name == name ? merged : ax);
+      }
+      cur = add_node(std::move(m));
+      name = merged.name;
+    }
+    return cur;
+  }
+
+  /// dy where the keep-mask `mask` (broadcast by name) is true, else 0.
+  int masked_where(int dy, int mask) {
+    ModExpr e;
+    const int s = e.add(mod_node(ModOp::score));
+    const int m = load(e, 1, node(mask).axes);
+    e.score = e.add(mod_node(ModOp::where, m, s, e.add(mod_constant(0.0))));
+    return pointwise({dy, mask}, std::move(e));
+  }
+
+  /// dy where the causal mask keeps the entry, else 0: key j ≤ query i (top-left), or
+  /// j ≤ i + S − L (bottom-right), written with indices and lengths.
+  int causal_where(const Node& n, int dy) {
+    ModExpr e;
+    const int s = e.add(mod_node(ModOp::score));
+    auto leaf = [&](ModOp op, const std::string& axis) {
+      ModNode l;
+      l.op = op;
+      l.axis = axis;
+      return e.add(std::move(l));
+    };
+    int q = leaf(ModOp::index, n.attr_axes[0]);
+    if (n.align == CausalAlign::bottom_right)
+      q = e.add(mod_node(
+          ModOp::add, q,
+          e.add(mod_node(ModOp::sub, leaf(ModOp::length, n.attr_axes[1]), leaf(ModOp::length, n.attr_axes[0])))));
+    const int keep = e.add(mod_node(ModOp::le, leaf(ModOp::index, n.attr_axes[1]), q));
+    e.score = e.add(mod_node(ModOp::where, keep, s, e.add(mod_constant(0.0))));
+    return pointwise({dy}, std::move(e));
+  }
+
+  /// y ⊙ (dy − Σ_axis dy ⊙ y)
+  int softmax_back(const Node& n, int id, int dy) {
+    const int y = primal(id);
+    const int dot = sum_over(binary(Op::mul, dy, y), {n.attr_axes[0]});
+    return binary(Op::mul, binary(Op::add, dy, scaled(dot, -1.0)), y);
+  }
+
+  /// dy (broadcast over the axis) ⊙ exp(x − lse); rows of only −inf get 0.
+  int logsumexp_back(const Node& n, int id, int dy) {
+    const int x = primal(n.inputs[0]), lse = primal(id);
+    ModExpr e;
+    const int s = e.add(mod_node(ModOp::score));
+    const int l = load(e, 1, node(lse).axes);
+    const int g = load(e, 2, node(dy).axes);
+    const int inf_row = e.add(mod_node(ModOp::eq, l, e.add(mod_constant(-std::numeric_limits<double>::infinity()))));
+    const int p = e.add(mod_node(ModOp::exp, e.add(mod_node(ModOp::sub, s, l))));
+    e.score = e.add(mod_node(ModOp::where, inf_row, e.add(mod_constant(0.0)), e.add(mod_node(ModOp::mul, g, p))));
+    return pointwise({x, lse, dy}, std::move(e));
+  }
+
+  /// pointwise / score_mod: the expression differentiated by each input that needs it.
+  void expression_back(int id, const Node& n, int dy) {
+    const ModExpr& f = *n.mod;
+    const bool mask = n.op == Op::score_mod;
+    // The backward expression reads dy as its entry, the forward's first input by a load at the
+    // entry's coordinates, and the forward's loads one input further on.
+    ModExpr base;
+    base.query = f.query;
+    base.key = f.key;
+    base.align = f.align;
+    const int dy_leaf = base.add(mod_node(ModOp::score));
+    std::vector<int> map(f.nodes.size(), -1);
+    std::vector<int> var_of(f.nodes.size(), -1);  // per forward node: which input a leaf reads
+    for (std::size_t i = 0; i < f.nodes.size(); ++i) {
+      ModNode m = f.nodes[i];
+      if (m.op == ModOp::score) {
+        map[i] = load(base, 1, node(n.inputs[0]).axes);
+        var_of[i] = 0;
+        continue;
+      }
+      if (m.op == ModOp::load) {
+        var_of[i] = m.input;
+        for (int& a : m.at) a = map[static_cast<std::size_t>(a)];
+        m.input += 1;
+        map[i] = base.add(std::move(m));
+        continue;
+      }
+      for (int* o : {&m.a, &m.b, &m.c})
+        if (*o >= 0) *o = map[static_cast<std::size_t>(*o)];
+      map[i] = base.add(std::move(m));
+    }
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      const int x = n.inputs[k];
+      if (!wants(x)) continue;
+      if (k > 0) check_loads_in_place(id, n, static_cast<int>(k));
+      ModExpr e = base;
+      std::vector<bool> is_var(e.nodes.size(), false);
+      for (std::size_t i = 0; i < f.nodes.size(); ++i)
+        if (var_of[i] == static_cast<int>(k)) is_var[static_cast<std::size_t>(map[i])] = true;
+      DExpr d(e, is_var);
+      const std::size_t count = e.nodes.size();
+      // score' = f.score, or the score itself when the mod leaves it (−1).
+      const int root = f.score >= 0 ? map[static_cast<std::size_t>(f.score)] : -1;
+      int df = root >= 0 ? d.of(root, count) : (k == 0 ? d.constant(1.0) : -1);
+      if (df < 0) continue;  // this input does not reach the output
+      int g = e.add(mod_node(ModOp::mul, dy_leaf, df));
+      if (mask && f.keep >= 0)
+        g = e.add(mod_node(ModOp::where, map[static_cast<std::size_t>(f.keep)], g, e.add(mod_constant(0.0))));
+      e.score = g;
+      e.keep = -1;
+      std::vector<int> inputs{dy};
+      for (int i2 : n.inputs) inputs.push_back(primal(i2));
+      const int contribution = pointwise(std::move(inputs), std::move(e), node(x).dtype);
+      acc(x, k == 0 ? contribution : sum_to(contribution, node(x)));
+    }
+  }
+
+  /// A captured input differentiates only where each load reads it at the entry's own
+  /// coordinates (broadcast by name); a table read at computed positions needs a scatter.
+  void check_loads_in_place(int id, const Node& n, int k) const {
+    const ModExpr& f = *n.mod;
+    const Node x = node(n.inputs[static_cast<std::size_t>(k)]);
+    for (const auto& m : f.nodes) {
+      if (m.op != ModOp::load || m.input != k) continue;
+      bool in_place = m.at.size() == x.axes.size();
+      for (std::size_t j = 0; in_place && j < m.at.size(); ++j) {
+        const ModNode& at = f.nodes[static_cast<std::size_t>(m.at[j])];
+        in_place = at.op == ModOp::index && at.axis == x.axes[j].name;
+      }
+      if (!in_place)
+        fail(id, "input " + std::to_string(k) + " " + axes_str(x.axes) +
+                     " is read at computed coordinates (a table lookup); its gradient needs a scatter, not written "
+                     "yet");
+    }
+  }
+
+  void contract_back(const Node& n, int dy) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      const int x = n.inputs[k], other = n.inputs[1 - k];
+      if (!wants(x)) continue;
+      const Node xn = node(x);
+      // d x = Σ over the axes of dy and the other operand that x lacks, of dy · other.
+      std::vector<std::string> contracted;
+      for (const auto& a : node(dy).axes)
+        if (!has(xn.axes, a.name) && has(node(other).axes, a.name)) contracted.push_back(a.name);
+      // Axes of the other operand x lacks and dy lacks too cannot exist (contract keeps or
+      // contracts every axis), nor axes of x that neither dy nor other has.
+      if (contracted.empty()) {  // an outer product: dy repeated over x's axes, times other
+        Node b;
+        b.op = Op::broadcast;
+        b.inputs = {dy};
+        b.axes = xn.axes;
+        b.dtype = xn.dtype;
+        acc(x, binary(Op::mul, add_node(std::move(b)), primal(other)));
+        continue;
+      }
+      acc(x, contract_to(dy, primal(other), contracted, xn.axes, xn.dtype));
+    }
+  }
+
+  /// A view of W [out, in] (its axes named whatever) with the axes renamed `out_name`, `in_name`.
+  int named_weight(int w, const std::string& out_name, const std::string& in_name) {
+    return rename_axes(primal(w), {out_name, in_name});
+  }
+
+  /// linear(x, W [out, in], b): y = x·Wᵀ + b with x's axis In replaced by Out (W's axes are
+  /// positional: whatever their names, [out, in]).
+  void linear_back(const Node& n, int dy) {
+    const std::string in_name = n.attr_axes[0], out_name = n.attr_axes[1];
+    const int x = n.inputs[0], w = n.inputs[1];
+    const Node xn = node(x), wn = node(w);
+    // x's In axis under a name apart from dy's Out (Model -> Model shares one).
+    const std::string in_as = in_name == out_name ? "__grad_in" : in_name;
+    std::vector<Axis> x_as = xn.axes;
+    for (auto& a : x_as)
+      if (a.name == in_name) a.name = in_as;
+    if (wants(x)) {  // dx = dy · W, summed over Out
+      const int dx = contract_to(dy, named_weight(w, out_name, in_as), {out_name}, x_as, xn.dtype);
+      acc(x, rename_axes(dx, names_of(xn.axes)));
+    }
+    if (wants(w)) {  // dW [out, in] = Σ over x's other axes of dy ⊗ x
+      const int xr = rename_axes(primal(x), names_of(x_as));
+      std::vector<std::string> batch;
+      for (const auto& a : xn.axes)
+        if (a.name != in_name) batch.push_back(a.name);
+      const std::vector<Axis> target{axis_named(node(dy).axes, out_name), axis_named(x_as, in_as)};
+      acc(w, rename_axes(contract_to(dy, xr, batch, target, wn.dtype), names_of(wn.axes)));
+    }
+    if (n.inputs.size() > 2 && wants(n.inputs[2])) {  // db = Σ over dy's other axes
+      std::vector<std::string> batch;
+      for (const auto& a : node(dy).axes)
+        if (a.name != out_name) batch.push_back(a.name);
+      acc(n.inputs[2], rename_axes(sum_over(dy, batch), names_of(node(n.inputs[2]).axes)));
+    }
+  }
+
+  /// x with its axes renamed, in order, to `names` (renames one at a time, through temporary
+  /// names where two would clash).
+  int rename_axes(int x, const std::vector<std::string>& names) {
+    std::vector<Axis> axes = node(x).axes;
+    if (names_of(axes) == names) return x;
+    auto rename = [&](int v, const std::string& from, const std::string& to) {
+      Node r;
+      r.op = Op::rename;
+      r.inputs = {v};
+      r.dtype = node(v).dtype;
+      r.attr_axes = {from, to};
+      for (auto a : node(v).axes) {
+        if (a.name == from) a.name = to;
+        r.axes.push_back(a);
+      }
+      return add_node(std::move(r));
+    };
+    for (std::size_t i = 0; i < axes.size(); ++i) x = rename(x, axes[i].name, "__grad_tmp" + std::to_string(i));
+    for (std::size_t i = 0; i < axes.size(); ++i) x = rename(x, "__grad_tmp" + std::to_string(i), names[i]);
+    return x;
+  }
+
+  void concat_back(const Node& n, int dy) {
+    const std::string axis = n.attr_axes[0];
+    Extent start = Extent::fixed(0);
+    for (int x : n.inputs) {
+      const Node xn = node(x);
+      const Extent len = axis_named(xn.axes, axis).extent;
+      if (wants(x)) {
+        Node s;
+        s.op = Op::slice;
+        s.inputs = {dy};
+        s.axes = node(dy).axes;
+        for (auto& a : s.axes)
+          if (a.name == axis) a.extent = len;
+        s.attr_axes = {axis, axis};
+        s.dim = start;
+        s.dtype = xn.dtype;
+        acc(x, permute_to(add_node(std::move(s)), xn.axes));
+      }
+      try {
+        start = start.plus_extent(len);
+      } catch (const std::exception&) {
+        throw GradError("grad: a concat of parts of unrelated run-time lengths: not differentiated yet");
+      }
+    }
+  }
+
+  void slice_back(int id, const Node& n, int dy) {
+    const int x = n.inputs[0];
+    const Node xn = node(x);
+    const std::string axis = n.attr_axes[0];
+    const Extent whole = axis_named(xn.axes, axis).extent, part = axis_named(n.axes, n.attr_axes[1]).extent;
+    // The zeros before and after the part: static sizes, or — for a part `offset` of K equal
+    // parts (chunk) — multiples of the part's run-time size.
+    Extent before = Extent::fixed(0), after = Extent::fixed(0);
+    if (part.is_static() && (!n.dim || n.dim->is_static())) {
+      const std::int64_t start = n.dim ? n.dim->value : n.offset * part.value;
+      before = Extent::fixed(start);
+      after = whole;
+      if (after.is_static())
+        after.value -= start + part.value;
+      else
+        after.plus -= start + part.value;
+    } else if (!n.dim) {
+      std::int64_t parts = 0;
+      for (std::int64_t k = 1; k <= 4096 && parts == 0; ++k)
+        if (part.times(k) == whole) parts = k;
+      if (parts == 0) fail(id, "a slice of a run-time length that is not a whole part of its axis: not differentiated");
+      before = part.times(n.offset);
+      after = part.times(parts - n.offset - 1);
+    } else {
+      fail(id, "a slice of a run-time length at a given start: not differentiated yet");
+    }
+    // dy renamed back onto x's axis, between zeros.
+    int piece = dy;
+    if (n.attr_axes[1] != axis)
+      piece = rename_axes(dy, [&] {
+        auto v = names_of(node(dy).axes);
+        for (auto& s : v)
+          if (s == n.attr_axes[1]) s = axis;
+        return v;
+      }());
+    std::vector<int> parts;
+    auto zeros = [&](Extent len) {
+      std::vector<Axis> axes = node(piece).axes;
+      for (auto& a : axes)
+        if (a.name == axis) a.extent = len;
+      return fill(axes, 0.0, xn.dtype);
+    };
+    auto empty = [](const Extent& e) { return e.is_static() ? e.value == 0 : e.num == 0 && e.plus == 0; };
+    if (!empty(before)) parts.push_back(zeros(before));
+    parts.push_back(piece);
+    if (!empty(after)) parts.push_back(zeros(after));
+    if (parts.size() == 1) {
+      acc(x, permute_to(piece, xn.axes));
+      return;
+    }
+    Node c;
+    c.op = Op::concat;
+    c.inputs = parts;
+    c.axes = node(piece).axes;
+    for (auto& a : c.axes)
+      if (a.name == axis) a.extent = whole;
+    c.attr_axes = {axis, axis};
+    c.dtype = xn.dtype;
+    acc(x, permute_to(add_node(std::move(c)), xn.axes));
+  }
+
+  /// layer_norm (x, γ, β) and rms_norm (x, w) over attr_axes[0].
+  void norm_back(const Node& n, int dy, bool rms) {
+    const std::string axis = n.attr_axes[0];
+    const int x = primal(n.inputs[0]), gamma = primal(n.inputs[1]);
+    const double eps = n.scalar;
+    // x / N (N: the axis's length in this call) and sums over the axis.
+    auto over_n = [&](int v) {
+      ModExpr e;
+      ModNode len;
+      len.op = ModOp::length;
+      len.axis = axis;
+      e.score = e.add(mod_node(ModOp::div, e.add(mod_node(ModOp::score)), e.add(std::move(len))));
+      return pointwise({v}, std::move(e));
+    };
+    auto mean = [&](int v) { return sum_over(over_n(v), {axis}); };
+    // xc = x − μ (layer norm) or x (rms); rstd = rsqrt(mean(xc²) + eps); xhat = xc · rstd
+    const int xc = rms ? x : binary(Op::add, x, scaled(mean(x), -1.0));
+    const int var = mean(binary(Op::mul, xc, xc));
+    ModExpr r;
+    r.score = r.add(
+        mod_node(ModOp::rsqrt, r.add(mod_node(ModOp::add, r.add(mod_node(ModOp::score)), r.add(mod_constant(eps))))));
+    const int rstd = pointwise({var}, std::move(r));
+    const int xhat = binary(Op::mul, xc, rstd);
+    if (wants(n.inputs[1])) acc(n.inputs[1], sum_to(binary(Op::mul, dy, xhat), node(n.inputs[1])));
+    if (!rms && n.inputs.size() > 2 && wants(n.inputs[2])) acc(n.inputs[2], sum_to(dy, node(n.inputs[2])));
+    if (!wants(n.inputs[0])) return;
+    // g = dy·γ;  layer norm: dx = rstd·(g − mean(g) − xhat·mean(g·xhat));  rms: rstd·(g − xhat·mean(g·xhat))
+    const int g = binary(Op::mul, dy, gamma);
+    int t = binary(Op::add, g, scaled(binary(Op::mul, xhat, mean(binary(Op::mul, g, xhat))), -1.0));
+    if (!rms) t = binary(Op::add, t, scaled(mean(g), -1.0));
+    acc(n.inputs[0], binary(Op::mul, t, rstd));
+  }
+
+  /// rope(x, positions): a rotation per pair; its transpose is the rotation by −angle, i.e.
+  /// rope at the negated positions.
+  void rope_back(const Node& n, int dy) {
+    const int pos = n.inputs[1];
+    ModExpr e;
+    e.score = e.add(mod_node(ModOp::neg, e.add(mod_node(ModOp::score))));
+    const int neg = pointwise({pos}, std::move(e));
+    Node r = n;
+    r.inputs = {dy, neg};
+    r.name.clear();
+    acc(n.inputs[0], add_node(std::move(r)));
+  }
+
+  /// embedding(table [Rows, Features], ids): dtable = Σ over the ids' entries of
+  /// onehot(ids)[..., Rows] ⊗ dy[..., Features] (a contraction with a one-hot: O(ids · rows)).
+  void embedding_back(const Node& n, int dy) {
+    const int table = n.inputs[0], ids = n.inputs[1];
+    if (!wants(table)) return;
+    const Node tn = node(table);
+    const Axis rows = tn.axes[0];
+    std::vector<Axis> hot_axes = node(ids).axes;
+    hot_axes.push_back(rows);
+    Node b;
+    b.op = Op::broadcast;
+    b.inputs = {ids};
+    b.axes = hot_axes;
+    b.dtype = node(ids).dtype;
+    const int ids_b = add_node(std::move(b));
+    ModExpr e;
+    ModNode row;
+    row.op = ModOp::index;
+    row.axis = rows.name;
+    const int match = e.add(mod_node(ModOp::eq, e.add(mod_node(ModOp::score)), e.add(std::move(row))));
+    e.score = e.add(mod_node(ModOp::where, match, e.add(mod_constant(1.0)), e.add(mod_constant(0.0))));
+    const int hot = pointwise({ids_b}, std::move(e), tn.dtype);
+    acc(table, contract_to(hot, dy, names_of(node(ids).axes), tn.axes, tn.dtype));
+  }
+
+  int loss_;
+  std::vector<int> wrt_;
+  std::vector<bool> needed_;
+  std::vector<int> adj_;
+};
+
+}  // namespace grad_detail
+
+/// Appends to g the gradients of the scalar node `loss` with respect to the nodes `wrt` (float
+/// tensors anywhere in the graph: inputs, parameters or intermediate values) and returns their
+/// ids, in order. A node `loss` does not depend on gets a zero gradient. Throws GradError for a
+/// loss with axes, a wrt that is not a float tensor, or an op on the way without a rule.
+inline std::vector<int> append_gradients(Graph& g, int loss, const std::vector<int>& wrt) {
+  if (loss < 0 || loss >= static_cast<int>(g.nodes().size())) internal_error("grad: no loss node");
+  return grad_detail::Sweep(g, loss, wrt).run();
+}
+
+}  // namespace qkv
