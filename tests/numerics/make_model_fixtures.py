@@ -29,6 +29,7 @@ Deterministic: --check regenerates into a temporary directory and compares with 
 """
 
 import argparse
+import copy
 import filecmp
 import os
 import shutil
@@ -99,19 +100,29 @@ class Vit(torch.nn.Module):
         return self.head(self.norm(self.block(x))[:, 0])
 
 
-def run_case(module, inputs, call, gen):
-    """{output: (fp32, fp64)} of module(*inputs) in both precisions, with perturbed parameters."""
+def run_case(module, inputs, call, gen, names):
+    """The output in fp32 and fp64, and the gradients of L = sum(out * probe) (the probe drawn
+    after everything else) by every parameter and every float input (`names` name the inputs),
+    in both precisions: (out32, out64, probe, {name: (grad32, grad64)})."""
     perturb(module, gen)
     module.eval()
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name in ("cls_token", "pos_embed"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    out32 = call(module, *[x for x in inputs])
-    m64 = module.double()
-    out64 = call(m64, *[x.double() if x.is_floating_point() else x for x in inputs])
-    module.float()
-    return out32.detach(), out64.detach()
+    runs = {}
+    for dt, m in ((torch.float32, module), (torch.float64, copy.deepcopy(module).double())):
+        xs = [x.detach().to(dt).clone().requires_grad_(True) if x.is_floating_point() else x for x in inputs]
+        runs[dt] = (call(m, *xs), xs, [p for _, p in m.named_parameters()])
+    out32, out64 = runs[torch.float32][0], runs[torch.float64][0]
+    probe = torch.randn(out32.shape, generator=gen)
+    grads = {}
+    for dt, (out, xs, params) in runs.items():
+        wrt = [x for x in xs if x.is_floating_point()] + params
+        labels = [n for n, x in zip(names, xs) if x.is_floating_point()] + [n for n, _ in module.named_parameters()]
+        for label, g in zip(labels, torch.autograd.grad((out * probe.to(dt)).sum(), wrt)):
+            grads.setdefault(label, {})[dt] = g.detach()
+    return out32.detach(), out64.detach(), probe, {k: (v[torch.float32], v[torch.float64]) for k, v in grads.items()}
 
 
 def make(name, gen):
@@ -119,49 +130,60 @@ def make(name, gen):
         m = decoder_layer("relu", False)
         tgt, mem = torch.randn(2, 5, E, generator=gen), torch.randn(2, 7, E, generator=gen)
         mem_kpm = padding([7, 4], 7)
-        o32, o64 = run_case(m, [tgt, mem], lambda m, t, s: m(t, s, tgt_mask=causal(5), memory_key_padding_mask=mem_kpm),
-                            gen)
+        o32, o64, probe, grads = run_case(
+            m, [tgt, mem], lambda m, t, s: m(t, s, tgt_mask=causal(5), memory_key_padding_mask=mem_kpm), gen,
+            ["tgt", "memory"])
         inputs = {"tgt": tgt, "memory": mem, "memory_key_padding_mask": mem_kpm}
     elif name == "decoder_pre":
         m = decoder_layer("gelu", True)
         tgt, mem = torch.randn(2, 5, E, generator=gen), torch.randn(2, 3, E, generator=gen)
         tgt_kpm = padding([5, 3], 5)
-        o32, o64 = run_case(m, [tgt, mem], lambda m, t, s: m(t, s, tgt_mask=causal(5), tgt_key_padding_mask=tgt_kpm),
-                            gen)
+        o32, o64, probe, grads = run_case(
+            m, [tgt, mem], lambda m, t, s: m(t, s, tgt_mask=causal(5), tgt_key_padding_mask=tgt_kpm), gen,
+            ["tgt", "memory"])
         inputs = {"tgt": tgt, "memory": mem, "tgt_key_padding_mask": tgt_kpm}
     elif name == "encoder_decoder":
         m = EncoderDecoder()
         src, tgt = torch.randn(2, 7, E, generator=gen), torch.randn(2, 4, E, generator=gen)
         kpm = padding([7, 5], 7)
-        o32, o64 = run_case(m, [src, tgt], lambda m, s, t: m(s, t, kpm), gen)
+        o32, o64, probe, grads = run_case(m, [src, tgt], lambda m, s, t: m(s, t, kpm), gen, ["src", "tgt"])
         inputs = {"src": src, "tgt": tgt, "src_key_padding_mask": kpm}
     else:
         m = Vit()
         patches = torch.randn(2, 6, 12, generator=gen)
-        o32, o64 = run_case(m, [patches], lambda m, p: m(p), gen)
+        o32, o64, probe, grads = run_case(m, [patches], lambda m, p: m(p), gen, ["patches"])
         inputs = {"patches": patches}
     state = {k: v.detach().float() for k, v in m.state_dict().items()}
     if name == "vit":
         state["cls_token"] = state["cls_token"].reshape(1, E)
         state["pos_embed"] = state["pos_embed"].reshape(-1, E)
+        for k in ("cls_token", "pos_embed"):
+            grads[k] = tuple(g.reshape(state[k].shape) for g in grads[k])
+
+    def tol_of(a32, a64):
+        return max(TOL_FACTOR * float((a32.double() - a64).abs().max()), TOL_FLOOR * max(1.0, float(a64.abs().max())))
+
     err = float((o32.double() - o64).abs().max())
-    tol = max(TOL_FACTOR * err, TOL_FLOOR * max(1.0, float(o64.abs().max())))
-    return state, inputs, o64, err, tol
+    return state, inputs, o64, err, tol_of(o32, o64), probe, grads, {k: tol_of(*v) for k, v in grads.items()}
 
 
 def generate(root):
     for k, name in enumerate(["decoder_post", "decoder_pre", "encoder_decoder", "vit"]):
         gen = torch.Generator().manual_seed(3000 + k)
         torch.manual_seed(3000 + k)  # the modules' own initialisation
-        state, inputs, out64, err, tol = make(name, gen)
+        state, inputs, out64, err, tol, probe, grads, grad_tol = make(name, gen)
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
         write_safetensors(os.path.join(d, "weights.safetensors"), state)
         for n, x in inputs.items():
             np.save(os.path.join(d, n + ".npy"), x.numpy(), allow_pickle=False)
         np.save(os.path.join(d, "expected_out_f64.npy"), out64.numpy(), allow_pickle=False)
-        write_json(os.path.join(d, "case.json"), {"tol": tol, "torch_fp32_err": err})
-        print(f"{name}: out {tuple(out64.shape)}, PyTorch fp32 error {err:.3g}, tol {tol:.3g}")
+        np.save(os.path.join(d, "probe.npy"), probe.numpy(), allow_pickle=False)
+        for n, (_, g64) in grads.items():
+            np.save(os.path.join(d, "grad_" + n + ".npy"), g64.numpy(), allow_pickle=False)
+        write_json(os.path.join(d, "case.json"), {"tol": tol, "torch_fp32_err": err, "grad_tol": grad_tol})
+        print(f"{name}: out {tuple(out64.shape)}, PyTorch fp32 error {err:.3g}, tol {tol:.3g}; "
+              f"{len(grads)} gradients, largest tol {max(grad_tol.values()):.3g}")
 
 
 def main():

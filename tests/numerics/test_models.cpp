@@ -2,8 +2,9 @@
 // 1.13 (tests/numerics/make_model_fixtures.py): nn.TransformerDecoderLayer both ways, an
 // encoder–decoder whose source and target have different lengths, and a ViT block (a CLS token
 // prepended over the batch, learned positions, the CLS row selected). Each runs on the reference
-// interpreter and on the CPU backend; the tolerance is the fixture's (4 × PyTorch's own fp32
-// error, at least 2e-6 relative).
+// interpreter and on the CPU backend — the output, and the gradients of Σ out ⊙ probe by every
+// parameter and input (reverse mode over the graph) against PyTorch autograd's; the tolerance is
+// the fixture's (4 × PyTorch's own fp32 error, at least 2e-6 relative), per tensor.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/dsl/grad.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
@@ -44,20 +46,63 @@ Feeds feeds_of(const std::string& name, std::initializer_list<const char*> input
   return f;
 }
 
-void expect_matches(const std::string& name, const Graph& g, const Feeds& feeds) {
+/// max |got − want| over the entries (want: an fp64 fixture).
+double max_error(const NdArray& got, const NdArray& want) {
+  EXPECT_EQ(got.shape, want.shape);
+  const auto g = got.to_f32();
+  const auto w = want.as<double>();
+  double err = 0;
+  for (std::size_t i = 0; i < g.size() && i < w.size(); ++i) err = std::max(err, std::abs(g[i] - w[i]));
+  return err;
+}
+
+int leaf_named(const Graph& g, const std::string& name) {
+  for (std::size_t i = 0; i < g.nodes().size(); ++i)
+    if (is_array_leaf(g.node(static_cast<int>(i))) && g.node(static_cast<int>(i)).name == name)
+      return static_cast<int>(i);
+  ADD_FAILURE() << "no input or parameter " << name;
+  return 0;
+}
+
+/// The output "out" against the fixture; then the gradients of L = Σ out ⊙ probe by every
+/// parameter and float input (reverse mode, qkv/ir/grad.hpp) against PyTorch autograd's.
+void expect_matches(const std::string& name, Graph g, Feeds feeds) {
   std::ifstream in(kDir / name / "case.json");
-  const double tol = nlohmann::json::parse(in).at("tol").get<double>();
+  const auto c = nlohmann::json::parse(in);
   const NdArray expected = read_npy(kDir / name / "expected_out_f64.npy");
-  for (const bool compiled : {false, true}) {
-    const RunResult r = compiled ? codegen::cpu::run(g, feeds) : interpret(g, feeds);
-    const NdArray& out = r.outputs.at("out");
-    ASSERT_EQ(out.shape, expected.shape) << name;
-    const auto got = out.to_f32();
-    const auto want = expected.as<double>();
-    double err = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
-    EXPECT_LE(err, tol) << name << (compiled ? " on the cpu backend" : " on the interpreter");
+  const Graph forward = g;
+  int out = -1;
+  for (const auto& o : g.outputs())
+    if (o.name == "out") out = o.node;
+  // The loss and the gradients join the same graph.
+  Node probe;
+  probe.op = Op::input;
+  probe.name = "probe";
+  probe.axes = g.node(out).axes;
+  const int r = g.add(std::move(probe));
+  feeds["probe"] = read_npy(kDir / name / "probe.npy");
+  grad_detail::Builder b(g);
+  std::vector<std::string> axes, wrt;
+  for (const auto& a : g.node(out).axes) axes.push_back(a.name);
+  std::vector<int> ids;
+  for (const auto& [w, tol] : c.at("grad_tol").items()) {
+    wrt.push_back(w);
+    ids.push_back(leaf_named(g, w));
   }
+  const std::vector<int> grads = append_gradients(g, b.sum_over(b.binary(Op::mul, out, r), axes), ids);
+  for (std::size_t k = 0; k < grads.size(); ++k) g.mark_output(grads[k], "d" + wrt[k]);
+
+  // The forward on both backends; the gradients on the interpreter (the reference: the CPU
+  // backend's gradients are checked against it on smaller graphs, test_grad.cpp — compiling a
+  // whole backward graph costs tens of seconds here).
+  EXPECT_LE(max_error(codegen::cpu::run(forward, feeds).outputs.at("out"), expected), c.at("tol").get<double>())
+      << name << " on the cpu backend";
+  const RunResult run = interpret(g, feeds);
+  EXPECT_LE(max_error(run.outputs.at("out"), expected), c.at("tol").get<double>()) << name << " on the interpreter";
+  for (const auto& w : wrt)
+    EXPECT_LE(max_error(run.outputs.at("d" + w), read_npy(kDir / name / ("grad_" + w + ".npy"))),
+              c.at("grad_tol").at(w).get<double>())
+        << name << ": d" << w << " on the interpreter";
 }
 
 using Target = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<32>>;
