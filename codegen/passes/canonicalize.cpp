@@ -2,6 +2,7 @@
 
 #include "passes/rewrite.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace qkv::codegen {
@@ -37,6 +38,22 @@ std::vector<int> splice(ModExpr& into, const ModExpr& from, Instead&& instead, I
   return id;
 }
 
+/// Whether e reads a `position` leaf (whose meaning depends on e's query, key and alignment).
+bool reads_positions(const ModExpr& e) {
+  return std::any_of(e.nodes.begin(), e.nodes.end(), [](const ModNode& m) { return m.op == ModOp::position; });
+}
+/// Whether a and b can be one expression: their positions mean the same (or one reads none).
+bool same_positions(const ModExpr& a, const ModExpr& b) {
+  return !reads_positions(a) || !reads_positions(b) || (a.query == b.query && a.key == b.key && a.align == b.align);
+}
+/// The merged expression's position attributes: those of whichever of a and b reads positions.
+void take_positions(ModExpr& into, const ModExpr& a, const ModExpr& b) {
+  const ModExpr& from = reads_positions(a) ? a : b;
+  into.query = from.query;
+  into.key = from.key;
+  into.align = from.align;
+}
+
 /// The id of `root` in `from` after splice gave `ids` (−1 stays −1).
 int spliced(const std::vector<int>& ids, int root) { return root < 0 ? root : ids[static_cast<std::size_t>(root)]; }
 
@@ -51,6 +68,7 @@ Node merge_pointwise(const Node& inner, Node outer) {
       e, out, [&](const ModNode& m) { return m.op == ModOp::score ? value : -1; },
       [&](int input) { return input + shift; });
   e.score = spliced(ids, out.score);
+  take_positions(e, *inner.mod, out);
   std::vector<int> inputs = inner.inputs;
   inputs.insert(inputs.end(), outer.inputs.begin() + 1, outer.inputs.end());
   outer.inputs = std::move(inputs);
@@ -65,9 +83,7 @@ Node inline_loaded_pointwise(const Node& p, Node outer, int j) {
   const ModExpr& oe = *outer.mod;
   const int base = static_cast<int>(outer.inputs.size());
   ModExpr e;
-  e.query = oe.query;
-  e.key = oe.key;
-  e.align = oe.align;
+  take_positions(e, oe, *p.mod);
   int inlined = -1;  // p's value, once inlined
   auto inline_p = [&] {
     auto y_in_place = [&](const ModNode& m) {
@@ -132,14 +148,14 @@ Graph canonicalize(const Graph& g) {
         const Node& p = out.node(n.inputs[j]);
         if (p.op == Op::pointwise && p.dtype == DType::f32 &&
             readers[static_cast<std::size_t>(g.node(id).inputs[j])] == 1 && same_names(p.axes, n.axes) &&
-            mod_loads_in_place(*n.mod, static_cast<int>(j), n.axes))
+            mod_loads_in_place(*n.mod, static_cast<int>(j), n.axes) && same_positions(*p.mod, *n.mod))
           n = inline_loaded_pointwise(p, std::move(n), static_cast<int>(j));
       }
     }
     if (n.op == Op::pointwise && out.node(n.inputs[0]).op == Op::pointwise &&
         readers[static_cast<std::size_t>(g.node(id).inputs[0])] == 1 && n.dtype == DType::f32 &&
-        out.node(n.inputs[0]).dtype == DType::f32)  // a half node rounds its value: not merged
-    {
+        out.node(n.inputs[0]).dtype == DType::f32 &&  // a half node rounds its value: not merged
+        same_positions(*out.node(n.inputs[0]).mod, *n.mod)) {
       const Node& inner = out.node(n.inputs[0]);  // before n is moved from: argument order is unspecified
       n = merge_pointwise(inner, std::move(n));
     }

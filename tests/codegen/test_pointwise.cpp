@@ -264,5 +264,46 @@ TEST(Pointwise, AChainIsOneNodeAfterCanonicalizeWithTheSameValues) {
   EXPECT_EQ(kept, 2);  // tanh (an output too), then exp(t) + 1 merged
 }
 
+TEST(Pointwise, MergedExpressionsKeepTheirPositionsAlignment) {
+  // A pointwise node reading bottom-right aligned positions (query i at i + S − L) fed by another
+  // pointwise node: canonicalize merges the two, and the merged expression must keep the
+  // alignment (it kept the inner node's, which reads no position, and the CPU backend then
+  // compared unshifted positions: the gradient of a bottom-right causal mask came out wrong).
+  Graph g;
+  Node x;
+  x.op = Op::input;
+  x.name = "x";
+  x.axes = {Axis{"Seq", Extent::fixed(3)}, Axis{"Key", Extent::fixed(5)}};
+  const int xi = g.add(x);
+  Node twice;
+  twice.op = Op::pointwise;
+  twice.inputs = {xi};
+  twice.axes = x.axes;
+  ModExpr t;
+  t.score = t.add(mod_node(ModOp::mul, t.add(mod_node(ModOp::score)), t.add(mod_constant(2.0))));
+  twice.mod = t;
+  const int ti = g.add(twice);
+  Node causal = twice;
+  causal.inputs = {ti};
+  ModExpr c;
+  c.query = "Seq";
+  c.key = "Key";
+  c.align = CausalAlign::bottom_right;
+  ModNode q, k;
+  q.op = k.op = ModOp::position;
+  q.axis = "Seq";
+  k.axis = "Key";
+  const int s = c.add(mod_node(ModOp::score));
+  const int keep = c.add(mod_node(ModOp::le, c.add(k), c.add(q)));
+  c.score = c.add(mod_node(ModOp::where, keep, s, c.add(mod_constant(0.0))));
+  causal.mod = c;
+  g.mark_output(g.add(causal), "y");
+  const Feeds feeds{{"x", NdArray::from_f32(std::vector<float>(15, 1.0f), {3, 5})}};
+  const auto ref = interpret(g, feeds).outputs.at("y").to_f32();
+  // Row i keeps keys j <= i + 2: 3, 4 and 5 of them.
+  EXPECT_EQ(ref, (std::vector<float>{2, 2, 2, 0, 0, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2}));
+  EXPECT_EQ(codegen::cpu::run(g, feeds).outputs.at("y").to_f32(), ref);
+}
+
 }  // namespace
 }  // namespace qkv
