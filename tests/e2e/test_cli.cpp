@@ -238,6 +238,90 @@ TEST_F(Cli, RunMhaTakesStaticKeysAndValuesAsPyTorchDoes) {
   EXPECT_THAT(r.err, HasSubstr("PyTorch refuses them together"));
 }
 
+/// Every d<name>.npy of a gradient fixture (tests/numerics/make_grad_fixtures.py) against what
+/// qkv grad wrote to `dir`, each within the fixture's tolerance; `dir` holds nothing else.
+void expect_gradients(const std::string& name, const fs::path& dir) {
+  const fs::path want = fs::path(QKV_FIXTURES_DIR).parent_path() / "grad_fixtures" / name;
+  std::ifstream in(want / "case.json");
+  const auto tol = nlohmann::json::parse(in).at("tol");
+  std::size_t n = 0;
+  for (const auto& [param, t] : tol.items()) {
+    const fs::path got = dir / ("d" + param + ".npy");
+    ASSERT_TRUE(fs::exists(got)) << name << ": no " << got.filename();
+    const NdArray a = read_npy(got), e = read_npy(want / ("d" + param + ".npy"));
+    ASSERT_EQ(a.shape, e.shape) << name << ": d" << param;
+    const auto av = a.to_f32();
+    const auto ev = e.as<double>();
+    double err = 0;
+    for (std::size_t i = 0; i < av.size(); ++i) err = std::max(err, std::abs(av[i] - ev[i]));
+    EXPECT_LE(err, t.get<double>()) << name << ": d" << param;
+    ++n;
+  }
+  EXPECT_EQ(static_cast<std::size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator{})), n) << name;
+}
+
+TEST_F(Cli, GradMatchesPyTorchAutogradOnEveryInputAndWeight) {
+  // Every case on the reference backend; on the CPU (whose backward graphs take seconds to
+  // compile) the encoder layers and sdpa, and the backends agree with each other on the rest by
+  // numerics/test_grad.cpp.
+  const fs::path grads = fs::path(QKV_FIXTURES_DIR).parent_path() / "grad_fixtures";
+  for (const std::string backend : {"reference", "cpu"}) {
+    for (const char* name : {"key_padding", "causal", "cross_kdim_vdim", "add_bias_kv"}) {
+      if (backend == "cpu") continue;
+      const Result r = run("grad mha " + mha_flags(config(name), name) + " --grad-output " +
+                           (grads / name / "grad_output.npy").string() + " --grads-out " + tmp(backend + name) +
+                           " --backend " + backend);
+      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+      expect_gradients(name, tmp(backend + name));
+    }
+    for (const char* name : {"encoder_relu_post_padding", "encoder_gelu_pre"}) {
+      if (backend == "cpu" && name == std::string("encoder_relu_post_padding")) continue;
+      const auto c = config(name);
+      std::string flags = "grad encoder-layer --weights " + fixture(name, "weights.safetensors") + " --src " +
+                          fixture(name, "src.npy") + " --heads 4 --activation " + c.at("activation").get<std::string>();
+      if (c.at("norm_first").get<bool>()) flags += " --norm-first";
+      if (fs::exists(fixture(name, "src_key_padding_mask.npy")))
+        flags += " --src-key-padding-mask " + fixture(name, "src_key_padding_mask.npy");
+      const Result r = run(flags + " --grad-output " + (grads / name / "grad_output.npy").string() + " --grads-out " +
+                           tmp(backend + name) + " --backend " + backend + " -o " + tmp(backend + name + ".npy"));
+      ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
+      expect_gradients(name, tmp(backend + name));
+      // --out: the forward output beside.
+      EXPECT_LE(error(tmp(backend + name + ".npy"), fixture(name, "expected_out_f64.npy")), 2e-5) << name;
+    }
+    // The captured tensors' gradients: a float bias and ALiBi slopes.
+    const fs::path s = grads / "sdpa_bias_alibi";
+    const Result r =
+        run("grad sdpa --query " + (s / "query.npy").string() + " --key " + (s / "key.npy").string() + " --value " +
+            (s / "value.npy").string() + " --attn-bias " + (s / "attn_bias.npy").string() + " --alibi-slopes " +
+            (s / "alibi_slopes.npy").string() + " --align top-left --grad-output " + (s / "grad_output.npy").string() +
+            " --grads-out " + tmp(backend + "sdpa") + " --backend " + backend);
+    ASSERT_EQ(r.code, 0) << "sdpa on " << backend << ": " << r.err;
+    expect_gradients("sdpa_bias_alibi", tmp(backend + "sdpa"));
+  }
+}
+
+TEST_F(Cli, GradProblemsAreOneLine) {
+  const fs::path grads = fs::path(QKV_FIXTURES_DIR).parent_path() / "grad_fixtures";
+  const std::string base = "grad mha " + mha_flags(config("key_padding"), "key_padding");
+  // dO of the wrong shape; no --grads-out; the gradients' folder a file.
+  write_npy(tmp("do.npy"), NdArray::zeros(DType::f32, {3, 6, 31}));
+  Result r = run(base + " --grad-output " + tmp("do.npy") + " --grads-out " + tmp("g"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--grad-output: shape (3, 6, 31) must be the output's (3, 6, 32)"));
+  expect_one_line_error(r);
+  EXPECT_FALSE(fs::exists(tmp("g")));
+  r = run(base + " --grad-output " + (grads / "key_padding" / "grad_output.npy").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--grads-out is required"));
+  write_text(tmp("file"), "x");
+  r = run(base + " --grad-output " + (grads / "key_padding" / "grad_output.npy").string() + " --grads-out " +
+          tmp("file"));
+  EXPECT_NE(r.code, 0);
+  expect_one_line_error(r);
+  EXPECT_EQ(slurp(tmp("file")), "x");
+}
+
 TEST_F(Cli, RunSdpaWithBottomRightCausalAndDropoutIsDeterministic) {
   // q: 2 queries, k/v: 4 keys; bottom-right causal lets query i see keys 0..i+2.
   write_npy(tmp("q.npy"), NdArray::from_f32({0.1f, 0.2f, 0.3f, 0.4f}, {1, 1, 2, 2}));

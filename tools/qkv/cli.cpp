@@ -159,12 +159,31 @@ struct ModFlagsOptions {
   }
 };
 
+/// qkv grad's flags beside a run command's: --grad-output and --grads-out (required), --out
+/// optional (the forward output, when given).
+struct GradFlags {
+  GradRequest r;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--grad-output", r.grad_output, "dO, the output's gradient (its shape) .npy")->required();
+    cmd->add_option("--grads-out", r.grads_out,
+                    "Folder for the gradients: d<name>.npy per float input and weight (created if absent)")
+        ->required();
+  }
+};
+
+/// `--out` of a run command; required unless the command is qkv grad's.
+inline void out_option(CLI::App* cmd, std::string& out, const std::string& what, bool grad) {
+  auto* opt = cmd->add_option("--out,-o", out, grad ? what + " (optional: the forward output)" : what);
+  if (!grad) opt->required();
+}
+
 struct RunMhaFlags {
   RunMha o;
   CausalFlag causal;
   BackendFlag backend;
   DTypeFlag dtype;
   CLI::App* cmd = nullptr;
+  std::optional<GradFlags> grad;  // set before add(): qkv grad
   void add(CLI::App* run) {
     cmd = run->add_subcommand("mha", "nn.MultiheadAttention(batch_first=True), eval mode");
     cmd->footer(
@@ -186,7 +205,8 @@ struct RunMhaFlags {
         "[B*H, S, head_dim]: values already projected (PyTorch's static_v; the value projection is skipped)");
     cmd->add_flag("--need-weights", o.need_weights, "Write attention weights (averaged over heads)");
     cmd->add_flag("--per-head-weights", o.per_head_weights, "Write weights per head [B, H, L, S]");
-    cmd->add_option("--out,-o", o.out, "Output [B, L, E] .npy")->required();
+    out_option(cmd, o.out, "Output [B, L, E] .npy", grad.has_value());
+    if (grad) grad->add(cmd);
     cmd->add_option("--weights-out", o.weights_out, "Attention weights .npy (implies --need-weights)");
     mods.add(cmd, o.mods);
     cmd->add_option("--alibi-slopes", o.alibi_slopes, "f32 [H] or [B, H]: ALiBi, score - slope*|i' - j|");
@@ -200,6 +220,7 @@ struct RunMhaFlags {
     mods.get(o.mods);
     o.backend = backend.get();
     o.dtype = dtype.get();
+    if (grad) o.grad = grad->r;
     return o;
   }
 };
@@ -212,6 +233,7 @@ struct RunSdpaFlags {
   double scale = 0;
   CLI::Option* scale_opt = nullptr;
   CLI::App* cmd = nullptr;
+  std::optional<GradFlags> grad;  // set before add(): qkv grad
   void add(CLI::App* run) {
     cmd = run->add_subcommand("sdpa", "Scaled dot-product attention on [B, H, L, D] tensors");
     cmd->footer("Example: qkv run sdpa --query q.npy --key k.npy --value v.npy --causal --out o.npy");
@@ -225,7 +247,8 @@ struct RunSdpaFlags {
     scale_opt = cmd->add_option("--scale", scale, "Score scale (default 1/sqrt(D))")->check(finite_number());
     cmd->add_option("--dropout", o.dropout, "Dropout probability on the weights, in [0, 1)")->check(finite_number());
     cmd->add_option("--seed", o.seed, "Dropout seed (counter-based: same seed, same mask)")->check(unsigned_integer());
-    cmd->add_option("--out,-o", o.out, "Output [B, H, L, Dv] .npy")->required();
+    out_option(cmd, o.out, "Output [B, H, L, Dv] .npy", grad.has_value());
+    if (grad) grad->add(cmd);
     cmd->add_option("--weights-out", o.weights_out, "Attention weights [B, H, L, S] .npy");
     cmd->add_option("--lse-out", o.lse_out, "Log-sum-exp of each row's scores [B, H, L] .npy (-inf: no key)");
     mods.add(cmd, o.mods);
@@ -243,6 +266,7 @@ struct RunSdpaFlags {
     if (scale_opt->count()) o.scale = scale;
     o.backend = backend.get();
     o.dtype = dtype.get();
+    if (grad) o.grad = grad->r;
     return o;
   }
 };
@@ -253,6 +277,7 @@ struct RunEncoderFlags {
   BackendFlag backend;
   DTypeFlag dtype;
   CLI::App* cmd = nullptr;
+  std::optional<GradFlags> grad;  // set before add(): qkv grad
   void add(CLI::App* run, bool stack) {
     o.stack = stack;
     if (stack) {
@@ -274,7 +299,8 @@ struct RunEncoderFlags {
     cmd->add_option("--src-key-padding-mask", o.src_key_padding_mask, "bool [B, L], true = ignore");
     cmd->add_option("--src-mask", o.src_mask, "bool [L, L] (true = not allowed) or float (added)");
     causal.add(cmd);
-    cmd->add_option("--out,-o", o.out, "Output [B, L, d_model] .npy")->required();
+    out_option(cmd, o.out, "Output [B, L, d_model] .npy", grad.has_value());
+    if (grad) grad->add(cmd);
     backend.add(cmd);
     dtype.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
@@ -283,6 +309,7 @@ struct RunEncoderFlags {
     o.causal = causal.get();
     o.backend = backend.get();
     o.dtype = dtype.get();
+    if (grad) o.grad = grad->r;
     return o;
   }
 };
@@ -552,6 +579,20 @@ int run_cli(int argc, char** argv) {
   RunEncoderFlags layer, stack;
   layer.add(run, false);
   stack.add(run, true);
+  // qkv grad: the same models and flags, differentiated.
+  auto* grad_cmd = app.add_subcommand("grad", "Gradients of a PyTorch attention module (its backward, on .npy inputs)")
+                       ->require_subcommand(1);
+  grad_cmd->footer(
+      "Example: qkv grad mha --weights mha.safetensors --query q.npy --heads 8 --grad-output do.npy --grads-out "
+      "grads/");
+  RunMhaFlags grad_mha;
+  RunSdpaFlags grad_sdpa;
+  RunEncoderFlags grad_layer, grad_stack;
+  for (auto* f : {&grad_mha.grad, &grad_sdpa.grad, &grad_layer.grad, &grad_stack.grad}) f->emplace();
+  grad_mha.add(grad_cmd);
+  grad_sdpa.add(grad_cmd);
+  grad_layer.add(grad_cmd, false);
+  grad_stack.add(grad_cmd, true);
   RunCausalLmFlags causal_lm;
   causal_lm.add(run);
   RunEncoderModelFlags encoder_model;
@@ -659,6 +700,10 @@ int run_cli(int argc, char** argv) {
 
   return guarded([&]() -> int {
     if (*mha.cmd) return run_mha(mha.get());
+    if (*grad_mha.cmd) return run_mha(grad_mha.get());
+    if (*grad_sdpa.cmd) return run_sdpa(grad_sdpa.get());
+    if (*grad_layer.cmd) return run_encoder(grad_layer.get());
+    if (*grad_stack.cmd) return run_encoder(grad_stack.get());
     if (*sdpa.cmd) return run_sdpa(sdpa.get());
     if (*layer.cmd) return run_encoder(layer.get());
     if (*stack.cmd) return run_encoder(stack.get());

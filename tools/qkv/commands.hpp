@@ -38,9 +38,18 @@ struct ModFlags {
   std::optional<std::int64_t> prefix_len;
 };
 
+/// qkv grad: a run command's model differentiated — the gradients of L = Σ out ⊙ dO (dO: the
+/// output's gradient, as PyTorch's out.backward(dO)) by every float input and weight, written
+/// to a folder as d<name>.npy (commands_run.cpp, run_gradients).
+struct GradRequest {
+  std::string grad_output;  // dO [the output's shape] .npy
+  std::string grads_out;    // the folder (created when it does not exist)
+};
+
 struct RunMha {
   std::string weights, query, key, value, key_padding_mask, attn_mask, out, weights_out;
-  std::string static_k, static_v;  // PyTorch's static_k / static_v: [B*H, S, head_dim]
+  std::string static_k, static_v;   // PyTorch's static_k / static_v: [B*H, S, head_dim]
+  std::optional<GradRequest> grad;  // qkv grad mha
   std::int64_t heads = 0;
   std::optional<std::string> causal;
   ModFlags mods;
@@ -56,6 +65,7 @@ Mods parse_mod_flags(const ModFlags& f, bool alibi, std::int64_t len_q, std::int
 
 struct RunSdpa {
   std::string query, key, value, attn_bias, attn_mask, key_padding_mask, out, weights_out, lse_out;
+  std::optional<GradRequest> grad;  // qkv grad sdpa
   std::optional<std::string> causal;
   ModFlags mods;
   std::string alibi_slopes, q_doc_ids, kv_doc_ids;
@@ -68,6 +78,7 @@ struct RunSdpa {
 };
 struct RunEncoder {
   std::string weights, src, src_key_padding_mask, src_mask, out;
+  std::optional<GradRequest> grad;  // qkv grad encoder-layer / encoder
   std::int64_t heads = 0;
   std::string activation = "relu";
   bool norm_first = false, stack = false;

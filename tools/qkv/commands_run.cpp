@@ -1,5 +1,6 @@
 // qkv run mha | sdpa | encoder-layer | encoder: PyTorch's modules on .npy inputs and a
 // safetensors state dict, through the reference interpreter.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/ir/float_dtype.hpp>
+#include <qkv/ir/grad.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
@@ -237,6 +239,8 @@ void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_ro
                     " does not broadcast to [B, H, L, S] = " + shape_to_string(full));
     if (t < 2 && m.shape[a] != 1) leading_ones = false;
   }
+  bias_sources.emplace_back(flag, m.shape);
+  bias_from_bool = bias_from_bool || m.dtype == DType::boolean;
   // Keep the bias [L, S] (which the fused kernel takes) unless this mask varies over B or H.
   if (!bias) {
     require_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(len_q, len_k, flag), kF32Bytes, flag)), flag);
@@ -280,7 +284,13 @@ void MaskBuilder::add(NdArray m, const std::string& flag, bool per_batch_head_ro
   }
 }
 
+std::string MaskBuilder::bias_gradient_name() const { return bias_name_; }
+
 Masks MaskBuilder::finish(Feeds& into) {
+  if (bias && !bias_from_bool && bias_sources.size() == 1 && bias_sources[0].second == bias->shape) {
+    bias_name_ = bias_sources[0].first.substr(2);  // "--attn-mask" -> "attn_mask"
+    std::replace(bias_name_.begin(), bias_name_.end(), '-', '_');
+  }
   for (auto& [name, a] : feeds) into[name] = std::move(a);
   if (bias) {
     spec.bias = bias->shape.size() == 2 ? Masks::Bias::query_key : Masks::Bias::per_head;
@@ -318,6 +328,80 @@ void expect_width(const NdArray& a, std::int64_t want, const std::string& flag, 
 
 }  // namespace
 
+namespace {
+
+/// A file name for the gradient of `name`: d<name>.npy, any character but letters, digits, '.',
+/// '-' and '_' replaced by '_' (a state dict's names are user data).
+std::string gradient_file(const std::string& name) {
+  std::string f = "d";
+  for (const char c : name)
+    f += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ? c : '_';
+  return f + ".npy";
+}
+
+/// qkv grad: g's output "out" differentiated (GradRequest), its gradients written to the folder
+/// and, with out_file, the forward output too; all outputs committed together.
+int run_gradients(Graph g, Feeds feeds, const GradRequest& r, OutputGroup& outputs, std::optional<std::size_t> out_file,
+                  Backend backend, bool stats, const std::map<std::string, std::string>& file_names = {}) {
+  int out = -1;
+  for (const auto& o : g.outputs())
+    if (o.name == "out") out = o.node;
+  if (out < 0) internal_error("qkv grad: the model has no output `out`");
+  // dO: the output's shape (its sizes from the inputs), the output's dtype.
+  const Bindings b = bind_extents(g, feeds);
+  std::vector<std::int64_t> shape;
+  for (const auto& a : g.node(out).axes) shape.push_back(a.extent.resolve(b).value_or(-1));
+  NdArray d_out = load_npy(r.grad_output, "--grad-output");
+  if (d_out.dtype != DType::f32 && d_out.dtype != DType::f16 && d_out.dtype != DType::bf16)
+    throw IoError("--grad-output: must be a float array, not " + std::string(dtype_name(d_out.dtype)));
+  if (d_out.shape != shape)
+    throw IoError("--grad-output: shape " + shape_str(d_out) + " must be the output's " + shape_to_string(shape));
+  // L = Σ out ⊙ dO; its gradients by every float input and weight fed.
+  Node probe;
+  probe.op = Op::input;
+  probe.name = "grad_output";
+  probe.axes = g.node(out).axes;
+  probe.dtype = g.node(out).dtype;
+  const int p = g.add(std::move(probe));
+  feeds["grad_output"] = d_out.dtype == g.node(out).dtype ? std::move(d_out) : d_out.converted(g.node(out).dtype);
+  grad_detail::Builder builder(g);
+  std::vector<std::string> axes, names;
+  for (const auto& a : g.node(out).axes) axes.push_back(a.name);
+  std::vector<int> wrt;
+  std::vector<std::string> shown_names;      // per gradient: the name of its file
+  std::map<std::string, std::string> files;  // file -> the name it holds
+  for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.node(static_cast<int>(i));
+    if (!is_array_leaf(n) || n.name == "grad_output" || !feeds.contains(n.name)) continue;
+    if (n.dtype != DType::f32 && n.dtype != DType::f16 && n.dtype != DType::bf16) continue;  // masks, ids
+    const auto renamed = file_names.find(n.name);
+    if (renamed != file_names.end() && renamed->second.empty()) continue;  // made from a bool mask: no gradient
+    const std::string shown = renamed == file_names.end() ? n.name : renamed->second;
+    if (const auto [at, fresh] = files.emplace(gradient_file(shown), n.name); !fresh)
+      throw IoError("--grads-out: '" + at->second + "' and '" + n.name + "' would both be written to " + at->first);
+    wrt.push_back(static_cast<int>(i));
+    names.push_back(n.name);
+    shown_names.push_back(shown);
+  }
+  const int loss = builder.sum_over(builder.binary(Op::mul, out, p), axes);
+  const std::vector<int> grads = append_gradients(g, loss, wrt);
+  for (std::size_t k = 0; k < grads.size(); ++k) g.mark_output(grads[k], "d:" + names[k]);
+
+  outputs.add_directory(r.grads_out, "--grads-out");
+  std::vector<std::size_t> grad_files;
+  for (const auto& n : shown_names)
+    grad_files.push_back(outputs.add_file(std::filesystem::path(r.grads_out) / gradient_file(n), "--grads-out"));
+  const RunResult result = run_model(g, feeds, backend, stats);
+
+  const Activity writing("writing the gradients");
+  if (out_file) stage_npy(outputs, *out_file, result.outputs.at("out"));
+  for (std::size_t k = 0; k < names.size(); ++k) stage_npy(outputs, grad_files[k], result.outputs.at("d:" + names[k]));
+  outputs.commit();
+  return 0;
+}
+
+}  // namespace
+
 int run_mha(const RunMha& o) {
   if (o.heads <= 0) throw UsageError("--heads must be positive");
   const bool want_weights = o.need_weights || o.per_head_weights || !o.weights_out.empty();
@@ -330,8 +414,12 @@ int run_mha(const RunMha& o) {
                            {o.value, "--value"},
                            {o.key_padding_mask, "--key-padding-mask"},
                            {o.attn_mask, "--attn-mask"},
-                           {o.alibi_slopes, "--alibi-slopes"}});
-  const std::size_t out_file = outputs.add_file(o.out, "--out");
+                           {o.alibi_slopes, "--alibi-slopes"},
+                           {o.static_k, "--static-k"},
+                           {o.static_v, "--static-v"},
+                           {o.grad ? o.grad->grad_output : "", "--grad-output"}});
+  const std::optional<std::size_t> out_file =
+      o.out.empty() ? std::nullopt : std::optional(outputs.add_file(o.out, "--out"));
   const std::size_t weights_file = want_weights ? outputs.add_file(o.weights_out, "--weights-out") : 0;
 
   const Activity reading("reading the inputs");
@@ -445,11 +533,17 @@ int run_mha(const RunMha& o) {
   if (static_k) feeds["static_k"] = std::move(*static_k);
   if (static_v) feeds["static_v"] = std::move(*static_v);
   const Graph g = model_as(build_mha(m), o.dtype, feeds);
+  if (o.grad) {
+    if (!batched) throw UsageError("qkv grad mha: give batched inputs ([B, L, E])");
+    if (want_weights) throw UsageError("qkv grad mha: --weights-out is run's; the gradients are of the output only");
+    return run_gradients(g, std::move(feeds), *o.grad, outputs, out_file, o.backend, o.stats,
+                         {{"attn_bias", masks.bias_gradient_name()}});
+  }
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   const auto drop_batch = [&](NdArray a) { return batched ? a : unbatched(std::move(a)); };
-  stage_npy(outputs, out_file, drop_batch(r.outputs.at("out")));
+  stage_npy(outputs, *out_file, drop_batch(r.outputs.at("out")));
   if (want_weights) {
     const NdArray& w = r.outputs.at("weights");
     stage_npy(outputs, weights_file, drop_batch(o.per_head_weights ? w : mean_over_axis(w, 1).converted(w.dtype)));
@@ -498,8 +592,10 @@ int run_sdpa(const RunSdpa& o) {
                            {o.key_padding_mask, "--key-padding-mask"},
                            {o.alibi_slopes, "--alibi-slopes"},
                            {o.q_doc_ids, "--q-doc-ids"},
-                           {o.kv_doc_ids, "--kv-doc-ids"}});
-  const std::size_t out_file = outputs.add_file(o.out, "--out");
+                           {o.kv_doc_ids, "--kv-doc-ids"},
+                           {o.grad ? o.grad->grad_output : "", "--grad-output"}});
+  const std::optional<std::size_t> out_file =
+      o.out.empty() ? std::nullopt : std::optional(outputs.add_file(o.out, "--out"));
   const std::size_t weights_file = o.weights_out.empty() ? 0 : outputs.add_file(o.weights_out, "--weights-out");
   const std::size_t lse_file = o.lse_out.empty() ? 0 : outputs.add_file(o.lse_out, "--lse-out");
 
@@ -549,10 +645,16 @@ int run_sdpa(const RunSdpa& o) {
   m.masks.causal = parse_causal(o.causal, L, S);
   m.mods = parse_mods(o, feeds, B, H, L, S);
   const Graph g = model_as(build_sdpa(m), o.dtype, feeds);
+  if (o.grad) {
+    if (!o.weights_out.empty() || !o.lse_out.empty())
+      throw UsageError("qkv grad sdpa: --weights-out and --lse-out are run's; the gradients are of the output only");
+    return run_gradients(g, std::move(feeds), *o.grad, outputs, out_file, o.backend, o.stats,
+                         {{"q", "query"}, {"k", "key"}, {"v", "value"}, {"attn_bias", masks.bias_gradient_name()}});
+  }
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
-  stage_npy(outputs, out_file, r.outputs.at("out"));
+  stage_npy(outputs, *out_file, r.outputs.at("out"));
   if (!o.weights_out.empty()) stage_npy(outputs, weights_file, r.outputs.at("weights"));
   if (!o.lse_out.empty()) stage_npy(outputs, lse_file, r.outputs.at("lse"));
   outputs.commit();
@@ -568,8 +670,10 @@ int run_encoder(const RunEncoder& o) {
   protect_inputs(outputs, {{o.weights, "--weights"},
                            {o.src, "--src"},
                            {o.src_key_padding_mask, "--src-key-padding-mask"},
-                           {o.src_mask, "--src-mask"}});
-  const std::size_t out_file = outputs.add_file(o.out, "--out");
+                           {o.src_mask, "--src-mask"},
+                           {o.grad ? o.grad->grad_output : "", "--grad-output"}});
+  const std::optional<std::size_t> out_file =
+      o.out.empty() ? std::nullopt : std::optional(outputs.add_file(o.out, "--out"));
 
   const Activity reading("reading the inputs");
   const SafetensorsFile sd = SafetensorsFile::open(o.weights);
@@ -623,10 +727,15 @@ int run_encoder(const RunEncoder& o) {
   m.masks.causal = parse_causal(o.causal, L, L);
   feeds["src"] = std::move(src);
   const Graph g = model_as(build_encoder(m), o.dtype, feeds);
+  if (o.grad) {
+    if (!batched) throw UsageError("qkv grad encoder-layer: give a batched --src ([B, L, d_model])");
+    return run_gradients(g, std::move(feeds), *o.grad, outputs, out_file, o.backend, o.stats,
+                         {{"attn_bias", masks.bias_gradient_name()}});
+  }
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
-  stage_npy(outputs, out_file, batched ? r.outputs.at("out") : unbatched(r.outputs.at("out")));
+  stage_npy(outputs, *out_file, batched ? r.outputs.at("out") : unbatched(r.outputs.at("out")));
   outputs.commit();
   return 0;
 }

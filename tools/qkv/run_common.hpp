@@ -74,12 +74,23 @@ struct MaskBuilder {
   Feeds feeds;
   std::optional<NdArray> bias;
   Masks spec;
+  /// What the bias was made of: every mask add()ed, by flag with its own shape, and whether one
+  /// was bool (qkv grad: the bias's gradient is a mask's only when one float mask of the bias's
+  /// shape made it).
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> bias_sources;
+  bool bias_from_bool = false;
+  /// The name qkv grad gives the bias's gradient (a flag's name, e.g. "attn_mask"), or "" when it
+  /// is no mask's; set by finish().
+  [[nodiscard]] std::string bias_gradient_name() const;
 
   void key_padding(const NdArray& kpm, const std::string& flag);
   /// `per_batch_head_rows`: m is PyTorch MHA's [B*H, L, S]; otherwise NumPy broadcasting.
   void add(NdArray m, const std::string& flag, bool per_batch_head_rows);
   /// Moves the mask arrays into `into` and says which inputs the model needs.
   Masks finish(Feeds& into);
+
+ private:
+  std::string bias_name_;
 };
 
 }  // namespace qkv::cli

@@ -885,10 +885,19 @@ class Sweep : public Builder {
       else
         after.plus -= start + part.value;
     } else if (!n.dim) {
+      // Part `offset` of K equal parts: K from the extents when one is a multiple of the other,
+      // else (a weight [3·E, E] cut in three: its own size symbol) from the parts the graph cuts
+      // the same axis into — the slices of x of this part's size (chunk and the fused in-projection
+      // cut every part); the concat's size is checked against x's when the sizes are bound.
       std::int64_t parts = 0;
       for (std::int64_t k = 1; k <= 4096 && parts == 0; ++k)
         if (part.times(k) == whole) parts = k;
-      if (parts == 0) fail(id, "a slice of a run-time length that is not a whole part of its axis: not differentiated");
+      if (parts == 0)
+        for (const Node& other : g_.nodes())
+          if (other.op == Op::slice && !other.dim && other.inputs[0] == x && other.attr_axes == n.attr_axes &&
+              axis_named(other.axes, other.attr_axes[1]).extent == part)
+            parts = std::max(parts, other.offset + 1);
+      if (parts <= n.offset) fail(id, "a slice of a run-time length whose parts are unknown: not differentiated");
       before = part.times(n.offset);
       after = part.times(parts - n.offset - 1);
     } else {
