@@ -2,6 +2,7 @@
 //
 //   auto loss = mean_all(y * y);                // a scalar: Tensor<f32> (no axes)
 //   auto [dx, dw] = grad(loss, x, w);           // dx has x's type, dw has w's
+//   auto dfc = grad(loss, fc);                  // a Linear: dfc.weight, dfc.bias are the gradients
 //   output(dw, "dw");
 //
 // grad() appends the backward nodes to the same graph (reverse mode over the Graph IR,
@@ -15,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include <qkv/dsl/ops_decoder.hpp>
 #include <qkv/dsl/ops_math.hpp>
+#include <qkv/dsl/params.hpp>
 #include <qkv/ir/grad.hpp>
 
 namespace qkv {
@@ -80,10 +83,77 @@ auto sum(const T& x) {
   }
 }
 
-/// The gradients of the scalar `loss` with respect to each of `wrt` (inputs, parameters or
-/// intermediate tensors of the same graph), each of its primal's type: one tensor for one wrt,
-/// a std::tuple for several.
-template <TensorOrPoison L, TensorOrPoison... W>
+namespace detail {
+/// How grad() takes one `wrt`: a tensor (its node), or a parameter group (Linear, LayerNorm,
+/// RmsNorm, Embedding: its nodes), and how it gives the gradient back as the same type — a
+/// group's gradient is a group of the same type whose ids are the gradients' (a Linear without a
+/// bias has none).
+template <class W>
+struct grad_of;
+template <class DT, class L, class Tr>
+struct grad_of<tensor<DT, L, Tr>> {
+  using result = tensor<DT, L, trait::plain>;
+  static std::vector<int> ids(const tensor<DT, L, Tr>& t) { return {t.id()}; }
+  static result rebuild(const tensor<DT, L, Tr>& t, const int*& g) { return result(t.graph(), *g++); }
+};
+template <class In, class Out>
+struct grad_of<Linear<In, Out>> {
+  using result = Linear<In, Out>;
+  static std::vector<int> ids(const Linear<In, Out>& l) {
+    return l.bias >= 0 ? std::vector<int>{l.weight, l.bias} : std::vector<int>{l.weight};
+  }
+  static result rebuild(Linear<In, Out> l, const int*& g) {
+    l.weight = *g++;
+    if (l.bias >= 0) l.bias = *g++;
+    l.prefix = "d" + l.prefix;
+    return l;
+  }
+};
+template <class Over>
+struct grad_of<LayerNorm<Over>> {
+  using result = LayerNorm<Over>;
+  static std::vector<int> ids(const LayerNorm<Over>& n) { return {n.gamma, n.beta}; }
+  static result rebuild(LayerNorm<Over> n, const int*& g) {
+    n.gamma = *g++;
+    n.beta = *g++;
+    return n;
+  }
+};
+template <class Over>
+struct grad_of<RmsNorm<Over>> {
+  using result = RmsNorm<Over>;
+  static std::vector<int> ids(const RmsNorm<Over>& n) { return {n.weight}; }
+  static result rebuild(RmsNorm<Over> n, const int*& g) {
+    n.weight = *g++;
+    return n;
+  }
+};
+template <class Rows, class Features>
+struct grad_of<Embedding<Rows, Features>> {
+  using result = Embedding<Rows, Features>;
+  static std::vector<int> ids(const Embedding<Rows, Features>& e) { return {e.weight}; }
+  static result rebuild(Embedding<Rows, Features> e, const int*& g) {
+    e.weight = *g++;
+    return e;
+  }
+};
+template <class W>
+concept Differentiable = requires { typename grad_of<std::remove_cvref_t<W>>::result; };
+
+template <class W>
+constexpr auto wrt_problem() {
+  if constexpr (TensorType<W>)
+    return grad_wrt_problem<W>();
+  else
+    return fixed_string("");
+}
+}  // namespace detail
+
+/// The gradients of the scalar `loss` with respect to each of `wrt` — tensors (inputs,
+/// parameters or intermediate values of the same graph) or parameter groups (Linear, LayerNorm,
+/// RmsNorm, Embedding) — each of its primal's type: one for one wrt, a std::tuple for several.
+template <TensorOrPoison L, class... W>
+  requires((is_poison<W> || detail::Differentiable<W>) && ...)
 auto grad(const L& loss, const W&... wrt) {
   if constexpr (any_poison<L, W...>) {
     return poison{};
@@ -92,14 +162,20 @@ auto grad(const L& loss, const W&... wrt) {
                 " is not a scalar; fix: reduce it first, e.g. sum_all(loss) or mean_all(loss)">();
   } else if constexpr (!detail::is_float_dtype<typename L::dtype>) {
     return fail<fixed_string("grad: the loss is ") + L::dtype::name + ", not a floating-point value">();
-  } else if constexpr (constexpr auto why = detail::grad_wrt_problem<W...>(); why.size() > 0) {
+  } else if constexpr (constexpr auto why = (detail::wrt_problem<W>() + ... + fixed_string("")); why.size() > 0) {
     return fail<why>();
   } else {
     Graph& g = loss.graph();
-    const std::vector<int> ids = append_gradients(g, loss.id(), {wrt.id()...});
-    auto typed = [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{tensor<typename W::dtype, typename W::axis_list, trait::plain>(g, ids[I])...};
-    }(std::index_sequence_for<W...>{});
+    std::vector<int> ids;
+    (
+        [&] {
+          for (int id : detail::grad_of<W>::ids(wrt)) ids.push_back(id);
+        }(),
+        ...);
+    const std::vector<int> grads = append_gradients(g, loss.id(), ids);
+    const int* next = grads.data();
+    // Braced initialisation: the groups are rebuilt left to right, in the order of `ids`.
+    std::tuple<typename detail::grad_of<W>::result...> typed{detail::grad_of<W>::rebuild(wrt, next)...};
     if constexpr (sizeof...(W) == 1)
       return std::get<0>(typed);
     else
