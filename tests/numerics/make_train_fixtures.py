@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Training steps of a tiny Llama in PyTorch 1.13, for qkv's loss, gradients and optimizers
+(tests/numerics/test_train.cpp).
+
+    /usr/bin/python3 tests/numerics/make_train_fixtures.py [--check]
+
+The model is make_llama_fixtures.py's Reference (transformers' LlamaForCausalLM written out: GQA,
+RoPE, RMSNorm, SwiGLU, untied head) on random weights; the loss is
+torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.1) with
+targets = the next token (the last position and two others set to -100); the optimizer
+torch.optim.AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1) and, as a second case,
+torch.optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.01). Each runs `steps` steps on the same
+batch, in fp64 and, from the same values, in fp32. Written to tests/numerics/train_fixtures/<case>/:
+
+  config.json, weights.safetensors   the model before training (as make_llama_fixtures writes them)
+  tokens.npy, targets.npy            int64 [2, 7]
+  losses.npy                         fp64 [steps]: the loss before each step
+  after/<name>.npy                   fp64: every weight after the last step
+  case.json                          {"steps": n, "tol": {name: tolerance}, "loss_tol": tolerance}:
+                                     max(4 * |fp32 - fp64|, 2e-6 * max(1, max|ref|)) per tensor
+Deterministic: --check regenerates into a temporary directory and compares with the committed files.
+"""
+
+import argparse
+import filecmp
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+from make_llama_fixtures import TOL_FACTOR, TOL_FLOOR, Reference, random_weights, write_json, write_safetensors
+
+torch.set_num_threads(1)
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "train_fixtures")
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 20,
+          "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+          "tie_word_embeddings": False, "torch_dtype": "float32"}
+CASES = {
+    "adamw": dict(steps=3, make=lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                                                              weight_decay=0.1)),
+    "sgd": dict(steps=3, make=lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.01)),
+}
+
+
+def train(w0, tokens, targets, dt, make, steps):
+    w = {k: v.detach().to(dt).clone().requires_grad_(True) for k, v in w0.items()}
+    opt = make(list(w.values()))
+    losses = []
+    for _ in range(steps):
+        ref = Reference(CONFIG, {}, dt)
+        ref.w = w  # the trainable tensors themselves
+        logits = ref.forward(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, CONFIG["vocab_size"]), targets.reshape(-1),
+                                                 ignore_index=-100, label_smoothing=0.1)
+        losses.append(float(loss))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach() for k, v in w.items()}, losses
+
+
+def make_case(root, name, spec):
+    gen = torch.Generator().manual_seed(5000)
+    w0 = random_weights(CONFIG, gen)
+    tokens = torch.randint(0, CONFIG["vocab_size"], (2, 7), generator=gen)
+    targets = torch.cat((tokens[:, 1:], torch.full((2, 1), -100)), dim=1)
+    targets[0, 2] = -100
+    targets[1, 4] = -100
+    w64, l64 = train(w0, tokens, targets, torch.float64, spec["make"], spec["steps"])
+    w32, l32 = train(w0, tokens, targets, torch.float32, spec["make"], spec["steps"])
+
+    def tol(a32, a64):
+        return max(TOL_FACTOR * float((a32.double() - a64).abs().max()), TOL_FLOOR * max(1.0, float(a64.abs().max())))
+
+    d = os.path.join(root, name)
+    os.makedirs(os.path.join(d, "after"), exist_ok=True)
+    write_json(os.path.join(d, "config.json"), CONFIG)
+    write_safetensors(os.path.join(d, "weights.safetensors"), w0)
+    np.save(os.path.join(d, "tokens.npy"), tokens.numpy().astype(np.int64), allow_pickle=False)
+    np.save(os.path.join(d, "targets.npy"), targets.numpy().astype(np.int64), allow_pickle=False)
+    np.save(os.path.join(d, "losses.npy"), np.array(l64), allow_pickle=False)
+    for k, v in w64.items():
+        np.save(os.path.join(d, "after", k + ".npy"), v.numpy(), allow_pickle=False)
+    tols = {k: tol(w32[k], w64[k]) for k in w64}
+    loss_tol = tol(torch.tensor(l32, dtype=torch.float64), torch.tensor(l64, dtype=torch.float64))
+    write_json(os.path.join(d, "case.json"), {"steps": spec["steps"], "tol": tols, "loss_tol": loss_tol})
+    print(f"{name}: losses {[round(x, 5) for x in l64]}, largest weight tol {max(tols.values()):.3g}, "
+          f"loss tol {loss_tol:.3g}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    out = tempfile.mkdtemp() if a.check else DEFAULT_OUT
+    for name, spec in CASES.items():
+        make_case(out, name, spec)
+    if a.check:
+        bad = []
+        for name in CASES:
+            for sub in ("", "after"):
+                cmp = filecmp.dircmp(os.path.join(out, name, sub), os.path.join(DEFAULT_OUT, name, sub))
+                bad += [f"{name}/{sub}/{f}" for f in cmp.diff_files + cmp.left_only + cmp.right_only if f != "after"]
+        shutil.rmtree(out)
+        if bad:
+            print("differs:", ", ".join(sorted(set(bad))))
+            sys.exit(1)
+        print("the committed training fixtures are reproduced")
+
+
+if __name__ == "__main__":
+    main()
