@@ -251,8 +251,26 @@ class Planner {
       case KernelKind::gemm:
         if (linear_bf16(id)) return;
         break;
-      default:
-        break;
+      case KernelKind::linear_strided:
+      case KernelKind::layer_norm_rows:
+      case KernelKind::layer_norm_strided:
+      case KernelKind::unary:
+      case KernelKind::add_same:
+      case KernelKind::broadcast_binary:
+      case KernelKind::strided_copy:
+      case KernelKind::fill:
+      case KernelKind::softmax:
+      case KernelKind::logsumexp:
+      case KernelKind::causal:
+      case KernelKind::dropout:
+      case KernelKind::contract:
+      case KernelKind::score_mod:
+      case KernelKind::rms_norm:
+      case KernelKind::rope:
+      case KernelKind::embedding:
+      case KernelKind::argmax:
+      case KernelKind::update_slice:
+        break;  // a value of its own: a kernel below, or the host
     }
     value_buffer(id);
     use_inputs(id);
@@ -290,8 +308,26 @@ class Planner {
                     ? "add that broadcasts (the GPU adds tensors with identical axes)"
                     : std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
           break;
-        default:
+        case KernelKind::fill:
+        case KernelKind::softmax:
+        case KernelKind::logsumexp:
+        case KernelKind::causal:
+        case KernelKind::dropout:
+        case KernelKind::contract:
+        case KernelKind::score_mod:
+        case KernelKind::rms_norm:
+        case KernelKind::rope:
+        case KernelKind::embedding:
+        case KernelKind::argmax:
+        case KernelKind::convert:
           why = std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
+          break;
+        case KernelKind::leaf:
+        case KernelKind::view:
+        case KernelKind::fused_attention:
+        case KernelKind::attention_weights:
+        case KernelKind::attention_lse:
+          internal_error("cuda plan: kind " + std::string(kernel_kind_name(kind)) + " reached the value kernels");
       }
     }
     if (!planned) host(id, why.empty() ? "no GPU kernel for this form" : why);

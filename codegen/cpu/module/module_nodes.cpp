@@ -183,8 +183,11 @@ void ModuleBuilder::emit_broadcasting(int id) {
                    return b_.CreateFMul(in[0], in[1]);
                  case Op::keep_mask:
                    return b_.CreateSelect(to_bool(in[1]), in[0], neg_inf());
-                 default:
+                 case Op::add:
+                 case Op::bias:
                    return b_.CreateFAdd(in[0], in[1]);
+                 default:  // never another op as an add (select_kernel sends only these four here)
+                   internal_error("codegen: " + std::string(op_name(op)) + " is not a broadcasting binary op");
                }
              });
 }

@@ -32,8 +32,7 @@ auto cross_entropy(const T& logits, const Y& targets, const CrossEntropyOptions&
     } else if constexpr (!detail::same_names<without<L, axes<find_family<L, Classes>>>, typename Y::axis_list>) {
       return fail<fixed_string("cross_entropy: the targets ") + axes_fs<typename Y::axis_list>() +
                   " must have the logits' axes but `" + find_family<L, Classes>::name_fs + "`, " +
-                  axes_fs<without<L, axes<find_family<L, Classes>>>>() +
-                  "; fix: one class index per row of logits">();
+                  axes_fs<without<L, axes<find_family<L, Classes>>>>() + "; fix: one class index per row of logits">();
     } else {
       Graph& g = logits.graph();
       const int id = append_cross_entropy(g, logits.id(), targets.id(), std::string(find_family<L, Classes>::name), o);

@@ -56,8 +56,8 @@ inline int append_cross_entropy(Graph& g, int logits, int targets, const std::st
     k.op = ModOp::index;
     k.axis = classes;
     const int eq = hot.add(mod_node(ModOp::eq, hot.add(mod_node(ModOp::score)), hot.add(std::move(k))));
-    hot.score = hot.add(mod_node(ModOp::where, eq, hot.add(mod_constant(1.0 - o.label_smoothing)),
-                                 hot.add(mod_constant(0.0))));
+    hot.score =
+        hot.add(mod_node(ModOp::where, eq, hot.add(mod_constant(1.0 - o.label_smoothing)), hot.add(mod_constant(0.0))));
   }
   // Per class the weight of log p: (1 − ε)·[class = target] + ε / classes.
   int weight = b.pointwise({tb}, std::move(hot), dt);
@@ -66,19 +66,18 @@ inline int append_cross_entropy(Graph& g, int logits, int targets, const std::st
     ModNode len;
     len.op = ModOp::length;
     len.axis = classes;
-    smooth.score = smooth.add(mod_node(ModOp::add, smooth.add(mod_node(ModOp::score)),
-                                       smooth.add(mod_node(ModOp::div, smooth.add(mod_constant(o.label_smoothing)),
-                                                           smooth.add(std::move(len))))));
+    smooth.score = smooth.add(mod_node(
+        ModOp::add, smooth.add(mod_node(ModOp::score)),
+        smooth.add(mod_node(ModOp::div, smooth.add(mod_constant(o.label_smoothing)), smooth.add(std::move(len))))));
     weight = b.pointwise({weight}, std::move(smooth));
   }
   // −Σ_classes weight · log p, per token; the tokens that count.
   const int per_token = b.scaled(b.sum_over(b.binary(Op::mul, logp, weight), {classes}), -1.0);
   ModExpr valid;
-  valid.score = valid.add(mod_node(
-      ModOp::where,
-      valid.add(mod_node(ModOp::ne, valid.add(mod_node(ModOp::score)),
-                         valid.add(mod_constant(static_cast<double>(o.ignore_index))))),
-      valid.add(mod_constant(1.0)), valid.add(mod_constant(0.0))));
+  valid.score = valid.add(mod_node(ModOp::where,
+                                   valid.add(mod_node(ModOp::ne, valid.add(mod_node(ModOp::score)),
+                                                      valid.add(mod_constant(static_cast<double>(o.ignore_index))))),
+                                   valid.add(mod_constant(1.0)), valid.add(mod_constant(0.0))));
   const int counts = b.pointwise({targets}, std::move(valid), dt);
   std::vector<std::string> all;
   for (const auto& a : tn.axes) all.push_back(a.name);
@@ -172,19 +171,18 @@ inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o) {
     const Node p = g.node(params[k]);
     s.params.push_back(p.name);
     const double wd = o.weight_decay;
-    const int gp = wd == 0.0 ? grads[k]
-                             : elementwise(g, {grads[k], params[k]},
-                                           [&](ModExpr& e, const std::vector<int>& l) {
-                                             return op(e, ModOp::add, l[0], op(e, ModOp::mul, c(e, wd), l[1]));
-                                           });
+    const int gp =
+        wd == 0.0 ? grads[k] : elementwise(g, {grads[k], params[k]}, [&](ModExpr& e, const std::vector<int>& l) {
+          return op(e, ModOp::add, l[0], op(e, ModOp::mul, c(e, wd), l[1]));
+        });
     int direction = gp;
     if (o.momentum != 0.0) {
       const int buf = input_like(g, p, "momentum." + p.name);
       // step 1: buf' = g'; after: μ·buf + g'
       direction = elementwise(g, {gp, buf, step}, [&](ModExpr& e, const std::vector<int>& l) {
         const int first = op(e, ModOp::le, l[2], c(e, 1.0));
-        return e.add(mod_node(ModOp::where, first, l[0],
-                              op(e, ModOp::add, op(e, ModOp::mul, c(e, o.momentum), l[1]), l[0])));
+        return e.add(
+            mod_node(ModOp::where, first, l[0], op(e, ModOp::add, op(e, ModOp::mul, c(e, o.momentum), l[1]), l[0])));
       });
       g.mark_output(direction, "momentum." + p.name);
     }
@@ -223,8 +221,8 @@ inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o) {
       const int decayed = op(e, ModOp::mul, l[0], c(e, 1 - o.lr * o.weight_decay));
       const int bc1 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta1), t));
       const int bc2 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta2), t));
-      const int denom = op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), op(e, ModOp::sqrt, bc2)),
-                           c(e, o.eps));
+      const int denom =
+          op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), op(e, ModOp::sqrt, bc2)), c(e, o.eps));
       return op(e, ModOp::sub, decayed,
                 op(e, ModOp::mul, op(e, ModOp::div, c(e, o.lr), bc1), op(e, ModOp::div, l[1], denom)));
     });
