@@ -22,18 +22,13 @@ add_bias_kv (its bias_k / bias_v rows), encoder_relu_post_padding and encoder_ge
 Deterministic: --check regenerates into a temporary directory and compares with the committed files.
 """
 
-import argparse
-import filecmp
 import json
 import os
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 import torch
 
-from make_llama_fixtures import TOL_FACTOR, TOL_FLOOR, write_json
+from make_llama_fixtures import run_generator, TOL_FACTOR, TOL_FLOOR, write_json
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,22 +161,7 @@ def make(root, case, k):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    out = tempfile.mkdtemp() if a.check else DEFAULT_OUT
-    for k, case in enumerate(CASES):
-        make(out, case, k)
-    if a.check:
-        bad = []
-        for case in CASES:
-            cmp = filecmp.dircmp(os.path.join(out, case), os.path.join(DEFAULT_OUT, case))
-            bad += [f"{case}/{f}" for f in cmp.diff_files + cmp.left_only + cmp.right_only]
-        shutil.rmtree(out)
-        if bad:
-            print("differs:", ", ".join(sorted(set(bad))))
-            sys.exit(1)
-        print("the committed gradient fixtures are reproduced")
+    run_generator(DEFAULT_OUT, CASES, lambda root, case: make(root, case, CASES.index(case)), "gradient")
 
 
 if __name__ == "__main__":

@@ -410,26 +410,37 @@ def make_case(root, name, spec):
     print(f"{name}: seed {1000 + seed}, fp32 error {err:.3g}, tol {tol:.3g}, margin {min(m64, m32):.3g}")
 
 
-def main():
+def differing_files(a, b):
+    """Every file under a and b (recursively) that one lacks or whose bytes differ."""
+    cmp = filecmp.dircmp(a, b)
+    bad = cmp.left_only + cmp.right_only + cmp.diff_files
+    bad += [f for f in cmp.common_files if not filecmp.cmp(os.path.join(a, f), os.path.join(b, f), shallow=False)]
+    for sub in cmp.common_dirs:
+        bad += [os.path.join(sub, f) for f in differing_files(os.path.join(a, sub), os.path.join(b, sub))]
+    return sorted(set(bad))
+
+
+def run_generator(default_out, names, make, what):
+    """A fixture generator's command line: `make(root, name)` for each name into default_out, or
+    with --check into a temporary directory, compared byte for byte with the committed files."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    out = tempfile.mkdtemp() if a.check else DEFAULT_OUT
-    for name, spec in CASES.items():
-        make_case(out, name, spec)
+    out = tempfile.mkdtemp() if a.check else default_out
+    for name in names:
+        make(out, name)
     if a.check:
-        bad = []
-        for name in CASES:
-            cmp = filecmp.dircmp(os.path.join(out, name), os.path.join(DEFAULT_OUT, name))
-            bad += [f"{name}/{f}" for f in cmp.diff_files + cmp.left_only + cmp.right_only]
-            bad += [f"{name}/{f}" for f in cmp.common_files if not filecmp.cmp(os.path.join(out, name, f),
-                                                                               os.path.join(DEFAULT_OUT, name, f),
-                                                                               shallow=False)]
+        bad = [f"{name}/{f}" for name in names
+               for f in differing_files(os.path.join(out, name), os.path.join(default_out, name))]
         shutil.rmtree(out)
         if bad:
-            print("differs:", ", ".join(sorted(set(bad))))
+            print("differs:", ", ".join(bad))
             sys.exit(1)
-        print("the committed llama fixtures are reproduced")
+        print(f"the committed {what} fixtures are reproduced")
+
+
+def main():
+    run_generator(DEFAULT_OUT, list(CASES), lambda root, name: make_case(root, name, CASES[name]), "llama")
 
 
 if __name__ == "__main__":

@@ -28,18 +28,13 @@ max|ref|)), the rule of make_fixtures.py. Padding masks are bool, True = padding
 Deterministic: --check regenerates into a temporary directory and compares with the committed files.
 """
 
-import argparse
 import copy
-import filecmp
 import os
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 import torch
 
-from make_llama_fixtures import TOL_FACTOR, TOL_FLOOR, write_json, write_safetensors
+from make_llama_fixtures import run_generator, TOL_FACTOR, TOL_FLOOR, write_json, write_safetensors
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -167,41 +162,30 @@ def make(name, gen):
     return state, inputs, o64, err, tol_of(o32, o64), probe, grads, {k: tol_of(*v) for k, v in grads.items()}
 
 
-def generate(root):
-    for k, name in enumerate(["decoder_post", "decoder_pre", "encoder_decoder", "vit"]):
-        gen = torch.Generator().manual_seed(3000 + k)
-        torch.manual_seed(3000 + k)  # the modules' own initialisation
-        state, inputs, out64, err, tol, probe, grads, grad_tol = make(name, gen)
-        d = os.path.join(root, name)
-        os.makedirs(d, exist_ok=True)
-        write_safetensors(os.path.join(d, "weights.safetensors"), state)
-        for n, x in inputs.items():
-            np.save(os.path.join(d, n + ".npy"), x.numpy(), allow_pickle=False)
-        np.save(os.path.join(d, "expected_out_f64.npy"), out64.numpy(), allow_pickle=False)
-        np.save(os.path.join(d, "probe.npy"), probe.numpy(), allow_pickle=False)
-        for n, (_, g64) in grads.items():
-            np.save(os.path.join(d, "grad_" + n + ".npy"), g64.numpy(), allow_pickle=False)
-        write_json(os.path.join(d, "case.json"), {"tol": tol, "torch_fp32_err": err, "grad_tol": grad_tol})
-        print(f"{name}: out {tuple(out64.shape)}, PyTorch fp32 error {err:.3g}, tol {tol:.3g}; "
-              f"{len(grads)} gradients, largest tol {max(grad_tol.values()):.3g}")
+NAMES = ["decoder_post", "decoder_pre", "encoder_decoder", "vit"]
+
+
+def make_case(root, name):
+    k = NAMES.index(name)
+    gen = torch.Generator().manual_seed(3000 + k)
+    torch.manual_seed(3000 + k)  # the modules' own initialisation
+    state, inputs, out64, err, tol, probe, grads, grad_tol = make(name, gen)
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "weights.safetensors"), state)
+    for n, x in inputs.items():
+        np.save(os.path.join(d, n + ".npy"), x.numpy(), allow_pickle=False)
+    np.save(os.path.join(d, "expected_out_f64.npy"), out64.numpy(), allow_pickle=False)
+    np.save(os.path.join(d, "probe.npy"), probe.numpy(), allow_pickle=False)
+    for n, (_, g64) in grads.items():
+        np.save(os.path.join(d, "grad_" + n + ".npy"), g64.numpy(), allow_pickle=False)
+    write_json(os.path.join(d, "case.json"), {"tol": tol, "torch_fp32_err": err, "grad_tol": grad_tol})
+    print(f"{name}: out {tuple(out64.shape)}, PyTorch fp32 error {err:.3g}, tol {tol:.3g}; "
+          f"{len(grads)} gradients, largest tol {max(grad_tol.values()):.3g}")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    out = tempfile.mkdtemp() if a.check else DEFAULT_OUT
-    generate(out)
-    if a.check:
-        bad = []
-        for name in os.listdir(DEFAULT_OUT):
-            cmp = filecmp.dircmp(os.path.join(out, name), os.path.join(DEFAULT_OUT, name))
-            bad += [f"{name}/{f}" for f in cmp.diff_files + cmp.left_only + cmp.right_only]
-        shutil.rmtree(out)
-        if bad:
-            print("differs:", ", ".join(sorted(set(bad))))
-            sys.exit(1)
-        print("the committed model fixtures are reproduced")
+    run_generator(DEFAULT_OUT, NAMES, make_case, "model")
 
 
 if __name__ == "__main__":

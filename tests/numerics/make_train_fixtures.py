@@ -21,17 +21,12 @@ batch, in fp64 and, from the same values, in fp32. Written to tests/numerics/tra
 Deterministic: --check regenerates into a temporary directory and compares with the committed files.
 """
 
-import argparse
-import filecmp
 import os
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 import torch
 
-from make_llama_fixtures import TOL_FACTOR, TOL_FLOOR, Reference, random_weights, write_json, write_safetensors
+from make_llama_fixtures import run_generator, TOL_FACTOR, TOL_FLOOR, Reference, random_weights, write_json, write_safetensors
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -95,23 +90,7 @@ def make_case(root, name, spec):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    out = tempfile.mkdtemp() if a.check else DEFAULT_OUT
-    for name, spec in CASES.items():
-        make_case(out, name, spec)
-    if a.check:
-        bad = []
-        for name in CASES:
-            for sub in ("", "after"):
-                cmp = filecmp.dircmp(os.path.join(out, name, sub), os.path.join(DEFAULT_OUT, name, sub))
-                bad += [f"{name}/{sub}/{f}" for f in cmp.diff_files + cmp.left_only + cmp.right_only if f != "after"]
-        shutil.rmtree(out)
-        if bad:
-            print("differs:", ", ".join(sorted(set(bad))))
-            sys.exit(1)
-        print("the committed training fixtures are reproduced")
+    run_generator(DEFAULT_OUT, list(CASES), lambda root, name: make_case(root, name, CASES[name]), "training")
 
 
 if __name__ == "__main__":
