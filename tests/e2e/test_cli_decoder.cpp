@@ -477,8 +477,9 @@ TEST_F(Cli, RunEncoderModelMatchesThePyTorchReferenceOnEveryBertCheckpoint) {
       const Result r = run(args + " --backend " + backend);
       ASSERT_EQ(r.code, 0) << name << " on " << backend << ": " << r.err;
       EXPECT_LE(error(tmp("hidden.npy"), (dir / "expected_hidden_f64.npy").string()), tol) << name << " " << backend;
-      if (pooled)
+      if (pooled) {
         EXPECT_LE(error(tmp("pooled.npy"), (dir / "expected_pooled_f64.npy").string()), tol) << name << " " << backend;
+      }
     }
   }
   // The mask and the segments change the result (they are not silently dropped).

@@ -161,13 +161,13 @@ int run_encoder_model(const RunEncoderModel& o) {
       outputs,
       {{o.tokens, "--tokens"}, {o.attention_mask, "--attention-mask"}, {o.token_type_ids, "--token-type-ids"}});
   const std::size_t hidden_file = outputs.add_file(o.out, "--out");
-  const std::optional<std::size_t> pooled_file =
-      o.pooled_out.empty() ? std::nullopt : std::optional(outputs.add_file(o.pooled_out, "--pooled-out"));
+  const bool pooled = !o.pooled_out.empty();
+  const std::size_t pooled_file = pooled ? outputs.add_file(o.pooled_out, "--pooled-out") : 0;
 
   const Activity reading("reading the model");
   const HfCheckpoint ck = open_model(outputs, o.model, /*encoder=*/true);
   const HfConfig& c = ck.config();
-  if (pooled_file && !ck.has_pooler())
+  if (pooled && !ck.has_pooler())
     throw UsageError("--pooled-out: the checkpoint in " + o.model + " has no pooler (pooler.dense.weight)");
   NdArray tokens = load_token_ids(o.tokens, "--tokens", c.vocab_size);
   const std::int64_t B = tokens.shape[0], L = tokens.shape[1];
@@ -209,12 +209,12 @@ int run_encoder_model(const RunEncoderModel& o) {
   }
   feeds["tokens"] = std::move(tokens);
   feeds["token_type_ids"] = std::move(types);
-  const Graph g = model_as(build_encoder_model(c, !o.attention_mask.empty(), pooled_file.has_value()), o.dtype, feeds);
+  const Graph g = model_as(build_encoder_model(c, !o.attention_mask.empty(), pooled), o.dtype, feeds);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, hidden_file, r.outputs.at("last_hidden_state"));
-  if (pooled_file) stage_npy(outputs, *pooled_file, r.outputs.at("pooler_output"));
+  if (pooled) stage_npy(outputs, pooled_file, r.outputs.at("pooler_output"));
   outputs.commit();
   say_weights(ck);
   return 0;
