@@ -108,7 +108,7 @@ auto split_ir(const T& t, const std::array<std::int64_t, N>& sizes) {
     return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " + factors_fs<Parts...>() +
            " = " + b + "; fix: choose factors that divide " + A::name_fs;
   };
-  const std::string deferred(text(fixed_string("{a}"), fixed_string("{b}")).view());
+  const std::string deferred(deferred_text<decltype(text)>.view());
   if (left < 0) {
     if (whole.is_static() && whole.value != known)
       throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
