@@ -265,15 +265,8 @@ auto contract(const A& a, const B& b) {
       Graph& g = a.graph();
       detail::defer_shared<"contract", LA>(
           g, a.node(), b.node(), [](auto t) { return detail::contract_fix<typename decltype(t)::type, CA>(); });
-      Node n;
-      n.op = Op::contract;
-      n.inputs = std::vector<int>{a.id(), b.id()};
-      n.attr_axes = {std::string(family_name<C0>), std::string(family_name<Cs>)...};
-      for (const auto& x : a.node().axes)
-        if (!detail::has_name(n.attr_axes, x.name)) n.axes.push_back(x);
-      for (const auto& x : b.node().axes)
-        if (!detail::has_name(n.attr_axes, x.name) && !detail::has_name_in(n.axes, x.name)) n.axes.push_back(x);
-      return detail::make<typename A::dtype, Out, Tr>(g, std::move(n));
+      return tensor<typename A::dtype, Out, Tr>(
+          g, detail::add_contract(g, a.id(), b.id(), A::dtype::value, {family_name<C0>, family_name<Cs>...}));
     }
   }
 }
