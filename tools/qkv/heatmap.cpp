@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include <qkv/runtime/io/array.hpp>
+#include <qkv/runtime/io/files.hpp>
 
 #include "font.hpp"
 

@@ -278,9 +278,29 @@ Extent ir_extent() {
     return Extent::dynamic(std::string(A::name));
 }
 
+namespace detail {
+/// ir_axes' run-time half, one copy per program: extents[i] < 0 is a dynamic extent whose size
+/// symbol is names[i].
+[[gnu::noinline]] inline std::vector<Axis> ir_axes_of(const std::string_view* names, const std::int64_t* extents,
+                                                      std::size_t n) {
+  std::vector<Axis> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out.push_back(Axis{std::string(names[i]),
+                       extents[i] < 0 ? Extent::dynamic(std::string(names[i])) : Extent::fixed(extents[i])});
+  return out;
+}
+template <class... A>
+struct ir_axes_data {
+  static constexpr std::string_view names[sizeof...(A) + 1] = {A::name..., ""};
+  static constexpr std::int64_t extents[sizeof...(A) + 1] = {A::extent..., 0};
+};
+}  // namespace detail
+
 template <class... A>
 std::vector<Axis> ir_axes(axes<A...>) {
-  return {Axis{std::string(A::name), ir_extent<A>()}...};
+  using data = detail::ir_axes_data<A...>;
+  return detail::ir_axes_of(data::names, data::extents, sizeof...(A));
 }
 
 }  // namespace qkv

@@ -182,11 +182,9 @@ struct Embedding {
 
 template <AxisType Rows, AxisType Features>
 Embedding<Rows, Features> embedding_params(Graph& g, std::string prefix) {
-  Node p;
-  p.op = Op::param;
-  p.name = prefix + ".weight";
-  p.axes = {Axis{std::string(Rows::name), ir_extent<Rows>()}, Axis{std::string(Features::name), ir_extent<Features>()}};
-  const int w = g.add(std::move(p));
+  const int w = detail::add_param(g, prefix + ".weight",
+                                  {detail::ir_axis_of(Rows::name, Rows::is_static, Rows::extent),
+                                   detail::ir_axis_of(Features::name, Features::is_static, Features::extent)});
   return Embedding<Rows, Features>{&g, w, std::move(prefix)};
 }
 
@@ -213,14 +211,11 @@ auto embedding(const Embedding<Rows, Features>& table, const I& ids) {
                   " already have an axis named like the table axis `" + Rows::name_fs + "` or `" + Features::name_fs +
                   "`; fix: ids over token axes (e.g. [Batch, Seq])">();
     } else {
-      Node n;
-      n.op = Op::embedding;
-      n.inputs = std::vector<int>{table.weight, ids.id()};
-      n.axes = ids.node().axes;
-      n.axes.push_back(Axis{std::string(Features::name), ir_extent<Features>()});
-      n.attr_axes = {std::string(Rows::name), std::string(Features::name)};
-      n.name = table.prefix;
-      return detail::make<f32, concat_axes<LI, axes<Features>>, trait::plain>(*table.graph, std::move(n));
+      Graph& g = *table.graph;
+      return tensor<f32, concat_axes<LI, axes<Features>>, trait::plain>(
+          g, detail::add_embedding(g, table.weight, ids.id(), Rows::name,
+                                   detail::ir_axis_of(Features::name, Features::is_static, Features::extent),
+                                   table.prefix));
     }
   }
 }

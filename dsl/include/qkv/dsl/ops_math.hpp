@@ -54,17 +54,35 @@ constexpr auto equal_text(auto a, auto b, auto fix) {
          "); fix: " + fix;
 }
 
-/// Defers the check of every shared axis whose extents involve a dynamic size; `fix_for(t)`
-/// gives the fix for the axis of hana type `t`.
-template <fixed_string Op, class L1, class FixFor>
-void defer_shared(Graph& g, const Node& a, const Node& b, FixFor fix_for) {
-  hana::for_each(L1::types, [&](auto t) {
-    using X = typename decltype(t)::type;
+/// The message of the deferred check that axis X has one size in both operands of Op.
+template <fixed_string Op, class X, class FixFor>
+struct shared_text {
+  constexpr auto operator()(auto sa, auto sb) const { return equal_text<Op, X>(sa, sb, FixFor{}(hana::type_c<X>)); }
+};
+template <fixed_string Op, class L, class FixFor>
+struct shared_checks;
+template <fixed_string Op, class... X, class FixFor>
+struct shared_checks<Op, axes<X...>, FixFor> {
+  static constexpr std::array<std::string_view, sizeof...(X)> names{X::name...};
+  static constexpr std::array<std::string_view, sizeof...(X)> messages{
+      deferred_text<shared_text<Op, X, FixFor>>.view()...};
+};
+
+/// defer_shared's run-time half: for each axis names[i] of `a` that `b` has too, the check
+/// messages[i] that their extents agree.
+[[gnu::noinline]] inline void require_shared(Graph& g, const Node& a, const Node& b, const std::string_view* names,
+                                             const std::string_view* messages, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
     for (const auto& y : b.axes)
-      if (y.name == X::name)
-        defer_equal(g, ir_axis(a, X::name).extent, y.extent,
-                    [&](auto sa, auto sb) { return equal_text<Op, X>(sa, sb, fix_for(t)); });
-  });
+      if (y.name == names[i]) require_equal(g, ir_axis(a, names[i]).extent, y.extent, messages[i]);
+}
+
+/// Defers the check of every shared axis whose extents involve a dynamic size; `fix_for(t)`
+/// (a captureless lambda) gives the fix for the axis of hana type `t`.
+template <fixed_string Op, class L1, class FixFor>
+void defer_shared(Graph& g, const Node& a, const Node& b, FixFor /*fix_for*/) {
+  using checks = shared_checks<Op, L1, FixFor>;
+  require_shared(g, a, b, checks::names.data(), checks::messages.data(), checks::names.size());
 }
 
 inline bool has_name(const std::vector<std::string>& names, std::string_view n) {
@@ -247,15 +265,8 @@ auto contract(const A& a, const B& b) {
       Graph& g = a.graph();
       detail::defer_shared<"contract", LA>(
           g, a.node(), b.node(), [](auto t) { return detail::contract_fix<typename decltype(t)::type, CA>(); });
-      Node n;
-      n.op = Op::contract;
-      n.inputs = std::vector<int>{a.id(), b.id()};
-      n.attr_axes = {std::string(family_name<C0>), std::string(family_name<Cs>)...};
-      for (const auto& x : a.node().axes)
-        if (!detail::has_name(n.attr_axes, x.name)) n.axes.push_back(x);
-      for (const auto& x : b.node().axes)
-        if (!detail::has_name(n.attr_axes, x.name) && !detail::has_name_in(n.axes, x.name)) n.axes.push_back(x);
-      return detail::make<typename A::dtype, Out, Tr>(g, std::move(n));
+      return tensor<typename A::dtype, Out, Tr>(
+          g, detail::add_contract(g, a.id(), b.id(), A::dtype::value, {family_name<C0>, family_name<Cs>...}));
     }
   }
 }

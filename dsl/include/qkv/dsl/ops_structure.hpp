@@ -7,20 +7,24 @@
 // errors (catalogue entries 1, 5, 9, 11).
 #pragma once
 
+#include <qkv/dsl/node_builders.hpp>
 #include <qkv/dsl/tensor.hpp>
 
 namespace qkv {
 
 namespace detail {
 
-template <TensorType T>
-Node unary_node(const T& t, Op op, std::vector<Axis> out_axes) {
+[[gnu::noinline]] inline Node unary_node_of(int input, DType dtype, Op op, std::vector<Axis> out_axes) {
   Node n;
   n.op = op;
-  n.inputs = std::vector<int>{t.id()};
+  n.inputs = std::vector<int>{input};
   n.axes = std::move(out_axes);
-  n.dtype = T::dtype::value;
+  n.dtype = dtype;
   return n;
+}
+template <TensorType T>
+Node unary_node(const T& t, Op op, std::vector<Axis> out_axes) {
+  return unary_node_of(t.id(), T::dtype::value, op, std::move(out_axes));
 }
 
 /// The first axis of L1 that L2 also has, with a different static extent (L1::size if none).
@@ -87,47 +91,18 @@ namespace detail {
 template <class A, class... Parts, class T, std::size_t N>
 auto split_ir(const T& t, const std::array<std::int64_t, N>& sizes) {
   using Out = replace_t<typename T::axis_list, A, axes<Parts...>>;
-  Graph& g = t.graph();
-  const Extent whole = ir_axis(t.node(), A::name).extent;
-  constexpr std::array<bool, N> is_static{Parts::is_static...};
-  constexpr std::array<std::int64_t, N> static_size{Parts::extent...};
-  std::int64_t known = 1;
-  int left = -1;
-  for (std::size_t i = 0; i < N; ++i) {
-    const std::int64_t size = is_static[i] ? static_size[i] : sizes[i];
-    if (size > 0) {
-      known *= size;
-    } else if (left >= 0) {
-      throw ShapeError("split: at most one factor of `" + std::string(A::name) + "` may be left to derive, got " +
-                       std::string(factors_fs<Parts...>().view()) + "; fix: give the other factors sizes");
-    } else {
-      left = static_cast<int>(i);
-    }
-  }
   auto text = [](auto a, auto b) {
     return fixed_string("split: `") + A::name_fs + "` (" + a + ") is not a multiple of " + factors_fs<Parts...>() +
            " = " + b + "; fix: choose factors that divide " + A::name_fs;
   };
-  const std::string deferred(text(fixed_string("{a}"), fixed_string("{b}")).view());
-  if (left < 0) {
-    if (whole.is_static() && whole.value != known)
-      throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
-    defer_equal(g, whole, Extent::fixed(known), text);
-  } else if (whole.is_static()) {
-    if (whole.value % known != 0)
-      throw ShapeError(fill_sizes(deferred, std::to_string(whole.value), std::to_string(known)));
-  } else {
-    g.require(Constraint{Constraint::Kind::divisible, whole, Extent::fixed(known), deferred});
-  }
-  constexpr std::array<std::string_view, N> names{Parts::name...};
-  std::vector<Axis> parts;
-  for (std::size_t i = 0; i < N; ++i)
-    parts.push_back(Axis{std::string(names[i]), static_cast<int>(i) == left
-                                                    ? whole.divided(known)
-                                                    : Extent::fixed(is_static[i] ? static_size[i] : sizes[i])});
-  Node n = unary_node(t, Op::split, ir_replace(t.node().axes, A::name, parts));
-  n.attr_axes = {std::string(A::name), std::string(Parts::name)...};
-  return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+  static constexpr std::array<std::string_view, N> names{Parts::name...};
+  static constexpr std::array<bool, N> is_static{Parts::is_static...};
+  static constexpr std::array<std::int64_t, N> static_size{Parts::extent...};
+  static constexpr auto factors = factors_fs<Parts...>();
+  Graph& g = t.graph();
+  return tensor<typename T::dtype, Out, trait::plain>(
+      g, add_split(g, t.id(), T::dtype::value, A::name, names, is_static, static_size, sizes, factors.view(),
+                   deferred_text<decltype(text)>.view()));
 }
 }  // namespace detail
 
@@ -204,18 +179,9 @@ auto merge(const T& t) {
       } else {
         using M = std::conditional_t<XA::is_static && XB::is_static, Into<XA::extent * XB::extent>, Into<dyn>>;
         using Out = detail::replace_t<without<L, axes<XB>>, XA, axes<M>>;
-        const Extent ea = ir_axis(t.node(), XA::name).extent, eb = ir_axis(t.node(), XB::name).extent;
-        Extent em = ea.is_static() ? eb.times(ea.value) : ea.times(eb.is_static() ? eb.value : 1);
-        if (ea.is_dynamic() && eb.is_dynamic()) em = Extent::dynamic(std::string(M::name));  // bound separately
-        std::vector<Axis> axes_out;
-        for (const auto& x : t.node().axes) {
-          if (x.name == XB::name) continue;
-          axes_out.push_back(x.name == XA::name ? Axis{std::string(M::name), em} : x);
-        }
-        Node n = detail::unary_node(t, Op::merge, std::move(axes_out));
-        n.attr_axes = {std::string(XA::name), std::string(XB::name), std::string(M::name)};
         Graph& g = t.graph();
-        return tensor<typename T::dtype, Out, trait::plain>(g, g.add(std::move(n)));
+        return tensor<typename T::dtype, Out, trait::plain>(
+            g, detail::add_merge(g, t.id(), T::dtype::value, XA::name, XB::name, M::name));
       }
     }
   }
@@ -235,11 +201,10 @@ auto permute(const T& t) {
                   " exactly once; fix: " + permute_fix<L>() + " lists them">();
     } else {
       using Out = axes<find_family<L, F>...>;
-      std::vector<Axis> out{ir_axis(t.node(), family_name<F>)...};
-      Node n = detail::unary_node(t, Op::permute, std::move(out));
       Graph& g = t.graph();
       // A permute keeps the value's meaning (scores stay scores; a mask stays a mask).
-      return tensor<typename T::dtype, Out, typename T::trait_type>(g, g.add(std::move(n)));
+      return tensor<typename T::dtype, Out, typename T::trait_type>(
+          g, detail::add_permute(g, t.id(), T::dtype::value, {family_name<F>...}));
     }
   }
 }
@@ -300,12 +265,9 @@ auto rename(const T& t) {
       using A = find_family<L, From>;
       using Out = detail::replace_t<L, A, axes<To<A::param>>>;
       using Tr = detail::renamed_t<typename T::trait_type, A::name_fs, family_name_fs<To>>;
-      Axis renamed = ir_axis(t.node(), A::name);
-      renamed.name = std::string(family_name<To>);
-      Node n = detail::unary_node(t, Op::rename, detail::ir_replace(t.node().axes, A::name, {renamed}));
-      n.attr_axes = {std::string(A::name), renamed.name};
       Graph& g = t.graph();
-      return tensor<typename T::dtype, Out, Tr>(g, g.add(std::move(n)));
+      return tensor<typename T::dtype, Out, Tr>(
+          g, detail::add_rename(g, t.id(), T::dtype::value, A::name, family_name<To>));
     }
   }
 }
@@ -414,21 +376,11 @@ auto chunk(const T& t) {
         using P = std::conditional_t<A::is_static, Into<A::extent / K>, Into<dyn>>;
         using Out = tensor<typename T::dtype, detail::replace_t<L, A, axes<P>>, trait::plain>;
         Graph& g = t.graph();
-        const Extent part = ir_axis(t.node(), A::name).extent.divided(K);
-        if (part.is_dynamic())
-          g.require(Constraint{Constraint::Kind::divisible, ir_axis(t.node(), A::name).extent, Extent::fixed(K),
-                               "chunk: `" + std::string(A::name) + "` ({a}) is not divisible by {b}"});
-        std::array<Out, K> parts = [&]<std::size_t... I>(std::index_sequence<I...>) {
-          auto one = [&](std::size_t i) {
-            Node n = detail::unary_node(t, Op::slice,
-                                        detail::ir_replace(t.node().axes, A::name, {Axis{std::string(P::name), part}}));
-            n.attr_axes = {std::string(A::name), std::string(P::name)};
-            n.offset = static_cast<std::int64_t>(i);  // in units of the part's extent
-            return Out(g, g.add(std::move(n)));
-          };
-          return std::array<Out, K>{one(I)...};
+        std::array<int, K> ids{};
+        detail::add_chunks(g, t.id(), T::dtype::value, A::name, P::name, ids);
+        return [&]<std::size_t... I>(std::index_sequence<I...>) {
+          return std::array<Out, K>{Out(g, ids[I])...};
         }(std::make_index_sequence<K>{});
-        return parts;
       }
     }
   }

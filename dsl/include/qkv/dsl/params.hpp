@@ -2,6 +2,8 @@
 // `<prefix>.bias`), and the ops that use them: linear and layer_norm.
 #pragma once
 
+#include <tuple>
+
 #include <qkv/dsl/ops_math.hpp>
 
 namespace qkv {
@@ -22,18 +24,8 @@ struct Linear {
 template <AxisType In, AxisType Out>
 Linear<In, Out> linear_params_named(Graph& g, std::string weight, std::string bias) {
   Linear<In, Out> l{&g, -1, -1, weight};
-  Node w;
-  w.op = Op::param;
-  w.name = std::move(weight);
-  w.axes = {Axis{"out", ir_extent<Out>()}, Axis{"in", ir_extent<In>()}};
-  l.weight = g.add(std::move(w));
-  if (!bias.empty()) {
-    Node b;
-    b.op = Op::param;
-    b.name = std::move(bias);
-    b.axes = {Axis{"out", ir_extent<Out>()}};
-    l.bias = g.add(std::move(b));
-  }
+  std::tie(l.weight, l.bias) =
+      detail::add_linear_params(g, std::move(weight), std::move(bias), ir_extent<Out>(), ir_extent<In>());
   return l;
 }
 
@@ -54,23 +46,7 @@ Linear<In, Out> linear_params(Graph& g, const std::string& prefix, bool bias = t
 template <AxisType In, AxisType Out>
 Linear<In, Out> conv1d_params(Graph& g, const std::string& prefix, bool bias = true) {
   Linear<In, Out> l{&g, -1, -1, prefix + ".weight"};
-  const Axis out{"out", ir_extent<Out>()}, in{"in", ir_extent<In>()};
-  Node w;  // as the checkpoint holds it
-  w.op = Op::param;
-  w.name = prefix + ".weight";
-  w.axes = {in, out};
-  Node t;  // as linear reads it
-  t.op = Op::permute;
-  t.inputs = {g.add(std::move(w))};
-  t.axes = {out, in};
-  l.weight = g.add(std::move(t));
-  if (bias) {
-    Node b;
-    b.op = Op::param;
-    b.name = prefix + ".bias";
-    b.axes = {out};
-    l.bias = g.add(std::move(b));
-  }
+  std::tie(l.weight, l.bias) = detail::add_conv1d_params(g, prefix, bias, ir_extent<Out>(), ir_extent<In>());
   l.prefix = prefix;
   return l;
 }
@@ -98,15 +74,10 @@ auto linear(const T& x, const Linear<In, Out>& w) {
                ") must equal the input width of the projection (" + b +
                "); fix: the features entering a projection must match its weight";
       });
-      Node n;
-      n.op = Op::linear;
-      n.inputs = std::vector<int>{x.id(), w.weight};
-      if (w.bias >= 0) n.inputs.push_back(w.bias);
-      n.axes = detail::ir_replace(x.node().axes, In::name, {Axis{std::string(Out::name), ir_extent<Out>()}});
-      n.attr_axes = {std::string(In::name), std::string(Out::name)};
-      n.name = w.prefix;
       using OutL = detail::replace_t<L, find_named<L, In>, axes<Out>>;
-      return detail::make<typename T::dtype, OutL, trait::plain>(g, std::move(n));
+      return tensor<typename T::dtype, OutL, trait::plain>(
+          g, detail::add_linear(g, x.id(), T::dtype::value, w.weight, w.bias, In::name,
+                                detail::ir_axis_of(Out::name, Out::is_static, Out::extent), w.prefix));
     }
   }
 }
@@ -124,13 +95,8 @@ struct LayerNorm {
 template <AxisType Over>
 LayerNorm<Over> layer_norm_params(Graph& g, std::string prefix, double eps = 1e-5) {
   LayerNorm<Over> ln{&g, -1, -1, eps, prefix};
-  for (auto [which, id] : {std::pair<const char*, int*>{".weight", &ln.gamma}, {".bias", &ln.beta}}) {
-    Node p;
-    p.op = Op::param;
-    p.name = prefix + which;
-    p.axes = {Axis{std::string(Over::name), ir_extent<Over>()}};
-    *id = g.add(std::move(p));
-  }
+  for (auto [which, id] : {std::pair<const char*, int*>{".weight", &ln.gamma}, {".bias", &ln.beta}})
+    *id = detail::add_param(g, prefix + which, {detail::ir_axis_of(Over::name, Over::is_static, Over::extent)});
   return ln;
 }
 
@@ -151,14 +117,8 @@ auto layer_norm(const T& x, const LayerNorm<Over>& ln) {
                   "); fix: size the norm like the features">();
     } else {
       Graph& g = x.graph();
-      Node n;
-      n.op = Op::layer_norm;
-      n.inputs = std::vector<int>{x.id(), ln.gamma, ln.beta};
-      n.axes = x.node().axes;
-      n.attr_axes = {std::string(Over::name)};
-      n.scalar = ln.eps;
-      n.name = ln.prefix;
-      return detail::make<typename T::dtype, L, trait::plain>(g, std::move(n));
+      return tensor<typename T::dtype, L, trait::plain>(
+          g, detail::add_layer_norm(g, x.id(), T::dtype::value, ln.gamma, ln.beta, Over::name, ln.eps, ln.prefix));
     }
   }
 }

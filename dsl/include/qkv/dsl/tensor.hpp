@@ -124,14 +124,27 @@ constexpr std::size_t first_extent_difference() {
 }
 }  // namespace detail
 
-/// Records that two extents must agree at bind time when either is dynamic. `Text` builds the
-/// message from the two sizes (as "{a}"/"{b}" placeholders here, as numbers at compile time).
+namespace detail {
+/// The message of a deferred check: what the captureless callable Text builds from the two
+/// sizes, with "{a}" and "{b}" standing for them — evaluated by the compiler, so a check that
+/// passes costs no code for its text (docs/performance.md, "Compile time").
 template <class Text>
-void defer_equal(Graph& g, const Extent& a, const Extent& b, Text text) {
+inline constexpr auto deferred_text = Text{}(fixed_string("{a}"), fixed_string("{b}"));
+
+/// The run-time half of defer_equal, one copy per program rather than one per check.
+[[gnu::noinline]] inline void require_equal(Graph& g, const Extent& a, const Extent& b, std::string_view message) {
   if (a.is_static() && b.is_static()) return;
   if (a == b) return;
-  g.require(
-      Constraint{Constraint::Kind::equal, a, b, std::string(text(fixed_string("{a}"), fixed_string("{b}")).view())});
+  g.require(Constraint{Constraint::Kind::equal, a, b, std::string(message)});
+}
+}  // namespace detail
+
+/// Records that two extents must agree at bind time when either is dynamic. `Text` (a
+/// captureless lambda) builds the message from the two sizes (as "{a}"/"{b}" placeholders here,
+/// as numbers at compile time).
+template <class Text>
+void defer_equal(Graph& g, const Extent& a, const Extent& b, Text /*text*/) {
+  detail::require_equal(g, a, b, detail::deferred_text<Text>.view());
 }
 
 namespace detail {

@@ -21,8 +21,7 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
-#include <map>
+#include <map>  // and std::less<>
 #include <string>
 #include <vector>
 

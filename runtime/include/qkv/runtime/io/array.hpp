@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -307,11 +306,5 @@ struct NdArray {
                     std::string(dtype_name(dtype)));
   }
 };
-
-/// Writes `data` to `path` atomically, as a one-file OutputGroup (qkv/runtime/io/files.hpp): staged
-/// in a private directory beside `path`, fsync'ed and renamed over it. On failure nothing is left,
-/// `path` is untouched and IoError is thrown (OutputRefused for a path it will not replace: a
-/// directory, device or FIFO, or a missing directory). (Defined in runtime/src/io/files.cpp.)
-void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
 
 }  // namespace qkv

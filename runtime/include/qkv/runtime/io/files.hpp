@@ -39,6 +39,12 @@ class OutputRefused : public IoError {
   using IoError::IoError;
 };
 
+/// Writes `data` to `path` atomically, as a one-file OutputGroup (below): staged
+/// in a private directory beside `path`, fsync'ed and renamed over it. On failure nothing is left,
+/// `path` is untouched and IoError is thrown (OutputRefused for a path it will not replace: a
+/// directory, device or FIFO, or a missing directory). (Defined in runtime/src/io/files.cpp.)
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
+
 /// A regular file open for reading. Errors are IoError "<path>: <problem>".
 class InputFile {
  public:
