@@ -18,8 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     const qkv::HfConfig c = qkv::parse_hf_config(text, "fuzz.config.json");
     if (c.hidden_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 || c.head_dim <= 0 ||
-        (!c.gpt2() && c.head_dim % 2 != 0) || c.num_attention_heads % c.num_key_value_heads != 0 || c.vocab_size <= 0 ||
-        static_cast<std::int64_t>(c.windowed.size()) != c.num_hidden_layers)
+        (!c.gpt2() && !c.bert() && c.head_dim % 2 != 0) || c.num_attention_heads % c.num_key_value_heads != 0 ||
+        c.vocab_size <= 0 || static_cast<std::int64_t>(c.windowed.size()) != c.num_hidden_layers)
       __builtin_trap();
   } catch (const qkv::IoError&) {
     return 0;  // rejected input: expected
