@@ -112,10 +112,11 @@ struct BertModel {
   /// (integers); positions are 0 .. Seq − 1.
   template <class T, class Ty, class... M>
   State operator()(const T& ids, const Ty& types, const M&... masks) const {
+    // In statements: one node order whatever the compiler (argument order is unspecified).
     auto positions = embedding(position_embeddings, arange<Seq>(ids));
-    State x =
-        State(layer_norm(add(add(embedding(word_embeddings, ids), embedding(token_type_embeddings, types)), positions),
-                         embeddings_norm));
+    auto words = embedding(word_embeddings, ids);
+    auto segments = embedding(token_type_embeddings, types);
+    State x = State(layer_norm(add(add(words, segments), positions), embeddings_norm));
     for (const auto& layer : layers) x = State(layer(x, masks...));
     return x;
   }

@@ -198,7 +198,9 @@ struct Gpt2LmHead {
   using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
   template <class T, class P>
   X embed(const T& tokens, const P& positions) const {
-    return X(add(embedding(wte, tokens), embedding(wpe, positions)));
+    auto words = embedding(wte, tokens);  // in statements: one node order whatever the compiler
+    auto places = embedding(wpe, positions);
+    return X(add(words, places));
   }
 };
 
