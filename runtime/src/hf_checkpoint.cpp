@@ -9,6 +9,7 @@
 
 #include "io/json_text.hpp"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -97,27 +98,43 @@ std::map<std::string, std::string> parse_weight_map(std::string_view text, const
 }
 
 namespace {
+/// The MLP activation under `key` (GPT-2's activation_function, BERT's hidden_act): one of the
+/// forms qkv runs (HfActivation), `def` when absent.
+std::string mlp_activation(const json& c, const char* key, const std::string& what, const std::string& model,
+                           const std::string& def) {
+  std::vector<std::string> known{def};  // the default first in the message
+  for (const char* a : {"gelu_new", "gelu_pytorch_tanh", "gelu", "relu"})
+    if (a != def) known.push_back(a);
+  const json* act = find(c, key);
+  if (!act) return def;
+  if (!act->is_string() || std::find(known.begin(), known.end(), act->get<std::string>()) == known.end()) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    fail(what,
+         std::string(key) + " " + json_text::excerpt(*act) + " is not one qkv runs for " + model + " (" + list + ")");
+  }
+  return act->get<std::string>();
+}
+
+/// The head width of a model whose heads split the hidden size (`hidden_key` / `heads_key` name
+/// them in the message).
+std::int64_t split_heads(const HfConfig& h, const std::string& what, const char* hidden_key, const char* heads_key) {
+  if (h.hidden_size % h.num_attention_heads != 0)
+    fail(what, std::string(hidden_key) + " (" + std::to_string(h.hidden_size) + ") is not a multiple of " + heads_key +
+                   " (" + std::to_string(h.num_attention_heads) + ")");
+  return h.hidden_size / h.num_attention_heads;
+}
+
 /// GPT2Config's keys (n_embd, n_layer, ...; the attribute_map's names are not what config.json holds).
 void read_gpt2(const json& c, const std::string& what, HfConfig& h) {
-  if (const json* act = find(c, "activation_function")) {
-    static const std::set<std::string> known{"gelu_new", "gelu_pytorch_tanh", "gelu", "relu"};
-    if (!act->is_string() || !known.count(act->get<std::string>()))
-      fail(what, "activation_function " + json_text::excerpt(*act) +
-                     " is not one qkv runs for gpt2 (gelu_new, gelu_pytorch_tanh, gelu, relu)");
-    h.activation = act->get<std::string>();
-  } else {
-    h.activation = "gelu_new";
-  }
+  h.activation = mlp_activation(c, "activation_function", what, "gpt2", "gelu_new");
   h.hidden_size = positive_int(c, "n_embd", what, 768);
   h.num_hidden_layers = positive_int(c, "n_layer", what, 12);
   h.num_attention_heads = h.num_key_value_heads = positive_int(c, "n_head", what, 12);
   h.vocab_size = positive_int(c, "vocab_size", what, 50257);
   h.max_position_embeddings = positive_int(c, "n_positions", what, 1024);
   h.intermediate_size = positive_int(c, "n_inner", what, 4 * h.hidden_size);
-  if (h.hidden_size % h.num_attention_heads != 0)
-    fail(what, "n_embd (" + std::to_string(h.hidden_size) + ") is not a multiple of n_head (" +
-                   std::to_string(h.num_attention_heads) + ")");
-  h.head_dim = h.hidden_size / h.num_attention_heads;
+  h.head_dim = split_heads(h, what, "n_embd", "n_head");
   h.norm_eps = positive_number(c, "layer_norm_epsilon", what, 1e-5);
   h.tie_word_embeddings = flag(c, "tie_word_embeddings", what, true);
   h.windowed.assign(static_cast<std::size_t>(h.num_hidden_layers), false);
@@ -129,14 +146,7 @@ void read_gpt2(const json& c, const std::string& what, HfConfig& h) {
 }
 /// BertConfig's keys.
 void read_bert(const json& c, const std::string& what, HfConfig& h) {
-  h.activation = "gelu";
-  if (const json* act = find(c, "hidden_act")) {
-    static const std::set<std::string> known{"gelu", "gelu_new", "gelu_pytorch_tanh", "relu"};
-    if (!act->is_string() || !known.count(act->get<std::string>()))
-      fail(what, "hidden_act " + json_text::excerpt(*act) +
-                     " is not one qkv runs for bert (gelu, gelu_new, gelu_pytorch_tanh, relu)");
-    h.activation = act->get<std::string>();
-  }
+  h.activation = mlp_activation(c, "hidden_act", what, "bert", "gelu");
   h.hidden_size = positive_int(c, "hidden_size", what, 768);
   h.num_hidden_layers = positive_int(c, "num_hidden_layers", what, 12);
   h.num_attention_heads = h.num_key_value_heads = positive_int(c, "num_attention_heads", what, 12);
@@ -144,10 +154,7 @@ void read_bert(const json& c, const std::string& what, HfConfig& h) {
   h.vocab_size = positive_int(c, "vocab_size", what, 30522);
   h.max_position_embeddings = positive_int(c, "max_position_embeddings", what, 512);
   h.type_vocab_size = positive_int(c, "type_vocab_size", what, 2);
-  if (h.hidden_size % h.num_attention_heads != 0)
-    fail(what, "hidden_size (" + std::to_string(h.hidden_size) + ") is not a multiple of num_attention_heads (" +
-                   std::to_string(h.num_attention_heads) + ")");
-  h.head_dim = h.hidden_size / h.num_attention_heads;
+  h.head_dim = split_heads(h, what, "hidden_size", "num_attention_heads");
   h.norm_eps = positive_number(c, "layer_norm_eps", what, 1e-12);
   h.windowed.assign(static_cast<std::size_t>(h.num_hidden_layers), false);
   if (const json* pe = find(c, "position_embedding_type"); pe && (!pe->is_string() || *pe != "absolute"))

@@ -34,7 +34,7 @@ import os
 import numpy as np
 import torch
 
-from make_llama_fixtures import run_generator, TOL_FACTOR, TOL_FLOOR, write_json, write_safetensors
+from make_llama_fixtures import normal_draws, run_generator, TOL_FACTOR, TOL_FLOOR, write_json, write_safetensors
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,8 +83,7 @@ class Reference:
 def random_weights(c, gen, pooler):
     E, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
 
-    def r(*shape, scale):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).float() * scale
+    r = normal_draws(gen)
 
     w = {"embeddings.word_embeddings.weight": r(V, E, scale=1.0),
          "embeddings.position_embeddings.weight": r(c["max_position_embeddings"], E, scale=0.5),

@@ -85,6 +85,14 @@ def write_json(path, obj):
 # the reference model
 
 
+def normal_draws(gen):
+    """r(*shape, scale): N(0, scale^2) values drawn in fp64 from `gen`, stored as fp32 (every
+    generator's random weights)."""
+    def r(*shape, scale):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).float() * scale
+    return r
+
+
 def head_dim(c):
     return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
@@ -197,8 +205,7 @@ def random_weights(c, gen):
     qkv_bias = c["model_type"] == "qwen2" or (c["model_type"] == "llama" and c.get("attention_bias", False))
     o_bias = c["model_type"] == "llama" and c.get("attention_bias", False)
 
-    def r(*shape, scale):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).float() * scale
+    r = normal_draws(gen)
 
     w = {"model.embed_tokens.weight": r(V, E, scale=1.0), "model.norm.weight": 1 + r(E, scale=0.1)}
     for i in range(c["num_hidden_layers"]):
@@ -267,8 +274,7 @@ def random_gpt2_weights(c, gen):
     E, V, P = c["n_embd"], c["vocab_size"], c["n_positions"]
     I = c.get("n_inner") or 4 * E
 
-    def r(*shape, scale):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).float() * scale
+    r = normal_draws(gen)
 
     w = {"wte.weight": r(V, E, scale=1.0), "wpe.weight": r(P, E, scale=0.5)}
     for name in ["ln_f"] + [f"h.{i}.ln_{k}" for i in range(c["n_layer"]) for k in (1, 2)]:

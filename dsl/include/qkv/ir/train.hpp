@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <qkv/ir/grad.hpp>
+#include <qkv/ir/grad_builder.hpp>
 
 namespace qkv {
 
@@ -43,24 +44,8 @@ inline int append_cross_entropy(Graph& g, int logits, int targets, const std::st
     if (a.name != classes) lse.axes.push_back(a);
   const int lse_id = g.add(std::move(lse));
   const int logp = b.binary(Op::add, logits, b.scaled(lse_id, -1.0));
-  // The target's one-hot over the classes: where(target == class index, 1, 0).
-  Node t;
-  t.op = Op::broadcast;
-  t.inputs = {targets};
-  t.axes = ln.axes;
-  t.dtype = tn.dtype;
-  const int tb = g.add(std::move(t));
-  ModExpr hot;
-  {
-    ModNode k;
-    k.op = ModOp::index;
-    k.axis = classes;
-    const int eq = hot.add(mod_node(ModOp::eq, hot.add(mod_node(ModOp::score)), hot.add(std::move(k))));
-    hot.score =
-        hot.add(mod_node(ModOp::where, eq, hot.add(mod_constant(1.0 - o.label_smoothing)), hot.add(mod_constant(0.0))));
-  }
   // Per class the weight of log p: (1 − ε)·[class = target] + ε / classes.
-  int weight = b.pointwise({tb}, std::move(hot), dt);
+  int weight = b.one_hot(targets, grad_detail::axis_named(ln.axes, classes), 1.0 - o.label_smoothing, dt);
   if (o.label_smoothing != 0.0) {
     ModExpr smooth;
     ModNode len;

@@ -181,16 +181,9 @@ struct Gpt2LmHead {
   template <class T, class P, class C>
   auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
               const Size<Past>& past) const {
-    if (caches.size() != layers.size())
-      throw std::invalid_argument("Gpt2LmHead::cached: " + std::to_string(caches.size()) + " cache entries for " +
-                                  std::to_string(layers.size()) + " layers");
-    X x = embed(tokens, positions);
-    std::vector<std::pair<C, C>> updated;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto [y, keys, values] = layers[i].cached(x, caches[i].first, caches[i].second, past);
-      x = X(y);
-      updated.emplace_back(keys, values);
-    }
+    auto [x, updated] = detail::cached_layers(
+        "Gpt2LmHead", layers, embed(tokens, positions), caches,
+        [&](const auto& layer, const X& y, const C& ck, const C& cv) { return layer.cached(y, ck, cv, past); });
     return std::pair{linear(layer_norm(x, ln_f), lm_head), std::move(updated)};
   }
 

@@ -65,6 +65,24 @@ auto append_to_cache(const CK& cache_k, const CV& cache_v, const KS& keys, const
   auto [cv, vh] = cache_append<Slot, Seq, Key>(cache_v, step(values), past);
   return std::tuple{ck, cv, kh, vh};
 }
+
+/// A decoder's layers run against their KV caches: layer i as step(layers[i], x, cache_k,
+/// cache_v) -> {y, cache_k', cache_v'}. Returns x after the last layer and the caches after the
+/// step; `who` names the model when the caches do not match the layers.
+template <class X, class L, class C, class Step>
+std::pair<X, std::vector<std::pair<C, C>>> cached_layers(const char* who, const std::vector<L>& layers, X x,
+                                                         const std::vector<std::pair<C, C>>& caches, Step&& step) {
+  if (caches.size() != layers.size())
+    throw std::invalid_argument(std::string(who) + "::cached: " + std::to_string(caches.size()) +
+                                " cache entries for " + std::to_string(layers.size()) + " layers");
+  std::vector<std::pair<C, C>> updated;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    auto [y, keys, values] = step(layers[i], x, caches[i].first, caches[i].second);
+    x = X(y);
+    updated.emplace_back(keys, values);
+  }
+  return {x, std::move(updated)};
+}
 }  // namespace detail
 
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
@@ -246,16 +264,10 @@ struct CausalLm {
   auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
               const Size<Past>& past) const {
     using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
-    if (caches.size() != layers.size())
-      throw std::invalid_argument("CausalLm::cached: " + std::to_string(caches.size()) + " cache entries for " +
-                                  std::to_string(layers.size()) + " layers");
-    X x = X(embedding(embed_tokens, tokens));
-    std::vector<std::pair<C, C>> updated;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto [y, keys, values] = layers[i].cached(x, positions, caches[i].first, caches[i].second, past);
-      x = X(y);
-      updated.emplace_back(keys, values);
-    }
+    auto [x, updated] = detail::cached_layers("CausalLm", layers, X(embedding(embed_tokens, tokens)), caches,
+                                              [&](const auto& layer, const X& y, const C& ck, const C& cv) {
+                                                return layer.cached(y, positions, ck, cv, past);
+                                              });
     return std::pair{linear(rms_norm(x, norm), lm_head), std::move(updated)};
   }
 };
