@@ -3,8 +3,9 @@
 // smoothing), and three steps of AdamW or SGD with momentum on one batch — forward, reverse mode
 // and the update as one graph (qkv/ir/train.hpp), the updated weights and state fed back. The
 // loss before each step and every weight after the last within the fixture's tolerances (4 ×
-// PyTorch's own fp32 error vs fp64, at least 2e-6 relative), on the interpreter; the CPU backend
-// runs AdamW's first step and agrees with the interpreter.
+// PyTorch's own fp32 error vs fp64, at least 2e-6 relative), on the interpreter; the gradients'
+// global norm (clip_grad_norm_'s) at every step likewise; the CPU backend runs AdamW's first step
+// and agrees with the interpreter.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -32,7 +33,7 @@ struct Setup {
 };
 
 template <class Optimizer>
-Setup setup(const std::string& name, const Optimizer& opt) {
+Setup setup(const std::string& name, const Optimizer& opt, double lr, const StepOptions& so) {
   Setup s;
   LlamaConfig cfg;
   cfg.layers = 1;
@@ -43,7 +44,7 @@ Setup setup(const std::string& name, const Optimizer& opt) {
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(s.g, "positions");
   auto targets = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(s.g, "targets");
   auto loss = cross_entropy<Vocab>(model(tokens, positions), targets, {.ignore_index = -100, .label_smoothing = 0.1});
-  s.step = append_training_step(s.g, loss.id(), opt);
+  s.step = append_training_step(s.g, loss.id(), opt, so);
 
   const SafetensorsFile w = SafetensorsFile::open(kDir / name / "weights.safetensors");
   for (const auto& n : w.names()) s.feeds[n] = w.load(n);
@@ -58,6 +59,7 @@ Setup setup(const std::string& name, const Optimizer& opt) {
     for (const auto& state : s.step.state)
       s.feeds[state + "." + param] = NdArray::zeros(DType::f32, s.feeds.at(param).shape);
   s.feeds["step"] = NdArray::from_f32({1.0f}, {});
+  s.feeds["lr"] = NdArray::from_f32({static_cast<float>(lr)}, {});
   return s;
 }
 
@@ -72,12 +74,13 @@ double step(Setup& s, const RunResult& r) {
 }
 
 template <class Optimizer>
-void check(const std::string& name, const Optimizer& opt, bool cpu) {
-  Setup s = setup(name, opt);
+void check(const std::string& name, const Optimizer& opt, double lr, bool cpu) {
   std::ifstream in(kDir / name / "case.json");
   const auto c = nlohmann::json::parse(in);
-  const NdArray loss_array = read_npy(kDir / name / "losses.npy");
-  const auto losses = loss_array.as<double>();
+  Setup s = setup(name, opt, lr, {.max_grad_norm = c.at("clip").get<double>()});
+  const NdArray loss_array = read_npy(kDir / name / "losses.npy"),
+                norm_array = read_npy(kDir / name / "grad_norms.npy");
+  const auto losses = loss_array.as<double>(), norms = norm_array.as<double>();
   // The CPU backend's first step against the interpreter's (its compile takes seconds: once).
   const RunResult ref = interpret(s.g, s.feeds);
   if (cpu) {
@@ -90,6 +93,8 @@ void check(const std::string& name, const Optimizer& opt, bool cpu) {
   }
   for (std::size_t k = 0; k < losses.size(); ++k) {
     const RunResult r = k == 0 ? ref : interpret(s.g, s.feeds);
+    EXPECT_NEAR(r.outputs.at("grad_norm").to_f32()[0], norms[k], c.at("norm_tol").get<double>())
+        << name << ": the gradients' norm at step " << k + 1;
     EXPECT_NEAR(step(s, r), losses[k], c.at("loss_tol").get<double>()) << name << ": the loss before step " << k + 1;
   }
   for (const auto& p : s.step.params) {
@@ -104,11 +109,17 @@ void check(const std::string& name, const Optimizer& opt, bool cpu) {
 }
 
 TEST(Train, AdamWStepsOfATinyLlamaMatchPyTorch) {
-  check("adamw", AdamW{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, /*cpu=*/true);
+  check("adamw", AdamW{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, /*lr=*/1e-2, /*cpu=*/true);
+}
+
+// 20 steps with the gradients clipped to norm 0.5 (every step clips): the loss curve and the
+// weights after it.
+TEST(Train, AdamWWithClippingOverTwentyStepsMatchesPyTorch) {
+  check("adamw_clip", AdamW{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, /*lr=*/1e-2, /*cpu=*/false);
 }
 
 TEST(Train, SgdWithMomentumStepsOfATinyLlamaMatchPyTorch) {
-  check("sgd", Sgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}, /*cpu=*/false);
+  check("sgd", Sgd{.momentum = 0.9, .weight_decay = 0.01}, /*lr=*/0.05, /*cpu=*/false);
 }
 
 TEST(Train, CrossEntropyIgnoresAndSmoothsAsPyTorch) {

@@ -1,7 +1,7 @@
 // qkv/dsl/train.hpp — losses for training, typed: cross_entropy<Classes>(logits, targets).
 //
 //   auto loss = cross_entropy<Vocab>(logits, targets);               // a scalar, PyTorch's mean
-//   TrainingStep s = append_training_step(g, loss.id(), AdamW{.lr = 3e-4});
+//   TrainingStep s = append_training_step(g, loss.id(), AdamW{.weight_decay = 0.1});  // lr: an input
 //
 // The optimizer step (qkv/ir/train.hpp) appends the gradients and the update of every parameter
 // the loss depends on; its inputs and outputs are named (TrainingStep).

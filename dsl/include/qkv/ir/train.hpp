@@ -3,7 +3,7 @@
 // graph that every backend runs (and that compiles ahead of time as one function).
 //
 //   append_cross_entropy(g, logits, targets, "Vocab", {.ignore_index = -100})   -> a scalar node
-//   append_training_step(g, loss, AdamW{.lr = 1e-3})                             -> the step's names
+//   append_training_step(g, loss, AdamW{}, {.max_grad_norm = 1})                  -> the step's names
 //
 // The semantics are PyTorch's (torch.nn.functional.cross_entropy with reduction='mean',
 // torch.optim.SGD / torch.optim.AdamW, one tensor at a time), written out below.
@@ -78,22 +78,30 @@ inline int append_cross_entropy(Graph& g, int logits, int targets, const std::st
   return b.pointwise({total, n}, std::move(mean));
 }
 
-/// torch.optim.SGD (lr, momentum, dampening 0, weight_decay, nesterov false).
+/// torch.optim.SGD (momentum, dampening 0, weight_decay, nesterov false); the learning rate is
+/// the step's input "lr", so that a schedule changes it without recompiling.
 struct Sgd {
-  double lr = 1e-3, momentum = 0.0, weight_decay = 0.0;
+  double momentum = 0.0, weight_decay = 0.0;
 };
-/// torch.optim.AdamW (amsgrad false): decoupled weight decay, bias-corrected moments.
+/// torch.optim.AdamW (amsgrad false): decoupled weight decay, bias-corrected moments; the
+/// learning rate is the step's input "lr".
 struct AdamW {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+};
+/// What happens to the gradients before the update.
+struct StepOptions {
+  /// torch.nn.utils.clip_grad_norm_(params, max_grad_norm): when the global L2 norm of all the
+  /// gradients exceeds it, every gradient is scaled by max_grad_norm / (norm + 1e-6). 0: off.
+  double max_grad_norm = 0.0;
 };
 
-/// What append_training_step added: for every parameter `p` the inputs of its optimizer state
-/// and the outputs of the step, by name.
+/// What append_training_step added, by name.
 struct TrainingStep {
   std::vector<std::string> params;  // the parameters updated, in the graph's order
-  /// Inputs: "step" (a scalar: the step's number, 1 for the first), and per parameter p the
-  /// state "<state>.p" for each state name (SGD with momentum: "momentum"; AdamW: "exp_avg",
-  /// "exp_avg_sq"; zeros before the first step). Outputs: "loss", "p" (the updated parameter)
+  /// Inputs: "lr" and "step" (scalars: the learning rate, and the step's number, 1 for the
+  /// first), and per parameter p the state "<state>.p" for each state name (SGD with momentum:
+  /// "momentum"; AdamW: "exp_avg", "exp_avg_sq"; zeros before the first step). Outputs: "loss",
+  /// "grad_norm" (the gradients' global L2 norm before clipping), "p" (the updated parameter)
   /// and "<state>.p" (the updated state).
   std::vector<std::string> state;
 };
@@ -141,38 +149,72 @@ inline std::vector<int> trainable(const Graph& g, int loss) {
     if (reach[i] && g.node(static_cast<int>(i)).op == Op::param) out.push_back(static_cast<int>(i));
   return out;
 }
+
+/// What every optimizer starts from: the parameters, their gradients (clipped as `o` says), and
+/// the scalar inputs "lr" and "step"; "loss" and "grad_norm" marked as outputs.
+struct Prepared {
+  std::vector<int> params, grads;
+  int lr = -1, step = -1;
+};
+inline Prepared prepare(Graph& g, int loss, const StepOptions& o) {
+  Prepared p;
+  p.params = trainable(g, loss);
+  p.grads = append_gradients(g, loss, p.params);
+  p.lr = scalar_input(g, "lr");
+  p.step = scalar_input(g, "step");
+  g.mark_output(loss, "loss");
+  grad_detail::Builder b(g);
+  // ‖g‖ = sqrt(Σ over every gradient of Σ g²)
+  int squares = -1;
+  for (int gr : p.grads) {
+    std::vector<std::string> all;
+    for (const auto& a : g.node(gr).axes) all.push_back(a.name);
+    const int s = b.sum_over(b.binary(Op::mul, gr, gr), all);
+    squares = squares < 0 ? s : b.binary(Op::add, squares, s);
+  }
+  if (squares < 0) return p;
+  const int norm =
+      elementwise(g, {squares}, [](ModExpr& e, const std::vector<int>& l) { return op(e, ModOp::sqrt, l[0]); });
+  g.mark_output(norm, "grad_norm");
+  if (o.max_grad_norm > 0.0) {
+    // PyTorch: coef = max / (norm + 1e-6), clamped at 1.
+    const int coef = elementwise(g, {norm}, [&](ModExpr& e, const std::vector<int>& l) {
+      const int raw = op(e, ModOp::div, c(e, o.max_grad_norm), op(e, ModOp::add, l[0], c(e, 1e-6)));
+      return e.add(mod_node(ModOp::where, op(e, ModOp::lt, raw, c(e, 1.0)), raw, c(e, 1.0)));
+    });
+    for (int& gr : p.grads) gr = b.binary(Op::mul, gr, coef);
+  }
+  return p;
+}
 }  // namespace train_detail
 
 /// Appends one SGD step: with momentum μ, buf' = μ·buf + g' (g' = g + wd·p; buf = g' on step
 /// 1), p' = p − lr·buf'; without, p' = p − lr·g'.
-inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o) {
+inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o, const StepOptions& so = {}) {
   using namespace train_detail;
   TrainingStep s;
-  const std::vector<int> params = trainable(g, loss);
-  const std::vector<int> grads = append_gradients(g, loss, params);
-  const int step = o.momentum != 0.0 ? scalar_input(g, "step") : -1;
-  g.mark_output(loss, "loss");
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    const Node p = g.node(params[k]);
+  const Prepared pr = prepare(g, loss, so);
+  for (std::size_t k = 0; k < pr.params.size(); ++k) {
+    const Node p = g.node(pr.params[k]);
     s.params.push_back(p.name);
     const double wd = o.weight_decay;
-    const int gp =
-        wd == 0.0 ? grads[k] : elementwise(g, {grads[k], params[k]}, [&](ModExpr& e, const std::vector<int>& l) {
-          return op(e, ModOp::add, l[0], op(e, ModOp::mul, c(e, wd), l[1]));
-        });
+    const int gp = wd == 0.0 ? pr.grads[k]
+                             : elementwise(g, {pr.grads[k], pr.params[k]}, [&](ModExpr& e, const std::vector<int>& l) {
+                                 return op(e, ModOp::add, l[0], op(e, ModOp::mul, c(e, wd), l[1]));
+                               });
     int direction = gp;
     if (o.momentum != 0.0) {
       const int buf = input_like(g, p, "momentum." + p.name);
       // step 1: buf' = g'; after: μ·buf + g'
-      direction = elementwise(g, {gp, buf, step}, [&](ModExpr& e, const std::vector<int>& l) {
+      direction = elementwise(g, {gp, buf, pr.step}, [&](ModExpr& e, const std::vector<int>& l) {
         const int first = op(e, ModOp::le, l[2], c(e, 1.0));
         return e.add(
             mod_node(ModOp::where, first, l[0], op(e, ModOp::add, op(e, ModOp::mul, c(e, o.momentum), l[1]), l[0])));
       });
       g.mark_output(direction, "momentum." + p.name);
     }
-    const int updated = elementwise(g, {params[k], direction}, [&](ModExpr& e, const std::vector<int>& l) {
-      return op(e, ModOp::sub, l[0], op(e, ModOp::mul, c(e, o.lr), l[1]));
+    const int updated = elementwise(g, {pr.params[k], direction, pr.lr}, [&](ModExpr& e, const std::vector<int>& l) {
+      return op(e, ModOp::sub, l[0], op(e, ModOp::mul, l[2], l[1]));
     });
     g.mark_output(updated, p.name);
   }
@@ -180,37 +222,37 @@ inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o) {
   return s;
 }
 
-/// Appends one AdamW step (PyTorch's, step t ≥ 1 an input):
+/// Appends one AdamW step (PyTorch's, step t ≥ 1 and lr inputs):
 ///   p ← p·(1 − lr·wd);  m' = β1·m + (1 − β1)·g;  v' = β2·v + (1 − β2)·g²;
 ///   p' = p − lr / (1 − β1^t) · m' / (sqrt(v') / sqrt(1 − β2^t) + eps)
-inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o) {
+inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o, const StepOptions& so = {}) {
   using namespace train_detail;
   TrainingStep s;
-  const std::vector<int> params = trainable(g, loss);
-  const std::vector<int> grads = append_gradients(g, loss, params);
-  const int step = scalar_input(g, "step");
-  g.mark_output(loss, "loss");
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    const Node p = g.node(params[k]);
+  const Prepared pr = prepare(g, loss, so);
+  for (std::size_t k = 0; k < pr.params.size(); ++k) {
+    const Node p = g.node(pr.params[k]);
     s.params.push_back(p.name);
+    const int gr = pr.grads[k];
     const int m = input_like(g, p, "exp_avg." + p.name), v = input_like(g, p, "exp_avg_sq." + p.name);
-    const int m2 = elementwise(g, {grads[k], m}, [&](ModExpr& e, const std::vector<int>& l) {
+    const int m2 = elementwise(g, {gr, m}, [&](ModExpr& e, const std::vector<int>& l) {
       return op(e, ModOp::add, op(e, ModOp::mul, c(e, o.beta1), l[1]), op(e, ModOp::mul, c(e, 1 - o.beta1), l[0]));
     });
-    const int v2 = elementwise(g, {grads[k], v}, [&](ModExpr& e, const std::vector<int>& l) {
+    const int v2 = elementwise(g, {gr, v}, [&](ModExpr& e, const std::vector<int>& l) {
       return op(e, ModOp::add, op(e, ModOp::mul, c(e, o.beta2), l[1]),
                 op(e, ModOp::mul, c(e, 1 - o.beta2), op(e, ModOp::mul, l[0], l[0])));
     });
-    const int updated = elementwise(g, {params[k], m2, v2, step}, [&](ModExpr& e, const std::vector<int>& l) {
-      const int t = l[3];
-      const int decayed = op(e, ModOp::mul, l[0], c(e, 1 - o.lr * o.weight_decay));
-      const int bc1 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta1), t));
-      const int bc2 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta2), t));
-      const int denom =
-          op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), op(e, ModOp::sqrt, bc2)), c(e, o.eps));
-      return op(e, ModOp::sub, decayed,
-                op(e, ModOp::mul, op(e, ModOp::div, c(e, o.lr), bc1), op(e, ModOp::div, l[1], denom)));
-    });
+    const int updated =
+        elementwise(g, {pr.params[k], m2, v2, pr.step, pr.lr}, [&](ModExpr& e, const std::vector<int>& l) {
+          const int t = l[3], lr = l[4];
+          const int decayed =
+              op(e, ModOp::mul, l[0], op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::mul, lr, c(e, o.weight_decay))));
+          const int bc1 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta1), t));
+          const int bc2 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta2), t));
+          const int denom =
+              op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), op(e, ModOp::sqrt, bc2)), c(e, o.eps));
+          return op(e, ModOp::sub, decayed,
+                    op(e, ModOp::mul, op(e, ModOp::div, lr, bc1), op(e, ModOp::div, l[1], denom)));
+        });
     g.mark_output(updated, p.name);
     g.mark_output(m2, "exp_avg." + p.name);
     g.mark_output(v2, "exp_avg_sq." + p.name);
