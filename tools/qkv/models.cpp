@@ -1,5 +1,6 @@
 #include "models.hpp"
 
+#include <qkv/dsl/train.hpp>
 #include <qkv/qkv.hpp>
 
 namespace qkv::cli {
@@ -302,6 +303,31 @@ Graph build_causal_lm(const HfConfig& c) {
     auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
     output(model(tokens, positions), "logits");
   });
+}
+
+namespace {
+/// The model's loss on (tokens, positions, targets), built in g.
+template <class Model>
+int causal_lm_loss(Graph& g, const Model& model, const CrossEntropyOptions& o) {
+  auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
+  auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
+  auto targets = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "targets");
+  return cross_entropy<Vocab>(model(tokens, positions), targets, o).id();
+}
+}  // namespace
+
+TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
+  TrainGraph t;
+  t.g = with_decoder(c, [&](Graph& g, const auto& model) {
+    const int loss = causal_lm_loss(g, model, s.loss);
+    t.step =
+        s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
+  });
+  return t;
+}
+
+Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss) {
+  return with_decoder(c, [&](Graph& g, const auto& model) { g.mark_output(causal_lm_loss(g, model, loss), "loss"); });
 }
 
 Graph build_causal_lm_step(const HfConfig& c) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <qkv/ir/graph.hpp>
+#include <qkv/ir/train.hpp>
 #include <qkv/runtime/hf_checkpoint.hpp>
 
 namespace qkv::cli {
@@ -98,6 +99,27 @@ Graph build_causal_lm(const HfConfig& c);
 /// [Batch, KvHeads, Slot, HeadDim]; outputs logits and present_k.{i} / present_v.{i}, the caches
 /// after the step.
 Graph build_causal_lm_step(const HfConfig& c);
+
+/// How a decoder trains: the loss (cross-entropy over the vocabulary, the next token as the
+/// target), the optimizer and what happens to the gradients first.
+struct TrainSpec {
+  bool sgd = false;  // SGD (with momentum) instead of AdamW
+  AdamW adamw;
+  Sgd sgd_options;
+  StepOptions step;
+  CrossEntropyOptions loss;
+};
+/// One training step of build_causal_lm's model as one graph (qkv/ir/train.hpp): inputs tokens,
+/// positions, targets [Batch, Seq] (i64; targets equal to loss.ignore_index count for nothing),
+/// the scalars lr and step, the weights and the optimizer state by name (TrainingStep); outputs
+/// loss, grad_norm, the updated weights and state under the same names.
+struct TrainGraph {
+  Graph g;
+  TrainingStep step;
+};
+TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s);
+/// The loss alone (no gradients): inputs tokens, positions, targets and the weights; output loss.
+Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss);
 
 /// A Hugging Face encoder (bert) as its config.json describes it, built with qkv::nn::BertModel.
 /// Inputs: tokens and token_type_ids [Batch, Seq] (i64); with padding_mask, key_keep [Batch, Key]
