@@ -4,6 +4,7 @@
 //     load the dynamic sizes; check them (2 when invalid)
 //     arena = aligned_alloc(64, its size for these sizes) (1 when that fails)
 //     for each node, in graph order: its code, reading its inputs' buffers, writing its own
+//       (a call: each node's code is outlined into a function of its own, outline_node_regions)
 //     copy the outputs not computed in place into their arguments; free(arena); return 0
 //
 // Every size is an ir::Int: a constant when the size is fixed (the builder folds the arithmetic,
@@ -13,9 +14,35 @@
 // (attention, GEMM, row-wise) are emitted into the same module with internal linkage.
 #include "cpu/module/module_builder_impl.hpp"
 
+#include <llvm/IR/Instructions.h>
+#include <llvm/Transforms/Utils/CodeExtractor.h>
+
 namespace qkv::codegen::cpu {
 
 namespace detail {
+
+void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions) {
+  int index = 0;
+  for (const auto& region : regions) {
+    ++index;
+    std::size_t instructions = 0;
+    bool returns = false;
+    for (const llvm::BasicBlock* bb : region) {
+      instructions += bb->size();
+      returns = returns || llvm::isa<llvm::ReturnInst>(bb->getTerminator());
+    }
+    if (returns || instructions <= region.size()) continue;  // a check that returns, or branches only
+    llvm::CodeExtractor extractor(region, /*DT=*/nullptr, /*AggregateArgs=*/false, nullptr, nullptr, nullptr,
+                                  /*AllowVarArgs=*/false, /*AllowAlloca=*/false, nullptr,
+                                  "node" + std::to_string(index - 1));
+    if (!extractor.isEligible()) continue;
+    llvm::CodeExtractorAnalysisCache cache(fn);
+    if (llvm::Function* outlined = extractor.extractCodeRegion(cache)) {
+      outlined->addFnAttr(llvm::Attribute::NoInline);
+      outlined->setLinkage(llvm::GlobalValue::InternalLinkage);
+    }
+  }
+}
 
 /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel: Bᵀ packed into panels of NR columns
 /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.

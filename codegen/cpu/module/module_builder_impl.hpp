@@ -41,6 +41,13 @@ using I = ir::Int;
 using Dims = std::vector<I>;
 using Values = std::vector<llvm::Value*>;
 
+/// Moves each node's code (a region of emit_node_region) out of the entry function into a
+/// function of its own, never inlined: the optimiser then works on many small functions instead
+/// of one with a loop nest per node, whose analyses grow faster than linearly with the graph (a
+/// training step's thousands of nodes took minutes). Regions that return from the entry (a
+/// failed check) or hold no code stay where they are. (module_builder.cpp)
+void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions);
+
 class ModuleBuilder {
  public:
   ModuleBuilder(llvm::Module& module, const Graph& g, const AotSignature& sig, const ModulePlan& plan,
@@ -461,7 +468,8 @@ class ModuleBuilder {
       if (n.op == Op::attention_lse) lse_[n.inputs[0]] = buf(id);
     }
 
-    for (int id = 0; id < static_cast<int>(g_.size()); ++id) emit_node(id);
+    std::vector<std::vector<llvm::BasicBlock*>> regions;
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) regions.push_back(emit_node_region(id));
     std::size_t out = leaf;
     for (const auto& o : g_.outputs()) {
       if (integer_array(g_, o.node)) {  // an integer input as an output: its values, as f32
@@ -477,7 +485,25 @@ class ModuleBuilder {
     if (!llvm::isa<llvm::ConstantPointerNull>(arena)) branch(unprepared(), [&] { free(arena); });
     b_.CreateRet(b_.CreateLoad(i32_, status_));
     handle_ = nullptr;
+    outline_node_regions(*fn_, regions);
     return fn_;
+  }
+
+  /// emit_node(id) in blocks of its own: the region outline_node_regions makes a function of.
+  std::vector<llvm::BasicBlock*> emit_node_region(int id) {
+    std::set<const llvm::BasicBlock*> before;
+    for (const llvm::BasicBlock& bb : *fn_) before.insert(&bb);
+    auto* start = llvm::BasicBlock::Create(ctx_, "node", fn_);
+    b_.CreateBr(start);
+    b_.SetInsertPoint(start);
+    emit_node(id);
+    auto* next = llvm::BasicBlock::Create(ctx_, "next", fn_);
+    b_.CreateBr(next);
+    b_.SetInsertPoint(next);
+    std::vector<llvm::BasicBlock*> region;
+    for (llvm::BasicBlock& bb : *fn_)
+      if (!before.count(&bb) && &bb != next) region.push_back(&bb);
+    return region;
   }
 
   llvm::Value* block(const ArenaLayout<I>& layout, int k, llvm::Value* arena) {
