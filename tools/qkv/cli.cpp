@@ -470,6 +470,72 @@ int host() {
   return 0;
 }
 
+/// qkv train.
+struct TrainFlags {
+  Train o;
+  BackendFlag backend;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App* app) {
+    cmd = app->add_subcommand("train", "Train a Hugging Face decoder (llama, qwen2, mistral, gpt2) on a text file");
+    cmd->footer(
+        "Example: qkv train --config tiny/config.json --data corpus.txt --steps 200 --batch 8 --seq 64 --lr 1e-3 "
+        "--out run/ --plot loss.png\n"
+        "Tokens are the text's bytes (vocab_size >= 256). A resumed run (--resume DIR) keeps its settings and equals "
+        "an uninterrupted one bit for bit; Ctrl-C saves a checkpoint and stops.");
+    auto* config =
+        cmd->add_option("--config", o.config, "config.json as Hugging Face writes it: random initial weights");
+    auto* model = cmd->add_option("--model", o.model, "A checkpoint folder to start from (config.json + safetensors)");
+    auto* resume = cmd->add_option("--resume", o.resume, "A qkv train checkpoint folder: continue that run");
+    config->excludes(model)->excludes(resume);
+    model->excludes(resume);
+    cmd->add_option("--data", o.data, "The text to train on (its bytes are the tokens)")->required();
+    cmd->add_option("--out,-o", o.out, "Folder for checkpoints (created; may be the --resume folder)")->required();
+    cmd->add_option("--steps", o.steps, "Steps in all, counting those of a resumed run (default 100)")
+        ->check(integer_in(1, kInt64Max));
+    cmd->add_option("--stop-at", o.stop_at,
+                    "Stop after this step and save (the schedule still spans --steps: --resume goes on)")
+        ->check(integer_in(1, kInt64Max));
+    cmd->add_option("--batch", o.batch, "Sequences per step (default 8)")->check(integer_in(1, 1 << 20));
+    cmd->add_option("--seq", o.seq, "Tokens per sequence (default 64)")->check(integer_in(1, 1 << 24));
+    cmd->add_option("--optimizer", o.optimizer, "adamw (default) | sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+    cmd->add_option("--lr", o.lr, "Peak learning rate (default 1e-3)")->check(finite_number());
+    cmd->add_option("--min-lr", o.min_lr, "Learning rate at the last step (cosine; default lr / 10)")
+        ->check(finite_number());
+    cmd->add_option("--warmup", o.warmup, "Steps of linear warmup (default 0)")->check(integer_in(0, kInt64Max));
+    cmd->add_option("--schedule", o.schedule, "cosine (default) | constant, after the warmup")
+        ->check(CLI::IsMember({"cosine", "constant"}));
+    cmd->add_option("--weight-decay", o.weight_decay, "Decoupled (AdamW) or L2 (SGD) weight decay (default 0.1)")
+        ->check(finite_number());
+    cmd->add_option("--beta1", o.beta1, "AdamW's beta1 (default 0.9)")->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--beta2", o.beta2, "AdamW's beta2 (default 0.95)")->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--eps", o.eps, "AdamW's eps (default 1e-8)")->check(finite_number());
+    cmd->add_option("--momentum", o.momentum, "SGD's momentum (default 0.9)")->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--max-grad-norm", o.max_grad_norm, "Clip the gradients' global L2 norm (0: off; default 1)")
+        ->check(CLI::Range(0.0, 1e30));
+    cmd->add_option("--label-smoothing", o.label_smoothing, "Cross-entropy label smoothing (default 0)")
+        ->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--val-fraction", o.val_fraction, "The end of the text held out for validation (default 0.1)")
+        ->check(CLI::Range(0.0, 0.9));
+    cmd->add_option("--seed", o.seed, "Initial weights and batches (default 0)")->check(unsigned_integer());
+    cmd->add_option("--eval-every", o.eval_every, "Validation loss every N steps (default steps / 10)")
+        ->check(integer_in(1, kInt64Max));
+    cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows (default 4)")
+        ->check(integer_in(1, 1 << 20));
+    cmd->add_option("--save-every", o.save_every, "Also checkpoint every N steps (default: at the end only)")
+        ->check(integer_in(1, kInt64Max));
+    cmd->add_option("--log-every", o.log_every, "A progress line every N steps (default steps / 50)")
+        ->check(integer_in(1, kInt64Max));
+    cmd->add_option("--log-json", o.log_json, "Write the loss history as JSON (with every checkpoint)");
+    cmd->add_option("--plot", o.plot, "Write the loss curves as a PNG (with every checkpoint)");
+    cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
+    backend.add(cmd, "cpu (compiled kernels) | reference (the interpreter)");
+  }
+  Train get() {
+    o.backend = backend.get();
+    return o;
+  }
+};
+
 /// The first word on the command line that is not a command of its parent ("generate" in
 /// `qkv generate --help`, which CLI11 would answer with the top-level help and exit 0).
 std::optional<std::string> unknown_command(CLI::App& app, int argc, char** argv) {
@@ -599,6 +665,8 @@ int run_cli(int argc, char** argv) {
   encoder_model.add(run);
   GenerateFlags gen;
   gen.add(&app);
+  TrainFlags train_flags;
+  train_flags.add(&app);
 
   // --- models by shape
   ShapeFlags shape_flags;
@@ -710,6 +778,7 @@ int run_cli(int argc, char** argv) {
     if (*causal_lm.cmd) return run_causal_lm(causal_lm.get());
     if (*encoder_model.cmd) return run_encoder_model(encoder_model.get());
     if (*gen.cmd) return generate(gen.get());
+    if (*train_flags.cmd) return train(train_flags.get());
     if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {
       bench_opts.model = bench_flags.get();

@@ -119,6 +119,23 @@ struct Generate {
   int threads = 0;
 };
 int generate(const Generate& o);
+/// qkv train: a decoder trained on a text file (commands_train.cpp). The optional settings, when
+/// given, override the defaults of a fresh run and must equal those of a resumed one.
+struct Train {
+  std::string config, model, resume;  // config.json (random weights), a checkpoint, or a run to continue
+  std::string data, out, log_json, plot;
+  std::optional<std::int64_t> steps, batch, seq, warmup, eval_every, eval_batches, save_every, log_every;
+  std::optional<std::int64_t> stop_at;  // stop (and save) after this step; the schedule still spans --steps
+  std::optional<std::string> optimizer, schedule;
+  std::optional<double> lr, min_lr, weight_decay, beta1, beta2, eps, momentum, max_grad_norm, label_smoothing,
+      val_fraction;
+  std::optional<std::uint64_t> seed;
+  Backend backend = Backend::cpu;
+  int threads = 0;
+};
+/// Exit 0 when the last step is done, 130 when a signal stopped the run (after saving).
+int train(const Train& t);
+
 /// qkv bench generate: the same run, timed (prefill and decode tokens/s, the decode attention's
 /// GB/s at the model's shape, modules compiled and memory after the first step); --out optional.
 int bench_generate(const Generate& o, bool json);

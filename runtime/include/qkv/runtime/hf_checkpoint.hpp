@@ -59,6 +59,15 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what);
 /// inside the model folder), from the file's text.
 std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what);
 
+/// A weight by the name the model's graph gives it, and its shape.
+struct WeightShape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+/// Every weight the config implies, in the graph's order (HfCheckpoint::names() when the
+/// checkpoint is opened), with its shape; `pooler`: bert's pooler.dense.* too.
+std::vector<WeightShape> hf_weight_shapes(const HfConfig& c, bool pooler = false);
+
 class HfCheckpoint {
  public:
   /// Opens `dir` (config.json and the safetensors file or shards) and checks every weight the
