@@ -77,8 +77,10 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 
 }  // namespace
 
-HfConfig read_hf_config(const std::filesystem::path& dir) {
-  return parse_hf_config(read_text(dir / "config.json"), (dir / "config.json").string());
+HfConfig read_hf_config(const std::filesystem::path& dir) { return read_hf_config_file(dir / "config.json"); }
+
+HfConfig read_hf_config_file(const std::filesystem::path& path) {
+  return parse_hf_config(read_text(path), path.string());
 }
 
 std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what) {
@@ -241,6 +243,76 @@ HfConfig parse_hf_config(std::string_view text, const std::string& what) {
   return h;
 }
 
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> hf_weight_shapes(const HfConfig& h, bool bert_pooler) {
+  const std::int64_t E = h.hidden_size, I = h.intermediate_size, V = h.vocab_size;
+  const std::int64_t Q = h.num_attention_heads * h.head_dim, KV = h.num_key_value_heads * h.head_dim;
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> want;
+  auto layer_norm = [&](const std::string& p) {
+    want.push_back({p + ".weight", {E}});
+    want.push_back({p + ".bias", {E}});
+  };
+  auto linear = [&](const std::string& p, std::int64_t in, std::int64_t out) {
+    want.push_back({p + ".weight", {out, in}});  // torch.nn.Linear: [out, in]
+    want.push_back({p + ".bias", {out}});
+  };
+  if (h.bert()) {
+    want.push_back({"embeddings.word_embeddings.weight", {V, E}});
+    want.push_back({"embeddings.position_embeddings.weight", {h.max_position_embeddings, E}});
+    want.push_back({"embeddings.token_type_embeddings.weight", {h.type_vocab_size, E}});
+    layer_norm("embeddings.LayerNorm");
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "encoder.layer." + std::to_string(i) + ".";
+      for (const char* w : {"query", "key", "value"}) linear(p + "attention.self." + w, E, E);
+      linear(p + "attention.output.dense", E, E);
+      layer_norm(p + "attention.output.LayerNorm");
+      linear(p + "intermediate.dense", E, I);
+      linear(p + "output.dense", I, E);
+      layer_norm(p + "output.LayerNorm");
+    }
+    if (bert_pooler) linear("pooler.dense", E, E);
+  } else if (h.gpt2()) {
+    auto conv1d = [&](const std::string& p, std::int64_t in, std::int64_t out) {
+      want.push_back({p + ".weight", {in, out}});  // Conv1D: [in, out]
+      want.push_back({p + ".bias", {out}});
+    };
+    want.push_back({"wte.weight", {V, E}});
+    want.push_back({"wpe.weight", {h.max_position_embeddings, E}});
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "h." + std::to_string(i) + ".";
+      layer_norm(p + "ln_1");
+      conv1d(p + "attn.c_attn", E, 3 * E);
+      conv1d(p + "attn.c_proj", E, E);
+      layer_norm(p + "ln_2");
+      conv1d(p + "mlp.c_fc", E, I);
+      conv1d(p + "mlp.c_proj", I, E);
+    }
+    layer_norm("ln_f");
+  } else {
+    want.push_back({"model.embed_tokens.weight", {V, E}});
+    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      want.push_back({p + "input_layernorm.weight", {E}});
+      want.push_back({p + "self_attn.q_proj.weight", {Q, E}});
+      want.push_back({p + "self_attn.k_proj.weight", {KV, E}});
+      want.push_back({p + "self_attn.v_proj.weight", {KV, E}});
+      if (h.qkv_bias) {
+        want.push_back({p + "self_attn.q_proj.bias", {Q}});
+        want.push_back({p + "self_attn.k_proj.bias", {KV}});
+        want.push_back({p + "self_attn.v_proj.bias", {KV}});
+      }
+      want.push_back({p + "self_attn.o_proj.weight", {E, Q}});
+      if (h.o_bias) want.push_back({p + "self_attn.o_proj.bias", {E}});
+      want.push_back({p + "post_attention_layernorm.weight", {E}});
+      want.push_back({p + "mlp.gate_proj.weight", {I, E}});
+      want.push_back({p + "mlp.up_proj.weight", {I, E}});
+      want.push_back({p + "mlp.down_proj.weight", {E, I}});
+    }
+    want.push_back({"model.norm.weight", {E}});
+  }
+  if (!h.tie_word_embeddings && !h.bert()) want.push_back({"lm_head.weight", {V, E}});
+  return want;
+}
+
 HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   HfCheckpoint ck;
   ck.what_ = "model " + dir.string();
@@ -279,11 +351,6 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
     for (const auto& name : file.names())
       if (!ck.where_.count(name)) ck.where_[name] = static_cast<std::size_t>(&file - ck.files_.data());
 
-  // The weights the config implies, with their shapes.
-  const std::int64_t E = h.hidden_size, I = h.intermediate_size, V = h.vocab_size;
-  const std::int64_t Q = h.num_attention_heads * h.head_dim, KV = h.num_key_value_heads * h.head_dim;
-  std::vector<std::pair<std::string, std::vector<std::int64_t>>> want;
-  std::string heads_note;
   // The prefix before the names the graph uses: GPT2LMHeadModel.save_pretrained writes
   // `transformer.`, BertFor* `bert.`; the Hub's gpt2 files and BertModel's have none.
   // transformers loads either.
@@ -291,73 +358,17 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   auto prefixed = [&](const std::string& first, const std::string& p) {
     if (!ck.where_.count(first) && ck.where_.count(p + first)) prefix = p;
   };
-  auto layer_norm = [&](const std::string& p) {
-    want.push_back({p + ".weight", {E}});
-    want.push_back({p + ".bias", {E}});
-  };
-  auto linear = [&](const std::string& p, std::int64_t in, std::int64_t out) {
-    want.push_back({p + ".weight", {out, in}});  // torch.nn.Linear: [out, in]
-    want.push_back({p + ".bias", {out}});
-  };
   if (h.bert()) {
     prefixed("embeddings.word_embeddings.weight", "bert.");
-    want.push_back({"embeddings.word_embeddings.weight", {V, E}});
-    want.push_back({"embeddings.position_embeddings.weight", {h.max_position_embeddings, E}});
-    want.push_back({"embeddings.token_type_embeddings.weight", {h.type_vocab_size, E}});
-    layer_norm("embeddings.LayerNorm");
-    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
-      const std::string p = "encoder.layer." + std::to_string(i) + ".";
-      for (const char* w : {"query", "key", "value"}) linear(p + "attention.self." + w, E, E);
-      linear(p + "attention.output.dense", E, E);
-      layer_norm(p + "attention.output.LayerNorm");
-      linear(p + "intermediate.dense", E, I);
-      linear(p + "output.dense", I, E);
-      layer_norm(p + "output.LayerNorm");
-    }
     ck.has_pooler_ = ck.where_.count(prefix + "pooler.dense.weight") > 0;
-    if (ck.has_pooler_) linear("pooler.dense", E, E);
   } else if (h.gpt2()) {
     prefixed("wte.weight", "transformer.");
-    auto conv1d = [&](const std::string& p, std::int64_t in, std::int64_t out) {
-      want.push_back({p + ".weight", {in, out}});  // Conv1D: [in, out]
-      want.push_back({p + ".bias", {out}});
-    };
-    want.push_back({"wte.weight", {V, E}});
-    want.push_back({"wpe.weight", {h.max_position_embeddings, E}});
-    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
-      const std::string p = "h." + std::to_string(i) + ".";
-      layer_norm(p + "ln_1");
-      conv1d(p + "attn.c_attn", E, 3 * E);
-      conv1d(p + "attn.c_proj", E, E);
-      layer_norm(p + "ln_2");
-      conv1d(p + "mlp.c_fc", E, I);
-      conv1d(p + "mlp.c_proj", I, E);
-    }
-    layer_norm("ln_f");
-  } else {
-    heads_note = " (num_attention_heads x head_dim = " + std::to_string(Q) + ")";
-    want.push_back({"model.embed_tokens.weight", {V, E}});
-    for (std::int64_t i = 0; i < h.num_hidden_layers; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      want.push_back({p + "input_layernorm.weight", {E}});
-      want.push_back({p + "self_attn.q_proj.weight", {Q, E}});
-      want.push_back({p + "self_attn.k_proj.weight", {KV, E}});
-      want.push_back({p + "self_attn.v_proj.weight", {KV, E}});
-      if (h.qkv_bias) {
-        want.push_back({p + "self_attn.q_proj.bias", {Q}});
-        want.push_back({p + "self_attn.k_proj.bias", {KV}});
-        want.push_back({p + "self_attn.v_proj.bias", {KV}});
-      }
-      want.push_back({p + "self_attn.o_proj.weight", {E, Q}});
-      if (h.o_bias) want.push_back({p + "self_attn.o_proj.bias", {E}});
-      want.push_back({p + "post_attention_layernorm.weight", {E}});
-      want.push_back({p + "mlp.gate_proj.weight", {I, E}});
-      want.push_back({p + "mlp.up_proj.weight", {I, E}});
-      want.push_back({p + "mlp.down_proj.weight", {E, I}});
-    }
-    want.push_back({"model.norm.weight", {E}});
   }
-  if (!h.tie_word_embeddings && !h.bert()) want.push_back({"lm_head.weight", {V, E}});
+  const auto want = hf_weight_shapes(h, ck.has_pooler_);
+  const std::string heads_note =
+      h.bert() || h.gpt2()
+          ? std::string()
+          : " (num_attention_heads x head_dim = " + std::to_string(h.num_attention_heads * h.head_dim) + ")";
 
   std::set<std::string> used;
   for (const auto& [name, shape] : want) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <qkv/runtime/io/array.hpp>
@@ -53,11 +54,19 @@ struct HfConfig {
 
 /// Reads and checks `dir`/config.json.
 HfConfig read_hf_config(const std::filesystem::path& dir);
+/// Reads and checks the config file `path` (config.json under any name).
+HfConfig read_hf_config_file(const std::filesystem::path& path);
 /// The same from the file's text; `what` names it in messages.
 HfConfig parse_hf_config(std::string_view text, const std::string& what);
 /// model.safetensors.index.json's weight map (tensor name -> shard file name, a plain file name
 /// inside the model folder), from the file's text.
 std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what);
+
+/// The weights a model with config `c` reads, as its graph names them (GPT-2's and BERT's
+/// without a checkpoint's prefix), with the shapes HfCheckpoint::open requires; BERT's pooler
+/// only with `bert_pooler`. Without a tied head, decoders end with lm_head.weight.
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> hf_weight_shapes(const HfConfig& c,
+                                                                                bool bert_pooler = false);
 
 class HfCheckpoint {
  public:
