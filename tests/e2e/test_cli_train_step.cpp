@@ -34,12 +34,13 @@ TEST_F(TrainStep, BadInputIsOneLineAndLeavesNothing) {
   expect_usage_error(emit({"--config", config(), "--seq", "0", "--out", ok_out}), "--seq", "--seq 0");
   expect_usage_error(emit({"--config", config(), "--seq", "40", "--out", ok_out}), "max_position_embeddings",
                      "--seq past the positions");
-  expect_usage_error(emit({"--config", config(), "--seq", "7", "--optimizer", "adam", "--out", ok_out}),
-                     "--optimizer", "an unknown optimizer");
+  expect_usage_error(emit({"--config", config(), "--seq", "7", "--optimizer", "adam", "--out", ok_out}), "--optimizer",
+                     "an unknown optimizer");
   expect_usage_error(emit({"--config", config(), "--seq", "7", "--momentum", "0.9", "--out", ok_out}), "--momentum",
                      "--momentum with adamw");
-  expect_usage_error(emit({"--config", config(), "--seq", "7", "--optimizer", "sgd", "--beta1", "0.9", "--out", ok_out}),
-                     "--beta1", "--beta1 with sgd");
+  expect_usage_error(
+      emit({"--config", config(), "--seq", "7", "--optimizer", "sgd", "--beta1", "0.9", "--out", ok_out}), "--beta1",
+      "--beta1 with sgd");
   expect_usage_error(emit({"--config", config(), "--seq", "7", "--beta2", "1", "--out", ok_out}), "--beta2",
                      "--beta2 1");
   expect_usage_error(emit({"--config", config(), "--seq", "7", "--eps", "nan", "--out", ok_out}), "--eps", "--eps nan");
@@ -74,7 +75,7 @@ TEST_F(TrainStep, WritesTheLibraryAndAHeaderThatListsTheWeights) {
   EXPECT_THAT(r.out, HasSubstr("lib/sgd_step.so"));
   EXPECT_EQ(listing(tmp("lib")), (std::vector<std::string>{"sgd_step.h", "sgd_step.so"}));
   const std::string h = slurp(tmp("lib/sgd_step.h"));
-  for (const std::string& s :
+  for (const char* s :
        {"int sgd_step(", "static inline int sgd_step_step(const float* const* weights", "#define SGD_STEP_BATCH 2",
         "#define SGD_STEP_SEQ 7", "#define SGD_STEP_NUM_STATE 0", "\"model.embed_tokens.weight\",",
         "\"lm_head.weight\",", "keeps no state", "SEPARATE buffers", "SGD (momentum 0"})
