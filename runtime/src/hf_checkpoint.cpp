@@ -77,8 +77,10 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 
 }  // namespace
 
-HfConfig read_hf_config(const std::filesystem::path& dir) {
-  return parse_hf_config(read_text(dir / "config.json"), (dir / "config.json").string());
+HfConfig read_hf_config(const std::filesystem::path& dir) { return read_hf_config_file(dir / "config.json"); }
+
+HfConfig read_hf_config_file(const std::filesystem::path& path) {
+  return parse_hf_config(read_text(path), path.string());
 }
 
 std::map<std::string, std::string> parse_weight_map(std::string_view text, const std::string& what) {

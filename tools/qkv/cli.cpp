@@ -13,6 +13,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
@@ -70,6 +71,21 @@ CLI::Validator finite_number() {
             return "";
           },
           "FLOAT", "finite_number"};
+}
+
+/// A finite number in [lo, hi] ([lo, hi) when `below_hi`).
+CLI::Validator number_in(double lo, double hi, bool below_hi = false) {
+  std::ostringstream range;
+  range << "[" << lo << ", " << hi << (below_hi ? ")" : "]");
+  return {[lo, hi, below_hi, r = range.str()](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || end != s.c_str() + s.size()) return "'" + s + "' is not a number";
+            if (!std::isfinite(v) || v < lo || v > hi || (below_hi && v == hi))
+              return "'" + s + "' is out of range: give a number in " + r;
+            return "";
+          },
+          "FLOAT in " + range.str(), "number_in"};
 }
 
 /// --causal [top-left|bottom-right]: a flag with an optional value.
@@ -626,10 +642,65 @@ int run_bench_generate(int argc, char** argv) {
   return guarded([&] { return bench_generate(gen.get(), gen.json); });
 }
 
+/// `qkv emit train-step …`: its own parser (emit's other models are given by shape, with
+/// required shape flags this one does not have).
+int run_emit_train_step(int argc, char** argv) {
+  CLI::App app{"qkv emit"};
+  say_errors_our_way(app);
+  app.require_subcommand(1);
+  EmitTrainStep o;
+  auto* cmd = app.add_subcommand(
+      "train-step", "Compile one training step of a Hugging Face decoder (loss, gradients, optimizer) as a C function");
+  cmd->footer(
+      "Example: qkv emit train-step --config tiny-llama/config.json --batch 2 --seq 7 --optimizer adamw "
+      "--out build/train/\n(the header documents the arguments; docs/aot.md, \"Training step\")");
+  const auto positive = integer_in(1, kInt64Max);
+  auto* config =
+      cmd->add_option("--config", o.config, "The model's config.json (Hugging Face), or a folder holding it");
+  auto* model = cmd->add_option("--model", o.config, "A model folder with config.json (the weights are not read)");
+  config->excludes(model);
+  cmd->add_option("--batch", o.batch, "Sequences per step")->check(positive)->capture_default_str();
+  cmd->add_option("--seq", o.seq, "Tokens per sequence")->required()->check(positive);
+  cmd->add_option("--optimizer", o.optimizer, "adamw | sgd")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "Decoupled (adamw; default 0.01) or L2 (sgd; default 0)")
+      ->check(number_in(0, 1e30));
+  cmd->add_option("--beta1", o.beta1, "adamw (default 0.9)")->check(number_in(0, 1, true));
+  cmd->add_option("--beta2", o.beta2, "adamw (default 0.999)")->check(number_in(0, 1, true));
+  cmd->add_option("--eps", o.eps, "adamw (default 1e-8)")->check(number_in(1e-300, 1e30));
+  cmd->add_option("--momentum", o.momentum, "sgd (default 0: no state)")->check(number_in(0, 1e30));
+  cmd->add_option("--max-grad-norm", o.max_grad_norm, "Clip the gradients to this global L2 norm (0: off)")
+      ->check(number_in(0, 1e30))
+      ->capture_default_str();
+  cmd->add_option("--label-smoothing", o.label_smoothing, "The loss's label smoothing")
+      ->check(number_in(0, 1))
+      ->capture_default_str();
+  cmd->add_option("--ignore-index", o.ignore_index, "Targets equal to it count for nothing")
+      ->check(integer_in(std::numeric_limits<std::int64_t>::min(), kInt64Max))
+      ->capture_default_str();
+  cmd->add_option("--target", o.target, "cpu (this host's architecture) | x86_64 | aarch64")
+      ->check(CLI::IsMember({"cpu", "x86_64", "aarch64"}))
+      ->capture_default_str();
+  cmd->add_option("--cpu", o.cpu, "As qkv emit's --cpu (default native, or generic for another architecture)");
+  cmd->add_option("--features", o.features, "Features added to or removed from the CPU's (LLVM's names)");
+  cmd->add_option("--format", o.format, "so (default) | obj | ll | asm")
+      ->check(CLI::IsMember({"so", "obj", "ll", "asm"}));
+  cmd->add_option("--out,-o", o.out,
+                  "Output file, or a directory for <function>.so/.o/.ll/.s (obj and so: the header goes beside it)")
+      ->required();
+  cmd->add_option("--function", o.function,
+                  "C name of the generated function (default qkv_train; the wrapper is <function>_step)");
+  if (const auto code = parse(app, argc, argv)) return *code;
+  return guarded([&] { return emit_train_step(o); });
+}
+
 int run_cli(int argc, char** argv) {
   const Activity setup("reading the command line");
   if (argc >= 3 && std::string_view(argv[1]) == "bench" && std::string_view(argv[2]) == "generate")
     return run_bench_generate(argc - 1, argv + 1);
+  if (argc >= 3 && std::string_view(argv[1]) == "emit" && std::string_view(argv[2]) == "train-step")
+    return run_emit_train_step(argc - 1, argv + 1);
   CLI::App app{"qkv: attention models with shapes in the type system, compiled to fused kernels"};
   say_errors_our_way(app);
   app.set_version_flag("--version", std::string("qkv ") + QKV_VERSION);
@@ -732,7 +803,7 @@ int run_cli(int argc, char** argv) {
   auto* emit_cmd = app.add_subcommand("emit", "Compile a model ahead of time (.ll/.s/.o/.so + C header, or .ptx)");
   emit_cmd->footer(
       "Example: qkv emit mha --batch 1 --heads 8 --seq 128 --embed-dim 512 --target cpu --cpu x86-64-v3 --format so "
-      "-o mha.so");
+      "-o mha.so\nA decoder's training step: qkv emit train-step --help");
   emit_flags.add(emit_cmd);
   emit_cmd->add_option("--target", emit_opts.target, "cpu (this host's architecture) | x86_64 | aarch64 | nvptx")
       ->check(CLI::IsMember({"cpu", "x86_64", "aarch64", "nvptx"}))

@@ -203,4 +203,21 @@ struct Emit {
 };
 int emit(const Emit& e);
 
+/// qkv emit train-step: one training step of a Hugging Face decoder (build_training_step) for a
+/// fixed batch and length, compiled ahead of time as one C function; the header also gets the
+/// weights' and the optimizer state's names and a wrapper <function>_step taking them as arrays
+/// (docs/aot.md, "Training step").
+struct EmitTrainStep {
+  std::string config;  // config.json, or a model folder holding one
+  std::int64_t batch = 1, seq = 0;
+  std::string optimizer = "adamw";  // adamw | sgd
+  std::optional<double> weight_decay, beta1, beta2, eps, momentum;
+  double max_grad_norm = 0.0, label_smoothing = 0.0;
+  std::int64_t ignore_index = -100;
+  std::string target = "cpu", cpu, features, format;
+  std::string out;  // a file, or a directory (existing, or ending in '/'): <function>.<so|o|ll|s> in it
+  std::string function;
+};
+int emit_train_step(const EmitTrainStep& e);
+
 }  // namespace qkv::cli

@@ -53,6 +53,8 @@ struct HfConfig {
 
 /// Reads and checks `dir`/config.json.
 HfConfig read_hf_config(const std::filesystem::path& dir);
+/// Reads and checks the config file `path` (config.json under any name).
+HfConfig read_hf_config_file(const std::filesystem::path& path);
 /// The same from the file's text; `what` names it in messages.
 HfConfig parse_hf_config(std::string_view text, const std::string& what);
 /// model.safetensors.index.json's weight map (tensor name -> shard file name, a plain file name
