@@ -300,10 +300,21 @@ const fs::path& OutputGroup::scratch_for(const fs::path& existing_dir, const std
   auto it = scratch_.find(existing_dir);
   if (it != scratch_.end()) return it->second;
   std::string tmpl = (existing_dir / ".qkv-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr)
-    throw IoError(who + ": cannot create a temporary file in '" + existing_dir.string() + "': " + errno_text(errno));
+  // Created and registered with the ending signals held back: a signal in between would find
+  // the directory not yet registered, and leave it behind.
+  sigset_t ending, before;
+  sigemptyset(&ending);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, sig);
+  ::pthread_sigmask(SIG_BLOCK, &ending, &before);
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    const int e = errno;
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw IoError(who + ": cannot create a temporary file in '" + existing_dir.string() + "': " + errno_text(e));
+  }
+  const int slot = register_scratch(fs::path(tmpl));
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   it = scratch_.emplace(existing_dir, fs::path(tmpl)).first;
-  registry_slots_.push_back(register_scratch(it->second));
+  registry_slots_.push_back(slot);
   return it->second;
 }
 
