@@ -1,4 +1,4 @@
-# Lessons 07 and 11 quote qkv's diagnostics; each quote must be the expected-error text of the
+# Lessons 07, 11, 12 and 14 quote qkv's diagnostics; each quote must be the expected-error text of the
 # compile-fail test it names, so a lesson cannot drift from what the compilers print.
 #   cmake -DLESSON=<file> -DCASES=<tests/compile_fail> -DMIN=<entries at least> -P check_lesson_quotes.cmake
 file(READ ${LESSON} lesson)
