@@ -80,7 +80,8 @@ const BackwardKernel& get_kernel(const AttentionSpec& spec) {
   auto module = std::make_unique<llvm::Module>(name, *context);
   emit_attention_backward(*module, spec, kernel->config, name);
   std::string error;
-  if (!jit.add(std::move(module), std::move(context), &error)) throw std::runtime_error("run_attention_backward: " + error);
+  if (!jit.add(std::move(module), std::move(context), &error))
+    throw std::runtime_error("run_attention_backward: " + error);
   kernel->fn = jit.lookup<AttentionBackwardFn>(name, &error);
   if (!kernel->fn) throw std::runtime_error("run_attention_backward: " + error);
   bucket.push_back(std::move(kernel));
@@ -100,8 +101,7 @@ std::string backward_unsupported(const AttentionSpec& spec) {
   return {};
 }
 
-double attention_backward_flops(const AttentionSpec& spec, std::int64_t batch, std::int64_t len_q,
-                                std::int64_t len_k) {
+double attention_backward_flops(const AttentionSpec& spec, std::int64_t batch, std::int64_t len_q, std::int64_t len_k) {
   return 2.5 * attention_flops(spec, batch, len_q, len_k);
 }
 
@@ -124,7 +124,8 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
     }
     return;
   }
-  if (!f.q || !f.k || !f.v || !f.out || !f.lse || !args_in.d_out) invalid("q, k, v, out, lse and d_out must not be null");
+  if (!f.q || !f.k || !f.v || !f.out || !f.lse || !args_in.d_out)
+    invalid("q, k, v, out, lse and d_out must not be null");
   if (spec.key_padding && !f.key_keep) invalid("the spec has a key-padding mask but key_keep is null");
 
   const BackwardKernel& kernel = get_kernel(spec);

@@ -116,8 +116,8 @@ std::vector<Value> eval_fused_attention(const OpArgs& a) {
 /// The lse / weights of a fused attention (its side values `side`) laid out as node `a.node`.
 Value attention_side_value(const OpArgs& a, const Node& fused, const Value& side, bool weights) {
   const AttentionAttrs& at = *fused.attention;
-  std::vector<Axis> score_axes = attention_score_axes(at, a.graph.node(fused.inputs[0]).axes,
-                                                      a.graph.node(fused.inputs[1]).axes);
+  std::vector<Axis> score_axes =
+      attention_score_axes(at, a.graph.node(fused.inputs[0]).axes, a.graph.node(fused.inputs[1]).axes);
   std::vector<std::string> from;
   for (const auto& x : score_axes)
     if (weights || x.name != at.key) from.push_back(x.name);

@@ -16,10 +16,10 @@ class Module;
 namespace qkv::codegen::cpu {
 
 struct BackwardConfig {
-  KernelConfig base;  // lanes, target CPU and features, denormal flushing
-  int rows = 32;      // Br: query rows per block
-  int keys = 64;      // Bc: keys per block (a multiple of lanes)
-  int mr = 6, nr = 2;  // register block of the matrix products: mr rows × nr vectors
+  KernelConfig base;              // lanes, target CPU and features, denormal flushing
+  int rows = 32;                  // Br: query rows per block
+  int keys = 64;                  // Bc: keys per block (a multiple of lanes)
+  int mr = 6, nr = 2;             // register block of the matrix products: mr rows × nr vectors
   std::int64_t dkp = 0, dvp = 0;  // head widths rounded up to whole vectors
 };
 

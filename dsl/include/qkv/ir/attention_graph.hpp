@@ -46,8 +46,8 @@ inline std::vector<Axis> attention_score_axes(const AttentionAttrs& at, const st
 /// v and `captured` (the fused node's inputs 3..., which the mod's loads read); the output is
 /// laid out as `out_axes` with dtype `dt`.
 inline UnfusedAttention append_unfused_attention(Graph& g, const AttentionAttrs& at, int q, int k, int v,
-                                                 const std::vector<int>& captured,
-                                                 const std::vector<Axis>& out_axes, DType dt, bool with_lse) {
+                                                 const std::vector<int>& captured, const std::vector<Axis>& out_axes,
+                                                 DType dt, bool with_lse) {
   grad_detail::Builder b(g);
   UnfusedAttention u;
   const std::vector<Axis> score_axes = attention_score_axes(at, g.node(q).axes, g.node(k).axes);

@@ -45,10 +45,10 @@ struct AttentionBackwardArgs {
   void* dk = nullptr;
   void* dv = nullptr;
   // --- set by run_attention_backward
-  const float* delta = nullptr;     // D [B, Hq, L]
-  float* dq_partial = nullptr;      // [chunks, B, Hq, padded_rows, padded_dk]
-  std::int64_t chunk_blocks = 0;    // key blocks per chunk
-  std::int64_t padded_rows = 0;     // L rounded up to the query block
+  const float* delta = nullptr;   // D [B, Hq, L]
+  float* dq_partial = nullptr;    // [chunks, B, Hq, padded_rows, padded_dk]
+  std::int64_t chunk_blocks = 0;  // key blocks per chunk
+  std::int64_t padded_rows = 0;   // L rounded up to the query block
 };
 
 /// Empty when the backward kernel covers `spec`, else why not.
