@@ -281,7 +281,8 @@ class BackwardEmitter {
       std::vector<llvm::Value*> acc;
       for (int i = 0; i < mr; ++i)
         for (int j = 0; j < nr; ++j) {
-          llvm::Value* p = at(c, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(ldc)), c64((v0 + j) * lanes_)));
+          llvm::Value* p =
+              at(c, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(ldc)), c64((v0 + j) * lanes_)));
           acc.push_back(accumulate ? load_vec(p) : vconst(0.0));
         }
       acc = ir::emit_loop(
@@ -296,7 +297,8 @@ class BackwardEmitter {
               llvm::Value* ai =
                   b_.CreateLoad(f32_, at(a, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(sam)), ak)));
               llvm::Value* as = splat(ai);
-              for (int j = 0; j < nr; ++j) next[static_cast<std::size_t>(i * nr + j)] = fma(as, bv[j], cur[static_cast<std::size_t>(i * nr + j)]);
+              for (int j = 0; j < nr; ++j)
+                next[static_cast<std::size_t>(i * nr + j)] = fma(as, bv[j], cur[static_cast<std::size_t>(i * nr + j)]);
             }
             return next;
           },
@@ -307,10 +309,12 @@ class BackwardEmitter {
                     at(c, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(ldc)), c64((v0 + j) * lanes_))));
     };
     auto row_blocks = [&](llvm::Value* m0, int mr) {
-      for (std::int64_t v0 = 0; v0 < nv; v0 += cfg_.nr) block(m0, mr, v0, static_cast<int>(std::min<std::int64_t>(cfg_.nr, nv - v0)));
+      for (std::int64_t v0 = 0; v0 < nv; v0 += cfg_.nr)
+        block(m0, mr, v0, static_cast<int>(std::min<std::int64_t>(cfg_.nr, nv - v0)));
     };
     const std::int64_t full = m_total / cfg_.mr * cfg_.mr;
-    if (full > 0) ir::emit_loop(b_, c64(0), c64(full), cfg_.mr, [&](llvm::Value* m0) { row_blocks(m0, cfg_.mr); }, name);
+    if (full > 0)
+      ir::emit_loop(b_, c64(0), c64(full), cfg_.mr, [&](llvm::Value* m0) { row_blocks(m0, cfg_.mr); }, name);
     if (m_total > full) row_blocks(c64(full), static_cast<int>(m_total - full));
   }
 
@@ -336,7 +340,8 @@ class BackwardEmitter {
     llvm::Value* value(const std::string& axis, bool position) {
       const ModAxes& a = e_.mod_.axes;
       if (axis == a.query) {
-        if (position && e_.mod_.expr.shifts(axis)) return e_.b_.CreateFAdd(row_, e_.b_.CreateFSub(e_.len_kf_, e_.len_qf_));
+        if (position && e_.mod_.expr.shifts(axis))
+          return e_.b_.CreateFAdd(row_, e_.b_.CreateFSub(e_.len_kf_, e_.len_qf_));
         return row_;
       }
       if (axis == a.key) return keys_;
