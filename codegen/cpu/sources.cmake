@@ -7,6 +7,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_tile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_mod.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_common.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernels/attention_backward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/decode_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/gemm_kernel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernels/gemv_kernel.cpp
@@ -19,6 +20,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/module/module_entry_points.cpp
   ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/run_attention.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/run_attention_backward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/compiled_graph.cpp
   ${CMAKE_CURRENT_LIST_DIR}/executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/aot.cpp

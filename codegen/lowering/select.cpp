@@ -85,6 +85,14 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::update_slice;
     case Op::convert:
       return KernelKind::convert;
+    case Op::fused_attention_backward:
+    case Op::attention_dk:
+    case Op::attention_dv:
+      // The fused backward kernel runs through cpu::run_attention_backward; the graph backends
+      // do not lower it yet: a clean refusal, never a wrong result.
+      throw std::invalid_argument("select_kernel: " + std::string(op_name(n.op)) +
+                                  " is not lowered by the graph backends yet; differentiate the unfused graph "
+                                  "(grad before the pass pipeline fuses the attention) or run it on the interpreter");
   }
   internal_error("select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -132,6 +133,7 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
   b = bind_extents(g, feeds);
   std::vector<Value> values;
   values.reserve(g.size());
+  std::map<int, std::vector<Value>> side;  // fused node -> its values and its companions'
   for (std::size_t i = 0; i < g.size(); ++i) {
     const int id = static_cast<int>(i);
     const Node& n = g.node(id);
@@ -148,7 +150,28 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
         args.in_nodes.push_back(&g.node(in));
         args.in.push_back(&values[static_cast<std::size_t>(in)]);
       }
-      v = interp::eval_op(args);
+      // A fused node computes its companions' values too: kept here until they are read.
+      if (n.op == Op::fused_attention || n.op == Op::fused_attention_backward) {
+        auto all =
+            n.op == Op::fused_attention ? interp::eval_fused_attention(args) : interp::eval_attention_backward(args);
+        v = std::move(all[0]);
+        side[id] = std::move(all);
+      } else if (n.op == Op::attention_lse || n.op == Op::attention_weights || n.op == Op::attention_dk ||
+                 n.op == Op::attention_dv) {
+        auto it = n.inputs.size() == 1 ? side.find(n.inputs[0]) : side.end();
+        if (it == side.end()) internal_error(interp::node_label(g, id) + ": does not read a fused node");
+        const Node& fused = g.node(n.inputs[0]);
+        const bool backward = fused.op == Op::fused_attention_backward;
+        if (backward != (n.op == Op::attention_dk || n.op == Op::attention_dv))
+          internal_error(interp::node_label(g, id) + ": reads the wrong kind of fused node");
+        if (backward)
+          v = it->second[n.op == Op::attention_dk ? 1 : 2];
+        else
+          v = interp::attention_side_value(args, fused, it->second[n.op == Op::attention_lse ? 1 : 2],
+                                           n.op == Op::attention_weights);
+      } else {
+        v = interp::eval_op(args);
+      }
     }
     settle_shape(g, id, v, b);
     // A value is what its dtype can hold: f16 / bf16 values are rounded once, where they are

@@ -715,9 +715,14 @@ Value eval_op(const OpArgs& a) {
     case Op::gelu:
       return unary_map(a, gelu);
     case Op::fused_attention:
+      return eval_fused_attention(a)[0];
+    case Op::fused_attention_backward:
+      return eval_attention_backward(a)[0];
     case Op::attention_weights:
     case Op::attention_lse:
-      internal_error(where(a) + "fused nodes are made by codegen and run by its executor, not by the interpreter");
+    case Op::attention_dk:
+    case Op::attention_dv:
+      internal_error(where(a) + "a companion node is computed with its fused node (interpreter.cpp's run)");
     case Op::input:
     case Op::param:
       internal_error(where(a) + "a leaf has no op to evaluate");

@@ -84,6 +84,16 @@ void expect_same_size(const OpArgs& a, const std::string& axis, std::int64_t lhs
 /// f applied to every element of the one input.
 Value unary_map(const OpArgs& a, float (*f)(float));
 
+// --- the fused attention nodes (interpreter_attention.cpp) --------------------------------------
+
+/// fused_attention: {out, lse (score axes without the key), weights (score axes)}, the latter two
+/// in the order [batch, heads..., group..., query(, key)].
+std::vector<Value> eval_fused_attention(const OpArgs& a);
+/// The lse / weights value `side` of the fused node `fused`, laid out as the companion a.node.
+Value attention_side_value(const OpArgs& a, const Node& fused, const Value& side, bool weights);
+/// fused_attention_backward: {dq, dk, dv}, each laid out as its primal.
+std::vector<Value> eval_attention_backward(const OpArgs& a);
+
 // --- the decoder ops (interpreter_decoder_ops.cpp) ----------------------------------------------
 
 Value op_rms_norm(const OpArgs& a);

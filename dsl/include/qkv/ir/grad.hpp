@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include <qkv/ir/attention_graph.hpp>
 #include <qkv/ir/grad_builder.hpp>
 #include <qkv/ir/ops.hpp>
 
@@ -70,9 +71,7 @@ inline constexpr std::array<GradRuleInfo, kOps.size()> kGradRules{{
     {Op::linear, GradRule::yes},
     {Op::broadcast, GradRule::yes},
     {Op::fill, GradRule::leaf},
-    {Op::fused_attention, GradRule::missing,
-     "the fused attention kernel's backward is not written yet; differentiate the unfused graph (the DSL's "
-     "attention is contract/softmax/contract until the pass pipeline fuses it)"},
+    {Op::fused_attention, GradRule::yes},
     {Op::attention_weights, GradRule::missing, "made by the pass pipeline, after gradients"},
     {Op::slice, GradRule::yes},
     {Op::score_mod, GradRule::yes},
@@ -86,6 +85,9 @@ inline constexpr std::array<GradRuleInfo, kOps.size()> kGradRules{{
     {Op::update_slice, GradRule::missing, "a KV cache's write: decoding, not training"},
     {Op::convert, GradRule::yes},
     {Op::pointwise, GradRule::yes},
+    {Op::fused_attention_backward, GradRule::missing, "a backward node: no second derivatives"},
+    {Op::attention_dk, GradRule::missing, "a backward node: no second derivatives"},
+    {Op::attention_dv, GradRule::missing, "a backward node: no second derivatives"},
 }};
 
 static_assert(
@@ -283,12 +285,81 @@ class Sweep : public Builder {
         embedding_back(n, dy);
         return;
       case Op::fused_attention:
+        attention_back(id, n, dy);
+        return;
+      case Op::fused_attention_backward:
+      case Op::attention_dk:
+      case Op::attention_dv:
       case Op::attention_weights:
       case Op::attention_lse:
       case Op::update_slice:
         fail(id, "no gradient: " + std::string(rule.why));
     }
     fail(id, "no gradient rule");
+  }
+
+  /// fused_attention: FlashAttention-2's backward as one fused_attention_backward node (dQ) with
+  /// its attention_dk / attention_dv companions, reading the forward's output and log-sum-exp
+  /// (the forward node is asked to write it). What that node does not cover — dropout, a score
+  /// modification (a mod with a score part) — is the gradient of the unfused attention
+  /// (attention_graph.hpp), recomputed from q, k and v: never a wrong gradient.
+  void attention_back(int id, const Node& n, int dy) {
+    const AttentionAttrs& at = *n.attention;
+    const int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2];
+    const std::vector<int> captured(n.inputs.begin() + 3, n.inputs.end());
+    for (std::size_t i = 3; i < n.inputs.size(); ++i)
+      if (wants(n.inputs[i]) && at.mod.score >= 0)
+        fail(id, "input " + std::to_string(i) + " is read by a score modification: its gradient is not written yet");
+    if (!fused_backward_covers(at)) {
+      const int first = static_cast<int>(g_.nodes().size());
+      const UnfusedAttention u = append_unfused_attention(g_, at, q, k, v, captured, n.axes, n.dtype, false);
+      // The recomputed nodes get adjoints like the forward's; their sweep runs from the output up.
+      const std::size_t size = g_.nodes().size();
+      needed_.resize(size, true);
+      adj_.resize(size, -1);
+      adj_[static_cast<std::size_t>(u.out)] = dy;
+      for (int i = u.out; i >= first; --i)
+        if (adj_[static_cast<std::size_t>(i)] >= 0) back(i, adj_[static_cast<std::size_t>(i)]);
+      return;
+    }
+    // The log-sum-exp of the forward: its attention_lse node, or a new one.
+    int lse = -1;
+    for (std::size_t i = 0; i < g_.nodes().size() && lse < 0; ++i) {
+      const Node& m = g_.node(static_cast<int>(i));
+      if (m.op == Op::attention_lse && m.inputs.size() == 1 && m.inputs[0] == id) lse = static_cast<int>(i);
+    }
+    if (lse < 0) {
+      g_.mutable_node(id).attention->write_lse = true;
+      Node l;
+      l.op = Op::attention_lse;
+      l.inputs = {id};
+      l.dtype = DType::f32;
+      for (const auto& a : node(q).axes)
+        if (a.name != at.dk) l.axes.push_back(a);
+      lse = add_node(std::move(l));
+    }
+    Node bw;
+    bw.op = Op::fused_attention_backward;
+    bw.name = "attention_backward";
+    bw.inputs = {q, k, v, primal(id), dy, lse};
+    bw.inputs.insert(bw.inputs.end(), captured.begin(), captured.end());
+    bw.axes = node(q).axes;
+    bw.dtype = node(q).dtype;
+    bw.attention = at;
+    bw.attention->write_lse = false;
+    bw.attention->write_weights = false;
+    const int back_node = add_node(std::move(bw));
+    auto companion = [&](Op op, int of) {
+      Node c;
+      c.op = op;
+      c.inputs = {back_node};
+      c.axes = node(of).axes;
+      c.dtype = node(of).dtype;
+      return add_node(std::move(c));
+    };
+    if (wants(q)) acc(q, back_node);
+    if (wants(k)) acc(k, companion(Op::attention_dk, k));
+    if (wants(v)) acc(v, companion(Op::attention_dv, v));
   }
 
   /// split, merge, rename, view: the inverse view of dy onto x's axes.

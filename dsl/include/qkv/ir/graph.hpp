@@ -123,6 +123,9 @@ class Graph {
 
   [[nodiscard]] const std::vector<Node>& nodes() const { return nodes_; }
   [[nodiscard]] const Node& node(int id) const { return nodes_.at(static_cast<std::size_t>(id)); }
+  /// Node `id` to change in place (a rule that asks an existing node for more, e.g. the
+  /// gradient of a fused_attention asking it to write its log-sum-exp).
+  Node& mutable_node(int id) { return nodes_.at(static_cast<std::size_t>(id)); }
   [[nodiscard]] const std::vector<Output>& outputs() const { return outputs_; }
   [[nodiscard]] const std::vector<Constraint>& constraints() const { return constraints_; }
   [[nodiscard]] std::size_t size() const { return nodes_.size(); }

@@ -52,6 +52,9 @@ enum class Op : std::uint8_t {
   update_slice,
   convert,
   pointwise,
+  fused_attention_backward,
+  attention_dk,
+  attention_dv,
 };
 
 struct OpInfo {
@@ -64,7 +67,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 37> kOps{{
+inline constexpr std::array<OpInfo, 40> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -121,6 +124,11 @@ inline constexpr std::array<OpInfo, 37> kOps{{
     {Op::pointwise, "pointwise", 1, -1, false, true, false,
      "(x, tensors...): mod (ModExpr) `score` per entry of x: its `score` leaf is x's entry, its loads read the "
      "other inputs (broadcast by name: indexed by the entry's coordinates); keep is -1"},
+    {Op::fused_attention_backward, "fused_attention_backward", 6, -1, false, false, true,
+     "(q, k, v, out, d_out, lse, masks...): dQ of the attention its AttentionAttrs describe (FlashAttention-2's "
+     "backward; dK and dV are its attention_dk / attention_dv companions)"},
+    {Op::attention_dk, "attention_dk", 1, 1, false, false, true, "dK its fused_attention_backward input wrote"},
+    {Op::attention_dv, "attention_dv", 1, 1, false, false, true, "dV its fused_attention_backward input wrote"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

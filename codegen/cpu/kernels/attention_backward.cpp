@@ -1,0 +1,486 @@
+// The fused attention backward (FlashAttention-2's algorithm) as LLVM IR, lanes over keys.
+//
+// A task (batch, kv head, chunk) walks its chunk's key blocks of Bc keys. Per key block it packs
+// Kᵀ [dk][Bc], K [Bc][dk] and Vᵀ [dv][Bc] (zero past S and past the head width), zeroes its dK and
+// dV accumulators [Bc][d], and then, for every query head of the group and every block of Br query
+// rows the mask does not rule out (the forward's tile classification: emit_mod_classify):
+//   S  = (scale·Q) Kᵀ                      [Br][Bc]   Q packed pre-scaled, rows past L zero
+//   P  = exp(S − lse), 0 where masked / past S / in an empty row
+//   dP = dO Vᵀ;  dS = P ∘ (dP − D)         [Br][Bc]
+//   dV += Pᵀ dO;  dK += dSᵀ (scale·Q)      [Bc][d]    (the task owns these rows)
+//   dQpart[chunk] += dS K                  [Br][dk]   (this chunk's own partial sums)
+// then stores its dK and dV rows. The driver adds the dQ partials of the chunks in chunk order
+// and multiplies by the scale: no atomics, the same sums in the same order for any thread count.
+//
+// Every matrix product is one register-blocked micro-kernel (gemm below): C[M][N] (+)= Σ_k
+// A(m, k) · B[k][N], A read by broadcasts at any strides (so Pᵀ and dSᵀ need no transposes), B and
+// C by whole vectors; M, N, K are compile-time constants, N a multiple of the lanes.
+#include "cpu/kernels/attention_backward.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <qkv/ir/error.hpp>
+
+#include "cpu/kernels/attention_common.hpp"
+#include "llvm/ir_util.hpp"
+#include "llvm/mod_ir.hpp"
+#include "llvm/vector_math.hpp"
+
+namespace qkv::codegen::cpu {
+
+BackwardConfig choose_backward_config(const AttentionSpec& spec, const HostTarget& host) {
+  BackwardConfig c;
+  c.base = choose_kernel_config(spec, host);
+  const int lanes = c.base.lanes;
+  // Accumulators mr·nr, nr operand vectors and a broadcast within the register file (16
+  // registers with AVX2 / SSE, 32 with AVX-512).
+  c.mr = lanes >= 16 ? 8 : 6;
+  c.nr = lanes >= 16 ? 3 : 2;
+  c.keys = std::max(64, lanes * 4);
+  c.rows = 32;
+  c.dkp = (spec.dk + lanes - 1) / lanes * lanes;
+  c.dvp = (spec.dv + lanes - 1) / lanes * lanes;
+  return c;
+}
+
+namespace {
+
+constexpr std::uint64_t kAlign = 64;
+
+class BackwardEmitter {
+ public:
+  BackwardEmitter(llvm::Module& module, const AttentionSpec& spec, const BackwardConfig& config)
+      : module_(module),
+        b_(module.getContext()),
+        spec_(spec),
+        cfg_(config),
+        lanes_(config.base.lanes),
+        br_(config.rows),
+        bc_(config.keys),
+        dkp_(config.dkp),
+        dvp_(config.dvp),
+        mod_(effective_mod(spec)) {
+    f32_ = b_.getFloatTy();
+    i64_ = b_.getInt64Ty();
+    ptr_ = b_.getPtrTy();
+    vf_ = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes_));
+  }
+
+  void emit(const std::string& name) {
+    fn_ = declare_attention_function(module_, b_, cfg_.base, name, {ptr_, i64_, i64_, i64_});
+    args_ = fn_->getArg(0);
+    batch_ = fn_->getArg(1);
+    kvh_ = fn_->getArg(2);
+    chunk_ = fn_->getArg(3);
+    llvm::Value* saved = flush_denormals(b_, cfg_.base);
+    load_arguments();
+    allocate();
+    const ModAnalysis info = analyse_mod(mod_.expr, mod_.axes.query, mod_.axes.key);
+    deps_ = info.deps;
+    if (mod_.expr.keep >= 0 && (deps_[static_cast<std::size_t>(mod_.expr.keep)] & kDepScore))
+      throw std::invalid_argument("codegen: a mask modification may not read the score");
+
+    llvm::Value* nkb = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(bc_ - 1)), c64(bc_), "nkb");
+    llvm::Value* kb0 = b_.CreateMul(chunk_, chunk_blocks_, "kb0");
+    llvm::Value* kb1 = smin(b_.CreateAdd(kb0, chunk_blocks_), nkb);
+    const std::int64_t group = spec_.hq / spec_.hkv;
+    llvm::Value* nqb = b_.CreateSDiv(b_.CreateAdd(len_q_, c64(br_ - 1)), c64(br_), "nqb");
+    ir::emit_loop(
+        b_, kb0, kb1, 1,
+        [&](llvm::Value* kb) {
+          k0_ = b_.CreateMul(kb, c64(bc_), "k0");
+          nk_ = smin(c64(bc_), b_.CreateSub(len_k_, k0_), "nk");
+          pack_keys();
+          zero(dkacc_, bc_ * dkp_);
+          zero(dvacc_, bc_ * dvp_);
+          ir::emit_loop(
+              b_, c64(0), c64(group), 1,
+              [&](llvm::Value* g) {
+                head_ = b_.CreateAdd(b_.CreateMul(kvh_, c64(group)), g, "head");
+                bh_ = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head_, "bh");
+                ir::emit_loop(b_, c64(0), nqb, 1, [&](llvm::Value* qb) { query_block(qb); }, "bwd.qblocks");
+              },
+              "bwd.group");
+          store_key_grads();
+        },
+        "bwd.kblocks");
+    restore_denormals(b_, saved);
+    b_.CreateRetVoid();
+  }
+
+ private:
+  // --- helpers
+  llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::Value* vconst(double v) { return llvm::ConstantFP::get(vf_, v); }
+  llvm::Value* splat(llvm::Value* s) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes_), s); }
+  llvm::Value* smin(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "") {
+    return b_.CreateIntrinsic(llvm::Intrinsic::smin, {a->getType()}, {a, x}, nullptr, name);
+  }
+  llvm::Value* fma(llvm::Value* a, llvm::Value* x, llvm::Value* c) {
+    return b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {a->getType()}, {a, x, c});
+  }
+  llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(f32_, base, index); }
+  llvm::Value* at(llvm::Value* base, std::int64_t index) { return at(base, c64(index)); }
+  llvm::Value* load_vec(llvm::Value* p) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(4)); }
+  void store_vec(llvm::Value* v, llvm::Value* p) { b_.CreateAlignedStore(v, p, llvm::Align(4)); }
+  void zero(llvm::Value* buffer, std::int64_t floats) {
+    b_.CreateMemSet(buffer, b_.getInt8(0), static_cast<std::uint64_t>(floats * 4), llvm::MaybeAlign(kAlign));
+  }
+  llvm::Value* field(std::size_t offset, llvm::Type* t, const char* name) {
+    return load_args_field(b_, args_, offset, t, name);
+  }
+
+  void load_arguments() {
+    constexpr std::size_t fwd = offsetof(AttentionBackwardArgs, forward);
+    q_ = field(fwd + offsetof(AttentionArgs, q), ptr_, "q");
+    k_ = field(fwd + offsetof(AttentionArgs, k), ptr_, "k");
+    v_ = field(fwd + offsetof(AttentionArgs, v), ptr_, "v");
+    lse_ = field(fwd + offsetof(AttentionArgs, lse), ptr_, "lse");
+    len_q_ = field(fwd + offsetof(AttentionArgs, len_q), i64_, "L");
+    len_k_ = field(fwd + offsetof(AttentionArgs, len_k), i64_, "S");
+    nbatch_ = field(fwd + offsetof(AttentionArgs, batch), i64_, "B");
+    dout_ = field(offsetof(AttentionBackwardArgs, d_out), ptr_, "d_out");
+    dk_out_ = field(offsetof(AttentionBackwardArgs, dk), ptr_, "dk");
+    dv_out_ = field(offsetof(AttentionBackwardArgs, dv), ptr_, "dv");
+    delta_ = field(offsetof(AttentionBackwardArgs, delta), ptr_, "delta");
+    dq_part_ = field(offsetof(AttentionBackwardArgs, dq_partial), ptr_, "dq_partial");
+    chunk_blocks_ = field(offsetof(AttentionBackwardArgs, chunk_blocks), i64_, "chunk_blocks");
+    padded_rows_ = field(offsetof(AttentionBackwardArgs, padded_rows), i64_, "padded_rows");
+    tensors_ = load_mod_tensors(b_, args_, mod_.tensors, nbatch_, len_q_, len_k_);
+    len_qf_ = b_.CreateSIToFP(len_q_, f32_, "Lf");
+    len_kf_ = b_.CreateSIToFP(len_k_, f32_, "Sf");
+    batchf_ = b_.CreateSIToFP(batch_, f32_, "bf");
+    // The first row of this (batch, kv head)'s keys.
+    kv_row0_ = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kvh_), len_k_, "kv_row0");
+  }
+
+  void allocate() {
+    auto buf = [&](std::int64_t floats, const char* name) {
+      return ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(floats), kAlign, name);
+    };
+    kt_ = buf(dkp_ * bc_, "kt");
+    kr_ = buf(bc_ * dkp_, "kr");
+    vt_ = buf(dvp_ * bc_, "vt");
+    dkacc_ = buf(bc_ * dkp_, "dk_acc");
+    dvacc_ = buf(bc_ * dvp_, "dv_acc");
+    qb_ = buf(br_ * dkp_, "qb");
+    dob_ = buf(br_ * dvp_, "dob");
+    p_ = buf(br_ * bc_, "p");
+    s_ = buf(br_ * bc_, "s");
+    lseb_ = buf(br_, "lse_b");
+    deltab_ = buf(br_, "delta_b");
+  }
+
+  /// Kᵀ, K and Vᵀ of the key block [k0, k0 + nk), zero elsewhere.
+  void pack_keys() {
+    zero(kt_, dkp_ * bc_);
+    zero(kr_, bc_ * dkp_);
+    zero(vt_, dvp_ * bc_);
+    ir::emit_loop(
+        b_, c64(0), nk_, 1,
+        [&](llvm::Value* j) {
+          llvm::Value* row = b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j));
+          ir::emit_loop(
+              b_, c64(0), c64(spec_.dk), 1,
+              [&](llvm::Value* d) {
+                llvm::Value* x = b_.CreateLoad(f32_, at(k_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d)));
+                b_.CreateStore(x, at(kr_, b_.CreateAdd(b_.CreateMul(j, c64(dkp_)), d)));
+                b_.CreateStore(x, at(kt_, b_.CreateAdd(b_.CreateMul(d, c64(bc_)), j)));
+              },
+              "pack.k", ir::Unroll::allowed);
+          ir::emit_loop(
+              b_, c64(0), c64(spec_.dv), 1,
+              [&](llvm::Value* d) {
+                llvm::Value* x = b_.CreateLoad(f32_, at(v_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d)));
+                b_.CreateStore(x, at(vt_, b_.CreateAdd(b_.CreateMul(d, c64(bc_)), j)));
+              },
+              "pack.v", ir::Unroll::allowed);
+        },
+        "pack.keys");
+  }
+
+  void store_key_grads() {
+    auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, std::int64_t padded, const char* name) {
+      ir::emit_loop(
+          b_, c64(0), nk_, 1,
+          [&](llvm::Value* j) {
+            llvm::Value* row = b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j));
+            ir::emit_loop(
+                b_, c64(0), c64(width), 1,
+                [&](llvm::Value* d) {
+                  llvm::Value* x = b_.CreateLoad(f32_, at(acc, b_.CreateAdd(b_.CreateMul(j, c64(padded)), d)));
+                  b_.CreateStore(x, at(out, b_.CreateAdd(b_.CreateMul(row, c64(width)), d)));
+                },
+                name, ir::Unroll::allowed);
+          },
+          name);
+    };
+    store(dkacc_, dk_out_, spec_.dk, dkp_, "store.dk");
+    store(dvacc_, dv_out_, spec_.dv, dvp_, "store.dv");
+  }
+
+  /// (scale·Q), dO, lse and D of the rows [q0, q0 + nq) of head bh; zero / +inf past them.
+  void pack_queries(llvm::Value* q0, llvm::Value* nq) {
+    zero(qb_, br_ * dkp_);
+    zero(dob_, br_ * dvp_);
+    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0, "row0");
+    llvm::Value* scale = llvm::ConstantFP::get(f32_, spec_.effective_scale());
+    ir::emit_loop(
+        b_, c64(0), nq, 1,
+        [&](llvm::Value* r) {
+          llvm::Value* row = b_.CreateAdd(row0, r);
+          ir::emit_loop(
+              b_, c64(0), c64(spec_.dk), 1,
+              [&](llvm::Value* d) {
+                llvm::Value* x = b_.CreateLoad(f32_, at(q_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d)));
+                b_.CreateStore(b_.CreateFMul(x, scale), at(qb_, b_.CreateAdd(b_.CreateMul(r, c64(dkp_)), d)));
+              },
+              "pack.q", ir::Unroll::allowed);
+          ir::emit_loop(
+              b_, c64(0), c64(spec_.dv), 1,
+              [&](llvm::Value* d) {
+                llvm::Value* x = b_.CreateLoad(f32_, at(dout_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d)));
+                b_.CreateStore(x, at(dob_, b_.CreateAdd(b_.CreateMul(r, c64(dvp_)), d)));
+              },
+              "pack.do", ir::Unroll::allowed);
+        },
+        "pack.rows");
+    const double inf = std::numeric_limits<double>::infinity();
+    ir::emit_loop(
+        b_, c64(0), c64(br_), 1,
+        [&](llvm::Value* r) {
+          llvm::Value* valid = b_.CreateICmpSLT(r, nq);
+          llvm::Value* row = b_.CreateAdd(row0, smin(r, b_.CreateSub(nq, c64(1))));
+          llvm::Value* l = b_.CreateLoad(f32_, at(lse_, row));
+          // lse = −inf (a row that sees no key) and rows past L: +inf, so that exp(s − lse) = 0.
+          llvm::Value* usable = b_.CreateAnd(valid, b_.CreateFCmpONE(l, llvm::ConstantFP::get(f32_, -inf)));
+          b_.CreateStore(b_.CreateSelect(usable, l, llvm::ConstantFP::get(f32_, inf)), at(lseb_, r));
+          llvm::Value* dl = b_.CreateLoad(f32_, at(delta_, row));
+          b_.CreateStore(b_.CreateSelect(valid, dl, llvm::ConstantFP::get(f32_, 0.0)), at(deltab_, r));
+        },
+        "pack.stats", ir::Unroll::allowed);
+  }
+
+  /// C[M][N] (+)= Σ_{k<K} A[m·sam + k·sak] · B[k·ldb + n]; N a multiple of the lanes.
+  void gemm(llvm::Value* c, std::int64_t ldc, llvm::Value* a, std::int64_t sam, std::int64_t sak, llvm::Value* bm,
+            std::int64_t ldb, std::int64_t m_total, std::int64_t n_total, std::int64_t k_total, bool accumulate,
+            const char* name) {
+    const std::int64_t nv = n_total / lanes_;
+    auto block = [&](llvm::Value* m0, int mr, std::int64_t v0, int nr) {
+      std::vector<llvm::Value*> acc;
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) {
+          llvm::Value* p =
+              at(c, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(ldc)), c64((v0 + j) * lanes_)));
+          acc.push_back(accumulate ? load_vec(p) : vconst(0.0));
+        }
+      acc = ir::emit_loop(
+          b_, c64(0), c64(k_total), 1, acc,
+          [&](llvm::Value* k, const std::vector<llvm::Value*>& cur) {
+            std::vector<llvm::Value*> next = cur;
+            std::vector<llvm::Value*> bv;
+            llvm::Value* brow = b_.CreateMul(k, c64(ldb));
+            for (int j = 0; j < nr; ++j) bv.push_back(load_vec(at(bm, b_.CreateAdd(brow, c64((v0 + j) * lanes_)))));
+            llvm::Value* ak = b_.CreateMul(k, c64(sak));
+            for (int i = 0; i < mr; ++i) {
+              llvm::Value* ai =
+                  b_.CreateLoad(f32_, at(a, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(sam)), ak)));
+              llvm::Value* as = splat(ai);
+              for (int j = 0; j < nr; ++j)
+                next[static_cast<std::size_t>(i * nr + j)] = fma(as, bv[j], cur[static_cast<std::size_t>(i * nr + j)]);
+            }
+            return next;
+          },
+          name, ir::Unroll::allowed);
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j)
+          store_vec(acc[static_cast<std::size_t>(i * nr + j)],
+                    at(c, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(ldc)), c64((v0 + j) * lanes_))));
+    };
+    auto row_blocks = [&](llvm::Value* m0, int mr) {
+      for (std::int64_t v0 = 0; v0 < nv; v0 += cfg_.nr)
+        block(m0, mr, v0, static_cast<int>(std::min<std::int64_t>(cfg_.nr, nv - v0)));
+    };
+    const std::int64_t full = m_total / cfg_.mr * cfg_.mr;
+    if (full > 0)
+      ir::emit_loop(b_, c64(0), c64(full), cfg_.mr, [&](llvm::Value* m0) { row_blocks(m0, cfg_.mr); }, name);
+    if (m_total > full) row_blocks(c64(full), static_cast<int>(m_total - full));
+  }
+
+  /// The leaves of the keep predicate for row `row` (f32) and the keys of vector `keys` (f32).
+  class Leaves final : public ModLeaves {
+   public:
+    Leaves(BackwardEmitter& e, llvm::Value* row, llvm::Value* keys) : e_(e), row_(row), keys_(keys) {}
+    llvm::Value* score() override { internal_error("attention backward: a mask that reads the score"); }
+    llvm::Value* index(const std::string& axis) override { return value(axis, false); }
+    llvm::Value* position(const std::string& axis) override { return value(axis, true); }
+    llvm::Value* length(const std::string& axis) override {
+      return mod_axis_length(e_.b_, e_.mod_.axes, axis, e_.len_qf_, e_.len_kf_, e_.nbatch_);
+    }
+    llvm::Value* load(const ModNode& n, const std::vector<llvm::Value*>& idx) override {
+      return load_mod_element(e_.b_, e_.tensors_.at(static_cast<std::size_t>(n.input)),
+                              e_.mod_.tensors.at(static_cast<std::size_t>(n.input)).dtype, idx, e_.lanes_);
+    }
+    llvm::Value* extent(const ModNode& n, std::size_t d) override {
+      return e_.tensors_.at(static_cast<std::size_t>(n.input)).extent_f32.at(d);
+    }
+
+   private:
+    llvm::Value* value(const std::string& axis, bool position) {
+      const ModAxes& a = e_.mod_.axes;
+      if (axis == a.query) {
+        if (position && e_.mod_.expr.shifts(axis))
+          return e_.b_.CreateFAdd(row_, e_.b_.CreateFSub(e_.len_kf_, e_.len_qf_));
+        return row_;
+      }
+      if (axis == a.key) return keys_;
+      return e_.point(axis);
+    }
+    BackwardEmitter& e_;
+    llvm::Value* row_;
+    llvm::Value* keys_;
+  };
+
+  llvm::Value* point(const std::string& axis) {
+    if (axis == mod_.axes.batch) return batchf_;
+    if (llvm::Value* c = mod_head_coordinate(b_, mod_.axes, axis, head_)) return c;
+    internal_error("attention backward: a mod names the axis `" + axis + "`, which the scores do not have");
+  }
+
+  void query_block(llvm::Value* qb) {
+    llvm::Value* q0 = b_.CreateMul(qb, c64(br_), "q0");
+    llvm::Value* nq = smin(c64(br_), b_.CreateSub(len_q_, q0), "nq");
+    llvm::Value* all = b_.getTrue();
+    llvm::Value* none = b_.getFalse();
+    if (mod_.expr.keep >= 0) {
+      const TileSpan span{q0, b_.CreateAdd(q0, nq), k0_, b_.CreateAdd(k0_, nk_), len_qf_, len_kf_};
+      AttentionBoundsLeaves leaves(
+          b_, mod_, deps_, tensors_, span, [&](const std::string& axis, bool) { return point(axis); },
+          [&](const std::string& axis) { return mod_axis_length(b_, mod_.axes, axis, len_qf_, len_kf_, nbatch_); },
+          [&](const ModNode& n, const std::vector<llvm::Value*>& idx) {
+            return load_mod_element(b_, tensors_.at(static_cast<std::size_t>(n.input)),
+                                    mod_.tensors.at(static_cast<std::size_t>(n.input)).dtype, idx, lanes_);
+          });
+      std::tie(all, none) = emit_mod_classify(b_, mod_.expr, leaves);
+    }
+    llvm::LLVMContext& ctx = module_.getContext();
+    llvm::BasicBlock* work = llvm::BasicBlock::Create(ctx, "bwd.work", fn_);
+    llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx, "bwd.skip", fn_);
+    b_.CreateCondBr(none, done, work);
+    b_.SetInsertPoint(work);
+
+    pack_queries(q0, nq);
+    // S = (scale·Q) Kᵀ
+    gemm(s_, bc_, qb_, dkp_, 1, kt_, bc_, br_, bc_, dkp_, false, "gemm.s");
+    // P = exp(S − lse), masked where the tile is not wholly kept or runs past S.
+    llvm::Value* masked = b_.CreateOr(b_.CreateNot(all), b_.CreateICmpSLT(nk_, c64(bc_)));
+    llvm::BasicBlock* with_mask = llvm::BasicBlock::Create(ctx, "p.masked", fn_);
+    llvm::BasicBlock* plain = llvm::BasicBlock::Create(ctx, "p.plain", fn_);
+    llvm::BasicBlock* p_done = llvm::BasicBlock::Create(ctx, "p.done", fn_);
+    b_.CreateCondBr(masked, with_mask, plain);
+    b_.SetInsertPoint(with_mask);
+    probabilities(q0, true);
+    b_.CreateBr(p_done);
+    b_.SetInsertPoint(plain);
+    probabilities(q0, false);
+    b_.CreateBr(p_done);
+    b_.SetInsertPoint(p_done);
+    // dP = dO Vᵀ (into s_), then dS = P ∘ (dP − D) in place.
+    gemm(s_, bc_, dob_, dvp_, 1, vt_, bc_, br_, bc_, dvp_, false, "gemm.dp");
+    ir::emit_loop(
+        b_, c64(0), c64(br_), 1,
+        [&](llvm::Value* r) {
+          llvm::Value* dl = splat(b_.CreateLoad(f32_, at(deltab_, r)));
+          for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
+            llvm::Value* off = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
+            llvm::Value* p = load_vec(at(p_, off));
+            llvm::Value* dp = load_vec(at(s_, off));
+            store_vec(b_.CreateFMul(p, b_.CreateFSub(dp, dl)), at(s_, off));
+          }
+        },
+        "ds");
+    // dV += Pᵀ dO;  dK += dSᵀ (scale·Q)
+    gemm(dvacc_, dvp_, p_, 1, bc_, dob_, dvp_, bc_, dvp_, br_, true, "gemm.dv");
+    gemm(dkacc_, dkp_, s_, 1, bc_, qb_, dkp_, bc_, dkp_, br_, true, "gemm.dk");
+    // dQpart[chunk][bh][q0..] += dS K
+    llvm::Value* part_row = b_.CreateAdd(
+        b_.CreateMul(b_.CreateAdd(b_.CreateMul(chunk_, b_.CreateMul(nbatch_, c64(spec_.hq))), bh_), padded_rows_), q0);
+    llvm::Value* dq = at(dq_part_, b_.CreateMul(part_row, c64(dkp_)));
+    gemm(dq, dkp_, s_, bc_, 1, kr_, dkp_, br_, dkp_, bc_, true, "gemm.dq");
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  /// p_[r][j] = exp(s_[r][j] − lse[r]) (0 where the mask or the key range excludes the entry).
+  void probabilities(llvm::Value* q0, bool masked) {
+    std::vector<llvm::Constant*> iota;
+    for (int l = 0; l < lanes_; ++l) iota.push_back(b_.getInt64(static_cast<std::uint64_t>(l)));
+    llvm::Value* lane = llvm::ConstantVector::get(iota);
+    ir::emit_loop(
+        b_, c64(0), c64(br_), 1,
+        [&](llvm::Value* r) {
+          llvm::Value* l = splat(b_.CreateLoad(f32_, at(lseb_, r)));
+          llvm::Value* rowf = b_.CreateSIToFP(b_.CreateAdd(q0, r), f32_);
+          for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
+            llvm::Value* off = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
+            llvm::Value* p = emit_exp(b_, b_.CreateFSub(load_vec(at(s_, off)), l));
+            if (masked) {
+              llvm::Value* keys = b_.CreateAdd(splat(b_.CreateAdd(k0_, c64(v * lanes_))), lane);
+              llvm::Value* keep = b_.CreateICmpSLT(keys, splat(len_k_));
+              if (mod_.expr.keep >= 0) {
+                Leaves leaves(*this, rowf, b_.CreateSIToFP(keys, vf_));
+                std::vector<llvm::Value*> cache(mod_.expr.nodes.size(), nullptr);
+                llvm::Value* k = emit_mod(b_, mod_.expr, mod_.expr.keep, leaves, cache);
+                if (!k->getType()->isVectorTy()) k = b_.CreateVectorSplat(static_cast<unsigned>(lanes_), k);
+                keep = b_.CreateAnd(keep, k);
+              }
+              p = b_.CreateSelect(keep, p, vconst(0.0));
+            }
+            store_vec(p, at(p_, off));
+          }
+        },
+        masked ? "p.mask" : "p");
+  }
+
+  llvm::Module& module_;
+  llvm::IRBuilder<> b_;
+  const AttentionSpec& spec_;
+  const BackwardConfig& cfg_;
+  int lanes_;
+  std::int64_t br_, bc_, dkp_, dvp_;
+  EffectiveMod mod_;
+  std::vector<unsigned> deps_;
+  std::vector<ModTensorIn> tensors_;
+  llvm::Type *f32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
+  llvm::FixedVectorType* vf_ = nullptr;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value *args_ = nullptr, *batch_ = nullptr, *kvh_ = nullptr, *chunk_ = nullptr;
+  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *lse_ = nullptr, *dout_ = nullptr, *dk_out_ = nullptr,
+              *dv_out_ = nullptr, *delta_ = nullptr, *dq_part_ = nullptr;
+  llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *chunk_blocks_ = nullptr,
+              *padded_rows_ = nullptr;
+  llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr, *kv_row0_ = nullptr;
+  llvm::Value *k0_ = nullptr, *nk_ = nullptr, *head_ = nullptr, *bh_ = nullptr;
+  llvm::AllocaInst *kt_ = nullptr, *kr_ = nullptr, *vt_ = nullptr, *dkacc_ = nullptr, *dvacc_ = nullptr, *qb_ = nullptr,
+                   *dob_ = nullptr, *p_ = nullptr, *s_ = nullptr, *lseb_ = nullptr, *deltab_ = nullptr;
+};
+
+}  // namespace
+
+void emit_attention_backward(llvm::Module& module, const AttentionSpec& spec, const BackwardConfig& config,
+                             const std::string& name) {
+  BackwardEmitter(module, spec, config).emit(name);
+}
+
+}  // namespace qkv::codegen::cpu

@@ -1,0 +1,69 @@
+// qkv/codegen/cpu/run_attention_backward.hpp — the fused attention backward on the host CPU
+// (FlashAttention-2's algorithm, fp32), for the forward attention.hpp describes.
+//
+//   AttentionBackwardArgs a;
+//   a.forward = {.q = q, .k = k, .v = v, .out = o, .batch = B, .len_q = L, .len_k = S, .lse = lse};
+//   a.d_out = dO; a.dq = dq; a.dk = dk; a.dv = dv;
+//   run_attention_backward(spec, a);
+//
+// Given the forward's output O and log-sum-exp (spec.write_lse of the forward), it recomputes
+// P = exp(s' − lse) tile by tile (never the L×S matrix) and computes, with D = rowsum(dO ∘ O):
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q,
+// dK and dV summed over the query heads that share a key/value head (GQA, no expanded copies).
+// A row with no visible key has P = 0: zero, finite gradients.
+//
+// Deterministic by construction: the keys are cut into a number of chunks that depends on the
+// shape only; a task (batch, kv head, chunk) owns the dK/dV rows of its keys and writes its own
+// dQ partial sums, which are then added in chunk order. The result is bit-identical whatever
+// the thread count. Tiles the mask never keeps (causal, windows, padding) are skipped, as in
+// the forward.
+//
+// Covers: f32 storage, no dropout, modifications that only mask (spec.causal, key_padding,
+// mods without a score part), head widths up to 256. backward_supported() says why not
+// otherwise; run_attention_backward then throws std::invalid_argument (the graph's gradient
+// falls back to the unfused backward before it gets here: qkv/ir/grad.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <qkv/codegen/cpu/attention.hpp>
+
+namespace qkv::codegen::cpu {
+
+/// The tensors of one backward call, contiguous row-major:
+///   forward.q [B, Hq, L, Dk], forward.k [B, Hkv, S, Dk], forward.v [B, Hkv, S, Dv],
+///   forward.out [B, Hq, L, Dv] (the forward's output), forward.lse [B, Hq, L] (its log-sum-exp),
+///   forward.key_keep / bias / tensors / extents as for the forward,
+///   d_out [B, Hq, L, Dv] in; dq [B, Hq, L, Dk], dk [B, Hkv, S, Dk], dv [B, Hkv, S, Dv] out.
+/// The generated code reads this struct directly (its layout is part of the kernel ABI); the
+/// fields after dv are the driver's workspace.
+struct AttentionBackwardArgs {
+  AttentionArgs forward;
+  const void* d_out = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  // --- set by run_attention_backward
+  const float* delta = nullptr;   // D [B, Hq, L]
+  float* dq_partial = nullptr;    // [chunks, B, Hq, padded_rows, padded_dk]
+  std::int64_t chunk_blocks = 0;  // key blocks per chunk
+  std::int64_t padded_rows = 0;   // L rounded up to the query block
+};
+
+/// Empty when the backward kernel covers `spec`, else why not.
+[[nodiscard]] std::string backward_unsupported(const AttentionSpec& spec);
+
+/// Computes dq, dk and dv as above on `threads` threads (<= 0: one per hardware thread).
+/// Throws std::invalid_argument for what it does not cover or inconsistent arguments.
+void run_attention_backward(const AttentionSpec& spec, const AttentionBackwardArgs& args, int threads = 0);
+
+/// FLOPs of the backward as the benchmarks count them: 2.5 × attention_flops (FlashAttention's
+/// convention: five matrix products where the forward has two).
+[[nodiscard]] double attention_backward_flops(const AttentionSpec& spec, std::int64_t batch, std::int64_t len_q,
+                                              std::int64_t len_k);
+
+/// The backward kernel's LLVM IR as text (for inspection and tests).
+std::string attention_backward_kernel_ir(const AttentionSpec& spec, bool optimized);
+
+}  // namespace qkv::codegen::cpu

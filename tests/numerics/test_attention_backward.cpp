@@ -1,0 +1,345 @@
+// The fused attention backward (fused_attention_backward, made by the gradient of a
+// fused_attention: qkv/ir/grad.hpp) on the reference interpreter, against the gradient of the
+// unfused graph (contract/softmax/contract, differentiated op by op) on the same interpreter.
+//
+// Each case builds the DSL attention with output y and the loss Σ y ⊙ r (r a random probe), then
+// (a) differentiates that graph as it is, (b) fuses it (canonicalize + fuse-attention, as the
+// pipeline does) and differentiates the fused graph. (b) must contain the fused backward node
+// (or, for what it does not cover — dropout, score modifications — the recomputed unfused
+// backward), and its dq, dk, dv must equal (a)'s within fp32 rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
+#include <qkv/codegen/passes/canonicalize.hpp>
+#include <qkv/codegen/passes/fuse_attention.hpp>
+#include <qkv/ir/grad.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+
+namespace qkv::nn {
+namespace {
+
+struct Case {
+  std::string name;
+  std::int64_t batch = 2, hkv = 2, group = 1, len_q = 5, len_k = 5, dk = 4, dv = 4;
+  bool causal = false;
+  CausalAlign align = CausalAlign::top_left;
+  bool key_padding = false;
+  double scale = 0.0;  // 0: 1/sqrt(dk)
+  bool bias = false;   // a score modification: the fused backward does not cover it
+  double dropout = 0.0;
+  bool fused_backward = true;  // whether (b) has a fused_attention_backward node
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+NdArray random_array(const std::vector<std::int64_t>& shape, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return NdArray::from_f32(std::move(v), shape);
+}
+
+template <class S, class V>
+void finish(const Case& c, Graph& g, S s, const V& v) {
+  if (c.bias) s = biased(s, input<Tensor<f32, Seq<dyn>, Key<dyn>>>(g, "bias"));
+  if (c.key_padding) s = masked(s, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep"));
+  if (c.causal)
+    s = c.align == CausalAlign::top_left ? causal<Seq, Key>(s, top_left) : causal<Seq, Key>(s, bottom_right);
+  auto p = softmax<Key>(s);
+  if (c.dropout > 0) p = dropout(p, c.dropout, 0x5eedull);
+  output(contract<Key>(p, v), "y");
+}
+
+std::optional<double> custom_scale(const Case& c) {
+  return c.scale != 0.0 ? std::optional<double>(c.scale) : std::nullopt;
+}
+
+/// The forward graph (output "y") and its feeds.
+Graph forward(const Case& c, Feeds& feeds, std::mt19937& rng) {
+  Graph g;
+  if (c.group > 1) {
+    auto q = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Group<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+    auto k = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+    auto v = input<Tensor<f32, Batch<dyn>, KvHeads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
+    finish(c, g, scaled(contract<HeadDim>(q, k), custom_scale(c)), v);
+    feeds["q"] = random_array({c.batch, c.hkv, c.group, c.len_q, c.dk}, rng, -2, 2);
+  } else {
+    auto q = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Seq<dyn>, HeadDim<dyn>>>(g, "q");
+    auto k = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, HeadDim<dyn>>>(g, "k");
+    auto v = input<Tensor<f32, Batch<dyn>, Heads<dyn>, Key<dyn>, ValueDim<dyn>>>(g, "v");
+    finish(c, g, scaled(contract<HeadDim>(q, k), custom_scale(c)), v);
+    feeds["q"] = random_array({c.batch, c.hkv, c.len_q, c.dk}, rng, -2, 2);
+  }
+  feeds["k"] = random_array({c.batch, c.hkv, c.len_k, c.dk}, rng, -2, 2);
+  feeds["v"] = random_array({c.batch, c.hkv, c.len_k, c.dv}, rng);
+  if (c.bias) feeds["bias"] = random_array({c.len_q, c.len_k}, rng);
+  if (c.key_padding) {
+    NdArray keep = NdArray::zeros(DType::boolean, {c.batch, c.len_k});
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t j = 0; j < c.len_k; ++j)  // batch row b sees its first len_k − 2b keys (0: none)
+        keep.bytes[static_cast<std::size_t>(b * c.len_k + j)] =
+            std::byte{j < c.len_k - 2 * b ? std::uint8_t{1} : std::uint8_t{0}};
+    feeds["keep"] = keep;
+  }
+  return g;
+}
+
+int leaf_named(const Graph& g, const std::string& name) {
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (is_array_leaf(g.node(static_cast<int>(i))) && g.node(static_cast<int>(i)).name == name)
+      return static_cast<int>(i);
+  return -1;
+}
+
+/// g with the probe and the loss appended (output "loss").
+void add_loss(Graph& g, Feeds& feeds, std::mt19937& rng) {
+  int y = -1;
+  for (const auto& o : g.outputs())
+    if (o.name == "y") y = o.node;
+  const NdArray y0 = interpret(g, feeds).outputs.at("y");
+  Node probe;
+  probe.op = Op::input;
+  probe.name = "probe";
+  probe.axes = g.node(y).axes;
+  const int r = g.add(std::move(probe));
+  feeds["probe"] = random_array(y0.shape, rng);
+  grad_detail::Builder b(g);
+  std::vector<std::string> all;
+  for (const auto& a : g.node(y).axes) all.push_back(a.name);
+  g.mark_output(b.sum_over(b.binary(Op::mul, y, r), all), "loss");
+}
+
+/// Appends the gradients of "loss" by q, k and v as outputs dq, dk, dv.
+void add_grads(Graph& g) {
+  int loss = -1;
+  for (const auto& o : g.outputs())
+    if (o.name == "loss") loss = o.node;
+  const std::vector<int> grads =
+      append_gradients(g, loss, {leaf_named(g, "q"), leaf_named(g, "k"), leaf_named(g, "v")});
+  g.mark_output(grads[0], "dq");
+  g.mark_output(grads[1], "dk");
+  g.mark_output(grads[2], "dv");
+}
+
+int count(const Graph& g, Op op) {
+  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
+}
+
+class AttentionBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionBackward, FusedGradientEqualsTheUnfusedOne) {
+  const Case& c = GetParam();
+  std::mt19937 rng(42);
+  Feeds feeds;
+  Graph g = forward(c, feeds, rng);
+  add_loss(g, feeds, rng);
+  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
+  ASSERT_EQ(count(fused, Op::fused_attention), 1) << fused.table();
+  add_grads(g);
+  add_grads(fused);
+  EXPECT_EQ(count(fused, Op::fused_attention_backward), c.fused_backward ? 1 : 0) << fused.table();
+  const RunResult want = interpret(g, feeds), got = interpret(fused, feeds);
+  EXPECT_NEAR(want.outputs.at("loss").to_f32()[0], got.outputs.at("loss").to_f32()[0], 1e-5);
+  for (const char* name : {"dq", "dk", "dv"}) {
+    const std::vector<float> a = want.outputs.at(name).to_f32(), b = got.outputs.at(name).to_f32();
+    ASSERT_EQ(want.outputs.at(name).shape, got.outputs.at(name).shape) << name;
+    double scale = 1e-6, diff = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(b[i])) << name << "[" << i << "]";
+      scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+    }
+    EXPECT_LE(diff, 2e-5 * scale) << name << " (largest entry " << scale << ")";
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({.name = "plain"});
+  v.push_back({.name = "causal", .len_q = 7, .len_k = 7, .causal = true});
+  v.push_back({.name = "causal_top_left_l_lt_s", .len_q = 4, .len_k = 9, .causal = true});
+  v.push_back({.name = "causal_bottom_right_l_gt_s",
+               .len_q = 9,
+               .len_k = 4,
+               .causal = true,
+               .align = CausalAlign::bottom_right});                      // rows with no visible key: zero gradients
+  v.push_back({.name = "key_padding", .len_k = 6, .key_padding = true});  // batch row 1 sees 2 keys
+  v.push_back({.name = "padding_all_keys", .batch = 4, .len_k = 5, .key_padding = true});  // row 3: none
+  v.push_back({.name = "l_ne_s", .len_q = 3, .len_k = 8});
+  v.push_back({.name = "dk_ne_dv", .dk = 6, .dv = 3});
+  v.push_back({.name = "gqa", .hkv = 2, .group = 3, .len_q = 4, .len_k = 6});
+  v.push_back({.name = "mqa_causal", .hkv = 1, .group = 4, .len_q = 6, .len_k = 6, .causal = true});
+  v.push_back({.name = "scale", .scale = 0.3});
+  v.push_back({.name = "bias_falls_back", .bias = true, .fused_backward = false});
+  v.push_back({.name = "dropout_falls_back", .dropout = 0.25, .fused_backward = false});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionBackward, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// --- the CPU kernel (codegen::cpu::run_attention_backward) against the interpreter
+
+struct KernelGrads {
+  std::vector<float> dq, dk, dv;
+};
+
+codegen::cpu::AttentionSpec spec_of(const Case& c) {
+  codegen::cpu::AttentionSpec s;
+  s.dk = c.dk;
+  s.dv = c.dv;
+  s.hq = c.hkv * c.group;
+  s.hkv = c.hkv;
+  s.scale = c.scale;
+  s.causal = c.causal;
+  s.align = c.align;
+  s.key_padding = c.key_padding;
+  return s;
+}
+
+/// The forward kernel (with its log-sum-exp), then the backward kernel with dO = the probe.
+KernelGrads run_kernels(const Case& c, const Feeds& feeds, int threads) {
+  codegen::cpu::AttentionSpec spec = spec_of(c);
+  const std::int64_t hq = spec.hq;
+  std::vector<float> out(static_cast<std::size_t>(c.batch * hq * c.len_q * c.dv)),
+      lse(static_cast<std::size_t>(c.batch * hq * c.len_q));
+  std::vector<std::uint8_t> keep;
+  if (c.key_padding)
+    for (std::byte x : feeds.at("keep").bytes) keep.push_back(static_cast<std::uint8_t>(x));
+  const std::vector<float> q = feeds.at("q").to_f32(), k = feeds.at("k").to_f32(), v = feeds.at("v").to_f32(),
+                           dout = feeds.at("probe").to_f32();
+  codegen::cpu::AttentionArgs a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.key_keep = keep.empty() ? nullptr : keep.data();
+  a.batch = c.batch;
+  a.len_q = c.len_q;
+  a.len_k = c.len_k;
+  a.lse = lse.data();
+  spec.write_lse = true;
+  codegen::cpu::run_attention(spec, a, threads);
+  spec.write_lse = false;
+  KernelGrads g;
+  g.dq.assign(q.size(), -1.0f);
+  g.dk.assign(k.size(), -1.0f);
+  g.dv.assign(v.size(), -1.0f);
+  codegen::cpu::AttentionBackwardArgs b;
+  b.forward = a;
+  b.d_out = dout.data();
+  b.dq = g.dq.data();
+  b.dk = g.dk.data();
+  b.dv = g.dv.data();
+  codegen::cpu::run_attention_backward(spec, b, threads);
+  return g;
+}
+
+class AttentionBackwardKernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionBackwardKernel, MatchesTheInterpreterAndIsTheSameOnAnyThreadCount) {
+  const Case& c = GetParam();
+  std::mt19937 rng(7);
+  Feeds feeds;
+  Graph g = forward(c, feeds, rng);
+  add_loss(g, feeds, rng);
+  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
+  add_grads(fused);
+  ASSERT_EQ(count(fused, Op::fused_attention_backward), 1);
+  const RunResult want = interpret(fused, feeds);
+  const KernelGrads one = run_kernels(c, feeds, 1), two = run_kernels(c, feeds, 2), three = run_kernels(c, feeds, 3);
+  const std::vector<float>* got[] = {&one.dq, &one.dk, &one.dv};
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<float> a = want.outputs.at(names[t]).to_f32();
+    const std::vector<float>& b = *got[t];
+    ASSERT_EQ(a.size(), b.size()) << names[t];
+    double scale = 1e-6, diff = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(b[i])) << names[t] << "[" << i << "]";
+      scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+    }
+    EXPECT_LE(diff, 1e-4 * scale) << names[t] << " (largest entry " << scale << ")";
+  }
+  // Bit for bit whatever the thread count.
+  EXPECT_EQ(one.dq, two.dq);
+  EXPECT_EQ(one.dk, two.dk);
+  EXPECT_EQ(one.dv, two.dv);
+  EXPECT_EQ(one.dq, three.dq);
+  EXPECT_EQ(one.dk, three.dk);
+  EXPECT_EQ(one.dv, three.dv);
+}
+
+std::vector<Case> kernel_cases() {
+  std::vector<Case> v;
+  v.push_back({.name = "plain", .batch = 1, .hkv = 2, .len_q = 70, .len_k = 130, .dk = 64, .dv = 64});
+  v.push_back({.name = "small", .batch = 2, .hkv = 1, .len_q = 5, .len_k = 3, .dk = 4, .dv = 4});
+  v.push_back({.name = "causal", .batch = 1, .hkv = 2, .len_q = 150, .len_k = 150, .dk = 32, .dv = 32, .causal = true});
+  v.push_back({.name = "causal_top_left_l_lt_s",
+               .batch = 1,
+               .hkv = 1,
+               .len_q = 40,
+               .len_k = 200,
+               .dk = 16,
+               .dv = 16,
+               .causal = true});
+  v.push_back({.name = "causal_bottom_right_l_gt_s",
+               .batch = 1,
+               .hkv = 1,
+               .len_q = 200,
+               .len_k = 40,
+               .dk = 16,
+               .dv = 16,
+               .causal = true,
+               .align = CausalAlign::bottom_right});
+  v.push_back(
+      {.name = "key_padding", .batch = 4, .hkv = 1, .len_q = 33, .len_k = 7, .dk = 8, .dv = 8, .key_padding = true});
+  v.push_back({.name = "dk_ne_dv_odd", .batch = 1, .hkv = 2, .len_q = 45, .len_k = 77, .dk = 40, .dv = 20});
+  v.push_back({.name = "gqa", .batch = 1, .hkv = 2, .group = 3, .len_q = 50, .len_k = 90, .dk = 32, .dv = 32});
+  v.push_back({.name = "mqa_causal",
+               .batch = 2,
+               .hkv = 1,
+               .group = 4,
+               .len_q = 66,
+               .len_k = 66,
+               .dk = 16,
+               .dv = 16,
+               .causal = true});
+  v.push_back({.name = "scale", .batch = 1, .hkv = 1, .len_q = 20, .len_k = 100, .dk = 24, .dv = 24, .scale = 0.3});
+  v.push_back({.name = "many_chunks", .batch = 1, .hkv = 1, .len_q = 64, .len_k = 700, .dk = 8, .dv = 8});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionBackwardKernel, ::testing::ValuesIn(kernel_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(AttentionBackwardKernelApi, RefusesWhatItDoesNotCover) {
+  codegen::cpu::AttentionSpec s;
+  s.dropout_p = 0.1;
+  EXPECT_NE(codegen::cpu::backward_unsupported(s), "");
+  codegen::cpu::AttentionBackwardArgs a;
+  EXPECT_THROW(codegen::cpu::run_attention_backward(s, a), std::invalid_argument);
+  s.dropout_p = 0;
+  s.bias = true;
+  EXPECT_NE(codegen::cpu::backward_unsupported(s), "");
+  s.bias = false;
+  s.storage = DType::bf16;
+  EXPECT_NE(codegen::cpu::backward_unsupported(s), "");
+  s.storage = DType::f32;
+  EXPECT_EQ(codegen::cpu::backward_unsupported(s), "");
+}
+
+}  // namespace
+}  // namespace qkv::nn
