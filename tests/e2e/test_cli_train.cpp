@@ -18,16 +18,11 @@ namespace {
 
 using namespace qkv::test;
 
-const nlohmann::json kConfig = {{"model_type", "llama"},
-                                {"hidden_size", 32},
-                                {"intermediate_size", 64},
-                                {"num_hidden_layers", 2},
-                                {"num_attention_heads", 4},
-                                {"num_key_value_heads", 2},
-                                {"vocab_size", 256},
-                                {"max_position_embeddings", 64},
-                                {"rms_norm_eps", 1e-5},
-                                {"tie_word_embeddings", false}};
+const nlohmann::json kConfig = {{"model_type", "llama"},    {"hidden_size", 32},
+                                {"intermediate_size", 64},  {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                                {"vocab_size", 256},        {"max_position_embeddings", 64},
+                                {"rms_norm_eps", 1e-5},     {"tie_word_embeddings", false}};
 
 /// A small text with a lot of structure: a few sentences in a pseudo-random order (~3 KB).
 std::string corpus() {
@@ -61,9 +56,9 @@ class Train : public Cli {
 };
 
 TEST_F(Train, TheLossGoesDownAndTheCheckpointRunsInGenerate) {
-  const Result r = train(
-      "--backend reference --steps 40 --batch 4 --seq 32 --lr 1e-2 --warmup 4 --eval-every 10 --out " + tmp("run") +
-      " --log-json " + tmp("log.json") + " --plot " + tmp("loss.png"));
+  const Result r =
+      train("--backend reference --steps 40 --batch 4 --seq 32 --lr 1e-2 --warmup 4 --eval-every 10 --out " +
+            tmp("run") + " --log-json " + tmp("log.json") + " --plot " + tmp("loss.png"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("tok/s"));
   EXPECT_THAT(r.err, HasSubstr("val "));
@@ -130,7 +125,8 @@ TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
   ASSERT_EQ(train(common + "--backend reference --out " + tmp("ref")).code, 0);
   const auto a = json_of(tmp("one/trainer_state.json")).at("history").at("train"),
              b = json_of(tmp("ref/trainer_state.json")).at("history").at("train");
-  for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i][1].get<double>(), b[i][1].get<double>(), 1e-4) << "step " << i + 1;
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_NEAR(a[i][1].get<double>(), b[i][1].get<double>(), 1e-4) << "step " << i + 1;
 }
 
 TEST_F(Train, CtrlCSavesACheckpointAndStops) {
@@ -167,7 +163,8 @@ TEST_F(Train, HostileInputIsOneLineAndTheLastCheckpointSurvivesAFullDisk) {
   write_text(dir_ / "short.txt", "0123456");
   expect_failure(model + "--data " + tmp("short.txt") + " --out " + tmp("o"), 1, "fewer than --seq + 1 = 9");
   expect_failure(model + "--data " + tmp("corpus.txt") + " --out " + tmp("corpus.txt"), 2, "is a file, not a folder");
-  expect_failure(model + "--data " + tmp("corpus.txt") + " --out /proc", 1, "cannot create a temporary file in '/proc'");
+  expect_failure(model + "--data " + tmp("corpus.txt") + " --out /proc", 1,
+                 "cannot create a temporary file in '/proc'");
   expect_failure("--model " + tmp("tiny") + " --data " + tmp("corpus.txt") + " --out " + tmp("tiny"), 2,
                  "is the --model folder");
   expect_failure(model + "--data " + tmp("corpus.txt") + " --seq 65 --out " + tmp("o"), 2,
@@ -185,7 +182,9 @@ TEST_F(Train, HostileInputIsOneLineAndTheLastCheckpointSurvivesAFullDisk) {
 
   // A checkpoint that cannot be written (a file-size limit: a disk that fills up) fails in one
   // line, and the previous checkpoint stays as it was.
-  ASSERT_EQ(run("train " + model + "--seq 8 --backend reference --data " + tmp("corpus.txt") + " --out " + tmp("run")).code, 0);
+  ASSERT_EQ(
+      run("train " + model + "--seq 8 --backend reference --data " + tmp("corpus.txt") + " --out " + tmp("run")).code,
+      0);
   const std::string before = slurp(tmp("run/model.safetensors")) + slurp(tmp("run/trainer_state.json"));
   const auto names = listing(tmp("run"));
   const Result full = run_argv({"train", "--resume", tmp("run"), "--data", tmp("corpus.txt"), "--steps", "4",
@@ -193,7 +192,8 @@ TEST_F(Train, HostileInputIsOneLineAndTheLastCheckpointSurvivesAFullDisk) {
                                {.file_size = 2048});
   EXPECT_EQ(full.code, 1) << full.err;
   // Progress lines, then the error as the last line.
-  EXPECT_THAT(full.err, HasSubstr("qkv: error: --out " + tmp("run") + "/model.safetensors: cannot write: File too large\n"));
+  EXPECT_THAT(full.err,
+              HasSubstr("qkv: error: --out " + tmp("run") + "/model.safetensors: cannot write: File too large\n"));
   EXPECT_TRUE(full.err.ends_with("File too large\n")) << full.err;
   EXPECT_EQ(slurp(tmp("run/model.safetensors")) + slurp(tmp("run/trainer_state.json")), before);
   EXPECT_EQ(listing(tmp("run")), names);

@@ -45,8 +45,8 @@ constexpr const char* kFormat = "qkv-train 1";
 /// The text as byte-level tokens (id = the byte), the last val_fraction of it held out.
 struct Corpus {
   std::vector<std::uint8_t> bytes;
-  std::uint64_t hash = 0;      // FNV-1a 64 of the bytes: a resumed run must see the same text
-  std::size_t train_end = 0;   // [0, train_end) trains, [train_end, size) validates
+  std::uint64_t hash = 0;     // FNV-1a 64 of the bytes: a resumed run must see the same text
+  std::size_t train_end = 0;  // [0, train_end) trains, [train_end, size) validates
 };
 
 std::uint64_t fnv1a(std::span<const std::uint8_t> bytes) {
@@ -138,11 +138,21 @@ struct Hyper {
 };
 
 json to_json(const Hyper& h) {
-  return {{"optimizer", h.optimizer}, {"schedule", h.schedule},   {"lr", h.lr},
-          {"min_lr", h.min_lr},       {"warmup", h.warmup},       {"weight_decay", h.weight_decay},
-          {"beta1", h.beta1},         {"beta2", h.beta2},         {"eps", h.eps},
-          {"momentum", h.momentum},   {"max_grad_norm", h.max_grad_norm}, {"label_smoothing", h.label_smoothing},
-          {"val_fraction", h.val_fraction}, {"batch", h.batch},   {"seq", h.seq},
+  return {{"optimizer", h.optimizer},
+          {"schedule", h.schedule},
+          {"lr", h.lr},
+          {"min_lr", h.min_lr},
+          {"warmup", h.warmup},
+          {"weight_decay", h.weight_decay},
+          {"beta1", h.beta1},
+          {"beta2", h.beta2},
+          {"eps", h.eps},
+          {"momentum", h.momentum},
+          {"max_grad_norm", h.max_grad_norm},
+          {"label_smoothing", h.label_smoothing},
+          {"val_fraction", h.val_fraction},
+          {"batch", h.batch},
+          {"seq", h.seq},
           {"seed", h.seed}};
 }
 
@@ -189,9 +199,15 @@ Hyper hyper_from(const json& j) {
   Hyper h;
   h.optimizer = j.at("optimizer").get<std::string>();
   h.schedule = j.at("schedule").get<std::string>();
-  for (auto [key, field] : {std::pair{"lr", &h.lr}, {"min_lr", &h.min_lr}, {"weight_decay", &h.weight_decay},
-                            {"beta1", &h.beta1}, {"beta2", &h.beta2}, {"eps", &h.eps}, {"momentum", &h.momentum},
-                            {"max_grad_norm", &h.max_grad_norm}, {"label_smoothing", &h.label_smoothing},
+  for (auto [key, field] : {std::pair{"lr", &h.lr},
+                            {"min_lr", &h.min_lr},
+                            {"weight_decay", &h.weight_decay},
+                            {"beta1", &h.beta1},
+                            {"beta2", &h.beta2},
+                            {"eps", &h.eps},
+                            {"momentum", &h.momentum},
+                            {"max_grad_norm", &h.max_grad_norm},
+                            {"label_smoothing", &h.label_smoothing},
                             {"val_fraction", &h.val_fraction}})
     *field = j.at(key).get<double>();
   h.warmup = j.at("warmup").get<std::int64_t>();
@@ -231,11 +247,12 @@ Feeds initial_weights(const HfConfig& c, std::uint64_t seed) {
                             ? 0.02 / std::sqrt(2.0 * static_cast<double>(c.num_hidden_layers))
                             : 0.02;
       for (std::size_t i = 0; i < v.size(); i += 2) {
-        const auto r = philox4x32({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), index,
-                                   0x696e6974U /* "init" */},
-                                  seed);
+        const auto r = philox4x32(
+            {static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), index, 0x696e6974U /* "init" */},
+            seed);
         // Box–Muller from two uniforms in (0, 1].
-        const double u1 = (static_cast<double>(r[0]) + 1.0) / 4294967296.0, u2 = static_cast<double>(r[1]) / 4294967296.0;
+        const double u1 = (static_cast<double>(r[0]) + 1.0) / 4294967296.0,
+                     u2 = static_cast<double>(r[1]) / 4294967296.0;
         const double rad = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * std::numbers::pi * u2;
         v[i] = static_cast<float>(sd * rad * std::cos(th));
         if (i + 1 < v.size()) v[i + 1] = static_cast<float>(sd * rad * std::sin(th));
@@ -256,8 +273,8 @@ void load_tensors(Feeds& into, const fs::path& file, const std::vector<WeightSha
       throw IoError(file.string() + ": no tensor `" + prefix + ws.name + "`: not a checkpoint of this run");
     NdArray a = f.load(prefix + ws.name);
     if (a.shape != ws.shape)
-      throw IoError(file.string() + ": `" + prefix + ws.name + "` is " + shape_to_string(a.shape) + ", the model's is " +
-                    shape_to_string(ws.shape));
+      throw IoError(file.string() + ": `" + prefix + ws.name + "` is " + shape_to_string(a.shape) +
+                    ", the model's is " + shape_to_string(ws.shape));
     if (a.dtype != DType::f32) a = NdArray::from_f32(a.to_f32(), a.shape);
     into[ws.name] = std::move(a);
   }
@@ -418,7 +435,8 @@ int train(const Train& f) {
   const Corpus corpus = read_corpus(f.data, h.seq, h.val_fraction);
   if (!resumed.is_null()) {
     const json& d = resumed.at("data");
-    if (d.at("bytes").get<std::uint64_t>() != corpus.bytes.size() || d.at("fnv1a64").get<std::string>() != hex(corpus.hash))
+    if (d.at("bytes").get<std::uint64_t>() != corpus.bytes.size() ||
+        d.at("fnv1a64").get<std::string>() != hex(corpus.hash))
       throw IoError("--data " + f.data + ": not the text the run being resumed trained on (" +
                     std::to_string(d.at("bytes").get<std::uint64_t>()) + " bytes, FNV-1a " +
                     d.at("fnv1a64").get<std::string>() + ")");
@@ -464,8 +482,7 @@ int train(const Train& f) {
       f.eval_batches.value_or(resumed.is_null() ? 4 : resumed.at("eval_batches").get<std::int64_t>());
   const std::int64_t save_every = f.save_every.value_or(0);
   const std::int64_t log_every = f.log_every.value_or(std::max<std::int64_t>(1, steps / 50));
-  const std::vector<std::size_t> val_starts =
-      validation_starts(corpus, h.seq, eval_batches * h.batch);
+  const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch);
   std::fprintf(stderr,
                "qkv: training a %s model of %.2f M parameters on %zu bytes (%zu held out, %zu validation windows): "
                "steps %lld..%lld, batch %lld x %lld tokens, %s, lr %g\n",
@@ -480,9 +497,10 @@ int train(const Train& f) {
     double sum = 0;
     std::size_t n = 0;
     for (std::size_t at = 0; at < val_starts.size(); at += static_cast<std::size_t>(h.batch)) {
-      std::vector<std::size_t> rows(val_starts.begin() + static_cast<std::ptrdiff_t>(at),
-                                    val_starts.begin() + static_cast<std::ptrdiff_t>(
-                                                             std::min(val_starts.size(), at + static_cast<std::size_t>(h.batch))));
+      std::vector<std::size_t> rows(
+          val_starts.begin() + static_cast<std::ptrdiff_t>(at),
+          val_starts.begin() +
+              static_cast<std::ptrdiff_t>(std::min(val_starts.size(), at + static_cast<std::size_t>(h.batch))));
       Feeds vf = window_feeds(corpus, rows, h.seq);
       for (const auto& p : tg.step.params) vf[p] = feeds.at(p);
       const RunResult r = run_graph(loss_graph, vf, f.backend, f.threads);
@@ -529,8 +547,8 @@ int train(const Train& f) {
       outputs.write(*log, {std::as_bytes(std::span(lt))});
     }
     if (plot) {
-      const auto png = heatmap::encode_png(f.plot, loss_plot(history, c.model_type + ", " + std::to_string(params) +
-                                                                          " parameters: loss by step"));
+      const auto png = heatmap::encode_png(
+          f.plot, loss_plot(history, c.model_type + ", " + std::to_string(params) + " parameters: loss by step"));
       outputs.write(*plot, {std::as_bytes(std::span(png))});
     }
     outputs.commit();
@@ -599,8 +617,8 @@ int train(const Train& f) {
   std::fprintf(stderr,
                "qkv: %s after step %lld of %lld: checkpoint in %s (%.1f s: first step incl. compiling %.1f s, then "
                "%.0f tokens/s)\n",
-               step < steps ? "stopped" : "done", static_cast<long long>(step),
-               static_cast<long long>(steps), out.c_str(), wall, compile_s,
+               step < steps ? "stopped" : "done", static_cast<long long>(step), static_cast<long long>(steps),
+               out.c_str(), wall, compile_s,
                steady_n ? tokens_per_step * static_cast<double>(steady_n) / steady_s : 0.0);
   return StopOnSignal::requested() ? 130 : 0;
 }

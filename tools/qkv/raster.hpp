@@ -105,5 +105,4 @@ struct Canvas {
   }
 };
 
-
 }  // namespace qkv::heatmap
