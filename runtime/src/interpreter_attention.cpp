@@ -201,8 +201,8 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
   auto canon_shape = [](const std::vector<std::string>& order_names, const Node& n, const Value& like) {
     Shape sh;
     for (const auto& name : order_names)
-      for (std::size_t k = 0; k < n.axes.size(); ++k)
-        if (n.axes[k].name == name) sh.push_back(like.shape[k]);
+      for (std::size_t axis = 0; axis < n.axes.size(); ++axis)
+        if (n.axes[axis].name == name) sh.push_back(like.shape[axis]);
     return sh;
   };
   return {permuted(value(dq, canon_shape(q_order, qn, qv)), q_order, names_of(qn.axes)),

@@ -115,6 +115,10 @@ TEST_F(Train, AResumedRunEqualsAnUninterruptedOneBitForBit) {
 }
 
 TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
+  // One layer: each run compiles the step (seconds).
+  nlohmann::json one_layer = kConfig;
+  one_layer["num_hidden_layers"] = 1;
+  write_text(dir_ / "tiny" / "config.json", one_layer.dump());
   const std::string common = "--steps 2 --batch 2 --seq 16 --val-fraction 0 ";
   const Result one = train(common + "--threads 1 --out " + tmp("one"));
   ASSERT_EQ(one.code, 0) << one.err;

@@ -187,7 +187,7 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionBackward, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return info.param.name; });
+                         [](const auto& test) { return test.param.name; });
 
 // --- the CPU kernel (codegen::cpu::run_attention_backward) against the interpreter
 
@@ -323,7 +323,7 @@ std::vector<Case> kernel_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionBackwardKernel, ::testing::ValuesIn(kernel_cases()),
-                         [](const auto& info) { return info.param.name; });
+                         [](const auto& test) { return test.param.name; });
 
 TEST(AttentionBackwardKernelApi, RefusesWhatItDoesNotCover) {
   codegen::cpu::AttentionSpec s;

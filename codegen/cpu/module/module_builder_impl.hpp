@@ -530,26 +530,35 @@ class ModuleBuilder {
                          llvm::ConstantFP::get(f64_, static_cast<double>(e.plus)));
   }
 
-  /// Whether the run-time sizes keep every size the code computes inside int64: the sum, over
-  /// the nodes `n` with keep(n), of the product of every extent of the node and its inputs (each
-  /// loop nest's iteration space, each buffer, a fused attention's L × S, the arena, which is
-  /// smaller than this sum) times 8 bytes, is at most 2^56 — computed in f64, so sizes such as
-  /// 2^62 or INT64_MAX cannot wrap it. 2^56 bytes (64 PiB) leaves a factor of 128 for the
-  /// blocks derived from them (packed panels' padding, split-KV partial results).
+  /// Whether the run-time sizes keep every size the code computes inside int64: for each node
+  /// `n` with keep(n), the product of every extent of the node and its inputs (its loop nest's
+  /// iteration space, a fused attention's L × S) times 8 bytes, and the sum over those nodes of
+  /// their own buffers' bytes (the arena is smaller), are at most 2^56 — computed in f64, so sizes
+  /// such as 2^62 or INT64_MAX cannot wrap them. 2^56 bytes (64 PiB) leaves a factor of 128 for
+  /// the blocks derived from them (packed panels' padding, split-KV partial results). (Not the sum
+  /// of the iteration spaces: a 6-layer training step's weight-gradient contractions, each far
+  /// inside int64, added up past 2^56 at batch 8 × 255 tokens.)
   ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep) {
-    llvm::Value* total = llvm::ConstantFP::get(f64_, 0.0);
+    llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
+    llvm::Value* buffers = llvm::ConstantFP::get(f64_, 0.0);
     for (const auto& n : g_.nodes()) {
       if (!keep(n)) continue;
       std::map<std::string, const Extent*> space;
-      for (const auto& a : n.axes) space.emplace(a.name, &a.extent);
+      llvm::Value* own = llvm::ConstantFP::get(f64_, 8.0);
+      for (const auto& a : n.axes) {
+        space.emplace(a.name, &a.extent);
+        own = b_.CreateFMul(own, fdim(a.extent));
+      }
       for (int in : n.inputs)
         for (const auto& a : g_.node(in).axes) space.emplace(a.name, &a.extent);
       llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
       for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
-      total = b_.CreateFAdd(total, product);
+      largest = b_.CreateMaxNum(largest, product);
+      buffers = b_.CreateFAdd(buffers, own);
     }
     constexpr double kLimit = 72057594037927936.0;  // 2^56
-    return ir::Bool(b_, b_.CreateFCmpOLE(total, llvm::ConstantFP::get(f64_, kLimit)));
+    llvm::Value* limit = llvm::ConstantFP::get(f64_, kLimit);
+    return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(buffers, limit)));
   }
 
   /// Return 2 unless every run-time size is >= 0, every extent of the graph too, the graph's
@@ -715,6 +724,7 @@ class ModuleBuilder {
 
   void emit_concat(int id);
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k);
+  bool emit_contract_on_gemm(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
 

@@ -383,7 +383,90 @@ void ModuleBuilder::emit_linear_strided(int id) {
 }
 
 /// contract: out[o] = Σ_c lhs[o, c]·rhs[o, c], axes matched by name, in double.
+/// A contraction as GEMMs: the output's axes split into batch axes (in both inputs), M (the left
+/// input's alone) and N (the right's); per batch index the left block is copied to [M, K] rows,
+/// the right block to [N, K] and packed into panels, the GEMM kernel writes [M, N], which is
+/// scattered into the output. The copies are O(M·K + N·K + M·N) against the product's
+/// O(M·N·K). f32 storage only; false (nothing emitted) for any other contraction.
+bool ModuleBuilder::emit_contract_on_gemm(int id) {
+  const Node& n = g_.node(id);
+  const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
+  for (int t : {n.inputs[0], n.inputs[1], id})
+    if (cpu_storage_dtype(g_, t) != DType::f32) return false;
+  auto has = [](const std::vector<Axis>& axes, const std::string& name) {
+    return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
+  };
+  std::vector<Axis> batch, mx, nx, kx;
+  for (const Axis& a : n.axes) {
+    const bool l = has(ln.axes, a.name), r = has(rn.axes, a.name);
+    if (l && r)
+      batch.push_back(a);
+    else if (l)
+      mx.push_back(a);
+    else if (r)
+      nx.push_back(a);
+    else
+      return false;
+  }
+  for (const auto& c : n.attr_axes) kx.push_back(ln.axes[axis_pos(ln.axes, c)]);
+  for (const Node* in : {&ln, &rn})
+    for (const Axis& a : in->axes)
+      if (!has(n.axes, a.name) && std::find(n.attr_axes.begin(), n.attr_axes.end(), a.name) == n.attr_axes.end())
+        return false;
+  if (mx.empty() || nx.empty() || kx.empty()) return false;
+
+  const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]), os = shape(id);
+  auto extents = [&](const std::vector<Axis>& axes) {
+    Dims d;
+    for (const Axis& a : axes) d.push_back(dim(a.extent));
+    return d;
+  };
+  auto cat = [](Dims a, const Dims& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const Dims bd = extents(batch), md = extents(mx), nd = extents(nx), kd = extents(kx);
+  const I m = numel(md), nn = numel(nd), k = numel(kd);
+  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+  const std::int64_t nr = gemm_cfg_.cols();
+  llvm::Value* a = aligned_alloc(m * k * 4);
+  llvm::Value* bt = aligned_alloc(nn * k * 4);
+  llvm::Value* packed = aligned_alloc(gemm_panel_bytes(gemm_cfg_, nn, k));
+  llvm::Value* bias = aligned_alloc(ceil_div(nn, nr) * nr * 4);
+  llvm::Value* c = aligned_alloc(m * nn * 4);
+  ir::Bool ok(b_, b_.getTrue());
+  for (llvm::Value* p : {a, bt, packed, bias, c}) ok = ok && ir::Bool(b_, b_.CreateIsNotNull(p));
+  llvm::Value *lhs = buf(n.inputs[0]), *rhs = buf(n.inputs[1]), *y = buf(id);
+  branch(
+      ok,
+      [&] {
+        memset0(bias, ceil_div(nn, nr) * nr * 4);
+        const Dims lb = strides_by_name(batch, ln.axes, ls), rb = strides_by_name(batch, rn.axes, rs),
+                   ob = strides_by_name(batch, n.axes, os);
+        nest(bd, {lb, rb, ob}, {c64(0), c64(0), c64(0)}, [&](const Dims&, const Dims& base) {
+          auto copy = [&](llvm::Value* dst, llvm::Value* src) {
+            return [&, dst, src](const Dims&, const Dims& off) { store(load(f32_, src, off[1]), dst, off[0]); };
+          };
+          // A = the left block as [M, K] rows; Bᵀ = the right block as [N, K] rows, then panels.
+          const Dims mk = cat(md, kd), nk = cat(nd, kd);
+          nest(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
+               {c64(0), base[0]}, copy(a, lhs));
+          nest(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
+               {c64(0), base[1]}, copy(bt, rhs));
+          emit_pack_panels(bt, packed, nn, k);
+          emit_gemm_packed(a, packed, bias, c, m, nn, k);
+          const Dims mn = cat(md, nd);
+          nest(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
+               {base[2], c64(0)}, copy(y, c));
+        });
+      },
+      [&] { b_.CreateStore(b_.getInt32(1), status_); });
+  for (llvm::Value* p : {a, bt, packed, bias, c}) free(p);
+  return true;
+}
+
 void ModuleBuilder::emit_contract(int id) {
+  if (emit_contract_on_gemm(id)) return;
   const Node& n = g_.node(id);
   const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
   const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]);
