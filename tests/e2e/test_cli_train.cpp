@@ -182,6 +182,19 @@ TEST_F(Train, HostileInputIsOneLineAndTheLastCheckpointSurvivesAFullDisk) {
                  "needs 256 ids");
   expect_failure("--resume " + tmp("nothing") + " --data " + tmp("corpus.txt") + " --out " + tmp("o"), 1,
                  "trainer_state.json");
+  // A trainer_state.json that is not one qkv wrote: nested a million deep, a batch of 0.
+  fs::create_directories(dir_ / "bad");
+  write_text(dir_ / "bad" / "trainer_state.json", std::string(1000000, '['));
+  expect_failure("--resume " + tmp("bad") + " --data " + tmp("corpus.txt") + " --out " + tmp("o"), 1,
+                 "nests arrays or objects deeper than 64 levels");
+  ASSERT_EQ(
+      run("train " + model + "--seq 8 --backend reference --data " + tmp("corpus.txt") + " --out " + tmp("ok")).code,
+      0);
+  auto state = json_of(tmp("ok/trainer_state.json"));
+  state["options"]["batch"] = 0;
+  write_text(dir_ / "ok" / "trainer_state.json", state.dump());
+  expect_failure("--resume " + tmp("ok") + " --data " + tmp("corpus.txt") + " --out " + tmp("o"), 1,
+                 "`batch` is out of range: 0");
   EXPECT_FALSE(fs::exists(tmp("o")));
 
   // A checkpoint that cannot be written (a file-size limit: a disk that fills up) fails in one

@@ -14,7 +14,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numbers>
+#include <optional>
+#include <type_traits>
 
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 
 #include <qkv/runtime/hf_checkpoint.hpp>
 #include <qkv/runtime/io/files.hpp>
+#include <qkv/runtime/io/json_depth.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
 #include <qkv/runtime/rng.hpp>
 
@@ -30,6 +34,7 @@
 #include "memory.hpp"
 #include "out_of_memory.hpp"
 #include "run_common.hpp"
+#include "train_state.hpp"
 
 namespace qkv::cli {
 
@@ -128,15 +133,6 @@ std::vector<std::size_t> validation_starts(const Corpus& c, std::int64_t seq, st
 
 // --- the options a run keeps --------------------------------------------------------------------
 
-/// What decides the run's numbers: fixed when the run is resumed.
-struct Hyper {
-  std::string optimizer = "adamw", schedule = "cosine";
-  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, momentum = 0.9;
-  double max_grad_norm = 1.0, label_smoothing = 0.0, val_fraction = 0.1;
-  std::int64_t warmup = 0, batch = 8, seq = 64;
-  std::uint64_t seed = 0;
-};
-
 json to_json(const Hyper& h) {
   return {{"optimizer", h.optimizer},
           {"schedule", h.schedule},
@@ -195,25 +191,64 @@ void apply(Hyper& h, const Train& f, bool resumed) {
   set("--seed", h.seed, f.seed);
 }
 
+std::string json_text_excerpt(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return v.dump();
+}
+
+/// j[key]: a string of at most 64 characters.
+std::string name_at_any(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string() || it->get_ref<const std::string&>().size() > 64)
+    throw IoError(std::string("`") + key + "` is missing or not a short string");
+  return it->get<std::string>();
+}
+
+/// j[key], checked: present, of the type, in [lo, hi] (IoError naming the key otherwise).
+template <class T>
+T value_at(const json& j, const char* key, T lo, T hi) {
+  const auto it = j.find(key);
+  if (it == j.end()) throw IoError(std::string("no `") + key + "`");
+  const bool typed = std::is_floating_point_v<T> ? it->is_number()
+                     : std::is_unsigned_v<T>     ? it->is_number_unsigned()
+                                                 : it->is_number_integer();
+  if (!typed) throw IoError(std::string("`") + key + "` is " + json_text_excerpt(*it) + ", not a number of its kind");
+  const T v = it->get<T>();
+  if (!(v >= lo && v <= hi)) throw IoError(std::string("`") + key + "` is out of range: " + it->dump());
+  return v;
+}
+
+std::string name_at(const json& j, const char* key, std::initializer_list<const char*> allowed) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) throw IoError(std::string("`") + key + "` is missing or not a string");
+  const std::string v = it->get<std::string>();
+  for (const char* a : allowed)
+    if (v == a) return v;
+  throw IoError(std::string("`") + key + "` is not one of its names");
+}
+
 Hyper hyper_from(const json& j) {
+  if (!j.is_object()) throw IoError("`options` is not an object");
+  constexpr double kBig = 1e30;
   Hyper h;
-  h.optimizer = j.at("optimizer").get<std::string>();
-  h.schedule = j.at("schedule").get<std::string>();
-  for (auto [key, field] : {std::pair{"lr", &h.lr},
-                            {"min_lr", &h.min_lr},
-                            {"weight_decay", &h.weight_decay},
-                            {"beta1", &h.beta1},
-                            {"beta2", &h.beta2},
-                            {"eps", &h.eps},
-                            {"momentum", &h.momentum},
-                            {"max_grad_norm", &h.max_grad_norm},
-                            {"label_smoothing", &h.label_smoothing},
-                            {"val_fraction", &h.val_fraction}})
-    *field = j.at(key).get<double>();
-  h.warmup = j.at("warmup").get<std::int64_t>();
-  h.batch = j.at("batch").get<std::int64_t>();
-  h.seq = j.at("seq").get<std::int64_t>();
-  h.seed = j.at("seed").get<std::uint64_t>();
+  h.optimizer = name_at(j, "optimizer", {"adamw", "sgd"});
+  h.schedule = name_at(j, "schedule", {"cosine", "constant"});
+  h.lr = value_at(j, "lr", -kBig, kBig);
+  h.min_lr = value_at(j, "min_lr", -kBig, kBig);
+  h.weight_decay = value_at(j, "weight_decay", -kBig, kBig);
+  h.beta1 = value_at(j, "beta1", 0.0, 1.0);
+  h.beta2 = value_at(j, "beta2", 0.0, 1.0);
+  h.eps = value_at(j, "eps", -kBig, kBig);
+  h.momentum = value_at(j, "momentum", 0.0, 1.0);
+  h.max_grad_norm = value_at(j, "max_grad_norm", 0.0, kBig);
+  h.label_smoothing = value_at(j, "label_smoothing", 0.0, 1.0);
+  h.val_fraction = value_at(j, "val_fraction", 0.0, 0.9);
+  h.warmup = value_at<std::int64_t>(j, "warmup", 0, std::numeric_limits<std::int64_t>::max());
+  h.batch = value_at<std::int64_t>(j, "batch", 1, std::int64_t{1} << 20);
+  h.seq = value_at<std::int64_t>(j, "seq", 1, std::int64_t{1} << 24);
+  h.seed = value_at<std::uint64_t>(j, "seed", 0, std::numeric_limits<std::uint64_t>::max());
   return h;
 }
 
@@ -323,11 +358,6 @@ class StopOnSignal {
 
 // --- the run ------------------------------------------------------------------------------------
 
-struct History {
-  std::vector<std::array<double, 4>> train;  // step, loss, lr, grad_norm
-  std::vector<std::array<double, 2>> val;    // step, loss
-};
-
 std::string duration(double s) {
   char buf[32];
   const auto t = static_cast<long long>(std::llround(std::max(0.0, s)));
@@ -349,6 +379,54 @@ heatmap::Image loss_plot(const History& h, const std::string& title) {
 
 }  // namespace
 
+TrainerState parse_trainer_state(std::string_view text, const std::string& what) {
+  try {
+    if (const auto at = json_text::too_deep(text))
+      throw IoError("nests arrays or objects deeper than " + std::to_string(json_text::kMaxDepth) +
+                    " levels (at byte " + std::to_string(*at) + ")");
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception&) {
+      throw IoError("not valid JSON");
+    }
+    if (!j.is_object()) throw IoError("not a JSON object");
+    if (!j.contains("format") || j.at("format") != kFormat)
+      throw IoError("`format` is not \"" + std::string(kFormat) + "\" (not a qkv train state)");
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    TrainerState st;
+    if (!j.contains("options")) throw IoError("no `options`");
+    st.options = hyper_from(j.at("options"));
+    st.step = value_at<std::int64_t>(j, "step", 0, kMax);
+    st.steps = value_at<std::int64_t>(j, "steps", 1, kMax);
+    st.eval_every = value_at<std::int64_t>(j, "eval_every", 1, kMax);
+    st.eval_batches = value_at<std::int64_t>(j, "eval_batches", 1, std::int64_t{1} << 20);
+    if (!j.contains("data") || !j.at("data").is_object()) throw IoError("no `data` object");
+    st.data_bytes = value_at<std::uint64_t>(j.at("data"), "bytes", 0, std::numeric_limits<std::uint64_t>::max());
+    st.data_fnv1a64 = name_at_any(j.at("data"), "fnv1a64");
+    if (!j.contains("history") || !j.at("history").is_object()) throw IoError("no `history` object");
+    const json& hist = j.at("history");
+    for (const char* key : {"train", "val"})
+      if (!hist.contains(key) || !hist.at(key).is_array())
+        throw IoError(std::string("history has no `") + key + "` array");
+    for (const json& r : hist.at("train")) {
+      if (!r.is_array() || r.size() != 4 ||
+          !std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_number(); }))
+        throw IoError("history.train holds an entry that is not 4 numbers");
+      st.history.train.push_back(r.get<std::array<double, 4>>());
+    }
+    for (const json& r : hist.at("val")) {
+      if (!r.is_array() || r.size() != 2 ||
+          !std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_number(); }))
+        throw IoError("history.val holds an entry that is not 2 numbers");
+      st.history.val.push_back(r.get<std::array<double, 2>>());
+    }
+    return st;
+  } catch (const IoError& e) {
+    throw IoError(what + ": " + e.what());
+  }
+}
+
 int train(const Train& f) {
   if (f.config.empty() == f.model.empty() && f.resume.empty())
     throw UsageError("give the model as --config config.json (random weights) or --model DIR (a checkpoint)");
@@ -363,27 +441,22 @@ int train(const Train& f) {
   Hyper h;
   std::int64_t done = 0;  // steps taken before this process
   History history;
-  json resumed;
+  std::optional<TrainerState> resumed;
   if (!f.resume.empty()) {
     model_dir = f.resume;
-    const InputFile state = InputFile::open(model_dir / "trainer_state.json");
-    const std::vector<std::byte> text = state.read_all(std::uint64_t{1} << 30, "trainer_state.json");
-    try {
-      resumed = json::parse(reinterpret_cast<const char*>(text.data()),
-                            reinterpret_cast<const char*>(text.data()) + text.size());
-      if (resumed.at("format") != kFormat) throw IoError("format is not \"" + std::string(kFormat) + "\"");
-      h = hyper_from(resumed.at("options"));
-      done = resumed.at("step").get<std::int64_t>();
-      for (const auto& r : resumed.at("history").at("train")) history.train.push_back(r.get<std::array<double, 4>>());
-      for (const auto& r : resumed.at("history").at("val")) history.val.push_back(r.get<std::array<double, 2>>());
-    } catch (const std::exception& e) {
-      throw IoError((model_dir / "trainer_state.json").string() + ": not a qkv train state: " + e.what());
-    }
+    const fs::path state_path = model_dir / "trainer_state.json";
+    const std::vector<std::byte> text =
+        InputFile::open(state_path).read_all(std::uint64_t{1} << 30, "trainer_state.json");
+    resumed = parse_trainer_state(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                                  state_path.string());
+    h = resumed->options;
+    done = resumed->step;
+    history = resumed->history;
   } else {
     model_dir = f.model.empty() ? fs::path(f.config).parent_path() : fs::path(f.model);
   }
   apply(h, f, !f.resume.empty());
-  const std::int64_t steps = f.steps.value_or(resumed.is_null() ? 100 : resumed.at("steps").get<std::int64_t>());
+  const std::int64_t steps = f.steps.value_or(resumed ? resumed->steps : 100);
   if (steps <= done)
     throw UsageError("--steps " + std::to_string(steps) + ": the run being resumed has taken " + std::to_string(done) +
                      " steps already");
@@ -433,14 +506,9 @@ int train(const Train& f) {
     for (const std::size_t i : declare_outputs(check_outputs)) (void)check_outputs.staging_path(i);
   }
   const Corpus corpus = read_corpus(f.data, h.seq, h.val_fraction);
-  if (!resumed.is_null()) {
-    const json& d = resumed.at("data");
-    if (d.at("bytes").get<std::uint64_t>() != corpus.bytes.size() ||
-        d.at("fnv1a64").get<std::string>() != hex(corpus.hash))
-      throw IoError("--data " + f.data + ": not the text the run being resumed trained on (" +
-                    std::to_string(d.at("bytes").get<std::uint64_t>()) + " bytes, FNV-1a " +
-                    d.at("fnv1a64").get<std::string>() + ")");
-  }
+  if (resumed && (resumed->data_bytes != corpus.bytes.size() || resumed->data_fnv1a64 != hex(corpus.hash)))
+    throw IoError("--data " + f.data + ": not the text the run being resumed trained on (" +
+                  std::to_string(resumed->data_bytes) + " bytes, FNV-1a " + resumed->data_fnv1a64 + ")");
 
   // Weights and optimizer state.
   const TrainSpec spec = spec_of(h);
@@ -463,7 +531,7 @@ int train(const Train& f) {
     std::vector<WeightShape> state;
     for (const auto& s : tg.step.state)
       for (const WeightShape& ws : shapes) state.push_back({s + "." + ws.name, ws.shape});
-    if (!resumed.is_null()) {
+    if (resumed) {
       load_tensors(feeds, model_dir / "optimizer.safetensors", state, "");
     } else {
       for (const WeightShape& ws : state) feeds[ws.name] = NdArray::zeros(DType::f32, ws.shape);
@@ -476,10 +544,9 @@ int train(const Train& f) {
   std::uint64_t params = 0;
   for (const auto& p : tg.step.params) params += static_cast<std::uint64_t>(feeds.at(p).as<float>().size());
   // How often to validate, and on how much: kept by a resumed run unless given again.
-  const std::int64_t eval_every = f.eval_every.value_or(
-      resumed.is_null() ? std::max<std::int64_t>(1, steps / 10) : resumed.at("eval_every").get<std::int64_t>());
-  const std::int64_t eval_batches =
-      f.eval_batches.value_or(resumed.is_null() ? 4 : resumed.at("eval_batches").get<std::int64_t>());
+  const std::int64_t eval_every =
+      f.eval_every.value_or(resumed ? resumed->eval_every : std::max<std::int64_t>(1, steps / 10));
+  const std::int64_t eval_batches = f.eval_batches.value_or(resumed ? resumed->eval_batches : 4);
   const std::int64_t save_every = f.save_every.value_or(0);
   const std::int64_t log_every = f.log_every.value_or(std::max<std::int64_t>(1, steps / 50));
   const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch);
