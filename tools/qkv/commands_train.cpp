@@ -70,10 +70,10 @@ Corpus read_corpus(const std::string& path, std::int64_t seq, double val_fractio
   const InputFile file = InputFile::open(path);  // a regular file: a FIFO, directory or device is refused
   require_memory(file.size(), "reading --data");
   const std::vector<std::byte> raw = file.read_all(file.size(), "--data");
+  if (raw.empty()) throw IoError("--data " + path + ": the file is empty; qkv train needs text to learn from");
   Corpus c;
   c.bytes.resize(raw.size());
   std::memcpy(c.bytes.data(), raw.data(), raw.size());
-  if (c.bytes.empty()) throw IoError("--data " + path + ": the file is empty; qkv train needs text to learn from");
   if (const auto nul = std::find(c.bytes.begin(), c.bytes.end(), std::uint8_t{0}); nul != c.bytes.end())
     throw IoError("--data " + path + ": a NUL byte at offset " + std::to_string(nul - c.bytes.begin()) +
                   ": this is a binary file, not text");
