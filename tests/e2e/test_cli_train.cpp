@@ -7,9 +7,8 @@
 // compile, so these runs take milliseconds per step.
 #include "cli_test.hpp"
 
+#include <sys/inotify.h>
 #include <sys/stat.h>
-
-#include <thread>
 
 using ::testing::HasSubstr;
 
@@ -136,9 +135,27 @@ TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
 TEST_F(Train, CtrlCSavesACheckpointAndStops) {
   const Process p = start({"train", "--config", tmp("tiny/config.json"), "--data", tmp("corpus.txt"), "--backend",
                            "reference", "--steps", "1000000", "--batch", "1", "--seq", "8", "--out", tmp("run")});
-  // Wait for the first progress line, then interrupt.
-  for (int i = 0; i < 600 && slurp(p.err).find("step ") == std::string::npos; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Wait for the first progress line (told by the kernel when qkv writes its stderr, inotify, or
+  // when it ends, its pidfd: no polling on a clock), then interrupt.
+  const int written = ::inotify_init1(IN_CLOEXEC);
+  ASSERT_GE(written, 0);
+  ASSERT_GE(::inotify_add_watch(written, dir_.c_str(), IN_CREATE | IN_MODIFY), 0);  // its stderr file is in dir_
+  const int ended = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+  ASSERT_GE(ended, 0);
+  bool stepped = slurp(p.err).find("step ") != std::string::npos, exited = false;
+  while (!stepped && !exited) {
+    pollfd fds[2] = {{written, POLLIN, 0}, {ended, POLLIN, 0}};
+    if (::poll(fds, 2, 120'000) <= 0) break;  // a deadline against a hang, not a pace
+    exited = (fds[1].revents & POLLIN) != 0;
+    if (fds[0].revents & POLLIN) {
+      alignas(inotify_event) char events[4096];
+      (void)!::read(written, events, sizeof events);
+      stepped = slurp(p.err).find("step ") != std::string::npos;
+    }
+  }
+  ::close(written);
+  ::close(ended);
+  ASSERT_TRUE(stepped) << "qkv train ended before its first step";
   ::kill(p.pid, SIGINT);
   const Result r = wait(p);
   EXPECT_EQ(r.code, 130) << r.err;

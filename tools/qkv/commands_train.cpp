@@ -89,8 +89,9 @@ Corpus read_corpus(const std::string& path, std::int64_t seq, double val_fractio
   return c;
 }
 
-/// tokens, positions, targets [B, L] for windows starting at `starts`.
-Feeds window_feeds(const Corpus& c, const std::vector<std::size_t>& starts, std::int64_t seq) {
+/// tokens, positions, targets [B, L] for windows starting at `starts`, set in `feeds` (beside the
+/// weights, which every run then reads where they are).
+void set_windows(Feeds& feeds, const Corpus& c, const std::vector<std::size_t>& starts, std::int64_t seq) {
   const auto B = static_cast<std::int64_t>(starts.size());
   NdArray tokens = NdArray::zeros(DType::i64, {B, seq}), positions = tokens, targets = tokens;
   auto t = tokens.as<std::int64_t>(), p = positions.as<std::int64_t>(), y = targets.as<std::int64_t>();
@@ -102,7 +103,9 @@ Feeds window_feeds(const Corpus& c, const std::vector<std::size_t>& starts, std:
       y[k] = c.bytes[at + 1];
       p[k] = i;
     }
-  return {{"tokens", std::move(tokens)}, {"positions", std::move(positions)}, {"targets", std::move(targets)}};
+  feeds["tokens"] = std::move(tokens);
+  feeds["positions"] = std::move(positions);
+  feeds["targets"] = std::move(targets);
 }
 
 /// The windows of training step `step` (1-based): row b starts at a Philox draw of (seed; step, b),
@@ -191,21 +194,6 @@ void apply(Hyper& h, const Train& f, bool resumed) {
   set("--seed", h.seed, f.seed);
 }
 
-std::string json_text_excerpt(const json& v) {
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return v.dump();
-}
-
-/// j[key]: a string of at most 64 characters.
-std::string name_at_any(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_string() || it->get_ref<const std::string&>().size() > 64)
-    throw IoError(std::string("`") + key + "` is missing or not a short string");
-  return it->get<std::string>();
-}
-
 /// j[key], checked: present, of the type, in [lo, hi] (IoError naming the key otherwise).
 template <class T>
 T value_at(const json& j, const char* key, T lo, T hi) {
@@ -214,16 +202,18 @@ T value_at(const json& j, const char* key, T lo, T hi) {
   const bool typed = std::is_floating_point_v<T> ? it->is_number()
                      : std::is_unsigned_v<T>     ? it->is_number_unsigned()
                                                  : it->is_number_integer();
-  if (!typed) throw IoError(std::string("`") + key + "` is " + json_text_excerpt(*it) + ", not a number of its kind");
+  if (!typed) throw IoError(std::string("`") + key + "` is a " + it->type_name() + ", not a number of its kind");
   const T v = it->get<T>();
   if (!(v >= lo && v <= hi)) throw IoError(std::string("`") + key + "` is out of range: " + it->dump());
   return v;
 }
 
-std::string name_at(const json& j, const char* key, std::initializer_list<const char*> allowed) {
+/// j[key]: a string, one of `allowed` (none given: any of at most 64 characters).
+std::string name_at(const json& j, const char* key, std::initializer_list<const char*> allowed = {}) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) throw IoError(std::string("`") + key + "` is missing or not a string");
   const std::string v = it->get<std::string>();
+  if (allowed.size() == 0 && v.size() <= 64) return v;
   for (const char* a : allowed)
     if (v == a) return v;
   throw IoError(std::string("`") + key + "` is not one of its names");
@@ -403,7 +393,7 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& what)
     st.eval_batches = value_at<std::int64_t>(j, "eval_batches", 1, std::int64_t{1} << 20);
     if (!j.contains("data") || !j.at("data").is_object()) throw IoError("no `data` object");
     st.data_bytes = value_at<std::uint64_t>(j.at("data"), "bytes", 0, std::numeric_limits<std::uint64_t>::max());
-    st.data_fnv1a64 = name_at_any(j.at("data"), "fnv1a64");
+    st.data_fnv1a64 = name_at(j.at("data"), "fnv1a64");
     if (!j.contains("history") || !j.at("history").is_object()) throw IoError("no `history` object");
     const json& hist = j.at("history");
     for (const char* key : {"train", "val"})
@@ -568,9 +558,8 @@ int train(const Train& f) {
           val_starts.begin() + static_cast<std::ptrdiff_t>(at),
           val_starts.begin() +
               static_cast<std::ptrdiff_t>(std::min(val_starts.size(), at + static_cast<std::size_t>(h.batch))));
-      Feeds vf = window_feeds(corpus, rows, h.seq);
-      for (const auto& p : tg.step.params) vf[p] = feeds.at(p);
-      const RunResult r = run_graph(loss_graph, vf, f.backend, f.threads);
+      set_windows(feeds, corpus, rows, h.seq);  // the next step sets its own
+      const RunResult r = run_graph(loss_graph, feeds, f.backend, f.threads);
       sum += static_cast<double>(r.outputs.at("loss").to_f32()[0]) * static_cast<double>(rows.size());
       n += rows.size();
     }
@@ -634,8 +623,7 @@ int train(const Train& f) {
                      std::to_string(done) + " steps already");
   while (step < last_step && !StopOnSignal::requested()) {
     ++step;
-    Feeds batch = window_feeds(corpus, batch_starts(corpus, h.seed, step, h.batch, h.seq), h.seq);
-    for (auto& [k, v] : batch) feeds[k] = std::move(v);
+    set_windows(feeds, corpus, batch_starts(corpus, h.seed, step, h.batch, h.seq), h.seq);
     const double lr = lr_at(h, step, steps);
     feeds["lr"] = NdArray::from_f32({static_cast<float>(lr)}, {});
     feeds["step"] = NdArray::from_f32({static_cast<float>(step)}, {});

@@ -44,6 +44,20 @@ void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm
   }
 }
 
+std::vector<llvm::BasicBlock*> ModuleBuilder::emit_node_region(int id) {
+  auto* start = llvm::BasicBlock::Create(ctx_, "node", fn_);
+  b_.CreateBr(start);
+  b_.SetInsertPoint(start);
+  emit_node(id);
+  auto* next = llvm::BasicBlock::Create(ctx_, "next", fn_);
+  b_.CreateBr(next);
+  b_.SetInsertPoint(next);
+  // The node's blocks: appended to the function after `start`, as the builder creates them.
+  std::vector<llvm::BasicBlock*> region;
+  for (auto it = start->getIterator(); &*it != next; ++it) region.push_back(&*it);
+  return region;
+}
+
 /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel: Bᵀ packed into panels of NR columns
 /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.
 void ModuleBuilder::emit_gemm(int id) {

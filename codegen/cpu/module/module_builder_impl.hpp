@@ -490,21 +490,7 @@ class ModuleBuilder {
   }
 
   /// emit_node(id) in blocks of its own: the region outline_node_regions makes a function of.
-  std::vector<llvm::BasicBlock*> emit_node_region(int id) {
-    std::set<const llvm::BasicBlock*> before;
-    for (const llvm::BasicBlock& bb : *fn_) before.insert(&bb);
-    auto* start = llvm::BasicBlock::Create(ctx_, "node", fn_);
-    b_.CreateBr(start);
-    b_.SetInsertPoint(start);
-    emit_node(id);
-    auto* next = llvm::BasicBlock::Create(ctx_, "next", fn_);
-    b_.CreateBr(next);
-    b_.SetInsertPoint(next);
-    std::vector<llvm::BasicBlock*> region;
-    for (llvm::BasicBlock& bb : *fn_)
-      if (!before.count(&bb) && &bb != next) region.push_back(&bb);
-    return region;
-  }
+  std::vector<llvm::BasicBlock*> emit_node_region(int id);
 
   llvm::Value* block(const ArenaLayout<I>& layout, int k, llvm::Value* arena) {
     const auto slot = static_cast<std::size_t>(plan_.allocs[static_cast<std::size_t>(k)].slot);

@@ -4,14 +4,7 @@
 #   cmake -DQKV=... -DCC=... -DSRC=... -DWORK=... -P run.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
-function(step)
-  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${WORK} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "$ ${ARGN}\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (exit ${rc})")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/step.cmake)
 
 step(${QKV} emit mha --batch 3 --heads 4 --seq 37 --embed-dim 64 --padding --seed 11
      --target cpu --format so --function mha -o ${WORK}/mha.so --example-dir ${WORK}/example)

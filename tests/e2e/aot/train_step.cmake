@@ -6,14 +6,7 @@
 #   cmake -DQKV=... -DCC=... -DSRC=... -DFIXTURES=.../train_fixtures -DWORK=... -P train_step.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
-function(step)
-  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${WORK} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "$ ${ARGN}\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (exit ${rc})")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/step.cmake)
 
 # The fixture `name`, trained at learning rate `lr` by the optimizer the remaining arguments give
 # (make_train_fixtures.py's); every fixture's loss has label smoothing 0.1, its batch 2 x 7 tokens.
