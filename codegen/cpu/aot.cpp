@@ -3,6 +3,7 @@
 #include <qkv/codegen/aot.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -159,23 +160,48 @@ std::string machine_code(llvm::Module& module, llvm::TargetMachine& tm, llvm::Co
   return std::string(buffer.begin(), buffer.end());
 }
 
+/// What a linker says when it ran out of memory: ENOMEM, a thread that could not start (EAGAIN),
+/// an allocation that failed.
+constexpr std::array<const char*, 4> kOutOfMemory{"Cannot allocate memory", "Resource temporarily unavailable",
+                                                  "out of memory", "bad_alloc"};
+
 /// Links `object` into the shared library `path` (DT_SONAME `soname`) with the first linker that
 /// can be started. The library's references to the C library stay undefined, to be bound by the
 /// process that loads it (every C program has libc).
 void link_shared(const std::string& object, const std::string& path, const std::string& soname) {
+  // One object file needs no linker threads, and lld's pool (one per core, 8 MiB of stack each)
+  // is what fails first under the caller's address-space limit, which the linker inherits.
+  const std::vector<std::string> lld_args{"--threads=1", "-shared", "-soname", soname, "-o", path, object};
+  auto lld = [&](const std::string& program) {
+    std::vector<std::string> argv{program};
+    argv.insert(argv.end(), lld_args.begin(), lld_args.end());
+    return argv;
+  };
   std::vector<std::vector<std::string>> candidates;
 #ifdef QKV_LLD
-  candidates.push_back({QKV_LLD, "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back(lld(QKV_LLD));
 #endif
-  candidates.push_back({"ld.lld-19", "-shared", "-soname", soname, "-o", path, object});
-  candidates.push_back({"ld.lld", "-shared", "-soname", soname, "-o", path, object});
+  candidates.push_back(lld("ld.lld-19"));
+  candidates.push_back(lld("ld.lld"));
   candidates.push_back({"cc", "-shared", "-Wl,-soname," + soname, "-o", path, object});
   std::string tried;
   for (const auto& argv : candidates) {
     const process::Result r = process::run(argv, true);
     if (r.status == 0) return;
-    if (r.status > 0) failed("linking " + path + " with " + argv[0] + " failed:\n" + r.output);
-    tried += (tried.empty() ? "" : ", ") + argv[0];
+    const bool started = r.status > 0 || r.error.find("terminated by signal") != std::string::npos;
+    if (!started) {
+      tried += (tried.empty() ? "" : ", ") + argv[0];
+      continue;
+    }
+    // One line: the linker's own lines joined; a linker that ran out of memory (an address-space
+    // limit is inherited) says so in the words of every other out-of-memory error.
+    std::string said = r.output.empty() ? r.error : r.output;
+    while (!said.empty() && std::isspace(static_cast<unsigned char>(said.back()))) said.pop_back();
+    std::replace(said.begin(), said.end(), '\n', ';');
+    const bool oom = std::any_of(kOutOfMemory.begin(), kOutOfMemory.end(),
+                                 [&](const char* sign) { return said.find(sign) != std::string::npos; });
+    failed((oom ? "out of memory while linking " : "linking ") + path + " with " + argv[0] +
+           (oom ? " (" + said + ")" : " failed: " + said));
   }
   failed("no linker found to make " + path + " (tried " + tried + "); install lld-19 or a C compiler");
 }

@@ -151,6 +151,16 @@ TEST_F(Cli, AnAddressSpaceSweepNeverEndsInASignal) {
     const std::uint64_t mid = (lo + hi) / 2;
     (loads(mid) ? hi : lo) = mid;
   }
+  // Around the threshold libLLVM's static constructors run out before main: one line, not SIGABRT.
+  for (std::uint64_t mib = lo; mib < hi + 8; ++mib) {
+    Limits l;
+    l.address_space = mib << 20;
+    const Result r = run_argv({"--version"}, l);
+    const std::string what = "--version under " + std::to_string(mib) + " MiB";
+    if (r.code == 0 || r.code == 127) continue;
+    expect_one_line_exit_one(r, what);
+    EXPECT_THAT(r.err, HasSubstr("out of memory while starting")) << what;
+  }
   const std::vector<std::vector<std::string>> commands{
       {"emit", "mha", "--batch", "1", "--heads", "4", "--seq", "64", "--embed-dim", "64", "-o", tmp("m.so")},
       {"bench", "sdpa", "--batch", "2", "--heads", "8", "--seq", "512", "--head-dim", "64", "--threads", "8",

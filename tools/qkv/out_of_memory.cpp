@@ -94,11 +94,13 @@ void on_ending_signal(int signal) {
 void install_allocation_handlers() noexcept {
   std::set_new_handler(on_new_failure);
   std::set_terminate(on_terminate);
+  // LLVM's handler lives in a plain pointer behind a constant-initialised std::mutex, so it can be
+  // set before libLLVM's own static constructors run — and those allocate (cl::opt's registry):
+  // under a tight `ulimit -v` they were a SIGABRT before main.
+  llvm::install_bad_alloc_error_handler(on_llvm_bad_alloc, nullptr);
 }
 
 void install_out_of_memory_handlers() {
-  install_allocation_handlers();
-  llvm::install_bad_alloc_error_handler(on_llvm_bad_alloc, nullptr);
   llvm::install_fatal_error_handler(on_llvm_fatal_error, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
   for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {

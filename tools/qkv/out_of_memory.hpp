@@ -16,14 +16,15 @@
 
 namespace qkv::cli {
 
-/// Installs the handlers of operator new and std::terminate: safe before any static constructor
-/// has run (main.cpp calls it from .preinit_array, since LLVM's static constructors allocate).
+/// Installs the handlers of operator new, std::terminate and LLVM's bad-alloc error: safe before
+/// any static constructor has run, and called once, from .preinit_array (main.cpp), because
+/// libLLVM's static constructors allocate.
 void install_allocation_handlers() noexcept;
 
-/// install_allocation_handlers, LLVM's bad-alloc and fatal-error handlers, SIGXFSZ ignored, so
-/// that a file-size limit is a write error naming the file instead of a signal, and SIGINT,
-/// SIGTERM, SIGHUP and SIGQUIT handled: the staged outputs are removed, then the signal ends the
-/// process (not while a group renames its outputs into place: the signal waits for that).
+/// The rest, from main: LLVM's fatal-error handler, SIGXFSZ ignored, so that a file-size limit is
+/// a write error naming the file instead of a signal, and SIGINT, SIGTERM, SIGHUP and SIGQUIT
+/// handled: the staged outputs are removed, then the signal ends the process (not while a group
+/// renames its outputs into place: the signal waits for that).
 void install_out_of_memory_handlers();
 
 /// What the process is doing, for the out-of-memory line ("reading the inputs"); the previous
