@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include <llvm/ExecutionEngine/ObjectCache.h>
+#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
@@ -22,12 +24,30 @@
 #include <llvm/TargetParser/Host.h>
 #include <llvm/TargetParser/Triple.h>
 
+#include "llvm/code_cache.hpp"
 #include "llvm/optimize.hpp"
 
 namespace qkv::codegen {
 
+/// Hands each object LLJIT compiles from a module named by disk_cache::module_name to the disk
+/// cache. Lookups do not come through here: Jit::add checks the cache before the -O3 pipeline.
+class DiskObjectCache final : public llvm::ObjectCache {
+ public:
+  explicit DiskObjectCache(CodeCacheSettings settings) : settings_(std::move(settings)) {}
+  void notifyObjectCompiled(const llvm::Module* module, llvm::MemoryBufferRef object) override {
+    if (const auto key = disk_cache::key_of_module_name(module->getModuleIdentifier()))
+      disk_cache::store(settings_, *key, object.getBuffer());
+  }
+  std::unique_ptr<llvm::MemoryBuffer> getObject(const llvm::Module*) override { return nullptr; }
+  [[nodiscard]] const CodeCacheSettings& settings() const { return settings_; }
+
+ private:
+  CodeCacheSettings settings_;
+};
+
 struct Jit::Impl {
   HostTarget host;
+  std::unique_ptr<DiskObjectCache> cache;  // code_cache() when the JIT was made; must outlive jit
   std::string key;
   std::string refused;  // inspect mode, a target this CPU cannot run: why lookups hand out nothing
   bool inspect = false;
@@ -42,7 +62,7 @@ struct Jit::Impl {
 
 namespace {
 
-std::atomic<std::int64_t> g_modules{0}, g_compile_ns{0};
+std::atomic<std::int64_t> g_modules{0}, g_compile_ns{0}, g_loaded{0};
 
 /// Adds the time from its construction to its destruction to the process's compile time.
 struct CompileTimer {
@@ -72,7 +92,7 @@ llvm::orc::JITTargetMachineBuilder host_machine_builder(const HostTarget& host) 
 }
 }  // namespace
 
-JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6}; }
+JitStats jit_stats() { return {g_modules.load(), static_cast<double>(g_compile_ns.load()) / 1e6, g_loaded.load()}; }
 
 /// The host, read once per process (every JIT and every check compares against it).
 const HostTarget& this_host() {
@@ -133,7 +153,16 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
   }
   impl->machine = std::move(*machine);
 
-  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_machine_builder(impl->host)).create();
+  llvm::orc::LLJITBuilder builder;
+  builder.setJITTargetMachineBuilder(host_machine_builder(impl->host));
+  if (const auto settings = code_cache(); settings && !options.inspect) {
+    impl->cache = std::make_unique<DiskObjectCache>(*settings);
+    builder.setCompileFunctionCreator([cache = impl->cache.get()](llvm::orc::JITTargetMachineBuilder jtmb)
+                                          -> llvm::Expected<std::unique_ptr<llvm::orc::IRCompileLayer::IRCompiler>> {
+      return std::make_unique<llvm::orc::ConcurrentIRCompiler>(std::move(jtmb), cache);
+    });
+  }
+  auto jit = builder.create();
   if (!jit) {
     fail(error, "jit: cannot create LLJIT: " + consume(jit.takeError()));
     return nullptr;
@@ -166,10 +195,23 @@ bool Jit::optimize(llvm::Module& module, std::string* error) {
 bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMContext> context, std::string* error) {
   if (!module || !context) return fail(error, "jit: add() needs a module and its context");
   // From here the module and its context travel together (the module must die first).
-  llvm::orc::ThreadSafeModule tsm(std::move(module), std::move(context));
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const CompileTimer timer;
   ++g_modules;
+  if (impl_->cache) {
+    if (const auto key = disk_cache::key_of(*module, impl_->key)) {
+      if (auto object = disk_cache::load(impl_->cache->settings(), *key)) {
+        if (auto e = impl_->jit->addObjectFile(std::move(object)))
+          return fail(error, "jit: cannot add a cached object: " + consume(std::move(e)));
+        ++g_loaded;
+        module.reset();  // dropped unoptimised: the module first, then the context it lives in
+        context.reset();
+        return true;
+      }
+      module->setModuleIdentifier(disk_cache::module_name(*key));  // DiskObjectCache stores its object
+    }
+  }
+  llvm::orc::ThreadSafeModule tsm(std::move(module), std::move(context));
   const bool ok = tsm.withModuleDo([&](llvm::Module& m) { return impl_->run_pipeline(m, error); });
   if (!ok) return false;
   if (auto e = impl_->jit->addIRModule(std::move(tsm)))

@@ -90,8 +90,17 @@ class Cli : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    // Each test its own code cache (beside dir_, whose listing tests check): runs within a test
+    // load what the first compiled, and no test sees another's objects or the user's.
+    cache_ = dir_.string() + ".cache";
+    fs::remove_all(cache_);
+    ::setenv("XDG_CACHE_HOME", cache_.c_str(), 1);
+    ::unsetenv("QKV_CACHE_DIR");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    fs::remove_all(cache_);
+  }
 
   static std::string cli() {
     const char* env = std::getenv("QKV_CLI");
@@ -233,6 +242,7 @@ class Cli : public ::testing::Test {
   }
 
   fs::path dir_;
+  fs::path cache_;  // XDG_CACHE_HOME of the qkv processes the test starts
 };
 
 /// The flags `qkv run mha` needs for a PyTorch fixture.

@@ -7,6 +7,7 @@
 #include "cli_test.hpp"
 
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -120,6 +121,75 @@ TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
       EXPECT_LE(err, c.at("tol_logits").get<double>()) << name << " on " << backend;
     }
   }
+}
+
+// The code cache across processes: the second generate loads every module the first compiled;
+// processes started together on an empty cache all succeed and leave whole entries only;
+// --no-cache neither reads nor writes it.
+TEST_F(Cli, GenerateLoadsItsCompiledCodeFromTheCacheInTheNextProcess) {
+  const fs::path dir = kLlamaFixtures / "llama";
+  const auto c = case_of("llama");
+  const NdArray tokens = read_npy((dir / "tokens.npy").string());
+  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
+  write_prompt(tokens, P, tmp("prompt.npy"));
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"generate",     "--model",         dir.string(), "--prompt-ids", tmp("prompt.npy"),
+                                    "--new-tokens", std::to_string(N), "--out",      tmp(out)};
+  };
+  const fs::path cache = cache_ / "qkv";
+  auto entries = [&] {
+    std::vector<std::string> names;
+    if (fs::exists(cache))
+      for (const auto& e : fs::directory_iterator(cache)) names.push_back(e.path().filename().string());
+    return names;
+  };
+  // "(M module(s), K loaded from the code cache)" → {M, K}
+  auto modules = [](const std::string& err) {
+    long long m = -1, k = -1;
+    const auto at = err.find("compiling ");
+    if (at != std::string::npos) {
+      const auto open = err.find('(', at);
+      if (open != std::string::npos)
+        std::sscanf(err.c_str() + open, "(%lld module(s), %lld loaded from the code cache)", &m, &k);
+    }
+    return std::pair{m, k};
+  };
+
+  // Started together on an empty cache.
+  std::vector<Process> ps;
+  for (int i = 0; i < 2; ++i) ps.push_back(start(args("ids" + std::to_string(i) + ".npy")));
+  for (int i = 0; i < 2; ++i) {
+    const Result r = wait(ps[static_cast<std::size_t>(i)]);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(read_npy(tmp("ids" + std::to_string(i) + ".npy")), tokens);
+  }
+  const auto stored = entries();
+  ASSERT_FALSE(stored.empty());
+  for (const auto& name : stored) EXPECT_TRUE(name.ends_with(".o") && !name.starts_with(".")) << name;
+
+  const Result warm = run_argv(args("warm.npy"));
+  ASSERT_EQ(warm.code, 0) << warm.err;
+  const auto [m, k] = modules(warm.err);
+  EXPECT_GT(m, 0) << warm.err;
+  EXPECT_EQ(k, m) << "every module loaded: " << warm.err;
+  EXPECT_EQ(read_npy(tmp("warm.npy")), tokens);
+  EXPECT_EQ(entries().size(), stored.size());
+
+  // A damaged entry is compiled again, never loaded.
+  for (const auto& name : stored) fs::resize_file(cache / name, fs::file_size(cache / name) / 2);
+  const Result healed = run_argv(args("healed.npy"));
+  ASSERT_EQ(healed.code, 0) << healed.err;
+  EXPECT_EQ(modules(healed.err).second, 0) << healed.err;
+  EXPECT_EQ(read_npy(tmp("healed.npy")), tokens);
+
+  fs::remove_all(cache);
+  auto cold = args("cold.npy");
+  cold.push_back("--no-cache");
+  const Result r = run_argv(cold);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(modules(r.err).second, 0) << r.err;
+  EXPECT_FALSE(fs::exists(cache));
+  EXPECT_EQ(read_npy(tmp("cold.npy")), tokens);
 }
 
 TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <qkv/codegen/code_cache.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/target.hpp>
 #include <qkv/ir/extent.hpp>
@@ -109,6 +110,7 @@ struct CausalFlag {
 struct BackendFlag {
   std::string value = "cpu";
   std::string cpu, features;
+  bool no_cache = false;
   CLI::Option *cpu_opt = nullptr, *features_opt = nullptr;
   void add(CLI::App* app, const std::string& help = "cpu (compiled kernels) | reference (the interpreter) | cuda") {
     app->add_option("--backend", value, help)
@@ -118,8 +120,12 @@ struct BackendFlag {
                               "cpu backend: compile for this CPU (native | x86-64-v2 | x86-64-v3 | x86-64-v4 | an LLVM "
                               "CPU name; default native), refused if this CPU cannot run its code");
     features_opt = app->add_option("--features", features, "cpu backend: features added or removed, e.g. -avx512f");
+    app->add_flag("--no-cache", no_cache,
+                  "cpu backend: compile every module afresh, without the code cache ($QKV_CACHE_DIR, else "
+                  "$XDG_CACHE_HOME/qkv or ~/.cache/qkv; bounded by $QKV_CACHE_MAX_MB, default 1024)");
   }
   [[nodiscard]] Backend get() const {
+    codegen::set_code_cache(no_cache ? std::nullopt : codegen::default_code_cache());
     const Backend b = parse_backend(value);
     if (cpu_opt->count() + features_opt->count() == 0) return b;
     if (b != Backend::cpu) throw UsageError("--cpu and --features go with --backend cpu");

@@ -263,6 +263,7 @@ struct Generation {
   /// compile time within the timed prefill
   double compile_ms = 0;
   long long compiled_after_prefill = 0, compiled_after_first_step = 0;
+  long long modules = 0, loaded_from_cache = 0;  // the JIT's modules in all, and of them loaded from the code cache
   double rss_after_first_step_mib = 0, rss_end_mib = 0;
 };
 
@@ -330,7 +331,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     for (std::int64_t t = 0; t < P; ++t)
       r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)] =
           static_cast<std::int64_t>(p[static_cast<std::size_t>(b * P + t)]);
-  const double compiled_before = codegen::jit_stats().compile_ms;
+  const codegen::JitStats jit_before = codegen::jit_stats();
+  const double compiled_before = jit_before.compile_ms;
   auto t0 = std::chrono::steady_clock::now();
   if (warm) {
     (void)session.prefill(prompt);
@@ -370,6 +372,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   r.compiled_after_prefill = static_cast<long long>(codegen::jit_stats().modules - modules_after_prefill);
   r.compiled_after_first_step = static_cast<long long>(codegen::jit_stats().modules - modules_after_first_step);
   r.rss_end_mib = peak_rss_mib();
+  r.modules = static_cast<long long>(codegen::jit_stats().modules - jit_before.modules);
+  r.loaded_from_cache = static_cast<long long>(codegen::jit_stats().loaded_from_cache - jit_before.loaded_from_cache);
   return r;
 }
 
@@ -436,10 +440,12 @@ int generate(const Generate& o) {
   const Generation r = run_generation(o, ck, /*warm=*/false, tokenizer ? &*tokenizer : nullptr);
   std::fprintf(stderr,
                "qkv: prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld steps in %.1f ms (%.1f tokens/s); "
-               "%lld module(s) compiled after the prefill\n",
+               "compiling %.1f ms of the prefill (%lld module(s), %lld loaded from the code cache); %lld module(s) "
+               "compiled after the prefill\n",
                static_cast<long long>(r.batch * r.prompt), r.prefill_ms,
                per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms), static_cast<long long>(r.steps),
-               r.decode_ms, per_second(static_cast<double>(r.batch * r.steps), r.decode_ms), r.compiled_after_prefill);
+               r.decode_ms, per_second(static_cast<double>(r.batch * r.steps), r.decode_ms), r.compile_ms, r.modules,
+               r.loaded_from_cache, r.compiled_after_prefill);
 
   const Activity writing("writing the outputs");
   stage_npy(outputs, ids_file, r.ids);
@@ -476,13 +482,14 @@ int bench_generate(const Generate& o, bool json) {
         "\"prefill_ms\": %.6g, "
         "\"prefill_tokens_per_s\": %.6g, \"decode_ms\": %.6g, \"decode_tokens_per_s\": %.6g, "
         "\"decode_attention_gbps\": %.6g, \"modules_compiled_after_prefill\": %lld, "
-        "\"modules_compiled_after_first_step\": %lld, \"peak_rss_mib\": %.6g, "
+        "\"modules_compiled_after_first_step\": %lld, \"modules_loaded_from_cache\": %lld, \"peak_rss_mib\": %.6g, "
         "\"peak_rss_growth_after_first_step_mib\": %.6g}\n",
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
         static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
         static_cast<long long>(c.vocab_size), static_cast<long long>(r.batch), static_cast<long long>(r.prompt),
         static_cast<long long>(r.steps), r.compile_ms, r.prefill_ms, prefill_tps, r.decode_ms, decode_tps,
-        attention_gbps, r.compiled_after_prefill, r.compiled_after_first_step, r.rss_end_mib, growth);
+        attention_gbps, r.compiled_after_prefill, r.compiled_after_first_step, r.loaded_from_cache, r.rss_end_mib,
+        growth);
   } else {
     std::printf(
         "%s, %lld layers: first prefill (compiles) %.1f ms; prefill %lld tokens in %.1f ms (%.1f tokens/s); decode "

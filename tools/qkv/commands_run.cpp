@@ -164,8 +164,11 @@ RunResult run_model(const Graph& g, const Feeds& feeds, Backend backend, bool st
   if (stats) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const codegen::JitStats after = codegen::jit_stats();
-    std::fprintf(stderr, "qkv: stats: %lld LLVM module(s) compiled in %.1f ms; the run took %.1f ms in all%s\n",
-                 static_cast<long long>(after.modules - before.modules), after.compile_ms - before.compile_ms, ms,
+    std::fprintf(stderr,
+                 "qkv: stats: %lld LLVM module(s) compiled in %.1f ms (%lld loaded from the code cache); the run "
+                 "took %.1f ms in all%s\n",
+                 static_cast<long long>(after.modules - before.modules), after.compile_ms - before.compile_ms,
+                 static_cast<long long>(after.loaded_from_cache - before.loaded_from_cache), ms,
                  backend == Backend::cpu ? ("; kernels tuned as " + host_tuning().name).c_str() : "");
   }
   return r;

@@ -34,10 +34,12 @@ class Module;
 namespace qkv::codegen {
 
 /// What the JIT compiled in this process: LLVM modules added, and the milliseconds spent on them
-/// (the -O3 pipeline and machine code). `qkv run --stats` and `qkv bench --json` report it.
+/// (the -O3 pipeline and machine code, or loading it from the code cache: code_cache.hpp). `qkv run --stats` and `qkv
+/// bench --json` report it.
 struct JitStats {
   std::int64_t modules = 0;
   double compile_ms = 0;
+  std::int64_t loaded_from_cache = 0;  // of `modules`: machine code loaded from the code cache
 };
 JitStats jit_stats();
 

@@ -1,0 +1,224 @@
+// The JIT's code cache on disk (qkv/codegen/code_cache.hpp): a second JIT loads what the first
+// compiled; a truncated or corrupted entry is compiled again and replaced, never loaded;
+// concurrent JITs leave one whole entry; the folder stays under its bound; off means no files.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <qkv/codegen/code_cache.hpp>
+#include <qkv/codegen/jit.hpp>
+
+namespace qkv::codegen {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Fn = std::int64_t(std::int64_t);
+
+/// Compiles `int64 name(int64 x) { return x * k + 7; }` in a JIT of its own and returns f(x), or
+/// -1 if anything failed (the JIT dies with the call: the code is not used after).
+std::int64_t compile_and_call(std::int64_t k, std::int64_t x, const std::string& name = "scaled") {
+  std::string error;
+  auto jit = Jit::create(&error);
+  if (!jit) {
+    ADD_FAILURE() << error;
+    return -1;
+  }
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto mod = std::make_unique<llvm::Module>("m", *ctx);
+  llvm::IRBuilder<> b(*ctx);
+  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getInt64Ty(), {b.getInt64Ty()}, false),
+                                    llvm::GlobalValue::ExternalLinkage, name, *mod);
+  b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", fn));
+  b.CreateRet(b.CreateAdd(b.CreateMul(fn->getArg(0), b.getInt64(k)), b.getInt64(7)));
+  if (!jit->add(std::move(mod), std::move(ctx), &error)) {
+    ADD_FAILURE() << error;
+    return -1;
+  }
+  Fn* f = jit->lookup<Fn>(name, &error);
+  if (!f) {
+    ADD_FAILURE() << error;
+    return -1;
+  }
+  return f(x);
+}
+
+class CodeCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("qkv_code_cache_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    set_code_cache(CodeCacheSettings{dir_});
+  }
+  void TearDown() override {
+    set_code_cache(std::nullopt);
+    fs::remove_all(dir_);
+  }
+  /// The folder's entries (name → size), temporary files included.
+  [[nodiscard]] std::vector<std::pair<std::string, std::uintmax_t>> entries() const {
+    std::vector<std::pair<std::string, std::uintmax_t>> out;
+    if (!fs::exists(dir_)) return out;
+    for (const auto& e : fs::directory_iterator(dir_)) out.emplace_back(e.path().filename().string(), e.file_size());
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CodeCache, ASecondJitLoadsTheObjectTheFirstCompiled) {
+  const CodeCacheStats s0 = code_cache_stats();
+  const JitStats j0 = jit_stats();
+  EXPECT_EQ(compile_and_call(3, 5), 22);
+  const CodeCacheStats s1 = code_cache_stats();
+  EXPECT_EQ(s1.stores - s0.stores, 1);
+  EXPECT_EQ(s1.hits - s0.hits, 0);
+  ASSERT_EQ(entries().size(), 1u);
+  EXPECT_TRUE(entries()[0].first.ends_with(".o"));
+
+  EXPECT_EQ(compile_and_call(3, 6), 25);
+  const CodeCacheStats s2 = code_cache_stats();
+  EXPECT_EQ(s2.hits - s1.hits, 1);
+  EXPECT_EQ(s2.stores - s1.stores, 0);
+  EXPECT_EQ(jit_stats().loaded_from_cache - j0.loaded_from_cache, 1);
+
+  // Another module (another constant, another name) is another entry.
+  EXPECT_EQ(compile_and_call(4, 5), 27);
+  EXPECT_EQ(compile_and_call(3, 5, "other"), 22);
+  EXPECT_EQ(code_cache_stats().hits - s2.hits, 0);
+  EXPECT_EQ(entries().size(), 3u);
+}
+
+TEST_F(CodeCache, ATruncatedOrCorruptedEntryIsCompiledAgainNeverLoaded) {
+  EXPECT_EQ(compile_and_call(9, 2), 25);
+  ASSERT_EQ(entries().size(), 1u);
+  const fs::path entry = dir_ / entries()[0].first;
+  const std::uintmax_t size = entries()[0].second;
+
+  auto damage = [&](const std::string& how) {
+    if (how == "truncated") {
+      fs::resize_file(entry, size / 2);
+    } else if (how == "a byte flipped") {
+      std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(size - 9));
+      const char c = static_cast<char>(f.get());
+      f.seekp(static_cast<std::streamoff>(size - 9));
+      f.put(static_cast<char>(c ^ 0x10));
+    } else if (how == "empty") {
+      fs::resize_file(entry, 0);
+    } else {  // grown: bytes appended
+      std::ofstream(entry, std::ios::app | std::ios::binary) << "trailing";
+    }
+  };
+  for (const std::string how : {"truncated", "a byte flipped", "empty", "grown"}) {
+    damage(how);
+    const CodeCacheStats before = code_cache_stats();
+    EXPECT_EQ(compile_and_call(9, 3), 34) << how;
+    const CodeCacheStats after = code_cache_stats();
+    EXPECT_EQ(after.rejected - before.rejected, 1) << how;
+    EXPECT_EQ(after.hits - before.hits, 0) << how;
+    EXPECT_EQ(after.stores - before.stores, 1) << how;
+    ASSERT_EQ(entries().size(), 1u) << how;
+    EXPECT_EQ(entries()[0].second, size) << how << ": the entry is written whole again";
+    // …and the rewritten entry loads.
+    EXPECT_EQ(compile_and_call(9, 4), 43) << how;
+    EXPECT_EQ(code_cache_stats().hits - after.hits, 1) << how;
+  }
+}
+
+TEST_F(CodeCache, ConcurrentJitsLeaveOneWholeEntry) {
+  std::vector<std::thread> threads;
+  std::vector<std::int64_t> results(4, 0);
+  for (std::size_t t = 0; t < results.size(); ++t)
+    threads.emplace_back([&, t] { results[t] = compile_and_call(11, static_cast<std::int64_t>(t)); });
+  for (auto& t : threads) t.join();
+  for (std::size_t t = 0; t < results.size(); ++t) EXPECT_EQ(results[t], 11 * static_cast<std::int64_t>(t) + 7);
+  const auto e = entries();
+  ASSERT_EQ(e.size(), 1u) << "no temporary file is left behind";
+  const CodeCacheStats before = code_cache_stats();
+  EXPECT_EQ(compile_and_call(11, 10), 117);
+  EXPECT_EQ(code_cache_stats().hits - before.hits, 1);
+}
+
+TEST_F(CodeCache, TheFolderStaysUnderItsBoundLeastRecentlyUsedFirst) {
+  EXPECT_EQ(compile_and_call(1, 1), 8);
+  ASSERT_EQ(entries().size(), 1u);
+  const std::uintmax_t one = entries()[0].second;
+  set_code_cache(CodeCacheSettings{dir_, one * 5 / 2});  // room for two entries
+  const CodeCacheStats before = code_cache_stats();
+  EXPECT_EQ(compile_and_call(2, 1), 9);
+  // The first entry is used again: the second becomes the least recently used.
+  EXPECT_EQ(compile_and_call(1, 2), 9);
+  EXPECT_EQ(compile_and_call(3, 1), 10);
+  std::uintmax_t total = 0;
+  for (const auto& [name, size] : entries()) total += size;
+  EXPECT_LE(total, one * 5 / 2);
+  EXPECT_EQ(entries().size(), 2u);
+  EXPECT_EQ(code_cache_stats().evicted - before.evicted, 1);
+  const CodeCacheStats mid = code_cache_stats();
+  EXPECT_EQ(compile_and_call(1, 3), 10);  // kept: it was used after the one evicted
+  EXPECT_EQ(compile_and_call(3, 2), 13);  // kept: the newest
+  EXPECT_EQ(code_cache_stats().hits - mid.hits, 2);
+}
+
+TEST_F(CodeCache, OffWritesNothing) {
+  set_code_cache(std::nullopt);
+  const CodeCacheStats before = code_cache_stats();
+  EXPECT_EQ(compile_and_call(5, 5), 32);
+  EXPECT_EQ(compile_and_call(5, 5), 32);
+  EXPECT_FALSE(fs::exists(dir_));
+  EXPECT_EQ(code_cache_stats().stores, before.stores);
+  EXPECT_EQ(code_cache_stats().hits, before.hits);
+}
+
+TEST_F(CodeCache, TheDefaultFolderFollowsTheEnvironment) {
+  struct Saved {
+    const char* name;
+    std::optional<std::string> value;
+  };
+  std::vector<Saved> saved;
+  for (const char* n : {"QKV_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "QKV_CACHE_MAX_MB"}) {
+    const char* v = std::getenv(n);
+    saved.push_back({n, v ? std::optional<std::string>(v) : std::nullopt});
+  }
+  ::setenv("HOME", "/home/u", 1);
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("QKV_CACHE_DIR");
+  ::unsetenv("QKV_CACHE_MAX_MB");
+  EXPECT_EQ(default_code_cache()->dir, fs::path("/home/u/.cache/qkv"));
+  EXPECT_EQ(default_code_cache()->max_bytes, std::uint64_t{1} << 30);
+  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(default_code_cache()->dir, fs::path("/xdg/qkv"));
+  ::setenv("QKV_CACHE_DIR", "/mine", 1);
+  ::setenv("QKV_CACHE_MAX_MB", "64", 1);
+  EXPECT_EQ(default_code_cache()->dir, fs::path("/mine"));
+  EXPECT_EQ(default_code_cache()->max_bytes, std::uint64_t{64} << 20);
+  ::setenv("QKV_CACHE_MAX_MB", "lots", 1);
+  EXPECT_EQ(default_code_cache()->max_bytes, std::uint64_t{1} << 30);
+  ::unsetenv("QKV_CACHE_DIR");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("HOME");
+  EXPECT_FALSE(default_code_cache().has_value());
+  for (const Saved& s : saved) {
+    if (s.value)
+      ::setenv(s.name, s.value->c_str(), 1);
+    else
+      ::unsetenv(s.name);
+  }
+}
+
+}  // namespace
+}  // namespace qkv::codegen
