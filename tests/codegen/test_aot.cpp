@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include <dlfcn.h>
@@ -354,6 +355,40 @@ TEST(Aot, DynamicSizesAreArgumentsOfOneFunction) {
   EXPECT_THAT(h, HasSubstr("x: input f32 [Batch=Batch?, Seq=Seq?, Model=32]"));
   opt.dynamic = {"Model"};
   EXPECT_THROW(codegen::aot_header(g, {{"Batch", 1}, {"Seq", 2}, {"Key", 2}}, opt), std::invalid_argument);  // static
+}
+
+TEST(Aot, AnLmHeadOfALlamaWithHidden1024IsNotRefusedAsOverflowing) {
+  // The size check counted a linear layer's weight [out, in] as two more axes beside x's and the
+  // output's: for a Llama's LM head, Seq × Model × Vocab × out × in = 16 × 1024² × 32000² × 8
+  // bytes > 2^56, and every decoder with hidden size 1024 and a 32000-token vocabulary was
+  // refused (code 2) by run causal-lm and generate. Its loops are Seq × Model × Vocab.
+  Graph g;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<dyn>>>(g, "x");
+  output(linear(x, linear_params<Model<dyn>, Vocab<dyn>>(g, "lm_head", /*bias=*/false)), "y");
+  codegen::AotOptions opt;
+  opt.function = "head";
+  opt.dynamic = {"Seq", "Model", "Vocab"};
+  auto model = codegen::AotModel::compile(g, {}, opt);
+  const auto& sig = model->signature();
+  std::map<std::string, std::int64_t> at{{"Seq", 16}, {"Model", 1024}, {"Vocab", 32000}};
+  std::vector<std::int64_t> sizes;
+  for (const auto& s : sig.sizes) sizes.push_back(at.at(s.symbol));
+  const std::size_t L = 16, D = 1024, V = 32000;
+  std::vector<float> xs(L * D), w(V * D), y(L * V, std::nanf(""));
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.125f;
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i % 11) - 5) * 0.0625f;
+  std::vector<void*> args;
+  for (const auto& a : sig.args) args.push_back(a.output ? y.data() : a.name == "x" ? xs.data() : w.data());
+  ASSERT_EQ(model->run(sizes.data(), args.data()), 0);
+  for (const auto& [t, v] : std::vector<std::pair<std::size_t, std::size_t>>{{0, 0}, {5, 12345}, {15, 31999}}) {
+    double want = 0;  // exact: multiples of 1/128 summed over 1024 terms
+    for (std::size_t k = 0; k < D; ++k) want += static_cast<double>(xs[t * D + k]) * w[v * D + k];
+    EXPECT_NEAR(y[t * V + v], want, 1e-3) << t << ", " << v;
+  }
+  // What does overflow is still refused: Seq × Model × Vocab = 2^60 elements.
+  at = {{"Seq", std::int64_t{1} << 20}, {"Model", std::int64_t{1} << 20}, {"Vocab", std::int64_t{1} << 20}};
+  for (std::size_t k = 0; k < sizes.size(); ++k) sizes[k] = at.at(sig.sizes[k].symbol);
+  EXPECT_EQ(model->run(sizes.data(), args.data()), 2);
 }
 
 TEST(Aot, APreparedHandleBindsTheWeightsOnceThroughTheCInterface) {

@@ -59,9 +59,8 @@ std::int64_t compile_and_call(std::int64_t k, std::int64_t x, const std::string&
 class CodeCache : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("qkv_code_cache_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("qkv_code_cache_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     set_code_cache(CodeCacheSettings{dir_});
   }

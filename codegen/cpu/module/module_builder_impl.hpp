@@ -517,34 +517,64 @@ class ModuleBuilder {
   }
 
   /// Whether the run-time sizes keep every size the code computes inside int64: for each node
-  /// `n` with keep(n), the product of every extent of the node and its inputs (its loop nest's
-  /// iteration space, a fused attention's L × S) times 8 bytes, and the sum over those nodes of
-  /// their own buffers' bytes (the arena is smaller), are at most 2^56 — computed in f64, so sizes
-  /// such as 2^62 or INT64_MAX cannot wrap them. 2^56 bytes (64 PiB) leaves a factor of 128 for
-  /// the blocks derived from them (packed panels' padding, split-KV partial results). (Not the sum
-  /// of the iteration spaces: a 6-layer training step's weight-gradient contractions, each far
-  /// inside int64, added up past 2^56 at batch 8 × 255 tokens.)
+  /// `n` with keep(n), the largest loop nest it can run (iteration_space) times 8 bytes, and the
+  /// sum over those nodes of their own buffers' bytes (the arena is smaller), are at most 2^56 —
+  /// computed in f64, so sizes such as 2^62 or INT64_MAX cannot wrap them. 2^56 bytes (64 PiB)
+  /// leaves a factor of 128 for the blocks derived from them (packed panels' padding, split-KV
+  /// partial results). (Not the sum of the iteration spaces: a 6-layer training step's
+  /// weight-gradient contractions, each far inside int64, added up past 2^56 at batch 8 × 255.)
   ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep) {
     llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
     llvm::Value* buffers = llvm::ConstantFP::get(f64_, 0.0);
     for (const auto& n : g_.nodes()) {
       if (!keep(n)) continue;
-      std::map<std::string, const Extent*> space;
-      llvm::Value* own = llvm::ConstantFP::get(f64_, 8.0);
-      for (const auto& a : n.axes) {
-        space.emplace(a.name, &a.extent);
-        own = b_.CreateFMul(own, fdim(a.extent));
-      }
-      for (int in : n.inputs)
-        for (const auto& a : g_.node(in).axes) space.emplace(a.name, &a.extent);
-      llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
-      for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
-      largest = b_.CreateMaxNum(largest, product);
-      buffers = b_.CreateFAdd(buffers, own);
+      largest = b_.CreateMaxNum(largest, iteration_space(n));
+      buffers = b_.CreateFAdd(buffers, space_of({&n.axes}));
     }
     constexpr double kLimit = 72057594037927936.0;  // 2^56
     llvm::Value* limit = llvm::ConstantFP::get(f64_, kLimit);
     return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(buffers, limit)));
+  }
+
+  /// 8 × the product of the extents of the union, by name, of these axis lists (f64).
+  llvm::Value* space_of(std::initializer_list<const std::vector<Axis>*> lists) {
+    std::map<std::string, const Extent*> space;
+    for (const auto* axes : lists)
+      for (const auto& a : *axes) space.emplace(a.name, &a.extent);
+    llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
+    for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
+    return product;
+  }
+
+  /// An upper bound (× 8 bytes) of the loop nests `n` runs. A reduction iterates its output and
+  /// the axes it sums over: a contraction, logsumexp or argmax the union of its output's and
+  /// inputs' axes by name; a linear layer its output's and x's (the weight's [out, in] are those
+  /// axes under other names: counting them again squared the layer, and refused a hidden size of
+  /// 1024); an attention q ∪ k (the scores) and out ∪ v (the weighted sum; its backward d_out ∪ v,
+  /// for dP). Every other node
+  /// loops over its output or over one input (copies, views, element-wise maps, row-wise norms).
+  llvm::Value* iteration_space(const Node& n) {
+    auto axes_of = [&](std::size_t k) { return &g_.node(n.inputs[k]).axes; };
+    switch (n.op) {
+      case Op::contract:
+      case Op::logsumexp:
+      case Op::argmax: {
+        llvm::Value* most = space_of({&n.axes});
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({&n.axes, axes_of(k)}));
+        return most;
+      }
+      case Op::linear:
+        return space_of({&n.axes, axes_of(0)});
+      case Op::fused_attention:  // (q, k, v, …) -> out
+        return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({&n.axes, axes_of(2)}));
+      case Op::fused_attention_backward:  // (q, k, v, out, d_out, …) -> dQ; dP = d_out · vᵀ
+        return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({axes_of(4), axes_of(2)}));
+      default: {
+        llvm::Value* most = space_of({&n.axes});
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({axes_of(k)}));
+        return most;
+      }
+    }
   }
 
   /// Return 2 unless every run-time size is >= 0, every extent of the graph too, the graph's
