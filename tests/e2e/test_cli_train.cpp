@@ -113,6 +113,60 @@ TEST_F(Train, AResumedRunEqualsAnUninterruptedOneBitForBit) {
     EXPECT_TRUE(slurp(tmp(std::string("a/") + f)) == slurp(tmp(std::string("b/") + f))) << f << " differs";
 }
 
+// --tokenizer: the pieces of a SentencePiece model (the 64-piece fixture of the generate --prompt
+// tests) are the tokens; the checkpoint carries the model, so generate --prompt continues text; a
+// resumed run keeps its own tokenizer, bit for bit as an uninterrupted one.
+TEST_F(Train, ASentencePieceTokenizerTrainsAndTravelsWithTheCheckpoint) {
+  const std::string spm = (fs::path(QKV_FIXTURES_DIR).parent_path() / "tokenizer" / "tokenizer.model").string();
+  nlohmann::json config = kConfig;
+  config["vocab_size"] = 64;
+  fs::create_directories(dir_ / "spm");
+  write_text(dir_ / "spm" / "config.json", config.dump(1));
+  std::string text;
+  for (int i = 0; i < 30; ++i)
+    text += "the cat sat on the mat and the dog sat on the log\nattention is all you need said the paper\n";
+  write_text(dir_ / "spm.txt", text);
+  const std::string base = "train --config " + tmp("spm/config.json") + " --data " + tmp("spm.txt") +
+                           " --backend reference --steps 24 --batch 4 --seq 24 --lr 1e-2 --warmup 3 --eval-every 8 ";
+  const Result r = run(base + "--tokenizer " + spm + " --out " + tmp("a") + " --log-json " + tmp("log.json"));
+  if (r.code != 0 && r.err.find("built without SentencePiece") != std::string::npos)
+    GTEST_SKIP() << "qkv was built without SentencePiece";
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(" tokens ("));  // counted in pieces, not bytes
+  const auto log = json_of(tmp("log.json"));
+  const auto& hist = log.at("history").at("train");
+  const double first = hist[0][1].get<double>(), last = hist[23][1].get<double>();
+  EXPECT_NEAR(first, std::log(64.0), 0.1);
+  EXPECT_LT(last, 0.6 * first) << "the loss did not go down";
+  EXPECT_TRUE(slurp(tmp("a/tokenizer.model")) == slurp(spm));
+  EXPECT_EQ(json_of(tmp("a/trainer_state.json")).at("tokenizer"), "sentencepiece");
+  const Result g = run("generate --model " + tmp("a") + " --prompt 'the cat' --new-tokens 6 --out " + tmp("ids.npy"));
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_THAT(g.out, ::testing::StartsWith("the cat"));
+
+  // Stopped and resumed without --tokenizer: the run's own is used, and the end is the same.
+  ASSERT_EQ(run(base + "--tokenizer " + spm + " --stop-at 10 --out " + tmp("b")).code, 0);
+  const Result resumed =
+      run("train --resume " + tmp("b") + " --data " + tmp("spm.txt") + " --backend reference --out " + tmp("b"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "tokenizer.model"})
+    EXPECT_TRUE(slurp(tmp(std::string("a/") + f)) == slurp(tmp(std::string("b/") + f))) << f << " differs";
+
+  // A byte-level run does not switch tokenizers on resume; a tokenizer larger than the vocabulary
+  // is one line.
+  ASSERT_EQ(train("--backend reference --steps 4 --stop-at 2 --batch 2 --seq 16 --out " + tmp("c")).code, 0);
+  expect_usage_error(
+      run("train --resume " + tmp("c") + " --data " + tmp("corpus.txt") + " --tokenizer " + spm + " --out " + tmp("c")),
+      "--tokenizer: the run being resumed trained on the text's bytes", "--tokenizer on resume");
+  config["vocab_size"] = 32;
+  write_text(dir_ / "spm" / "config.json", config.dump(1));
+  const Result small = run(base + "--tokenizer " + spm + " --out " + tmp("d"));
+  EXPECT_EQ(small.code, 1);
+  EXPECT_THAT(small.err, HasSubstr("the tokenizer has 64 pieces, more than the model's vocabulary of 32"));
+  EXPECT_EQ(std::count(small.err.begin(), small.err.end(), '\n'), 1) << small.err;
+  EXPECT_FALSE(fs::exists(tmp("d")));
+}
+
 TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
   // One layer: each run compiles the step (seconds).
   nlohmann::json one_layer = kConfig;

@@ -510,7 +510,11 @@ struct TrainFlags {
     auto* resume = cmd->add_option("--resume", o.resume, "A qkv train checkpoint folder: continue that run");
     config->excludes(model)->excludes(resume);
     model->excludes(resume);
-    cmd->add_option("--data", o.data, "The text to train on (its bytes are the tokens)")->required();
+    cmd->add_option("--data", o.data, "The text to train on (its bytes are the tokens, unless --tokenizer)")
+        ->required();
+    cmd->add_option("--tokenizer", o.tokenizer,
+                    "A SentencePiece tokenizer.model: the text's tokens are its pieces (BOS first), and every "
+                    "checkpoint carries it (generate --prompt then works); a resumed run keeps its own");
     cmd->add_option("--out,-o", o.out, "Folder for checkpoints (created; may be the --resume folder)")->required();
     cmd->add_option("--steps", o.steps, "Steps in all, counting those of a resumed run (default 100)")
         ->check(integer_in(1, kInt64Max));

@@ -124,6 +124,7 @@ int generate(const Generate& o);
 struct Train {
   std::string config, model, resume;  // config.json (random weights), a checkpoint, or a run to continue
   std::string data, out, log_json, plot;
+  std::string tokenizer;  // a SentencePiece tokenizer.model; empty: byte tokens
   std::optional<std::int64_t> steps, batch, seq, warmup, eval_every, eval_batches, save_every, log_every;
   std::optional<std::int64_t> stop_at;  // stop (and save) after this step; the schedule still spans --steps
   std::optional<std::string> optimizer, schedule;

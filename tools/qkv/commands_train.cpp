@@ -34,6 +34,7 @@
 #include "memory.hpp"
 #include "out_of_memory.hpp"
 #include "run_common.hpp"
+#include "tokenizer.hpp"
 #include "train_state.hpp"
 
 namespace qkv::cli {
@@ -47,16 +48,19 @@ constexpr const char* kFormat = "qkv-train 1";
 
 // --- the corpus ---------------------------------------------------------------------------------
 
-/// The text as byte-level tokens (id = the byte), the last val_fraction of it held out.
+/// The text as tokens — its bytes (id = the byte), or a SentencePiece tokenizer's pieces — the
+/// last val_fraction of them held out.
 struct Corpus {
-  std::vector<std::uint8_t> bytes;
-  std::uint64_t hash = 0;     // FNV-1a 64 of the bytes: a resumed run must see the same text
+  std::vector<std::int64_t> ids;
+  std::uint64_t text_bytes = 0;
+  std::uint64_t hash = 0;     // FNV-1a 64 of the text: a resumed run must see the same text
   std::size_t train_end = 0;  // [0, train_end) trains, [train_end, size) validates
+  const char* unit = "bytes";
 };
 
-std::uint64_t fnv1a(std::span<const std::uint8_t> bytes) {
+std::uint64_t fnv1a(std::span<const std::byte> bytes) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ULL;
+  for (std::byte b : bytes) h = (h ^ static_cast<std::uint8_t>(b)) * 0x100000001b3ULL;
   return h;
 }
 
@@ -66,24 +70,30 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-Corpus read_corpus(const std::string& path, std::int64_t seq, double val_fraction) {
+Corpus read_corpus(const std::string& path, std::int64_t seq, double val_fraction, const Tokenizer* tokenizer) {
   const InputFile file = InputFile::open(path);  // a regular file: a FIFO, directory or device is refused
-  require_memory(file.size(), "reading --data");
+  require_memory(file.size() * (tokenizer ? 2 : 9), "reading --data");
   const std::vector<std::byte> raw = file.read_all(file.size(), "--data");
   if (raw.empty()) throw IoError("--data " + path + ": the file is empty; qkv train needs text to learn from");
-  Corpus c;
-  c.bytes.resize(raw.size());
-  std::memcpy(c.bytes.data(), raw.data(), raw.size());
-  if (const auto nul = std::find(c.bytes.begin(), c.bytes.end(), std::uint8_t{0}); nul != c.bytes.end())
-    throw IoError("--data " + path + ": a NUL byte at offset " + std::to_string(nul - c.bytes.begin()) +
+  if (const auto nul = std::find(raw.begin(), raw.end(), std::byte{0}); nul != raw.end())
+    throw IoError("--data " + path + ": a NUL byte at offset " + std::to_string(nul - raw.begin()) +
                   ": this is a binary file, not text");
-  c.hash = fnv1a(c.bytes);
-  const auto n = static_cast<std::int64_t>(c.bytes.size());
+  Corpus c;
+  c.text_bytes = raw.size();
+  c.hash = fnv1a(raw);
+  if (tokenizer) {
+    c.ids = tokenizer->encode(std::string(reinterpret_cast<const char*>(raw.data()), raw.size()));
+    c.unit = "tokens";
+  } else {
+    c.ids.reserve(raw.size());
+    for (const std::byte b : raw) c.ids.push_back(static_cast<std::uint8_t>(b));
+  }
+  const auto n = static_cast<std::int64_t>(c.ids.size());
   const auto val = static_cast<std::int64_t>(std::floor(static_cast<double>(n) * val_fraction));
   c.train_end = static_cast<std::size_t>(n - val);
-  // A window is seq tokens and, shifted by one, their targets: seq + 1 bytes.
+  // A window is seq tokens and, shifted by one, their targets: seq + 1 tokens.
   if (static_cast<std::int64_t>(c.train_end) < seq + 1)
-    throw IoError("--data " + path + ": " + std::to_string(c.train_end) + " bytes to train on" +
+    throw IoError("--data " + path + ": " + std::to_string(c.train_end) + " " + c.unit + " to train on" +
                   (val ? " (after holding out " + std::to_string(val) + " for validation)" : std::string()) +
                   ", fewer than --seq + 1 = " + std::to_string(seq + 1));
   return c;
@@ -99,8 +109,8 @@ void set_windows(Feeds& feeds, const Corpus& c, const std::vector<std::size_t>& 
     for (std::int64_t i = 0; i < seq; ++i) {
       const auto k = static_cast<std::size_t>(b * seq + i);
       const std::size_t at = starts[static_cast<std::size_t>(b)] + static_cast<std::size_t>(i);
-      t[k] = c.bytes[at];
-      y[k] = c.bytes[at + 1];
+      t[k] = c.ids[at];
+      y[k] = c.ids[at + 1];
       p[k] = i;
     }
   feeds["tokens"] = std::move(tokens);
@@ -128,7 +138,7 @@ std::vector<std::size_t> batch_starts(const Corpus& c, std::uint64_t seed, std::
 std::vector<std::size_t> validation_starts(const Corpus& c, std::int64_t seq, std::int64_t max) {
   std::vector<std::size_t> starts;
   for (std::size_t at = c.train_end;
-       at + static_cast<std::size_t>(seq) < c.bytes.size() && static_cast<std::int64_t>(starts.size()) < max;
+       at + static_cast<std::size_t>(seq) < c.ids.size() && static_cast<std::int64_t>(starts.size()) < max;
        at += static_cast<std::size_t>(seq))
     starts.push_back(at);
   return starts;
@@ -394,6 +404,10 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& what)
     if (!j.contains("data") || !j.at("data").is_object()) throw IoError("no `data` object");
     st.data_bytes = value_at<std::uint64_t>(j.at("data"), "bytes", 0, std::numeric_limits<std::uint64_t>::max());
     st.data_fnv1a64 = name_at(j.at("data"), "fnv1a64");
+    st.tokenizer = name_at(j, "tokenizer");
+    if (st.tokenizer != "bytes" && st.tokenizer != "sentencepiece")
+      throw IoError("`tokenizer` is neither \"bytes\" nor \"sentencepiece\"");
+    if (st.tokenizer == "sentencepiece") st.tokenizer_fnv1a64 = name_at(j, "tokenizer_fnv1a64");
     if (!j.contains("history") || !j.at("history").is_object()) throw IoError("no `history` object");
     const json& hist = j.at("history");
     for (const char* key : {"train", "val"})
@@ -461,7 +475,19 @@ int train(const Train& f) {
   }
   const HfConfig c = parse_hf_config(config_text, config_path.string());
   if (c.bert()) throw UsageError("qkv train trains decoders (llama, qwen2, mistral, gpt2); this config is bert's");
-  if (c.vocab_size < 256)
+  // The tokens: bytes, or a SentencePiece model's pieces — a resumed run's own, kept with it.
+  std::optional<Tokenizer> tokenizer;
+  {
+    fs::path file = f.tokenizer;
+    if (resumed && resumed->tokenizer == "bytes" && !file.empty())
+      throw UsageError("--tokenizer: the run being resumed trained on the text's bytes; it goes on with them");
+    if (resumed && resumed->tokenizer == "sentencepiece" && file.empty()) file = model_dir / "tokenizer.model";
+    if (!file.empty()) tokenizer = Tokenizer::open_file(file, c.vocab_size, "--tokenizer");
+    if (resumed && tokenizer && hex(fnv1a(tokenizer->model_bytes())) != resumed->tokenizer_fnv1a64)
+      throw UsageError("--tokenizer " + file.string() + ": not the tokenizer the run being resumed used (FNV-1a " +
+                       resumed->tokenizer_fnv1a64 + ")");
+  }
+  if (!tokenizer && c.vocab_size < 256)
     throw UsageError(config_path.string() + ": vocab_size " + std::to_string(c.vocab_size) +
                      ": the byte-level tokenizer needs 256 ids (one per byte value)");
   if (h.seq > c.max_position_embeddings)
@@ -483,10 +509,14 @@ int train(const Train& f) {
   // be), not after hours of training.
   auto declare_outputs = [&](OutputGroup& outputs) {
     protect_inputs(outputs, {{f.data, "--data"}});
+    std::error_code ec;  // the tokenizer a resumed run carries is rewritten in place, the same bytes
+    if (!f.tokenizer.empty() && !fs::equivalent(f.tokenizer, out / "tokenizer.model", ec))
+      protect_inputs(outputs, {{f.tokenizer, "--tokenizer"}});
     outputs.add_directory(out, "--out");
     std::vector<std::size_t> files;
     for (const char* name : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"})
       files.push_back(outputs.add_file(out / name, "--out"));
+    if (tokenizer) files.push_back(outputs.add_file(out / "tokenizer.model", "--out"));
     if (!f.log_json.empty()) files.push_back(outputs.add_file(f.log_json, "--log-json"));
     if (!f.plot.empty()) files.push_back(outputs.add_file(f.plot, "--plot"));
     return files;
@@ -495,8 +525,8 @@ int train(const Train& f) {
     OutputGroup check_outputs;  // staging a file tries the folder; the group removes it again
     for (const std::size_t i : declare_outputs(check_outputs)) (void)check_outputs.staging_path(i);
   }
-  const Corpus corpus = read_corpus(f.data, h.seq, h.val_fraction);
-  if (resumed && (resumed->data_bytes != corpus.bytes.size() || resumed->data_fnv1a64 != hex(corpus.hash)))
+  const Corpus corpus = read_corpus(f.data, h.seq, h.val_fraction, tokenizer ? &*tokenizer : nullptr);
+  if (resumed && (resumed->data_bytes != corpus.text_bytes || resumed->data_fnv1a64 != hex(corpus.hash)))
     throw IoError("--data " + f.data + ": not the text the run being resumed trained on (" +
                   std::to_string(resumed->data_bytes) + " bytes, FNV-1a " + resumed->data_fnv1a64 + ")");
 
@@ -541,10 +571,10 @@ int train(const Train& f) {
   const std::int64_t log_every = f.log_every.value_or(std::max<std::int64_t>(1, steps / 50));
   const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch);
   std::fprintf(stderr,
-               "qkv: training a %s model of %.2f M parameters on %zu bytes (%zu held out, %zu validation windows): "
+               "qkv: training a %s model of %.2f M parameters on %zu %s (%zu held out, %zu validation windows): "
                "steps %lld..%lld, batch %lld x %lld tokens, %s, lr %g\n",
-               c.model_type.c_str(), static_cast<double>(params) / 1e6, corpus.bytes.size(),
-               corpus.bytes.size() - corpus.train_end, val_starts.size(), static_cast<long long>(done + 1),
+               c.model_type.c_str(), static_cast<double>(params) / 1e6, corpus.ids.size(), corpus.unit,
+               corpus.ids.size() - corpus.train_end, val_starts.size(), static_cast<long long>(done + 1),
                static_cast<long long>(steps), static_cast<long long>(h.batch), static_cast<long long>(h.seq),
                h.optimizer.c_str(), h.lr);
 
@@ -573,9 +603,12 @@ int train(const Train& f) {
     OutputGroup outputs;
     const std::vector<std::size_t> files = declare_outputs(outputs);
     const std::size_t cfg = files[0], model = files[1], opt = files[2], st = files[3];
-    std::optional<std::size_t> log, plot;
-    if (!f.log_json.empty()) log = files[4];
-    if (!f.plot.empty()) plot = files[files.size() - 1];
+    std::optional<std::size_t> tok, log, plot;
+    std::size_t next = 4;
+    if (tokenizer) tok = files[next++];
+    if (!f.log_json.empty()) log = files[next++];
+    if (!f.plot.empty()) plot = files[next++];
+    if (tok) outputs.write(*tok, {tokenizer->model_bytes()});
     outputs.write(cfg, {std::as_bytes(std::span(config_text))});
     std::map<std::string, NdArray> w, s;
     for (const auto& p : tg.step.params) w[p] = feeds.at(p);
@@ -585,17 +618,18 @@ int train(const Train& f) {
     const std::vector<std::byte> sb = serialize_safetensors(s, {{"format", "pt"}});
     outputs.write(opt, {sb});
     json hist = {{"train", history.train}, {"val", history.val}};
-    const json state = {{"format", kFormat},
-                        {"step", step},
-                        {"steps", steps},
-                        {"model_type", c.model_type},
-                        {"parameters", params},
-                        {"tokenizer", "bytes"},
-                        {"data", {{"bytes", corpus.bytes.size()}, {"fnv1a64", hex(corpus.hash)}}},
-                        {"options", to_json(h)},
-                        {"eval_every", eval_every},
-                        {"eval_batches", eval_batches},
-                        {"history", hist}};
+    json state = {{"format", kFormat},
+                  {"step", step},
+                  {"steps", steps},
+                  {"model_type", c.model_type},
+                  {"parameters", params},
+                  {"tokenizer", tokenizer ? "sentencepiece" : "bytes"},
+                  {"data", {{"bytes", corpus.text_bytes}, {"fnv1a64", hex(corpus.hash)}}},
+                  {"options", to_json(h)},
+                  {"eval_every", eval_every},
+                  {"eval_batches", eval_batches},
+                  {"history", hist}};
+    if (tokenizer) state["tokenizer_fnv1a64"] = hex(fnv1a(tokenizer->model_bytes()));
     const std::string text = state.dump(1) + "\n";
     outputs.write(st, {std::as_bytes(std::span(text))});
     if (log) {

@@ -160,6 +160,7 @@ std::string model_problem(std::string_view bytes) {
 #if QKV_HAVE_SENTENCEPIECE
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
+  std::vector<std::byte> bytes;  // the model file, as read
 };
 bool Tokenizer::available() { return true; }
 #else
@@ -178,31 +179,51 @@ Tokenizer Tokenizer::open(const std::filesystem::path& model_dir, std::int64_t v
   if (!std::filesystem::is_regular_file(file, ec))
     throw IoError("--prompt: " + file.string() +
                   ": no SentencePiece tokenizer.model in the model folder (give token ids with --prompt-ids)");
+  return open_file(file, vocab, "--prompt");
+}
+
+Tokenizer Tokenizer::open_file(const std::filesystem::path& file, std::int64_t vocab, const std::string& flag) {
 #if QKV_HAVE_SENTENCEPIECE
   auto impl = std::make_unique<Impl>();
   // libsentencepiece reports most bad files by its status, but some by throwing (its trie builder
   // throws on an empty piece): both are this one line.
   std::string why;
-  const std::vector<std::byte> bytes = InputFile::open(file).read_all(256u << 20, "a SentencePiece model");
-  const std::string_view proto(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  impl->bytes = InputFile::open(file).read_all(256u << 20, "a SentencePiece model");
+  const std::string_view proto(reinterpret_cast<const char*>(impl->bytes.data()), impl->bytes.size());
   if (const std::string problem = model_problem(proto); !problem.empty())
-    throw IoError("--prompt: " + file.string() + ": not a SentencePiece model qkv can use safely (" + problem + ")");
+    throw IoError(flag + ": " + file.string() + ": not a SentencePiece model qkv can use safely (" + problem + ")");
   try {
     const auto status = impl->sp.LoadFromSerializedProto(proto);
     if (!status.ok()) why = status.ToString();
   } catch (const std::exception& e) {
     why = e.what();
   }
-  if (!why.empty()) throw IoError("--prompt: " + file.string() + ": not a SentencePiece model (" + why + ")");
+  if (!why.empty()) throw IoError(flag + ": " + file.string() + ": not a SentencePiece model (" + why + ")");
   if (impl->sp.GetPieceSize() > vocab)
-    throw IoError("--prompt: " + file.string() + ": the tokenizer has " + std::to_string(impl->sp.GetPieceSize()) +
+    throw IoError(flag + ": " + file.string() + ": the tokenizer has " + std::to_string(impl->sp.GetPieceSize()) +
                   " pieces, more than the model's vocabulary of " + std::to_string(vocab));
   return Tokenizer(std::move(impl));
 #else
+  (void)file;
   (void)vocab;
-  throw IoError(
-      "--prompt: this qkv was built without SentencePiece (install libsentencepiece-dev and rebuild, or "
-      "give token ids with --prompt-ids)");
+  throw IoError(flag + ": this qkv was built without SentencePiece (install libsentencepiece-dev and rebuild" +
+                (flag == "--prompt" ? ", or give token ids with --prompt-ids)" : ")"));
+#endif
+}
+
+std::int64_t Tokenizer::pieces() const {
+#if QKV_HAVE_SENTENCEPIECE
+  return impl_->sp.GetPieceSize();
+#else
+  return 0;
+#endif
+}
+
+std::span<const std::byte> Tokenizer::model_bytes() const {
+#if QKV_HAVE_SENTENCEPIECE
+  return impl_->bytes;
+#else
+  return {};
 #endif
 }
 

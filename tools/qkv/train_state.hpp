@@ -30,6 +30,8 @@ struct TrainerState {
   std::int64_t step = 0, steps = 0, eval_every = 1, eval_batches = 1;
   std::uint64_t data_bytes = 0;
   std::string data_fnv1a64;
+  std::string tokenizer = "bytes";  // or "sentencepiece": tokenizer.model beside, its FNV-1a below
+  std::string tokenizer_fnv1a64;
   History history;
 };
 
