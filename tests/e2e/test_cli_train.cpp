@@ -167,6 +167,31 @@ TEST_F(Train, ASentencePieceTokenizerTrainsAndTravelsWithTheCheckpoint) {
   EXPECT_FALSE(fs::exists(tmp("d")));
 }
 
+// --accumulate N --batch B trains on the rows of --batch N·B, the gradient of the mean loss summed
+// over the micro-batches: the same losses, gradient norms and validation losses up to rounding.
+TEST_F(Train, GradientAccumulationEqualsTheLargerBatch) {
+  const std::string common = "--backend reference --steps 5 --seq 16 --lr 1e-2 --warmup 2 --eval-every 2 ";
+  ASSERT_EQ(train(common + "--batch 4 --out " + tmp("a") + " --log-json " + tmp("a.json")).code, 0);
+  const Result r = train(common + "--batch 2 --accumulate 2 --out " + tmp("b") + " --log-json " + tmp("b.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("batch 2 x 16 tokens x 2 micro-batches"));
+  const auto a = json_of(tmp("a.json")).at("history"), b = json_of(tmp("b.json")).at("history");
+  ASSERT_EQ(a.at("train").size(), 5u);
+  ASSERT_EQ(b.at("train").size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i)
+    for (std::size_t k : {1u, 3u}) {  // loss, gradient norm
+      const double x = a.at("train")[i][k].get<double>(), y = b.at("train")[i][k].get<double>();
+      EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << "step " << i + 1 << (k == 1 ? " loss" : " |g|");
+    }
+  ASSERT_EQ(a.at("val").size(), b.at("val").size());
+  for (std::size_t i = 0; i < a.at("val").size(); ++i)
+    EXPECT_NEAR(a.at("val")[i][1].get<double>(), b.at("val")[i][1].get<double>(), 1e-5) << "validation " << i;
+  // A resumed run keeps its accumulation.
+  expect_usage_error(run("train --resume " + tmp("b") + " --data " + tmp("corpus.txt") + " --steps 6 --accumulate 4 " +
+                         "--out " + tmp("b")),
+                     "--accumulate differs from the run being resumed", "--accumulate on resume");
+}
+
 TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
   // One layer: each run compiles the step (seconds).
   nlohmann::json one_layer = kConfig;

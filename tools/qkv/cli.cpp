@@ -522,6 +522,10 @@ struct TrainFlags {
                     "Stop after this step and save (the schedule still spans --steps: --resume goes on)")
         ->check(integer_in(1, kInt64Max));
     cmd->add_option("--batch", o.batch, "Sequences per step (default 8)")->check(integer_in(1, 1 << 20));
+    cmd->add_option("--accumulate", o.accumulate,
+                    "Gradient accumulation: each step sums the gradients of this many micro-batches of --batch "
+                    "sequences, then updates once (as --batch times this many, in less memory; default 1)")
+        ->check(integer_in(1, 1 << 20));
     cmd->add_option("--seq", o.seq, "Tokens per sequence (default 64)")->check(integer_in(1, 1 << 24));
     cmd->add_option("--optimizer", o.optimizer, "adamw (default) | sgd")->check(CLI::IsMember({"adamw", "sgd"}));
     cmd->add_option("--lr", o.lr, "Peak learning rate (default 1e-3)")->check(finite_number());

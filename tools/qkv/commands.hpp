@@ -126,6 +126,7 @@ struct Train {
   std::string data, out, log_json, plot;
   std::string tokenizer;  // a SentencePiece tokenizer.model; empty: byte tokens
   std::optional<std::int64_t> steps, batch, seq, warmup, eval_every, eval_batches, save_every, log_every;
+  std::optional<std::int64_t> accumulate;
   std::optional<std::int64_t> stop_at;  // stop (and save) after this step; the schedule still spans --steps
   std::optional<std::string> optimizer, schedule;
   std::optional<double> lr, min_lr, weight_decay, beta1, beta2, eps, momentum, max_grad_norm, label_smoothing,

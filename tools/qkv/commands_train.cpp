@@ -161,6 +161,7 @@ json to_json(const Hyper& h) {
           {"label_smoothing", h.label_smoothing},
           {"val_fraction", h.val_fraction},
           {"batch", h.batch},
+          {"accumulate", h.accumulate},
           {"seq", h.seq},
           {"seed", h.seed}};
 }
@@ -200,6 +201,7 @@ void apply(Hyper& h, const Train& f, bool resumed) {
   set("--label-smoothing", h.label_smoothing, f.label_smoothing);
   set("--val-fraction", h.val_fraction, f.val_fraction);
   set("--batch", h.batch, f.batch);
+  set("--accumulate", h.accumulate, f.accumulate);
   set("--seq", h.seq, f.seq);
   set("--seed", h.seed, f.seed);
 }
@@ -247,6 +249,8 @@ Hyper hyper_from(const json& j) {
   h.val_fraction = value_at(j, "val_fraction", 0.0, 0.9);
   h.warmup = value_at<std::int64_t>(j, "warmup", 0, std::numeric_limits<std::int64_t>::max());
   h.batch = value_at<std::int64_t>(j, "batch", 1, std::int64_t{1} << 20);
+  if (j.contains("accumulate"))  // states written before --accumulate: 1
+    h.accumulate = value_at<std::int64_t>(j, "accumulate", 1, std::int64_t{1} << 20);
   h.seq = value_at<std::int64_t>(j, "seq", 1, std::int64_t{1} << 24);
   h.seed = value_at<std::uint64_t>(j, "seed", 0, std::numeric_limits<std::uint64_t>::max());
   return h;
@@ -532,7 +536,15 @@ int train(const Train& f) {
 
   // Weights and optimizer state.
   const TrainSpec spec = spec_of(h);
-  TrainGraph tg = build_training_step(c, spec);
+  // One graph per step, or with --accumulate N two: the gradients of each micro-batch, summed,
+  // then the optimizer step on the sum.
+  TrainGraph tg;
+  AccumulatingTrainGraphs acc;
+  if (h.accumulate > 1)
+    acc = build_accumulating_training_step(c, spec, h.accumulate);
+  else
+    tg = build_training_step(c, spec);
+  const TrainingStep& ts = h.accumulate > 1 ? acc.step : tg.step;
   const std::vector<WeightShape> shapes = hf_weight_shapes(c);
   Feeds feeds;
   {
@@ -549,7 +561,7 @@ int train(const Train& f) {
       load_tensors(feeds, model_dir / "model.safetensors", shapes, "");
     }
     std::vector<WeightShape> state;
-    for (const auto& s : tg.step.state)
+    for (const auto& s : ts.state)
       for (const WeightShape& ws : shapes) state.push_back({s + "." + ws.name, ws.shape});
     if (resumed) {
       load_tensors(feeds, model_dir / "optimizer.safetensors", state, "");
@@ -558,24 +570,25 @@ int train(const Train& f) {
     }
   }
   std::vector<std::string> state_names;
-  for (const auto& s : tg.step.state)
-    for (const auto& p : tg.step.params) state_names.push_back(s + "." + p);
+  for (const auto& s : ts.state)
+    for (const auto& p : ts.params) state_names.push_back(s + "." + p);
 
   std::uint64_t params = 0;
-  for (const auto& p : tg.step.params) params += static_cast<std::uint64_t>(feeds.at(p).as<float>().size());
+  for (const auto& p : ts.params) params += static_cast<std::uint64_t>(feeds.at(p).as<float>().size());
   // How often to validate, and on how much: kept by a resumed run unless given again.
   const std::int64_t eval_every =
       f.eval_every.value_or(resumed ? resumed->eval_every : std::max<std::int64_t>(1, steps / 10));
   const std::int64_t eval_batches = f.eval_batches.value_or(resumed ? resumed->eval_batches : 4);
   const std::int64_t save_every = f.save_every.value_or(0);
   const std::int64_t log_every = f.log_every.value_or(std::max<std::int64_t>(1, steps / 50));
-  const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch);
+  const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch * h.accumulate);
   std::fprintf(stderr,
                "qkv: training a %s model of %.2f M parameters on %zu %s (%zu held out, %zu validation windows): "
-               "steps %lld..%lld, batch %lld x %lld tokens, %s, lr %g\n",
+               "steps %lld..%lld, batch %lld x %lld tokens%s, %s, lr %g\n",
                c.model_type.c_str(), static_cast<double>(params) / 1e6, corpus.ids.size(), corpus.unit,
                corpus.ids.size() - corpus.train_end, val_starts.size(), static_cast<long long>(done + 1),
                static_cast<long long>(steps), static_cast<long long>(h.batch), static_cast<long long>(h.seq),
+               h.accumulate > 1 ? (" x " + std::to_string(h.accumulate) + " micro-batches").c_str() : "",
                h.optimizer.c_str(), h.lr);
 
   Graph loss_graph;
@@ -611,7 +624,7 @@ int train(const Train& f) {
     if (tok) outputs.write(*tok, {tokenizer->model_bytes()});
     outputs.write(cfg, {std::as_bytes(std::span(config_text))});
     std::map<std::string, NdArray> w, s;
-    for (const auto& p : tg.step.params) w[p] = feeds.at(p);
+    for (const auto& p : ts.params) w[p] = feeds.at(p);
     for (const auto& n : state_names) s[n] = feeds.at(n);
     const std::vector<std::byte> wb = serialize_safetensors(w, {{"format", "pt"}});
     outputs.write(model, {wb});
@@ -646,7 +659,7 @@ int train(const Train& f) {
 
   // The loop.
   const StopOnSignal stop;
-  const auto tokens_per_step = static_cast<double>(h.batch * h.seq);
+  const auto tokens_per_step = static_cast<double>(h.batch * h.accumulate * h.seq);
   double compile_s = 0, steady_s = 0;
   std::int64_t steady_n = 0;
   std::int64_t step = done;
@@ -657,16 +670,36 @@ int train(const Train& f) {
                      std::to_string(done) + " steps already");
   while (step < last_step && !StopOnSignal::requested()) {
     ++step;
-    set_windows(feeds, corpus, batch_starts(corpus, h.seed, step, h.batch, h.seq), h.seq);
+    // The step's rows: batch × accumulate windows, micro-batch m the rows [m·batch, (m+1)·batch)
+    // (so --accumulate 2 --batch 4 trains on the rows of --batch 8).
+    const std::vector<std::size_t> rows = batch_starts(corpus, h.seed, step, h.batch * h.accumulate, h.seq);
     const double lr = lr_at(h, step, steps);
     feeds["lr"] = NdArray::from_f32({static_cast<float>(lr)}, {});
     feeds["step"] = NdArray::from_f32({static_cast<float>(step)}, {});
-    if (step == done + 1) require_memory(run_bytes(tg.g, bind_extents(tg.g, feeds), f.backend), "a training step");
     const auto t0 = std::chrono::steady_clock::now();
     RunResult r;
+    double loss = 0;
     {
       const Activity running(step == done + 1 ? "compiling and running the first training step" : "training");
-      r = run_graph(tg.g, feeds, f.backend, f.threads);
+      if (h.accumulate == 1) {
+        set_windows(feeds, corpus, rows, h.seq);
+        if (step == done + 1) require_memory(run_bytes(tg.g, bind_extents(tg.g, feeds), f.backend), "a training step");
+        r = run_graph(tg.g, feeds, f.backend, f.threads);
+        loss = r.outputs.at("loss").to_f32()[0];
+      } else {
+        for (const auto& p : ts.params) feeds["grad." + p] = NdArray::zeros(DType::f32, feeds.at(p).shape);
+        for (std::int64_t m = 0; m < h.accumulate; ++m) {
+          const auto first = rows.begin() + static_cast<std::ptrdiff_t>(m * h.batch);
+          set_windows(feeds, corpus, {first, first + static_cast<std::ptrdiff_t>(h.batch)}, h.seq);
+          if (step == done + 1 && m == 0)
+            require_memory(run_bytes(acc.gradients, bind_extents(acc.gradients, feeds), f.backend),
+                           "a training step's gradients");
+          RunResult micro = run_graph(acc.gradients, feeds, f.backend, f.threads);
+          loss += static_cast<double>(micro.outputs.at("loss").to_f32()[0]) / static_cast<double>(h.accumulate);
+          for (const auto& p : ts.params) feeds["grad." + p] = std::move(micro.outputs.at("grad." + p));
+        }
+        r = run_graph(acc.update, feeds, f.backend, f.threads);
+      }
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step == done + 1) {
@@ -675,11 +708,11 @@ int train(const Train& f) {
       steady_s += dt;
       ++steady_n;
     }
-    const double loss = r.outputs.at("loss").to_f32()[0], norm = r.outputs.at("grad_norm").to_f32()[0];
+    const double norm = r.outputs.at("grad_norm").to_f32()[0];
     if (!std::isfinite(loss))
       throw std::runtime_error("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(loss) +
                                "); the last checkpoint is kept — try a smaller --lr or --max-grad-norm");
-    for (const auto& p : tg.step.params) feeds[p] = std::move(r.outputs.at(p));
+    for (const auto& p : ts.params) feeds[p] = std::move(r.outputs.at(p));
     for (const auto& n : state_names) feeds[n] = std::move(r.outputs.at(n));
     history.train.push_back({static_cast<double>(step), loss, lr, norm});
 

@@ -326,6 +326,19 @@ TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
   return t;
 }
 
+AccumulatingTrainGraphs build_accumulating_training_step(const HfConfig& c, const TrainSpec& s,
+                                                         std::int64_t micro_batches) {
+  AccumulatingTrainGraphs t;
+  std::vector<int> params;
+  t.gradients = with_decoder(c, [&](Graph& g, const auto& model) {
+    params =
+        append_gradient_accumulation(g, causal_lm_loss(g, model, s.loss), 1.0 / static_cast<double>(micro_batches));
+  });
+  t.step = s.sgd ? append_training_step_on_gradients(t.update, t.gradients, params, s.sgd_options, s.step)
+                 : append_training_step_on_gradients(t.update, t.gradients, params, s.adamw, s.step);
+  return t;
+}
+
 Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss) {
   return with_decoder(c, [&](Graph& g, const auto& model) { g.mark_output(causal_lm_loss(g, model, loss), "loss"); });
 }

@@ -118,6 +118,16 @@ struct TrainGraph {
   TrainingStep step;
 };
 TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s);
+/// The same step in two graphs, for gradient accumulation over `micro_batches`: `gradients`
+/// (inputs tokens, positions, targets, the weights and the sums "grad.<p>"; outputs loss and
+/// "grad.<p>" + ∂loss/∂p / micro_batches) and `update` (the optimizer step on the sums: inputs
+/// the weights, "grad.<p>", the state, lr and step; outputs grad_norm, the weights and state).
+struct AccumulatingTrainGraphs {
+  Graph gradients, update;
+  TrainingStep step;
+};
+AccumulatingTrainGraphs build_accumulating_training_step(const HfConfig& c, const TrainSpec& s,
+                                                         std::int64_t micro_batches);
 /// The loss alone (no gradients): inputs tokens, positions, targets and the weights; output loss.
 Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss);
 

@@ -16,6 +16,7 @@ struct Hyper {
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, momentum = 0.9;
   double max_grad_norm = 1.0, label_smoothing = 0.0, val_fraction = 0.1;
   std::int64_t warmup = 0, batch = 8, seq = 64;
+  std::int64_t accumulate = 1;  // micro-batches of `batch` rows per optimizer step
   std::uint64_t seed = 0;
 };
 

@@ -156,13 +156,13 @@ struct Prepared {
   std::vector<int> params, grads;
   int lr = -1, step = -1;
 };
-inline Prepared prepare(Graph& g, int loss, const StepOptions& o) {
+/// The norm, the clipping and the scalar inputs over gradients already in the graph.
+inline Prepared prepare_gradients(Graph& g, std::vector<int> params, std::vector<int> grads, const StepOptions& o) {
   Prepared p;
-  p.params = trainable(g, loss);
-  p.grads = append_gradients(g, loss, p.params);
+  p.params = std::move(params);
+  p.grads = std::move(grads);
   p.lr = scalar_input(g, "lr");
   p.step = scalar_input(g, "step");
-  g.mark_output(loss, "loss");
   grad_detail::Builder b(g);
   // ‖g‖ = sqrt(Σ over every gradient of Σ g²)
   int squares = -1;
@@ -186,14 +186,55 @@ inline Prepared prepare(Graph& g, int loss, const StepOptions& o) {
   }
   return p;
 }
+inline Prepared prepare(Graph& g, int loss, const StepOptions& o) {
+  std::vector<int> params = trainable(g, loss);
+  std::vector<int> grads = append_gradients(g, loss, params);
+  g.mark_output(loss, "loss");
+  return prepare_gradients(g, std::move(params), std::move(grads), o);
+}
+
+/// The parameters `params` of `from` as parameters of `g`, and per parameter p an input
+/// "grad.p" over p's axes: what an optimizer step on accumulated gradients starts from.
+inline std::pair<std::vector<int>, std::vector<int>> parameters_and_gradient_inputs(Graph& g, const Graph& from,
+                                                                                    const std::vector<int>& params) {
+  std::vector<int> ps, gs;
+  for (int id : params) {
+    Node p = from.node(id);
+    p.inputs.clear();
+    const Node like = p;
+    ps.push_back(g.add(std::move(p)));
+    gs.push_back(input_like(g, like, "grad." + like.name));
+  }
+  return {ps, gs};
+}
 }  // namespace train_detail
+
+/// Gradient accumulation, one micro-batch: per trainable parameter p of `loss`, an input
+/// "grad.p" (the sum so far; zeros before the first micro-batch) and an output "grad.p" = that
+/// sum + scale · ∂loss/∂p; the loss is the output "loss". With scale = 1 / micro-batches, the sum
+/// after the last is the gradient of the mean loss over the micro-batches, for
+/// append_training_step_on_gradients. Returns the parameters' ids.
+inline std::vector<int> append_gradient_accumulation(Graph& g, int loss, double scale) {
+  using namespace train_detail;
+  const std::vector<int> params = trainable(g, loss);
+  const std::vector<int> grads = append_gradients(g, loss, params);
+  g.mark_output(loss, "loss");
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Node p = g.node(params[k]);
+    const int sum = input_like(g, p, "grad." + p.name);
+    const int next = elementwise(g, {sum, grads[k]}, [&](ModExpr& e, const std::vector<int>& l) {
+      return op(e, ModOp::add, l[0], op(e, ModOp::mul, c(e, scale), l[1]));
+    });
+    g.mark_output(next, "grad." + p.name);
+  }
+  return params;
+}
 
 /// Appends one SGD step: with momentum μ, buf' = μ·buf + g' (g' = g + wd·p; buf = g' on step
 /// 1), p' = p − lr·buf'; without, p' = p − lr·g'.
-inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o, const StepOptions& so = {}) {
-  using namespace train_detail;
+namespace train_detail {
+inline TrainingStep append_update(Graph& g, const Prepared& pr, const Sgd& o) {
   TrainingStep s;
-  const Prepared pr = prepare(g, loss, so);
   for (std::size_t k = 0; k < pr.params.size(); ++k) {
     const Node p = g.node(pr.params[k]);
     s.params.push_back(p.name);
@@ -221,14 +262,18 @@ inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o, const
   if (o.momentum != 0.0) s.state = {"momentum"};
   return s;
 }
+}  // namespace train_detail
+
+inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o, const StepOptions& so = {}) {
+  return train_detail::append_update(g, train_detail::prepare(g, loss, so), o);
+}
 
 /// Appends one AdamW step (PyTorch's, step t ≥ 1 and lr inputs):
 ///   p ← p·(1 − lr·wd);  m' = β1·m + (1 − β1)·g;  v' = β2·v + (1 − β2)·g²;
 ///   p' = p − lr / (1 − β1^t) · m' / (sqrt(v') / sqrt(1 − β2^t) + eps)
-inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o, const StepOptions& so = {}) {
-  using namespace train_detail;
+namespace train_detail {
+inline TrainingStep append_update(Graph& g, const Prepared& pr, const AdamW& o) {
   TrainingStep s;
-  const Prepared pr = prepare(g, loss, so);
   for (std::size_t k = 0; k < pr.params.size(); ++k) {
     const Node p = g.node(pr.params[k]);
     s.params.push_back(p.name);
@@ -259,6 +304,21 @@ inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o, con
   }
   s.state = {"exp_avg", "exp_avg_sq"};
   return s;
+}
+}  // namespace train_detail
+
+inline TrainingStep append_training_step(Graph& g, int loss, const AdamW& o, const StepOptions& so = {}) {
+  return train_detail::append_update(g, train_detail::prepare(g, loss, so), o);
+}
+
+/// The optimizer step alone, on accumulated gradients: into `g` (empty), the parameters `params`
+/// of `from` (append_gradient_accumulation's) and per parameter p the input "grad.p"; inputs,
+/// outputs and state as append_training_step's, but no "loss".
+template <class Optimizer>
+TrainingStep append_training_step_on_gradients(Graph& g, const Graph& from, const std::vector<int>& params,
+                                               const Optimizer& o, const StepOptions& so = {}) {
+  auto [ps, gs] = train_detail::parameters_and_gradient_inputs(g, from, params);
+  return train_detail::append_update(g, train_detail::prepare_gradients(g, std::move(ps), std::move(gs), so), o);
 }
 
 }  // namespace qkv
