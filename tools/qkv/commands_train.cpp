@@ -7,6 +7,8 @@
 // moments are saved as they are (f32); the learning rate is a function of the step; the step graph
 // is the same graph (hence the same compiled code), and the CPU kernels' results do not depend on
 // the thread count.
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -435,7 +437,22 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& what)
   }
 }
 
+namespace {
+/// Every step runs the compiled graph, which allocates its outputs (the weights and moments) and
+/// its arena afresh: hundreds of MB. glibc maps each large block with mmap and unmaps it on free,
+/// so every step page-faulted all of that memory in again — half of a step's time on a VM, in
+/// the kernel's fault path. Served from the heap and kept instead, freed blocks are reused
+/// without a fault: 848 → 1 600–1 900 tokens/s on a 2-layer GPT-2 of width 384 (batch 8 × 256,
+/// 2 threads), at a peak resident memory of 435–650 MB instead of 426 (the heap fragments).
+void keep_freed_memory() {
+  mallopt(M_MMAP_MAX, 0);              // large blocks from the heap, not one mapping each
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);  // the heap's free top kept between steps (up to 1 GiB)
+  mallopt(M_TOP_PAD, 64 << 20);        // and grown 64 MiB at a time
+}
+}  // namespace
+
 int train(const Train& f) {
+  keep_freed_memory();
   if (f.config.empty() == f.model.empty() && f.resume.empty())
     throw UsageError("give the model as --config config.json (random weights) or --model DIR (a checkpoint)");
   if (!f.resume.empty() && !(f.config.empty() && f.model.empty()))
