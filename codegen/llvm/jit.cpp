@@ -1,23 +1,17 @@
 // The ORC LLJIT wrapper: host target machine, -O3 pipeline, typed lookup, errors as strings.
 #include <qkv/codegen/jit.hpp>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
-#include <llvm/ExecutionEngine/JITLink/JITLink.h>
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
-#include <llvm/ExecutionEngine/Orc/ObjectLinkingLayer.h>
 #include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/LLVMContext.h>
@@ -49,34 +43,6 @@ class DiskObjectCache final : public llvm::ObjectCache {
 
  private:
   CodeCacheSettings settings_;
-};
-
-/// With QKV_PERF_MAP set: every function the JIT links, internal ones included (each graph
-/// node's outlined function), appended to /tmp/perf-<pid>.map as `perf report` reads it — so
-/// that a profile of compiled graphs names the nodes' code, not bare addresses.
-class PerfMapPlugin final : public llvm::orc::ObjectLinkingLayer::Plugin {
- public:
-  void modifyPassConfig(llvm::orc::MaterializationResponsibility&, llvm::jitlink::LinkGraph&,
-                        llvm::jitlink::PassConfiguration& config) override {
-    config.PostFixupPasses.push_back([](llvm::jitlink::LinkGraph& g) -> llvm::Error {
-      static std::mutex mutex;
-      std::lock_guard lock(mutex);
-      const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
-      if (std::FILE* f = std::fopen(path.c_str(), "a")) {
-        for (const llvm::jitlink::Symbol* sym : g.defined_symbols())
-          if (sym->hasName() && sym->isCallable() && sym->getSize() > 0)
-            std::fprintf(f, "%llx %llx %s\n", static_cast<unsigned long long>(sym->getAddress().getValue()),
-                         static_cast<unsigned long long>(sym->getSize()), sym->getName().str().c_str());
-        std::fclose(f);
-      }
-      return llvm::Error::success();
-    });
-  }
-  llvm::Error notifyFailed(llvm::orc::MaterializationResponsibility&) override { return llvm::Error::success(); }
-  llvm::Error notifyRemovingResources(llvm::orc::JITDylib&, llvm::orc::ResourceKey) override {
-    return llvm::Error::success();
-  }
-  void notifyTransferringResources(llvm::orc::JITDylib&, llvm::orc::ResourceKey, llvm::orc::ResourceKey) override {}
 };
 
 struct Jit::Impl {
@@ -202,9 +168,6 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
     return nullptr;
   }
   impl->jit = std::move(*jit);
-  if (const char* perf = std::getenv("QKV_PERF_MAP"); perf && *perf && std::string(perf) != "0")
-    if (auto* linking = llvm::dyn_cast<llvm::orc::ObjectLinkingLayer>(&impl->jit->getObjLinkingLayer()))
-      linking->addPlugin(std::make_unique<PerfMapPlugin>());
   if (impl->inspect) {
     Impl* keeper = impl.get();
     impl->jit->getObjTransformLayer().setTransform(
