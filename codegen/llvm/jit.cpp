@@ -201,11 +201,11 @@ bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMCo
   if (impl_->cache) {
     if (const auto key = disk_cache::key_of(*module, impl_->key)) {
       if (auto object = disk_cache::load(impl_->cache->settings(), *key)) {
+        module.reset();  // the object stands for it: the module first, then the context it lives in
+        context.reset();
         if (auto e = impl_->jit->addObjectFile(std::move(object)))
           return fail(error, "jit: cannot add a cached object: " + consume(std::move(e)));
         ++g_loaded;
-        module.reset();  // dropped unoptimised: the module first, then the context it lives in
-        context.reset();
         return true;
       }
       module->setModuleIdentifier(disk_cache::module_name(*key));  // DiskObjectCache stores its object
