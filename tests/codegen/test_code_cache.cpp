@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -157,10 +158,16 @@ TEST_F(CodeCache, TheFolderStaysUnderItsBoundLeastRecentlyUsedFirst) {
   ASSERT_EQ(entries().size(), 1u);
   const std::uintmax_t one = entries()[0].second;
   set_code_cache(CodeCacheSettings{dir_, one * 5 / 2});  // room for two entries
+  // Recency is the files' modification time, which the kernel keeps at a clock tick (a few ms):
+  // the steps are spaced so that each is later than the one before.
+  auto tick = [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
   const CodeCacheStats before = code_cache_stats();
+  tick();
   EXPECT_EQ(compile_and_call(2, 1), 9);
+  tick();
   // The first entry is used again: the second becomes the least recently used.
   EXPECT_EQ(compile_and_call(1, 2), 9);
+  tick();
   EXPECT_EQ(compile_and_call(3, 1), 10);
   std::uintmax_t total = 0;
   for (const auto& [name, size] : entries()) total += size;
