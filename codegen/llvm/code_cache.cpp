@@ -4,7 +4,7 @@
 //   8 bytes   "QKVOBJ01"
 //   8 bytes   the object's length (little-endian)
 //   8 bytes   xxh3-64 of the object
-//   32 bytes  the key again
+//   64 bytes  the key again (hex)
 //   the object file
 #include "llvm/code_cache.hpp"
 
@@ -42,7 +42,8 @@ std::optional<CodeCacheSettings> g_settings;
 std::atomic<std::int64_t> g_hits{0}, g_stores{0}, g_rejected{0}, g_evicted{0};
 
 constexpr char kMagic[8] = {'Q', 'K', 'V', 'O', 'B', 'J', '0', '1'};
-constexpr std::size_t kHeader = 8 + 8 + 8 + 32;
+constexpr std::size_t kKeyChars = 64;  // SHA-256 in hex
+constexpr std::size_t kHeader = 8 + 8 + 8 + kKeyChars;
 
 /// A raw_ostream that feeds SHA-256 instead of memory: a decoder's module text is megabytes.
 class HashStream final : public llvm::raw_ostream {
@@ -61,6 +62,16 @@ class HashStream final : public llvm::raw_ostream {
 };
 
 void anchor() {}
+
+std::string hex(const std::uint8_t* p, std::size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (std::size_t k = 0; k < n; ++k) {
+    s += kHex[p[k] >> 4];
+    s += kHex[p[k] & 15];
+  }
+  return s;
+}
 
 /// The NT_GNU_BUILD_ID of the loaded object holding this function (the qkv executable, or the
 /// shared library qkv's code generator was linked into), in hex; "" when it has none.
@@ -92,11 +103,7 @@ std::string build_id() {
               const unsigned char* desc = name + ((note.n_namesz + 3) & ~3u);
               if (desc + note.n_descsz > end) break;
               if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
-                static constexpr char kHex[] = "0123456789abcdef";
-                for (std::size_t k = 0; k < note.n_descsz; ++k) {
-                  s->found += kHex[desc[k] >> 4];
-                  s->found += kHex[desc[k] & 15];
-                }
+                s->found = hex(desc, note.n_descsz);
                 return 1;
               }
               p = desc + ((note.n_descsz + 3) & ~3u);
@@ -108,16 +115,6 @@ std::string build_id() {
     return search.found;
   }();
   return id;
-}
-
-std::string hex(const disk_cache::Key& key) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (const std::uint8_t b : key) {
-    s += kHex[b >> 4];
-    s += kHex[b & 15];
-  }
-  return s;
 }
 
 void put_u64(char* p, std::uint64_t v) {
@@ -228,7 +225,7 @@ CodeCacheStats code_cache_stats() { return {g_hits.load(), g_stores.load(), g_re
 
 namespace disk_cache {
 
-std::optional<Key> key_of(const llvm::Module& module, const std::string& target_key) {
+std::optional<std::string> key_of(const llvm::Module& module, const std::string& target_key) {
   const std::string& id = build_id();
   if (id.empty()) return std::nullopt;
   HashStream h;
@@ -236,34 +233,19 @@ std::optional<Key> key_of(const llvm::Module& module, const std::string& target_
   module.print(h, nullptr);
   h.flush();
   const std::array<std::uint8_t, 32> digest = h.sha.final();
-  Key key{};
-  std::copy(digest.begin(), digest.end(), key.begin());
-  return key;
+  return hex(digest.data(), digest.size());
 }
 
-std::string module_name(const Key& key) { return "qkv-" + hex(key); }
+std::string module_name(const std::string& key) { return "qkv-" + key; }
 
-std::optional<Key> key_of_module_name(const std::string& name) {
-  if (name.size() != 4 + 64 || !name.starts_with("qkv-")) return std::nullopt;
-  Key key{};
-  for (std::size_t i = 0; i < key.size(); ++i) {
-    unsigned v = 0;
-    for (const char c : name.substr(4 + 2 * i, 2)) {
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= static_cast<unsigned>(c - 'a' + 10);
-      else
-        return std::nullopt;
-    }
-    key[i] = static_cast<std::uint8_t>(v);
-  }
-  return key;
+std::optional<std::string> key_of_module(const llvm::Module& module) {
+  const std::string& name = module.getModuleIdentifier();
+  if (name.size() != 4 + kKeyChars || !name.starts_with("qkv-")) return std::nullopt;
+  return name.substr(4);
 }
 
-std::unique_ptr<llvm::MemoryBuffer> load(const CodeCacheSettings& settings, const Key& key) {
-  const fs::path path = settings.dir / (hex(key) + ".o");
+std::unique_ptr<llvm::MemoryBuffer> load(const CodeCacheSettings& settings, const std::string& key) {
+  const fs::path path = settings.dir / (key + ".o");
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return nullptr;
   std::unique_ptr<llvm::MemoryBuffer> result;
@@ -271,8 +253,8 @@ std::unique_ptr<llvm::MemoryBuffer> load(const CodeCacheSettings& settings, cons
   char header[kHeader];
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) >= kHeader &&
       read_all(fd, header, kHeader, 0) && std::memcmp(header, kMagic, 8) == 0 &&
-      get_u64(header + 8) == static_cast<std::uint64_t>(st.st_size) - kHeader &&
-      std::memcmp(header + 24, key.data(), key.size()) == 0) {
+      get_u64(header + 8) == static_cast<std::uint64_t>(st.st_size) - kHeader && key.size() == kKeyChars &&
+      std::memcmp(header + 24, key.data(), kKeyChars) == 0) {
     const std::uint64_t length = get_u64(header + 8);
     auto buffer = llvm::WritableMemoryBuffer::getNewUninitMemBuffer(length, module_name(key));
     if (buffer && read_all(fd, buffer->getBufferStart(), length, kHeader) &&
@@ -293,10 +275,11 @@ std::unique_ptr<llvm::MemoryBuffer> load(const CodeCacheSettings& settings, cons
   return result;
 }
 
-void store(const CodeCacheSettings& settings, const Key& key, llvm::StringRef object) {
+void store(const CodeCacheSettings& settings, const std::string& key, llvm::StringRef object) {
   std::error_code ec;
   fs::create_directories(settings.dir, ec);
-  const std::string name = hex(key) + ".o";
+  if (key.size() != kKeyChars) return;
+  const std::string name = key + ".o";
   std::string tmp = (settings.dir / (".tmp-" + name + "-XXXXXX")).string();
   const int fd = ::mkstemp(tmp.data());
   if (fd < 0) return;
@@ -305,7 +288,7 @@ void store(const CodeCacheSettings& settings, const Key& key, llvm::StringRef ob
   put_u64(header + 8, object.size());
   put_u64(header + 16, llvm::xxh3_64bits(llvm::ArrayRef<std::uint8_t>(
                            reinterpret_cast<const std::uint8_t*>(object.data()), object.size())));
-  std::memcpy(header + 24, key.data(), key.size());
+  std::memcpy(header + 24, key.data(), kKeyChars);
   const bool written = write_all(fd, header, kHeader) && write_all(fd, object.data(), object.size());
   const bool closed = ::close(fd) == 0;
   if (!written || !closed || ::rename(tmp.c_str(), (settings.dir / name).c_str()) != 0) {

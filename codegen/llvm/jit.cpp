@@ -35,8 +35,7 @@ class DiskObjectCache final : public llvm::ObjectCache {
  public:
   explicit DiskObjectCache(CodeCacheSettings settings) : settings_(std::move(settings)) {}
   void notifyObjectCompiled(const llvm::Module* module, llvm::MemoryBufferRef object) override {
-    if (const auto key = disk_cache::key_of_module_name(module->getModuleIdentifier()))
-      disk_cache::store(settings_, *key, object.getBuffer());
+    if (const auto key = disk_cache::key_of_module(*module)) disk_cache::store(settings_, *key, object.getBuffer());
   }
   std::unique_ptr<llvm::MemoryBuffer> getObject(const llvm::Module*) override { return nullptr; }
   [[nodiscard]] const CodeCacheSettings& settings() const { return settings_; }

@@ -157,18 +157,22 @@ TEST_F(CodeCache, TheFolderStaysUnderItsBoundLeastRecentlyUsedFirst) {
   EXPECT_EQ(compile_and_call(1, 1), 8);
   ASSERT_EQ(entries().size(), 1u);
   const std::uintmax_t one = entries()[0].second;
+  const fs::path first = dir_ / entries()[0].first;
   set_code_cache(CodeCacheSettings{dir_, one * 5 / 2});  // room for two entries
-  // Recency is the files' modification time, which the kernel keeps at a clock tick (a few ms):
-  // the steps are spaced so that each is later than the one before.
-  auto tick = [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
   const CodeCacheStats before = code_cache_stats();
-  tick();
   EXPECT_EQ(compile_and_call(2, 1), 9);
-  tick();
-  // The first entry is used again: the second becomes the least recently used.
+  ASSERT_EQ(entries().size(), 2u);
+  const fs::path second = dir_ / (entries()[0].first == first.filename() ? entries()[1] : entries()[0]).first;
+  // Recency is the files' modification time: the two entries made an hour apart, the first older.
+  const auto now = fs::file_time_type::clock::now();
+  fs::last_write_time(first, now - std::chrono::hours(2));
+  fs::last_write_time(second, now - std::chrono::hours(1));
+  // The first entry is used again, which makes it the most recent: the second goes next.
   EXPECT_EQ(compile_and_call(1, 2), 9);
-  tick();
+  EXPECT_GT(fs::last_write_time(first), fs::last_write_time(second));
   EXPECT_EQ(compile_and_call(3, 1), 10);
+  EXPECT_TRUE(fs::exists(first));
+  EXPECT_FALSE(fs::exists(second));
   std::uintmax_t total = 0;
   for (const auto& [name, size] : entries()) total += size;
   EXPECT_LE(total, one * 5 / 2);

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <qkv/ir/hash.hpp>
 #include <qkv/runtime/hf_checkpoint.hpp>
 #include <qkv/runtime/io/files.hpp>
 #include <qkv/runtime/io/json_depth.hpp>
@@ -60,11 +61,7 @@ struct Corpus {
   const char* unit = "bytes";
 };
 
-std::uint64_t fnv1a(std::span<const std::byte> bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::byte b : bytes) h = (h ^ static_cast<std::uint8_t>(b)) * 0x100000001b3ULL;
-  return h;
-}
+std::uint64_t fnv1a(std::span<const std::byte> bytes) { return Fnv1a().bytes(bytes.data(), bytes.size()).value(); }
 
 std::string hex(std::uint64_t v) {
   char buf[17];

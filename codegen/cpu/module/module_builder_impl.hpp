@@ -523,107 +523,23 @@ class ModuleBuilder {
   /// leaves a factor of 128 for the blocks derived from them (packed panels' padding, split-KV
   /// partial results). (Not the sum of the iteration spaces: a 6-layer training step's
   /// weight-gradient contractions, each far inside int64, added up past 2^56 at batch 8 × 255.)
-  ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep) {
-    llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
-    llvm::Value* buffers = llvm::ConstantFP::get(f64_, 0.0);
-    for (const auto& n : g_.nodes()) {
-      if (!keep(n)) continue;
-      largest = b_.CreateMaxNum(largest, iteration_space(n));
-      buffers = b_.CreateFAdd(buffers, space_of({&n.axes}));
-    }
-    constexpr double kLimit = 72057594037927936.0;  // 2^56
-    llvm::Value* limit = llvm::ConstantFP::get(f64_, kLimit);
-    return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(buffers, limit)));
-  }
+  ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep);
 
   /// 8 × the product of the extents of the union, by name, of these axis lists (f64).
-  llvm::Value* space_of(std::initializer_list<const std::vector<Axis>*> lists) {
-    std::map<std::string, const Extent*> space;
-    for (const auto* axes : lists)
-      for (const auto& a : *axes) space.emplace(a.name, &a.extent);
-    llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
-    for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
-    return product;
-  }
+  llvm::Value* space_of(std::initializer_list<const std::vector<Axis>*> lists);
 
   /// An upper bound (× 8 bytes) of the loop nests `n` runs. A reduction iterates its output and
   /// the axes it sums over: a contraction, logsumexp or argmax the union of its output's and
   /// inputs' axes by name; a linear layer its output's and x's (the weight's [out, in] are those
   /// axes under other names: counting them again squared the layer, and refused a hidden size of
   /// 1024); an attention q ∪ k (the scores) and out ∪ v (the weighted sum; its backward d_out ∪ v,
-  /// for dP). Every other node
-  /// loops over its output or over one input (copies, views, element-wise maps, row-wise norms).
-  llvm::Value* iteration_space(const Node& n) {
-    auto axes_of = [&](std::size_t k) { return &g_.node(n.inputs[k]).axes; };
-    switch (n.op) {
-      case Op::contract:
-      case Op::logsumexp:
-      case Op::argmax: {
-        llvm::Value* most = space_of({&n.axes});
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({&n.axes, axes_of(k)}));
-        return most;
-      }
-      case Op::linear:
-        return space_of({&n.axes, axes_of(0)});
-      case Op::fused_attention:  // (q, k, v, …) -> out
-        return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({&n.axes, axes_of(2)}));
-      case Op::fused_attention_backward:  // (q, k, v, out, d_out, …) -> dQ; dP = d_out · vᵀ
-        return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({axes_of(4), axes_of(2)}));
-      default: {
-        llvm::Value* most = space_of({&n.axes});
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({axes_of(k)}));
-        return most;
-      }
-    }
-  }
+  /// for dP). Every other node loops over its output or over one input (copies, views,
+  /// element-wise maps, row-wise norms).
+  llvm::Value* iteration_space(const Node& n);
 
   /// Return 2 unless every run-time size is >= 0, every extent of the graph too, the graph's
   /// deferred shape checks hold, and every size computed from them fits (sizes_fit).
-  void emit_size_checks() {
-    if (plan_.dynamic.empty()) return;
-    ir::Bool ok = sizes_fit([](const Node&) { return true; });
-    for (const auto& n : g_.nodes())
-      for (const auto& a : n.axes)
-        if (a.extent.is_dynamic()) ok = ok && dim(a.extent) >= 0;
-    for (const auto& s : plan_.dynamic) ok = ok && I(b_, sym_.at(s)) >= 0;
-    for (const auto& c : g_.constraints()) {
-      const I a = dim(c.a), d = dim(c.b);
-      switch (c.kind) {
-        case Constraint::Kind::equal:
-          ok = ok && a == d;
-          break;
-        case Constraint::Kind::divisible:
-          ok = ok && (d != 0) && (a % pick(d == 0, c64(1), d) == 0);
-          break;
-        case Constraint::Kind::at_most:
-          ok = ok && a <= d;
-          break;
-      }
-    }
-    // A concat whose joined axis has a symbol of its own (parts of different symbols): that size
-    // must be the sum of the parts', or the parts would be written past the output.
-    for (const auto& n : g_.nodes()) {
-      if (n.op != Op::concat || n.attr_axes.empty()) continue;
-      I total = c64(0);
-      for (int part : n.inputs)
-        total = total + dim(g_.node(part).axes[axis_pos(g_.node(part).axes, n.attr_axes[0])].extent);
-      ok = ok && dim(n.axes[axis_pos(n.axes, n.attr_axes.back())].extent) == total;
-    }
-    // Slices inside their input; an update's rows inside the updated axis; a prefix of an update
-    // as long as what it wrote (a KV cache's Key = Past + Seq).
-    for (const auto& n : g_.nodes()) {
-      if (n.op == Op::slice && n.attr_axes.size() == 2) {
-        const auto& in = g_.node(n.inputs[0]);
-        const I part = dim(n.axes[axis_pos(n.axes, n.attr_axes[1])].extent);
-        const I start = n.dim ? dim(*n.dim) : part * n.offset;
-        ok = ok && start + part <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
-        if (in.op == Op::update_slice && n.offset == 0 && !n.dim && in.attr_axes[0] == n.attr_axes[0])
-          ok = ok && part == update_end(in);
-      }
-      if (n.op == Op::update_slice) ok = ok && update_end(n) <= dim(n.axes[axis_pos(n.axes, n.attr_axes[0])].extent);
-    }
-    if (ok.constant() != true) fail_unless(ok.v(), 2);
-  }
+  void emit_size_checks();
 
   /// Where an update_slice's rows end along the updated axis: start + their extent.
   I update_end(const Node& u) {

@@ -1,6 +1,7 @@
 // The module's entry points beside <f>_entry (ModuleBuilder, module_builder_impl.hpp): the
 // prepared handle's <f>_prepare_entry / <f>_release_entry, and the C entry points of an AOT
-// build (<f>, <f>_packed, <f>_set_threads, <f>_prepare, <f>_run, <f>_release and their packed forms).
+// build (<f>, <f>_packed, <f>_set_threads, <f>_prepare, <f>_run, <f>_release and their packed forms);
+// and the run-time size checks both kinds of entry make before anything runs.
 #include "cpu/module/cpu_check.hpp"
 #include "cpu/module/module_builder_impl.hpp"
 
@@ -233,4 +234,97 @@ std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::strin
   return {direct, packed, set, prep, prep_packed, run, run_packed, rel, cpu.required, cpu.check};
 }
 
+// --- the run-time size checks ------------------------------------------------------------------
+
+ir::Bool ModuleBuilder::sizes_fit(const std::function<bool(const Node&)>& keep) {
+  llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
+  llvm::Value* buffers = llvm::ConstantFP::get(f64_, 0.0);
+  for (const auto& n : g_.nodes()) {
+    if (!keep(n)) continue;
+    largest = b_.CreateMaxNum(largest, iteration_space(n));
+    buffers = b_.CreateFAdd(buffers, space_of({&n.axes}));
+  }
+  constexpr double kLimit = 72057594037927936.0;  // 2^56
+  llvm::Value* limit = llvm::ConstantFP::get(f64_, kLimit);
+  return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(buffers, limit)));
+}
+
+llvm::Value* ModuleBuilder::space_of(std::initializer_list<const std::vector<Axis>*> lists) {
+  std::map<std::string, const Extent*> space;
+  for (const auto* axes : lists)
+    for (const auto& a : *axes) space.emplace(a.name, &a.extent);
+  llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
+  for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
+  return product;
+}
+
+llvm::Value* ModuleBuilder::iteration_space(const Node& n) {
+  auto axes_of = [&](std::size_t k) { return &g_.node(n.inputs[k]).axes; };
+  switch (n.op) {
+    case Op::contract:
+    case Op::logsumexp:
+    case Op::argmax: {
+      llvm::Value* most = space_of({&n.axes});
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({&n.axes, axes_of(k)}));
+      return most;
+    }
+    case Op::linear:
+      return space_of({&n.axes, axes_of(0)});
+    case Op::fused_attention:  // (q, k, v, …) -> out
+      return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({&n.axes, axes_of(2)}));
+    case Op::fused_attention_backward:  // (q, k, v, out, d_out, …) -> dQ; dP = d_out · vᵀ
+      return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({axes_of(4), axes_of(2)}));
+    default: {
+      llvm::Value* most = space_of({&n.axes});
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({axes_of(k)}));
+      return most;
+    }
+  }
+}
+
+void ModuleBuilder::emit_size_checks() {
+  if (plan_.dynamic.empty()) return;
+  ir::Bool ok = sizes_fit([](const Node&) { return true; });
+  for (const auto& n : g_.nodes())
+    for (const auto& a : n.axes)
+      if (a.extent.is_dynamic()) ok = ok && dim(a.extent) >= 0;
+  for (const auto& s : plan_.dynamic) ok = ok && I(b_, sym_.at(s)) >= 0;
+  for (const auto& c : g_.constraints()) {
+    const I a = dim(c.a), d = dim(c.b);
+    switch (c.kind) {
+      case Constraint::Kind::equal:
+        ok = ok && a == d;
+        break;
+      case Constraint::Kind::divisible:
+        ok = ok && (d != 0) && (a % pick(d == 0, c64(1), d) == 0);
+        break;
+      case Constraint::Kind::at_most:
+        ok = ok && a <= d;
+        break;
+    }
+  }
+  // A concat whose joined axis has a symbol of its own (parts of different symbols): that size
+  // must be the sum of the parts', or the parts would be written past the output.
+  for (const auto& n : g_.nodes()) {
+    if (n.op != Op::concat || n.attr_axes.empty()) continue;
+    I total = c64(0);
+    for (int part : n.inputs)
+      total = total + dim(g_.node(part).axes[axis_pos(g_.node(part).axes, n.attr_axes[0])].extent);
+    ok = ok && dim(n.axes[axis_pos(n.axes, n.attr_axes.back())].extent) == total;
+  }
+  // Slices inside their input; an update's rows inside the updated axis; a prefix of an update
+  // as long as what it wrote (a KV cache's Key = Past + Seq).
+  for (const auto& n : g_.nodes()) {
+    if (n.op == Op::slice && n.attr_axes.size() == 2) {
+      const auto& in = g_.node(n.inputs[0]);
+      const I part = dim(n.axes[axis_pos(n.axes, n.attr_axes[1])].extent);
+      const I start = n.dim ? dim(*n.dim) : part * n.offset;
+      ok = ok && start + part <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
+      if (in.op == Op::update_slice && n.offset == 0 && !n.dim && in.attr_axes[0] == n.attr_axes[0])
+        ok = ok && part == update_end(in);
+    }
+    if (n.op == Op::update_slice) ok = ok && update_end(n) <= dim(n.axes[axis_pos(n.axes, n.attr_axes[0])].extent);
+  }
+  if (ok.constant() != true) fail_unless(ok.v(), 2);
+}
 }  // namespace qkv::codegen::cpu::detail
