@@ -19,6 +19,7 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "cpu/kernels/attention_backward.hpp"
+#include "cpu/schedule.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace qkv::codegen::cpu {
@@ -148,10 +149,7 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
   });
 
   // Chunks of key blocks: from the shape alone (never the thread count), enough tasks to share.
-  const std::int64_t nkb = (S + cfg.keys - 1) / cfg.keys;
-  const std::int64_t want_chunks = std::clamp<std::int64_t>((32 + B * hkv - 1) / (B * hkv), 1, nkb);
-  const std::int64_t chunk_blocks = (nkb + want_chunks - 1) / want_chunks;
-  const std::int64_t chunks = (nkb + chunk_blocks - 1) / chunk_blocks;
+  const auto [chunk_blocks, chunks] = backward_chunks(B * hkv, ceil_div(S, std::int64_t{cfg.keys}));
   const std::int64_t padded_rows = (L + cfg.rows - 1) / cfg.rows * cfg.rows;
   std::vector<float> partial(static_cast<std::size_t>(chunks * B * hq * padded_rows * cfg.dkp), 0.0f);
   a.delta = delta.data();

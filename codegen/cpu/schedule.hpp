@@ -82,6 +82,22 @@ AttentionTask<I> attention_task(I t, I blocks, std::int64_t hq, std::int64_t hkv
   return {kv / hkv, kv % hkv * group + within % group, causal ? blocks - 1 - blk : blk};
 }
 
+/// The fused attention backward's split of the keys: a task (batch, kv head, chunk) owns the dK
+/// and dV rows of `chunk_blocks` key blocks and writes its own dQ partial sums, which are added in
+/// chunk order afterwards. From the shape alone (never the thread count), so the sums are the
+/// same for any number of threads: about kTaskTarget tasks over `units` = batch · kv heads, at
+/// most one chunk per key block. No key blocks: no chunks.
+template <class I>
+struct BackwardChunks {
+  I chunk_blocks, chunks;
+};
+template <class I>
+BackwardChunks<I> backward_chunks(I units, I key_blocks) {
+  const I want = imin(imax(ceil_div(kTaskTarget, imax(units, 1)), 1), imax(key_blocks, 1));
+  const I per = ceil_div(imax(key_blocks, 1), want);
+  return {per, ceil_div(key_blocks, per)};
+}
+
 /// The split-KV decode kernel (cpu/kernels/decode_kernel.hpp) runs calls with at most this many
 /// query rows unless the spec says otherwise.
 inline constexpr std::int64_t kDecodeQueries = 4;

@@ -241,6 +241,11 @@ class Planner {
         return;
       case KernelKind::fused_attention:
         return attention(id);
+      case KernelKind::attention_backward:
+      case KernelKind::attention_grads:
+        // The PTX backward is not in the GPU's graph plans yet: a clean refusal, never a wrong result.
+        throw std::invalid_argument("cuda plan: " + std::string(op_name(g_.node(id).op)) +
+                                    " (a fused attention's gradient) runs on the CPU backends only");
       case KernelKind::convert:
         if (bf16_linear_.count(g_.node(id).inputs[0])) {  // written by its bf16 linear (linear_bf16)
           s.kind = Step::Kind::view;
@@ -327,6 +332,8 @@ class Planner {
         case KernelKind::fused_attention:
         case KernelKind::attention_weights:
         case KernelKind::attention_lse:
+        case KernelKind::attention_backward:
+        case KernelKind::attention_grads:
           internal_error("cuda plan: kind " + std::string(kernel_kind_name(kind)) + " reached the value kernels");
       }
     }

@@ -69,7 +69,8 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
   spec.mod = a.mod;
   for (ModNode& x : spec.mod.nodes)
     if (x.op == ModOp::load) x.input -= 3;
-  for (std::size_t m = 3; m < n.inputs.size(); ++m) {
+  // Tensor k is the node's input 3 + k (a fused_attention_backward's: 6 + k, after out, d_out, lse).
+  for (std::size_t m = n.op == Op::fused_attention_backward ? 6 : 3; m < n.inputs.size(); ++m) {
     const Node& t = g.node(n.inputs[m]);
     call.tensor_inputs.push_back(static_cast<int>(m));
     spec.tensors.push_back({cpu::ModTensor::Source::captured, storage_dtype(t.dtype), static_cast<int>(t.axes.size())});

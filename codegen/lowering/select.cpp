@@ -86,13 +86,10 @@ KernelKind select_kernel(const Graph& g, int id) {
     case Op::convert:
       return KernelKind::convert;
     case Op::fused_attention_backward:
+      return KernelKind::attention_backward;
     case Op::attention_dk:
     case Op::attention_dv:
-      // The fused backward kernel runs through cpu::run_attention_backward; the graph backends
-      // do not lower it yet: a clean refusal, never a wrong result.
-      throw std::invalid_argument("select_kernel: " + std::string(op_name(n.op)) +
-                                  " is not lowered by the graph backends yet; differentiate the unfused graph "
-                                  "(grad before the pass pipeline fuses the attention) or run it on the interpreter");
+      return KernelKind::attention_grads;
   }
   internal_error("select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
 }
@@ -109,6 +106,10 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "attention_weights";
     case KernelKind::attention_lse:
       return "attention_lse";
+    case KernelKind::attention_backward:
+      return "attention_backward";
+    case KernelKind::attention_grads:
+      return "attention_grads";
     case KernelKind::gemm:
       return "gemm";
     case KernelKind::linear_strided:

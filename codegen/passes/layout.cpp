@@ -70,6 +70,33 @@ Graph layout(const Graph& g) {
       const int fused = out.add(std::move(n));
       return in_order(out, fused, names_of(original));
     }
+    if (n.op == Op::fused_attention_backward) {
+      // (q, k, v, out, d_out, lse, the mod's tensors...) -> dQ, laid out as the kernel reads and
+      // writes them: the forward's orders, d_out as out, lse [batch, heads..., group..., query].
+      const AttentionAttrs& a = *n.attention;
+      const Names rows = concat({&a.batch, &a.heads, &a.group}, {a.query});
+      n.inputs[0] = in_order(out, n.inputs[0], concat({&rows}, {a.dk}));
+      n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
+      n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
+      n.inputs[3] = in_order(out, n.inputs[3], concat({&rows}, {a.dv}));
+      n.inputs[4] = in_order(out, n.inputs[4], concat({&rows}, {a.dv}));
+      n.inputs[5] = in_order(out, n.inputs[5], rows);
+      const std::vector<Axis> original = n.axes;
+      n.axes = reorder(original, concat({&rows}, {a.dk}));
+      const int fused = out.add(std::move(n));
+      return in_order(out, fused, names_of(original));
+    }
+    if (n.op == Op::attention_dk || n.op == Op::attention_dv) {
+      // dK [batch, heads..., key, dk] and dV [batch, heads..., key, dv], as the kernel writes them.
+      const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
+      const std::vector<Axis> original = n.axes;
+      int fused = n.inputs[0];
+      while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
+      n.inputs[0] = fused;
+      n.axes = reorder(original, concat({&a.batch, &a.heads}, {a.key, n.op == Op::attention_dk ? a.dk : a.dv}));
+      const int grads = out.add(std::move(n));
+      return in_order(out, grads, names_of(original));
+    }
     if (n.op == Op::attention_weights || n.op == Op::attention_lse) {
       const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
       const std::vector<Axis> original = n.axes;

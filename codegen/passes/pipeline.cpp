@@ -38,6 +38,19 @@ Graph lower(const Graph& input, const PipelineOptions& o) {
   return g;
 }
 
+ForwardForGradients fuse_for_gradients(const Graph& g, int loss) {
+  Graph with_loss;
+  for (const Node& n : g.nodes()) with_loss.add(n);
+  for (const auto& c : g.constraints()) with_loss.require(c);
+  with_loss.mark_output(loss, "loss");
+  const Graph fused = fuse_attention(canonicalize(with_loss));
+  ForwardForGradients out;
+  for (const Node& n : fused.nodes()) out.g.add(n);
+  for (const auto& c : fused.constraints()) out.g.require(c);
+  out.loss = fused.outputs().at(0).node;
+  return out;
+}
+
 std::shared_ptr<const Graph> lower_cached(const Graph& g) {
   // By the source graph's hash; the source is kept to tell a hash collision from a hit, and the
   // lowered graphs are shared so a replaced entry never pulls one from under a running call.

@@ -37,22 +37,33 @@ std::string list(const Names& v) {
 /// The laid-out grammar of a fused_attention node (verify.hpp).
 void check_laid_out_attention(const Graph& g, const Node& n, const std::function<void(const std::string&)>& report) {
   const AttentionAttrs& a = *n.attention;
+  const bool backward = n.op == Op::fused_attention_backward;
   auto expect = [&](const char* what, const std::vector<Axis>& axes, const Names& want) {
     if (names(axes) != want) report(std::string(what) + " is " + axes_str(axes) + ", not laid out as " + list(want));
   };
-  expect("q", g.node(n.inputs[0]).axes, cat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
+  const Names rows = cat({&a.batch, &a.heads, &a.group}, {a.query});
+  expect("q", g.node(n.inputs[0]).axes, cat({&rows}, {a.dk}));
   expect("k", g.node(n.inputs[1]).axes, cat({&a.batch, &a.heads}, {a.key, a.dk}));
   expect("v", g.node(n.inputs[2]).axes, cat({&a.batch, &a.heads}, {a.key, a.dv}));
-  expect("the output", n.axes, cat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
+  if (backward) {
+    expect("out", g.node(n.inputs[3]).axes, cat({&rows}, {a.dv}));
+    expect("d_out", g.node(n.inputs[4]).axes, cat({&rows}, {a.dv}));
+    expect("lse", g.node(n.inputs[5]).axes, rows);
+    expect("dQ", n.axes, cat({&rows}, {a.dk}));
+  } else {
+    expect("the output", n.axes, cat({&rows}, {a.dv}));
+  }
+  // The mod loads tensor k as input 3 + k; the backward node holds it at 6 + k.
+  const std::size_t shift = backward ? 3 : 0;
   for (const ModNode& x : a.mod.nodes) {
     if (x.op != ModOp::load) continue;
-    if (x.input < 3 || static_cast<std::size_t>(x.input) >= n.inputs.size()) {
-      report("a mod loads input " + std::to_string(x.input) + ", which is not one of its tensors (3.." +
-             std::to_string(n.inputs.size() - 1) + ")");
-    } else if (g.node(n.inputs[static_cast<std::size_t>(x.input)]).axes.size() != x.at.size()) {
-      report("a mod loads input " + std::to_string(x.input) + " with " + std::to_string(x.at.size()) +
-             " indices, but it has " + std::to_string(g.node(n.inputs[static_cast<std::size_t>(x.input)]).axes.size()) +
-             " axes");
+    const std::size_t at = static_cast<std::size_t>(x.input) + shift;
+    if (x.input < 3 || at >= n.inputs.size()) {
+      report("a mod loads tensor " + std::to_string(x.input) + ", which is not one of its tensors (3.." +
+             std::to_string(static_cast<int>(n.inputs.size() - shift) - 1) + ")");
+    } else if (g.node(n.inputs[at]).axes.size() != x.at.size()) {
+      report("a mod loads tensor " + std::to_string(x.input) + " with " + std::to_string(x.at.size()) +
+             " indices, but it has " + std::to_string(g.node(n.inputs[at]).axes.size()) + " axes");
     }
   }
 }
@@ -146,6 +157,20 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
     }
     if (stage == Stage::laid_out && n.op == Op::fused_attention && n.attention && count >= 3)
       check_laid_out_attention(g, n, report);
+    if (n.op == Op::fused_attention_backward && (!n.attention || count < 6))
+      report("has no attention attributes or fewer than 6 inputs");
+    else if (stage == Stage::laid_out && n.op == Op::fused_attention_backward)
+      check_laid_out_attention(g, n, report);
+    if (n.op == Op::attention_dk || n.op == Op::attention_dv) {
+      const Node& f = g.node(n.inputs[0]);
+      if (f.op != Op::fused_attention_backward || !f.attention) {
+        report("reads %" + std::to_string(n.inputs[0]) + ", not a fused_attention_backward");
+      } else if (stage == Stage::laid_out) {
+        const AttentionAttrs& a = *f.attention;
+        const Names want = cat({&a.batch, &a.heads}, {a.key, n.op == Op::attention_dk ? a.dk : a.dv});
+        if (nm != want) report("is not laid out as " + list(want));
+      }
+    }
     if (stage == Stage::laid_out && (n.op == Op::attention_weights || n.op == Op::attention_lse)) {
       const Node& f = g.node(n.inputs[0]);
       if (f.op != Op::fused_attention || !f.attention) {

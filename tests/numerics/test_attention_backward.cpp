@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
@@ -164,6 +165,42 @@ TEST_P(AttentionBackward, FusedGradientEqualsTheUnfusedOne) {
   }
 }
 
+/// The largest |a − b| over the largest |a| (at least 1e-6), names checked to be finite in b.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b, const std::string& name) {
+  EXPECT_EQ(a.size(), b.size()) << name;
+  double scale = 1e-6, diff = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_TRUE(std::isfinite(b[i])) << name << "[" << i << "]";
+    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  return diff / scale;
+}
+
+/// The fused graph's gradients compiled for the CPU (the backward node's kernel, D and the dQ
+/// partial sums in the module) against the interpreter, and bit for bit on 1 and 3 threads.
+void expect_compiled_matches(const Graph& fused, const Feeds& feeds) {
+  const RunResult want = interpret(fused, feeds);
+  const RunResult one = codegen::cpu::run(fused, feeds, 1), three = codegen::cpu::run(fused, feeds, 3);
+  for (const char* name : {"loss", "dq", "dk", "dv"}) {
+    const std::vector<float> a = want.outputs.at(name).to_f32(), b = one.outputs.at(name).to_f32();
+    EXPECT_LE(relative_error(a, b, name), 1e-4) << name;
+    EXPECT_EQ(b, three.outputs.at(name).to_f32()) << name << ": 1 and 3 threads differ";
+  }
+}
+
+TEST_P(AttentionBackward, TheCompiledGraphMatchesTheInterpreterOnAnyThreadCount) {
+  const Case& c = GetParam();
+  std::mt19937 rng(11);
+  Feeds feeds;
+  Graph g = forward(c, feeds, rng);
+  add_loss(g, feeds, rng);
+  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
+  add_grads(fused);
+  ASSERT_EQ(count(fused, Op::fused_attention_backward), c.fused_backward ? 1 : 0);
+  expect_compiled_matches(fused, feeds);
+}
+
 std::vector<Case> cases() {
   std::vector<Case> v;
   v.push_back({.name = "plain"});
@@ -273,6 +310,7 @@ TEST_P(AttentionBackwardKernel, MatchesTheInterpreterAndIsTheSameOnAnyThreadCoun
     }
     EXPECT_LE(diff, 1e-4 * scale) << names[t] << " (largest entry " << scale << ")";
   }
+  expect_compiled_matches(fused, feeds);
   // Bit for bit whatever the thread count.
   EXPECT_EQ(one.dq, two.dq);
   EXPECT_EQ(one.dk, two.dk);

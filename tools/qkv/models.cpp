@@ -1,5 +1,6 @@
 #include "models.hpp"
 
+#include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/dsl/train.hpp>
 #include <qkv/qkv.hpp>
 
@@ -316,24 +317,29 @@ int causal_lm_loss(Graph& g, const Model& model, const CrossEntropyOptions& o) {
 }
 }  // namespace
 
+namespace {
+/// The model's loss graph, its attentions fused before it is differentiated (the fused backward).
+codegen::ForwardForGradients loss_for_gradients(const HfConfig& c, const CrossEntropyOptions& o) {
+  int loss = -1;
+  const Graph g = with_decoder(c, [&](Graph& gg, const auto& model) { loss = causal_lm_loss(gg, model, o); });
+  return codegen::fuse_for_gradients(g, loss);
+}
+}  // namespace
+
 TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
+  auto [g, loss] = loss_for_gradients(c, s.loss);
   TrainGraph t;
-  t.g = with_decoder(c, [&](Graph& g, const auto& model) {
-    const int loss = causal_lm_loss(g, model, s.loss);
-    t.step =
-        s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
-  });
+  t.step = s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
+  t.g = std::move(g);
   return t;
 }
 
 AccumulatingTrainGraphs build_accumulating_training_step(const HfConfig& c, const TrainSpec& s,
                                                          std::int64_t micro_batches) {
+  auto [g, loss] = loss_for_gradients(c, s.loss);
   AccumulatingTrainGraphs t;
-  std::vector<int> params;
-  t.gradients = with_decoder(c, [&](Graph& g, const auto& model) {
-    params =
-        append_gradient_accumulation(g, causal_lm_loss(g, model, s.loss), 1.0 / static_cast<double>(micro_batches));
-  });
+  const std::vector<int> params = append_gradient_accumulation(g, loss, 1.0 / static_cast<double>(micro_batches));
+  t.gradients = std::move(g);
   t.step = s.sgd ? append_training_step_on_gradients(t.update, t.gradients, params, s.sgd_options, s.step)
                  : append_training_step_on_gradients(t.update, t.gradients, params, s.adamw, s.step);
   return t;

@@ -14,6 +14,8 @@
 // (attention, GEMM, row-wise) are emitted into the same module with internal linkage.
 #include "cpu/module/module_builder_impl.hpp"
 
+#include <cstddef>
+
 #include <llvm/IR/Instructions.h>
 #include <llvm/Transforms/Utils/CodeExtractor.h>
 
@@ -193,6 +195,23 @@ void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::
                });
 }
 
+std::pair<llvm::Value*, llvm::Value*> ModuleBuilder::mod_tensor_arrays(const Node& n, const AttentionCall& call) {
+  llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+  if (call.tensor_inputs.empty()) return {null, null};
+  std::size_t rank_sum = 0;
+  for (int m : call.tensor_inputs) rank_sum += g_.node(n.inputs[static_cast<std::size_t>(m)]).axes.size();
+  llvm::Value* tensors = ir::entry_alloca(b_, ptr_, call.tensor_inputs.size(), 8, "mod_tensors");
+  llvm::Value* extents = ir::entry_alloca(b_, i64_, std::max<std::size_t>(rank_sum, 1), 8, "mod_extents");
+  std::uint64_t e = 0;
+  for (std::size_t t = 0; t < call.tensor_inputs.size(); ++t) {
+    const int tid = n.inputs[static_cast<std::size_t>(call.tensor_inputs[t])];
+    b_.CreateStore(buf(tid), b_.CreateConstInBoundsGEP1_64(ptr_, tensors, t));
+    for (const auto& x : g_.node(tid).axes)
+      b_.CreateStore(dim(x.extent).v(), b_.CreateConstInBoundsGEP1_64(i64_, extents, e++));
+  }
+  return {tensors, extents};
+}
+
 void ModuleBuilder::emit_attention(int id) {
   const AttentionCall& call = plan_.attention.at(id);
   const AttentionSpec& spec = call.spec;
@@ -207,23 +226,8 @@ void ModuleBuilder::emit_attention(int id) {
   const std::string name = "qkv_attention_" + std::to_string(id);
   const I batch = dim(call.batch), lq = dim(call.len_q), lk = dim(call.len_k);
 
-  // The mod's tensors: their base pointers and extents, as the kernel reads them.
   llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
-  llvm::Value* tensors = null;
-  llvm::Value* extents = null;
-  if (!call.tensor_inputs.empty()) {
-    std::size_t rank_sum = 0;
-    for (int m : call.tensor_inputs) rank_sum += g_.node(n.inputs[static_cast<std::size_t>(m)]).axes.size();
-    tensors = ir::entry_alloca(b_, ptr_, call.tensor_inputs.size(), 8, "mod_tensors");
-    extents = ir::entry_alloca(b_, i64_, std::max<std::size_t>(rank_sum, 1), 8, "mod_extents");
-    std::uint64_t e = 0;
-    for (std::size_t t = 0; t < call.tensor_inputs.size(); ++t) {
-      const int tid = n.inputs[static_cast<std::size_t>(call.tensor_inputs[t])];
-      b_.CreateStore(buf(tid), b_.CreateConstInBoundsGEP1_64(ptr_, tensors, t));
-      for (const auto& x : g_.node(tid).axes)
-        b_.CreateStore(dim(x.extent).v(), b_.CreateConstInBoundsGEP1_64(i64_, extents, e++));
-    }
-  }
+  const auto [tensors, extents] = mod_tensor_arrays(n, call);
   llvm::Value* weights = spec.write_weights ? weights_.at(id) : null;
   llvm::Value* lse = spec.write_lse ? lse_.at(id) : null;
   const auto cache = plan_.kv_rows.find(id);  // K and V read in place out of KV caches
@@ -291,6 +295,106 @@ void ModuleBuilder::emit_attention(int id) {
         });
       },
       fused);
+}
+
+void ModuleBuilder::emit_backward(int id) {
+  const ModulePlan::Backward& bw = plan_.backward.at(id);
+  const AttentionSpec& spec = bw.call.spec;
+  const BackwardConfig& cfg = bw.config;
+  const BackwardBuffers& bufs = backward_.at(id);
+  const Node& n = g_.node(id);
+  const I batch = dim(bw.call.batch), lq = dim(bw.call.len_q), lk = dim(bw.call.len_k);
+  const I rows = batch * spec.hq * lq;  // query rows over every (batch, query head)
+
+  // D = rowsum(dO ∘ O), row by row, in double.
+  parallel_ranges(rows, 64, 1, c64(spec.dv * 2), {buf(n.inputs[3]), buf(n.inputs[4]), bufs.delta},
+                  [&](I r0, I r1, const Values& cap) {
+                    loop(
+                        r0, r1,
+                        [&](I r) {
+                          llvm::Value* d = sum(c64(spec.dv), [&](const I& k) {
+                            const I at = r * spec.dv + k;
+                            return b_.CreateFMul(b_.CreateFPExt(load(f32_, cap[0], at), f64_),
+                                                 b_.CreateFPExt(load(f32_, cap[1], at), f64_));
+                          });
+                          store(b_.CreateFPTrunc(d, f32_), cap[2], r);
+                        },
+                        "bwd.delta");
+                  });
+
+  // The tasks (batch, kv head, chunk of key blocks): each owns its dK / dV rows and adds into
+  // its own chunk's dQ partial sums (zeroed first).
+  const BackwardChunks<I> split = backward_chunks(batch * spec.hkv, ceil_div(lk, std::int64_t{cfg.keys}));
+  const I padded = round_up(lq, cfg.rows);
+  const I per_chunk = batch * spec.hq * padded * cfg.dkp;
+  memset0(bufs.partial, split.chunks * per_chunk * 4);
+  llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+  const auto [tensors, extents] = mod_tensor_arrays(n, bw.call);
+  llvm::Value* args = ir::entry_alloca(b_, i8_, sizeof(AttentionBackwardArgs), 8, "backward_args");
+  auto set = [&](std::size_t offset, llvm::Value* v) {
+    b_.CreateStore(v, b_.CreateConstInBoundsGEP1_64(i8_, args, offset));
+  };
+  constexpr std::size_t fwd = offsetof(AttentionBackwardArgs, forward);
+  set(fwd + offsetof(AttentionArgs, q), buf(n.inputs[0]));
+  set(fwd + offsetof(AttentionArgs, k), buf(n.inputs[1]));
+  set(fwd + offsetof(AttentionArgs, v), buf(n.inputs[2]));
+  set(fwd + offsetof(AttentionArgs, out), buf(n.inputs[3]));
+  set(fwd + offsetof(AttentionArgs, weights), null);
+  set(fwd + offsetof(AttentionArgs, key_keep), null);
+  set(fwd + offsetof(AttentionArgs, bias), null);
+  set(fwd + offsetof(AttentionArgs, tensors), tensors);
+  set(fwd + offsetof(AttentionArgs, extents), extents);
+  set(fwd + offsetof(AttentionArgs, batch), batch.v());
+  set(fwd + offsetof(AttentionArgs, len_q), lq.v());
+  set(fwd + offsetof(AttentionArgs, len_k), lk.v());
+  set(fwd + offsetof(AttentionArgs, seed), c64(0).v());
+  set(fwd + offsetof(AttentionArgs, lse), buf(n.inputs[5]));
+  set(fwd + offsetof(AttentionArgs, kv_rows), c64(0).v());
+  set(offsetof(AttentionBackwardArgs, d_out), buf(n.inputs[4]));
+  set(offsetof(AttentionBackwardArgs, dq), buf(id));
+  set(offsetof(AttentionBackwardArgs, dk), bufs.dk);
+  set(offsetof(AttentionBackwardArgs, dv), bufs.dv);
+  set(offsetof(AttentionBackwardArgs, delta), bufs.delta);
+  set(offsetof(AttentionBackwardArgs, dq_partial), bufs.partial);
+  set(offsetof(AttentionBackwardArgs, chunk_blocks), split.chunk_blocks.v());
+  set(offsetof(AttentionBackwardArgs, padded_rows), padded.v());
+  const std::string name = "qkv_attention_backward_" + std::to_string(id);
+  emit_attention_backward(m_, spec, cfg, name);
+  llvm::Function* kernel = callee(name);
+  const I work = rows * lk * (spec.dk + spec.dv) * 5;  // attention_backward_flops
+  parallel_for(batch * spec.hkv * split.chunks, work, {args, split.chunks.v()}, [&](I t, const Values& cap) {
+    const I chunks(b_, cap[1]);
+    const I kv = t / chunks;  // batch · hkv + kv head
+    b_.CreateCall(kernel, {cap[0], (kv / spec.hkv).v(), (kv % spec.hkv).v(), (t % chunks).v()});
+  });
+
+  // dQ = scale · Σ_chunk partial, the chunks added in order (whatever the thread count).
+  llvm::Value* scale = llvm::ConstantFP::get(f32_, static_cast<float>(spec.effective_scale()));
+  parallel_for(batch * spec.hq, rows * spec.dk * (split.chunks + 1),
+               {bufs.partial, buf(id), split.chunks.v(), per_chunk.v(), padded.v()}, [&](I bh, const Values& cap) {
+                 const I chunks(b_, cap[2]), per(b_, cap[3]), padded_rows(b_, cap[4]);
+                 loop(
+                     c64(0), dim(bw.call.len_q),
+                     [&](I i) {
+                       const I out = (bh * dim(bw.call.len_q) + i) * spec.dk;
+                       const I part = (bh * padded_rows + i) * cfg.dkp;
+                       auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
+                         loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), cap[1], out + d); }, what,
+                              ir::Unroll::allowed);
+                       };
+                       each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
+                       loop(
+                           c64(0), chunks,
+                           [&](I c) {
+                             each("dq.add", [&](const I& d) {
+                               return b_.CreateFAdd(load(f32_, cap[1], out + d), load(f32_, cap[0], c * per + part + d));
+                             });
+                           },
+                           "dq.chunks");
+                       each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, cap[1], out + d), scale); });
+                     },
+                     "dq.rows");
+               });
 }
 
 }  // namespace detail

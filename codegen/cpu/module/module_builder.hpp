@@ -37,6 +37,7 @@
 
 #include <qkv/codegen/target.hpp>
 #include <qkv/ir/graph.hpp>
+#include "cpu/kernels/attention_backward.hpp"
 #include "cpu/kernels/decode_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 
@@ -54,7 +55,18 @@ inline constexpr int kCpuLacksFeatures = 6;
 /// are computed by the generated code from the sizes (block_bytes); only the assignment of blocks
 /// to arena slots is decided here.
 struct ModulePlan {
-  enum class Block : std::uint8_t { value, weights, lse, gemm_panels, gemm_bias, split_kv };
+  enum class Block : std::uint8_t {
+    value,
+    weights,
+    lse,
+    gemm_panels,
+    gemm_bias,
+    split_kv,
+    backward_delta,  // a fused backward's D = rowsum(dO ∘ O) [B, Hq, L]
+    backward_dq,     // its chunks' dQ partial sums [chunks, B, Hq, L rounded up to Br, dk rounded up]
+    backward_dk,     // dK / dV when no companion node reads them
+    backward_dv,
+  };
   struct Alloc {
     Block kind = Block::value;
     int node = 0;
@@ -69,6 +81,15 @@ struct ModulePlan {
   std::map<int, int> weights;               // fused_attention id -> block of its weights (-1: an output)
   std::map<int, int> lse;                   // fused_attention id -> block of its log-sum-exp (-1: an output)
   std::map<int, std::pair<int, int>> gemm;  // linear id on the GEMM kernel -> (packed Bᵀ, padded bias)
+  /// fused_attention_backward id -> its call (cpu/kernels/attention_backward.hpp), blocking and
+  /// blocks: D, the dQ partial sums, and dK / dV where no attention_dk / attention_dv node takes
+  /// them (-1: written into that node's buffer).
+  struct Backward {
+    AttentionCall call;
+    BackwardConfig config;
+    int delta = -1, partial = -1, dk = -1, dv = -1;
+  };
+  std::map<int, Backward> backward;
   /// fused_attention id -> its split-KV decode path (cpu/kernels/decode_kernel.hpp), for the
   /// calls with L <= max_queries: the blocking and the block of its chunks' partial results.
   struct Decode {

@@ -462,10 +462,19 @@ class ModuleBuilder {
     for (const auto& [id, k] : plan_.lse)
       if (k >= 0) lse_[id] = block(layout, k, arena);
     for (const auto& [id, d] : plan_.decode) split_[id] = block(layout, d.block, arena);
+    for (const auto& [id, bw] : plan_.backward) {
+      BackwardBuffers& to = backward_[id];
+      to.delta = block(layout, bw.delta, arena);
+      to.partial = block(layout, bw.partial, arena);
+      if (bw.dk >= 0) to.dk = block(layout, bw.dk, arena);
+      if (bw.dv >= 0) to.dv = block(layout, bw.dv, arena);
+    }
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
       const Node& n = g_.node(id);
       if (n.op == Op::attention_weights) weights_[n.inputs[0]] = buf(id);
       if (n.op == Op::attention_lse) lse_[n.inputs[0]] = buf(id);
+      if (n.op == Op::attention_dk) backward_.at(n.inputs[0]).dk = buf(id);
+      if (n.op == Op::attention_dv) backward_.at(n.inputs[0]).dv = buf(id);
     }
 
     std::vector<std::vector<llvm::BasicBlock*>> regions;
@@ -563,9 +572,12 @@ class ModuleBuilder {
       case KernelKind::view:
       case KernelKind::attention_weights:  // written by its fused node
       case KernelKind::attention_lse:
+      case KernelKind::attention_grads:  // written by their fused backward
         return;
       case KernelKind::fused_attention:
         return emit_attention(id);
+      case KernelKind::attention_backward:
+        return emit_backward(id);
       case KernelKind::gemm:
         return emit_gemm(id);
       case KernelKind::linear_strided:
@@ -719,6 +731,12 @@ class ModuleBuilder {
                         const I& nn, const I& k);
 
   void emit_attention(int id);
+  /// The mod's tensors of fused node n as its kernel reads them: their base pointers and their
+  /// extents, concatenated (null, null without tensors).
+  std::pair<llvm::Value*, llvm::Value*> mod_tensor_arrays(const Node& n, const AttentionCall& call);
+  /// fused_attention_backward: D, the kernel's tasks (cpu/kernels/attention_backward.hpp) and the
+  /// dQ partial sums added in chunk order, as run_attention_backward does.
+  void emit_backward(int id);
 
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
@@ -734,6 +752,10 @@ class ModuleBuilder {
   std::map<std::string, llvm::Value*> sym_;  // the run-time sizes in the function being built
   std::vector<llvm::Value*> buf_;
   std::map<int, llvm::Value*> weights_, lse_, split_;
+  struct BackwardBuffers {
+    llvm::Value *delta = nullptr, *partial = nullptr, *dk = nullptr, *dv = nullptr;
+  };
+  std::map<int, BackwardBuffers> backward_;  // fused_attention_backward id -> where its kernel writes
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;
   std::set<DType> rowwise_emitted_;
   GemmConfig gemm_cfg_;             // of the linear being emitted (gemm_config)

@@ -100,7 +100,7 @@ constexpr std::int64_t kTypicalSize = 512;
 std::vector<std::string> specialised_sizes(const Graph& g) {
   std::vector<std::string> out;
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
-    if (g.node(id).op == Op::fused_attention)
+    if (g.node(id).op == Op::fused_attention || g.node(id).op == Op::fused_attention_backward)
       for (auto& s : attention_kernel_symbols(g, id))
         if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   return out;
@@ -161,22 +161,49 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
       }
       plan.attention.emplace(id, std::move(call));
     }
+    if (n.op == Op::fused_attention_backward) {
+      ModulePlan::Backward bw;
+      bw.call = describe_attention(g, id, plan.fixed);
+      if (const std::string why = backward_unsupported(bw.call.spec); !why.empty())
+        throw std::invalid_argument("codegen: the fused attention backward does not cover " + why);
+      for (std::size_t k = 0; k < 6; ++k)  // q, k, v, out, d_out, lse
+        if (storage_dtype(g.node(n.inputs[k]).dtype) != DType::f32)
+          throw std::invalid_argument("codegen: the fused attention backward reads f32 only (input " +
+                                      std::to_string(k) + " is " + std::string(dtype_name(g.node(n.inputs[k]).dtype)) +
+                                      ")");
+      bw.config = choose_backward_config(bw.call.spec, target);
+      bw.delta = add(ModulePlan::Block::backward_delta, id, id, id);
+      bw.partial = add(ModulePlan::Block::backward_dq, id, id, id);
+      plan.backward.emplace(id, std::move(bw));
+    }
     if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id)) continue;
-    // attention_weights and attention_lse are written by their fused node: alive from there.
+    // attention_weights and attention_lse are written by their fused node, attention_dk and
+    // attention_dv by their fused backward: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
+    const bool grads = n.op == Op::attention_dk || n.op == Op::attention_dv;
     auto& side_map = n.op == Op::attention_lse ? plan.lse : plan.weights;
     if (plan.output_arg[i] < 0) {
-      plan.alloc[i] = add(ModulePlan::Block::value, id, side ? n.inputs[0] : id, end[i]);
+      plan.alloc[i] = add(ModulePlan::Block::value, id, side || grads ? n.inputs[0] : id, end[i]);
       if (side) side_map[n.inputs[0]] = plan.alloc[i];
     } else if (side) {
       side_map[n.inputs[0]] = -1;  // written straight into its output argument
     }
+
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
       plan.gemm_config[id] = linear_gemm_config(g, id, target);
       auto param = [&](std::size_t k) { return k >= n.inputs.size() || g.node(n.inputs[k]).op == Op::param; };
       if (param(1) && param(2)) plan.prepared.push_back(id);
     }
+  }
+  // dK or dV a fused backward writes that no node takes still need somewhere to go.
+  for (auto& [id, bw] : plan.backward) {
+    auto taken = [&, node = id](Op op) {
+      return std::any_of(g.nodes().begin(), g.nodes().end(),
+                         [&](const Node& c) { return c.op == op && c.inputs.size() == 1 && c.inputs[0] == node; });
+    };
+    if (!taken(Op::attention_dk)) bw.dk = add(ModulePlan::Block::backward_dk, id, id, id);
+    if (!taken(Op::attention_dv)) bw.dv = add(ModulePlan::Block::backward_dv, id, id, id);
   }
   // Weights or a log-sum-exp a fused node writes that nothing reads still need somewhere to go.
   for (const auto& [id, call] : plan.attention) {

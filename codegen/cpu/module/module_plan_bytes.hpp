@@ -39,6 +39,19 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
       const I floats = split_kv_floats(units, d.config.rows, split.chunks, decode_record_floats(c.spec));
       return pick(lq <= d.max_queries, floats * 4, dim(Extent::fixed(0)));
     }
+    case ModulePlan::Block::backward_delta:
+    case ModulePlan::Block::backward_dq:
+    case ModulePlan::Block::backward_dk:
+    case ModulePlan::Block::backward_dv: {
+      const ModulePlan::Backward& bw = plan.backward.at(a.node);
+      const AttentionSpec& spec = bw.call.spec;
+      const I batch = dim(bw.call.batch), lq = dim(bw.call.len_q), lk = dim(bw.call.len_k);
+      if (a.kind == ModulePlan::Block::backward_delta) return batch * spec.hq * lq * 4;
+      if (a.kind == ModulePlan::Block::backward_dk) return batch * spec.hkv * lk * spec.dk * 4;
+      if (a.kind == ModulePlan::Block::backward_dv) return batch * spec.hkv * lk * spec.dv * 4;
+      const BackwardChunks<I> split = backward_chunks(batch * spec.hkv, ceil_div(lk, std::int64_t{bw.config.keys}));
+      return split.chunks * batch * spec.hq * round_up(lq, bw.config.rows) * bw.config.dkp * 4;
+    }
     case ModulePlan::Block::gemm_panels:
     case ModulePlan::Block::gemm_bias: {
       const auto& w = g.node(n.inputs[1]).axes;  // W [out, in]

@@ -21,6 +21,22 @@ namespace qkv {
 /// unfused attention, recomputed.
 inline bool fused_backward_covers(const AttentionAttrs& at) { return at.dropout == 0.0 && at.mod.score < 0; }
 
+/// Whether the fused backward kernels take fused_attention node n of g (besides covering its
+/// attributes): q, k, v and the output f32, and head widths at most 256 where they are static —
+/// what run_attention_backward and the compiled graphs' backward node accept (a run-time head
+/// width past 256 is refused there, by name). Otherwise the gradient is the unfused one, which
+/// every backend runs.
+inline bool fused_backward_fits(const Graph& g, const Node& n) {
+  const AttentionAttrs& at = *n.attention;
+  if (n.dtype != DType::f32) return false;
+  for (std::size_t k = 0; k < 3; ++k)
+    if (g.node(n.inputs[k]).dtype != DType::f32) return false;
+  for (const auto& [input, axis] : {std::pair<int, const std::string*>{0, &at.dk}, {2, &at.dv}})
+    for (const auto& a : g.node(n.inputs[static_cast<std::size_t>(input)]).axes)
+      if (a.name == *axis && a.extent.is_static() && (a.extent.value < 1 || a.extent.value > 256)) return false;
+  return true;
+}
+
 /// The node ids of one unfused attention.
 struct UnfusedAttention {
   int scores = -1;    // scale · q·k over the score axes

@@ -301,7 +301,8 @@ class Sweep : public Builder {
   /// fused_attention: FlashAttention-2's backward as one fused_attention_backward node (dQ) with
   /// its attention_dk / attention_dv companions, reading the forward's output and log-sum-exp
   /// (the forward node is asked to write it). What that node does not cover — dropout, a score
-  /// modification (a mod with a score part) — is the gradient of the unfused attention
+  /// modification (a mod with a score part), values that are not f32, static head widths past
+  /// 256 (fused_backward_fits) — is the gradient of the unfused attention
   /// (attention_graph.hpp), recomputed from q, k and v: never a wrong gradient.
   void attention_back(int id, const Node& n, int dy) {
     const AttentionAttrs& at = *n.attention;
@@ -310,7 +311,7 @@ class Sweep : public Builder {
     for (std::size_t i = 3; i < n.inputs.size(); ++i)
       if (wants(n.inputs[i]) && at.mod.score >= 0)
         fail(id, "input " + std::to_string(i) + " is read by a score modification: its gradient is not written yet");
-    if (!fused_backward_covers(at)) {
+    if (!fused_backward_covers(at) || !fused_backward_fits(g_, n)) {
       const int first = static_cast<int>(g_.nodes().size());
       const UnfusedAttention u = append_unfused_attention(g_, at, q, k, v, captured, n.axes, n.dtype, false);
       // The recomputed nodes get adjoints like the forward's; their sweep runs from the output up.

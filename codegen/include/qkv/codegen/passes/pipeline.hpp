@@ -37,4 +37,15 @@ Graph lower(const Graph& g, const PipelineOptions& options = {});
 /// graph itself compared; thread-safe). Both backends' run() go through it.
 std::shared_ptr<const Graph> lower_cached(const Graph& g);
 
+/// A forward graph made ready to differentiate: canonicalize and fuse-attention, so that the
+/// gradient (append_gradients) of each attention they fuse is FlashAttention-2's fused backward
+/// (one fused_attention_backward node, no [query, key] probabilities kept for it) instead of the
+/// unfused ops'. `loss` is a node of g; the result holds g's leaves and what `loss` reads, no
+/// outputs, and the loss's id in it.
+struct ForwardForGradients {
+  Graph g;
+  int loss = -1;
+};
+ForwardForGradients fuse_for_gradients(const Graph& g, int loss);
+
 }  // namespace qkv::codegen
