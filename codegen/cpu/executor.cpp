@@ -48,11 +48,11 @@ struct BoundRunner::State {
 
 namespace {
 RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const Destinations& into,
-                        BoundRunner::State* bound);
+                        BoundRunner::State* bound, Specialise specialise = Specialise::kernels);
 }  // namespace
 
-RunResult execute(const Graph& g, const Feeds& feeds, int threads, const Destinations& into) {
-  return execute_bound(g, feeds, threads, into, nullptr);
+RunResult execute(const Graph& g, const Feeds& feeds, int threads, const Destinations& into, Specialise specialise) {
+  return execute_bound(g, feeds, threads, into, nullptr, specialise);
 }
 
 BoundRunner::BoundRunner(int threads) : state_(std::make_shared<State>()), threads_(threads) {}
@@ -65,10 +65,10 @@ int BoundRunner::prepared() const { return state_->made; }
 
 namespace {
 RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const Destinations& into,
-                        BoundRunner::State* bound) {
+                        BoundRunner::State* bound, Specialise specialise) {
   RunResult result;
   result.bindings = bind_extents(g, feeds);
-  const auto compiled = compiled_for(g, result.bindings);
+  const auto compiled = compiled_for(g, result.bindings, specialise == Specialise::every_size);
   const AotSignature& sig = compiled->signature();
 
   std::vector<std::int64_t> sizes;
@@ -139,8 +139,8 @@ RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const D
 }
 }  // namespace
 
-RunResult run(const Graph& g, const Feeds& feeds, int threads, const Destinations& into) {
-  return execute(*lower_cached(g), feeds, threads, into);
+RunResult run(const Graph& g, const Feeds& feeds, int threads, const Destinations& into, Specialise specialise) {
+  return execute(*lower_cached(g), feeds, threads, into, specialise);
 }
 
 int fused_attention_count(const Graph& g) {

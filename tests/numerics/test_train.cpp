@@ -8,12 +8,14 @@
 // and agrees with the interpreter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/dsl/train.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/interpreter.hpp>
@@ -32,8 +34,10 @@ struct Setup {
   Feeds feeds;
 };
 
+/// fused: the forward's attention fused before it is differentiated (codegen::fuse_for_gradients,
+/// what qkv train does), so its gradient is the fused backward node.
 template <class Optimizer>
-Setup setup(const std::string& name, const Optimizer& opt, double lr, const StepOptions& so) {
+Setup setup(const std::string& name, const Optimizer& opt, double lr, const StepOptions& so, bool fused) {
   Setup s;
   LlamaConfig cfg;
   cfg.layers = 1;
@@ -44,7 +48,16 @@ Setup setup(const std::string& name, const Optimizer& opt, double lr, const Step
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(s.g, "positions");
   auto targets = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(s.g, "targets");
   auto loss = cross_entropy<Vocab>(model(tokens, positions), targets, {.ignore_index = -100, .label_smoothing = 0.1});
-  s.step = append_training_step(s.g, loss.id(), opt, so);
+  if (fused) {
+    auto [g, id] = codegen::fuse_for_gradients(s.g, loss.id());
+    s.g = std::move(g);
+    s.step = append_training_step(s.g, id, opt, so);
+    const auto backward = std::count_if(s.g.nodes().begin(), s.g.nodes().end(),
+                                        [](const Node& n) { return n.op == Op::fused_attention_backward; });
+    EXPECT_EQ(backward, 1) << "the attention's gradient is not the fused backward";
+  } else {
+    s.step = append_training_step(s.g, loss.id(), opt, so);
+  }
 
   const SafetensorsFile w = SafetensorsFile::open(kDir / name / "weights.safetensors");
   for (const auto& n : w.names()) s.feeds[n] = w.load(n);
@@ -74,10 +87,10 @@ double step(Setup& s, const RunResult& r) {
 }
 
 template <class Optimizer>
-void check(const std::string& name, const Optimizer& opt, double lr, bool cpu) {
+void check(const std::string& name, const Optimizer& opt, double lr, bool cpu, bool fused = false) {
   std::ifstream in(kDir / name / "case.json");
   const auto c = nlohmann::json::parse(in);
-  Setup s = setup(name, opt, lr, {.max_grad_norm = c.at("clip").get<double>()});
+  Setup s = setup(name, opt, lr, {.max_grad_norm = c.at("clip").get<double>()}, fused);
   const NdArray loss_array = read_npy(kDir / name / "losses.npy"),
                 norm_array = read_npy(kDir / name / "grad_norms.npy");
   const auto losses = loss_array.as<double>(), norms = norm_array.as<double>();
@@ -110,6 +123,13 @@ void check(const std::string& name, const Optimizer& opt, double lr, bool cpu) {
 
 TEST(Train, AdamWStepsOfATinyLlamaMatchPyTorch) {
   check("adamw", AdamW{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, /*lr=*/1e-2, /*cpu=*/true);
+}
+
+// The same step as qkv train builds it: the attention's gradient is the fused backward (on the
+// interpreter, and compiled for the CPU: the backward kernel inside the module).
+TEST(Train, AdamWStepsWithTheFusedAttentionBackwardMatchPyTorch) {
+  check("adamw", AdamW{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, /*lr=*/1e-2, /*cpu=*/true,
+        /*fused=*/true);
 }
 
 // 20 steps with the gradients clipped to norm 0.5 (every step clips): the loss curve and the

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/files.hpp>
@@ -18,7 +19,8 @@ namespace qkv::cli {
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 /// `into`: outputs the backend may write into the caller's arrays (the CPU backend does).
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0,
-                    const Destinations& into = {});
+                    const Destinations& into = {},
+                    codegen::cpu::Specialise specialise = codegen::cpu::Specialise::kernels);
 
 /// `g` stored as `dtype` (with_float_dtype, PyTorch's model.to(dtype)), with every float feed
 /// converted to the dtype of the input or parameter it feeds. Returns the names converted, each

@@ -13,6 +13,7 @@
 // are f32 (bool for boolean nodes), written in place by the compiled code.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include <qkv/ir/graph.hpp>
@@ -20,14 +21,22 @@
 
 namespace qkv::codegen::cpu {
 
+/// What the compiled code is specialised on: the attention kernels' sizes only (the default: one
+/// compilation serves every batch and sequence length), or every size of the feeds (constants
+/// throughout: faster loops, compiled once per distinct shape — for a loop that runs one shape
+/// many times, as `qkv train` does).
+enum class Specialise : std::uint8_t { kernels, every_size };
+
 /// Executes an already lowered graph. Outputs named in `into` are written into those arrays (a
 /// destination may be the buffer of an input: an update_slice's output fed its own cache is
 /// written in place, only the new rows) and left out of the result; ShapeError when one has
 /// another shape or dtype than the output.
-RunResult execute(const Graph& lowered, const Feeds& feeds, int threads = 0, const Destinations& into = {});
+RunResult execute(const Graph& lowered, const Feeds& feeds, int threads = 0, const Destinations& into = {},
+                  Specialise specialise = Specialise::kernels);
 
 /// Lowers (once per graph hash, cached in memory) and executes.
-RunResult run(const Graph& g, const Feeds& feeds, int threads = 0, const Destinations& into = {});
+RunResult run(const Graph& g, const Feeds& feeds, int threads = 0, const Destinations& into = {},
+              Specialise specialise = Specialise::kernels);
 
 /// Runs graphs as run() does, keeping per compiled graph a prepared handle of its parameters
 /// (CompiledGraph::prepare: every linear layer's weights packed into the GEMM's panels once, the
