@@ -53,64 +53,53 @@ Names concat(std::initializer_list<const Names*> parts, std::initializer_list<st
   return out;
 }
 
+/// How the fused kernels write their companions: the weights [batch, heads..., group..., query,
+/// key], the log-sum-exp [batch, heads..., group..., query], dK [batch, heads..., key, dk] and
+/// dV [batch, heads..., key, dv].
+Names companion_order(Op op, const AttentionAttrs& a) {
+  if (op == Op::attention_dk || op == Op::attention_dv)
+    return concat({&a.batch, &a.heads}, {a.key, op == Op::attention_dk ? a.dk : a.dv});
+  Names order = concat({&a.batch, &a.heads, &a.group}, {a.query});
+  if (op == Op::attention_weights) order.push_back(a.key);
+  return order;
+}
+
 }  // namespace
 
 Graph layout(const Graph& g) {
   return Rewrite(g).run([&](Rewrite& r, int id) {
     Graph& out = r.out;
     Node n = r.remapped(id);
-    if (n.op == Op::fused_attention) {
+    if (n.op == Op::fused_attention || n.op == Op::fused_attention_backward) {
+      // q, k, v (and the backward's out, d_out and lse) laid out as the kernels read them; the
+      // inputs after them are the mod's tensors, which its loads index by their own axes.
       const AttentionAttrs& a = *n.attention;
-      n.inputs[0] = in_order(out, n.inputs[0], concat({&a.batch, &a.heads, &a.group}, {a.query, a.dk}));
-      n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
-      n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
-      // Inputs 3... are the mod's tensors: its loads index them by their own axes, in any order.
-      const std::vector<Axis> original = n.axes;
-      n.axes = reorder(original, concat({&a.batch, &a.heads, &a.group}, {a.query, a.dv}));
-      const int fused = out.add(std::move(n));
-      return in_order(out, fused, names_of(original));
-    }
-    if (n.op == Op::fused_attention_backward) {
-      // (q, k, v, out, d_out, lse, the mod's tensors...) -> dQ, laid out as the kernel reads and
-      // writes them: the forward's orders, d_out as out, lse [batch, heads..., group..., query].
-      const AttentionAttrs& a = *n.attention;
+      const bool backward = n.op == Op::fused_attention_backward;
       const Names rows = concat({&a.batch, &a.heads, &a.group}, {a.query});
       n.inputs[0] = in_order(out, n.inputs[0], concat({&rows}, {a.dk}));
       n.inputs[1] = in_order(out, n.inputs[1], concat({&a.batch, &a.heads}, {a.key, a.dk}));
       n.inputs[2] = in_order(out, n.inputs[2], concat({&a.batch, &a.heads}, {a.key, a.dv}));
-      n.inputs[3] = in_order(out, n.inputs[3], concat({&rows}, {a.dv}));
-      n.inputs[4] = in_order(out, n.inputs[4], concat({&rows}, {a.dv}));
-      n.inputs[5] = in_order(out, n.inputs[5], rows);
-      const std::vector<Axis> original = n.axes;
-      n.axes = reorder(original, concat({&rows}, {a.dk}));
+      if (backward) {
+        n.inputs[3] = in_order(out, n.inputs[3], concat({&rows}, {a.dv}));  // the forward's output
+        n.inputs[4] = in_order(out, n.inputs[4], concat({&rows}, {a.dv}));  // d_out
+        n.inputs[5] = in_order(out, n.inputs[5], rows);                     // the forward's lse
+      }
+      const std::vector<Axis> original = n.axes;  // out [rows, dv]; the backward's dQ [rows, dk]
+      n.axes = reorder(original, concat({&rows}, {backward ? a.dk : a.dv}));
       const int fused = out.add(std::move(n));
       return in_order(out, fused, names_of(original));
     }
-    if (n.op == Op::attention_dk || n.op == Op::attention_dv) {
-      // dK [batch, heads..., key, dk] and dV [batch, heads..., key, dv], as the kernel writes them.
-      const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
-      const std::vector<Axis> original = n.axes;
-      int fused = n.inputs[0];
-      while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
-      n.inputs[0] = fused;
-      n.axes = reorder(original, concat({&a.batch, &a.heads}, {a.key, n.op == Op::attention_dk ? a.dk : a.dv}));
-      const int grads = out.add(std::move(n));
-      return in_order(out, grads, names_of(original));
-    }
-    if (n.op == Op::attention_weights || n.op == Op::attention_lse) {
+    if (n.op == Op::attention_weights || n.op == Op::attention_lse || n.op == Op::attention_dk ||
+        n.op == Op::attention_dv) {
       const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
       const std::vector<Axis> original = n.axes;
       // Read the fused node itself (not the permute that follows it).
       int fused = n.inputs[0];
       while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
       n.inputs[0] = fused;
-      // The kernel writes the weights [batch, heads..., group..., query, key] and the
-      // log-sum-exp [batch, heads..., group..., query].
-      Names order = concat({&a.batch, &a.heads, &a.group}, {a.query});
-      if (n.op == Op::attention_weights) order.push_back(a.key);
-      n.axes = reorder(original, order);
-      const int w = out.add(std::move(n));
-      return in_order(out, w, names_of(original));
+      n.axes = reorder(original, companion_order(n.op, a));
+      const int c = out.add(std::move(n));
+      return in_order(out, c, names_of(original));
     }
     return out.add(std::move(n));
   });

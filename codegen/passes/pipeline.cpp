@@ -1,5 +1,6 @@
 #include <qkv/codegen/passes/pipeline.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -39,15 +40,21 @@ Graph lower(const Graph& input, const PipelineOptions& o) {
 }
 
 ForwardForGradients fuse_for_gradients(const Graph& g, int loss) {
-  Graph with_loss;
-  for (const Node& n : g.nodes()) with_loss.add(n);
-  for (const auto& c : g.constraints()) with_loss.require(c);
-  with_loss.mark_output(loss, "loss");
+  std::string name = "loss";  // an output name g does not use
+  while (std::any_of(g.outputs().begin(), g.outputs().end(), [&](const auto& o) { return o.name == name; }))
+    name += "'";
+  Graph with_loss = g;
+  with_loss.mark_output(loss, name);
   const Graph fused = fuse_attention(canonicalize(with_loss));
   ForwardForGradients out;
   for (const Node& n : fused.nodes()) out.g.add(n);
   for (const auto& c : fused.constraints()) out.g.require(c);
-  out.loss = fused.outputs().at(0).node;
+  for (const auto& o : fused.outputs()) {
+    if (o.name == name)
+      out.loss = o.node;
+    else
+      out.g.mark_output(o.node, o.name);
+  }
   return out;
 }
 

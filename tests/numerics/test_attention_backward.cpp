@@ -137,6 +137,29 @@ int count(const Graph& g, Op op) {
   return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
 }
 
+/// The largest |a − b| over the largest |a| (at least 1e-6), names checked to be finite in b.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b, const std::string& name) {
+  EXPECT_EQ(a.size(), b.size()) << name;
+  double scale = 1e-6, diff = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_TRUE(std::isfinite(b[i])) << name << "[" << i << "]";
+    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  return diff / scale;
+}
+
+/// Case c's forward graph with its loss, fused (canonicalize + fuse-attention, as the pipeline
+/// does) and then differentiated: outputs loss, dq, dk, dv.
+Graph fused_with_grads(const Case& c, Feeds& feeds, unsigned seed) {
+  std::mt19937 rng(seed);
+  Graph g = forward(c, feeds, rng);
+  add_loss(g, feeds, rng);
+  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
+  add_grads(fused);
+  return fused;
+}
+
 class AttentionBackward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionBackward, FusedGradientEqualsTheUnfusedOne) {
@@ -153,28 +176,9 @@ TEST_P(AttentionBackward, FusedGradientEqualsTheUnfusedOne) {
   const RunResult want = interpret(g, feeds), got = interpret(fused, feeds);
   EXPECT_NEAR(want.outputs.at("loss").to_f32()[0], got.outputs.at("loss").to_f32()[0], 1e-5);
   for (const char* name : {"dq", "dk", "dv"}) {
-    const std::vector<float> a = want.outputs.at(name).to_f32(), b = got.outputs.at(name).to_f32();
     ASSERT_EQ(want.outputs.at(name).shape, got.outputs.at(name).shape) << name;
-    double scale = 1e-6, diff = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(b[i])) << name << "[" << i << "]";
-      scale = std::max(scale, static_cast<double>(std::abs(a[i])));
-      diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-    }
-    EXPECT_LE(diff, 2e-5 * scale) << name << " (largest entry " << scale << ")";
+    EXPECT_LE(relative_error(want.outputs.at(name).to_f32(), got.outputs.at(name).to_f32(), name), 2e-5) << name;
   }
-}
-
-/// The largest |a − b| over the largest |a| (at least 1e-6), names checked to be finite in b.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b, const std::string& name) {
-  EXPECT_EQ(a.size(), b.size()) << name;
-  double scale = 1e-6, diff = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    EXPECT_TRUE(std::isfinite(b[i])) << name << "[" << i << "]";
-    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
-    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-  }
-  return diff / scale;
 }
 
 /// The fused graph's gradients compiled for the CPU (the backward node's kernel, D and the dQ
@@ -191,12 +195,8 @@ void expect_compiled_matches(const Graph& fused, const Feeds& feeds) {
 
 TEST_P(AttentionBackward, TheCompiledGraphMatchesTheInterpreterOnAnyThreadCount) {
   const Case& c = GetParam();
-  std::mt19937 rng(11);
   Feeds feeds;
-  Graph g = forward(c, feeds, rng);
-  add_loss(g, feeds, rng);
-  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
-  add_grads(fused);
+  const Graph fused = fused_with_grads(c, feeds, 11);
   ASSERT_EQ(count(fused, Op::fused_attention_backward), c.fused_backward ? 1 : 0);
   expect_compiled_matches(fused, feeds);
 }
@@ -287,29 +287,15 @@ class AttentionBackwardKernel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionBackwardKernel, MatchesTheInterpreterAndIsTheSameOnAnyThreadCount) {
   const Case& c = GetParam();
-  std::mt19937 rng(7);
   Feeds feeds;
-  Graph g = forward(c, feeds, rng);
-  add_loss(g, feeds, rng);
-  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
-  add_grads(fused);
+  const Graph fused = fused_with_grads(c, feeds, 7);
   ASSERT_EQ(count(fused, Op::fused_attention_backward), 1);
   const RunResult want = interpret(fused, feeds);
   const KernelGrads one = run_kernels(c, feeds, 1), two = run_kernels(c, feeds, 2), three = run_kernels(c, feeds, 3);
   const std::vector<float>* got[] = {&one.dq, &one.dk, &one.dv};
   const char* names[] = {"dq", "dk", "dv"};
-  for (int t = 0; t < 3; ++t) {
-    const std::vector<float> a = want.outputs.at(names[t]).to_f32();
-    const std::vector<float>& b = *got[t];
-    ASSERT_EQ(a.size(), b.size()) << names[t];
-    double scale = 1e-6, diff = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(b[i])) << names[t] << "[" << i << "]";
-      scale = std::max(scale, static_cast<double>(std::abs(a[i])));
-      diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-    }
-    EXPECT_LE(diff, 1e-4 * scale) << names[t] << " (largest entry " << scale << ")";
-  }
+  for (int t = 0; t < 3; ++t)
+    EXPECT_LE(relative_error(want.outputs.at(names[t]).to_f32(), *got[t], names[t]), 1e-4) << names[t];
   expect_compiled_matches(fused, feeds);
   // Bit for bit whatever the thread count.
   EXPECT_EQ(one.dq, two.dq);

@@ -12,6 +12,7 @@
 #include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/cuda/executor.hpp>
 #include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/ir/float_dtype.hpp>
 #include <qkv/ir/grad.hpp>
 #include <qkv/runtime/interpreter.hpp>
@@ -378,7 +379,9 @@ int run_gradients(Graph g, Feeds feeds, const GradRequest& r, OutputGroup& outpu
     throw IoError("--grad-output: must be a float array, not " + std::string(dtype_name(d_out.dtype)));
   if (d_out.shape != shape)
     throw IoError("--grad-output: shape " + shape_str(d_out) + " must be the output's " + shape_to_string(shape));
-  // L = Σ out ⊙ dO; its gradients by every float input and weight fed.
+  // L = Σ out ⊙ dO; its gradients by every float input and weight fed. On the CPU backends the
+  // forward is fused first, so an attention's gradient is the fused FlashAttention-2 backward
+  // (O(L) memory); the GPU's plans do not run that node yet, so there it stays unfused.
   Node probe;
   probe.op = Op::input;
   probe.name = "grad_output";
@@ -405,7 +408,17 @@ int run_gradients(Graph g, Feeds feeds, const GradRequest& r, OutputGroup& outpu
     names.push_back(n.name);
     shown_names.push_back(shown);
   }
-  const int loss = builder.sum_over(builder.binary(Op::mul, out, p), axes);
+  int loss = builder.sum_over(builder.binary(Op::mul, out, p), axes);
+  if (backend != Backend::cuda) {
+    std::map<std::string, std::size_t> index;  // leaf name -> its place in wrt
+    for (std::size_t k = 0; k < wrt.size(); ++k) index[names[k]] = k;
+    codegen::ForwardForGradients f = codegen::fuse_for_gradients(g, loss);
+    g = std::move(f.g);
+    loss = f.loss;
+    for (int id = 0; id < static_cast<int>(g.size()); ++id)
+      if (is_array_leaf(g.node(id)))
+        if (const auto it = index.find(g.node(id).name); it != index.end()) wrt[it->second] = id;
+  }
   const std::vector<int> grads = append_gradients(g, loss, wrt);
   for (std::size_t k = 0; k < grads.size(); ++k) g.mark_output(grads[k], "d:" + names[k]);
 

@@ -329,7 +329,8 @@ codegen::ForwardForGradients loss_for_gradients(const HfConfig& c, const CrossEn
 TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
   auto [g, loss] = loss_for_gradients(c, s.loss);
   TrainGraph t;
-  t.step = s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
+  t.step =
+      s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
   t.g = std::move(g);
   return t;
 }

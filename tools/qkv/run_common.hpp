@@ -18,8 +18,7 @@ namespace qkv::cli {
 
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 /// `into`: outputs the backend may write into the caller's arrays (the CPU backend does).
-RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0,
-                    const Destinations& into = {},
+RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads = 0, const Destinations& into = {},
                     codegen::cpu::Specialise specialise = codegen::cpu::Specialise::kernels);
 
 /// `g` stored as `dtype` (with_float_dtype, PyTorch's model.to(dtype)), with every float feed

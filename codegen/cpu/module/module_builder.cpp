@@ -370,31 +370,31 @@ void ModuleBuilder::emit_backward(int id) {
 
   // dQ = scale · Σ_chunk partial, the chunks added in order (whatever the thread count).
   llvm::Value* scale = llvm::ConstantFP::get(f32_, static_cast<float>(spec.effective_scale()));
-  parallel_for(batch * spec.hq, rows * spec.dk * (split.chunks + 1),
-               {bufs.partial, buf(id), split.chunks.v(), per_chunk.v(), padded.v()}, [&](I bh, const Values& cap) {
-                 const I chunks(b_, cap[2]), per(b_, cap[3]), padded_rows(b_, cap[4]);
-                 loop(
-                     c64(0), dim(bw.call.len_q),
-                     [&](I i) {
-                       const I out = (bh * dim(bw.call.len_q) + i) * spec.dk;
-                       const I part = (bh * padded_rows + i) * cfg.dkp;
-                       auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
-                         loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), cap[1], out + d); }, what,
-                              ir::Unroll::allowed);
-                       };
-                       each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
-                       loop(
-                           c64(0), chunks,
-                           [&](I c) {
-                             each("dq.add", [&](const I& d) {
-                               return b_.CreateFAdd(load(f32_, cap[1], out + d), load(f32_, cap[0], c * per + part + d));
-                             });
-                           },
-                           "dq.chunks");
-                       each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, cap[1], out + d), scale); });
-                     },
-                     "dq.rows");
-               });
+  parallel_for(
+      batch * spec.hq, rows * spec.dk * (split.chunks + 1),
+      {bufs.partial, buf(id), split.chunks.v(), per_chunk.v(), padded.v()}, [&](I bh, const Values& cap) {
+        const I chunks(b_, cap[2]), per(b_, cap[3]), padded_rows(b_, cap[4]);
+        loop(
+            c64(0), dim(bw.call.len_q),
+            [&](I i) {
+              const I out = (bh * dim(bw.call.len_q) + i) * spec.dk;
+              const I part = (bh * padded_rows + i) * cfg.dkp;
+              auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
+                loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), cap[1], out + d); }, what, ir::Unroll::allowed);
+              };
+              each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
+              loop(
+                  c64(0), chunks,
+                  [&](I c) {
+                    each("dq.add", [&](const I& d) {
+                      return b_.CreateFAdd(load(f32_, cap[1], out + d), load(f32_, cap[0], c * per + part + d));
+                    });
+                  },
+                  "dq.chunks");
+              each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, cap[1], out + d), scale); });
+            },
+            "dq.rows");
+      });
 }
 
 }  // namespace detail

@@ -308,9 +308,9 @@ class Sweep : public Builder {
     const AttentionAttrs& at = *n.attention;
     const int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2];
     const std::vector<int> captured(n.inputs.begin() + 3, n.inputs.end());
-    for (std::size_t i = 3; i < n.inputs.size(); ++i)
-      if (wants(n.inputs[i]) && at.mod.score >= 0)
-        fail(id, "input " + std::to_string(i) + " is read by a score modification: its gradient is not written yet");
+    // A tensor the mod reads for its score part (a bias, ALiBi slopes) gets its gradient from the
+    // unfused form's score_mod; one read only by the keep predicate gets none (it is piecewise
+    // constant).
     if (!fused_backward_covers(at) || !fused_backward_fits(g_, n)) {
       const int first = static_cast<int>(g_.nodes().size());
       const UnfusedAttention u = append_unfused_attention(g_, at, q, k, v, captured, n.axes, n.dtype, false);

@@ -64,7 +64,6 @@ std::vector<std::string> specialised_sizes(const Graph& lowered);
 /// The compiled graph for `lowered` under `sizes`, from a process-wide cache keyed by the
 /// graph's structure and the specialised sizes' values: one compilation per shape class (with
 /// every_sizes: per distinct `sizes`, all of them constants in the code).
-std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes,
-                                                  bool every_size = false);
+std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes, bool every_size = false);
 
 }  // namespace qkv::codegen::cpu

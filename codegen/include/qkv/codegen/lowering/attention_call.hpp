@@ -26,8 +26,8 @@ struct AttentionCall {
 };
 
 /// Node `id` is a fused_attention or a fused_attention_backward (the same contract; its tensors
-/// follow q, k, v, out, d_out and lse). `fixed` must bind every symbol of the head axes, dk, dv and the scale's extent (the kernel is
-/// specialised on them); the other sizes may stay symbolic. Throws ShapeError naming the symbol.
+/// follow q, k, v, out, d_out and lse). `fixed` must bind every symbol of the head axes, dk, dv and the scale's extent
+/// (the kernel is specialised on them); the other sizes may stay symbolic. Throws ShapeError naming the symbol.
 AttentionCall describe_attention(const Graph& lowered, int id, const Bindings& fixed);
 
 /// The symbols describe_attention needs bound for node `id`.

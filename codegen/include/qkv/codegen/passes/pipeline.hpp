@@ -40,8 +40,8 @@ std::shared_ptr<const Graph> lower_cached(const Graph& g);
 /// A forward graph made ready to differentiate: canonicalize and fuse-attention, so that the
 /// gradient (append_gradients) of each attention they fuse is FlashAttention-2's fused backward
 /// (one fused_attention_backward node, no [query, key] probabilities kept for it) instead of the
-/// unfused ops'. `loss` is a node of g; the result holds g's leaves and what `loss` reads, no
-/// outputs, and the loss's id in it.
+/// unfused ops'. `loss` is a node of g; the result holds g's leaves, its outputs (under their
+/// names) and what they and `loss` read, and the loss's id in it.
 struct ForwardForGradients {
   Graph g;
   int loss = -1;
