@@ -227,7 +227,8 @@ ModuleBuilder::Around ModuleBuilder::around(const Dims& s, std::size_t p) {
 
 /// Calls body(base) for every (o, i) with base = o·n·inner + i: the start of one line along p.
 void ModuleBuilder::lines(const Around& r, const std::function<void(const I& base)>& body) {
-  nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}}, {c64(0)}, [&](const Dims&, const Dims& off) { body(off[0]); });
+  nest_parallel({r.outer, r.inner}, {{r.n * r.inner, c64(1)}}, {c64(0)}, r.n * 8,
+                [&](const Dims&, const Dims& off) { body(off[0]); });
 }
 
 /// Σ over k in [0, n) of f(k), in double.
@@ -449,15 +450,15 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
           };
           // A = the left block as [M, K] rows; Bᵀ = the right block as [N, K] rows, then panels.
           const Dims mk = cat(md, kd), nk = cat(nd, kd);
-          nest(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
-               {c64(0), base[0]}, copy(a, lhs));
-          nest(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
-               {c64(0), base[1]}, copy(bt, rhs));
+          nest_parallel(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
+                        {c64(0), base[0]}, c64(8), copy(a, lhs));
+          nest_parallel(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
+                        {c64(0), base[1]}, c64(8), copy(bt, rhs));
           emit_pack_panels(bt, packed, nn, k);
           emit_gemm_packed(a, packed, bias, c, m, nn, k);
           const Dims mn = cat(md, nd);
-          nest(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
-               {base[2], c64(0)}, copy(y, c));
+          nest_parallel(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
+                        {base[2], c64(0)}, c64(8), copy(y, c));
         });
       },
       [&] { b_.CreateStore(b_.getInt32(1), status_); });
@@ -480,17 +481,18 @@ void ModuleBuilder::emit_contract(int id) {
   const Dims l_c = strides_by_name(contracted, ln.axes, ls), r_c = strides_by_name(contracted, rn.axes, rs);
   llvm::Value *lhs = buf(n.inputs[0]), *rhs = buf(n.inputs[1]), *y = buf(id);
   const Dims s = shape(id);
-  nest(s, {strides_of(s), l_out, r_out}, {c64(0), c64(0), c64(0)}, [&](const Dims&, const Dims& off) {
-    llvm::Value* acc_slot = ir::entry_alloca(b_, f64_, 1, 8, "acc");
-    b_.CreateStore(llvm::ConstantFP::get(f64_, 0.0), acc_slot);
-    nest(c_shape, {l_c, r_c}, {c64(0), c64(0)}, [&](const Dims&, const Dims& c_off) {
-      llvm::Value* lv = load(f32_, lhs, off[1] + c_off[0]);
-      llvm::Value* rv = load(f32_, rhs, off[2] + c_off[1]);
-      llvm::Value* prod = b_.CreateFMul(b_.CreateFPExt(lv, f64_), b_.CreateFPExt(rv, f64_));
-      b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f64_, acc_slot), prod), acc_slot);
-    });
-    store(b_.CreateFPTrunc(b_.CreateLoad(f64_, acc_slot), f32_), y, off[0]);
-  });
+  nest_parallel(s, {strides_of(s), l_out, r_out}, {c64(0), c64(0), c64(0)}, numel(c_shape) * 2,
+                [&](const Dims&, const Dims& off) {
+                  llvm::Value* acc_slot = ir::entry_alloca(b_, f64_, 1, 8, "acc");
+                  b_.CreateStore(llvm::ConstantFP::get(f64_, 0.0), acc_slot);
+                  nest(c_shape, {l_c, r_c}, {c64(0), c64(0)}, [&](const Dims&, const Dims& c_off) {
+                    llvm::Value* lv = load(f32_, lhs, off[1] + c_off[0]);
+                    llvm::Value* rv = load(f32_, rhs, off[2] + c_off[1]);
+                    llvm::Value* prod = b_.CreateFMul(b_.CreateFPExt(lv, f64_), b_.CreateFPExt(rv, f64_));
+                    b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f64_, acc_slot), prod), acc_slot);
+                  });
+                  store(b_.CreateFPTrunc(b_.CreateLoad(f64_, acc_slot), f32_), y, off[0]);
+                });
 }
 
 /// RMSNorm along attr_axes[0]: x · (1/sqrt(Σx²/n + eps)) · weight, the sum in double.
