@@ -272,18 +272,28 @@ TEST(Grad, TheCpuBackwardIsTheSameOnOneThreadAndOnFour) {
   output(dx, "dx");
   g.mark_output(dfc.weight, "dfc.weight");
   g.mark_output(dln.gamma, "dln.weight");
-  const Feeds feeds{{"x", random_array({4, 33, 8}, rng)},
-                    {"fc.weight", random_array({16, 8}, rng)},
-                    {"fc.bias", random_array({16}, rng)},
-                    {"ln.weight", random_array({16}, rng)},
-                    {"ln.bias", random_array({16}, rng)}};
-  const RunResult one = codegen::cpu::run(g, feeds, 1), four = codegen::cpu::run(g, feeds, 4);
-  for (const char* name : {"dx", "dfc.weight", "dln.weight"})
-    EXPECT_EQ(one.outputs.at(name), four.outputs.at(name)) << name;
-  // and they are the interpreter's
-  const RunResult ref = interpret(g, feeds);
-  const auto a = ref.outputs.at("dfc.weight").to_f32(), c = one.outputs.at("dfc.weight").to_f32();
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], c[i], 1e-5 * (1 + std::abs(a[i])));
+  // 4 × 33 rows: every loop on one thread; 32 × 1024 rows: the element-wise, row-wise and
+  // contraction loops split into tasks (past kParallelMinFlops), run on one thread and on four.
+  for (const std::int64_t batch : {4, 32}) {
+    const std::int64_t seq = batch == 4 ? 33 : 1024;
+    const Feeds feeds{{"x", random_array({batch, seq, 8}, rng)},
+                      {"fc.weight", random_array({16, 8}, rng)},
+                      {"fc.bias", random_array({16}, rng)},
+                      {"ln.weight", random_array({16}, rng)},
+                      {"ln.bias", random_array({16}, rng)}};
+    const RunResult one = codegen::cpu::run(g, feeds, 1), four = codegen::cpu::run(g, feeds, 4);
+    for (const char* name : {"dx", "dfc.weight", "dln.weight"})
+      EXPECT_EQ(one.outputs.at(name), four.outputs.at(name)) << name << " at batch " << batch;
+    // and they are the interpreter's
+    const RunResult ref = interpret(g, feeds);
+    for (const char* name : {"dx", "dfc.weight", "dln.weight"}) {
+      const auto a = ref.outputs.at(name).to_f32(), c = one.outputs.at(name).to_f32();
+      double worst = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(a[i]) - c[i]) / (1 + std::abs(a[i])));
+      EXPECT_LE(worst, 1e-5) << name << " at batch " << batch;
+    }
+  }
 }
 
 TEST(Grad, ErrorsNameTheNode) {
