@@ -120,7 +120,7 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
 
 /// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
-/// zeros past N and past K.
+/// zeros past N and past K. The whole panels are shared out among the threads.
 void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k) {
   const std::int64_t nr = gemm_cfg_.cols();
   const I panels = ceil_div(nn, nr);
@@ -133,7 +133,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
     branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
     // Whole panels: (p, kp, r, half); then the last K of each row when K is odd.
-    nest({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero}, copy);
+    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero},
+                  c64(2), copy);
     branch(odd != 0, [&] { nest({full, c64(nr)}, {{panel, two}, {k * nr, k}}, {whole * pair, k - 1}, copy); });
     // The last panel's `rest` columns.
     nest({whole, rest, two}, {{pair, two, one}, {two, k, one}}, {full * panel, full * nr * k}, copy);
@@ -146,7 +147,7 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
                                     : load(f32_, wt, off[1]);
     store(w, packed, off[0]);
   };
-  nest({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, copy);
+  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(2), copy);
   nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr}, copy);
 }
 

@@ -16,6 +16,7 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
   attributes(fn_);
   llvm::Value *sizes = fn_->getArg(0), *args = fn_->getArg(1);
   b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+  threads_ = emit_thread_count(b_, b_.getInt32(0));  // the packing runs on one thread per online CPU
   sym_.clear();
   for (std::size_t k = 0; k < plan_.dynamic.size(); ++k)
     sym_[plan_.dynamic[k]] = b_.CreateLoad(i64_, b_.CreateConstGEP1_64(i64_, sizes, k), plan_.dynamic[k]);
