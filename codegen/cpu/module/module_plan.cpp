@@ -188,7 +188,6 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     } else if (side) {
       side_map[n.inputs[0]] = -1;  // written straight into its output argument
     }
-
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
       plan.gemm_config[id] = linear_gemm_config(g, id, target);
