@@ -133,8 +133,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
     branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
     // Whole panels: (p, kp, r, half); then the last K of each row when K is odd.
-    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero},
-                  c64(2), copy);
+    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero}, c64(2),
+                  copy);
     branch(odd != 0, [&] { nest({full, c64(nr)}, {{panel, two}, {k * nr, k}}, {whole * pair, k - 1}, copy); });
     // The last panel's `rest` columns.
     nest({whole, rest, two}, {{pair, two, one}, {two, k, one}}, {full * panel, full * nr * k}, copy);
