@@ -62,9 +62,9 @@ int CompiledGraph::run(void* handle, const std::int64_t* sizes, void* const* arg
 
 void CompiledGraph::release(void* handle) const { impl_->release(handle); }
 
-std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes, bool every_size) {
+std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes, Specialise specialise) {
   Bindings fixed;
-  if (every_size) fixed = sizes;
+  if (specialise == Specialise::every_size) fixed = sizes;
   for (const auto& s : specialised_sizes(lowered)) {
     auto it = sizes.find(s);
     if (it == sizes.end()) throw ShapeError("execute: no size given for the dynamic extent '" + s + "'");

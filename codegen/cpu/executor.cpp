@@ -68,7 +68,7 @@ RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const D
                         BoundRunner::State* bound, Specialise specialise) {
   RunResult result;
   result.bindings = bind_extents(g, feeds);
-  const auto compiled = compiled_for(g, result.bindings, specialise == Specialise::every_size);
+  const auto compiled = compiled_for(g, result.bindings, specialise);
   const AotSignature& sig = compiled->signature();
 
   std::vector<std::int64_t> sizes;

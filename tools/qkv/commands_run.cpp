@@ -121,33 +121,15 @@ Causal parse_causal(const std::optional<std::string>& flag, std::int64_t len_q, 
   return Causal::top_left;
 }
 
-namespace {
-/// The outputs named in `into` moved into those arrays and out of the result, as the CPU
-/// backend writes them in place (for the backends that make every output afresh).
-RunResult deliver(RunResult r, const Destinations& into) {
-  for (const auto& [name, to] : into) {
-    const auto it = r.outputs.find(name);
-    if (it == r.outputs.end()) continue;
-    if (it->second.shape != to->shape || it->second.dtype != to->dtype)
-      throw ShapeError("execute: the destination of output '" + name + "' is " + std::string(dtype_name(to->dtype)) +
-                       " " + shape_to_string(to->shape) + ", not " + std::string(dtype_name(it->second.dtype)) + " " +
-                       shape_to_string(it->second.shape));
-    *to = std::move(it->second);
-    r.outputs.erase(it);
-  }
-  return r;
-}
-}  // namespace
-
 RunResult run_graph(const Graph& g, const Feeds& feeds, Backend backend, int threads, const Destinations& into,
                     codegen::cpu::Specialise specialise) {
   switch (backend) {
     case Backend::reference:
-      return deliver(interpret(g, feeds), into);
+      return interpret(g, feeds);
     case Backend::cpu:
       return codegen::cpu::run(g, feeds, threads, into, specialise);
     case Backend::cuda:
-      return deliver(codegen::cuda::run(g, feeds), into);  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
+      return codegen::cuda::run(g, feeds);  // throws cuda::NoGpu: "no CUDA driver/GPU found: <why>"
   }
   throw std::logic_error("qkv internal error: unknown backend");
 }

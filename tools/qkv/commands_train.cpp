@@ -741,7 +741,11 @@ int train(const Train& f) {
     if (!std::isfinite(loss))
       throw std::runtime_error("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(loss) +
                                "); the last checkpoint is kept — try a smaller --lr or --max-grad-norm");
-    for (const auto& n : updated) std::swap(feeds.at(n), spare.at(n));
+    for (const auto& n : updated) {
+      // (a backend that did not write them in place returned them: Destinations' contract)
+      if (auto it = r.outputs.find(n); it != r.outputs.end()) spare.at(n) = std::move(it->second);
+      std::swap(feeds.at(n), spare.at(n));
+    }
     history.train.push_back({static_cast<double>(step), loss, lr, norm});
 
     const bool last = step == last_step;

@@ -165,10 +165,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
   auto run = [&](int rows) {
     llvm::Function* fn = kernel(rows);
     const Ranges<I> r = ranges(nn, 4 * gemv_outputs(rows, gemm_cfg_.lanes), gemv_outputs(rows, gemm_cfg_.lanes));
-    parallel_for(r.tasks, m * nn * k * 2, {args, r.block.v(), nn.v()}, [&](I t, const Values& cap) {
-      const I block(b_, cap[1]), width(b_, cap[2]);
-      const I n0 = t * block;
-      b_.CreateCall(fn, {cap[0], n0.v(), imin(n0 + block, width).v()});
+    parallel_for(r.tasks, m * nn * k * 2, [&](I t) {
+      const I n0 = t * r.block;
+      b_.CreateCall(fn, {args, n0.v(), imin(n0 + r.block, nn).v()});
     });
   };
   branch(m == 1, [&] { run(1); }, [&] { branch(m == 2, [&] { run(2); }, [&] { run(kGemvMaxRows); }); });
@@ -187,13 +186,11 @@ void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::
   const Values fields{x, packed, bias_pad, y, m.v(), nn.v(), k.v()};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr);
-  parallel_for(blocks.tasks(), m * nn * k * 2,
-               {args, blocks.nblocks.v(), blocks.mc.v(), (blocks.panels_per * nr).v(), m.v(), nn.v()},
-               [&](I t, const Values& cap) {
-                 const I nblocks(b_, cap[1]), mc(b_, cap[2]), cols(b_, cap[3]), rows(b_, cap[4]), width(b_, cap[5]);
-                 const I m0 = (t / nblocks) * mc, n0 = (t % nblocks) * cols;
-                 b_.CreateCall(kernel, {cap[0], m0.v(), imin(m0 + mc, rows).v(), n0.v(), imin(n0 + cols, width).v()});
-               });
+  const I cols = blocks.panels_per * nr;
+  parallel_for(blocks.tasks(), m * nn * k * 2, [&](I t) {
+    const I m0 = (t / blocks.nblocks) * blocks.mc, n0 = (t % blocks.nblocks) * cols;
+    b_.CreateCall(kernel, {args, m0.v(), imin(m0 + blocks.mc, m).v(), n0.v(), imin(n0 + cols, nn).v()});
+  });
 }
 
 std::pair<llvm::Value*, llvm::Value*> ModuleBuilder::mod_tensor_arrays(const Node& n, const AttentionCall& call) {
@@ -262,9 +259,9 @@ void ModuleBuilder::emit_attention(int id) {
     const std::int64_t rows = cfg.query_rows();
     const I blocks = ceil_div(lq, rows);
     const bool causal = triangular_work(spec);
-    parallel_for(bh * blocks, work, {args, blocks.v()}, [&](I t, const Values& cap) {
-      const AttentionTask<I> task = attention_task(t, I(b_, cap[1]), spec.hq, spec.hkv, causal);
-      b_.CreateCall(kernel, {cap[0], task.batch.v(), task.head.v(), (task.row_block * rows).v()});
+    parallel_for(bh * blocks, work, [&](I t) {
+      const AttentionTask<I> task = attention_task(t, blocks, spec.hq, spec.hkv, causal);
+      b_.CreateCall(kernel, {args, task.batch.v(), task.head.v(), (task.row_block * rows).v()});
     });
   };
   const auto decode = plan_.decode.find(id);
@@ -284,15 +281,13 @@ void ModuleBuilder::emit_attention(int id) {
         const I units = batch * spec.hkv * d.config.nblocks * lq;
         const SplitKv<I> split = split_kv(units, lk, d.config.key_tile, spec.decode_chunk);
         llvm::Value* partials = b_.CreateSelect((split.chunks > 1).v(), split_.at(id), null);
-        parallel_for(units * split.chunks, work, {args, split.chunks.v(), split.chunk_len.v(), partials},
-                     [&](I t, const Values& cap) {
-                       const I chunks(b_, cap[1]);
-                       b_.CreateCall(chunk_kernel,
-                                     {cap[0], (t / chunks).v(), (t % chunks).v(), cap[2], cap[1], cap[3]});
-                     });
+        parallel_for(units * split.chunks, work, [&](I t) {
+          b_.CreateCall(chunk_kernel, {args, (t / split.chunks).v(), (t % split.chunks).v(), split.chunk_len.v(),
+                                       split.chunks.v(), partials});
+        });
         branch(split.chunks > 1, [&] {
-          parallel_for(units, units * split.chunks * spec.dv * 4, {args, split.chunks.v(), partials},
-                       [&](I u, const Values& cap) { b_.CreateCall(merge, {cap[0], u.v(), cap[1], cap[2]}); });
+          parallel_for(units, units * split.chunks * spec.dv * 4,
+                       [&](I u) { b_.CreateCall(merge, {args, u.v(), split.chunks.v(), partials}); });
         });
       },
       fused);
@@ -308,20 +303,20 @@ void ModuleBuilder::emit_backward(int id) {
   const I rows = batch * spec.hq * lq;  // query rows over every (batch, query head)
 
   // D = rowsum(dO ∘ O), row by row, in double.
-  parallel_ranges(rows, 64, 1, c64(spec.dv * 2), {buf(n.inputs[3]), buf(n.inputs[4]), bufs.delta},
-                  [&](I r0, I r1, const Values& cap) {
-                    loop(
-                        r0, r1,
-                        [&](I r) {
-                          llvm::Value* d = sum(c64(spec.dv), [&](const I& k) {
-                            const I at = r * spec.dv + k;
-                            return b_.CreateFMul(b_.CreateFPExt(load(f32_, cap[0], at), f64_),
-                                                 b_.CreateFPExt(load(f32_, cap[1], at), f64_));
-                          });
-                          store(b_.CreateFPTrunc(d, f32_), cap[2], r);
-                        },
-                        "bwd.delta");
-                  });
+  llvm::Value *out = buf(n.inputs[3]), *d_out = buf(n.inputs[4]);
+  parallel_ranges(rows, 64, 1, c64(spec.dv * 2), [&](I r0, I r1) {
+    loop(
+        r0, r1,
+        [&](I r) {
+          llvm::Value* d = sum(c64(spec.dv), [&](const I& k) {
+            const I at = r * spec.dv + k;
+            return b_.CreateFMul(b_.CreateFPExt(load(f32_, out, at), f64_),
+                                 b_.CreateFPExt(load(f32_, d_out, at), f64_));
+          });
+          store(b_.CreateFPTrunc(d, f32_), bufs.delta, r);
+        },
+        "bwd.delta");
+  });
 
   // The tasks (batch, kv head, chunk of key blocks): each owns its dK / dV rows and adds into
   // its own chunk's dQ partial sums (zeroed first).
@@ -363,39 +358,35 @@ void ModuleBuilder::emit_backward(int id) {
   emit_attention_backward(m_, spec, cfg, name);
   llvm::Function* kernel = callee(name);
   const I work = rows * lk * (spec.dk + spec.dv) * 5;  // attention_backward_flops
-  parallel_for(batch * spec.hkv * split.chunks, work, {args, split.chunks.v()}, [&](I t, const Values& cap) {
-    const I chunks(b_, cap[1]);
-    const I kv = t / chunks;  // batch · hkv + kv head
-    b_.CreateCall(kernel, {cap[0], (kv / spec.hkv).v(), (kv % spec.hkv).v(), (t % chunks).v()});
+  parallel_for(batch * spec.hkv * split.chunks, work, [&](I t) {
+    const I kv = t / split.chunks;  // batch · hkv + kv head
+    b_.CreateCall(kernel, {args, (kv / spec.hkv).v(), (kv % spec.hkv).v(), (t % split.chunks).v()});
   });
 
   // dQ = scale · Σ_chunk partial, the chunks added in order (whatever the thread count).
   llvm::Value* scale = llvm::ConstantFP::get(f32_, static_cast<float>(spec.effective_scale()));
-  parallel_for(
-      batch * spec.hq, rows * spec.dk * (split.chunks + 1),
-      {bufs.partial, buf(id), split.chunks.v(), per_chunk.v(), padded.v()}, [&](I bh, const Values& cap) {
-        const I chunks(b_, cap[2]), per(b_, cap[3]), padded_rows(b_, cap[4]);
-        loop(
-            c64(0), dim(bw.call.len_q),
-            [&](I i) {
-              const I out = (bh * dim(bw.call.len_q) + i) * spec.dk;
-              const I part = (bh * padded_rows + i) * cfg.dkp;
-              auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
-                loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), cap[1], out + d); }, what, ir::Unroll::allowed);
-              };
-              each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
-              loop(
-                  c64(0), chunks,
-                  [&](I c) {
-                    each("dq.add", [&](const I& d) {
-                      return b_.CreateFAdd(load(f32_, cap[1], out + d), load(f32_, cap[0], c * per + part + d));
-                    });
-                  },
-                  "dq.chunks");
-              each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, cap[1], out + d), scale); });
-            },
-            "dq.rows");
-      });
+  llvm::Value* dq = buf(id);
+  parallel_for(batch * spec.hq, rows * spec.dk * (split.chunks + 1), [&](I bh) {
+    loop(
+        c64(0), lq,
+        [&](I i) {
+          const I at = (bh * lq + i) * spec.dk, part = (bh * padded + i) * cfg.dkp;
+          auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
+            loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), dq, at + d); }, what, ir::Unroll::allowed);
+          };
+          each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
+          loop(
+              c64(0), split.chunks,
+              [&](I c) {
+                each("dq.add", [&](const I& d) {
+                  return b_.CreateFAdd(load(f32_, dq, at + d), load(f32_, bufs.partial, c * per_chunk + part + d));
+                });
+              },
+              "dq.chunks");
+          each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, dq, at + d), scale); });
+        },
+        "dq.rows");
+  });
 }
 
 }  // namespace detail

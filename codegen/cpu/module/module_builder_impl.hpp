@@ -264,107 +264,28 @@ class ModuleBuilder {
     return parallel_;
   }
 
-  using TaskBody = std::function<void(I i, const Values& captured)>;
+  using TaskBody = std::function<void(I i)>;
 
-  /// body(i, captured) for i in [0, n): on the calling thread when there is one task or less than
+  /// body(i) for i in [0, n): on the calling thread when there is one task or less than
   /// kParallelMinFlops of work, else shared with the other threads through qkv_parallel (decided
   /// here when n and work are constants, at run time otherwise). The body is generated into a
-  /// task function of its own and may use any value of the function being built — `captured`,
-  /// sizes (dim()), buffers (buf()), values computed before the call: each it uses is stored into
-  /// the task's context and loaded by the task (closure conversion, capture_into). Inside a task
+  /// task function of its own and may use any value of the function being built — sizes
+  /// (dim()), buffers (buf()), values computed before the call: each it uses is stored into the
+  /// task's context and loaded by the task (capture_into, threads_ir.hpp). Inside a task
   /// (task_depth_ > 0) the loops stay serial: no parallel region runs inside another.
-  void parallel_for(const I& n, const I& work, const Values& captured, const TaskBody& body) {
-    const auto cn = n.constant(), cw = work.constant();
-    if (cn && *cn <= 0) return;
-    if ((cn && *cn == 1) || (cw && *cw < kParallelMinFlops) || task_depth_ > 0) {
-      loop(c64(0), n, [&](I i) { body(i, captured); }, "tasks");
-      return;
-    }
-    auto* task = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false),
-                                        llvm::GlobalValue::InternalLinkage, "qkv_task", m_);
-    attributes(task);
-    const llvm::IRBuilderBase::InsertPoint saved = b_.saveIP();
-    llvm::Function* saved_fn = fn_;
-    fn_ = task;
-    ++task_depth_;
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", task));
-    body(I(b_, task->getArg(1)), captured);
-    b_.CreateRetVoid();
-    --task_depth_;
-    fn_ = saved_fn;
-    b_.restoreIP(saved);
-    llvm::Value* ctx = capture_into(*task);
-    const ir::Bool worth = (n > 1) && (work >= kParallelMinFlops);
-    llvm::Value* threads = b_.CreateSelect(worth.v(), threads_, b_.getInt32(1));
-    b_.CreateCall(parallel_runtime(), {task, ctx, n.v(), threads});
-  }
+  /// (module_parallel.cpp)
+  void parallel_for(const I& n, const I& work, const TaskBody& body);
 
-  /// Closure conversion of `task` (its body generated, referring to values of the function being
-  /// built): every instruction or argument of another function that it uses becomes a field of a
-  /// context struct, stored here (at b_'s insertion point) and loaded at the top of the task,
-  /// which then uses the loads. Returns the context (its first argument at run time).
-  llvm::Value* capture_into(llvm::Function& task) {
-    std::vector<llvm::Value*> foreign;
-    std::set<llvm::Value*> seen;
-    for (llvm::BasicBlock& block : task)
-      for (llvm::Instruction& inst : block)
-        for (llvm::Value* op : inst.operands()) {
-          const auto* i = llvm::dyn_cast<llvm::Instruction>(op);
-          const auto* a = llvm::dyn_cast<llvm::Argument>(op);
-          if (((i && i->getFunction() != &task) || (a && a->getParent() != &task)) && seen.insert(op).second)
-            foreign.push_back(op);
-        }
-    if (foreign.empty()) return llvm::ConstantPointerNull::get(ptr_);
-    std::vector<llvm::Type*> types;
-    for (llvm::Value* v : foreign) types.push_back(v->getType());
-    auto* ctx_type = llvm::StructType::get(ctx_, types);
-    llvm::Value* ctx = ir::entry_alloca(b_, ctx_type, 1, 8, "task_ctx");
-    llvm::IRBuilder<> in_task(&task.getEntryBlock(), task.getEntryBlock().begin());
-    for (unsigned f = 0; f < foreign.size(); ++f) {
-      b_.CreateStore(foreign[f], b_.CreateStructGEP(ctx_type, ctx, f));
-      llvm::Value* loaded = in_task.CreateLoad(types[f], in_task.CreateStructGEP(ctx_type, task.getArg(0), f));
-      foreign[f]->replaceUsesWithIf(loaded, [&](llvm::Use& u) {
-        const auto* user = llvm::dyn_cast<llvm::Instruction>(u.getUser());
-        return user && user->getFunction() == &task;
-      });
-    }
-    return ctx;
-  }
+  /// fn(begin, end) over [0, total) in blocks (schedule.hpp's ranges), in parallel when the work
+  /// is worth it.
+  void parallel_ranges(const I& total, std::int64_t grain, std::int64_t align, const I& work_per_unit,
+                       const std::function<void(I, I)>& fn);
 
   /// nest() with the outermost dimension's iterations shared out as parallel_ranges' tasks (each
   /// iteration independent of the others: no state carried between them) when the work — the
   /// iterations times `cost` per innermost body — is worth it.
   void nest_parallel(const Dims& dims, const std::vector<Dims>& strides, const Dims& bases, const I& cost,
-                     const Body& body) {
-    if (dims.empty() || task_depth_ > 0) return nest(dims, strides, bases, body);
-    Dims rest(dims.begin() + 1, dims.end());
-    parallel_ranges(dims[0], 1, 1, numel(rest) * cost, {}, [&](I begin, I end, const Values&) {
-      loop(
-          begin, end,
-          [&](I i) {
-            Dims off = bases;
-            for (std::size_t k = 0; k < strides.size(); ++k) off[k] = off[k] + i * strides[k][0];
-            Dims idx{i};
-            nest_from(1, dims, strides, idx, off, body);
-          },
-          "d0", dims.size() == 1 ? ir::Unroll::allowed : ir::Unroll::as_written);
-    });
-  }
-
-  /// fn(begin, end, captured) over [0, total) in blocks (schedule.hpp's ranges), in parallel when
-  /// the work is worth it.
-  void parallel_ranges(const I& total, std::int64_t grain, std::int64_t align, const I& work_per_unit,
-                       const Values& captured, const std::function<void(I, I, const Values&)>& fn) {
-    const Ranges<I> r = ranges(total, grain, align);
-    Values cap = captured;
-    cap.push_back(r.block.v());
-    cap.push_back(total.v());
-    parallel_for(r.tasks, total * work_per_unit, cap, [&](I t, const Values& in) {
-      const I block(b_, in[in.size() - 2]), all(b_, in[in.size() - 1]);
-      const I begin = t * block;
-      fn(begin, imin(begin + block, all), Values(in.begin(), in.end() - 2));
-    });
-  }
+                     const Body& body);
 
   // --- the entry points -----------------------------------------------------------------------
 

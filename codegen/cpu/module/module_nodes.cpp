@@ -116,16 +116,16 @@ void ModuleBuilder::emit_activation(int id) {
       internal_error("codegen: " + std::string(op_name(n.op)) + " is not an activation of the row-wise kernels");
   }
   llvm::Function* kernel = rowwise(name, n.dtype);
-  parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30), {buf(n.inputs[0]), buf(id)},
-                  [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], i0.v(), i1.v()}); });
+  parallel_ranges(numel(shape(id)), 16384, 64, c64(n.op == Op::relu ? 1 : 30),
+                  [&](I i0, I i1) { b_.CreateCall(kernel, {buf(n.inputs[0]), buf(id), i0.v(), i1.v()}); });
 }
 
 void ModuleBuilder::emit_add_same(int id) {
   const Node& n = g_.node(id);
   llvm::Function* kernel = rowwise("qkv_add", n.dtype);
-  parallel_ranges(
-      numel(shape(id)), 16384, 64, c64(1), {buf(n.inputs[0]), buf(n.inputs[1]), buf(id)},
-      [&](I i0, I i1, const Values& cap) { b_.CreateCall(kernel, {cap[0], cap[1], cap[2], i0.v(), i1.v()}); });
+  parallel_ranges(numel(shape(id)), 16384, 64, c64(1), [&](I i0, I i1) {
+    b_.CreateCall(kernel, {buf(n.inputs[0]), buf(n.inputs[1]), buf(id), i0.v(), i1.v()});
+  });
 }
 
 void ModuleBuilder::emit_slice(int id) {
@@ -321,11 +321,10 @@ void ModuleBuilder::emit_layer_norm_rows(int id) {
   // Blocks of about 16k elements: a grain of 16384 / len rows when len is known here.
   const auto known = len.constant();
   const std::int64_t grain = known ? std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(*known, 1)) : 1;
-  parallel_ranges(rows, grain, 1, len * 8, {buf(n.inputs[0]), buf(n.inputs[1]), buf(n.inputs[2]), buf(id), len.v()},
-                  [&](I r0, I r1, const Values& cap) {
-                    b_.CreateCall(kernel, {cap[0], cap[1], cap[2], cap[3], cap[4],
-                                           llvm::ConstantFP::get(f32_, n.scalar), r0.v(), r1.v()});
-                  });
+  parallel_ranges(rows, grain, 1, len * 8, [&](I r0, I r1) {
+    b_.CreateCall(kernel, {buf(n.inputs[0]), buf(n.inputs[1]), buf(n.inputs[2]), buf(id), len.v(),
+                           llvm::ConstantFP::get(f32_, n.scalar), r0.v(), r1.v()});
+  });
 }
 
 /// layer norm along another axis: a loop nest in double.

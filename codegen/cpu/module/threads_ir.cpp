@@ -1,6 +1,8 @@
 #include "cpu/module/threads_ir.hpp"
 
 #include <cstdint>
+#include <set>
+#include <vector>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -126,6 +128,34 @@ llvm::Function* emit_parallel_runtime(llvm::Module& m_, const std::function<void
       "join");
   b.CreateRetVoid();
   return parallel_;
+}
+
+llvm::Value* capture_into(llvm::IRBuilder<>& b, llvm::Function& task) {
+  std::vector<llvm::Value*> foreign;  // in the order the task first uses them: a stable module text
+  std::set<llvm::Value*> seen;
+  for (llvm::BasicBlock& block : task)
+    for (llvm::Instruction& inst : block)
+      for (llvm::Value* op : inst.operands()) {
+        const auto* i = llvm::dyn_cast<llvm::Instruction>(op);
+        const auto* a = llvm::dyn_cast<llvm::Argument>(op);
+        if (((i && i->getFunction() != &task) || (a && a->getParent() != &task)) && seen.insert(op).second)
+          foreign.push_back(op);
+      }
+  if (foreign.empty()) return llvm::ConstantPointerNull::get(b.getPtrTy());
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* v : foreign) types.push_back(v->getType());
+  auto* ctx_type = llvm::StructType::get(b.getContext(), types);
+  llvm::Value* ctx = ir::entry_alloca(b, ctx_type, 1, 8, "task_ctx");
+  llvm::IRBuilder<> in_task(&task.getEntryBlock(), task.getEntryBlock().begin());
+  for (unsigned f = 0; f < foreign.size(); ++f) {
+    b.CreateStore(foreign[f], b.CreateStructGEP(ctx_type, ctx, f));
+    llvm::Value* loaded = in_task.CreateLoad(types[f], in_task.CreateStructGEP(ctx_type, task.getArg(0), f));
+    foreign[f]->replaceUsesWithIf(loaded, [&](llvm::Use& u) {
+      const auto* user = llvm::dyn_cast<llvm::Instruction>(u.getUser());
+      return user && user->getFunction() == &task;
+    });
+  }
+  return ctx;
 }
 
 }  // namespace qkv::codegen::cpu

@@ -29,6 +29,13 @@ llvm::GlobalVariable* emit_thread_setting(llvm::Module& module, const std::strin
 /// one per online CPU), clamped to [1, 256].
 llvm::Value* emit_thread_count(llvm::IRBuilder<>& b, llvm::Value* requested);
 
+/// Closure conversion of `task` (a function whose body was generated referring to values of
+/// another function, the one b is building): every instruction or argument of another function
+/// that it uses becomes a field of a context struct, stored at b's insertion point and loaded at
+/// the top of the task, which then uses the loads. Returns the context (null when the task uses
+/// none), the task's first argument at run time.
+llvm::Value* capture_into(llvm::IRBuilder<>& b, llvm::Function& task);
+
 /// Adds qkv_parallel and its worker (internal linkage) to `module`; `attributes` is applied to
 /// both functions (target CPU and features).
 llvm::Function* emit_parallel_runtime(llvm::Module& module, const std::function<void(llvm::Function*)>& attributes);

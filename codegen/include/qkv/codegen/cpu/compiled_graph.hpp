@@ -61,9 +61,16 @@ class CompiledGraph {
 /// fused attention kernels); every other size can be a run-time argument.
 std::vector<std::string> specialised_sizes(const Graph& lowered);
 
+/// What the compiled code is specialised on: the attention kernels' sizes only (the default: one
+/// compilation serves every batch and sequence length), or every size of the feeds (constants
+/// throughout: faster loops, compiled once per distinct shape — for a loop that runs one shape
+/// many times, as `qkv train` does).
+enum class Specialise : std::uint8_t { kernels, every_size };
+
 /// The compiled graph for `lowered` under `sizes`, from a process-wide cache keyed by the
 /// graph's structure and the specialised sizes' values: one compilation per shape class (with
-/// every_sizes: per distinct `sizes`, all of them constants in the code).
-std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes, bool every_size = false);
+/// Specialise::every_size: per distinct `sizes`, all of them constants in the code).
+std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bindings& sizes,
+                                                  Specialise specialise = Specialise::kernels);
 
 }  // namespace qkv::codegen::cpu

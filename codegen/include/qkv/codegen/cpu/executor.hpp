@@ -13,19 +13,13 @@
 // are f32 (bool for boolean nodes), written in place by the compiled code.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 
+#include <qkv/codegen/cpu/compiled_graph.hpp>
 #include <qkv/ir/graph.hpp>
 #include <qkv/runtime/interpreter.hpp>
 
 namespace qkv::codegen::cpu {
-
-/// What the compiled code is specialised on: the attention kernels' sizes only (the default: one
-/// compilation serves every batch and sequence length), or every size of the feeds (constants
-/// throughout: faster loops, compiled once per distinct shape — for a loop that runs one shape
-/// many times, as `qkv train` does).
-enum class Specialise : std::uint8_t { kernels, every_size };
 
 /// Executes an already lowered graph. Outputs named in `into` are written into those arrays (a
 /// destination may be the buffer of an input: an update_slice's output fed its own cache is
