@@ -40,8 +40,8 @@ void ModuleBuilder::parallel_ranges(const I& total, std::int64_t grain, std::int
   });
 }
 
-void ModuleBuilder::nest_parallel(const Dims& dims, const std::vector<Dims>& strides, const Dims& bases,
-                                  const I& cost, const Body& body) {
+void ModuleBuilder::nest_parallel(const Dims& dims, const std::vector<Dims>& strides, const Dims& bases, const I& cost,
+                                  const Body& body) {
   if (dims.empty() || task_depth_ > 0) return nest(dims, strides, bases, body);
   Dims rest(dims.begin() + 1, dims.end());
   parallel_ranges(dims[0], 1, 1, numel(rest) * cost, [&](I begin, I end) {
