@@ -225,6 +225,8 @@ std::string c_pointer_type(DType t) {
       return "int32_t* ";
     case DType::i64:
       return "int64_t* ";
+    case DType::i8:
+      return "int8_t* ";
     case DType::f32:
     case DType::f64:
       return "float* ";
@@ -340,6 +342,11 @@ std::string header_text(const AotSignature& sig, const AotOptions& options, cons
   h << "/* Frees a handle (NULL: nothing). */\nvoid " << f << "_release(void* handle);\n\n";
   h << "/* Threads for later calls: n >= 1, or 0 (the default) for one per online CPU. Returns 0, or 1\n"
     << " * for n < 0. Not to be called while " << f << " runs. */\nint " << f << "_set_threads(int n);\n\n";
+  h << "/* Your thread pool for later calls (NULL, the default: threads are created per parallel region\n"
+    << " * and joined at its end). hook(body, ctx, n, threads) runs body(ctx, i) for every i in [0, n) on up\n"
+    << " * to `threads` threads and returns 0, or returns non-zero having run none (the call then uses\n"
+    << " * its own threads). Not to be called while " << f << " runs. */\nvoid " << f
+    << "_set_parallel(int (*hook)(void (*body)(void*, int64_t), void* ctx, int64_t n, int threads));\n\n";
   h << "/* The features of the CPU check above, comma-separated (\"\" when none). */\nconst char* " << f
     << "_required_features(void);\n\n";
   h << "/* NULL when this CPU has every required feature; otherwise a line naming the missing ones:\n"

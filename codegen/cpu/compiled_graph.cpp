@@ -12,6 +12,7 @@
 #include <qkv/codegen/jit.hpp>
 
 #include "cpu/module/module_builder.hpp"
+#include "cpu/thread_pool.hpp"
 
 namespace qkv::codegen::cpu {
 
@@ -45,6 +46,11 @@ std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered
   if (impl->entry) impl->prepare = impl->jit->lookup<PrepareFn>(function + "_prepare_entry", &error);
   if (impl->prepare) impl->release = impl->jit->lookup<ReleaseFn>(function + "_release_entry", &error);
   if (!impl->release) throw ToolError("compiling the graph: " + error);
+  // The parallel regions run on the process's pool (its threads persist across calls).
+  using SetParallelFn = void(int (*)(void (*)(void*, std::int64_t), void*, std::int64_t, int));
+  auto* set_parallel = impl->jit->lookup<SetParallelFn>(function + "_set_parallel", &error);
+  if (!set_parallel) throw ToolError("compiling the graph: " + error);
+  set_parallel(&ThreadPool::module_hook);
   return std::shared_ptr<const CompiledGraph>(new CompiledGraph(std::move(impl)));
 }
 

@@ -39,11 +39,38 @@ ThreadPool& ThreadPool::shared() {
   return pool;
 }
 
+namespace {
+thread_local bool in_job = false;  // this thread is running a job's tasks, or waiting for one
+struct InJob {
+  InJob() { in_job = true; }
+  ~InJob() { in_job = false; }
+  InJob(const InJob&) = delete;
+  InJob& operator=(const InJob&) = delete;
+};
+}  // namespace
+
 void ThreadPool::run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task) {
   if (n <= 0) return;
+  std::lock_guard<std::mutex> job(run_mutex_);
+  run_locked(n, threads, task);
+}
+
+bool ThreadPool::try_run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task) {
+  if (in_job) return false;
+  std::unique_lock<std::mutex> job(run_mutex_, std::try_to_lock);
+  if (!job.owns_lock()) return false;
+  if (n > 0) run_locked(n, threads, task);
+  return true;
+}
+
+int ThreadPool::module_hook(void (*body)(void*, std::int64_t), void* ctx, std::int64_t n, int threads) {
+  return shared().try_run(n, threads, [&](std::int64_t i) { body(ctx, i); }) ? 0 : 1;
+}
+
+void ThreadPool::run_locked(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task) {
+  const InJob caller;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int helpers = static_cast<int>(std::min<std::int64_t>(threads - 1, n - 1));
-  std::lock_guard<std::mutex> job(run_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     while (static_cast<int>(workers_.size()) < helpers) {
@@ -87,6 +114,7 @@ void ThreadPool::drain() {
 }
 
 void ThreadPool::worker(int index) {
+  const InJob worker;  // a pool thread only ever runs the pool's tasks
   std::uint64_t seen = 0;
   for (;;) {
     spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });

@@ -30,6 +30,13 @@ class ThreadPool {
   /// exception a task threw (the other tasks still run).
   void run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task);
 
+  /// The same, unless the pool is running another job or the calling thread is inside one of its
+  /// tasks (a nested region): then false, having run nothing.
+  bool try_run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task);
+
+  /// The generated modules' parallel hook (threads_ir.hpp): the shared pool's try_run.
+  static int module_hook(void (*body)(void*, std::int64_t), void* ctx, std::int64_t n, int threads);
+
   /// The process-wide pool.
   static ThreadPool& shared();
 
@@ -38,6 +45,7 @@ class ThreadPool {
  private:
   void worker(int index);
   void drain();
+  void run_locked(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task);
 
   std::mutex run_mutex_;  // one job at a time
   std::mutex mutex_;

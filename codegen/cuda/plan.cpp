@@ -275,7 +275,9 @@ class Planner {
       case KernelKind::embedding:
       case KernelKind::argmax:
       case KernelKind::update_slice:
-        break;  // a value of its own: a kernel below, or the host
+      case KernelKind::dequantize:
+      case KernelKind::dequantize_in_linear:  // the GPU's linear reads f32 weights: written out
+        break;                                // a value of its own: a kernel below, or the host
     }
     value_buffer(id);
     use_inputs(id);
@@ -325,6 +327,8 @@ class Planner {
         case KernelKind::embedding:
         case KernelKind::argmax:
         case KernelKind::convert:
+        case KernelKind::dequantize:
+        case KernelKind::dequantize_in_linear:
           why = std::string(op_name(g_.node(id).op)) + " outside a fused attention has no GPU kernel";
           break;
         case KernelKind::leaf:

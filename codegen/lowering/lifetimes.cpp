@@ -20,7 +20,9 @@ std::vector<int> memory_roots(const Graph& g) {
   std::vector<int> root(g.size());
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     const Node& n = g.node(id);
-    root[static_cast<std::size_t>(id)] = is_view(n.op) ? root[static_cast<std::size_t>(n.inputs[0])] : id;
+    // A dequantize its linear layers read in place lives in its q.
+    const bool alias = is_view(n.op) || (n.op == Op::dequantize && dequantize_in_linear(g, id));
+    root[static_cast<std::size_t>(id)] = alias ? root[static_cast<std::size_t>(n.inputs[0])] : id;
   }
   return root;
 }
@@ -80,7 +82,7 @@ BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
   std::vector<int> owner;  // the node of each block
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     const Node& n = g.node(id);
-    if (n.op == Op::input || n.op == Op::param || is_view(n.op)) continue;
+    if (n.op == Op::input || n.op == Op::param || root[static_cast<std::size_t>(id)] != id) continue;
     std::size_t bytes = storage_bytes(n.dtype);
     for (const auto& a : n.axes) {
       auto v = a.extent.resolve(sizes);
@@ -99,7 +101,7 @@ BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
     p.slot[static_cast<std::size_t>(owner[k])] = slots[k];
   }
   for (int id = 0; id < static_cast<int>(g.size()); ++id)  // a view lives in its root's slot
-    if (is_view(g.node(id).op))
+    if (root[static_cast<std::size_t>(id)] != id)
       p.slot[static_cast<std::size_t>(id)] = p.slot[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
   for (std::size_t b : p.slot_bytes) p.peak_bytes += b;
   return p;

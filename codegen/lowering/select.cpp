@@ -15,6 +15,27 @@ static_assert(
     }(),
     "select_kernel maps exactly the view ops of kOps to KernelKind::view");
 
+bool dequantize_in_linear(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op != Op::dequantize || n.inputs.size() != 2) return false;
+  const Node &q = g.node(n.inputs[0]), &s = g.node(n.inputs[1]);
+  if (q.dtype != DType::i8 || !is_array_leaf(q) || !is_array_leaf(s) || s.dtype != DType::f16 || q.axes.size() != 2 ||
+      n.offset < 1 || n.offset % kQuantGroupQuantum != 0)
+    return false;
+  for (const auto& o : g.outputs())
+    if (o.node == id) return false;
+  bool read = false;
+  for (int c = id + 1; c < static_cast<int>(g.size()); ++c) {
+    const Node& u = g.node(c);
+    for (std::size_t k = 0; k < u.inputs.size(); ++k) {
+      if (u.inputs[k] != id) continue;
+      if (k != 1 || !util::linear_on_last_axis(g, u)) return false;
+      read = true;
+    }
+  }
+  return read;
+}
+
 KernelKind select_kernel(const Graph& g, int id) {
   const Node& n = g.node(id);
   // Every op has a case and there is no default: an op added without a kernel kind does not build.
@@ -90,6 +111,8 @@ KernelKind select_kernel(const Graph& g, int id) {
     case Op::attention_dk:
     case Op::attention_dv:
       return KernelKind::attention_grads;
+    case Op::dequantize:
+      return dequantize_in_linear(g, id) ? KernelKind::dequantize_in_linear : KernelKind::dequantize;
   }
   internal_error("select_kernel: op " + std::string(op_name(n.op)) + " has no kernel kind");
 }
@@ -152,6 +175,10 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "update_slice";
     case KernelKind::convert:
       return "convert";
+    case KernelKind::dequantize:
+      return "dequantize";
+    case KernelKind::dequantize_in_linear:
+      return "dequantize_in_linear";
   }
   return "?";
 }

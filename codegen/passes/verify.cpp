@@ -119,6 +119,12 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
         break;
     }
     if (n.op == Op::rope && !n.rope) report("has no rope attributes");
+    if (n.op == Op::dequantize && x) {
+      const Node& s = g.node(n.inputs[1]);
+      if (x->dtype != DType::i8) report("dequantizes " + std::string(dtype_name(x->dtype)) + ", not i8");
+      if (n.offset < 1) report("has no group size");
+      if (x->axes.empty() || s.axes.size() != x->axes.size()) report("has scales of another rank than its q");
+    }
     if ((n.op == Op::softmax || n.op == Op::causal || n.op == Op::logsumexp || n.op == Op::rms_norm ||
          n.op == Op::argmax || n.op == Op::rope) &&
         x)

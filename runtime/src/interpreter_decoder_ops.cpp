@@ -116,6 +116,30 @@ Value op_embedding(const OpArgs& a) {
   return out;
 }
 
+/// q[..., k] · scale[..., k / group]: the reference a quantized linear's kernels are checked against
+/// (the interpreter holds both as the floats they are).
+Value op_dequantize(const OpArgs& a) {
+  expect_inputs(a);
+  const Value &q = *a.in[0], &s = *a.in[1];
+  const std::int64_t group = a.node.offset;
+  if (group < 1 || q.shape.empty() || s.shape.size() != q.shape.size())
+    internal_error(where(a) + "q " + shape_str(q.shape) + " and scales " + shape_str(s.shape) + " in groups of " +
+                   std::to_string(group) + " do not fit");
+  const std::int64_t k = q.shape.back(), groups = (k + group - 1) / group;
+  Shape want = q.shape;
+  want.back() = groups;
+  if (s.shape != want)
+    internal_error(where(a) + "scales " + shape_str(s.shape) + " for q " + shape_str(q.shape) + " need " +
+                   shape_str(want));
+  Value out{q.shape, std::vector<float>(q.data.size())};
+  for (std::size_t i = 0; i < q.data.size(); ++i) {
+    const auto row = static_cast<std::int64_t>(i) / std::max<std::int64_t>(k, 1),
+               col = static_cast<std::int64_t>(i) % std::max<std::int64_t>(k, 1);
+    out.data[i] = q.data[i] * s.data[static_cast<std::size_t>(row * groups + col / group)];
+  }
+  return out;
+}
+
 /// argmax along attr_axes[0] (dropped): the first index of the largest entry; the first NaN
 /// wins (torch.argmax).
 Value op_argmax(const OpArgs& a) {

@@ -708,6 +708,8 @@ Value eval_op(const OpArgs& a) {
       return op_argmax(a);
     case Op::update_slice:
       return op_update_slice(a);
+    case Op::dequantize:
+      return op_dequantize(a);
     case Op::convert:  // the rounding to the node's dtype is every node's (interpreter.cpp's run)
       return unary_map(a, [](float x) { return x; });
     case Op::relu:

@@ -102,5 +102,6 @@ Value op_rope(const OpArgs& a);
 Value op_embedding(const OpArgs& a);
 Value op_argmax(const OpArgs& a);
 Value op_update_slice(const OpArgs& a);
+Value op_dequantize(const OpArgs& a);
 
 }  // namespace qkv::interp

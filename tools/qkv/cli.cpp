@@ -214,6 +214,7 @@ struct RunCausalLmFlags {
   RunCausalLm o;
   BackendFlag backend;
   DTypeFlag dtype;
+  QuantizeFlag quantize;
   CLI::App* cmd = nullptr;
   void add(CLI::App* run) {
     cmd = run->add_subcommand("causal-lm", "A Hugging Face decoder (llama, qwen2, mistral, gpt2): one full forward");
@@ -224,11 +225,13 @@ struct RunCausalLmFlags {
     cmd->add_option("--logits-out", o.logits_out, "Output [B, L, vocab] .npy")->required();
     backend.add(cmd);
     dtype.add(cmd);
+    quantize.add(cmd);
     cmd->add_flag("--stats", o.stats, "Print the LLVM modules compiled for the run and the compile time (stderr)");
   }
   RunCausalLm get() {
     o.backend = backend.get();
     o.dtype = dtype.get();
+    o.q8 = quantize.q8();
     return o;
   }
 };
@@ -264,6 +267,7 @@ struct GenerateFlags {
   Generate o;
   BackendFlag backend;
   DTypeFlag dtype;
+  QuantizeFlag quantize;
   CLI::App* cmd = nullptr;
   bool json = false;
   /// bench: `qkv bench generate` (--out optional, --json).
@@ -296,10 +300,12 @@ struct GenerateFlags {
     cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
     backend.add(cmd);
     dtype.add(cmd);
+    quantize.add(cmd);
   }
   Generate get() {
     o.backend = backend.get();
     o.dtype = dtype.get();
+    o.q8 = quantize.q8();
     return o;
   }
 };

@@ -150,4 +150,16 @@ struct DTypeFlag {
   [[nodiscard]] DType get() const { return parse_dtype(value); }
 };
 
+struct QuantizeFlag {
+  std::string value = "none";
+  void add(CLI::App* app) {
+    app->add_option("--quantize", value,
+                    "none | q8: the linear layers' weights as 8-bit integers with an f16 scale per 32 (llama.cpp's "
+                    "Q8_0 layout), quantized on load and read as stored by the kernels")
+        ->check(CLI::IsMember({"none", "q8"}))
+        ->capture_default_str();
+  }
+  [[nodiscard]] bool q8() const { return value == "q8"; }
+};
+
 }  // namespace qkv::cli::flags

@@ -93,6 +93,7 @@ struct RunCausalLm {
   std::string model, tokens, logits_out;
   Backend backend = Backend::cpu;
   DType dtype = DType::f32;
+  bool q8 = false;  // --quantize q8: the linear layers' weights as 8-bit integers (qkv/runtime/quantize.hpp)
   bool stats = false;
 };
 int run_causal_lm(const RunCausalLm& o);
@@ -116,6 +117,7 @@ struct Generate {
   std::uint64_t seed = 0;
   Backend backend = Backend::cpu;
   DType dtype = DType::f32;
+  bool q8 = false;  // --quantize q8
   int threads = 0;
 };
 int generate(const Generate& o);

@@ -19,6 +19,7 @@
 
 #include <qkv/runtime/hf_checkpoint.hpp>
 #include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/quantize.hpp>
 
 #include "commands.hpp"
 #include "memory.hpp"
@@ -65,6 +66,16 @@ Feeds weight_feeds(const HfCheckpoint& ck) {
   Feeds feeds;
   for (const auto& name : ck.names()) feeds[name] = ck.load(name);
   return feeds;
+}
+
+/// With --quantize q8, the model with its linear layers' weights quantized (the feeds replaced),
+/// and a note of what that saved; else the model.
+Graph quantized(Graph g, Feeds& feeds, bool q8) {
+  if (!q8) return g;
+  QuantizedModel m = quantize_linear_weights(g, feeds);
+  std::fprintf(stderr, "qkv: note: %zu linear weights quantized to q8 (%.1f MB -> %.1f MB)\n", m.weights.size(),
+               static_cast<double>(m.bytes_before) / 1e6, static_cast<double>(m.bytes_after) / 1e6);
+  return std::move(m.graph);
 }
 
 /// Opens the checkpoint in `dir`, a decoder's (or with `encoder`, an encoder's); no output may be
@@ -142,7 +153,7 @@ int run_causal_lm(const RunCausalLm& o) {
   Feeds feeds = weight_feeds(ck);
   feeds["tokens"] = std::move(tokens);
   feeds["positions"] = positions_for(B, L);
-  const Graph g = model_as(build_causal_lm(c), o.dtype, feeds);
+  const Graph g = quantized(model_as(build_causal_lm(c), o.dtype, feeds), feeds, o.q8);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
   const NdArray& logits = r.outputs.at("logits");
   require_finite(logits.dtype == DType::f32 ? logits.as<float>() : logits.converted(DType::f32).as<float>(), ck,
@@ -301,10 +312,10 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
       (o.dtype == DType::f32 ? 4 : 2);  // the caches are in the model's dtype
   require_memory(cache, "the KV cache");
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
-  // checkpoint's size).
-  if (o.backend == Backend::cpu) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
+  // checkpoint's size); quantized weights are read as stored.
+  if (o.backend == Backend::cpu && !o.q8) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
   Feeds weights = weight_feeds(ck);
-  Graph step = model_as(build_causal_lm_step(c), o.dtype, weights);
+  Graph step = quantized(model_as(build_causal_lm_step(c), o.dtype, weights), weights, o.q8);
   DecoderSession session(
       std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,

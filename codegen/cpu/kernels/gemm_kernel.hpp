@@ -35,6 +35,9 @@ struct GemmConfig {
   int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
   bool bf16 = false;    // A (and W for the GEMV) are bf16, widened as loaded unless dpbf16
   bool dpbf16 = false;  // bf16 with vdpbf16ps: A and the panels hold pairs of K (k_block even)
+  // W quantized (a dequantize the linear reads in place, select.hpp): int8 with one f16 scale per
+  // q8_group entries of a row's K (a multiple of select.hpp's kQuantGroupQuantum); 0: W is stored as x is.
+  int q8_group = 0;
   std::string cpu, features;
   [[nodiscard]] int cols() const { return lanes * col_vectors; }
 };
@@ -58,11 +61,12 @@ void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::st
 /// product whose time is the time to read W, and packing W first would read it twice and write
 /// it once; bias [n] (never null: zeros when the call has none); y [m, n].
 struct GemvArgs {
-  const void* x;  // f32, or bf16 with GemmConfig::bf16 (as W)
-  const void* w;
+  const void* x;  // f32, or bf16 with GemmConfig::bf16
+  const void* w;  // as x, or int8 with GemmConfig::q8_group
   const float* bias;
   float* y;
   std::int64_t m, n, k;
+  const std::uint16_t* scales;  // q8: [n, ceil(k / q8_group)] f16 (W[o][kk] = w[o][kk] · scale[o][kk / group])
 };
 
 /// The most rows of x the GEMV kernel takes; above it the GEMM packs Bᵀ and runs its micro-kernel.

@@ -11,6 +11,8 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Module.h>
 
+#include <qkv/ir/error.hpp>
+
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "llvm/ir_util.hpp"
 
@@ -58,44 +60,89 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* kfull = b.CreateSub(k, rem, "kfull");
   llvm::Value* tail = lane_mask(lanes, rem);
   // Rows past m repeat row m − 1 (their results are not stored).
-  // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes).
-  llvm::Type* elem = cfg.bf16 ? b.getInt16Ty() : f32;
-  auto* vin = llvm::FixedVectorType::get(elem, static_cast<unsigned>(lanes));
+  // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes);
+  // a quantized W is int8, each vector scaled by its group's scale as loaded (a quarter of them).
+  const int group = cfg.q8_group;
+  if (group % lanes != 0)
+    internal_error("emit_gemv_kernel: groups of " + std::to_string(group) + " in vectors of " + std::to_string(lanes));
+  llvm::Type* xelem = cfg.bf16 ? b.getInt16Ty() : f32;
+  llvm::Type* welem = group > 0 ? b.getInt8Ty() : xelem;
+  llvm::Value* scales = group > 0 ? field(offsetof(GemvArgs, scales), ptr) : nullptr;
+  llvm::Value* groups = group > 0 ? b.CreateSDiv(b.CreateAdd(k, c64(group - 1)), c64(group)) : nullptr;
   std::vector<llvm::Value*> xrow(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r)
-    xrow[r] = b.CreateInBoundsGEP(elem, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
+    xrow[r] = b.CreateInBoundsGEP(xelem, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
 
   ir::emit_loop(
       b, n0, n1, outs,
       [&](llvm::Value* o0) {
         // Outputs past n1 (the last group only) read row n1 − 1 of W.
-        std::vector<llvm::Value*> wrow(static_cast<std::size_t>(outs));
-        for (int j = 0; j < outs; ++j)
-          wrow[j] =
-              b.CreateInBoundsGEP(elem, w, b.CreateMul(smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1))), k));
-        auto step = [&](llvm::Value* i, const std::vector<llvm::Value*>& in, llvm::Value* mask) {
+        std::vector<llvm::Value*> wrow(static_cast<std::size_t>(outs)), srow(static_cast<std::size_t>(outs));
+        for (int j = 0; j < outs; ++j) {
+          llvm::Value* row = smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1)));
+          wrow[j] = b.CreateInBoundsGEP(welem, w, b.CreateMul(row, k));
+          if (group > 0) srow[j] = b.CreateInBoundsGEP(b.getInt16Ty(), scales, b.CreateMul(row, groups));
+        }
+        auto load = [&](llvm::Type* elem, llvm::Value* row, llvm::Value* i, llvm::Value* mask) {
+          auto* vin = llvm::FixedVectorType::get(elem, static_cast<unsigned>(lanes));
+          llvm::Value* p = b.CreateGEP(elem, row, i);
+          const llvm::Align align(elem->getPrimitiveSizeInBits() / 8);
+          llvm::Value* v = mask ? b.CreateMaskedLoad(vin, p, align, mask, llvm::Constant::getNullValue(vin))
+                                : static_cast<llvm::Value*>(b.CreateAlignedLoad(vin, p, align));
+          if (elem == f32) return v;
+          if (elem == b.getInt8Ty()) return b.CreateSIToFP(v, vf);
+          return ir::half_to_f32(b, v, /*brain=*/true);
+        };
+        // One vector of K at i: acc[j·rows + r] += x[r][i…] · W[j][i…] (W scaled by `scale[j]`).
+        auto step = [&](llvm::Value* i, const std::vector<llvm::Value*>& in, llvm::Value* mask,
+                        const std::vector<llvm::Value*>& scale) {
           std::vector<llvm::Value*> acc = in;
-          auto load = [&](llvm::Value* row) {
-            llvm::Value* p = b.CreateGEP(elem, row, i);
-            const llvm::Align align(cfg.bf16 ? 2 : 4);
-            llvm::Value* v = mask ? b.CreateMaskedLoad(vin, p, align, mask, llvm::Constant::getNullValue(vin))
-                                  : static_cast<llvm::Value*>(b.CreateAlignedLoad(vin, p, align));
-            return cfg.bf16 ? ir::half_to_f32(b, v, /*brain=*/true) : v;
-          };
           std::vector<llvm::Value*> xv(static_cast<std::size_t>(rows));
-          for (int r = 0; r < rows; ++r) xv[r] = load(xrow[r]);
+          for (int r = 0; r < rows; ++r) xv[r] = load(xelem, xrow[r], i, mask);
           for (int j = 0; j < outs; ++j) {
-            llvm::Value* wv = load(wrow[j]);
+            llvm::Value* wv = load(welem, wrow[j], i, mask);
+            if (group > 0) wv = b.CreateFMul(wv, scale[j]);
             for (int r = 0; r < rows; ++r) acc[j * rows + r] = fma(xv[r], wv, acc[j * rows + r]);
           }
           return acc;
         };
-        std::vector<llvm::Value*> zero(static_cast<std::size_t>(outs * rows), llvm::ConstantFP::get(vf, 0.0));
-        std::vector<llvm::Value*> acc = ir::emit_loop(
-            b, c64(0), kfull, lanes, zero,
-            [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr); }, "gemv.k",
+        // The scales of group gi of the outputs' rows, each splat across a vector.
+        auto scales_of = [&](llvm::Value* gi) {
+          std::vector<llvm::Value*> sc(static_cast<std::size_t>(outs));
+          if (group == 0) return sc;
+          for (int j = 0; j < outs; ++j) {
+            llvm::Value* bits = b.CreateLoad(b.getInt16Ty(), b.CreateGEP(b.getInt16Ty(), srow[j], gi));
+            sc[j] = b.CreateVectorSplat(static_cast<unsigned>(lanes), ir::half_to_f32(b, bits, /*brain=*/false));
+          }
+          return sc;
+        };
+        std::vector<llvm::Value*> acc(static_cast<std::size_t>(outs * rows), llvm::ConstantFP::get(vf, 0.0));
+        llvm::Value* kvec = c64(0);  // where the vectors of the last, partial group start (q8)
+        if (group > 0) {
+          // Whole groups: their scales loaded once, their group / lanes vectors unrolled.
+          llvm::Value* kgroups = b.CreateSDiv(k, c64(group), "kgroups");
+          acc = ir::emit_loop(
+              b, c64(0), kgroups, 1, acc,
+              [&](llvm::Value* gi, const std::vector<llvm::Value*>& in) {
+                const std::vector<llvm::Value*> sc = scales_of(gi);
+                std::vector<llvm::Value*> a = in;
+                for (int v = 0; v < group / lanes; ++v)
+                  a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(static_cast<std::int64_t>(v) * lanes)), a,
+                           nullptr, sc);
+                return a;
+              },
+              "gemv.groups");
+          kvec = b.CreateMul(kgroups, c64(group));
+        }
+        // The last, partial group's scales (the last group's when there is none: the loop and the
+        // masked vector below then read no W).
+        const std::vector<llvm::Value*> last =
+            scales_of(group > 0 ? smin(b.CreateSDiv(kvec, c64(group)), b.CreateSub(groups, c64(1))) : nullptr);
+        acc = ir::emit_loop(
+            b, kvec, kfull, lanes, acc,
+            [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr, last); }, "gemv.k",
             ir::Unroll::allowed);
-        acc = step(kfull, acc, tail);  // K's last partial vector (an empty mask when lanes divides K)
+        acc = step(kfull, acc, tail, last);  // K's last partial vector (an empty mask when lanes divides K)
 
         llvm::Value* valid = lane_mask(outs, b.CreateSub(n1, o0));
         llvm::Value* bv = b.CreateMaskedLoad(vo, b.CreateInBoundsGEP(f32, bias, o0), llvm::Align(4), valid,

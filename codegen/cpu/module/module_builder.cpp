@@ -86,6 +86,8 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
                                    const I& m, const I& nn, const I& k) {
   gemm_cfg_ = gemm_config(id);
   auto [packed, bias_pad] = gemm_blocks_.at(id);
+  // A quantized weight: wt is its q (the dequantize's buffer), the scales its second input.
+  llvm::Value* scales = gemm_cfg_.q8_group > 0 ? buf(g_.node(g_.node(id).inputs[1]).inputs[1]) : nullptr;
   // A prepared linear under a handle: its panels and padded bias were made once, by prepare.
   const auto it = std::find(plan_.prepared.begin(), plan_.prepared.end(), id);
   ir::Bool pack(b_, b_.getTrue());
@@ -106,9 +108,9 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
   branch(pack, [&] { emit_pad_bias(bias, bias_pad, nn); });
   // A few rows (a decode step): the GEMV kernel reads W in place.
   branch(
-      m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k); },
+      m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k, scales); },
       [&] {
-        branch(pack, [&] { emit_pack_panels(wt, packed, nn, k); });
+        branch(pack, [&] { emit_pack_panels(wt, packed, nn, k, scales); });
         emit_gemm_packed(x, packed, bias_pad, y, m, nn, k);
       });
 }
@@ -121,8 +123,10 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
 /// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
 /// zeros past N and past K. The whole panels are shared out among the threads.
-void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k) {
+void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k,
+                                     llvm::Value* scales) {
   const std::int64_t nr = gemm_cfg_.cols();
+  if (gemm_cfg_.q8_group > 0) return emit_pack_quantized(wt, scales, packed, nn, k);
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
   const I zero = c64(0), one = c64(1), two = c64(2);
@@ -151,16 +155,37 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
   nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr}, copy);
 }
 
+/// The f32 panels of a quantized W: bp[(p·K + kk)·NR + r] = q[p·NR + r][kk] · scale[p·NR + r][kk / group]
+/// (exact: an 8-bit integer times an f16), zeros past N.
+void ModuleBuilder::emit_pack_quantized(llvm::Value* q, llvm::Value* scales, llvm::Value* packed, const I& nn,
+                                        const I& k) {
+  const std::int64_t nr = gemm_cfg_.cols();
+  const I group = c64(gemm_cfg_.q8_group), groups = ceil_div(k, group);
+  const I full = nn / nr, rest = nn % nr;
+  const I zero = c64(0), one = c64(1);
+  branch(rest != 0, [&] { memset0(packed, ceil_div(nn, nr) * k * nr * 4); });
+  auto copy = [&](const I& row, const I& kk, const I& to, const I& from) {
+    llvm::Value* s = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), /*brain=*/false);
+    store(b_.CreateFMul(b_.CreateSIToFP(load(i8_, q, from), f32_), s), packed, to);
+  };
+  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(4),
+                [&](const Dims& idx, const Dims& off) { copy(idx[0] * nr + idx[2], idx[1], off[0], off[1]); });
+  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * nr * k},
+       [&](const Dims& idx, const Dims& off) { copy(full * nr + idx[1], idx[0], off[0], off[1]); });
+}
+
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
-                                   const I& nn, const I& k) {
+                                   const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
-    const std::string name = std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") + std::to_string(rows);
+    const std::string name = std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") +
+                             (gemm_cfg_.q8_group > 0 ? "q8g" + std::to_string(gemm_cfg_.q8_group) + "_" : "") +
+                             std::to_string(rows);
     if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
     return callee(name);
   };
-  auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
+  auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, ptr_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemv_args");
-  const Values fields{x, wt, bias_pad, y, m.v(), nn.v(), k.v()};
+  const Values fields{x, wt, bias_pad, y, m.v(), nn.v(), k.v(), scales ? scales : llvm::ConstantPointerNull::get(ptr_)};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   auto run = [&](int rows) {
     llvm::Function* fn = kernel(rows);

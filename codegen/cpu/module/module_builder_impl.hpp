@@ -24,6 +24,7 @@
 #include "cpu/kernels/attention_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "cpu/kernels/rowwise_kernel.hpp"
+#include "cpu/module/cpu_check.hpp"
 #include "cpu/module/module_builder.hpp"
 #include "cpu/module/threads_ir.hpp"
 #include "cpu/schedule.hpp"
@@ -68,6 +69,7 @@ class ModuleBuilder {
     llvm::Function* release = emit_release(name + "_release_entry");
     std::vector<llvm::Function*> exported{entry, prepare, release};
     if (aot) exported = emit_c_entry_points(name, entry, prepare, release);
+    exported.push_back(emit_parallel_setter(m_, name, [this](llvm::Function* f) { baseline_attributes(f, target_); }));
     for (llvm::Function& f : m_)
       if (!f.isDeclaration() && std::find(exported.begin(), exported.end(), &f) == exported.end())
         f.setLinkage(llvm::GlobalValue::InternalLinkage);
@@ -114,6 +116,7 @@ class ModuleBuilder {
   llvm::Type* elem(int id) {
     switch (cpu_storage_dtype(g_, id)) {
       case DType::boolean:
+      case DType::i8:
         return i8_;
       case DType::f16:
       case DType::bf16:
@@ -410,8 +413,8 @@ class ModuleBuilder {
         buf_[i] = llvm::ConstantPointerNull::get(ptr_);  // its value is among the sizes
       else if (n.op == Op::input || n.op == Op::param)
         buf_[i] = arg(leaf++);
-      else if (is_view(n.op) || plan_.kv_alias.count(id))
-        buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];
+      else if (is_view(n.op) || plan_.kv_alias.count(id) || dequantize_in_linear(g_, id))
+        buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];  // a dequantize in linears: its q
       else if (plan_.output_arg[i] >= 0)
         buf_[i] = arg(static_cast<std::size_t>(plan_.output_arg[i]));
       else
@@ -534,8 +537,11 @@ class ModuleBuilder {
       case KernelKind::view:
       case KernelKind::attention_weights:  // written by its fused node
       case KernelKind::attention_lse:
-      case KernelKind::attention_grads:  // written by their fused backward
+      case KernelKind::attention_grads:       // written by their fused backward
+      case KernelKind::dequantize_in_linear:  // read by the linear layers' kernels
         return;
+      case KernelKind::dequantize:
+        return emit_dequantize(id);
       case KernelKind::fused_attention:
         return emit_attention(id);
       case KernelKind::attention_backward:
@@ -612,6 +618,8 @@ class ModuleBuilder {
   void emit_rope(int id);
 
   void emit_embedding(int id);
+  /// A quantized weight written out (a dequantize the linear kernels do not read in place).
+  void emit_dequantize(int id);
 
   void emit_argmax(int id);
 
@@ -629,7 +637,9 @@ class ModuleBuilder {
   void emit_slice(int id);
 
   void emit_concat(int id);
-  void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k);
+  /// Bᵀ into panels; a quantized W (gemm_cfg_.q8_group) dequantized from q `wt` and `scales`.
+  void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr);
+  void emit_pack_quantized(llvm::Value* q, llvm::Value* scales, llvm::Value* packed, const I& nn, const I& k);
   bool emit_contract_on_gemm(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
@@ -685,9 +695,10 @@ class ModuleBuilder {
 
   void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m,
                       const I& nn, const I& k);
-  /// m <= kGemvMaxRows: the GEMV kernel for m's row count, W read in place.
+  /// m <= kGemvMaxRows: the GEMV kernel for m's row count, W read in place (a quantized W: q and
+  /// its scales).
   void emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
-                      const I& k);
+                      const I& k, llvm::Value* scales);
   /// The GEMM kernel's tasks over Bᵀ packed into panels (emit_pack_panels).
   void emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y, const I& m,
                         const I& nn, const I& k);

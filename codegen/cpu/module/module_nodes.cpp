@@ -598,6 +598,18 @@ void ModuleBuilder::emit_embedding(int id) {
       "rows");
 }
 
+void ModuleBuilder::emit_dequantize(int id) {
+  const Node& n = g_.node(id);
+  const int q = n.inputs[0], s = n.inputs[1];
+  const Dims qs = shape(q);
+  const I k = qs.back(), rows = pick(k > 0, numel(qs) / imax(k, 1), c64(0));
+  const I groups = shape(s).back(), group = c64(n.offset);
+  nest({rows, k}, {{k, c64(1)}}, {c64(0)}, [&](const Dims& idx, const Dims& off) {
+    llvm::Value* v = b_.CreateSIToFP(load(i8_, buf(q), off[0]), f32_);
+    put(b_.CreateFMul(v, value(s, idx[0] * groups + idx[1] / group)), id, off[0]);
+  });
+}
+
 /// argmax along attr_axes[0] (dropped): the first index of the largest entry, a NaN the largest
 /// (the first NaN stays), stored as a float.
 void ModuleBuilder::emit_argmax(int id) {

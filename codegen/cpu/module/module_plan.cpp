@@ -108,8 +108,14 @@ std::vector<std::string> specialised_sizes(const Graph& g) {
 
 GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& target) {
   GemmSpec spec;
-  spec.bf16 = storage_dtype(lowered.node(lowered.node(id).inputs[0]).dtype) == DType::bf16;
-  return choose_gemm_config(spec, target);
+  const Node& n = lowered.node(id);
+  spec.bf16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::bf16;
+  GemmConfig cfg = choose_gemm_config(spec, target);
+  if (dequantize_in_linear(lowered, n.inputs[1])) {  // panels packed from q: f32 (A widened if bf16)
+    cfg.q8_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
+    cfg.dpbf16 = false;
+  }
+  return cfg;
 }
 
 ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& target) {
@@ -176,7 +182,9 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
       bw.partial = add(ModulePlan::Block::backward_dq, id, id, id);
       plan.backward.emplace(id, std::move(bw));
     }
-    if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id)) continue;
+    if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id) ||
+        dequantize_in_linear(g, id))
+      continue;
     // attention_weights and attention_lse are written by their fused node, attention_dk and
     // attention_dv by their fused backward: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
@@ -191,6 +199,8 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
     if (n.op != Op::fused_attention && util::linear_on_last_axis(g, n)) {
       plan.gemm[id] = {add(ModulePlan::Block::gemm_panels, id, id, id), add(ModulePlan::Block::gemm_bias, id, id, id)};
       plan.gemm_config[id] = linear_gemm_config(g, id, target);
+      // A quantized weight is not: its panels would hold it unquantized, four times its bytes; a
+      // call with more rows than the GEMV takes packs them from q and the scales, into the arena.
       auto param = [&](std::size_t k) { return k >= n.inputs.size() || g.node(n.inputs[k]).op == Op::param; };
       if (param(1) && param(2)) plan.prepared.push_back(id);
     }
@@ -243,7 +253,7 @@ std::string c_identifier(const std::string& name) {
 AotSignature module_signature(const Graph& g, const AotOptions& options, const ModulePlan& plan) {
   AotSignature sig;
   std::vector<std::string> used{options.function, options.function + "_packed", options.function + "_entry",
-                                options.function + "_set_threads"};
+                                options.function + "_set_threads", options.function + "_set_parallel"};
   auto unique = [&](std::string s) {
     std::string base = s;
     for (int k = 2; std::find(used.begin(), used.end(), s) != used.end(); ++k) s = base + "_" + std::to_string(k);

@@ -16,6 +16,16 @@
 
 namespace qkv::codegen::cpu {
 
+namespace {
+/// The module's parallel hook (null at first): a function taking a parallel region's tasks.
+llvm::GlobalVariable* parallel_hook(llvm::Module& m) {
+  if (llvm::GlobalVariable* g = m.getNamedGlobal("qkv_parallel_hook")) return g;
+  auto* ptr = llvm::PointerType::get(m.getContext(), 0);
+  return new llvm::GlobalVariable(m, ptr, false, llvm::GlobalValue::InternalLinkage,
+                                  llvm::ConstantPointerNull::get(ptr), "qkv_parallel_hook");
+}
+}  // namespace
+
 llvm::GlobalVariable* emit_thread_setting(llvm::Module& m, const std::string& name,
                                           const std::function<void(llvm::Function*)>& attributes,
                                           llvm::Function** set_threads) {
@@ -33,6 +43,18 @@ llvm::GlobalVariable* emit_thread_setting(llvm::Module& m, const std::string& na
   b.CreateRet(b.CreateZExt(b.CreateNot(ok), i32));
   *set_threads = set;
   return setting;
+}
+
+llvm::Function* emit_parallel_setter(llvm::Module& m, const std::string& name,
+                                     const std::function<void(llvm::Function*)>& attributes) {
+  llvm::IRBuilder<> b(m.getContext());
+  auto* set = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy()}, false),
+                                     llvm::GlobalValue::ExternalLinkage, name + "_set_parallel", m);
+  attributes(set);
+  b.SetInsertPoint(llvm::BasicBlock::Create(m.getContext(), "entry", set));
+  b.CreateStore(set->getArg(0), parallel_hook(m));
+  b.CreateRetVoid();
+  return set;
 }
 
 llvm::Value* emit_thread_count(llvm::IRBuilder<>& b, llvm::Value* requested) {
@@ -99,6 +121,22 @@ llvm::Function* emit_parallel_runtime(llvm::Module& m_, const std::function<void
   llvm::Value* t = parallel_->getArg(3);
   llvm::Value* helpers =
       b.CreateSExt(b.CreateSub(b.CreateSelect(b.CreateICmpSLT(t, cap), t, cap), b.getInt32(1)), i64_, "helpers");
+  // A hook that takes the tasks (returns 0) when there is more than one thread to run them on.
+  {
+    auto* hooked = llvm::BasicBlock::Create(ctx_, "hooked", parallel_);
+    auto* own = llvm::BasicBlock::Create(ctx_, "own_threads", parallel_);
+    auto* ret = llvm::BasicBlock::Create(ctx_, "taken", parallel_);
+    llvm::Value* hook = b.CreateLoad(ptr_, parallel_hook(m_), "hook");
+    b.CreateCondBr(b.CreateAnd(b.CreateIsNotNull(hook), b.CreateICmpSGT(helpers, ir::i64c(b, 0))), hooked, own);
+    b.SetInsertPoint(hooked);
+    auto* hook_type = llvm::FunctionType::get(i32_, {ptr_, ptr_, i64_, i32_}, false);
+    llvm::Value* rc =
+        b.CreateCall(hook_type, hook, {parallel_->getArg(0), parallel_->getArg(1), n, parallel_->getArg(3)});
+    b.CreateCondBr(b.CreateICmpEQ(rc, b.getInt32(0)), ret, own);
+    b.SetInsertPoint(ret);
+    b.CreateRetVoid();
+    b.SetInsertPoint(own);
+  }
   auto* create =
       llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_create", i32_, ptr_, ptr_, ptr_, ptr_).getCallee());
   auto* join = llvm::cast<llvm::Function>(m_.getOrInsertFunction("pthread_join", i32_, i64_, ptr_).getCallee());

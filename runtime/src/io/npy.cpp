@@ -197,6 +197,8 @@ Descr parse_descr(const std::string& descr, std::string_view what) {
     t = DType::i32;
   else if (code == "i8")
     t = DType::i64;
+  else if (code == "i1")
+    t = DType::i8;
   else if (code == "V2" && (order == '<' || order == '|'))  // bfloat16 bits (ml_dtypes' descr), see write_npy
     return {DType::bf16, false};
   else
@@ -359,6 +361,8 @@ std::string_view descr_of(DType t, std::string_view what) {
       return "<i4";
     case DType::i64:
       return "<i8";
+    case DType::i8:
+      return "|i1";
     case DType::bf16:
       return "<V2";  // NumPy has no bfloat16: its bits as 2-byte voids, as ml_dtypes' bfloat16 saves
   }

@@ -34,7 +34,7 @@ constexpr std::uint64_t kMaxHeader = 100'000'000;  // same limit as the referenc
 // safetensors dtype names of the supported types.
 constexpr std::pair<std::string_view, DType> kDTypes[] = {
     {"F32", DType::f32},      {"F64", DType::f64}, {"F16", DType::f16}, {"BF16", DType::bf16},
-    {"BOOL", DType::boolean}, {"I32", DType::i32}, {"I64", DType::i64},
+    {"BOOL", DType::boolean}, {"I32", DType::i32}, {"I64", DType::i64}, {"I8", DType::i8},
 };
 
 std::optional<DType> dtype_from_name(std::string_view s) {

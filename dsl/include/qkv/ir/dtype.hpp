@@ -7,7 +7,7 @@
 
 namespace qkv {
 
-enum class DType : std::uint8_t { f32, f64, f16, bf16, boolean, i32, i64 };
+enum class DType : std::uint8_t { f32, f64, f16, bf16, boolean, i32, i64, i8 };
 
 inline std::string_view dtype_name(DType t) {
   switch (t) {
@@ -25,6 +25,8 @@ inline std::string_view dtype_name(DType t) {
       return "i32";
     case DType::i64:
       return "i64";
+    case DType::i8:
+      return "i8";
   }
   return "?";
 }
@@ -42,6 +44,7 @@ inline std::size_t dtype_size(DType t) {
     case DType::bf16:
       return 2;
     case DType::boolean:
+    case DType::i8:
       return 1;
   }
   return 0;

@@ -6,7 +6,8 @@
 //   every f32 input, parameter and computed value becomes `to` (each op's result is rounded to
 //   `to` where it is made, as in PyTorch); bool masks, integer ids, positions and sizes keep
 //   their dtypes; log-sum-exps stay f32 (FlashAttention returns its lse in fp32 for half
-//   inputs); an explicit `convert` keeps the dtype its author chose.
+//   inputs); an explicit `convert` keeps the dtype its author chose; a quantized weight's
+//   values stay f32 (q · scale is exact in f32, and the linear layers read q and the scales).
 // Kernels still accumulate in fp32 (docs/semantics.md); only how values are stored changes.
 #pragma once
 
@@ -23,7 +24,8 @@ inline bool is_model_float(DType t) { return t == DType::f32 || t == DType::f16 
 
 /// Whether node `n`'s value follows the model's float dtype (see the header comment).
 inline bool follows_model_dtype(const Node& n) {
-  return n.dtype == DType::f32 && n.op != Op::logsumexp && n.op != Op::attention_lse && n.op != Op::convert;
+  return n.dtype == DType::f32 && n.op != Op::logsumexp && n.op != Op::attention_lse && n.op != Op::convert &&
+         n.op != Op::dequantize;
 }
 
 /// `g` with every value that follows the model's dtype stored as `to`; `g` itself when `to` is f32.

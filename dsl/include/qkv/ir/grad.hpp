@@ -88,6 +88,7 @@ inline constexpr std::array<GradRuleInfo, kOps.size()> kGradRules{{
     {Op::fused_attention_backward, GradRule::missing, "a backward node: no second derivatives"},
     {Op::attention_dk, GradRule::missing, "a backward node: no second derivatives"},
     {Op::attention_dv, GradRule::missing, "a backward node: no second derivatives"},
+    {Op::dequantize, GradRule::missing, "a quantized weight is for inference: train its float weight"},
 }};
 
 static_assert(
@@ -293,6 +294,7 @@ class Sweep : public Builder {
       case Op::attention_weights:
       case Op::attention_lse:
       case Op::update_slice:
+      case Op::dequantize:
         fail(id, "no gradient: " + std::string(rule.why));
     }
     fail(id, "no gradient rule");

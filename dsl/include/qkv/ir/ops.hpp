@@ -55,6 +55,7 @@ enum class Op : std::uint8_t {
   fused_attention_backward,
   attention_dk,
   attention_dv,
+  dequantize,
 };
 
 struct OpInfo {
@@ -67,7 +68,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 40> kOps{{
+inline constexpr std::array<OpInfo, 41> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -129,6 +130,10 @@ inline constexpr std::array<OpInfo, 40> kOps{{
      "backward; dK and dV are its attention_dk / attention_dv companions)"},
     {Op::attention_dk, "attention_dk", 1, 1, false, false, true, "dK its fused_attention_backward input wrote"},
     {Op::attention_dv, "attention_dv", 1, 1, false, false, true, "dV its fused_attention_backward input wrote"},
+    {Op::dequantize, "dequantize", 2, 2, false, true, false,
+     "(q, scale): a weight stored as integers (q: i8, any axes) with one scale (f32 / f16 / bf16) per `offset` "
+     "consecutive entries of q's last axis: q[..., k] * scale[..., k / offset]; scale has q's axes with the last "
+     "one's extent ceil(K / offset)"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

@@ -39,7 +39,20 @@ enum class KernelKind : std::uint8_t {
   argmax,        // along one axis (dropped)
   update_slice,  // rows written into a copy of x (in place when the output is x's buffer)
   convert,       // the values stored as another dtype (f32 <-> f16 / bf16)
+  dequantize,    // a quantized weight's values (q · its group's scale), written out
+  dequantize_in_linear,  // a quantized weight only linear layers read: their kernels read q and the
+                         // scales as stored (no code, no buffer of its own)
 };
+
+/// The linear kernels read a quantized weight a vector at a time, and a vector must not straddle
+/// two groups: they take groups of a multiple of this many entries (every target's f32 lanes).
+inline constexpr std::int64_t kQuantGroupQuantum = 16;
+
+/// Whether dequantize node `id` is read only as the weight [out, in] of linear layers on the GEMM /
+/// GEMV kernels, from an i8 q and f16 scales the caller passes (array leaves) in groups of a
+/// multiple of kQuantGroupQuantum, and is no graph output: those kernels read q and the scales as
+/// stored, and the weight is never written out.
+bool dequantize_in_linear(const Graph& lowered, int id);
 
 /// The kind that runs node `id`.
 KernelKind select_kernel(const Graph& lowered, int id);

@@ -17,7 +17,7 @@ namespace qkv::codegen {
 
 /// The dtype a value of dtype `t` is stored as by the compiled backends.
 inline DType storage_dtype(DType t) {
-  return t == DType::boolean || t == DType::f16 || t == DType::bf16 ? t : DType::f32;
+  return t == DType::boolean || t == DType::f16 || t == DType::bf16 || t == DType::i8 ? t : DType::f32;
 }
 
 /// Bytes per element as stored.
@@ -57,8 +57,8 @@ inline bool stored_alike(const Graph& lowered, int id) {
 /// conversions around an f32 kernel would give, at a half of the bytes moved (the activations,
 /// adds and layer norm over rows on the row-wise kernels when all their arrays share one dtype;
 /// broadcasting arithmetic, masks, score mods, dropout, softmax, logsumexp, argmax, layer norm
-/// along another axis, RMSNorm and RoPE with any mix); an embedding whose table is stored as its value (rows copied);
-/// and a fused attention whose q, k, v and output are all bf16 (its mod's tensors are read as
+/// along another axis, RMSNorm, RoPE and dequantize (its scales) with any mix); an embedding whose table is stored as
+/// its value (rows copied); and a fused attention whose q, k, v and output are all bf16 (its mod's tensors are read as
 /// f32). A linear layer on the GEMM / GEMV kernels reads bf16 x and W itself (both bf16;
 /// vdpbf16ps where the host has it) and writes f32, which is rounded after it: the K blocks'
 /// partial sums stay f32.
@@ -81,6 +81,8 @@ inline bool half_native(const Graph& lowered, int id) {
     case KernelKind::layer_norm_strided:
     case KernelKind::rms_norm:
     case KernelKind::rope:
+    case KernelKind::dequantize:            // f16 / bf16 scales widened as loaded
+    case KernelKind::dequantize_in_linear:  // likewise, by the linear kernels
       return true;
     case KernelKind::unary:
     case KernelKind::add_same:

@@ -82,6 +82,8 @@ constexpr bool dtype_matches(DType t) {
     return t == DType::i32;
   else if constexpr (std::is_same_v<U, std::int64_t>)
     return t == DType::i64;
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return t == DType::i8;
   else if constexpr (std::is_same_v<U, std::uint16_t>)
     return t == DType::f16 || t == DType::bf16;
   else
@@ -103,6 +105,8 @@ constexpr std::string_view ctype_name() {
     return "int32_t";
   else if constexpr (std::is_same_v<U, std::int64_t>)
     return "int64_t";
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return "int8_t";
   else if constexpr (std::is_same_v<U, std::uint16_t>)
     return "uint16_t";
   else
@@ -190,7 +194,7 @@ struct NdArray {
   }
 
   /// Typed view of the elements. T must match the dtype: float↔f32, double↔f64,
-  /// bool/uint8_t↔boolean, int32_t↔i32, int64_t↔i64, uint16_t↔f16/bf16 (raw bits).
+  /// bool/uint8_t↔boolean, int32_t↔i32, int64_t↔i64, int8_t↔i8, uint16_t↔f16/bf16 (raw bits).
   /// Throws IoError otherwise. The span is invalidated by anything that reallocates `bytes`.
   template <class T>
   [[nodiscard]] std::span<T> as() {
@@ -238,6 +242,9 @@ struct NdArray {
           break;
         case DType::i64:
           out[i] = static_cast<float>(detail::load_unaligned<std::int64_t>(p));
+          break;
+        case DType::i8:
+          out[i] = static_cast<float>(static_cast<std::int8_t>(std::to_integer<unsigned>(*p)));
           break;
       }
     }

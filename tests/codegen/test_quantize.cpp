@@ -1,0 +1,145 @@
+// Weight-only quantization (issue #30): quantize_q8 rounds each group of 32 to its f16 scale, the
+// interpreter dequantizes (the reference), and the CPU backend's linear layers read the 8-bit
+// weights and their scales as stored — GEMV rows 1 to 4 and the GEMM's panels packed from q — and
+// agree with the reference; a dequantize read by anything else is written out exactly.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/lowering/select.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/ir/float_dtype.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/quantize.hpp>
+#include <qkv/runtime/random_feeds.hpp>
+
+using ::testing::HasSubstr;
+
+namespace qkv {
+namespace {
+
+QKV_AXIS(Batch);
+QKV_AXIS(Seq);
+QKV_AXIS(Model);
+QKV_AXIS(Hidden);
+
+/// max |a − b| / max(1, |b|) over two arrays of one shape.
+double max_error(const NdArray& a, const NdArray& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  const auto av = a.to_f32(), bv = b.to_f32();
+  double err = 0;
+  for (std::size_t i = 0; i < bv.size(); ++i) {
+    const double e = std::abs(static_cast<double>(av[i]) - bv[i]) / std::max(1.0, std::abs(static_cast<double>(bv[i])));
+    err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
+  }
+  return err;
+}
+
+TEST(Quantize, Q8RoundsEachGroupToItsF16Scale) {
+  // 3 rows of K = 70: groups of 32, 32 and 6; row 1's second group all zeros.
+  std::vector<float> w(3 * 70);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + i % 7);
+  for (std::size_t i = 70 + 32; i < 70 + 64; ++i) w[i] = 0.0f;
+  const QuantizedWeight qw = quantize_q8(NdArray::from_f32(w, {3, 70}), 32, "w");
+  ASSERT_EQ(qw.q.shape, (std::vector<std::int64_t>{3, 70}));
+  ASSERT_EQ(qw.scales.shape, (std::vector<std::int64_t>{3, 3}));
+  ASSERT_EQ(qw.scales.dtype, DType::f16);
+  const auto q = qw.q.as<std::int8_t>();
+  const auto s = qw.scales.as<std::uint16_t>();
+  for (std::int64_t r = 0; r < 3; ++r)
+    for (std::int64_t g = 0; g < 3; ++g) {
+      float amax = 0.0f;
+      for (std::int64_t k = g * 32; k < std::min<std::int64_t>(70, (g + 1) * 32); ++k)
+        amax = std::max(amax, std::fabs(w[static_cast<std::size_t>(r * 70 + k)]));
+      const float scale = f16_to_f32(s[static_cast<std::size_t>(r * 3 + g)]);
+      EXPECT_EQ(s[static_cast<std::size_t>(r * 3 + g)], f32_to_f16(amax / 127.0f)) << r << "," << g;
+      for (std::int64_t k = g * 32; k < std::min<std::int64_t>(70, (g + 1) * 32); ++k) {
+        const auto i = static_cast<std::size_t>(r * 70 + k);
+        EXPECT_LE(std::abs(q[i]), 127);
+        // The nearest multiple of the stored scale (the largest entry may clamp at 127).
+        EXPECT_LE(std::fabs(w[i] - static_cast<float>(q[i]) * scale), 0.5f * scale * 1.01f + 1e-12f) << i;
+      }
+    }
+  EXPECT_EQ(s[1 * 3 + 1], 0);  // a group of zeros: scale 0, q 0
+  for (std::size_t i = 70 + 32; i < 70 + 64; ++i) EXPECT_EQ(q[i], 0);
+
+  w[75] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    (void)quantize_q8(NdArray::from_f32(w, {3, 70}), 32, "`fc.weight`");
+    ADD_FAILURE() << "a NaN weight was quantized";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("`fc.weight` has a non-finite value at [1, 5]"));
+  }
+}
+
+/// y = x·Wᵀ + b over Model<K> → Hidden<40> (a partial panel), quantized.
+template <std::int64_t K>
+Graph linear_model(DType dtype) {
+  Graph model;
+  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<K>>>(model, "x");
+  output(linear(x, linear_params<Model<K>, Hidden<40>>(model, "fc")), "out");
+  return with_float_dtype(model, dtype);
+}
+
+template <std::int64_t K>
+void check_quantized_linear(DType dtype) {
+  SCOPED_TRACE("K = " + std::to_string(K) + ", " + std::string(dtype_name(dtype)));
+  const Graph model = linear_model<K>(dtype);
+  Feeds feeds = random_feeds(model, {{"Batch", 2}, {"Seq", 1}}, 7, 1.0f);
+  const QuantizedModel qm = quantize_linear_weights(model, feeds);
+  ASSERT_EQ(qm.weights, (std::vector<std::string>{"fc.weight"}));
+  EXPECT_FALSE(feeds.count("fc.weight"));
+  EXPECT_EQ(feeds.at("fc.weight.q8").dtype, DType::i8);
+  EXPECT_EQ(qm.bytes_after, 40 * K + 40 * ((K + 31) / 32) * 2);
+  const Graph& g = qm.graph;
+  const Graph lowered = codegen::lower(g);
+  int read_in_place = 0;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    read_in_place += codegen::select_kernel(lowered, id) == codegen::KernelKind::dequantize_in_linear;
+  EXPECT_EQ(read_in_place, 1);
+  // Rows 1 to 4 run the GEMV, more the GEMM on panels packed from q: the same products
+  // (q · scale is exact in f32), summed in another order.
+  const codegen::cpu::BoundRunner bound(2);
+  for (const std::int64_t seq : {1, 2, 3, 5, 29}) {
+    feeds["x"] = random_feeds(g, {{"Batch", 1}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
+    const RunResult want = interpret(g, feeds);
+    for (const RunResult& got : {codegen::cpu::run(g, feeds, 1), codegen::cpu::run(g, feeds, 3), bound(g, feeds)})
+      EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), dtype == DType::f32 ? 2e-5 : 1.0 / 128)
+          << seq;
+  }
+}
+
+TEST(Quantize, LinearLayersReadQ8WeightsAsTheInterpreterDequantizesThem) {
+  check_quantized_linear<64>(DType::f32);   // whole groups
+  check_quantized_linear<80>(DType::f32);   // a last group of 16: whole vectors
+  check_quantized_linear<70>(DType::f32);   // a last group of 6: a masked vector
+  check_quantized_linear<7>(DType::f32);    // one partial group
+  check_quantized_linear<70>(DType::bf16);  // bf16 x read against f32 weights
+}
+
+TEST(Quantize, ADequantizeReadOtherwiseIsWrittenOutExactly) {
+  Graph model;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<70>>>(model, "x");
+  output(linear(x, linear_params<Model<70>, Hidden<40>>(model, "fc")), "out");
+  Feeds feeds = random_feeds(model, {{"Seq", 3}}, 3, 1.0f);
+  Graph g = quantize_linear_weights(model, feeds).graph;
+  int deq = -1;
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    if (g.node(id).op == Op::dequantize) deq = id;
+  ASSERT_GE(deq, 0);
+  g.mark_output(deq, "weight");  // now also an output: written out, and the linear reads that
+  EXPECT_EQ(codegen::select_kernel(codegen::lower(g), deq), codegen::KernelKind::dequantize);
+  const RunResult want = interpret(g, feeds);
+  const RunResult got = codegen::cpu::run(g, feeds, 2);
+  EXPECT_EQ(got.outputs.at("weight"), want.outputs.at("weight"));
+  EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 2e-5);
+}
+
+}  // namespace
+}  // namespace qkv
