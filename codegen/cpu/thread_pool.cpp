@@ -1,6 +1,7 @@
 #include "cpu/thread_pool.hpp"
 
 #include <algorithm>
+#include <system_error>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -64,18 +65,28 @@ bool ThreadPool::try_run(std::int64_t n, int threads, const std::function<void(s
 }
 
 int ThreadPool::module_hook(void (*body)(void*, std::int64_t), void* ctx, std::int64_t n, int threads) {
-  return shared().try_run(n, threads, [&](std::int64_t i) { body(ctx, i); }) ? 0 : 1;
+  // Called from generated code: nothing may be thrown through it. The tasks throw nothing, so an
+  // exception can only come before the first one ran: the region then runs on its own threads.
+  try {
+    return shared().try_run(n, threads, [&](std::int64_t i) { body(ctx, i); }) ? 0 : 1;
+  } catch (...) {
+    return 1;
+  }
 }
 
 void ThreadPool::run_locked(std::int64_t n, int threads, const std::function<void(std::int64_t)>& task) {
   const InJob caller;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int helpers = static_cast<int>(std::min<std::int64_t>(threads - 1, n - 1));
+  int helpers = static_cast<int>(std::min<std::int64_t>(threads - 1, n - 1));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     while (static_cast<int>(workers_.size()) < helpers) {
       const int index = static_cast<int>(workers_.size());
-      workers_.emplace_back([this, index] { worker(index); });
+      try {
+        workers_.emplace_back([this, index] { worker(index); });
+      } catch (const std::system_error&) {  // no thread to be had (ulimit, memory): fewer helpers
+        helpers = index;
+      }
     }
     task_ = &task;
     count_ = n;

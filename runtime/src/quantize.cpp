@@ -51,8 +51,8 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_
     const Node& n = g.node(id);
     const auto it = feeds.find(n.name);
     take[static_cast<std::size_t>(id)] = n.op == Op::param && n.axes.size() == 2 && is_model_float(n.dtype) &&
-                                          it != feeds.end() && it->second.shape.size() == 2 &&
-                                          is_model_float(it->second.dtype);
+                                         it != feeds.end() && it->second.shape.size() == 2 &&
+                                         is_model_float(it->second.dtype);
   }
   std::vector<bool> by_linear(g.size(), false);
   for (const Node& n : g.nodes())

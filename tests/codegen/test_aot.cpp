@@ -562,10 +562,10 @@ TEST(Aot, EmitsIrAssemblyObjectAndSharedLibrary) {
       const std::size_t at = line.find('@');
       exported.push_back(line.substr(at, line.find('(', at) - at));
     }
-  EXPECT_THAT(exported,
-              ::testing::UnorderedElementsAre("@sdpa8", "@sdpa8_packed", "@sdpa8_set_threads", "@sdpa8_prepare",
-                                              "@sdpa8_prepare_packed", "@sdpa8_run", "@sdpa8_run_packed",
-                                              "@sdpa8_release", "@sdpa8_required_features", "@sdpa8_check_cpu"));
+  EXPECT_THAT(exported, ::testing::UnorderedElementsAre(
+                            "@sdpa8", "@sdpa8_packed", "@sdpa8_set_threads", "@sdpa8_prepare", "@sdpa8_prepare_packed",
+                            "@sdpa8_run", "@sdpa8_run_packed", "@sdpa8_release", "@sdpa8_required_features",
+                            "@sdpa8_check_cpu", "@sdpa8_set_parallel"));
 
   auto files = codegen::emit_aot(g, sizes, opt, codegen::AotFormat::object, (dir / "k.o").string());
   ASSERT_EQ(files.size(), 2u);

@@ -123,6 +123,57 @@ TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
   }
 }
 
+// --quantize q8: the linear layers' weights as 8-bit integers with an f16 scale per 32. The CPU
+// backend's logits equal the interpreter's on the same quantized model (1e-5), and stay near the
+// f32 model's: mean KL(f32 ‖ q8) over the positions below 1e-3 nats (measured: 5e-5 on this
+// 2-layer, width-64 checkpoint), the top token the same at every position; generate continues the
+// prompt alike on both backends.
+TEST_F(Cli, QuantizedWeightsKeepTheLogitsNearTheF32ModelsOnEveryBackend) {
+  const fs::path dir = kLlamaFixtures / "llama";
+  const std::string tokens = (dir / "tokens.npy").string();
+  auto logits = [&](const std::string& backend, const std::string& quantize) {
+    const Result r = run("run causal-lm --model " + dir.string() + " --tokens " + tokens + " --logits-out " +
+                         tmp("logits.npy") + " --backend " + backend + " --quantize " + quantize);
+    EXPECT_EQ(r.code, 0) << r.err;
+    if (quantize == "q8") EXPECT_THAT(r.err, HasSubstr("linear weights quantized to q8"));
+    return read_npy(tmp("logits.npy")).to_f32();
+  };
+  const std::vector<float> f32 = logits("cpu", "none"), q8 = logits("cpu", "q8"), ref = logits("reference", "q8");
+  ASSERT_EQ(q8.size(), f32.size());
+  ASSERT_EQ(ref.size(), f32.size());
+  for (std::size_t i = 0; i < q8.size(); ++i) ASSERT_NEAR(q8[i], ref[i], 1e-5 * std::max(1.0f, std::abs(ref[i]))) << i;
+  const std::size_t V = 128;  // the fixture's vocabulary
+  ASSERT_EQ(f32.size() % V, 0u);
+  double kl_sum = 0;
+  const std::size_t rows = f32.size() / V;
+  for (std::size_t t = 0; t < rows; ++t) {
+    auto log_softmax = [&](const std::vector<float>& x) {
+      double m = -1e300, z = 0;
+      for (std::size_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(x[t * V + v]));
+      for (std::size_t v = 0; v < V; ++v) z += std::exp(x[t * V + v] - m);
+      std::vector<double> out(V);
+      for (std::size_t v = 0; v < V; ++v) out[v] = x[t * V + v] - m - std::log(z);
+      return out;
+    };
+    const std::vector<double> p = log_softmax(f32), q = log_softmax(q8);
+    for (std::size_t v = 0; v < V; ++v) kl_sum += std::exp(p[v]) * (p[v] - q[v]);
+    const auto top = [&](const std::vector<double>& x) { return std::max_element(x.begin(), x.end()) - x.begin(); };
+    EXPECT_EQ(top(p), top(q)) << "position " << t;
+  }
+  EXPECT_LE(kl_sum / static_cast<double>(rows), 1e-3);
+  EXPECT_GT(kl_sum, 0.0);  // the weights did change
+  const NdArray all = read_npy(tokens);
+  write_prompt(all, 10, tmp("prompt.npy"));
+  std::vector<NdArray> ids;
+  for (const std::string backend : {"cpu", "reference"}) {
+    const Result r = run("generate --quantize q8 --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
+                         " --new-tokens 6 --out " + tmp("ids.npy") + " --backend " + backend);
+    ASSERT_EQ(r.code, 0) << r.err;
+    ids.push_back(read_npy(tmp("ids.npy")));
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+}
+
 // The code cache across processes: the second generate loads every module the first compiled;
 // processes started together on an empty cache all succeed and leave whole entries only;
 // --no-cache neither reads nor writes it.

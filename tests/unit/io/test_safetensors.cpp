@@ -279,7 +279,7 @@ TEST(SafetensorsErrors, DataOffsetsWrongType) {
 }
 
 TEST(SafetensorsErrors, UnsupportedDType) {
-  for (const char* t : {"U8", "I8", "F8_E4M3", "F8_E5M2", "U16", "XYZ", ""})
+  for (const char* t : {"U8", "I16", "F8_E4M3", "F8_E5M2", "U16", "XYZ", ""})
     EXPECT_IO_ERROR(from(entry_with("dtype", std::string("\"") + t + "\"")), kName, "tensor 't'",
                     "unsupported dtype '" + std::string(t) + "'");
 }
