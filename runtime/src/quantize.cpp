@@ -44,17 +44,12 @@ QuantizedWeight quantize_q8(const NdArray& w, std::int64_t group, const std::str
   return out;
 }
 
-QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group) {
-  // The weights to quantize: fed rank-2 float parameters that only linear layers read, as W.
-  std::vector<bool> take(g.size(), false);
+std::vector<std::string> quantizable_linear_weights(const Graph& g) {
+  std::vector<bool> take(g.size(), false), by_linear(g.size(), false);
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     const Node& n = g.node(id);
-    const auto it = feeds.find(n.name);
-    take[static_cast<std::size_t>(id)] = n.op == Op::param && n.axes.size() == 2 && is_model_float(n.dtype) &&
-                                         it != feeds.end() && it->second.shape.size() == 2 &&
-                                         is_model_float(it->second.dtype);
+    take[static_cast<std::size_t>(id)] = n.op == Op::param && n.axes.size() == 2 && is_model_float(n.dtype);
   }
-  std::vector<bool> by_linear(g.size(), false);
   for (const Node& n : g.nodes())
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
       const auto in = static_cast<std::size_t>(n.inputs[k]);
@@ -64,34 +59,59 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_
         take[in] = false;
     }
   for (const auto& o : g.outputs()) take[static_cast<std::size_t>(o.node)] = false;
+  std::vector<std::string> names;
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    if (take[static_cast<std::size_t>(id)] && by_linear[static_cast<std::size_t>(id)]) names.push_back(g.node(id).name);
+  return names;
+}
+
+void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group) {
+  QuantizedWeight qw = quantize_q8(w, group, "`" + name + "`");
+  feeds[name + ".q8"] = std::move(qw.q);
+  feeds[name + ".q8_scale"] = std::move(qw.scales);
+}
+
+QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group) {
+  const std::vector<std::string> names = quantizable_linear_weights(g);
   QuantizedModel out;
   std::vector<int> remap(g.size(), -1);
   for (int id = 0; id < static_cast<int>(g.size()); ++id) {
     Node n = g.node(id);
     for (int& in : n.inputs) in = remap[static_cast<std::size_t>(in)];
-    if (!take[static_cast<std::size_t>(id)] || !by_linear[static_cast<std::size_t>(id)]) {
+    const bool weight = n.op == Op::param && std::find(names.begin(), names.end(), n.name) != names.end();
+    const std::string q_name = n.name + ".q8", s_name = n.name + ".q8_scale";
+    const auto fed = feeds.find(n.name);
+    const bool as_float =
+        weight && fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
+    if (!as_float && !(weight && feeds.count(q_name) && feeds.count(s_name))) {
       remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(n));
       continue;
     }
-    const auto it = feeds.find(n.name);
-    out.bytes_before += static_cast<std::int64_t>(it->second.bytes.size());
-    QuantizedWeight qw = quantize_q8(it->second, group, "`" + n.name + "`");
-    out.bytes_after += static_cast<std::int64_t>(qw.q.bytes.size() + qw.scales.bytes.size());
-    Node q = n, s = n, d;
-    q.name = n.name + ".q8";
-    q.dtype = DType::i8;
-    s.name = n.name + ".q8_scale";
-    s.dtype = DType::f16;
-    s.axes.back() = {n.axes.back().name + "_groups", Extent::fixed(qw.scales.shape[1])};
+    if (as_float) {
+      add_q8_feeds(feeds, n.name, fed->second, group);
+      feeds.erase(n.name);
+    }
+    const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
+    if (q.dtype != DType::i8 || q.shape.size() != 2 || s.dtype != DType::f16 ||
+        s.shape != std::vector<std::int64_t>{q.shape[0], (q.shape[1] + group - 1) / group})
+      throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
+                       shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) + " " +
+                       shape_to_string(s.shape) + ") are not an i8 weight and its f16 scales per " +
+                       std::to_string(group));
+    out.bytes_before += static_cast<std::int64_t>(q.shape[0] * q.shape[1]) * 4;
+    out.bytes_after += static_cast<std::int64_t>(q.bytes.size() + s.bytes.size());
+    Node qn = n, sn = n, d;
+    qn.name = q_name;
+    qn.dtype = DType::i8;
+    sn.name = s_name;
+    sn.dtype = DType::f16;
+    sn.axes.back() = {n.axes.back().name + "_groups", Extent::fixed(s.shape[1])};
     d.op = Op::dequantize;
     d.axes = n.axes;
     d.offset = group;
-    d.inputs = {out.graph.add(std::move(q)), out.graph.add(std::move(s))};
+    d.inputs = {out.graph.add(std::move(qn)), out.graph.add(std::move(sn))};
     remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(d));
     out.weights.push_back(n.name);
-    feeds.erase(it);
-    feeds[n.name + ".q8"] = std::move(qw.q);
-    feeds[n.name + ".q8_scale"] = std::move(qw.scales);
   }
   for (const auto& o : g.outputs()) out.graph.mark_output(remap[static_cast<std::size_t>(o.node)], o.name);
   for (const auto& c : g.constraints()) out.graph.require(c);

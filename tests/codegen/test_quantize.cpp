@@ -123,6 +123,26 @@ TEST(Quantize, LinearLayersReadQ8WeightsAsTheInterpreterDequantizesThem) {
   check_quantized_linear<70>(DType::bf16);  // bf16 x read against f32 weights
 }
 
+TEST(Quantize, WeightsQuantizedAsTheyAreLoadedAreTakenAsTheyAre) {
+  const Graph model = linear_model<70>(DType::f32);
+  ASSERT_EQ(quantizable_linear_weights(model), (std::vector<std::string>{"fc.weight"}));
+  Feeds in_memory = random_feeds(model, {{"Batch", 1}, {"Seq", 3}}, 5, 1.0f);
+  Feeds streamed = in_memory;
+  add_q8_feeds(streamed, "fc.weight", streamed.at("fc.weight"));  // as the CLI's loader does
+  streamed.erase("fc.weight");
+  const QuantizedModel a = quantize_linear_weights(model, in_memory), b = quantize_linear_weights(model, streamed);
+  EXPECT_EQ(a.graph, b.graph);
+  EXPECT_EQ(in_memory, streamed);
+  EXPECT_EQ(b.bytes_before, 40 * 70 * 4);
+  streamed["fc.weight.q8_scale"] = NdArray::zeros(DType::f16, {40, 2});  // 70 inputs need 3 groups
+  try {
+    (void)quantize_linear_weights(model, streamed);
+    ADD_FAILURE() << "scales of the wrong shape were taken";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("`fc.weight.q8_scale` (f16 (40, 2))"));
+  }
+}
+
 TEST(Quantize, ADequantizeReadOtherwiseIsWrittenOutExactly) {
   Graph model;
   auto x = input<Tensor<f32, Seq<dyn>, Model<70>>>(model, "x");

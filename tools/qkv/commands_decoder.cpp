@@ -60,11 +60,19 @@ NdArray positions_for(std::int64_t batch, std::int64_t len, std::int64_t start =
   return p;
 }
 
-/// The checkpoint's weights as feeds, as stored (model_as converts them to the model's dtype).
-Feeds weight_feeds(const HfCheckpoint& ck) {
+/// The checkpoint's weights as feeds, as stored (model_as converts them to the model's dtype);
+/// those named in `quantize` quantized as each is read (quantize_linear_weights then takes them),
+/// so that the unquantized weights are never all resident.
+Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quantize = {}) {
   require_memory(ck.f32_bytes(), "reading the weights of the model");
   Feeds feeds;
-  for (const auto& name : ck.names()) feeds[name] = ck.load(name);
+  for (const auto& name : ck.names()) {
+    NdArray w = ck.load(name);
+    if (std::find(quantize.begin(), quantize.end(), name) != quantize.end() && w.shape.size() == 2)
+      add_q8_feeds(feeds, name, w);
+    else
+      feeds[name] = std::move(w);
+  }
   return feeds;
 }
 
@@ -73,7 +81,7 @@ Feeds weight_feeds(const HfCheckpoint& ck) {
 Graph quantized(Graph g, Feeds& feeds, bool q8) {
   if (!q8) return g;
   QuantizedModel m = quantize_linear_weights(g, feeds);
-  std::fprintf(stderr, "qkv: note: %zu linear weights quantized to q8 (%.1f MB -> %.1f MB)\n", m.weights.size(),
+  std::fprintf(stderr, "qkv: note: %zu linear weights quantized to q8 (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
                static_cast<double>(m.bytes_before) / 1e6, static_cast<double>(m.bytes_after) / 1e6);
   return std::move(m.graph);
 }
@@ -150,10 +158,11 @@ int run_causal_lm(const RunCausalLm& o) {
   if (L > c.max_position_embeddings)
     std::fprintf(stderr, "qkv: note: %lld tokens exceed max_position_embeddings (%lld) of the model\n",
                  static_cast<long long>(L), static_cast<long long>(c.max_position_embeddings));
-  Feeds feeds = weight_feeds(ck);
+  const Graph model = build_causal_lm(c);
+  Feeds feeds = weight_feeds(ck, o.q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
   feeds["tokens"] = std::move(tokens);
   feeds["positions"] = positions_for(B, L);
-  const Graph g = quantized(model_as(build_causal_lm(c), o.dtype, feeds), feeds, o.q8);
+  const Graph g = quantized(model_as(model, o.dtype, feeds), feeds, o.q8);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
   const NdArray& logits = r.outputs.at("logits");
   require_finite(logits.dtype == DType::f32 ? logits.as<float>() : logits.converted(DType::f32).as<float>(), ck,
@@ -314,8 +323,9 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size); quantized weights are read as stored.
   if (o.backend == Backend::cpu && !o.q8) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
-  Feeds weights = weight_feeds(ck);
-  Graph step = quantized(model_as(build_causal_lm_step(c), o.dtype, weights), weights, o.q8);
+  const Graph model = build_causal_lm_step(c);
+  Feeds weights = weight_feeds(ck, o.q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
+  Graph step = quantized(model_as(model, o.dtype, weights), weights, o.q8);
   DecoderSession session(
       std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,

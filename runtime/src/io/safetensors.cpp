@@ -367,6 +367,10 @@ NdArray SafetensorsFile::load(std::string_view name) const {
     advise(bytes.data(), v.data.size(), std::size_t{2} << 20, MADV_HUGEPAGE);
   }
   bytes.insert(bytes.end(), v.data.begin(), v.data.end());
+  // The mapping's pages of a copied tensor leave this process (they stay in the page cache, and a
+  // later read faults them back in unchanged: the mapping is private, read-only and never
+  // written): the checkpoint is not resident twice.
+  if (map_ && v.data.size() >= kBig) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);
   NdArray a{v.dtype, v.shape, std::move(bytes)};
   if (a.dtype == DType::boolean)
     for (std::byte& b : a.bytes) b = b != std::byte{0} ? std::byte{1} : std::byte{0};

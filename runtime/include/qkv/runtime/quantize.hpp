@@ -29,14 +29,24 @@ QuantizedWeight quantize_q8(const NdArray& w, std::int64_t group, const std::str
 /// What quantize_linear_weights changed.
 struct QuantizedModel {
   Graph graph;
-  std::vector<std::string> weights;  // the quantized parameters' names, in graph order
-  std::int64_t bytes_before = 0, bytes_after = 0;
+  std::vector<std::string> weights;                // the quantized parameters' names, in graph order
+  std::int64_t bytes_before = 0, bytes_after = 0;  // the quantized weights' bytes in f32, and now
 };
 
-/// The model with the weight of every linear layer that is a fed rank-2 float parameter [out, in],
-/// read by linear layers only, stored quantized: the parameter `name` becomes `name.q8` (i8) and
-/// `name.q8_scale` (f16) read by a dequantize node (Op::dequantize), and its feed is replaced by
-/// those two. Other weights (embeddings, norms, biases, a table tied to an embedding) are kept.
+/// The names of the parameters quantize_linear_weights quantizes: rank-2 float parameters [out, in]
+/// that only linear layers read, as their weight (not embeddings, norms, biases, nor a table tied
+/// to an embedding), in graph order.
+std::vector<std::string> quantizable_linear_weights(const Graph& g);
+
+/// The feeds `name.q8` and `name.q8_scale` of a float weight (quantize_q8), for quantizing each
+/// weight as it is loaded (the unquantized copy never all resident at once).
+void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group = kQ8Group);
+
+/// The model with each quantizable linear weight stored quantized: the parameter `name` becomes
+/// `name.q8` (i8) and `name.q8_scale` (f16) read by a dequantize node (Op::dequantize). A fed float
+/// weight is quantized and its feed replaced by those two; a weight fed already quantized (those
+/// two feeds, add_q8_feeds) is taken as it is (InputError if their shapes do not fit). A weight
+/// fed neither way is left as it is (its missing feed is the backend's error).
 QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group = kQ8Group);
 
 }  // namespace qkv
