@@ -3,13 +3,30 @@
 // their seeded inputs. Each has outputs "out" and, where it says, "weights".
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
 namespace qkv::nn::cases {
+
+/// max |a − b| / max(1, |b|) over two arrays of one shape (any float dtypes); NaN counts as inf.
+inline double max_error(const NdArray& a, const NdArray& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  const auto av = a.to_f32(), bv = b.to_f32();
+  double err = 0;
+  for (std::size_t i = 0; i < bv.size(); ++i) {
+    const double e = std::abs(static_cast<double>(av[i]) - bv[i]) / std::max(1.0, std::abs(static_cast<double>(bv[i])));
+    err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
+  }
+  return err;
+}
 
 struct GraphCase {
   Graph graph;

@@ -26,6 +26,7 @@
 #include "cpu/module/module_builder.hpp"
 
 using ::testing::HasSubstr;
+using qkv::nn::cases::max_error;
 
 namespace qkv {
 namespace {
@@ -42,18 +43,6 @@ int count_op(const Graph& g, Op op) {
   int c = 0;
   for (const auto& n : g.nodes()) c += n.op == op;
   return c;
-}
-
-/// max |a − b| / max(1, |b|) over two arrays of one shape (any float dtypes).
-double max_error(const NdArray& a, const NdArray& b) {
-  EXPECT_EQ(a.shape, b.shape);
-  const auto av = a.to_f32(), bv = b.to_f32();
-  double err = 0;
-  for (std::size_t i = 0; i < bv.size(); ++i) {
-    const double e = std::abs(static_cast<double>(av[i]) - bv[i]) / std::max(1.0, std::abs(static_cast<double>(bv[i])));
-    err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
-  }
-  return err;
 }
 
 TEST(Half, TheInterpreterHoldsEachValueAsItsDtypeCan) {

@@ -19,7 +19,10 @@
 #include <qkv/runtime/quantize.hpp>
 #include <qkv/runtime/random_feeds.hpp>
 
+#include "backend_cases.hpp"
+
 using ::testing::HasSubstr;
+using qkv::nn::cases::max_error;
 
 namespace qkv {
 namespace {
@@ -28,18 +31,6 @@ QKV_AXIS(Batch);
 QKV_AXIS(Seq);
 QKV_AXIS(Model);
 QKV_AXIS(Hidden);
-
-/// max |a − b| / max(1, |b|) over two arrays of one shape.
-double max_error(const NdArray& a, const NdArray& b) {
-  EXPECT_EQ(a.shape, b.shape);
-  const auto av = a.to_f32(), bv = b.to_f32();
-  double err = 0;
-  for (std::size_t i = 0; i < bv.size(); ++i) {
-    const double e = std::abs(static_cast<double>(av[i]) - bv[i]) / std::max(1.0, std::abs(static_cast<double>(bv[i])));
-    err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(err, e);
-  }
-  return err;
-}
 
 TEST(Quantize, Q8RoundsEachGroupToItsF16Scale) {
   // 3 rows of K = 70: groups of 32, 32 and 6; row 1's second group all zeros.
