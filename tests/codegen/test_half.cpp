@@ -25,8 +25,8 @@
 #include "backend_cases.hpp"
 #include "cpu/module/module_builder.hpp"
 
-using ::testing::HasSubstr;
 using qkv::nn::cases::max_error;
+using ::testing::HasSubstr;
 
 namespace qkv {
 namespace {

@@ -21,8 +21,8 @@
 
 #include "backend_cases.hpp"
 
-using ::testing::HasSubstr;
 using qkv::nn::cases::max_error;
+using ::testing::HasSubstr;
 
 namespace qkv {
 namespace {
