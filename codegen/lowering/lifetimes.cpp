@@ -16,14 +16,16 @@ std::vector<int> last_uses(const Graph& g) {
   return last;
 }
 
+bool shares_input_memory(const Graph& g, int id) {
+  const Op op = g.node(id).op;
+  return is_view(op) || (op == Op::dequantize && dequantize_in_linear(g, id));
+}
+
 std::vector<int> memory_roots(const Graph& g) {
   std::vector<int> root(g.size());
-  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
-    const Node& n = g.node(id);
-    // A dequantize its linear layers read in place lives in its q.
-    const bool alias = is_view(n.op) || (n.op == Op::dequantize && dequantize_in_linear(g, id));
-    root[static_cast<std::size_t>(id)] = alias ? root[static_cast<std::size_t>(n.inputs[0])] : id;
-  }
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    root[static_cast<std::size_t>(id)] =
+        shares_input_memory(g, id) ? root[static_cast<std::size_t>(g.node(id).inputs[0])] : id;
   return root;
 }
 
@@ -100,7 +102,7 @@ BufferPlan plan_buffers(const Graph& g, const Bindings& sizes) {
     p.slot_bytes[s] = std::max(p.slot_bytes[s], static_cast<std::size_t>(blocks[k].bytes));
     p.slot[static_cast<std::size_t>(owner[k])] = slots[k];
   }
-  for (int id = 0; id < static_cast<int>(g.size()); ++id)  // a view lives in its root's slot
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)  // a view (or alike) lives in its root's slot
     if (root[static_cast<std::size_t>(id)] != id)
       p.slot[static_cast<std::size_t>(id)] = p.slot[static_cast<std::size_t>(root[static_cast<std::size_t>(id)])];
   for (std::size_t b : p.slot_bytes) p.peak_bytes += b;

@@ -76,9 +76,13 @@ Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quant
   return feeds;
 }
 
-/// With --quantize q8, the model with its linear layers' weights quantized (the feeds replaced),
-/// and a note of what that saved; else the model.
-Graph quantized(Graph g, Feeds& feeds, bool q8) {
+/// The model as it runs: the checkpoint's weights read into `feeds`, the graph stored as `dtype`
+/// (model_as); with --quantize q8 each linear weight quantized as it is read, the graph's linear
+/// layers reading them so, and a note of what that saved.
+Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype, bool q8, Feeds& feeds) {
+  Feeds weights = weight_feeds(ck, q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
+  feeds.merge(weights);
+  Graph g = model_as(model, dtype, feeds);
   if (!q8) return g;
   QuantizedModel m = quantize_linear_weights(g, feeds);
   std::fprintf(stderr, "qkv: note: %zu linear weights quantized to q8 (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
@@ -158,11 +162,10 @@ int run_causal_lm(const RunCausalLm& o) {
   if (L > c.max_position_embeddings)
     std::fprintf(stderr, "qkv: note: %lld tokens exceed max_position_embeddings (%lld) of the model\n",
                  static_cast<long long>(L), static_cast<long long>(c.max_position_embeddings));
-  const Graph model = build_causal_lm(c);
-  Feeds feeds = weight_feeds(ck, o.q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
+  Feeds feeds;
   feeds["tokens"] = std::move(tokens);
   feeds["positions"] = positions_for(B, L);
-  const Graph g = quantized(model_as(model, o.dtype, feeds), feeds, o.q8);
+  const Graph g = model_with_weights(build_causal_lm(c), ck, o.dtype, o.q8, feeds);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
   const NdArray& logits = r.outputs.at("logits");
   require_finite(logits.dtype == DType::f32 ? logits.as<float>() : logits.converted(DType::f32).as<float>(), ck,
@@ -323,9 +326,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size); quantized weights are read as stored.
   if (o.backend == Backend::cpu && !o.q8) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
-  const Graph model = build_causal_lm_step(c);
-  Feeds weights = weight_feeds(ck, o.q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
-  Graph step = quantized(model_as(model, o.dtype, weights), weights, o.q8);
+  Feeds weights;
+  Graph step = model_with_weights(build_causal_lm_step(c), ck, o.dtype, o.q8, weights);
   DecoderSession session(
       std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,

@@ -120,13 +120,13 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
   if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
 }
 
-/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened); zeros past N. With dpbf16 the
+/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened; a quantized W's q · scale, exact:
+/// an 8-bit integer times an f16); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
 /// zeros past N and past K. The whole panels are shared out among the threads.
 void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k,
                                      llvm::Value* scales) {
   const std::int64_t nr = gemm_cfg_.cols();
-  if (gemm_cfg_.q8_group > 0) return emit_pack_quantized(wt, scales, packed, nn, k);
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
   const I zero = c64(0), one = c64(1), two = c64(2);
@@ -146,32 +146,20 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     return;
   }
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
-  auto copy = [&](const Dims&, const Dims& off) {
-    llvm::Value* w = gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, off[1]), /*brain=*/true)
-                                    : load(f32_, wt, off[1]);
-    store(w, packed, off[0]);
+  // Element (row, kk) of W, at offset `at` of wt.
+  auto weight = [&](const I& row, const I& kk, const I& at) -> llvm::Value* {
+    if (gemm_cfg_.q8_group > 0) {
+      const I group = c64(gemm_cfg_.q8_group);
+      llvm::Value* s = load(b_.getInt16Ty(), scales, row * ceil_div(k, group) + kk / group);
+      return b_.CreateFMul(b_.CreateSIToFP(load(i8_, wt, at), f32_), ir::half_to_f32(b_, s, /*brain=*/false));
+    }
+    return gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/true) : load(f32_, wt, at);
   };
-  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(2), copy);
-  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr}, copy);
-}
-
-/// The f32 panels of a quantized W: bp[(p·K + kk)·NR + r] = q[p·NR + r][kk] · scale[p·NR + r][kk / group]
-/// (exact: an 8-bit integer times an f16), zeros past N.
-void ModuleBuilder::emit_pack_quantized(llvm::Value* q, llvm::Value* scales, llvm::Value* packed, const I& nn,
-                                        const I& k) {
-  const std::int64_t nr = gemm_cfg_.cols();
-  const I group = c64(gemm_cfg_.q8_group), groups = ceil_div(k, group);
-  const I full = nn / nr, rest = nn % nr;
-  const I zero = c64(0), one = c64(1);
-  branch(rest != 0, [&] { memset0(packed, ceil_div(nn, nr) * k * nr * 4); });
-  auto copy = [&](const I& row, const I& kk, const I& to, const I& from) {
-    llvm::Value* s = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), /*brain=*/false);
-    store(b_.CreateFMul(b_.CreateSIToFP(load(i8_, q, from), f32_), s), packed, to);
-  };
-  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(4),
-                [&](const Dims& idx, const Dims& off) { copy(idx[0] * nr + idx[2], idx[1], off[0], off[1]); });
-  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * nr * k},
-       [&](const Dims& idx, const Dims& off) { copy(full * nr + idx[1], idx[0], off[0], off[1]); });
+  // Whole panels (p, kk, r), then the last panel's `rest` columns (kk, r).
+  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(2),
+                [&](const Dims& i, const Dims& off) { store(weight(i[0] * nr + i[2], i[1], off[1]), packed, off[0]); });
+  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
+       [&](const Dims& i, const Dims& off) { store(weight(full * nr + i[1], i[0], off[1]), packed, off[0]); });
 }
 
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,

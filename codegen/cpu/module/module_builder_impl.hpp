@@ -16,6 +16,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <set>
@@ -402,7 +403,7 @@ class ModuleBuilder {
     }
 
     // Buffers: arguments for leaves and in-place outputs, the arena for the rest, the input's for
-    // views.
+    // views and a dequantize read in place (shares_input_memory).
     auto arg = [&](std::size_t k) { return b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(ptr_, args, k)); };
     buf_.assign(g_.size(), nullptr);
     std::size_t leaf = 0;
@@ -413,8 +414,8 @@ class ModuleBuilder {
         buf_[i] = llvm::ConstantPointerNull::get(ptr_);  // its value is among the sizes
       else if (n.op == Op::input || n.op == Op::param)
         buf_[i] = arg(leaf++);
-      else if (is_view(n.op) || plan_.kv_alias.count(id) || dequantize_in_linear(g_, id))
-        buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];  // a dequantize in linears: its q
+      else if (shares_input_memory(g_, id) || plan_.kv_alias.count(id))
+        buf_[i] = buf_[static_cast<std::size_t>(n.inputs[0])];
       else if (plan_.output_arg[i] >= 0)
         buf_[i] = arg(static_cast<std::size_t>(plan_.output_arg[i]));
       else
@@ -639,7 +640,6 @@ class ModuleBuilder {
   void emit_concat(int id);
   /// Bᵀ into panels; a quantized W (gemm_cfg_.q8_group) dequantized from q `wt` and `scales`.
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr);
-  void emit_pack_quantized(llvm::Value* q, llvm::Value* scales, llvm::Value* packed, const I& nn, const I& k);
   bool emit_contract_on_gemm(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);

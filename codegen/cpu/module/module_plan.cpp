@@ -182,9 +182,7 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
       bw.partial = add(ModulePlan::Block::backward_dq, id, id, id);
       plan.backward.emplace(id, std::move(bw));
     }
-    if (n.op == Op::input || n.op == Op::param || is_view(n.op) || plan.kv_alias.count(id) ||
-        dequantize_in_linear(g, id))
-      continue;
+    if (n.op == Op::input || n.op == Op::param || shares_input_memory(g, id) || plan.kv_alias.count(id)) continue;
     // attention_weights and attention_lse are written by their fused node, attention_dk and
     // attention_dv by their fused backward: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;

@@ -2,11 +2,10 @@
 // values can share memory: the one lifetime analysis of every backend (no LLVM).
 //
 // A value is alive from the node that writes it to its last reader; a view (split, merge,
-// rename, view) shares its input's memory, so it extends its root's life; graph outputs live to
-// the end. Blocks whose lives do not overlap share a slot (greedy in order of birth, the largest
-// free slot first); a slot is as large as its largest block. Sizes only steer the choice of slot:
-// the assignment is correct for any sizes, so code compiled for dynamic sizes computes the slot
-// sizes (a max over their blocks) at run time.
+// rename, view) or a dequantize read in place shares its input's memory, so it extends its root's life; graph outputs
+// live to the end. Blocks whose lives do not overlap share a slot (greedy in order of birth, the largest free slot
+// first); a slot is as large as its largest block. Sizes only steer the choice of slot: the assignment is correct for
+// any sizes, so code compiled for dynamic sizes computes the slot sizes (a max over their blocks) at run time.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +19,13 @@ namespace qkv::codegen {
 /// Per node: the id of its last reader; g.size() for graph outputs; -1 if nothing reads it.
 std::vector<int> last_uses(const Graph& g);
 
-/// Per node: the node whose memory it is (itself, or for a view its input's root).
+/// Whether node `id`'s value is its first input's memory: a view (the same bytes under other axes),
+/// or a dequantize that only linear layers read (their kernels read its q in place:
+/// select.hpp's dequantize_in_linear). Such a node has no memory of its own on any CPU path.
+bool shares_input_memory(const Graph& g, int id);
+
+/// Per node: the node whose memory it is (itself, or for a node that shares its input's memory,
+/// that input's root).
 std::vector<int> memory_roots(const Graph& g);
 
 /// Per node: the last node at which its memory (its root's, for a view) is still read.
