@@ -96,6 +96,9 @@ BENCHMARK(BM_Linear)
     ->ArgNames({"M", "N", "K", "kind"})
     ->ArgsProduct({{2048}, {4096}, {4096}, {kQkvF32, kQkvBf16, kOpenBlas}})
     ->ArgsProduct({{2048}, {512}, {512}, {kQkvF32, kQkvBf16, kOpenBlas}})
+    // A 512-token prefill of a Llama of width 1024: q/o, k/v (GQA 4 of 16), gate/up, down, lm_head.
+    ->ArgsProduct({{512}, {1024, 256, 2816, 32000}, {1024}, {kQkvF32, kOpenBlas}})
+    ->ArgsProduct({{512}, {1024}, {2816}, {kQkvF32, kOpenBlas}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

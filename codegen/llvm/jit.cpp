@@ -3,15 +3,21 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
+#include <unistd.h>
+
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/JITLink/JITLink.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ObjectLinkingLayer.h>
 #include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/LLVMContext.h>
@@ -42,6 +48,51 @@ class DiskObjectCache final : public llvm::ObjectCache {
 
  private:
   CodeCacheSettings settings_;
+};
+
+/// With QKV_PERF_MAP set, writes every function the JIT links to /tmp/perf-<pid>.map (Linux perf's
+/// format for JIT code: start, size, name), so `perf report` names the generated kernels.
+class PerfMapPlugin final : public llvm::orc::ObjectLinkingLayer::Plugin {
+ public:
+  static std::unique_ptr<PerfMapPlugin> from_environment() {
+    if (!std::getenv("QKV_PERF_MAP")) return nullptr;
+    const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
+    std::FILE* file = std::fopen(path.c_str(), "a");
+    return file ? std::make_unique<PerfMapPlugin>(file) : nullptr;
+  }
+  explicit PerfMapPlugin(std::FILE* file) : file_(file) {}
+  ~PerfMapPlugin() override { std::fclose(file_); }
+  PerfMapPlugin(const PerfMapPlugin&) = delete;
+  PerfMapPlugin& operator=(const PerfMapPlugin&) = delete;
+
+  void modifyPassConfig(llvm::orc::MaterializationResponsibility&, llvm::jitlink::LinkGraph&,
+                        llvm::jitlink::PassConfiguration& config) override {
+    // A call between two functions of one section needs no relocation, so nothing keeps a local
+    // function's symbol alive and the linker would drop its name: keep them for the map.
+    config.PrePrunePasses.push_back([](llvm::jitlink::LinkGraph& graph) {
+      for (llvm::jitlink::Symbol* symbol : graph.defined_symbols())
+        if (symbol->isCallable() && symbol->hasName()) symbol->setLive(true);
+      return llvm::Error::success();
+    });
+    config.PostFixupPasses.push_back([this](llvm::jitlink::LinkGraph& graph) {
+      const std::lock_guard lock(mutex_);
+      for (const llvm::jitlink::Symbol* symbol : graph.defined_symbols())
+        if (symbol->isCallable() && symbol->hasName() && symbol->getSize() > 0)
+          std::fprintf(file_, "%llx %llx %s\n", static_cast<unsigned long long>(symbol->getAddress().getValue()),
+                       static_cast<unsigned long long>(symbol->getSize()), symbol->getName().str().c_str());
+      std::fflush(file_);
+      return llvm::Error::success();
+    });
+  }
+  llvm::Error notifyFailed(llvm::orc::MaterializationResponsibility&) override { return llvm::Error::success(); }
+  llvm::Error notifyRemovingResources(llvm::orc::JITDylib&, llvm::orc::ResourceKey) override {
+    return llvm::Error::success();
+  }
+  void notifyTransferringResources(llvm::orc::JITDylib&, llvm::orc::ResourceKey, llvm::orc::ResourceKey) override {}
+
+ private:
+  std::FILE* file_;
+  std::mutex mutex_;
 };
 
 struct Jit::Impl {
@@ -161,6 +212,15 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
       return std::make_unique<llvm::orc::ConcurrentIRCompiler>(std::move(jtmb), cache);
     });
   }
+  if (auto plugin = PerfMapPlugin::from_environment())
+    builder.setObjectLinkingLayerCreator(
+        [plugin = std::shared_ptr<PerfMapPlugin>(std::move(plugin))](llvm::orc::ExecutionSession& session,
+                                                                   const llvm::Triple&)
+            -> llvm::Expected<std::unique_ptr<llvm::orc::ObjectLayer>> {
+          auto layer = std::make_unique<llvm::orc::ObjectLinkingLayer>(session);
+          layer->addPlugin(plugin);
+          return layer;
+        });
   auto jit = builder.create();
   if (!jit) {
     fail(error, "jit: cannot create LLJIT: " + consume(jit.takeError()));

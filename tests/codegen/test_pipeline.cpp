@@ -379,6 +379,28 @@ TEST(DecoderSession, IncrementalDecodingGivesTheFullForwardsLogits) {
   }
 }
 
+TEST(DecoderSession, ALastPositionStepGivesTheFullForwardsLastRow) {
+  // StepLogits::last_position (what qkv generate declares): the LM head on each step's last row.
+  auto c = cases::tiny_llama();
+  const NdArray tokens = cases::int_feed(2, 9, 50, 12);
+  c.feeds["tokens"] = tokens;
+  c.feeds["positions"] = cases::int_feed(2, 9, 0, 0, 0);
+  Graph step;
+  declare_cached_step<StepLogits::last_position>(step, CausalLm<32>::make(step, cases::tiny_llama_config()));
+  for (int backend = 0; backend < 2; ++backend) {
+    const codegen::cpu::BoundRunner bound(2);
+    const NdArray full = backend ? codegen::cpu::run(c.graph, c.feeds, 2).outputs.at("out")
+                                 : interpret(c.graph, c.feeds).outputs.at("out");
+    DecoderSession s(step, tiny_llama_weights(c), {.layers = 2, .kv_heads = 2, .head_dim = 8, .batch = 2, .capacity = 9},
+                     backend ? DecoderSession::Runner(bound) : DecoderSession::Runner());
+    const NdArray first = s.prefill(columns(tokens, 0, 4));
+    EXPECT_EQ(first.shape, (std::vector<std::int64_t>{2, 1, 50}));
+    EXPECT_LE(max_row_error(first, full, 3), backend ? 1e-5 : 0.0);
+    EXPECT_LE(max_row_error(s.decode(columns(tokens, 4, 2)), full, 5), backend ? 1e-5 : 0.0);
+    EXPECT_LE(max_row_error(s.decode(columns(tokens, 6, 1)), full, 6), backend ? 1e-5 : 0.0);
+  }
+}
+
 TEST(DecoderSession, Bf16IncrementalDecodingGivesTheFullForwardsLogits) {
   // The tiny Llama with head width 16 (whole vectors: the split-KV decode kernel runs the steps
   // of <= 4 tokens, the fused kernel the full forward of 9), moved to bf16 as a whole: weights,
@@ -574,6 +596,8 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
   auto ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "ids");
   auto cls = input<Tensor<f32, Seq<1>, Model<8>>>(g, "cls");
   output(slice<Seq, 2, 3>(x), "slice");
+  output(last<Seq>(x), "last_position");  // a run-time axis: from Seq - 1
+  output(last<Model>(x), "last_feature_kept");
   output(select<Seq, 0>(x), "first");
   output(select<Model, 7>(x), "last_feature");
   output(arange<Seq>(ids), "positions");
@@ -589,6 +613,9 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
              last = r.outputs.at("last_feature").to_f32(), pos = r.outputs.at("positions").to_f32(),
              wc = r.outputs.at("with_cls").to_f32(), every = r.outputs.at("cls_everywhere").to_f32();
   EXPECT_EQ(r.outputs.at("slice").shape, (std::vector<std::int64_t>{2, 3, 8}));
+  EXPECT_EQ(r.outputs.at("last_position").shape, (std::vector<std::int64_t>{2, 1, 8}));
+  EXPECT_EQ(r.outputs.at("last_feature_kept").shape, (std::vector<std::int64_t>{2, 6, 1}));
+  const auto lp = r.outputs.at("last_position").to_f32(), lf = r.outputs.at("last_feature_kept").to_f32();
   EXPECT_EQ(r.outputs.at("first").shape, (std::vector<std::int64_t>{2, 8}));
   EXPECT_EQ(r.outputs.at("last_feature").shape, (std::vector<std::int64_t>{2, 6}));
   static_assert(std::is_same_v<decltype(arange<Seq>(ids))::dtype, i64>, "positions are integers");
@@ -598,12 +625,14 @@ TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
       for (std::int64_t t = 0; t < 3; ++t)
         EXPECT_EQ(sl[static_cast<std::size_t>((b * 3 + t) * 8 + m)], at(b, 2 + t, m));
       EXPECT_EQ(first[static_cast<std::size_t>(b * 8 + m)], at(b, 0, m));
+      EXPECT_EQ(lp[static_cast<std::size_t>(b * 8 + m)], at(b, 5, m));
       EXPECT_EQ(wc[static_cast<std::size_t>((b * 7) * 8 + m)], cv[static_cast<std::size_t>(m)]);
       for (std::int64_t t = 0; t < 6; ++t) {
         EXPECT_EQ(wc[static_cast<std::size_t>((b * 7 + 1 + t) * 8 + m)], at(b, t, m));
         EXPECT_EQ(every[static_cast<std::size_t>((b * 6 + t) * 8 + m)], cv[static_cast<std::size_t>(m)]);
         if (m == 0) {
           EXPECT_EQ(last[static_cast<std::size_t>(b * 6 + t)], at(b, t, 7));
+          EXPECT_EQ(lf[static_cast<std::size_t>(b * 6 + t)], at(b, t, 7));
           EXPECT_EQ(pos[static_cast<std::size_t>(b * 6 + t)], static_cast<float>(t));
         }
       }

@@ -218,6 +218,18 @@ TEST(Grad, StructureOps) {
   check(std::move(c));
 }
 
+TEST(Grad, TheLastPositionOfARunTimeLength) {
+  // last<Seq> on a dynamic axis slices from Seq - 1, bound at run time: zeros before the row.
+  Case c;
+  std::mt19937 rng(14);
+  auto x = input<Tensor<f32, Batch<2>, Seq<dyn>, Model<4>>>(c.g, "x");
+  auto row = last<Seq>(x);  // [2, 1, 4]
+  output(add(mul(row, row), row), "y");
+  c.feeds = {{"x", random_array({2, 5, 4}, rng)}};
+  c.wrt = {"x"};
+  check(std::move(c));
+}
+
 TEST(Grad, ScoreModsAndTheirCapturedSlopes) {
   Case c;
   std::mt19937 rng(13);

@@ -351,7 +351,7 @@ Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss) {
 }
 
 Graph build_causal_lm_step(const HfConfig& c) {
-  return with_decoder(c, [](Graph& g, const auto& model) { declare_cached_step(g, model); });
+  return with_decoder(c, [](Graph& g, const auto& model) { declare_cached_step<StepLogits::last_position>(g, model); });
 }
 
 Graph build_encoder_model(const HfConfig& c, bool padding_mask, bool pooled) {

@@ -96,8 +96,8 @@ Graph build_encoder(const EncoderModel& m);
 Graph build_causal_lm(const HfConfig& c);
 /// The same model as one step against a KV cache (DecoderSession's graph,
 /// qkv::nn::declare_cached_step): inputs also the size past_length and cache_k.{i} / cache_v.{i}
-/// [Batch, KvHeads, Slot, HeadDim]; outputs logits and present_k.{i} / present_v.{i}, the caches
-/// after the step.
+/// [Batch, KvHeads, Slot, HeadDim]; outputs logits of the step's last position [Batch, 1, Vocab]
+/// (what generating reads) and present_k.{i} / present_v.{i}, the caches after the step.
 Graph build_causal_lm_step(const HfConfig& c);
 
 /// How a decoder trains: the loss (cross-entropy over the vocabulary, the next token as the

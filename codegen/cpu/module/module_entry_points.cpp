@@ -320,7 +320,7 @@ void ModuleBuilder::emit_size_checks() {
       const auto& in = g_.node(n.inputs[0]);
       const I part = dim(n.axes[axis_pos(n.axes, n.attr_axes[1])].extent);
       const I start = n.dim ? dim(*n.dim) : part * n.offset;
-      ok = ok && start + part <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
+      ok = ok && start >= 0 && start + part <= dim(in.axes[axis_pos(in.axes, n.attr_axes[0])].extent);
       if (in.op == Op::update_slice && n.offset == 0 && !n.dim && in.attr_axes[0] == n.attr_axes[0])
         ok = ok && part == update_end(in);
     }

@@ -539,6 +539,31 @@ auto slice(const T& t) {
   }
 }
 
+/// last<Seq>(x): the axis's last entry, kept as an axis of length 1 (x[..., -1:, ...] in
+/// PyTorch), whether the axis is static or bound at run time: the next-token logits of a decoder
+/// need only the last position's hidden state.
+template <template <auto> class Ax, class T>
+auto last(const T& t) {
+  if constexpr (any_poison<T>) {
+    return poison{};
+  } else if constexpr (!has_family<typename T::axis_list, Ax>) {
+    return missing_axis<"last", typename T::axis_list, Ax>();
+  } else if constexpr (find_family<typename T::axis_list, Ax>::is_static) {
+    return slice<Ax, find_family<typename T::axis_list, Ax>::extent - 1, 1>(t);
+  } else {
+    using L = typename T::axis_list;
+    using A = find_family<L, Ax>;
+    Graph& g = t.graph();
+    Extent start = ir_axis(t.node(), A::name).extent;
+    start.plus -= 1;
+    Node n = detail::unary_node(
+        t, Op::slice, detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(1)}}));
+    n.attr_axes = {std::string(A::name), std::string(A::name)};
+    n.dim = start;
+    return tensor<typename T::dtype, detail::replace_t<L, A, axes<Ax<1>>>, trait::plain>(g, g.add(std::move(n)));
+  }
+}
+
 /// select<Seq, Index>(x): entry Index of the axis, which is dropped (x[..., Index, ...]): BERT's
 /// [CLS] row, select<Seq, 0>(hidden) [Batch, Model]. x keeps at least one axis.
 template <template <auto> class Ax, std::int64_t Index, class T>

@@ -664,6 +664,11 @@ class Sweep : public Builder {
       if (parts <= n.offset) fail(id, "a slice of a run-time length whose parts are unknown: not differentiated");
       before = part.times(n.offset);
       after = part.times(parts - n.offset - 1);
+    } else if (part.is_static() && whole.is_dynamic() && n.dim->symbol == whole.symbol && n.dim->num == whole.num &&
+               n.dim->den == whole.den) {
+      // A start counted from the end (last<Seq>: Seq - 1): what follows the part is static.
+      before = *n.dim;
+      after = Extent::fixed(whole.plus - n.dim->plus - part.value);
     } else {
       fail(id, "a slice of a run-time length at a given start: not differentiated yet");
     }

@@ -178,13 +178,13 @@ struct Gpt2LmHead {
   }
 
   /// A step against a KV cache, as CausalLm::cached: {logits, caches'}.
-  template <class T, class P, class C>
+  template <StepLogits W = StepLogits::every_position, class T, class P, class C>
   auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
               const Size<Past>& past) const {
     auto [x, updated] = detail::cached_layers(
         "Gpt2LmHead", layers, embed(tokens, positions), caches,
         [&](const auto& layer, const X& y, const C& ck, const C& cv) { return layer.cached(y, ck, cv, past); });
-    return std::pair{linear(layer_norm(x, ln_f), lm_head), std::move(updated)};
+    return std::pair{linear(layer_norm(detail::logit_rows<W>(x), ln_f), lm_head), std::move(updated)};
   }
 
  private:

@@ -85,6 +85,23 @@ std::pair<X, std::vector<std::pair<C, C>>> cached_layers(const char* who, const 
 }
 }  // namespace detail
 
+/// Which positions of a step a decoder's `cached` computes logits for: every one (scoring a
+/// text, checking a prefill against the whole model) or only the last (generating: the next
+/// token's; the LM head — vocab × width multiply-adds per position, often the largest matrix of
+/// the model — then runs on one row of the prefill instead of all of them).
+enum class StepLogits { every_position, last_position };
+
+namespace detail {
+/// x [Batch, Seq, Model] as the LM head reads it for W: all of it, or its last position.
+template <StepLogits W, class X>
+auto logit_rows(const X& x) {
+  if constexpr (W == StepLogits::last_position)
+    return last<Seq>(x);
+  else
+    return x;
+}
+}  // namespace detail
+
 /// What a Llama-family attention layer needs beside its weights (config.json's numbers).
 struct LlamaAttentionConfig {
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -259,8 +276,9 @@ struct CausalLm {
 
   /// A step against a KV cache: tokens and positions [Batch, Seq]; caches[i] = {keys, values}
   /// of layer i [Batch, KvHeads, Slot, HeadDim], whose first `past` positions are filled.
-  /// Returns {logits, caches'}: the caches with this step's keys and values written after them.
-  template <class T, class P, class C>
+  /// Returns {logits, caches'}: the caches with this step's keys and values written after them;
+  /// the logits [Batch, Seq, Vocab], or [Batch, Seq = 1, Vocab] with StepLogits::last_position.
+  template <StepLogits W = StepLogits::every_position, class T, class P, class C>
   auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
               const Size<Past>& past) const {
     using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
@@ -268,7 +286,7 @@ struct CausalLm {
                                               [&](const auto& layer, const X& y, const C& ck, const C& cv) {
                                                 return layer.cached(y, positions, ck, cv, past);
                                               });
-    return std::pair{linear(rms_norm(x, norm), lm_head), std::move(updated)};
+    return std::pair{linear(rms_norm(detail::logit_rows<W>(x), norm), lm_head), std::move(updated)};
   }
 };
 
@@ -280,8 +298,9 @@ using KvCache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Slot<dyn>, HeadDim<dyn>>;
 /// g): inputs `tokens` and `positions` [Batch, Seq] (i64), the size `past_length` (Past: the
 /// positions the caches hold), `cache_k.{i}` / `cache_v.{i}` (KvCache); outputs `logits` and
 /// `present_k.{i}` / `present_v.{i}`, the caches after the step (fed the caches' own buffers,
-/// the CPU backend writes only the step's rows).
-template <class Decoder>
+/// the CPU backend writes only the step's rows). W: logits for every position of the step, or
+/// only for the last ([Batch, 1, Vocab]: what generating reads).
+template <StepLogits W = StepLogits::every_position, class Decoder>
 void declare_cached_step(Graph& g, const Decoder& model) {
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
@@ -290,7 +309,7 @@ void declare_cached_step(Graph& g, const Decoder& model) {
   for (std::size_t i = 0; i < model.layers.size(); ++i)
     caches.emplace_back(input<KvCache>(g, "cache_k." + std::to_string(i)),
                         input<KvCache>(g, "cache_v." + std::to_string(i)));
-  auto [logits, present] = model.cached(tokens, positions, caches, past);
+  auto [logits, present] = model.template cached<W>(tokens, positions, caches, past);
   output(logits, "logits");
   for (std::size_t i = 0; i < present.size(); ++i) {
     output(present[i].first, "present_k." + std::to_string(i));

@@ -2,14 +2,15 @@
 //
 //   qkv::DecoderSession s(step_graph, std::move(weights), {.layers = 2, .kv_heads = 2, .head_dim = 64,
 //                                                          .capacity = 4096}, runner);
-//   NdArray logits = s.prefill(prompt);        // [B, L] ids -> [B, L, vocab]
+//   NdArray logits = s.prefill(prompt);        // [B, L] ids -> [B, L, vocab] ([B, 1, vocab]: below)
 //   logits = s.decode(next);                   // [B, 1] -> [B, 1, vocab], at position s.position()
 //   s.reset();
 //
 // The step graph is CausalLm::cached's (qkv::nn::declare_cached_step): inputs tokens and
 // positions [B, L], the size past_length (the positions the caches hold), cache_k.{i} /
-// cache_v.{i} [B, KvHeads, capacity, HeadDim]; outputs logits and present_k.{i} / present_v.{i},
-// the caches after the step. The session owns one buffer of the full capacity per cache, made
+// cache_v.{i} [B, KvHeads, capacity, HeadDim]; outputs logits (every position's, or with
+// StepLogits::last_position only the last one's) and present_k.{i} / present_v.{i}, the caches
+// after the step. The session owns one buffer of the full capacity per cache, made
 // once: it feeds them as the caches and asks for the present caches to be written back into
 // them (Destinations), so a backend that can (the CPU's) writes only the step's rows, in place,
 // and its attention reads the cache's rows where they are. A runner that cannot returns the
