@@ -31,16 +31,20 @@ inline constexpr std::int64_t kParallelMinFlops = 1'000'000;
 
 /// The GEMM's tasks: blocks of `mc` rows (a multiple of MR, at most 8·MR) × blocks of
 /// `panels_per` panels of NR columns; task t covers row block t / nblocks, column block
-/// t % nblocks.
+/// t % nblocks. `tall` (a kernel that reads A in place and runs its row blocks under each panel,
+/// gemm_kernel.hpp's a_in_place): row blocks as tall as 8·MR allows, split evenly, so that each
+/// panel it loads serves many rows; else about kTaskTarget row blocks (each packs its rows once
+/// for all its panels).
 template <class I>
 struct GemmBlocks {
   I mc, mblocks, panels_per, nblocks;
   I tasks() const { return mblocks * nblocks; }
 };
 template <class I>
-GemmBlocks<I> gemm_blocks(I m, I n, std::int64_t mr, std::int64_t nr) {
+GemmBlocks<I> gemm_blocks(I m, I n, std::int64_t mr, std::int64_t nr, bool tall) {
   const I panels = ceil_div(n, nr);
-  const I mc = imin(imax(round_up(ceil_div(m, kTaskTarget), mr), mr), 8 * mr);
+  const I mc = tall ? round_up(ceil_div(m, ceil_div(m, 8 * mr)), mr)
+                    : imin(imax(round_up(ceil_div(m, kTaskTarget), mr), mr), 8 * mr);
   const I mblocks = ceil_div(m, mc);
   const I wide = imax(imin(panels, std::max<std::int64_t>(1, 512 / nr)), 1);
   // Too few tasks with wide column blocks: narrower ones, so that there are about kTaskTarget.

@@ -12,10 +12,10 @@
 
 #include <unistd.h>
 
+#include <llvm/ExecutionEngine/JITLink/JITLink.h>
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
-#include <llvm/ExecutionEngine/JITLink/JITLink.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ObjectLinkingLayer.h>
 #include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
@@ -214,9 +214,9 @@ std::unique_ptr<Jit> Jit::create(const JitOptions& options, std::string* error) 
   }
   if (auto plugin = PerfMapPlugin::from_environment())
     builder.setObjectLinkingLayerCreator(
-        [plugin = std::shared_ptr<PerfMapPlugin>(std::move(plugin))](llvm::orc::ExecutionSession& session,
-                                                                   const llvm::Triple&)
-            -> llvm::Expected<std::unique_ptr<llvm::orc::ObjectLayer>> {
+        [plugin = std::shared_ptr<PerfMapPlugin>(std::move(plugin))](
+            llvm::orc::ExecutionSession& session,
+            const llvm::Triple&) -> llvm::Expected<std::unique_ptr<llvm::orc::ObjectLayer>> {
           auto layer = std::make_unique<llvm::orc::ObjectLinkingLayer>(session);
           layer->addPlugin(plugin);
           return layer;

@@ -391,7 +391,8 @@ TEST(DecoderSession, ALastPositionStepGivesTheFullForwardsLastRow) {
     const codegen::cpu::BoundRunner bound(2);
     const NdArray full = backend ? codegen::cpu::run(c.graph, c.feeds, 2).outputs.at("out")
                                  : interpret(c.graph, c.feeds).outputs.at("out");
-    DecoderSession s(step, tiny_llama_weights(c), {.layers = 2, .kv_heads = 2, .head_dim = 8, .batch = 2, .capacity = 9},
+    DecoderSession s(step, tiny_llama_weights(c),
+                     {.layers = 2, .kv_heads = 2, .head_dim = 8, .batch = 2, .capacity = 9},
                      backend ? DecoderSession::Runner(bound) : DecoderSession::Runner());
     const NdArray first = s.prefill(columns(tokens, 0, 4));
     EXPECT_EQ(first.shape, (std::vector<std::int64_t>{2, 1, 50}));

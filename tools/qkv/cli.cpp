@@ -290,7 +290,12 @@ struct GenerateFlags {
     auto* out =
         cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations");
     if (!bench) out->required();
-    if (bench) cmd->add_flag("--json", json, "One JSON object on stdout");
+    if (bench) {
+      cmd->add_flag("--json", json, "One JSON object on stdout");
+      cmd->add_option("--repeat", o.repeat, "Timed runs (prefill and decode each); their medians are reported")
+          ->check(integer_in(1, 1000))
+          ->capture_default_str();
+    }
     cmd->add_option("--logits-out", o.logits_out, "Output [B, new, vocab] .npy: the logits each token was chosen from");
     cmd->add_option("--temperature", o.temperature, "0 (the default): greedy; > 0: sample softmax(logits / T)")
         ->check(finite_number());

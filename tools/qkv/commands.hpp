@@ -119,6 +119,7 @@ struct Generate {
   DType dtype = DType::f32;
   bool q8 = false;  // --quantize q8
   int threads = 0;
+  std::int64_t repeat = 1;  // bench generate: timed runs, their medians reported
 };
 int generate(const Generate& o);
 /// qkv train: a decoder trained on a text file (commands_train.cpp). The optional settings, when

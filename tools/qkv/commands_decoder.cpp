@@ -9,8 +9,6 @@
 #include <optional>
 #include <random>
 
-#include <sys/resource.h>
-
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
 
@@ -271,12 +269,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 namespace {
 
-double peak_rss_mib() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
-}
-
 /// What one generation produced and what it cost.
 struct Generation {
   NdArray ids, chosen_logits;
@@ -341,7 +333,6 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
       });
 
   const Activity running("generating");
-  std::mt19937_64 rng(o.seed);
   const std::size_t V = static_cast<std::size_t>(c.vocab_size);
   Generation r;
   r.batch = B;
@@ -361,37 +352,46 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     (void)session.prefill(prompt);
     session.reset();
     r.compile_ms = ms_since(t0);
-    t0 = std::chrono::steady_clock::now();
   }
-  NdArray logits = session.prefill(prompt);
-  r.prefill_ms = ms_since(t0);
-  if (!warm) r.compile_ms = codegen::jit_stats().compile_ms - compiled_before;
-  const std::int64_t modules_after_prefill = codegen::jit_stats().modules;
-  std::int64_t modules_after_first_step = modules_after_prefill;
-  r.rss_after_first_step_mib = peak_rss_mib();
-  NdArray next = NdArray::zeros(DType::i64, {B, 1});
-  for (std::int64_t t = 0; t < N; ++t) {
-    const std::int64_t len = logits.shape[1];
-    if (logits.dtype != DType::f32) logits = logits.converted(DType::f32);  // a bf16 / f16 model's, exactly
-    const auto lv = logits.as<float>();
-    for (std::int64_t b = 0; b < B; ++b) {
-      const std::span<const float> row = lv.subspan(static_cast<std::size_t>((b * len + len - 1)) * V, V);
-      std::copy(row.begin(), row.end(),
-                r.chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
-      require_finite(row, ck, "new token " + std::to_string(t + 1) + " of sequence " + std::to_string(b));
-      const std::int64_t id = choose(row, o, rng);
-      r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
-      next.as<std::int64_t>()[static_cast<std::size_t>(b)] = id;
-    }
-    if (t + 1 == N) break;
+  std::int64_t modules_after_prefill = 0, modules_after_first_step = 0;
+  std::vector<double> prefill_ms, decode_ms;  // one per repetition (bench generate --repeat)
+  for (std::int64_t rep = 0; rep < o.repeat; ++rep) {
+    std::mt19937_64 rng(o.seed);  // every repetition draws what the first drew
     t0 = std::chrono::steady_clock::now();
-    logits = session.decode(next);
-    r.decode_ms += ms_since(t0);
-    if (t == 0) {
-      modules_after_first_step = codegen::jit_stats().modules;
+    NdArray logits = session.prefill(prompt);
+    prefill_ms.push_back(ms_since(t0));
+    decode_ms.push_back(0);
+    if (rep == 0) {
+      if (!warm) r.compile_ms = codegen::jit_stats().compile_ms - compiled_before;
+      modules_after_prefill = modules_after_first_step = codegen::jit_stats().modules;
       r.rss_after_first_step_mib = peak_rss_mib();
     }
+    NdArray next = NdArray::zeros(DType::i64, {B, 1});
+    for (std::int64_t t = 0; t < N; ++t) {
+      const std::int64_t len = logits.shape[1];
+      if (logits.dtype != DType::f32) logits = logits.converted(DType::f32);  // a bf16 / f16 model's, exactly
+      const auto lv = logits.as<float>();
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::span<const float> row = lv.subspan(static_cast<std::size_t>((b * len + len - 1)) * V, V);
+        std::copy(row.begin(), row.end(),
+                  r.chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
+        require_finite(row, ck, "new token " + std::to_string(t + 1) + " of sequence " + std::to_string(b));
+        const std::int64_t id = choose(row, o, rng);
+        r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
+        next.as<std::int64_t>()[static_cast<std::size_t>(b)] = id;
+      }
+      if (t + 1 == N) break;
+      t0 = std::chrono::steady_clock::now();
+      logits = session.decode(next);
+      decode_ms.back() += ms_since(t0);
+      if (t == 0 && rep == 0) {
+        modules_after_first_step = codegen::jit_stats().modules;
+        r.rss_after_first_step_mib = peak_rss_mib();
+      }
+    }
   }
+  r.prefill_ms = median(prefill_ms);
+  r.decode_ms = median(decode_ms);
   r.compiled_after_prefill = static_cast<long long>(codegen::jit_stats().modules - modules_after_prefill);
   r.compiled_after_first_step = static_cast<long long>(codegen::jit_stats().modules - modules_after_first_step);
   r.rss_end_mib = peak_rss_mib();

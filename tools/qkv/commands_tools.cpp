@@ -1,5 +1,4 @@
 // qkv shapes | bench | verify | heatmap, and models given by shape alone.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -180,12 +179,6 @@ Graph with_sizes(const Graph& g, const Bindings& b) {
   return out;
 }
 
-double peak_rss_mib() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
-}
-
 }  // namespace
 
 int shapes(const ShapeModel& m, const std::string& dump_after, bool time_passes) {
@@ -243,11 +236,9 @@ int bench(const Bench& b) {
     }
   }
   if (bar) std::printf("\n");
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
-  const double median =
-      sorted.size() % 2 ? sorted[sorted.size() / 2] : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-  const double gflops = in.flops / (median * 1e-3) / 1e9;
+  const double median_ms = median(ms);
+  const auto [fastest, slowest] = std::minmax_element(ms.begin(), ms.end());
+  const double gflops = in.flops / (median_ms * 1e-3) / 1e9;
   const double peak = peak_rss_mib();
   const codegen::JitStats after = codegen::jit_stats();
   // Modules compiled by the warm-up, and by the timed runs (0: one compilation per shape class).
@@ -264,14 +255,14 @@ int bench(const Bench& b) {
         s.kind.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seq),
         static_cast<long long>(in.sizes.at("Key")), static_cast<long long>(in.sizes.at("HeadDim")),
         s.causal ? "true" : "false", std::string(dtype_name(s.dtype)).c_str(),
-        b.backend == Backend::reference ? "reference" : (b.backend == Backend::cuda ? "cuda" : "cpu"), b.repeat, median,
-        sorted.front(), sorted.back(), gflops, peak, modules, modules_timed, compile_ms);
+        b.backend == Backend::reference ? "reference" : (b.backend == Backend::cuda ? "cuda" : "cpu"), b.repeat,
+        median_ms, *fastest, *slowest, gflops, peak, modules, modules_timed, compile_ms);
   } else {
     std::printf(
         "%s (%s): median %.3f ms (min %.3f, max %.3f over %d runs), %.3f GFLOP/s, peak memory %.1f MiB (+%.1f); "
         "%lld LLVM module(s) compiled in %.1f ms\n",
-        s.kind.c_str(), std::string(dtype_name(s.dtype)).c_str(), median, sorted.front(), sorted.back(), b.repeat,
-        gflops, peak, peak - rss_before, modules, compile_ms);
+        s.kind.c_str(), std::string(dtype_name(s.dtype)).c_str(), median_ms, *fastest, *slowest, b.repeat, gflops, peak,
+        peak - rss_before, modules, compile_ms);
   }
   return 0;
 }

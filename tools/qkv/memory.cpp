@@ -85,6 +85,12 @@ std::uint64_t outputs_bytes(const Graph& g, const std::vector<std::uint64_t>& by
 
 }  // namespace
 
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
 std::uint64_t memory_available() {
   std::uint64_t avail = kUnlimited;
   if (const auto m = meminfo("MemAvailable")) avail = *m + meminfo("SwapFree").value_or(0);

@@ -18,6 +18,9 @@ namespace qkv::cli {
 /// the process has mapped already.
 std::uint64_t memory_available();
 
+/// The process's peak resident memory so far, in MiB.
+double peak_rss_mib();
+
 /// Throws std::runtime_error "<what> needs about X GiB, more than the Y GiB available" when
 /// `bytes` exceeds memory_available().
 void require_memory(std::uint64_t bytes, const std::string& what = "this run");

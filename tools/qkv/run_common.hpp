@@ -1,6 +1,7 @@
 // Helpers shared by the subcommands (not part of any public API).
 #pragma once
 
+#include <algorithm>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -15,6 +16,14 @@
 #include "commands.hpp"
 
 namespace qkv::cli {
+
+/// The median of `v` (the mean of the middle two when their number is even); 0 when empty.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
 
 /// Runs a graph on the chosen backend (`threads` <= 0: one per hardware thread).
 /// `into`: outputs the backend may write into the caller's arrays (the CPU backend does).

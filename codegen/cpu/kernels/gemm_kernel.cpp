@@ -110,10 +110,33 @@ class GemmEmitter {
     k_ = field(offsetof(GemmArgs, k), i64_, "K");
 
     const std::int64_t mr = cfg_.rows, nr = cfg_.cols(), kc = cfg_.k_block;
-    // f32 [kc][MR], or with dpbf16 the pairs [kc/2][MR] (i32: two bf16) — the same bytes.
-    ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
     llvm::Value* p0 = b_.CreateSDiv(n0, c64(nr), "p0");
     llvm::Value* p1 = b_.CreateSDiv(b_.CreateAdd(n1, c64(nr - 1)), c64(nr), "p1");
+    if (a_in_place(cfg_)) {
+      // Panel by panel, every row block under it: the panel's K block stays in L1 for all of them.
+      ir::emit_loop(
+          b_, c64(0), k_, kc,
+          [&](llvm::Value* k0) {
+            llvm::Value* depth = smin(c64(kc), b_.CreateSub(k_, k0), "kc");
+            llvm::Value* first = b_.CreateICmpEQ(k0, c64(0), "first");
+            ir::emit_loop(
+                b_, p0, p1, 1,
+                [&](llvm::Value* p) {
+                  ir::emit_loop(
+                      b_, m0, m1, mr,
+                      [&](llvm::Value* i) {
+                        micro_tile(i, smin(c64(mr), b_.CreateSub(m1, i), "rows"), p, k0, depth, first);
+                      },
+                      "row_block");
+                },
+                "panel");
+          },
+          "k_block");
+      b_.CreateRetVoid();
+      return;
+    }
+    // f32 [kc][MR], or with dpbf16 the pairs [kc/2][MR] (i32: two bf16) — the same bytes.
+    ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
 
     ir::emit_loop(
         b_, c64(0), k_, kc,
@@ -285,11 +308,19 @@ class GemmEmitter {
     }
     llvm::Value* panel =
         b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
+    // A read in place: row r of the tile from A[i + r][k0] on (a row past m1 reads row i; its
+    // sums are never stored).
+    std::vector<llvm::Value*> a_rows;
+    if (a_in_place(cfg_))
+      for (int r = 0; r < mr; ++r) {
+        llvm::Value* row = b_.CreateSelect(b_.CreateICmpSLT(c64(r), rows), b_.CreateAdd(i, c64(r)), i);
+        a_rows.push_back(b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(row, k_), k0), "a_row"));
+      }
     std::vector<llvm::Value*> acc = ir::emit_loop(
         b_, c64(0), depth, 1, init,
         [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
           llvm::Value* brow = b_.CreateInBoundsGEP(f32_, panel, b_.CreateMul(kk, c64(nr)));
-          llvm::Value* arow = b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr)));
+          llvm::Value* arow = a_rows.empty() ? b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr))) : nullptr;
           std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
           for (int v = 0; v < nv; ++v)
             bv[static_cast<std::size_t>(v)] =
@@ -299,8 +330,9 @@ class GemmEmitter {
                                      vec_align, "b_v");
           std::vector<llvm::Value*> next(cur.size());
           for (int r = 0; r < mr; ++r) {
-            llvm::Value* x = b_.CreateAlignedLoad(
-                f32_, b_.CreateConstInBoundsGEP1_64(f32_, arow, static_cast<std::uint64_t>(r)), llvm::Align(4), "a_s");
+            llvm::Value* at = arow ? b_.CreateConstInBoundsGEP1_64(f32_, arow, static_cast<std::uint64_t>(r))
+                                   : b_.CreateInBoundsGEP(f32_, a_rows[static_cast<std::size_t>(r)], kk);
+            llvm::Value* x = b_.CreateAlignedLoad(f32_, at, llvm::Align(4), "a_s");
             llvm::Value* xs = b_.CreateVectorSplat(static_cast<unsigned>(lanes), x);
             for (int v = 0; v < nv; ++v) {
               const auto idx = static_cast<std::size_t>(r * nv + v);
@@ -500,7 +532,7 @@ void drive(const void* a, bool have_b, const float* bias, float* c, std::int64_t
   ThreadPool& pool = ThreadPool::shared();
   pool.run(panels, threads, [&](std::int64_t p) { pack(cfg, p, bp + p * panel_words); });
 
-  const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr);  // schedule.hpp
+  const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr, a_in_place(cfg));  // schedule.hpp
   const std::int64_t mc = blocks.mc, nblocks = blocks.nblocks, panels_per = blocks.panels_per;
 
   const GemmArgs args{a, bp, bias_pad, c, m, n, k};

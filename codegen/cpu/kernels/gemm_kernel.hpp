@@ -42,6 +42,11 @@ struct GemmConfig {
   [[nodiscard]] int cols() const { return lanes * col_vectors; }
 };
 
+/// Whether the kernel reads A where it is (f32 A) instead of packing it per row block (bf16 A:
+/// widened, or paired for vdpbf16ps). Reading in place, it runs every row block of its range
+/// under each panel, so it wants tall row ranges (gemm_blocks's `tall`).
+inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16; }
+
 /// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
 /// (half the bytes). I: std::int64_t, or the generated code's ir::Int.
 template <class I>

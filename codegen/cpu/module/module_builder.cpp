@@ -198,7 +198,7 @@ void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
   const Values fields{x, packed, bias_pad, y, m.v(), nn.v(), k.v()};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
-  const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr);
+  const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr, a_in_place(gemm_cfg_));
   const I cols = blocks.panels_per * nr;
   parallel_for(blocks.tasks(), m * nn * k * 2, [&](I t) {
     const I m0 = (t / blocks.nblocks) * blocks.mc, n0 = (t % blocks.nblocks) * cols;
