@@ -13,6 +13,10 @@
 //         for kk in [0, kc): acc[r][v] += splat(Ap[kk][r]) · Bp[p][k0 + kk][v]
 //         C tile = acc (masked stores: rows < m1, columns < N)
 //
+// That is the bf16 kernel's order (A widened or paired as packed). f32 A is read in place
+// (a_in_place): no pack, splat(A[i + r][k0 + kk]), and the panel loop outside the row blocks' —
+// the panel's K block, loaded once, serves every row block of [m0, m1) from L1.
+//
 // n0 is a multiple of NR; Bp (the packed Bᵀ) holds panel p's K × NR block contiguously,
 // zero-padded past N, so the micro-kernel never needs a column mask until the store.
 #include <qkv/codegen/cpu/gemm.hpp>

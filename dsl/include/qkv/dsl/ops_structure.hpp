@@ -554,7 +554,10 @@ auto last(const T& t) {
     using L = typename T::axis_list;
     using A = find_family<L, Ax>;
     Graph& g = t.graph();
-    Extent start = ir_axis(t.node(), A::name).extent;
+    const Extent whole = ir_axis(t.node(), A::name).extent;
+    g.require(Constraint{Constraint::Kind::at_most, Extent::fixed(1), whole,
+                         "last: `" + std::string(A::name) + "` is empty ({b}); fix: an input with at least one entry"});
+    Extent start = whole;
     start.plus -= 1;
     Node n = detail::unary_node(
         t, Op::slice, detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(1)}}));
