@@ -380,6 +380,26 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
       if (ck.where_.count(legacy)) s = legacy;
     }
     ck.stored_[name] = s;
+    const std::string q = s + kQ8Suffix, qs = s + kQ8ScaleSuffix;
+    if (!ck.where_.count(s) && shape.size() == 2 && (ck.where_.count(q) || ck.where_.count(qs))) {
+      // Stored quantized: q8 of the weight's shape, and its scales (Q8_0's groups of 32).
+      auto expect = [&](const std::string& t_name, DType dtype, const std::vector<std::int64_t>& t_shape) {
+        const auto at = ck.where_.find(t_name);
+        if (at == ck.where_.end())
+          fail(ck.what_, "the checkpoint has `" + (t_name == q ? qs : q) + "` but no `" + t_name + "`");
+        const TensorView t = ck.files_[at->second].get(t_name);
+        if (t.dtype != dtype || t.shape != t_shape)
+          fail(ck.what_, "`" + t_name + "` is " + std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) +
+                             ", a q8 weight of shape " + shape_text(shape) + " needs " +
+                             std::string(dtype_name(dtype)) + " " + shape_text(t_shape));
+        used.insert(t_name);
+      };
+      expect(q, DType::i8, shape);
+      expect(qs, DType::f16, {shape[0], (shape[1] + kQ8Group - 1) / kQ8Group});
+      ck.q8_.insert(name);
+      ck.names_.push_back(name);
+      continue;
+    }
     const auto it = ck.where_.find(s);
     if (it == ck.where_.end()) fail(ck.what_, "the checkpoint has no `" + s + "`");
     const TensorView t = ck.files_[it->second].get(s);
@@ -417,13 +437,20 @@ const std::string& HfCheckpoint::stored(const std::string& name) const {
 
 NdArray HfCheckpoint::load(const std::string& name) const {
   const std::string& s = stored(name);
+  if (quantized(name)) return dequantize_q8(load_q8(name), kQ8Group);
   return files_[where_.at(s)].load(s);
+}
+
+QuantizedWeight HfCheckpoint::load_q8(const std::string& name) const {
+  if (!quantized(name)) fail(what_, "`" + stored(name) + "` is not stored quantized");
+  const std::string q = stored(name) + kQ8Suffix, qs = stored(name) + kQ8ScaleSuffix;
+  return {files_[where_.at(q)].load(q), files_[where_.at(qs)].load(qs)};
 }
 
 std::uint64_t HfCheckpoint::f32_bytes() const {
   std::uint64_t total = 0;
   for (const auto& n : names_) {
-    const std::string& s = stored(n);
+    const std::string s = quantized(n) ? stored(n) + kQ8Suffix : stored(n);
     total += checked_nbytes(files_[where_.at(s)].get(s).shape, DType::f32, what_);
   }
   return total;

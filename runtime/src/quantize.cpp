@@ -65,10 +65,23 @@ std::vector<std::string> quantizable_linear_weights(const Graph& g) {
   return names;
 }
 
+NdArray dequantize_q8(const QuantizedWeight& w, std::int64_t group) {
+  const std::int64_t rows = w.q.shape.at(0), k = w.q.shape.at(1), groups = w.scales.shape.at(1);
+  NdArray out = NdArray::zeros(DType::f32, {rows, k});
+  const auto q = w.q.as<std::int8_t>();
+  const auto s = w.scales.as<std::uint16_t>();
+  auto o = out.as<float>();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < k; ++i)
+      o[static_cast<std::size_t>(r * k + i)] = static_cast<float>(q[static_cast<std::size_t>(r * k + i)]) *
+                                               f16_to_f32(s[static_cast<std::size_t>(r * groups + i / group)]);
+  return out;
+}
+
 void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group) {
   QuantizedWeight qw = quantize_q8(w, group, "`" + name + "`");
-  feeds[name + ".q8"] = std::move(qw.q);
-  feeds[name + ".q8_scale"] = std::move(qw.scales);
+  feeds[name + kQ8Suffix] = std::move(qw.q);
+  feeds[name + kQ8ScaleSuffix] = std::move(qw.scales);
 }
 
 QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group) {
@@ -79,7 +92,7 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_
     Node n = g.node(id);
     for (int& in : n.inputs) in = remap[static_cast<std::size_t>(in)];
     const bool weight = n.op == Op::param && std::find(names.begin(), names.end(), n.name) != names.end();
-    const std::string q_name = n.name + ".q8", s_name = n.name + ".q8_scale";
+    const std::string q_name = n.name + kQ8Suffix, s_name = n.name + kQ8ScaleSuffix;
     const auto fed = feeds.find(n.name);
     const bool as_float =
         weight && fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);

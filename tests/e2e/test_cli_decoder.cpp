@@ -174,6 +174,63 @@ TEST_F(Cli, QuantizedWeightsKeepTheLogitsNearTheF32ModelsOnEveryBackend) {
   EXPECT_EQ(ids[0], ids[1]);
 }
 
+// qkv quantize: a folder whose linear weights are stored q8, which runs exactly as --quantize q8
+// on the original (the same q and scales, read instead of computed); a q8 folder quantized again
+// is the same file; the checkpoint problems of a q8 weight, each one line and exit 1.
+TEST_F(Cli, QuantizeWritesACheckpointThatRunsAsQuantizingOnLoadDoes) {
+  auto bytes_of = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const std::string name : {"llama", "qwen2"}) {  // qwen2: sharded, with a tied head
+    const fs::path dir = kLlamaFixtures / name, q8 = tmp(name + "_q8");
+    Result r = run("quantize --model " + dir.string() + " --out " + q8.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("linear weights quantized to q8"));
+    const SafetensorsFile file = SafetensorsFile::open(q8 / "model.safetensors");
+    const auto names = file.names();
+    EXPECT_NE(std::find(names.begin(), names.end(), "model.layers.0.mlp.down_proj.weight.q8"), names.end()) << name;
+    EXPECT_EQ(std::find(names.begin(), names.end(), "model.layers.0.mlp.down_proj.weight"), names.end()) << name;
+    EXPECT_EQ(file.get("model.layers.0.mlp.down_proj.weight.q8_scale").dtype, DType::f16);
+    for (const std::string backend : {"cpu", "reference"}) {
+      const std::string tokens = (dir / "tokens.npy").string();
+      r = run("run causal-lm --model " + q8.string() + " --tokens " + tokens + " --logits-out " + tmp("a.npy") +
+              " --backend " + backend);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("read as stored in q8"));
+      r = run("run causal-lm --quantize q8 --model " + dir.string() + " --tokens " + tokens + " --logits-out " +
+              tmp("b.npy") + " --backend " + backend);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_EQ(read_npy(tmp("a.npy")), read_npy(tmp("b.npy"))) << name << " on " << backend;
+    }
+    r = run("quantize --model " + q8.string() + " --out " + tmp("again"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("stored q8 already"));
+    EXPECT_EQ(bytes_of(fs::path(tmp("again")) / "model.safetensors"), bytes_of(q8 / "model.safetensors"));
+    fs::remove_all(tmp("again"));
+  }
+  const fs::path q8 = tmp("llama_q8");
+  expect_usage_error(run("quantize --model " + q8.string() + " --out " + q8.string()), "is also the input --model",
+                     "the input folder");
+  // A scale missing, then of the wrong shape.
+  const SafetensorsFile file = SafetensorsFile::open(q8 / "model.safetensors");
+  std::map<std::string, NdArray> tensors;
+  for (const auto& n : file.names()) tensors[n] = file.load(n);
+  const std::string scale = "model.layers.1.self_attn.o_proj.weight.q8_scale";
+  const NdArray kept = tensors.at(scale);
+  tensors.erase(scale);
+  write_safetensors(q8 / "model.safetensors", tensors);
+  expect_failure(run("generate --model " + q8.string() + " --prompt-ids " +
+                     (kLlamaFixtures / "llama" / "tokens.npy").string() + " --new-tokens 1 --out " + tmp("ids.npy")),
+                 "has `model.layers.1.self_attn.o_proj.weight.q8` but no `" + scale + "`", "a missing scale");
+  tensors[scale] = NdArray::zeros(DType::f16, {kept.shape[0], kept.shape[1] + 1});
+  write_safetensors(q8 / "model.safetensors", tensors);
+  expect_failure(run("generate --model " + q8.string() + " --prompt-ids " +
+                     (kLlamaFixtures / "llama" / "tokens.npy").string() + " --new-tokens 1 --out " + tmp("ids.npy")),
+                 "`" + scale + "` is f16 [", "a scale of the wrong shape");
+  EXPECT_FALSE(fs::exists(tmp("ids.npy")));
+}
+
 // The code cache across processes: the second generate loads every module the first compiled;
 // processes started together on an empty cache all succeed and leave whole entries only;
 // --no-cache neither reads nor writes it.

@@ -637,6 +637,18 @@ int run_cli(int argc, char** argv) {
   gen.add(&app);
   TrainFlags train_flags;
   train_flags.add(&app);
+  QuantizeModel quantize_opts;
+  auto* quantize_cmd = app.add_subcommand(
+      "quantize", "Write a decoder checkpoint with its linear layers' weights stored q8 (8.5 bits a weight)");
+  quantize_cmd->footer(
+      "Example: qkv quantize --model tiny-llama/ --out tiny-llama-q8/\nThe folder it writes runs in generate, "
+      "bench generate and run causal-lm as it is (no --quantize needed).");
+  quantize_cmd->add_option("--model", quantize_opts.model, "Folder with config.json and model.safetensors (or shards)")
+      ->required();
+  quantize_cmd
+      ->add_option("--out,-o", quantize_opts.out,
+                   "Output folder: config.json, model.safetensors (and tokenizer.model when the model has one)")
+      ->required();
 
   // --- models by shape
   ShapeFlags shape_flags;
@@ -749,6 +761,7 @@ int run_cli(int argc, char** argv) {
     if (*encoder_model.cmd) return run_encoder_model(encoder_model.get());
     if (*gen.cmd) return generate(gen.get());
     if (*train_flags.cmd) return train(train_flags.get());
+    if (*quantize_cmd) return quantize_model(quantize_opts);
     if (*shapes_cmd) return shapes(shape_flags.get(), dump_after, time_passes);
     if (*bench_cmd) {
       bench_opts.model = bench_flags.get();

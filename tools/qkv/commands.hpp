@@ -122,6 +122,11 @@ struct Generate {
   std::int64_t repeat = 1;  // bench generate: timed runs, their medians reported
 };
 int generate(const Generate& o);
+/// qkv quantize: a decoder checkpoint with its linear layers' weights stored q8 (commands_decoder.cpp).
+struct QuantizeModel {
+  std::string model, out;
+};
+int quantize_model(const QuantizeModel& o);
 /// qkv train: a decoder trained on a text file (commands_train.cpp). The optional settings, when
 /// given, override the defaults of a fresh run and must equal those of a resumed one.
 struct Train {

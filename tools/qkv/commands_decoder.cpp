@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -17,6 +19,7 @@
 
 #include <qkv/runtime/hf_checkpoint.hpp>
 #include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/io/safetensors.hpp>
 #include <qkv/runtime/quantize.hpp>
 
 #include "commands.hpp"
@@ -61,12 +64,21 @@ NdArray positions_for(std::int64_t batch, std::int64_t len, std::int64_t start =
 /// The checkpoint's weights as feeds, as stored (model_as converts them to the model's dtype);
 /// those named in `quantize` quantized as each is read (quantize_linear_weights then takes them),
 /// so that the unquantized weights are never all resident.
+/// A weight the checkpoint stores quantized is read as stored when it is in `quantize` (else
+/// dequantized: a linear layer's in the checkpoint that this model reads otherwise).
 Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quantize = {}) {
   require_memory(ck.f32_bytes(), "reading the weights of the model");
   Feeds feeds;
   for (const auto& name : ck.names()) {
+    const bool linear = std::find(quantize.begin(), quantize.end(), name) != quantize.end();
+    if (linear && ck.quantized(name)) {
+      QuantizedWeight qw = ck.load_q8(name);
+      feeds[name + kQ8Suffix] = std::move(qw.q);
+      feeds[name + kQ8ScaleSuffix] = std::move(qw.scales);
+      continue;
+    }
     NdArray w = ck.load(name);
-    if (std::find(quantize.begin(), quantize.end(), name) != quantize.end() && w.shape.size() == 2)
+    if (linear && w.shape.size() == 2)
       add_q8_feeds(feeds, name, w);
     else
       feeds[name] = std::move(w);
@@ -75,16 +87,19 @@ Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quant
 }
 
 /// The model as it runs: the checkpoint's weights read into `feeds`, the graph stored as `dtype`
-/// (model_as); with --quantize q8 each linear weight quantized as it is read, the graph's linear
+/// (model_as); with --quantize q8, or a checkpoint whose linear weights are stored q8 (`qkv
+/// quantize`), each linear weight quantized as it is read (or read as stored), the graph's linear
 /// layers reading them so, and a note of what that saved.
 Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype, bool q8, Feeds& feeds) {
+  q8 = q8 || ck.any_quantized();
   Feeds weights = weight_feeds(ck, q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
   feeds.merge(weights);
   Graph g = model_as(model, dtype, feeds);
   if (!q8) return g;
   QuantizedModel m = quantize_linear_weights(g, feeds);
-  std::fprintf(stderr, "qkv: note: %zu linear weights quantized to q8 (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
-               static_cast<double>(m.bytes_before) / 1e6, static_cast<double>(m.bytes_after) / 1e6);
+  std::fprintf(stderr, "qkv: note: %zu linear weights %s q8 (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
+               ck.any_quantized() ? "read as stored in" : "quantized to", static_cast<double>(m.bytes_before) / 1e6,
+               static_cast<double>(m.bytes_after) / 1e6);
   return std::move(m.graph);
 }
 
@@ -317,7 +332,8 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   require_memory(cache, "the KV cache");
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size); quantized weights are read as stored.
-  if (o.backend == Backend::cpu && !o.q8) require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
+  if (o.backend == Backend::cpu && !o.q8 && !ck.any_quantized())
+    require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
   Feeds weights;
   Graph step = model_with_weights(build_causal_lm_step(c), ck, o.dtype, o.q8, weights);
   DecoderSession session(
@@ -479,6 +495,68 @@ int generate(const Generate& o) {
     const auto ids = r.ids.as<std::int64_t>();
     std::printf("%s\n", tokenizer->decode(ids).c_str());
   }
+  return 0;
+}
+
+int quantize_model(const QuantizeModel& o) {
+  namespace fs = std::filesystem;
+  OutputGroup outputs;
+  const Activity reading("reading the model");
+  const HfCheckpoint ck = open_model(outputs, o.model);
+  const fs::path dir(o.model), out(o.out);
+  const fs::path tokenizer = dir / "tokenizer.model";
+  const bool has_tokenizer = fs::is_regular_file(tokenizer);
+  if (has_tokenizer) outputs.protect(tokenizer, "--model");
+  outputs.add_directory(out, "--out");
+  const std::size_t config_file = outputs.add_file(out / "config.json", "--out");
+  const std::size_t model_file = outputs.add_file(out / "model.safetensors", "--out");
+  const std::size_t tokenizer_file = has_tokenizer ? outputs.add_file(out / "tokenizer.model", "--out") : 0;
+
+  // The weights as the model names them, under the names the files give them; the linear
+  // layers' (those quantize_linear_weights would quantize) as q and scales.
+  const std::vector<std::string> linear = quantizable_linear_weights(build_causal_lm_step(ck.config()));
+  require_memory(ck.f32_bytes(), "reading the weights of the model");
+  std::map<std::string, NdArray> tensors;
+  std::int64_t quantized = 0, kept = 0;
+  std::uint64_t f32_bytes = 0, q8_bytes = 0;
+  for (const auto& name : ck.names()) {
+    const std::string& stored = ck.stored(name);
+    if (std::find(linear.begin(), linear.end(), name) == linear.end()) {
+      tensors[stored] = ck.load(name);
+      continue;
+    }
+    QuantizedWeight qw;
+    if (ck.quantized(name)) {
+      qw = ck.load_q8(name);
+      ++kept;
+    } else {
+      qw = quantize_q8(ck.load(name), kQ8Group, "`" + stored + "`");
+      ++quantized;
+    }
+    f32_bytes += static_cast<std::uint64_t>(qw.q.bytes.size()) * 4;
+    q8_bytes += static_cast<std::uint64_t>(qw.q.bytes.size() + qw.scales.bytes.size());
+    tensors[stored + kQ8Suffix] = std::move(qw.q);
+    tensors[stored + kQ8ScaleSuffix] = std::move(qw.scales);
+  }
+  if (quantized + kept == 0)
+    throw InputError("--model " + o.model + ": the model has no linear layer weight that qkv quantizes");
+
+  const Activity writing("writing the outputs");
+  const std::vector<std::byte> config = InputFile::open(dir / "config.json").read_all(1u << 24, "config.json");
+  outputs.write(config_file, {config});
+  const std::vector<std::byte> image = serialize_safetensors(
+      tensors, {{"format", "pt"}, {"qkv.quantization", "q8_0: int8, an f16 scale per 32 inputs"}});
+  outputs.write(model_file, {image});
+  if (has_tokenizer) {
+    const std::vector<std::byte> bytes = InputFile::open(tokenizer).read_all(1u << 30, "tokenizer.model");
+    outputs.write(tokenizer_file, {bytes});
+  }
+  outputs.commit();
+  std::fprintf(stderr, "qkv: %lld linear weights quantized to q8%s (%.1f MB in f32 -> %.1f MB); %s: %.1f MB\n",
+               static_cast<long long>(quantized + kept),
+               kept ? (" (" + std::to_string(kept) + " of them stored q8 already)").c_str() : "",
+               static_cast<double>(f32_bytes) / 1e6, static_cast<double>(q8_bytes) / 1e6,
+               (out / "model.safetensors").c_str(), static_cast<double>(image.size()) / 1e6);
   return 0;
 }
 

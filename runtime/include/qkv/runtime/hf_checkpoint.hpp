@@ -13,12 +13,14 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <qkv/runtime/io/array.hpp>
 #include <qkv/runtime/io/safetensors.hpp>
+#include <qkv/runtime/quantize.hpp>
 
 namespace qkv {
 
@@ -79,14 +81,23 @@ class HfCheckpoint {
   /// `transformer.` prefix (save_pretrained's) or not (the Hub's gpt2 files); BERT's the `bert.`
   /// prefix of BertFor* checkpoints, whose task heads (`cls.*`) are ignored, and the legacy
   /// LayerNorm names gamma/beta. BERT's pooler is optional (has_pooler()).
+  ///
+  /// A rank-2 weight may instead be stored quantized (what `qkv quantize` writes): `name.q8`, I8
+  /// of the weight's shape, and `name.q8_scale`, F16 [rows, ceil(columns / 32)] (Q8_0's groups).
   static HfCheckpoint open(const std::filesystem::path& dir);
 
   [[nodiscard]] const HfConfig& config() const { return config_; }
   /// The names of the weights the model reads, in order, as the model's graph names them
   /// (GPT-2's without a `transformer.` prefix).
   [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
-  /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes).
+  /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes); a
+  /// weight stored quantized, dequantized to f32.
   [[nodiscard]] NdArray load(const std::string& name) const;
+  /// Whether weight `name` is stored quantized (q8); any of them.
+  [[nodiscard]] bool quantized(const std::string& name) const { return q8_.count(name) > 0; }
+  [[nodiscard]] bool any_quantized() const { return !q8_.empty(); }
+  /// A weight stored quantized, as stored (i8 q, f16 scales in groups of kQ8Group).
+  [[nodiscard]] QuantizedWeight load_q8(const std::string& name) const;
   /// Every file open() read: config.json, then model.safetensors, or the index and its shards
   /// in the order the index first names them (a command's outputs may be none of these).
   [[nodiscard]] const std::vector<std::filesystem::path>& files() const { return paths_; }
@@ -106,7 +117,14 @@ class HfCheckpoint {
   std::map<std::string, std::size_t> where_;   // weight name as stored -> file
   std::map<std::string, std::string> stored_;  // the graph's weight name -> as stored
   bool has_pooler_ = false;
+  std::set<std::string> q8_;  // the graph's names of the weights stored quantized
+
+ public:
+  /// The name weight `name` has in the files (a prefix, a legacy name; `name` itself mostly); a
+  /// quantized one's tensors are that name with kQ8Suffix and kQ8ScaleSuffix.
   [[nodiscard]] const std::string& stored(const std::string& name) const;
+
+ private:
   std::vector<std::string> names_;
 };
 

@@ -26,6 +26,14 @@ struct QuantizedWeight {
 /// InputError naming `what` and the entry for a NaN or infinite weight.
 QuantizedWeight quantize_q8(const NdArray& w, std::int64_t group, const std::string& what);
 
+/// q · scale per entry, as f32 [rows, K] (what Op::dequantize computes).
+NdArray dequantize_q8(const QuantizedWeight& w, std::int64_t group);
+
+/// The suffixes of a weight stored quantized, in feeds and in checkpoints: `name.q8` (i8) and
+/// `name.q8_scale` (f16).
+inline constexpr const char* kQ8Suffix = ".q8";
+inline constexpr const char* kQ8ScaleSuffix = ".q8_scale";
+
 /// What quantize_linear_weights changed.
 struct QuantizedModel {
   Graph graph;
