@@ -110,6 +110,7 @@ class GemmEmitter {
     bp_ = field(offsetof(GemmArgs, bp), ptr_, "bp");
     bias_ = field(offsetof(GemmArgs, bias), ptr_, "bias");
     c_ = field(offsetof(GemmArgs, c), ptr_, "c");
+    m_ = field(offsetof(GemmArgs, m), i64_, "M");
     n_ = field(offsetof(GemmArgs, n), i64_, "N");
     k_ = field(offsetof(GemmArgs, k), i64_, "K");
 
@@ -129,7 +130,24 @@ class GemmEmitter {
                   ir::emit_loop(
                       b_, m0, m1, mr,
                       [&](llvm::Value* i) {
-                        micro_tile(i, smin(c64(mr), b_.CreateSub(m1, i), "rows"), p, k0, depth, first);
+                        llvm::Value* rows = smin(c64(mr), b_.CreateSub(m1, i), "rows");
+                        if (!cfg_.a_transposed) {
+                          micro_tile(i, rows, p, k0, depth, first);
+                          return;
+                        }
+                        // A's columns: a whole tile reads MR consecutive floats of each K row; a
+                        // partial one repeats its first row's instead of reading past M.
+                        auto* whole = llvm::BasicBlock::Create(ctx_, "whole_rows", fn_);
+                        auto* part = llvm::BasicBlock::Create(ctx_, "part_rows", fn_);
+                        auto* join = llvm::BasicBlock::Create(ctx_, "rows_done", fn_);
+                        b_.CreateCondBr(b_.CreateICmpEQ(rows, c64(mr)), whole, part);
+                        b_.SetInsertPoint(whole);
+                        micro_tile(i, rows, p, k0, depth, first, /*whole_rows=*/true);
+                        b_.CreateBr(join);
+                        b_.SetInsertPoint(part);
+                        micro_tile(i, rows, p, k0, depth, first);
+                        b_.CreateBr(join);
+                        b_.SetInsertPoint(join);
                       },
                       "row_block");
                 },
@@ -213,7 +231,7 @@ class GemmEmitter {
   }
 
   void micro_tile(llvm::Value* i, llvm::Value* rows, llvm::Value* p, llvm::Value* k0, llvm::Value* depth,
-                  llvm::Value* first) {
+                  llvm::Value* first, bool whole_rows = false) {
     const int mr = cfg_.rows, nv = cfg_.col_vectors, lanes = cfg_.lanes;
     const std::int64_t nr = cfg_.cols();
     const llvm::Align vec_align(static_cast<std::uint64_t>(lanes) * 4);
@@ -314,8 +332,11 @@ class GemmEmitter {
         b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
     // A read in place: row r of the tile from A[i + r][k0] on (a row past m1 reads row i; its
     // sums are never stored).
-    std::vector<llvm::Value*> a_rows;
-    if (a_in_place(cfg_))
+    std::vector<llvm::Value*> a_rows, a_cols;  // a_cols (a_transposed): row r's offset in a K row
+    if (cfg_.a_transposed)
+      for (int r = 0; r < mr; ++r)
+        a_cols.push_back(whole_rows ? c64(r) : b_.CreateSelect(b_.CreateICmpSLT(c64(r), rows), c64(r), c64(0)));
+    else if (a_in_place(cfg_))
       for (int r = 0; r < mr; ++r) {
         llvm::Value* row = b_.CreateSelect(b_.CreateICmpSLT(c64(r), rows), b_.CreateAdd(i, c64(r)), i);
         a_rows.push_back(b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(row, k_), k0), "a_row"));
@@ -324,7 +345,11 @@ class GemmEmitter {
         b_, c64(0), depth, 1, init,
         [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
           llvm::Value* brow = b_.CreateInBoundsGEP(f32_, panel, b_.CreateMul(kk, c64(nr)));
-          llvm::Value* arow = a_rows.empty() ? b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr))) : nullptr;
+          llvm::Value* arow = nullptr;
+          if (cfg_.a_transposed)  // A[i + r][k0 + kk] = At[k0 + kk][i + r]
+            arow = b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(k0, kk), m_), i), "a_col");
+          else if (a_rows.empty())
+            arow = b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr)));
           std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
           for (int v = 0; v < nv; ++v)
             bv[static_cast<std::size_t>(v)] =
@@ -334,8 +359,10 @@ class GemmEmitter {
                                      vec_align, "b_v");
           std::vector<llvm::Value*> next(cur.size());
           for (int r = 0; r < mr; ++r) {
-            llvm::Value* at = arow ? b_.CreateConstInBoundsGEP1_64(f32_, arow, static_cast<std::uint64_t>(r))
-                                   : b_.CreateInBoundsGEP(f32_, a_rows[static_cast<std::size_t>(r)], kk);
+            const auto rr = static_cast<std::size_t>(r);
+            llvm::Value* at = !a_cols.empty() ? b_.CreateInBoundsGEP(f32_, arow, a_cols[rr])
+                              : arow          ? b_.CreateConstInBoundsGEP1_64(f32_, arow, static_cast<std::uint64_t>(r))
+                                              : b_.CreateInBoundsGEP(f32_, a_rows[rr], kk);
             llvm::Value* x = b_.CreateAlignedLoad(f32_, at, llvm::Align(4), "a_s");
             llvm::Value* xs = b_.CreateVectorSplat(static_cast<unsigned>(lanes), x);
             for (int v = 0; v < nv; ++v) {
@@ -357,7 +384,8 @@ class GemmEmitter {
   llvm::Type *f32_ = nullptr, *i8_ = nullptr, *i16_ = nullptr, *i32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
   llvm::FixedVectorType *vf_ = nullptr, *vi_ = nullptr;
   llvm::Function* fn_ = nullptr;
-  llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *n_ = nullptr, *k_ = nullptr;
+  llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *m_ = nullptr, *n_ = nullptr,
+              *k_ = nullptr;
   llvm::Value* ap_ = nullptr;
 };
 

@@ -19,7 +19,7 @@ namespace qkv::codegen::cpu {
 
 /// What the generated function reads through its first argument (its layout is the kernel ABI).
 struct GemmArgs {
-  const void* a;      // [M, K], f32 (or bf16 with GemmConfig::bf16)
+  const void* a;      // [M, K], f32 (or bf16 with GemmConfig::bf16); [K, M] with a_transposed
   const void* bp;     // packed Bᵀ: ceil(N / NR) panels of [K][NR] f32, or with dpbf16 of [ceil(K/2)][NR][2] bf16
   const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
   float* c;           // [M, N]
@@ -38,6 +38,9 @@ struct GemmConfig {
   // W quantized (a dequantize the linear reads in place, select.hpp): int8 with one f16 scale per
   // q8_group entries of a row's K (a multiple of select.hpp's kQuantGroupQuantum); 0: W is stored as x is.
   int q8_group = 0;
+  // A given transposed, as [K, M] rows (a contraction over the leading axes of both operands: a
+  // weight's gradient Σ over Batch and Seq), read in place down its columns (f32 only).
+  bool a_transposed = false;
   std::string cpu, features;
   [[nodiscard]] int cols() const { return lanes * col_vectors; }
 };

@@ -23,8 +23,9 @@ namespace qkv::codegen::cpu {
 
 namespace detail {
 
-void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions) {
-  int index = 0;
+void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions,
+                          const std::vector<std::string>& labels) {
+  std::size_t index = 0;
   for (const auto& region : regions) {
     ++index;
     std::size_t instructions = 0;
@@ -35,8 +36,7 @@ void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm
     }
     if (returns || instructions <= region.size()) continue;  // a check that returns, or branches only
     llvm::CodeExtractor extractor(region, /*DT=*/nullptr, /*AggregateArgs=*/false, nullptr, nullptr, nullptr,
-                                  /*AllowVarArgs=*/false, /*AllowAlloca=*/false, nullptr,
-                                  "node" + std::to_string(index - 1));
+                                  /*AllowVarArgs=*/false, /*AllowAlloca=*/false, nullptr, labels.at(index - 1));
     if (!extractor.isEligible()) continue;
     llvm::CodeExtractorAnalysisCache cache(fn);
     if (llvm::Function* outlined = extractor.extractCodeRegion(cache)) {
@@ -162,6 +162,18 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
        [&](const Dims& i, const Dims& off) { store(weight(full * nr + i[1], i[0], off[1]), packed, off[0]); });
 }
 
+void ModuleBuilder::emit_pack_panels_from_columns(llvm::Value* b, llvm::Value* packed, const I& nn, const I& k) {
+  if (gemm_cfg_.bf16 || gemm_cfg_.q8_group > 0) internal_error("codegen: panels from [K, N] rows are f32 only");
+  const std::int64_t nr = gemm_cfg_.cols();
+  const I panels = ceil_div(nn, nr), full = nn / nr, rest = nn % nr;
+  const I zero = c64(0), one = c64(1);
+  auto copy = [&](const Dims&, const Dims& off) { store(load(f32_, b, off[1]), packed, off[0]); };
+  branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
+  // Whole panels (p, kk, r), then the last panel's `rest` columns (kk, r).
+  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {c64(nr), nn, one}}, {zero, zero}, c64(2), copy);
+  nest({k, rest}, {{c64(nr), one}, {nn, one}}, {full * k * nr, full * nr}, copy);
+}
+
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
@@ -189,7 +201,8 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 /// The GEMM kernel's tasks over x and the packed panels.
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
                                      const I& m, const I& nn, const I& k) {
-  const std::string name = gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm";
+  const std::string name =
+      std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") + (gemm_cfg_.a_transposed ? "_at" : "");
   if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
   llvm::Function* kernel = callee(name);
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;

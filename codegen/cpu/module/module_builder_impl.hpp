@@ -48,7 +48,10 @@ using Values = std::vector<llvm::Value*>;
 /// of one with a loop nest per node, whose analyses grow faster than linearly with the graph (a
 /// training step's thousands of nodes took minutes). Regions that return from the entry (a
 /// failed check) or hold no code stay where they are. (module_builder.cpp)
-void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions);
+/// Each region (a node's code) becomes a function named "<fn>.<label>" (labels[i], the node's
+/// "n<id>_<op>", so that a profile names the node it spends its time in).
+void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions,
+                          const std::vector<std::string>& labels);
 
 class ModuleBuilder {
  public:
@@ -444,7 +447,13 @@ class ModuleBuilder {
     }
 
     std::vector<std::vector<llvm::BasicBlock*>> regions;
-    for (int id = 0; id < static_cast<int>(g_.size()); ++id) regions.push_back(emit_node_region(id));
+    std::vector<std::string> labels;
+    for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
+      node_label_ = "n" + std::to_string(id) + "_" + std::string(op_name(g_.node(id).op));
+      labels.push_back(node_label_);
+      regions.push_back(emit_node_region(id));
+    }
+    node_label_.clear();
     std::size_t out = leaf;
     for (const auto& o : g_.outputs()) {
       if (integer_array(g_, o.node)) {  // an integer input as an output: its values, as f32
@@ -460,7 +469,7 @@ class ModuleBuilder {
     if (!llvm::isa<llvm::ConstantPointerNull>(arena)) branch(unprepared(), [&] { free(arena); });
     b_.CreateRet(b_.CreateLoad(i32_, status_));
     handle_ = nullptr;
-    outline_node_regions(*fn_, regions);
+    outline_node_regions(*fn_, regions, labels);
     return fn_;
   }
 
@@ -640,7 +649,15 @@ class ModuleBuilder {
   void emit_concat(int id);
   /// Bᵀ into panels; a quantized W (gemm_cfg_.q8_group) dequantized from q `wt` and `scales`.
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr);
+  /// The panels of f32 B given as [K, N] rows (B itself, not Bᵀ): NR consecutive floats of a row
+  /// per K step of a panel, zeros past N.
+  void emit_pack_panels_from_columns(llvm::Value* b, llvm::Value* packed, const I& nn, const I& k);
   bool emit_contract_on_gemm(int id);
+  /// contract(x, fill) over x's leading axes (x [C..., O...], the output O...: Σ over Batch and
+  /// Seq, a bias's or a norm weight's gradient): each output's sum in double in x's order, as the
+  /// loop nest sums it, but row by row with the outputs innermost (in vectors, x read in order),
+  /// the outputs split among the tasks. False when the contract is not of that form.
+  bool emit_column_sums(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
 
@@ -735,6 +752,7 @@ class ModuleBuilder {
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
   int task_depth_ = 0;             // > 0 while a parallel_for's task body is generated
+  std::string node_label_;         // "n<id>_<op>" of the node being emitted: its functions' names
   llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)
   llvm::Value* handle_ = nullptr;  // the entry's prepared handle (null in plain calls)
   std::string release_name_;

@@ -390,12 +390,16 @@ void ModuleBuilder::emit_linear_strided(int id) {
 /// O(M·N·K). f32 storage only; false (nothing emitted) for any other contraction.
 bool ModuleBuilder::emit_contract_on_gemm(int id) {
   const Node& n = g_.node(id);
-  const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
   for (int t : {n.inputs[0], n.inputs[1], id})
     if (cpu_storage_dtype(g_, t) != DType::f32) return false;
   auto has = [](const std::vector<Axis>& axes, const std::string& name) {
     return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
   };
+  // The output's first axis from the right operand: the operands swapped (Cᵀ = Rᵀ·L's rows are
+  // the output's), so that M's axes come first in the output as they do in C.
+  int li = n.inputs[0], ri = n.inputs[1];
+  if (!n.axes.empty() && !has(g_.node(li).axes, n.axes[0].name)) std::swap(li, ri);
+  const Node &ln = g_.node(li), &rn = g_.node(ri);
   std::vector<Axis> batch, mx, nx, kx;
   for (const Axis& a : n.axes) {
     const bool l = has(ln.axes, a.name), r = has(rn.axes, a.name);
@@ -415,28 +419,47 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
         return false;
   if (mx.empty() || nx.empty() || kx.empty()) return false;
 
-  const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]), os = shape(id);
+  const Dims ls = shape(li), rs = shape(ri), os = shape(id);
   auto extents = [&](const std::vector<Axis>& axes) {
     Dims d;
     for (const Axis& a : axes) d.push_back(dim(a.extent));
     return d;
   };
-  auto cat = [](Dims a, const Dims& b) {
+  auto cat = [](auto a, const auto& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
+  };
+  // Whether `axes` are, by name, `first` then `second`: the operand is that matrix in place.
+  auto laid_out = [](const std::vector<Axis>& axes, const std::vector<Axis>& first, const std::vector<Axis>& second) {
+    if (axes.size() != first.size() + second.size()) return false;
+    for (std::size_t i = 0; i < axes.size(); ++i)
+      if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()]).name) return false;
+    return true;
   };
   const Dims bd = extents(batch), md = extents(mx), nd = extents(nx), kd = extents(kx);
   const I m = numel(md), nn = numel(nd), k = numel(kd);
   gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
   const std::int64_t nr = gemm_cfg_.cols();
-  llvm::Value* a = aligned_alloc(m * k * 4);
-  llvm::Value* bt = aligned_alloc(nn * k * 4);
+  // Without batch axes an operand laid out as a matrix is read where it is: A as [M, K] rows, or
+  // as [K, M] (a weight's gradient, Σ over Batch and Seq: read down its columns); Bᵀ's panels
+  // packed from [N, K] or [K, N]; C written into the output when that is [M, N]. Otherwise each
+  // is copied into a matrix first.
+  const bool a_rows = batch.empty() && laid_out(ln.axes, mx, kx);
+  const bool a_cols = batch.empty() && !a_rows && laid_out(ln.axes, kx, mx);
+  const bool b_rows = batch.empty() && laid_out(rn.axes, nx, kx);
+  const bool b_cols = batch.empty() && !b_rows && laid_out(rn.axes, kx, nx);
+  const bool c_direct = batch.empty() && laid_out(n.axes, mx, nx);
+  gemm_cfg_.a_transposed = a_cols;
+  llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
+  llvm::Value* a = a_rows || a_cols ? null : aligned_alloc(m * k * 4);
+  llvm::Value* bt = b_rows || b_cols ? null : aligned_alloc(nn * k * 4);
   llvm::Value* packed = aligned_alloc(gemm_panel_bytes(gemm_cfg_, nn, k));
   llvm::Value* bias = aligned_alloc(ceil_div(nn, nr) * nr * 4);
-  llvm::Value* c = aligned_alloc(m * nn * 4);
+  llvm::Value* c = c_direct ? null : aligned_alloc(m * nn * 4);
   ir::Bool ok(b_, b_.getTrue());
-  for (llvm::Value* p : {a, bt, packed, bias, c}) ok = ok && ir::Bool(b_, b_.CreateIsNotNull(p));
-  llvm::Value *lhs = buf(n.inputs[0]), *rhs = buf(n.inputs[1]), *y = buf(id);
+  for (llvm::Value* p : {a, bt, packed, bias, c})
+    if (p != null) ok = ok && ir::Bool(b_, b_.CreateIsNotNull(p));
+  llvm::Value *lhs = buf(li), *rhs = buf(ri), *y = buf(id);
   branch(
       ok,
       [&] {
@@ -449,24 +472,79 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
           };
           // A = the left block as [M, K] rows; Bᵀ = the right block as [N, K] rows, then panels.
           const Dims mk = cat(md, kd), nk = cat(nd, kd);
-          nest_parallel(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
-                        {c64(0), base[0]}, c64(8), copy(a, lhs));
-          nest_parallel(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
-                        {c64(0), base[1]}, c64(8), copy(bt, rhs));
-          emit_pack_panels(bt, packed, nn, k);
-          emit_gemm_packed(a, packed, bias, c, m, nn, k);
-          const Dims mn = cat(md, nd);
-          nest_parallel(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
-                        {base[2], c64(0)}, c64(8), copy(y, c));
+          if (a == null) {
+            a = lhs;
+          } else {
+            nest_parallel(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
+                          {c64(0), base[0]}, c64(8), copy(a, lhs));
+          }
+          if (b_cols) {
+            emit_pack_panels_from_columns(rhs, packed, nn, k);
+          } else {
+            if (bt == null) {
+              bt = rhs;
+            } else {
+              nest_parallel(nk,
+                            {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
+                            {c64(0), base[1]}, c64(8), copy(bt, rhs));
+            }
+            emit_pack_panels(bt, packed, nn, k);
+          }
+          emit_gemm_packed(a, packed, bias, c == null ? y : c, m, nn, k);
+          if (c != null) {
+            const Dims mn = cat(md, nd);
+            nest_parallel(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
+                          {base[2], c64(0)}, c64(8), copy(y, c));
+          }
         });
       },
       [&] { b_.CreateStore(b_.getInt32(1), status_); });
-  for (llvm::Value* p : {a, bt, packed, bias, c}) free(p);
+  for (llvm::Value* p : {a, bt, packed, bias, c})
+    if (p != null && p != lhs && p != rhs) free(p);
+  gemm_cfg_.a_transposed = false;
+  return true;
+}
+
+bool ModuleBuilder::emit_column_sums(int id) {
+  const Node& n = g_.node(id);
+  int x = n.inputs[0], f = n.inputs[1];
+  if (g_.node(x).op == Op::fill) std::swap(x, f);
+  const Node &xn = g_.node(x), &fn = g_.node(f);
+  if (fn.op != Op::fill || n.axes.empty() || xn.axes.size() != n.attr_axes.size() + n.axes.size()) return false;
+  const std::size_t lead = n.attr_axes.size();
+  for (std::size_t i = 0; i < xn.axes.size(); ++i)
+    if (xn.axes[i].name != (i < lead ? n.attr_axes[i] : n.axes[i - lead].name)) return false;
+  const Dims xs = shape(x);
+  I rows = c64(1);
+  for (std::size_t i = 0; i < lead; ++i) rows = rows * xs[i];
+  const I cols = numel(shape(id));
+  // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
+  llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));
+  constexpr std::int64_t kChunk = 256;  // outputs a task sums: its double sums on its stack
+  parallel_for(ceil_div(cols, kChunk), rows * cols * 2, [&](I t) {
+    const I c0 = t * kChunk, width = imin(cols - c0, c64(kChunk));
+    llvm::Value* acc = ir::entry_alloca(b_, f64_, kChunk, 64, "column_sums");
+    loop(c64(0), width, [&](I j) { store(llvm::ConstantFP::get(f64_, 0.0), acc, j); }, "zero");
+    loop(
+        c64(0), rows,
+        [&](I r) {
+          const I at = r * cols + c0;
+          loop(
+              c64(0), width,
+              [&](I j) {
+                llvm::Value* v = b_.CreateFMul(b_.CreateFPExt(value(x, at + j), f64_), factor);
+                store(b_.CreateFAdd(load(f64_, acc, j), v), acc, j);
+              },
+              "columns");
+        },
+        "rows");
+    loop(c64(0), width, [&](I j) { store(b_.CreateFPTrunc(load(f64_, acc, j), f32_), buf(id), c0 + j); }, "out");
+  });
   return true;
 }
 
 void ModuleBuilder::emit_contract(int id) {
-  if (emit_contract_on_gemm(id)) return;
+  if (emit_contract_on_gemm(id) || emit_column_sums(id)) return;
   const Node& n = g_.node(id);
   const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
   const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]);

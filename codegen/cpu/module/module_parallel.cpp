@@ -13,7 +13,8 @@ void ModuleBuilder::parallel_for(const I& n, const I& work, const TaskBody& body
     return;
   }
   auto* task = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), {ptr_, i64_}, false),
-                                      llvm::GlobalValue::InternalLinkage, "qkv_task", m_);
+                                      llvm::GlobalValue::InternalLinkage,
+                                      node_label_.empty() ? "qkv_task" : "qkv_task." + node_label_, m_);
   attributes(task);
   const llvm::IRBuilderBase::InsertPoint saved = b_.saveIP();
   llvm::Function* saved_fn = fn_;
