@@ -653,11 +653,13 @@ class ModuleBuilder {
   /// per K step of a panel, zeros past N.
   void emit_pack_panels_from_columns(llvm::Value* b, llvm::Value* packed, const I& nn, const I& k);
   bool emit_contract_on_gemm(int id);
-  /// contract(x, fill) over x's leading axes (x [C..., O...], the output O...: Σ over Batch and
-  /// Seq, a bias's or a norm weight's gradient): each output's sum in double in x's order, as the
-  /// loop nest sums it, but row by row with the outputs innermost (in vectors, x read in order),
-  /// the outputs split among the tasks. False when the contract is not of that form.
-  bool emit_column_sums(int id);
+  /// contract(x, fill): sums over axes of x that lead (x [C..., O...]: Σ over Batch and Seq, a
+  /// bias's or a norm weight's gradient) or trail (x [O..., C...]: a row's sum, in a norm's
+  /// backward). Column sums: each output's sum in double in x's order, as the loop nest sums it,
+  /// but row by row with the outputs innermost (in vectors, x read in order), the outputs split
+  /// among the tasks. Row sums: each in double, reassociated into vectors of partial sums (an
+  /// order the code fixes, whatever the threads). False when the contract is of neither form.
+  bool emit_fill_sums(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
 

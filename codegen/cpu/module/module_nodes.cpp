@@ -505,37 +505,60 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   return true;
 }
 
-bool ModuleBuilder::emit_column_sums(int id) {
+bool ModuleBuilder::emit_fill_sums(int id) {
   const Node& n = g_.node(id);
   int x = n.inputs[0], f = n.inputs[1];
   if (g_.node(x).op == Op::fill) std::swap(x, f);
   const Node &xn = g_.node(x), &fn = g_.node(f);
   if (fn.op != Op::fill || n.axes.empty() || xn.axes.size() != n.attr_axes.size() + n.axes.size()) return false;
-  const std::size_t lead = n.attr_axes.size();
-  for (std::size_t i = 0; i < xn.axes.size(); ++i)
-    if (xn.axes[i].name != (i < lead ? n.attr_axes[i] : n.axes[i - lead].name)) return false;
-  const Dims xs = shape(x);
-  I rows = c64(1);
-  for (std::size_t i = 0; i < lead; ++i) rows = rows * xs[i];
-  const I cols = numel(shape(id));
+  // x as [C..., O...] (column sums) or [O..., C...] (row sums), C the contracted axes in order.
+  auto laid_out = [&](bool contracted_first) {
+    const std::size_t lead = contracted_first ? n.attr_axes.size() : n.axes.size();
+    for (std::size_t i = 0; i < xn.axes.size(); ++i) {
+      const bool first = i < lead;
+      const std::string& want =
+          first == contracted_first ? n.attr_axes[first ? i : i - lead] : n.axes[first ? i : i - lead].name;
+      if (xn.axes[i].name != want) return false;
+    }
+    return true;
+  };
+  const bool columns = laid_out(true);
+  if (!columns && !laid_out(false)) return false;
+  const I outputs = numel(shape(id)), per = numel(shape(x)) / outputs;
   // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
   llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));
+  auto term = [&](const I& at) { return b_.CreateFMul(b_.CreateFPExt(value(x, at), f64_), factor); };
+  if (!columns) {
+    // Each output sums a contiguous run; the sum may be reassociated (vectors of double partial
+    // sums, in an order fixed by the code, not by the threads).
+    parallel_ranges(outputs, 16, 1, per * 2, [&](I o0, I o1) {
+      loop(
+          o0, o1,
+          [&](I o) {
+            llvm::Value* total = ir::emit_loop(
+                b_, c64(0).v(), per.v(), 1, {llvm::ConstantFP::get(f64_, 0.0)},
+                [&](llvm::Value* k, const Values& acc) -> Values {
+                  auto* add = llvm::cast<llvm::Instruction>(b_.CreateFAdd(acc[0], term(o * per + I(b_, k))));
+                  add->setHasAllowReassoc(true);
+                  return {add};
+                },
+                "row_sum", ir::Unroll::allowed)[0];
+            store(b_.CreateFPTrunc(total, f32_), buf(id), o);
+          },
+          "rows");
+    });
+    return true;
+  }
   constexpr std::int64_t kChunk = 256;  // outputs a task sums: its double sums on its stack
-  parallel_for(ceil_div(cols, kChunk), rows * cols * 2, [&](I t) {
-    const I c0 = t * kChunk, width = imin(cols - c0, c64(kChunk));
+  parallel_for(ceil_div(outputs, kChunk), outputs * per * 2, [&](I t) {
+    const I c0 = t * kChunk, width = imin(outputs - c0, c64(kChunk));
     llvm::Value* acc = ir::entry_alloca(b_, f64_, kChunk, 64, "column_sums");
     loop(c64(0), width, [&](I j) { store(llvm::ConstantFP::get(f64_, 0.0), acc, j); }, "zero");
     loop(
-        c64(0), rows,
+        c64(0), per,
         [&](I r) {
-          const I at = r * cols + c0;
-          loop(
-              c64(0), width,
-              [&](I j) {
-                llvm::Value* v = b_.CreateFMul(b_.CreateFPExt(value(x, at + j), f64_), factor);
-                store(b_.CreateFAdd(load(f64_, acc, j), v), acc, j);
-              },
-              "columns");
+          const I at = r * outputs + c0;
+          loop(c64(0), width, [&](I j) { store(b_.CreateFAdd(load(f64_, acc, j), term(at + j)), acc, j); }, "columns");
         },
         "rows");
     loop(c64(0), width, [&](I j) { store(b_.CreateFPTrunc(load(f64_, acc, j), f32_), buf(id), c0 + j); }, "out");
@@ -544,7 +567,7 @@ bool ModuleBuilder::emit_column_sums(int id) {
 }
 
 void ModuleBuilder::emit_contract(int id) {
-  if (emit_contract_on_gemm(id) || emit_column_sums(id)) return;
+  if (emit_contract_on_gemm(id) || emit_fill_sums(id)) return;
   const Node& n = g_.node(id);
   const Node &ln = g_.node(n.inputs[0]), &rn = g_.node(n.inputs[1]);
   const Dims ls = shape(n.inputs[0]), rs = shape(n.inputs[1]);
