@@ -19,6 +19,7 @@
 #include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/codegen/passes/verify.hpp>
+#include <qkv/dsl/grad.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/decoder_session.hpp>
 #include <qkv/runtime/random_feeds.hpp>
@@ -586,6 +587,27 @@ TEST(CpuBackend, AConv1DLinearIsTheLinearOfTheTransposedWeightOnTheGemm) {
     EXPECT_EQ(want.outputs.at("conv1d"), want.outputs.at("linear")) << "rows " << rows;
     expect_backends_agree(g, f, 2e-5);
   }
+}
+
+TEST(CpuBackend, ContractionsOnTheGemmReadTheirOperandsInEveryLayout) {
+  // The GEMM path reads an operand where it is when it is a matrix: A as [M, K] rows or [K, M]
+  // (a weight's gradient, Σ over Batch and Seq), B as [N, K] or [K, N], C into [M, N]; a batch
+  // axis (Batch in both) copies. M = 14 and N = 37 leave partial tiles (of 2 rows) and panels; K = 300
+  // crosses a K block. Sums of a fill (a bias's gradient: columns; a norm's: rows) beside them.
+  Graph g;
+  auto x = input<Tensor<f32, Batch<3>, Seq<100>, Model<14>>>(g, "x");
+  auto y = input<Tensor<f32, Batch<3>, Seq<100>, Hidden<37>>>(g, "y");
+  auto w = input<Tensor<f32, Hidden<37>, Model<14>>>(g, "w");
+  auto v = input<Tensor<f32, Model<14>, Hidden<37>>>(g, "v");
+  output(contract<Batch, Seq>(x, y), "k_leading");     // [Model, Hidden]: A [K, M], B [K, N]
+  output(contract<Model>(x, w), "rows");               // [Batch, Seq, Hidden]: A [M, K], B [N, K]
+  output(contract<Model>(v, x), "columns_then_rows");  // [Hidden, Batch, Seq]: A [K, M], B [N, K]
+  output(contract<Seq>(x, y), "batched");              // [Batch, Model, Hidden]: copies
+  output(sum<Batch, Seq>(x), "column_sums");           // contract(x, fill of ones)
+  output(sum<Hidden>(y), "row_sums");
+  auto z = input<Tensor<f32, Batch<2>, Seq<3>, Vocab<300>>>(g, "z");
+  output(sum<Batch, Seq>(z), "wide_column_sums");  // more outputs than one task sums
+  expect_backends_agree(g, random_feeds(g, {}, 81, 1.0f));
 }
 
 TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -117,63 +118,32 @@ class GemmEmitter {
     const std::int64_t mr = cfg_.rows, nr = cfg_.cols(), kc = cfg_.k_block;
     llvm::Value* p0 = b_.CreateSDiv(n0, c64(nr), "p0");
     llvm::Value* p1 = b_.CreateSDiv(b_.CreateAdd(n1, c64(nr - 1)), c64(nr), "p1");
-    if (a_in_place(cfg_)) {
-      // Panel by panel, every row block under it: the panel's K block stays in L1 for all of them.
-      ir::emit_loop(
-          b_, c64(0), k_, kc,
-          [&](llvm::Value* k0) {
-            llvm::Value* depth = smin(c64(kc), b_.CreateSub(k_, k0), "kc");
-            llvm::Value* first = b_.CreateICmpEQ(k0, c64(0), "first");
-            ir::emit_loop(
-                b_, p0, p1, 1,
-                [&](llvm::Value* p) {
-                  ir::emit_loop(
-                      b_, m0, m1, mr,
-                      [&](llvm::Value* i) {
-                        llvm::Value* rows = smin(c64(mr), b_.CreateSub(m1, i), "rows");
-                        if (!cfg_.a_transposed) {
-                          micro_tile(i, rows, p, k0, depth, first);
-                          return;
-                        }
-                        // A's columns: a whole tile reads MR consecutive floats of each K row; a
-                        // partial one repeats its first row's instead of reading past M.
-                        auto* whole = llvm::BasicBlock::Create(ctx_, "whole_rows", fn_);
-                        auto* part = llvm::BasicBlock::Create(ctx_, "part_rows", fn_);
-                        auto* join = llvm::BasicBlock::Create(ctx_, "rows_done", fn_);
-                        b_.CreateCondBr(b_.CreateICmpEQ(rows, c64(mr)), whole, part);
-                        b_.SetInsertPoint(whole);
-                        micro_tile(i, rows, p, k0, depth, first, /*whole_rows=*/true);
-                        b_.CreateBr(join);
-                        b_.SetInsertPoint(part);
-                        micro_tile(i, rows, p, k0, depth, first);
-                        b_.CreateBr(join);
-                        b_.SetInsertPoint(join);
-                      },
-                      "row_block");
-                },
-                "panel");
-          },
-          "k_block");
-      b_.CreateRetVoid();
-      return;
-    }
     // f32 [kc][MR], or with dpbf16 the pairs [kc/2][MR] (i32: two bf16) — the same bytes.
-    ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
-
+    if (!a_in_place(cfg_)) ap_ = ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(mr * kc), 64, "a_packed");
     ir::emit_loop(
         b_, c64(0), k_, kc,
         [&](llvm::Value* k0) {
           llvm::Value* depth = smin(c64(kc), b_.CreateSub(k_, k0), "kc");
           llvm::Value* first = b_.CreateICmpEQ(k0, c64(0), "first");
-          ir::emit_loop(
-              b_, m0, m1, mr,
-              [&](llvm::Value* i) {
-                llvm::Value* rows = smin(c64(mr), b_.CreateSub(m1, i), "rows");
-                pack_a(i, k0, depth, rows);
-                ir::emit_loop(
-                    b_, p0, p1, 1, [&](llvm::Value* p) { micro_tile(i, rows, p, k0, depth, first); }, "panel");
-              },
-              "row_block");
+          auto row_blocks = [&](const std::function<void(llvm::Value*, llvm::Value*)>& body) {
+            ir::emit_loop(
+                b_, m0, m1, mr, [&](llvm::Value* i) { body(i, smin(c64(mr), b_.CreateSub(m1, i), "rows")); },
+                "row_block");
+          };
+          auto panels = [&](const std::function<void(llvm::Value*)>& body) {
+            ir::emit_loop(b_, p0, p1, 1, body, "panel");
+          };
+          if (a_in_place(cfg_)) {
+            // Panel by panel, every row block under it: the panel's K block stays in L1 for all of them.
+            panels([&](llvm::Value* p) {
+              row_blocks([&](llvm::Value* i, llvm::Value* rows) { in_place_tile(i, rows, p, k0, depth, first); });
+            });
+          } else {
+            row_blocks([&](llvm::Value* i, llvm::Value* rows) {
+              pack_a(i, k0, depth, rows);
+              panels([&](llvm::Value* p) { micro_tile(i, rows, p, k0, depth, first); });
+            });
+          }
         },
         "k_block");
     b_.CreateRetVoid();
@@ -183,6 +153,27 @@ class GemmEmitter {
   llvm::Value* c64(std::int64_t v) { return ir::i64c(b_, v); }
   llvm::Value* smin(llvm::Value* x, llvm::Value* y, const llvm::Twine& nm = "") {
     return b_.CreateSelect(b_.CreateICmpSLT(x, y), x, y, nm);
+  }
+
+  /// A tile of A read in place. A's columns (a_transposed): a whole tile reads MR consecutive
+  /// floats of each K row; a partial one repeats its first row's instead of reading past M.
+  void in_place_tile(llvm::Value* i, llvm::Value* rows, llvm::Value* p, llvm::Value* k0, llvm::Value* depth,
+                     llvm::Value* first) {
+    if (!cfg_.a_transposed) {
+      micro_tile(i, rows, p, k0, depth, first);
+      return;
+    }
+    auto* whole = llvm::BasicBlock::Create(ctx_, "whole_rows", fn_);
+    auto* part = llvm::BasicBlock::Create(ctx_, "part_rows", fn_);
+    auto* join = llvm::BasicBlock::Create(ctx_, "rows_done", fn_);
+    b_.CreateCondBr(b_.CreateICmpEQ(rows, c64(cfg_.rows)), whole, part);
+    b_.SetInsertPoint(whole);
+    micro_tile(i, rows, p, k0, depth, first, /*whole_rows=*/true);
+    b_.CreateBr(join);
+    b_.SetInsertPoint(part);
+    micro_tile(i, rows, p, k0, depth, first);
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
   }
 
   /// Ap[kk][r] = A[i + r][k0 + kk] for r < rows, 0 for rows ≤ r < MR (as f32); with dpbf16 the

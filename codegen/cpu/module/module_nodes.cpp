@@ -543,7 +543,7 @@ bool ModuleBuilder::emit_fill_sums(int id) {
                   return {add};
                 },
                 "row_sum", ir::Unroll::allowed)[0];
-            store(b_.CreateFPTrunc(total, f32_), buf(id), o);
+            put(b_.CreateFPTrunc(total, f32_), id, o);
           },
           "rows");
     });
@@ -561,7 +561,7 @@ bool ModuleBuilder::emit_fill_sums(int id) {
           loop(c64(0), width, [&](I j) { store(b_.CreateFAdd(load(f64_, acc, j), term(at + j)), acc, j); }, "columns");
         },
         "rows");
-    loop(c64(0), width, [&](I j) { store(b_.CreateFPTrunc(load(f64_, acc, j), f32_), buf(id), c0 + j); }, "out");
+    loop(c64(0), width, [&](I j) { put(b_.CreateFPTrunc(load(f64_, acc, j), f32_), id, c0 + j); }, "out");
   });
   return true;
 }
