@@ -79,9 +79,12 @@ NdArray dequantize_q8(const QuantizedWeight& w, std::int64_t group) {
 }
 
 void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group) {
-  QuantizedWeight qw = quantize_q8(w, group, "`" + name + "`");
-  feeds[name + kQ8Suffix] = std::move(qw.q);
-  feeds[name + kQ8ScaleSuffix] = std::move(qw.scales);
+  add_q8_feeds(feeds, name, quantize_q8(w, group, "`" + name + "`"));
+}
+
+void add_q8_feeds(Feeds& feeds, const std::string& name, QuantizedWeight w) {
+  feeds[name + kQ8Suffix] = std::move(w.q);
+  feeds[name + kQ8ScaleSuffix] = std::move(w.scales);
 }
 
 QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group) {

@@ -72,9 +72,7 @@ Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quant
   for (const auto& name : ck.names()) {
     const bool linear = std::find(quantize.begin(), quantize.end(), name) != quantize.end();
     if (linear && ck.quantized(name)) {
-      QuantizedWeight qw = ck.load_q8(name);
-      feeds[name + kQ8Suffix] = std::move(qw.q);
-      feeds[name + kQ8ScaleSuffix] = std::move(qw.scales);
+      add_q8_feeds(feeds, name, ck.load_q8(name));
       continue;
     }
     NdArray w = ck.load(name);

@@ -123,10 +123,13 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
 /// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened; a quantized W's q · scale, exact:
 /// an 8-bit integer times an f16); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
-/// zeros past N and past K. The whole panels are shared out among the threads.
-void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k,
-                                     llvm::Value* scales) {
+/// zeros past N and past K. The whole panels are shared out among the threads. `columns`: f32 W
+/// given as B itself, [K, N] rows (W[row][kk] at kk·N + row).
+void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales,
+                                     bool columns) {
   const std::int64_t nr = gemm_cfg_.cols();
+  if (columns && (gemm_cfg_.bf16 || gemm_cfg_.q8_group > 0))
+    internal_error("codegen: panels from [K, N] rows are f32 only");
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
   const I zero = c64(0), one = c64(1), two = c64(2);
@@ -155,23 +158,13 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     }
     return gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/true) : load(f32_, wt, at);
   };
+  // W's strides: a row, a step of K.
+  const I row_step = columns ? one : k, k_step = columns ? nn : one;
   // Whole panels (p, kk, r), then the last panel's `rest` columns (kk, r).
-  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {k * nr, one, k}}, {zero, zero}, c64(2),
+  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}}, {zero, zero}, c64(2),
                 [&](const Dims& i, const Dims& off) { store(weight(i[0] * nr + i[2], i[1], off[1]), packed, off[0]); });
-  nest({k, rest}, {{c64(nr), one}, {one, k}}, {full * k * nr, full * k * nr},
+  nest({k, rest}, {{c64(nr), one}, {k_step, row_step}}, {full * k * nr, full * nr * row_step},
        [&](const Dims& i, const Dims& off) { store(weight(full * nr + i[1], i[0], off[1]), packed, off[0]); });
-}
-
-void ModuleBuilder::emit_pack_panels_from_columns(llvm::Value* b, llvm::Value* packed, const I& nn, const I& k) {
-  if (gemm_cfg_.bf16 || gemm_cfg_.q8_group > 0) internal_error("codegen: panels from [K, N] rows are f32 only");
-  const std::int64_t nr = gemm_cfg_.cols();
-  const I panels = ceil_div(nn, nr), full = nn / nr, rest = nn % nr;
-  const I zero = c64(0), one = c64(1);
-  auto copy = [&](const Dims&, const Dims& off) { store(load(f32_, b, off[1]), packed, off[0]); };
-  branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
-  // Whole panels (p, kk, r), then the last panel's `rest` columns (kk, r).
-  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {c64(nr), nn, one}}, {zero, zero}, c64(2), copy);
-  nest({k, rest}, {{c64(nr), one}, {nn, one}}, {full * k * nr, full * nr}, copy);
 }
 
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,

@@ -648,10 +648,9 @@ class ModuleBuilder {
 
   void emit_concat(int id);
   /// Bᵀ into panels; a quantized W (gemm_cfg_.q8_group) dequantized from q `wt` and `scales`.
-  void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr);
-  /// The panels of f32 B given as [K, N] rows (B itself, not Bᵀ): NR consecutive floats of a row
-  /// per K step of a panel, zeros past N.
-  void emit_pack_panels_from_columns(llvm::Value* b, llvm::Value* packed, const I& nn, const I& k);
+  /// `columns`: f32 B given as [K, N] rows (B itself, not Bᵀ).
+  void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr,
+                        bool columns = false);
   bool emit_contract_on_gemm(int id);
   /// contract(x, fill): sums over axes of x that lead (x [C..., O...]: Σ over Batch and Seq, a
   /// bias's or a norm weight's gradient) or trail (x [O..., C...]: a row's sum, in a norm's
@@ -680,7 +679,8 @@ class ModuleBuilder {
   void lines(const Around& r, const std::function<void(const I& base)>& body);
 
   /// Σ over k in [0, n) of f(k), in double.
-  llvm::Value* sum(const I& n, const std::function<llvm::Value*(const I& k)>& f);
+  /// `reassociate`: the sum may be taken in vectors of partial sums (an order the code fixes).
+  llvm::Value* sum(const I& n, const std::function<llvm::Value*(const I& k)>& f, bool reassociate = false);
 
   /// The largest element at(k) of node x over k in [0, n) (−inf when n = 0); a NaN wins, as in
   /// the interpreter.

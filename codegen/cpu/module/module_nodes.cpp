@@ -232,11 +232,15 @@ void ModuleBuilder::lines(const Around& r, const std::function<void(const I& bas
 }
 
 /// Σ over k in [0, n) of f(k), in double.
-llvm::Value* ModuleBuilder::sum(const I& n, const std::function<llvm::Value*(const I& k)>& f) {
+llvm::Value* ModuleBuilder::sum(const I& n, const std::function<llvm::Value*(const I& k)>& f, bool reassociate) {
   return ir::emit_loop(
       b_, c64(0).v(), n.v(), 1, {llvm::ConstantFP::get(f64_, 0.0)},
-      [&](llvm::Value* k, const Values& acc) -> Values { return {b_.CreateFAdd(acc[0], f(I(b_, k)))}; }, "sum",
-      ir::Unroll::allowed)[0];
+      [&](llvm::Value* k, const Values& acc) -> Values {
+        llvm::Value* total = b_.CreateFAdd(acc[0], f(I(b_, k)));
+        if (reassociate) llvm::cast<llvm::Instruction>(total)->setHasAllowReassoc(true);
+        return {total};
+      },
+      "sum", ir::Unroll::allowed)[0];
 }
 
 llvm::Value* ModuleBuilder::row_max(int x, const I& n, const std::function<I(const I& k)>& at) {
@@ -388,6 +392,22 @@ void ModuleBuilder::emit_linear_strided(int id) {
 /// the right block to [N, K] and packed into panels, the GEMM kernel writes [M, N], which is
 /// scattered into the output. The copies are O(M·K + N·K + M·N) against the product's
 /// O(M·N·K). f32 storage only; false (nothing emitted) for any other contraction.
+namespace {
+/// Whether `axes` are, by name, `first` then `second` (a tensor laid out as that matrix).
+bool laid_out(const std::vector<Axis>& axes, const std::vector<std::string>& first,
+              const std::vector<std::string>& second) {
+  if (axes.size() != first.size() + second.size()) return false;
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()])) return false;
+  return true;
+}
+std::vector<std::string> names(const std::vector<Axis>& axes) {
+  std::vector<std::string> out;
+  for (const Axis& a : axes) out.push_back(a.name);
+  return out;
+}
+}  // namespace
+
 bool ModuleBuilder::emit_contract_on_gemm(int id) {
   const Node& n = g_.node(id);
   for (int t : {n.inputs[0], n.inputs[1], id})
@@ -429,13 +449,6 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  // Whether `axes` are, by name, `first` then `second`: the operand is that matrix in place.
-  auto laid_out = [](const std::vector<Axis>& axes, const std::vector<Axis>& first, const std::vector<Axis>& second) {
-    if (axes.size() != first.size() + second.size()) return false;
-    for (std::size_t i = 0; i < axes.size(); ++i)
-      if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()]).name) return false;
-    return true;
-  };
   const Dims bd = extents(batch), md = extents(mx), nd = extents(nx), kd = extents(kx);
   const I m = numel(md), nn = numel(nd), k = numel(kd);
   gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
@@ -444,22 +457,23 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   // as [K, M] (a weight's gradient, Σ over Batch and Seq: read down its columns); Bᵀ's panels
   // packed from [N, K] or [K, N]; C written into the output when that is [M, N]. Otherwise each
   // is copied into a matrix first.
-  const bool a_rows = batch.empty() && laid_out(ln.axes, mx, kx);
-  const bool a_cols = batch.empty() && !a_rows && laid_out(ln.axes, kx, mx);
-  const bool b_rows = batch.empty() && laid_out(rn.axes, nx, kx);
-  const bool b_cols = batch.empty() && !b_rows && laid_out(rn.axes, kx, nx);
-  const bool c_direct = batch.empty() && laid_out(n.axes, mx, nx);
+  const auto mn = names(mx), nn_names = names(nx), kn = names(kx);
+  const bool a_rows = batch.empty() && laid_out(ln.axes, mn, kn);
+  const bool a_cols = batch.empty() && !a_rows && laid_out(ln.axes, kn, mn);
+  const bool b_rows = batch.empty() && laid_out(rn.axes, nn_names, kn);
+  const bool b_cols = batch.empty() && !b_rows && laid_out(rn.axes, kn, nn_names);
+  const bool c_direct = batch.empty() && laid_out(n.axes, mn, nn_names);
   gemm_cfg_.a_transposed = a_cols;
-  llvm::Value* null = llvm::ConstantPointerNull::get(ptr_);
-  llvm::Value* a = a_rows || a_cols ? null : aligned_alloc(m * k * 4);
-  llvm::Value* bt = b_rows || b_cols ? null : aligned_alloc(nn * k * 4);
-  llvm::Value* packed = aligned_alloc(gemm_panel_bytes(gemm_cfg_, nn, k));
-  llvm::Value* bias = aligned_alloc(ceil_div(nn, nr) * nr * 4);
-  llvm::Value* c = c_direct ? null : aligned_alloc(m * nn * 4);
-  ir::Bool ok(b_, b_.getTrue());
-  for (llvm::Value* p : {a, bt, packed, bias, c})
-    if (p != null) ok = ok && ir::Bool(b_, b_.CreateIsNotNull(p));
   llvm::Value *lhs = buf(li), *rhs = buf(ri), *y = buf(id);
+  std::vector<llvm::Value*> owned;  // what this node allocates (and frees)
+  auto scratch = [&](const I& bytes) { return owned.emplace_back(aligned_alloc(bytes)); };
+  llvm::Value* a = a_rows || a_cols ? lhs : scratch(m * k * 4);
+  llvm::Value* bt = b_rows || b_cols ? rhs : scratch(nn * k * 4);  // b_cols: B itself
+  llvm::Value* packed = scratch(gemm_panel_bytes(gemm_cfg_, nn, k));
+  llvm::Value* bias = scratch(ceil_div(nn, nr) * nr * 4);
+  llvm::Value* c = c_direct ? y : scratch(m * nn * 4);
+  ir::Bool ok(b_, b_.getTrue());
+  for (llvm::Value* p : owned) ok = ok && ir::Bool(b_, b_.CreateIsNotNull(p));
   branch(
       ok,
       [&] {
@@ -472,26 +486,15 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
           };
           // A = the left block as [M, K] rows; Bᵀ = the right block as [N, K] rows, then panels.
           const Dims mk = cat(md, kd), nk = cat(nd, kd);
-          if (a == null) {
-            a = lhs;
-          } else {
+          if (a != lhs)
             nest_parallel(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
                           {c64(0), base[0]}, c64(8), copy(a, lhs));
-          }
-          if (b_cols) {
-            emit_pack_panels_from_columns(rhs, packed, nn, k);
-          } else {
-            if (bt == null) {
-              bt = rhs;
-            } else {
-              nest_parallel(nk,
-                            {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
-                            {c64(0), base[1]}, c64(8), copy(bt, rhs));
-            }
-            emit_pack_panels(bt, packed, nn, k);
-          }
-          emit_gemm_packed(a, packed, bias, c == null ? y : c, m, nn, k);
-          if (c != null) {
+          if (bt != rhs)
+            nest_parallel(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
+                          {c64(0), base[1]}, c64(8), copy(bt, rhs));
+          emit_pack_panels(bt, packed, nn, k, nullptr, b_cols);
+          emit_gemm_packed(a, packed, bias, c, m, nn, k);
+          if (c != y) {
             const Dims mn = cat(md, nd);
             nest_parallel(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
                           {base[2], c64(0)}, c64(8), copy(y, c));
@@ -499,9 +502,7 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
         });
       },
       [&] { b_.CreateStore(b_.getInt32(1), status_); });
-  for (llvm::Value* p : {a, bt, packed, bias, c})
-    if (p != null && p != lhs && p != rhs) free(p);
-  gemm_cfg_.a_transposed = false;
+  for (llvm::Value* p : owned) free(p);
   return true;
 }
 
@@ -510,20 +511,10 @@ bool ModuleBuilder::emit_fill_sums(int id) {
   int x = n.inputs[0], f = n.inputs[1];
   if (g_.node(x).op == Op::fill) std::swap(x, f);
   const Node &xn = g_.node(x), &fn = g_.node(f);
-  if (fn.op != Op::fill || n.axes.empty() || xn.axes.size() != n.attr_axes.size() + n.axes.size()) return false;
+  if (fn.op != Op::fill || n.axes.empty()) return false;
   // x as [C..., O...] (column sums) or [O..., C...] (row sums), C the contracted axes in order.
-  auto laid_out = [&](bool contracted_first) {
-    const std::size_t lead = contracted_first ? n.attr_axes.size() : n.axes.size();
-    for (std::size_t i = 0; i < xn.axes.size(); ++i) {
-      const bool first = i < lead;
-      const std::string& want =
-          first == contracted_first ? n.attr_axes[first ? i : i - lead] : n.axes[first ? i : i - lead].name;
-      if (xn.axes[i].name != want) return false;
-    }
-    return true;
-  };
-  const bool columns = laid_out(true);
-  if (!columns && !laid_out(false)) return false;
+  const bool columns = laid_out(xn.axes, n.attr_axes, names(n.axes));
+  if (!columns && !laid_out(xn.axes, names(n.axes), n.attr_axes)) return false;
   const I outputs = numel(shape(id)), per = numel(shape(x)) / outputs;
   // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
   llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));
@@ -535,15 +526,10 @@ bool ModuleBuilder::emit_fill_sums(int id) {
       loop(
           o0, o1,
           [&](I o) {
-            llvm::Value* total = ir::emit_loop(
-                b_, c64(0).v(), per.v(), 1, {llvm::ConstantFP::get(f64_, 0.0)},
-                [&](llvm::Value* k, const Values& acc) -> Values {
-                  auto* add = llvm::cast<llvm::Instruction>(b_.CreateFAdd(acc[0], term(o * per + I(b_, k))));
-                  add->setHasAllowReassoc(true);
-                  return {add};
-                },
-                "row_sum", ir::Unroll::allowed)[0];
-            put(b_.CreateFPTrunc(total, f32_), id, o);
+            put(b_.CreateFPTrunc(sum(
+                                     per, [&](const I& k) { return term(o * per + k); }, /*reassociate=*/true),
+                                 f32_),
+                id, o);
           },
           "rows");
     });

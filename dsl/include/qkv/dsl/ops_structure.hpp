@@ -502,6 +502,22 @@ auto prepend(const X& x, const H& head) {
   return detail::join<Ax, "prepend">(x, head, /*head_first=*/true);
 }
 
+namespace detail {
+/// The slice node of slice and last: Length entries of Ax from `start` (a static or run-time
+/// extent), the axis keeping its name.
+template <template <auto> class Ax, std::int64_t Length, class T>
+auto slice_from(const T& t, const Extent& start) {
+  using L = typename T::axis_list;
+  using A = find_family<L, Ax>;
+  Graph& g = t.graph();
+  Node n = detail::unary_node(
+      t, Op::slice, detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(Length)}}));
+  n.attr_axes = {std::string(A::name), std::string(A::name)};
+  n.dim = start;
+  return tensor<typename T::dtype, detail::replace_t<L, A, axes<Ax<Length>>>, trait::plain>(g, g.add(std::move(n)));
+}
+}  // namespace detail
+
 /// slice<Seq, Start, Length>(x): entries [Start, Start + Length) of the axis, which keeps its name
 /// and becomes Length long (x[..., Start:Start+Length, ...] in PyTorch). On a static axis a slice
 /// past its end is a compile error; on a dynamic one, a shape error when the sizes are bound (the
@@ -529,12 +545,7 @@ auto slice(const T& t) {
         g.require(Constraint{Constraint::Kind::at_most, Extent::fixed(Start + Length), whole,
                              "slice: [" + std::to_string(Start) + ", {a}) is outside `" + std::string(A::name) +
                                  "` ({b}); fix: a longer input, or a range inside it"});
-      Node n = detail::unary_node(
-          t, Op::slice,
-          detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(Length)}}));
-      n.attr_axes = {std::string(A::name), std::string(A::name)};
-      n.dim = Extent::fixed(Start);
-      return tensor<typename T::dtype, detail::replace_t<L, A, axes<Ax<Length>>>, trait::plain>(g, g.add(std::move(n)));
+      return detail::slice_from<Ax, Length>(t, Extent::fixed(Start));
     }
   }
 }
@@ -559,11 +570,7 @@ auto last(const T& t) {
                          "last: `" + std::string(A::name) + "` is empty ({b}); fix: an input with at least one entry"});
     Extent start = whole;
     start.plus -= 1;
-    Node n = detail::unary_node(
-        t, Op::slice, detail::ir_replace(t.node().axes, A::name, {Axis{std::string(A::name), Extent::fixed(1)}}));
-    n.attr_axes = {std::string(A::name), std::string(A::name)};
-    n.dim = start;
-    return tensor<typename T::dtype, detail::replace_t<L, A, axes<Ax<1>>>, trait::plain>(g, g.add(std::move(n)));
+    return detail::slice_from<Ax, 1>(t, start);
   }
 }
 

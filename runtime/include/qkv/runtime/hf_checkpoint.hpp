@@ -105,6 +105,9 @@ class HfCheckpoint {
   [[nodiscard]] bool ignored_index() const { return ignored_index_; }
   /// bert: whether the checkpoint has the pooler (pooler.dense.*); BertForMaskedLM's has none.
   [[nodiscard]] bool has_pooler() const { return has_pooler_; }
+  /// The name weight `name` has in the files (a prefix, a legacy name; `name` itself mostly); a
+  /// quantized one's tensors are that name with kQ8Suffix and kQ8ScaleSuffix.
+  [[nodiscard]] const std::string& stored(const std::string& name) const;
   /// Bytes of all weights once converted to f32.
   [[nodiscard]] std::uint64_t f32_bytes() const;
 
@@ -118,13 +121,6 @@ class HfCheckpoint {
   std::map<std::string, std::string> stored_;  // the graph's weight name -> as stored
   bool has_pooler_ = false;
   std::set<std::string> q8_;  // the graph's names of the weights stored quantized
-
- public:
-  /// The name weight `name` has in the files (a prefix, a legacy name; `name` itself mostly); a
-  /// quantized one's tensors are that name with kQ8Suffix and kQ8ScaleSuffix.
-  [[nodiscard]] const std::string& stored(const std::string& name) const;
-
- private:
   std::vector<std::string> names_;
 };
 

@@ -49,6 +49,8 @@ std::vector<std::string> quantizable_linear_weights(const Graph& g);
 /// The feeds `name.q8` and `name.q8_scale` of a float weight (quantize_q8), for quantizing each
 /// weight as it is loaded (the unquantized copy never all resident at once).
 void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group = kQ8Group);
+/// The feeds `name.q8` and `name.q8_scale` of a weight quantized already (a q8 checkpoint's).
+void add_q8_feeds(Feeds& feeds, const std::string& name, QuantizedWeight w);
 
 /// The model with each quantizable linear weight stored quantized: the parameter `name` becomes
 /// `name.q8` (i8) and `name.q8_scale` (f16) read by a dequantize node (Op::dequantize). A fed float
