@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <qkv/ir/quant.hpp>
+
 #include "lowering/graph_util.hpp"
 
 namespace qkv::codegen {
@@ -22,6 +24,10 @@ bool dequantize_in_linear(const Graph& g, int id) {
   if (q.dtype != DType::i8 || !is_array_leaf(q) || !is_array_leaf(s) || s.dtype != DType::f16 || q.axes.size() != 2 ||
       n.offset < 1 || n.offset % kQuantGroupQuantum != 0)
     return false;
+  if (dequantizes_q4(n)) {
+    const Extent& k = n.axes.back().extent;
+    if (n.offset % (2 * kQuantGroupQuantum) != 0 || !k.is_static() || k.value % n.offset != 0) return false;
+  }
   for (const auto& o : g.outputs())
     if (o.node == id) return false;
   bool read = false;

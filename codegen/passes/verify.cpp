@@ -5,6 +5,8 @@
 #include <set>
 #include <stdexcept>
 
+#include <qkv/ir/quant.hpp>
+
 namespace qkv::codegen {
 
 namespace {
@@ -124,6 +126,13 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       if (x->dtype != DType::i8) report("dequantizes " + std::string(dtype_name(x->dtype)) + ", not i8");
       if (n.offset < 1) report("has no group size");
       if (x->axes.empty() || s.axes.size() != x->axes.size()) report("has scales of another rank than its q");
+      if (n.scalar != 0.0 && !dequantizes_q4(n)) report("reads " + std::to_string(n.scalar) + "-bit q");
+      if (dequantizes_q4(n) && !x->axes.empty() && !n.axes.empty() && x->axes.back().extent.is_static() &&
+          n.axes.back().extent.is_static() &&
+          (n.offset % 2 != 0 || n.axes.back().extent.value % n.offset != 0 ||
+           x->axes.back().extent.value * 2 != n.axes.back().extent.value))
+        report("reads a q4 q of " + std::to_string(x->axes.back().extent.value) + " bytes a row for " +
+               std::to_string(n.axes.back().extent.value) + " entries in groups of " + std::to_string(n.offset));
     }
     if ((n.op == Op::softmax || n.op == Op::causal || n.op == Op::logsumexp || n.op == Op::rms_norm ||
          n.op == Op::argmax || n.op == Op::rope) &&

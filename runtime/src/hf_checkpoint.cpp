@@ -10,6 +10,7 @@
 #include "io/json_text.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -380,9 +381,12 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
       if (ck.where_.count(legacy)) s = legacy;
     }
     ck.stored_[name] = s;
-    const std::string q = s + kQ8Suffix, qs = s + kQ8ScaleSuffix;
-    if (!ck.where_.count(s) && shape.size() == 2 && (ck.where_.count(q) || ck.where_.count(qs))) {
-      // Stored quantized: q8 of the weight's shape, and its scales (Q8_0's groups of 32).
+    // Stored quantized: q8 of the weight's shape (or q4's half of it), and its scales (groups of 32).
+    std::optional<Quant> format;
+    for (const Quant f : {Quant::q8, Quant::q4})
+      if (ck.where_.count(s + quant_suffix(f)) || ck.where_.count(s + quant_scale_suffix(f))) format = f;
+    if (!ck.where_.count(s) && shape.size() == 2 && format) {
+      const std::string q = s + quant_suffix(*format), qs = s + quant_scale_suffix(*format);
       auto expect = [&](const std::string& t_name, DType dtype, const std::vector<std::int64_t>& t_shape) {
         const auto at = ck.where_.find(t_name);
         if (at == ck.where_.end())
@@ -390,13 +394,17 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
         const TensorView t = ck.files_[at->second].get(t_name);
         if (t.dtype != dtype || t.shape != t_shape)
           fail(ck.what_, "`" + t_name + "` is " + std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) +
-                             ", a q8 weight of shape " + shape_text(shape) + " needs " +
+                             ", a " + std::string(quant_name(*format)) + " weight of shape " + shape_text(shape) +
+                             " needs " +
                              std::string(dtype_name(dtype)) + " " + shape_text(t_shape));
         used.insert(t_name);
       };
-      expect(q, DType::i8, shape);
-      expect(qs, DType::f16, {shape[0], (shape[1] + kQ8Group - 1) / kQ8Group});
-      ck.q8_.insert(name);
+      if (!quantizable(*format, shape[1], kQuantGroup))
+        fail(ck.what_, "`" + q + "` stores a weight of " + std::to_string(shape[1]) + " columns, not a multiple of " +
+                           std::to_string(kQuantGroup) + " that " + std::string(quant_name(*format)) + " needs");
+      expect(q, DType::i8, quant_q_shape(*format, shape[0], shape[1]));
+      expect(qs, DType::f16, quant_scale_shape(shape[0], shape[1], kQuantGroup));
+      ck.quant_[name] = *format;
       ck.names_.push_back(name);
       continue;
     }
@@ -437,21 +445,25 @@ const std::string& HfCheckpoint::stored(const std::string& name) const {
 
 NdArray HfCheckpoint::load(const std::string& name) const {
   const std::string& s = stored(name);
-  if (quantized(name)) return dequantize_q8(load_q8(name), kQ8Group);
+  if (quantized(name)) return dequantize_weight(load_quantized(name), kQuantGroup);
   return files_[where_.at(s)].load(s);
 }
 
-QuantizedWeight HfCheckpoint::load_q8(const std::string& name) const {
-  if (!quantized(name)) fail(what_, "`" + stored(name) + "` is not stored quantized");
-  const std::string q = stored(name) + kQ8Suffix, qs = stored(name) + kQ8ScaleSuffix;
-  return {files_[where_.at(q)].load(q), files_[where_.at(qs)].load(qs)};
+QuantizedWeight HfCheckpoint::load_quantized(const std::string& name) const {
+  const auto it = quant_.find(name);
+  if (it == quant_.end()) fail(what_, "`" + stored(name) + "` is not stored quantized");
+  const std::string q = stored(name) + quant_suffix(it->second), qs = stored(name) + quant_scale_suffix(it->second);
+  return {files_[where_.at(q)].load(q), files_[where_.at(qs)].load(qs), it->second};
 }
 
 std::uint64_t HfCheckpoint::f32_bytes() const {
   std::uint64_t total = 0;
   for (const auto& n : names_) {
-    const std::string s = quantized(n) ? stored(n) + kQ8Suffix : stored(n);
-    total += checked_nbytes(files_[where_.at(s)].get(s).shape, DType::f32, what_);
+    const auto q = quant_.find(n);
+    const std::string s = q != quant_.end() ? stored(n) + quant_suffix(q->second) : stored(n);
+    std::vector<std::int64_t> shape = files_[where_.at(s)].get(s).shape;
+    if (q != quant_.end() && q->second == Quant::q4) shape.back() *= 2;
+    total += checked_nbytes(shape, DType::f32, what_);
   }
   return total;
 }

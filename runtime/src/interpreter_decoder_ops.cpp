@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include <qkv/ir/quant.hpp>
 #include <qkv/ir/rope.hpp>
 
 #include "interpreter_ops.hpp"
@@ -116,27 +117,37 @@ Value op_embedding(const OpArgs& a) {
   return out;
 }
 
-/// q[..., k] · scale[..., k / group]: the reference a quantized linear's kernels are checked against
-/// (the interpreter holds both as the floats they are).
+/// q[..., k] · scale[..., k / group] (a q4 q: its entry's nibble − 8, qkv/ir/quant.hpp): the
+/// reference a quantized linear's kernels are checked against (the interpreter holds q and the
+/// scales as the floats they are; a q4 byte as the signed value of its bits).
 Value op_dequantize(const OpArgs& a) {
   expect_inputs(a);
   const Value &q = *a.in[0], &s = *a.in[1];
   const std::int64_t group = a.node.offset;
-  if (group < 1 || q.shape.empty() || s.shape.size() != q.shape.size())
+  const bool q4 = dequantizes_q4(a.node);
+  if (group < 1 || q.shape.empty() || s.shape.size() != q.shape.size() || (q4 && group % 2 != 0))
     internal_error(where(a) + "q " + shape_str(q.shape) + " and scales " + shape_str(s.shape) + " in groups of " +
                    std::to_string(group) + " do not fit");
-  const std::int64_t k = q.shape.back(), groups = (k + group - 1) / group;
+  const std::int64_t bytes = q.shape.back(), k = q4 ? 2 * bytes : bytes, groups = (k + group - 1) / group;
   Shape want = q.shape;
   want.back() = groups;
-  if (s.shape != want)
+  if (s.shape != want || (q4 && k % group != 0))
     internal_error(where(a) + "scales " + shape_str(s.shape) + " for q " + shape_str(q.shape) + " need " +
                    shape_str(want));
-  Value out{q.shape, std::vector<float>(q.data.size())};
-  for (std::size_t i = 0; i < q.data.size(); ++i) {
-    const auto row = static_cast<std::int64_t>(i) / std::max<std::int64_t>(k, 1),
-               col = static_cast<std::int64_t>(i) % std::max<std::int64_t>(k, 1);
-    out.data[i] = q.data[i] * s.data[static_cast<std::size_t>(row * groups + col / group)];
-  }
+  Shape shape = q.shape;
+  shape.back() = k;
+  const std::size_t rows = k > 0 ? q.data.size() / static_cast<std::size_t>(bytes) : 0;
+  Value out{shape, std::vector<float>(rows * static_cast<std::size_t>(k))};
+  for (std::size_t row = 0; row < rows; ++row)
+    for (std::int64_t col = 0; col < k; ++col) {
+      float v = q.data[row * static_cast<std::size_t>(bytes) + static_cast<std::size_t>(q4 ? q4_byte(col, group) : col)];
+      if (q4) {
+        const int byte = static_cast<int>(v) & 0xFF;
+        v = static_cast<float>((q4_high(col, group) ? byte >> 4 : byte & 0x0F) - kQ4Zero);
+      }
+      out.data[row * static_cast<std::size_t>(k) + static_cast<std::size_t>(col)] =
+          v * s.data[row * static_cast<std::size_t>(groups) + static_cast<std::size_t>(col / group)];
+    }
   return out;
 }
 

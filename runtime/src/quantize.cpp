@@ -3,42 +3,85 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <utility>
 
 #include <qkv/ir/error.hpp>
 #include <qkv/ir/float_dtype.hpp>
+#include <qkv/ir/quant.hpp>
 
 namespace qkv {
 
-QuantizedWeight quantize_q8(const NdArray& w, std::int64_t group, const std::string& what) {
+std::string_view quant_name(Quant f) { return f == Quant::q4 ? "q4" : "q8"; }
+int quant_bits(Quant f) { return f == Quant::q4 ? 4 : 8; }
+std::optional<Quant> parse_quant(std::string_view name) {
+  for (const Quant f : {Quant::q8, Quant::q4})
+    if (name == quant_name(f)) return f;
+  return std::nullopt;
+}
+std::string quant_suffix(Quant f) { return "." + std::string(quant_name(f)); }
+std::string quant_scale_suffix(Quant f) { return quant_suffix(f) + "_scale"; }
+
+bool quantizable(Quant f, std::int64_t k, std::int64_t group) {
+  return group >= 1 && (f == Quant::q8 || (group % 2 == 0 && k % group == 0));
+}
+Quant quant_for(Quant f, std::int64_t k, std::int64_t group) { return quantizable(f, k, group) ? f : Quant::q8; }
+
+std::string quant_summary(const std::vector<Quant>& formats) {
+  const auto q4 = std::count(formats.begin(), formats.end(), Quant::q4);
+  const auto q8 = static_cast<std::ptrdiff_t>(formats.size()) - q4;
+  if (q4 == 0 || q8 == 0) return std::string(quant_name(q4 ? Quant::q4 : Quant::q8));
+  return "q4 (" + std::to_string(q8) + " of them q8)";
+}
+
+std::vector<std::int64_t> quant_q_shape(Quant f, std::int64_t rows, std::int64_t k) {
+  return {rows, f == Quant::q4 ? k / 2 : k};
+}
+std::vector<std::int64_t> quant_scale_shape(std::int64_t rows, std::int64_t k, std::int64_t group) {
+  return {rows, (k + group - 1) / group};
+}
+
+QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, const std::string& what) {
   if (w.shape.size() != 2 || !is_model_float(w.dtype) || group < 1)
     throw InputError("quantize: " + what + " must be a float [rows, columns] weight, not " +
                      std::string(dtype_name(w.dtype)) + " " + shape_to_string(w.shape));
   const std::int64_t rows = w.shape[0], k = w.shape[1], groups = (k + group - 1) / group;
+  if (!quantizable(f, k, group))
+    throw InputError("quantize: " + what + " has rows of " + std::to_string(k) + ", not a multiple of " +
+                     std::to_string(group) + " that " + std::string(quant_name(f)) + " needs");
   const std::vector<float> v = w.to_f32();
-  QuantizedWeight out{NdArray::zeros(DType::i8, {rows, k}), NdArray::zeros(DType::f16, {rows, groups})};
+  QuantizedWeight out{NdArray::zeros(DType::i8, quant_q_shape(f, rows, k)),
+                      NdArray::zeros(DType::f16, quant_scale_shape(rows, k, group)), f};
   auto q = out.q.as<std::int8_t>();
   auto s = out.scales.as<std::uint16_t>();
+  const bool q4 = f == Quant::q4;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t gi = 0; gi < groups; ++gi) {
       const std::int64_t begin = r * k + gi * group, end = r * k + std::min(k, (gi + 1) * group);
-      float amax = 0.0f;
+      float amax = 0.0f, largest = 0.0f;  // the largest magnitude, and that entry with its sign
       for (std::int64_t i = begin; i < end; ++i) {
         const float x = v[static_cast<std::size_t>(i)];
         if (!std::isfinite(x))
           throw InputError("quantize: " + what + " has a non-finite value at [" + std::to_string(r) + ", " +
                            std::to_string(i - r * k) + "]");
-        amax = std::max(amax, std::fabs(x));
+        if (std::fabs(x) > amax) amax = std::fabs(x), largest = x;
       }
       // The scale as stored (f16), and q from it: q · scale is then the nearest stored value.
-      const std::uint16_t bits = f32_to_f16(amax / 127.0f);
+      // (A group of zeros: +0, not q4's −0.)
+      const std::uint16_t bits = amax == 0.0f ? 0 : f32_to_f16(q4 ? largest / -static_cast<float>(kQ4Zero) : amax / 127.0f);
       const float scale = f16_to_f32(bits);
       s[static_cast<std::size_t>(r * groups + gi)] = bits;
       for (std::int64_t i = begin; i < end; ++i) {
         const float x = v[static_cast<std::size_t>(i)];
-        const float t = scale > 0.0f ? std::clamp(std::round(x / scale), -127.0f, 127.0f) : 0.0f;
-        q[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(t);
+        const float lo = q4 ? -static_cast<float>(kQ4Zero) : -127.0f, hi = q4 ? kQ4Zero - 1.0f : 127.0f;
+        const float t = scale != 0.0f ? std::clamp(std::round(x / scale), lo, hi) : 0.0f;
+        if (!q4) {
+          q[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(t);
+          continue;
+        }
+        const std::int64_t col = i - r * k;
+        const auto nibble = static_cast<unsigned>(static_cast<int>(t) + kQ4Zero);
+        auto& byte = reinterpret_cast<std::uint8_t&>(q[static_cast<std::size_t>(r * (k / 2) + q4_byte(col, group))]);
+        byte = static_cast<std::uint8_t>(q4_high(col, group) ? (byte & 0x0Fu) | (nibble << 4) : (byte & 0xF0u) | nibble);
       }
     }
   return out;
@@ -65,29 +108,34 @@ std::vector<std::string> quantizable_linear_weights(const Graph& g) {
   return names;
 }
 
-NdArray dequantize_q8(const QuantizedWeight& w, std::int64_t group) {
-  const std::int64_t rows = w.q.shape.at(0), k = w.q.shape.at(1), groups = w.scales.shape.at(1);
+NdArray dequantize_weight(const QuantizedWeight& w, std::int64_t group) {
+  const bool q4 = w.format == Quant::q4;
+  const std::int64_t rows = w.q.shape.at(0), bytes = w.q.shape.at(1), k = w.columns(), groups = w.scales.shape.at(1);
   NdArray out = NdArray::zeros(DType::f32, {rows, k});
   const auto q = w.q.as<std::int8_t>();
   const auto s = w.scales.as<std::uint16_t>();
   auto o = out.as<float>();
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = 0; i < k; ++i)
-      o[static_cast<std::size_t>(r * k + i)] = static_cast<float>(q[static_cast<std::size_t>(r * k + i)]) *
-                                               f16_to_f32(s[static_cast<std::size_t>(r * groups + i / group)]);
+    for (std::int64_t i = 0; i < k; ++i) {
+      int value = q[static_cast<std::size_t>(r * bytes + (q4 ? q4_byte(i, group) : i))];
+      if (q4) value = (q4_high(i, group) ? (value & 0xF0) >> 4 : value & 0x0F) - kQ4Zero;
+      o[static_cast<std::size_t>(r * k + i)] =
+          static_cast<float>(value) * f16_to_f32(s[static_cast<std::size_t>(r * groups + i / group)]);
+    }
   return out;
 }
 
-void add_q8_feeds(Feeds& feeds, const std::string& name, const NdArray& w, std::int64_t group) {
-  add_q8_feeds(feeds, name, quantize_q8(w, group, "`" + name + "`"));
+void add_quantized_feeds(Feeds& feeds, const std::string& name, const NdArray& w, Quant f, std::int64_t group) {
+  const std::int64_t k = w.shape.size() == 2 ? w.shape[1] : 0;
+  add_quantized_feeds(feeds, name, quantize_weight(w, quant_for(f, k, group), group, "`" + name + "`"));
 }
 
-void add_q8_feeds(Feeds& feeds, const std::string& name, QuantizedWeight w) {
-  feeds[name + kQ8Suffix] = std::move(w.q);
-  feeds[name + kQ8ScaleSuffix] = std::move(w.scales);
+void add_quantized_feeds(Feeds& feeds, const std::string& name, QuantizedWeight w) {
+  feeds[name + quant_suffix(w.format)] = std::move(w.q);
+  feeds[name + quant_scale_suffix(w.format)] = std::move(w.scales);
 }
 
-QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_t group) {
+QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, std::int64_t group) {
   const std::vector<std::string> names = quantizable_linear_weights(g);
   QuantizedModel out;
   std::vector<int> remap(g.size(), -1);
@@ -95,39 +143,51 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, std::int64_
     Node n = g.node(id);
     for (int& in : n.inputs) in = remap[static_cast<std::size_t>(in)];
     const bool weight = n.op == Op::param && std::find(names.begin(), names.end(), n.name) != names.end();
-    const std::string q_name = n.name + kQ8Suffix, s_name = n.name + kQ8ScaleSuffix;
     const auto fed = feeds.find(n.name);
     const bool as_float =
         weight && fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
-    if (!as_float && !(weight && feeds.count(q_name) && feeds.count(s_name))) {
+    // Fed quantized already: the format whose two feeds are there.
+    std::optional<Quant> stored;
+    for (const Quant s : {Quant::q8, Quant::q4})
+      if (weight && feeds.count(n.name + quant_suffix(s)) && feeds.count(n.name + quant_scale_suffix(s))) stored = s;
+    if (!as_float && !stored) {
       remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(n));
       continue;
     }
     if (as_float) {
-      add_q8_feeds(feeds, n.name, fed->second, group);
+      add_quantized_feeds(feeds, n.name, fed->second, f, group);
+      stored = quant_for(f, fed->second.shape[1], group);
       feeds.erase(n.name);
     }
+    const Quant format = *stored;
+    const std::string q_name = n.name + quant_suffix(format), s_name = n.name + quant_scale_suffix(format);
     const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
-    if (q.dtype != DType::i8 || q.shape.size() != 2 || s.dtype != DType::f16 ||
-        s.shape != std::vector<std::int64_t>{q.shape[0], (q.shape[1] + group - 1) / group})
+    const std::int64_t k = q.shape.size() == 2 ? (format == Quant::q4 ? 2 * q.shape[1] : q.shape[1]) : 0;
+    const bool fits = q.dtype == DType::i8 && q.shape.size() == 2 && s.dtype == DType::f16 &&
+                      quantizable(format, k, group) && s.shape == quant_scale_shape(q.shape[0], k, group) &&
+                      (!n.axes.back().extent.is_static() || n.axes.back().extent.value == k);
+    if (!fits)
       throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
                        shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) + " " +
-                       shape_to_string(s.shape) + ") are not an i8 weight and its f16 scales per " +
-                       std::to_string(group));
-    out.bytes_before += static_cast<std::int64_t>(q.shape[0] * q.shape[1]) * 4;
+                       shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
+                       " weight and its f16 scales per " + std::to_string(group));
+    out.bytes_before += q.shape[0] * k * 4;
     out.bytes_after += static_cast<std::int64_t>(q.bytes.size() + s.bytes.size());
     Node qn = n, sn = n, d;
     qn.name = q_name;
     qn.dtype = DType::i8;
+    qn.axes.back().extent = Extent::fixed(q.shape[1]);
     sn.name = s_name;
     sn.dtype = DType::f16;
     sn.axes.back() = {n.axes.back().name + "_groups", Extent::fixed(s.shape[1])};
     d.op = Op::dequantize;
     d.axes = n.axes;
     d.offset = group;
+    d.scalar = quant_bits(format) == 4 ? 4.0 : 0.0;
     d.inputs = {out.graph.add(std::move(qn)), out.graph.add(std::move(sn))};
     remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(d));
     out.weights.push_back(n.name);
+    out.formats.push_back(format);
   }
   for (const auto& o : g.outputs()) out.graph.mark_output(remap[static_cast<std::size_t>(o.node)], o.name);
   for (const auto& c : g.constraints()) out.graph.require(c);

@@ -1,7 +1,8 @@
-// Weight-only quantization (issue #30): quantize_q8 rounds each group of 32 to its f16 scale, the
-// interpreter dequantizes (the reference), and the CPU backend's linear layers read the 8-bit
-// weights and their scales as stored — GEMV rows 1 to 4 and the GEMM's panels packed from q — and
-// agree with the reference; a dequantize read by anything else is written out exactly.
+// Weight-only quantization (issue #30): quantize_weight rounds each group of 32 to its f16 scale
+// (q8: Q8_0's absmax; q4: Q4_0's, two entries a byte in its order), the interpreter dequantizes
+// (the reference), and the CPU backend's linear layers read the 8-bit or 4-bit weights and their
+// scales as stored — GEMV rows 1 to 4 and the GEMM's panels packed from q — and agree with the
+// reference; a dequantize read by anything else is written out exactly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -37,7 +38,7 @@ TEST(Quantize, Q8RoundsEachGroupToItsF16Scale) {
   std::vector<float> w(3 * 70);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + i % 7);
   for (std::size_t i = 70 + 32; i < 70 + 64; ++i) w[i] = 0.0f;
-  const QuantizedWeight qw = quantize_q8(NdArray::from_f32(w, {3, 70}), 32, "w");
+  const QuantizedWeight qw = quantize_weight(NdArray::from_f32(w, {3, 70}), Quant::q8, 32, "w");
   ASSERT_EQ(qw.q.shape, (std::vector<std::int64_t>{3, 70}));
   ASSERT_EQ(qw.scales.shape, (std::vector<std::int64_t>{3, 3}));
   ASSERT_EQ(qw.scales.dtype, DType::f16);
@@ -62,10 +63,64 @@ TEST(Quantize, Q8RoundsEachGroupToItsF16Scale) {
 
   w[75] = std::numeric_limits<float>::quiet_NaN();
   try {
-    (void)quantize_q8(NdArray::from_f32(w, {3, 70}), 32, "`fc.weight`");
+    (void)quantize_weight(NdArray::from_f32(w, {3, 70}), Quant::q8, 32, "`fc.weight`");
     ADD_FAILURE() << "a NaN weight was quantized";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("`fc.weight` has a non-finite value at [1, 5]"));
+  }
+}
+
+TEST(Quantize, Q4RoundsEachGroupToItsF16ScaleInQ4_0sOrder) {
+  // 3 rows of K = 96: three groups a row; row 1's second group all zeros, row 2's largest entry positive.
+  const std::int64_t K = 96;
+  std::vector<float> w(3 * K);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.41f * static_cast<float>(i)) * (1.0f + i % 5);
+  for (std::size_t i = K + 32; i < K + 64; ++i) w[i] = 0.0f;
+  w[2 * K + 40] = 9.0f;
+  const QuantizedWeight qw = quantize_weight(NdArray::from_f32(w, {3, K}), Quant::q4, 32, "w");
+  ASSERT_EQ(qw.format, Quant::q4);
+  ASSERT_EQ(qw.q.shape, (std::vector<std::int64_t>{3, K / 2}));
+  ASSERT_EQ(qw.scales.shape, (std::vector<std::int64_t>{3, 3}));
+  EXPECT_EQ(qw.columns(), K);
+  const auto q = qw.q.as<std::int8_t>();
+  const auto s = qw.scales.as<std::uint16_t>();
+  // Q4_0's order, written out: entry j of group g is byte g·16 + j % 16 of the row, its low four
+  // bits for j < 16 and its high four for j >= 16.
+  auto nibble = [&](std::int64_t r, std::int64_t col) {
+    const std::int64_t g = col / 32, j = col % 32;
+    const auto byte = static_cast<std::uint8_t>(q[static_cast<std::size_t>(r * (K / 2) + g * 16 + j % 16)]);
+    return j < 16 ? byte & 0x0F : byte >> 4;
+  };
+  const std::vector<float> back = dequantize_weight(qw, 32).to_f32();
+  for (std::int64_t r = 0; r < 3; ++r)
+    for (std::int64_t g = 0; g < 3; ++g) {
+      float largest = 0.0f;
+      for (std::int64_t k = g * 32; k < (g + 1) * 32; ++k) {
+        const float x = w[static_cast<std::size_t>(r * K + k)];
+        if (std::fabs(x) > std::fabs(largest)) largest = x;
+      }
+      const std::uint16_t bits = s[static_cast<std::size_t>(r * 3 + g)];
+      EXPECT_EQ(bits, largest == 0.0f ? 0 : f32_to_f16(largest / -8.0f)) << r << "," << g;
+      const float scale = f16_to_f32(bits);
+      for (std::int64_t k = g * 32; k < (g + 1) * 32; ++k) {
+        const auto i = static_cast<std::size_t>(r * K + k);
+        const int v = nibble(r, k) - 8;
+        EXPECT_EQ(back[i], static_cast<float>(v) * scale) << i;
+        if (w[i] == largest && scale != 0.0f) EXPECT_EQ(v, -8) << i;  // the largest is −8 · scale
+        // The nearest multiple of the stored scale, or 7 (its nearest, −8 · scale, has the
+        // other sign's bound): at most one scale off then.
+        const float err = std::fabs(w[i] - static_cast<float>(v) * scale);
+        EXPECT_LE(err, (v == 7 ? 1.0f : 0.5f) * std::fabs(scale) * 1.01f + 1e-12f) << i;
+      }
+    }
+  EXPECT_EQ(s[1 * 3 + 1], 0);  // a group of zeros: scale 0, every entry 0 (nibble 8)
+  for (std::int64_t k = 32; k < 64; ++k) EXPECT_EQ(nibble(1, k), 8);
+  EXPECT_LT(f16_to_f32(s[2 * 3 + 1]), 0.0f);  // a positive largest entry: a negative scale
+  try {
+    (void)quantize_weight(NdArray::from_f32(std::vector<float>(3 * 70, 1.0f), {3, 70}), Quant::q4, 32, "`fc.weight`");
+    ADD_FAILURE() << "rows of 70 were quantized to q4";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("`fc.weight` has rows of 70, not a multiple of 32 that q4 needs"));
   }
 }
 
@@ -79,15 +134,19 @@ Graph linear_model(DType dtype) {
 }
 
 template <std::int64_t K>
-void check_quantized_linear(DType dtype) {
-  SCOPED_TRACE("K = " + std::to_string(K) + ", " + std::string(dtype_name(dtype)));
+void check_quantized_linear(DType dtype, Quant format = Quant::q8) {
+  // q4 where K is whole groups, else q8.
+  const Quant stored = K % 32 == 0 ? format : Quant::q8;
+  SCOPED_TRACE("K = " + std::to_string(K) + ", " + std::string(dtype_name(dtype)) + ", " +
+               std::string(quant_name(stored)));
   const Graph model = linear_model<K>(dtype);
   Feeds feeds = random_feeds(model, {{"Batch", 2}, {"Seq", 1}}, 7, 1.0f);
-  const QuantizedModel qm = quantize_linear_weights(model, feeds);
+  const QuantizedModel qm = quantize_linear_weights(model, feeds, format);
   ASSERT_EQ(qm.weights, (std::vector<std::string>{"fc.weight"}));
+  ASSERT_EQ(qm.formats, (std::vector<Quant>{stored}));
   EXPECT_FALSE(feeds.count("fc.weight"));
-  EXPECT_EQ(feeds.at("fc.weight.q8").dtype, DType::i8);
-  EXPECT_EQ(qm.bytes_after, 40 * K + 40 * ((K + 31) / 32) * 2);
+  EXPECT_EQ(feeds.at("fc.weight" + quant_suffix(stored)).dtype, DType::i8);
+  EXPECT_EQ(qm.bytes_after, 40 * K / (stored == Quant::q4 ? 2 : 1) + 40 * ((K + 31) / 32) * 2);
   const Graph& g = qm.graph;
   const Graph lowered = codegen::lower(g);
   int read_in_place = 0;
@@ -114,12 +173,19 @@ TEST(Quantize, LinearLayersReadQ8WeightsAsTheInterpreterDequantizesThem) {
   check_quantized_linear<70>(DType::bf16);  // bf16 x read against f32 weights
 }
 
+TEST(Quantize, LinearLayersReadQ4WeightsAsTheInterpreterDequantizesThem) {
+  check_quantized_linear<32>(DType::f32, Quant::q4);   // one group
+  check_quantized_linear<96>(DType::f32, Quant::q4);   // three
+  check_quantized_linear<64>(DType::bf16, Quant::q4);  // bf16 x read against f32 weights
+  check_quantized_linear<70>(DType::f32, Quant::q4);   // rows not whole groups: q8
+}
+
 TEST(Quantize, WeightsQuantizedAsTheyAreLoadedAreTakenAsTheyAre) {
   const Graph model = linear_model<70>(DType::f32);
   ASSERT_EQ(quantizable_linear_weights(model), (std::vector<std::string>{"fc.weight"}));
   Feeds in_memory = random_feeds(model, {{"Batch", 1}, {"Seq", 3}}, 5, 1.0f);
   Feeds streamed = in_memory;
-  add_q8_feeds(streamed, "fc.weight", streamed.at("fc.weight"));  // as the CLI's loader does
+  add_quantized_feeds(streamed, "fc.weight", streamed.at("fc.weight"), Quant::q8);  // as the CLI's loader does
   streamed.erase("fc.weight");
   const QuantizedModel a = quantize_linear_weights(model, in_memory), b = quantize_linear_weights(model, streamed);
   EXPECT_EQ(a.graph, b.graph);
@@ -134,22 +200,34 @@ TEST(Quantize, WeightsQuantizedAsTheyAreLoadedAreTakenAsTheyAre) {
   }
 }
 
-TEST(Quantize, ADequantizeReadOtherwiseIsWrittenOutExactly) {
+/// A q8 or q4 weight that is also a graph output: written out (as the interpreter dequantizes it,
+/// and as dequantize_weight, the quantizer's own inverse, does), and the linear reads that.
+template <std::int64_t K>
+void check_dequantize_written_out(Quant format) {
   Graph model;
-  auto x = input<Tensor<f32, Seq<dyn>, Model<70>>>(model, "x");
-  output(linear(x, linear_params<Model<70>, Hidden<40>>(model, "fc")), "out");
+  auto x = input<Tensor<f32, Seq<dyn>, Model<K>>>(model, "x");
+  output(linear(x, linear_params<Model<K>, Hidden<40>>(model, "fc")), "out");
   Feeds feeds = random_feeds(model, {{"Seq", 3}}, 3, 1.0f);
-  Graph g = quantize_linear_weights(model, feeds).graph;
+  Graph g = quantize_linear_weights(model, feeds, format).graph;
   int deq = -1;
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
     if (g.node(id).op == Op::dequantize) deq = id;
   ASSERT_GE(deq, 0);
-  g.mark_output(deq, "weight");  // now also an output: written out, and the linear reads that
+  g.mark_output(deq, "weight");
   EXPECT_EQ(codegen::select_kernel(codegen::lower(g), deq), codegen::KernelKind::dequantize);
   const RunResult want = interpret(g, feeds);
   const RunResult got = codegen::cpu::run(g, feeds, 2);
   EXPECT_EQ(got.outputs.at("weight"), want.outputs.at("weight"));
+  EXPECT_EQ(want.outputs.at("weight"),
+            dequantize_weight({feeds.at("fc.weight" + quant_suffix(format)),
+                               feeds.at("fc.weight" + quant_scale_suffix(format)), format},
+                              32));
   EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 2e-5);
+}
+
+TEST(Quantize, ADequantizeReadOtherwiseIsWrittenOutExactly) {
+  check_dequantize_written_out<70>(Quant::q8);  // a partial last group
+  check_dequantize_written_out<64>(Quant::q4);
 }
 
 }  // namespace

@@ -231,7 +231,7 @@ struct RunCausalLmFlags {
   RunCausalLm get() {
     o.backend = backend.get();
     o.dtype = dtype.get();
-    o.q8 = quantize.q8();
+    o.quant = quantize.get();
     return o;
   }
 };
@@ -310,7 +310,7 @@ struct GenerateFlags {
   Generate get() {
     o.backend = backend.get();
     o.dtype = dtype.get();
-    o.q8 = quantize.q8();
+    o.quant = quantize.get();
     return o;
   }
 };
@@ -639,10 +639,18 @@ int run_cli(int argc, char** argv) {
   train_flags.add(&app);
   QuantizeModel quantize_opts;
   auto* quantize_cmd = app.add_subcommand(
-      "quantize", "Write a decoder checkpoint with its linear layers' weights stored q8 (8.5 bits a weight)");
+      "quantize",
+      "Write a decoder checkpoint with its linear layers' weights stored q8 or q4 (8.5 or 4.5 bits a weight)");
   quantize_cmd->footer(
-      "Example: qkv quantize --model tiny-llama/ --out tiny-llama-q8/\nThe folder it writes runs in generate, "
-      "bench generate and run causal-lm as it is (no --quantize needed).");
+      "Example: qkv quantize --model tiny-llama/ --out tiny-llama-q4/ --type q4\nThe folder it writes runs in "
+      "generate, bench generate and run causal-lm as it is (no --quantize needed).");
+  quantize_cmd
+      ->add_option_function<std::string>(
+          "--type", [&](const std::string& v) { quantize_opts.format = *parse_quant(v); },
+          "q8 | q4: 8-bit integers (llama.cpp's Q8_0 layout) or 4-bit ones (Q4_0's; q8 for a weight whose rows are "
+          "not whole groups of 32), an f16 scale per 32")
+      ->check(CLI::IsMember({"q8", "q4"}))
+      ->default_str("q8");
   quantize_cmd->add_option("--model", quantize_opts.model, "Folder with config.json and model.safetensors (or shards)")
       ->required();
   quantize_cmd

@@ -154,12 +154,13 @@ struct QuantizeFlag {
   std::string value = "none";
   void add(CLI::App* app) {
     app->add_option("--quantize", value,
-                    "none | q8: the linear layers' weights as 8-bit integers with an f16 scale per 32 (llama.cpp's "
-                    "Q8_0 layout), quantized on load and read as stored by the kernels")
-        ->check(CLI::IsMember({"none", "q8"}))
+                    "none | q8 | q4: the linear layers' weights as 8-bit integers (llama.cpp's Q8_0 layout) or 4-bit "
+                    "ones (Q4_0's; q8 for a weight whose rows are not whole groups), an f16 scale per 32, quantized "
+                    "on load and read as stored by the kernels")
+        ->check(CLI::IsMember({"none", "q8", "q4"}))
         ->capture_default_str();
   }
-  [[nodiscard]] bool q8() const { return value == "q8"; }
+  [[nodiscard]] std::optional<Quant> get() const { return parse_quant(value); }
 };
 
 }  // namespace qkv::cli::flags

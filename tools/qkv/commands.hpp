@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <qkv/runtime/quantize.hpp>
+
 #include "models.hpp"
 
 namespace qkv::cli {
@@ -93,7 +95,7 @@ struct RunCausalLm {
   std::string model, tokens, logits_out;
   Backend backend = Backend::cpu;
   DType dtype = DType::f32;
-  bool q8 = false;  // --quantize q8: the linear layers' weights as 8-bit integers (qkv/runtime/quantize.hpp)
+  std::optional<Quant> quant;  // --quantize q8 | q4: the linear layers' weights as integers (qkv/runtime/quantize.hpp)
   bool stats = false;
 };
 int run_causal_lm(const RunCausalLm& o);
@@ -117,14 +119,15 @@ struct Generate {
   std::uint64_t seed = 0;
   Backend backend = Backend::cpu;
   DType dtype = DType::f32;
-  bool q8 = false;  // --quantize q8
+  std::optional<Quant> quant;  // --quantize q8 | q4
   int threads = 0;
   std::int64_t repeat = 1;  // bench generate: timed runs, their medians reported
 };
 int generate(const Generate& o);
-/// qkv quantize: a decoder checkpoint with its linear layers' weights stored q8 (commands_decoder.cpp).
+/// qkv quantize: a decoder checkpoint with its linear layers' weights stored q8 or q4 (commands_decoder.cpp).
 struct QuantizeModel {
   std::string model, out;
+  Quant format = Quant::q8;
 };
 int quantize_model(const QuantizeModel& o);
 /// qkv train: a decoder trained on a text file (commands_train.cpp). The optional settings, when

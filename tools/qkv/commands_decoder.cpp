@@ -62,22 +62,22 @@ NdArray positions_for(std::int64_t batch, std::int64_t len, std::int64_t start =
 }
 
 /// The checkpoint's weights as feeds, as stored (model_as converts them to the model's dtype);
-/// those named in `quantize` quantized as each is read (quantize_linear_weights then takes them),
-/// so that the unquantized weights are never all resident.
+/// those named in `quantize` quantized as each is read (as `format`: quantize_linear_weights then
+/// takes them), so that the unquantized weights are never all resident.
 /// A weight the checkpoint stores quantized is read as stored when it is in `quantize` (else
 /// dequantized: a linear layer's in the checkpoint that this model reads otherwise).
-Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quantize = {}) {
+Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quantize = {}, Quant format = Quant::q8) {
   require_memory(ck.f32_bytes(), "reading the weights of the model");
   Feeds feeds;
   for (const auto& name : ck.names()) {
     const bool linear = std::find(quantize.begin(), quantize.end(), name) != quantize.end();
     if (linear && ck.quantized(name)) {
-      add_q8_feeds(feeds, name, ck.load_q8(name));
+      add_quantized_feeds(feeds, name, ck.load_quantized(name));
       continue;
     }
     NdArray w = ck.load(name);
     if (linear && w.shape.size() == 2)
-      add_q8_feeds(feeds, name, w);
+      add_quantized_feeds(feeds, name, w, format);
     else
       feeds[name] = std::move(w);
   }
@@ -85,19 +85,21 @@ Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quant
 }
 
 /// The model as it runs: the checkpoint's weights read into `feeds`, the graph stored as `dtype`
-/// (model_as); with --quantize q8, or a checkpoint whose linear weights are stored q8 (`qkv
-/// quantize`), each linear weight quantized as it is read (or read as stored), the graph's linear
-/// layers reading them so, and a note of what that saved.
-Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype, bool q8, Feeds& feeds) {
-  q8 = q8 || ck.any_quantized();
-  Feeds weights = weight_feeds(ck, q8 ? quantizable_linear_weights(model) : std::vector<std::string>{});
+/// (model_as); with --quantize q8 / q4, or a checkpoint whose linear weights are stored quantized
+/// (`qkv quantize`), each linear weight quantized as it is read (or read as stored), the graph's
+/// linear layers reading them so, and a note of what that saved.
+Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype, std::optional<Quant> quant,
+                         Feeds& feeds) {
+  const bool quantize = quant || ck.any_quantized();
+  Feeds weights = weight_feeds(ck, quantize ? quantizable_linear_weights(model) : std::vector<std::string>{},
+                               quant.value_or(Quant::q8));
   feeds.merge(weights);
   Graph g = model_as(model, dtype, feeds);
-  if (!q8) return g;
-  QuantizedModel m = quantize_linear_weights(g, feeds);
-  std::fprintf(stderr, "qkv: note: %zu linear weights %s q8 (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
-               ck.any_quantized() ? "read as stored in" : "quantized to", static_cast<double>(m.bytes_before) / 1e6,
-               static_cast<double>(m.bytes_after) / 1e6);
+  if (!quantize) return g;
+  QuantizedModel m = quantize_linear_weights(g, feeds, quant.value_or(Quant::q8));
+  std::fprintf(stderr, "qkv: note: %zu linear weights %s %s (%.1f MB in f32 -> %.1f MB)\n", m.weights.size(),
+               ck.any_quantized() ? "read as stored in" : "quantized to", quant_summary(m.formats).c_str(),
+               static_cast<double>(m.bytes_before) / 1e6, static_cast<double>(m.bytes_after) / 1e6);
   return std::move(m.graph);
 }
 
@@ -176,7 +178,7 @@ int run_causal_lm(const RunCausalLm& o) {
   Feeds feeds;
   feeds["tokens"] = std::move(tokens);
   feeds["positions"] = positions_for(B, L);
-  const Graph g = model_with_weights(build_causal_lm(c), ck, o.dtype, o.q8, feeds);
+  const Graph g = model_with_weights(build_causal_lm(c), ck, o.dtype, o.quant, feeds);
   const RunResult r = run_model(g, feeds, o.backend, o.stats);
   const NdArray& logits = r.outputs.at("logits");
   require_finite(logits.dtype == DType::f32 ? logits.as<float>() : logits.converted(DType::f32).as<float>(), ck,
@@ -330,10 +332,10 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   require_memory(cache, "the KV cache");
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size); quantized weights are read as stored.
-  if (o.backend == Backend::cpu && !o.q8 && !ck.any_quantized())
+  if (o.backend == Backend::cpu && !o.quant && !ck.any_quantized())
     require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
   Feeds weights;
-  Graph step = model_with_weights(build_causal_lm_step(c), ck, o.dtype, o.q8, weights);
+  Graph step = model_with_weights(build_causal_lm_step(c), ck, o.dtype, o.quant, weights);
   DecoderSession session(
       std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,
@@ -515,8 +517,8 @@ int quantize_model(const QuantizeModel& o) {
   const std::vector<std::string> linear = quantizable_linear_weights(build_causal_lm_step(ck.config()));
   require_memory(ck.f32_bytes(), "reading the weights of the model");
   std::map<std::string, NdArray> tensors;
-  std::int64_t quantized = 0, kept = 0;
-  std::uint64_t f32_bytes = 0, q8_bytes = 0;
+  std::vector<Quant> formats, kept;
+  std::uint64_t f32_bytes = 0, q_bytes = 0;
   for (const auto& name : ck.names()) {
     const std::string& stored = ck.stored(name);
     if (std::find(linear.begin(), linear.end(), name) == linear.end()) {
@@ -525,35 +527,46 @@ int quantize_model(const QuantizeModel& o) {
     }
     QuantizedWeight qw;
     if (ck.quantized(name)) {
-      qw = ck.load_q8(name);
-      ++kept;
+      qw = ck.load_quantized(name);
+      if (qw.format != quant_for(o.format, qw.columns()))
+        throw InputError("--model " + o.model + ": `" + stored + "` is stored " + std::string(quant_name(qw.format)) +
+                         " already; quantize the float checkpoint to " + std::string(quant_name(o.format)));
+      kept.push_back(qw.format);
     } else {
-      qw = quantize_q8(ck.load(name), kQ8Group, "`" + stored + "`");
-      ++quantized;
+      const NdArray w = ck.load(name);
+      qw = quantize_weight(w, quant_for(o.format, w.shape.at(1)), kQuantGroup, "`" + stored + "`");
     }
-    f32_bytes += static_cast<std::uint64_t>(qw.q.bytes.size()) * 4;
-    q8_bytes += static_cast<std::uint64_t>(qw.q.bytes.size() + qw.scales.bytes.size());
-    tensors[stored + kQ8Suffix] = std::move(qw.q);
-    tensors[stored + kQ8ScaleSuffix] = std::move(qw.scales);
+    f32_bytes += static_cast<std::uint64_t>(qw.q.shape.at(0) * qw.columns()) * 4;
+    q_bytes += static_cast<std::uint64_t>(qw.q.bytes.size() + qw.scales.bytes.size());
+    formats.push_back(qw.format);
+    tensors[stored + quant_suffix(qw.format)] = std::move(qw.q);
+    tensors[stored + quant_scale_suffix(qw.format)] = std::move(qw.scales);
   }
-  if (quantized + kept == 0)
+  const auto quantized = static_cast<std::int64_t>(formats.size());
+  if (quantized == 0)
     throw InputError("--model " + o.model + ": the model has no linear layer weight that qkv quantizes");
 
   const Activity writing("writing the outputs");
   const std::vector<std::byte> config = InputFile::open(dir / "config.json").read_all(1u << 24, "config.json");
   outputs.write(config_file, {config});
   const std::vector<std::byte> image = serialize_safetensors(
-      tensors, {{"format", "pt"}, {"qkv.quantization", "q8_0: int8, an f16 scale per 32 inputs"}});
+      tensors, {{"format", "pt"},
+                {"qkv.quantization", o.format == Quant::q4 ? "q4_0: two 4-bit entries a byte, an f16 scale per 32 inputs"
+                                                           : "q8_0: int8, an f16 scale per 32 inputs"}});
   outputs.write(model_file, {image});
   if (has_tokenizer) {
     const std::vector<std::byte> bytes = InputFile::open(tokenizer).read_all(1u << 30, "tokenizer.model");
     outputs.write(tokenizer_file, {bytes});
   }
   outputs.commit();
-  std::fprintf(stderr, "qkv: %lld linear weights quantized to q8%s (%.1f MB in f32 -> %.1f MB); %s: %.1f MB\n",
-               static_cast<long long>(quantized + kept),
-               kept ? (" (" + std::to_string(kept) + " of them stored q8 already)").c_str() : "",
-               static_cast<double>(f32_bytes) / 1e6, static_cast<double>(q8_bytes) / 1e6,
+  const std::string what =
+      kept.size() == formats.size()
+          ? "stored " + quant_summary(formats) + ", already"
+          : "quantized to " + quant_summary(formats) +
+                (kept.empty() ? "" : "; " + std::to_string(kept.size()) + " of them stored so already");
+  std::fprintf(stderr, "qkv: %lld linear weights %s (%.1f MB in f32 -> %.1f MB); %s: %.1f MB\n",
+               static_cast<long long>(quantized), what.c_str(),
+               static_cast<double>(f32_bytes) / 1e6, static_cast<double>(q_bytes) / 1e6,
                (out / "model.safetensors").c_str(), static_cast<double>(image.size()) / 1e6);
   return 0;
 }

@@ -36,8 +36,10 @@ struct GemmConfig {
   bool bf16 = false;    // A (and W for the GEMV) are bf16, widened as loaded unless dpbf16
   bool dpbf16 = false;  // bf16 with vdpbf16ps: A and the panels hold pairs of K (k_block even)
   // W quantized (a dequantize the linear reads in place, select.hpp): int8 with one f16 scale per
-  // q8_group entries of a row's K (a multiple of select.hpp's kQuantGroupQuantum); 0: W is stored as x is.
-  int q8_group = 0;
+  // quant_group entries of a row's K (a multiple of select.hpp's kQuantGroupQuantum); 0: W is stored as x is.
+  int quant_group = 0;
+  // A quantized W holds two 4-bit entries a byte (ir/quant.hpp's order; K a multiple of quant_group).
+  bool q4 = false;
   // A given transposed, as [K, M] rows (a contraction over the leading axes of both operands: a
   // weight's gradient Σ over Batch and Seq), read in place down its columns (f32 only).
   bool a_transposed = false;
@@ -70,11 +72,12 @@ void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::st
 /// it once; bias [n] (never null: zeros when the call has none); y [m, n].
 struct GemvArgs {
   const void* x;  // f32, or bf16 with GemmConfig::bf16
-  const void* w;  // as x, or int8 with GemmConfig::q8_group
+  const void* w;  // as x, or int8 (q4: two entries a byte) with GemmConfig::quant_group
   const float* bias;
   float* y;
   std::int64_t m, n, k;
-  const std::uint16_t* scales;  // q8: [n, ceil(k / q8_group)] f16 (W[o][kk] = w[o][kk] · scale[o][kk / group])
+  // quantized: [n, ceil(k / quant_group)] f16 (W[o][kk] = q[o][kk] · scale[o][kk / group])
+  const std::uint16_t* scales;
 };
 
 /// The most rows of x the GEMV kernel takes; above it the GEMM packs Bᵀ and runs its micro-kernel.

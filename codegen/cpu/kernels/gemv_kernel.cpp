@@ -12,6 +12,7 @@
 #include <llvm/IR/Module.h>
 
 #include <qkv/ir/error.hpp>
+#include <qkv/ir/quant.hpp>
 
 #include "cpu/kernels/gemm_kernel.hpp"
 #include "llvm/ir_util.hpp"
@@ -61,14 +62,16 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* tail = lane_mask(lanes, rem);
   // Rows past m repeat row m − 1 (their results are not stored).
   // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes);
-  // a quantized W is int8, each vector scaled by its group's scale as loaded (a quarter of them).
-  const int group = cfg.q8_group;
-  if (group % lanes != 0)
+  // a quantized W is int8, each vector scaled by its group's scale as loaded (a quarter of them); a
+  // q4 W two entries a byte, a vector one nibble of `lanes` bytes (half a group is whole vectors).
+  const int group = cfg.quant_group;
+  if (group % lanes != 0 || (cfg.q4 && (group / 2) % lanes != 0))
     internal_error("emit_gemv_kernel: groups of " + std::to_string(group) + " in vectors of " + std::to_string(lanes));
   llvm::Type* xelem = cfg.bf16 ? b.getInt16Ty() : f32;
   llvm::Type* welem = group > 0 ? b.getInt8Ty() : xelem;
   llvm::Value* scales = group > 0 ? field(offsetof(GemvArgs, scales), ptr) : nullptr;
   llvm::Value* groups = group > 0 ? b.CreateSDiv(b.CreateAdd(k, c64(group - 1)), c64(group)) : nullptr;
+  llvm::Value* wbytes = cfg.q4 ? b.CreateSDiv(k, c64(2)) : k;  // a row of W, in its elements
   std::vector<llvm::Value*> xrow(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r)
     xrow[r] = b.CreateInBoundsGEP(xelem, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
@@ -80,7 +83,7 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
         std::vector<llvm::Value*> wrow(static_cast<std::size_t>(outs)), srow(static_cast<std::size_t>(outs));
         for (int j = 0; j < outs; ++j) {
           llvm::Value* row = smin(b.CreateAdd(o0, c64(j)), b.CreateSub(n1, c64(1)));
-          wrow[j] = b.CreateInBoundsGEP(welem, w, b.CreateMul(row, k));
+          wrow[j] = b.CreateInBoundsGEP(welem, w, b.CreateMul(row, wbytes));
           if (group > 0) srow[j] = b.CreateInBoundsGEP(b.getInt16Ty(), scales, b.CreateMul(row, groups));
         }
         auto load = [&](llvm::Type* elem, llvm::Value* row, llvm::Value* i, llvm::Value* mask) {
@@ -93,14 +96,24 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
           if (elem == b.getInt8Ty()) return b.CreateSIToFP(v, vf);
           return ir::half_to_f32(b, v, /*brain=*/true);
         };
-        // One vector of K at i: acc[j·rows + r] += x[r][i…] · W[j][i…] (W scaled by `scale[j]`).
+        // A q4 vector of row j: one nibble of `lanes` bytes from byte `at`, less 8.
+        auto load_q4 = [&](int j, llvm::Value* at, bool high) {
+          auto* vb = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(lanes));
+          llvm::Value* v = b.CreateAlignedLoad(vb, b.CreateGEP(b.getInt8Ty(), wrow[j], at), llvm::Align(1));
+          v = high ? b.CreateLShr(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(4)))
+                   : b.CreateAnd(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(0x0F)));
+          v = b.CreateSub(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(kQ4Zero)));
+          return b.CreateSIToFP(v, vf);
+        };
+        // One vector of K at i: acc[j·rows + r] += x[r][i…] · W[j][i…] (W scaled by `scale[j]`); a q4
+        // W's vector from byte `q4_at`, its high nibbles if `q4_high`.
         auto step = [&](llvm::Value* i, const std::vector<llvm::Value*>& in, llvm::Value* mask,
-                        const std::vector<llvm::Value*>& scale) {
+                        const std::vector<llvm::Value*>& scale, llvm::Value* q4_at = nullptr, bool q4_high = false) {
           std::vector<llvm::Value*> acc = in;
           std::vector<llvm::Value*> xv(static_cast<std::size_t>(rows));
           for (int r = 0; r < rows; ++r) xv[r] = load(xelem, xrow[r], i, mask);
           for (int j = 0; j < outs; ++j) {
-            llvm::Value* wv = load(welem, wrow[j], i, mask);
+            llvm::Value* wv = q4_at ? load_q4(j, q4_at, q4_high) : load(welem, wrow[j], i, mask);
             if (group > 0) wv = b.CreateFMul(wv, scale[j]);
             for (int r = 0; r < rows; ++r) acc[j * rows + r] = fma(xv[r], wv, acc[j * rows + r]);
           }
@@ -126,23 +139,27 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
               [&](llvm::Value* gi, const std::vector<llvm::Value*>& in) {
                 const std::vector<llvm::Value*> sc = scales_of(gi);
                 std::vector<llvm::Value*> a = in;
-                for (int v = 0; v < group / lanes; ++v)
-                  a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(static_cast<std::int64_t>(v) * lanes)), a,
-                           nullptr, sc);
+                for (int v = 0; v < group / lanes; ++v) {
+                  const int e = v * lanes, half = group / 2;  // the vector's first entry in the group
+                  llvm::Value* q4_at = cfg.q4 ? b.CreateAdd(b.CreateMul(gi, c64(half)), c64(e % half)) : nullptr;
+                  a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(e)), a, nullptr, sc, q4_at, e >= half);
+                }
                 return a;
               },
               "gemv.groups");
           kvec = b.CreateMul(kgroups, c64(group));
         }
-        // The last, partial group's scales (the last group's when there is none: the loop and the
-        // masked vector below then read no W).
-        const std::vector<llvm::Value*> last =
-            scales_of(group > 0 ? smin(b.CreateSDiv(kvec, c64(group)), b.CreateSub(groups, c64(1))) : nullptr);
-        acc = ir::emit_loop(
-            b, kvec, kfull, lanes, acc,
-            [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr, last); }, "gemv.k",
-            ir::Unroll::allowed);
-        acc = step(kfull, acc, tail, last);  // K's last partial vector (an empty mask when lanes divides K)
+        if (!cfg.q4) {  // (a q4 W's K is whole groups: select.hpp)
+          // The last, partial group's scales (the last group's when there is none: the loop and the
+          // masked vector below then read no W).
+          const std::vector<llvm::Value*> last =
+              scales_of(group > 0 ? smin(b.CreateSDiv(kvec, c64(group)), b.CreateSub(groups, c64(1))) : nullptr);
+          acc = ir::emit_loop(
+              b, kvec, kfull, lanes, acc,
+              [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr, last); },
+              "gemv.k", ir::Unroll::allowed);
+          acc = step(kfull, acc, tail, last);  // K's last partial vector (an empty mask when lanes divides K)
+        }
 
         llvm::Value* valid = lane_mask(outs, b.CreateSub(n1, o0));
         llvm::Value* bv = b.CreateMaskedLoad(vo, b.CreateInBoundsGEP(f32, bias, o0), llvm::Align(4), valid,

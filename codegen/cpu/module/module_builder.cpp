@@ -87,7 +87,7 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
   gemm_cfg_ = gemm_config(id);
   auto [packed, bias_pad] = gemm_blocks_.at(id);
   // A quantized weight: wt is its q (the dequantize's buffer), the scales its second input.
-  llvm::Value* scales = gemm_cfg_.q8_group > 0 ? buf(g_.node(g_.node(id).inputs[1]).inputs[1]) : nullptr;
+  llvm::Value* scales = gemm_cfg_.quant_group > 0 ? buf(g_.node(g_.node(id).inputs[1]).inputs[1]) : nullptr;
   // A prepared linear under a handle: its panels and padded bias were made once, by prepare.
   const auto it = std::find(plan_.prepared.begin(), plan_.prepared.end(), id);
   ir::Bool pack(b_, b_.getTrue());
@@ -121,14 +121,14 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
 }
 
 /// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened; a quantized W's q · scale, exact:
-/// an 8-bit integer times an f16); zeros past N. With dpbf16 the
+/// an 8-bit or 4-bit integer times an f16); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
 /// zeros past N and past K. The whole panels are shared out among the threads. `columns`: f32 W
 /// given as B itself, [K, N] rows (W[row][kk] at kk·N + row).
 void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales,
                                      bool columns) {
   const std::int64_t nr = gemm_cfg_.cols();
-  if (columns && (gemm_cfg_.bf16 || gemm_cfg_.q8_group > 0))
+  if (columns && (gemm_cfg_.bf16 || gemm_cfg_.quant_group > 0))
     internal_error("codegen: panels from [K, N] rows are f32 only");
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
@@ -151,10 +151,11 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
   // Element (row, kk) of W, at offset `at` of wt.
   auto weight = [&](const I& row, const I& kk, const I& at) -> llvm::Value* {
-    if (gemm_cfg_.q8_group > 0) {
-      const I group = c64(gemm_cfg_.q8_group);
+    if (gemm_cfg_.quant_group > 0) {
+      const I group = c64(gemm_cfg_.quant_group);
       llvm::Value* s = load(b_.getInt16Ty(), scales, row * ceil_div(k, group) + kk / group);
-      return b_.CreateFMul(b_.CreateSIToFP(load(i8_, wt, at), f32_), ir::half_to_f32(b_, s, /*brain=*/false));
+      llvm::Value* q = gemm_cfg_.q4 ? q4_entry(wt, row * (k / 2), kk, group) : load(i8_, wt, at);
+      return b_.CreateFMul(b_.CreateSIToFP(q, f32_), ir::half_to_f32(b_, s, /*brain=*/false));
     }
     return gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/true) : load(f32_, wt, at);
   };
@@ -171,7 +172,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
     const std::string name = std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") +
-                             (gemm_cfg_.q8_group > 0 ? "q8g" + std::to_string(gemm_cfg_.q8_group) + "_" : "") +
+                             (gemm_cfg_.quant_group > 0
+                                  ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
+                                  : "") +
                              std::to_string(rows);
     if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
     return callee(name);

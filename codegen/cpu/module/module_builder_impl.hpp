@@ -19,6 +19,7 @@
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
+#include <qkv/ir/quant.hpp>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -630,6 +631,8 @@ class ModuleBuilder {
   void emit_embedding(int id);
   /// A quantized weight written out (a dequantize the linear kernels do not read in place).
   void emit_dequantize(int id);
+  /// Entry kk of a q4 row whose bytes start at byte `row` of q: its nibble − 8, as an i8.
+  llvm::Value* q4_entry(llvm::Value* q, const I& row, const I& kk, const I& group);
 
   void emit_argmax(int id);
 
@@ -647,7 +650,7 @@ class ModuleBuilder {
   void emit_slice(int id);
 
   void emit_concat(int id);
-  /// Bᵀ into panels; a quantized W (gemm_cfg_.q8_group) dequantized from q `wt` and `scales`.
+  /// Bᵀ into panels; a quantized W (gemm_cfg_.quant_group) dequantized from q `wt` and `scales`.
   /// `columns`: f32 B given as [K, N] rows (B itself, not Bᵀ).
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr,
                         bool columns = false);

@@ -688,13 +688,20 @@ void ModuleBuilder::emit_embedding(int id) {
 void ModuleBuilder::emit_dequantize(int id) {
   const Node& n = g_.node(id);
   const int q = n.inputs[0], s = n.inputs[1];
-  const Dims qs = shape(q);
-  const I k = qs.back(), rows = pick(k > 0, numel(qs) / imax(k, 1), c64(0));
-  const I groups = shape(s).back(), group = c64(n.offset);
-  nest({rows, k}, {{k, c64(1)}}, {c64(0)}, [&](const Dims& idx, const Dims& off) {
-    llvm::Value* v = b_.CreateSIToFP(load(i8_, buf(q), off[0]), f32_);
-    put(b_.CreateFMul(v, value(s, idx[0] * groups + idx[1] / group)), id, off[0]);
+  const Dims ns = shape(id);
+  const I k = ns.back(), rows = pick(k > 0, numel(ns) / imax(k, 1), c64(0));
+  const I groups = shape(s).back(), group = c64(n.offset), bytes = shape(q).back();
+  const bool q4 = dequantizes_q4(n);
+  nest({rows, k}, {{k, c64(1)}, {bytes, c64(1)}}, {c64(0), c64(0)}, [&](const Dims& idx, const Dims& off) {
+    llvm::Value* v = q4 ? q4_entry(buf(q), idx[0] * bytes, idx[1], group) : load(i8_, buf(q), off[1]);
+    put(b_.CreateFMul(b_.CreateSIToFP(v, f32_), value(s, idx[0] * groups + idx[1] / group)), id, off[0]);
   });
+}
+
+llvm::Value* ModuleBuilder::q4_entry(llvm::Value* q, const I& row, const I& kk, const I& group) {
+  llvm::Value* byte = load(i8_, q, row + q4_byte(kk, group));
+  llvm::Value* nibble = b_.CreateSelect(q4_high(kk, group).v(), b_.CreateLShr(byte, 4), b_.CreateAnd(byte, 0x0F));
+  return b_.CreateSub(nibble, b_.getInt8(kQ4Zero));
 }
 
 /// argmax along attr_axes[0] (dropped): the first index of the largest entry, a NaN the largest

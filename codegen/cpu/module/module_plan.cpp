@@ -9,6 +9,7 @@
 #include <qkv/codegen/cpu/compiled_graph.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
+#include <qkv/ir/quant.hpp>
 
 #include "cpu/kernels/decode_kernel.hpp"
 #include "cpu/kernels/gemm_kernel.hpp"
@@ -112,7 +113,8 @@ GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& ta
   spec.bf16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::bf16;
   GemmConfig cfg = choose_gemm_config(spec, target);
   if (dequantize_in_linear(lowered, n.inputs[1])) {  // panels packed from q: f32 (A widened if bf16)
-    cfg.q8_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
+    cfg.quant_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
+    cfg.q4 = dequantizes_q4(lowered.node(n.inputs[1]));
     cfg.dpbf16 = false;
   }
   return cfg;

@@ -132,8 +132,9 @@ inline constexpr std::array<OpInfo, 41> kOps{{
     {Op::attention_dv, "attention_dv", 1, 1, false, false, true, "dV its fused_attention_backward input wrote"},
     {Op::dequantize, "dequantize", 2, 2, false, true, false,
      "(q, scale): a weight stored as integers (q: i8, any axes) with one scale (f32 / f16 / bf16) per `offset` "
-     "consecutive entries of q's last axis: q[..., k] * scale[..., k / offset]; scale has q's axes with the last "
-     "one's extent ceil(K / offset)"},
+     "consecutive entries of the last axis: q[..., k] * scale[..., k / offset]; scale has q's axes with the last "
+     "one's extent ceil(K / offset). scalar 4: q holds two 4-bit entries a byte (K / 2 bytes a row, K a multiple "
+     "of offset; ir/quant.hpp's order), each worth nibble - 8"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

@@ -83,7 +83,9 @@ class HfCheckpoint {
   /// LayerNorm names gamma/beta. BERT's pooler is optional (has_pooler()).
   ///
   /// A rank-2 weight may instead be stored quantized (what `qkv quantize` writes): `name.q8`, I8
-  /// of the weight's shape, and `name.q8_scale`, F16 [rows, ceil(columns / 32)] (Q8_0's groups).
+  /// of the weight's shape, and `name.q8_scale`, F16 [rows, ceil(columns / 32)] (Q8_0's groups);
+  /// or `name.q4`, I8 [rows, columns / 2] (two entries a byte), and `name.q4_scale`, F16
+  /// [rows, columns / 32] (quantize.hpp).
   static HfCheckpoint open(const std::filesystem::path& dir);
 
   [[nodiscard]] const HfConfig& config() const { return config_; }
@@ -93,11 +95,17 @@ class HfCheckpoint {
   /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes); a
   /// weight stored quantized, dequantized to f32.
   [[nodiscard]] NdArray load(const std::string& name) const;
-  /// Whether weight `name` is stored quantized (q8); any of them.
-  [[nodiscard]] bool quantized(const std::string& name) const { return q8_.count(name) > 0; }
-  [[nodiscard]] bool any_quantized() const { return !q8_.empty(); }
-  /// A weight stored quantized, as stored (i8 q, f16 scales in groups of kQ8Group).
-  [[nodiscard]] QuantizedWeight load_q8(const std::string& name) const;
+  /// Whether weight `name` is stored quantized (q8 or q4); any of them.
+  [[nodiscard]] bool quantized(const std::string& name) const { return quant_.count(name) > 0; }
+  [[nodiscard]] bool any_quantized() const { return !quant_.empty(); }
+  /// The formats the quantized weights are stored in, each once.
+  [[nodiscard]] std::set<Quant> formats() const {
+    std::set<Quant> out;
+    for (const auto& [name, f] : quant_) out.insert(f);
+    return out;
+  }
+  /// A weight stored quantized, as stored (i8 q, f16 scales in groups of kQuantGroup).
+  [[nodiscard]] QuantizedWeight load_quantized(const std::string& name) const;
   /// Every file open() read: config.json, then model.safetensors, or the index and its shards
   /// in the order the index first names them (a command's outputs may be none of these).
   [[nodiscard]] const std::vector<std::filesystem::path>& files() const { return paths_; }
@@ -106,7 +114,7 @@ class HfCheckpoint {
   /// bert: whether the checkpoint has the pooler (pooler.dense.*); BertForMaskedLM's has none.
   [[nodiscard]] bool has_pooler() const { return has_pooler_; }
   /// The name weight `name` has in the files (a prefix, a legacy name; `name` itself mostly); a
-  /// quantized one's tensors are that name with kQ8Suffix and kQ8ScaleSuffix.
+  /// quantized one's tensors are that name with quant_suffix and quant_scale_suffix.
   [[nodiscard]] const std::string& stored(const std::string& name) const;
   /// Bytes of all weights once converted to f32.
   [[nodiscard]] std::uint64_t f32_bytes() const;
@@ -120,7 +128,7 @@ class HfCheckpoint {
   std::map<std::string, std::size_t> where_;   // weight name as stored -> file
   std::map<std::string, std::string> stored_;  // the graph's weight name -> as stored
   bool has_pooler_ = false;
-  std::set<std::string> q8_;  // the graph's names of the weights stored quantized
+  std::map<std::string, Quant> quant_;  // the graph's names of the weights stored quantized: how
   std::vector<std::string> names_;
 };
 
