@@ -4,6 +4,7 @@ llama.cpp loads, for benchmarking qkv against llama.cpp (bench/llamacpp_generate
 
     /usr/bin/python3 bench/gguf_from_safetensors.py --model /tmp/llm --out /tmp/llm-f32.gguf --type f32
     /usr/bin/python3 bench/gguf_from_safetensors.py --model /tmp/llm --out /tmp/llm-q8_0.gguf --type q8_0
+    /usr/bin/python3 bench/gguf_from_safetensors.py --model /tmp/llm --out /tmp/llm-q4_0.gguf --type q4_0
 
 numpy only (no `gguf` package, no `safetensors` package): the safetensors file is read by hand
 (an 8-byte little-endian header length, a JSON header, the raw data; F32, F16 and BF16 tensors),
@@ -19,6 +20,9 @@ and the GGUF file is written by hand, following llama.cpp's convert_hf_to_gguf.p
   in f32, like `qkv --quantize q8`, which quantizes the linear layers only) in Q8_0 blocks of 32 values
   (an f16 scale d = max|x| / 127, then 32 int8 q = round-half-away(x / d): 34 bytes a block);
   norms and anything else stay f32.
+* --type q4_0: the same tensors in Q4_0 blocks of 32 (an f16 scale d = m / -8, m the entry of
+  largest magnitude, then 16 bytes: byte j holds min(15, trunc(x_j / d + 8.5)) in its low four bits
+  and the same of x_{j+16} in its high four; 18 bytes a block), as llama.cpp's quantize_row_q4_0_ref.
 
 The checkpoint has no tokenizer, so the file carries a placeholder SentencePiece ("llama")
 vocabulary of vocab_size pieces: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, then
@@ -36,9 +40,9 @@ import numpy as np
 # GGUF metadata value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 # ggml tensor types
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
 # llama_ftype
-FTYPE_ALL_F32, FTYPE_MOSTLY_Q8_0 = 0, 7
+FTYPE_ALL_F32, FTYPE_MOSTLY_Q4_0, FTYPE_MOSTLY_Q8_0 = 0, 2, 7
 ALIGN = 32
 QK8_0 = 32
 
@@ -157,6 +161,22 @@ def quantize_q8_0(w):
     return out
 
 
+def quantize_q4_0(w):
+    """llama.cpp's Q4_0 (quantize_row_q4_0_ref): per block of 32, d = m / -8 (m the entry of largest
+    magnitude, with its sign) stored as f16, then byte j = q_j | q_{j+16} << 4 with q = min(15,
+    trunc(x / d + 8.5)); 18 bytes a block, rows of blocks back to back."""
+    blocks = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, QK8_0)
+    m = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    d = m / -8
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idn = np.where(d == 0, 0, 1 / d)
+    q = np.minimum(15, np.trunc(blocks * idn + 8.5)).astype(np.uint8)
+    out = np.empty((blocks.shape[0], 2 + QK8_0 // 2), dtype=np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8)
+    out[:, 2:] = q[:, : QK8_0 // 2] | (q[:, QK8_0 // 2 :] << 4)
+    return out
+
+
 # ---- GGUF writing ------------------------------------------------------------------------------
 
 
@@ -221,8 +241,10 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
     infos = []
     for tname, w in tensors:
         keep = embd_f32 and tname == "token_embd.weight"
-        if w.ndim == 2 and qtype == "q8_0" and w.shape[1] % QK8_0 == 0 and not keep:
-            t, nbytes = GGML_Q8_0, w.shape[0] * (w.shape[1] // QK8_0) * (2 + QK8_0)
+        if w.ndim == 2 and qtype in ("q8_0", "q4_0") and w.shape[1] % QK8_0 == 0 and not keep:
+            t = GGML_Q8_0 if qtype == "q8_0" else GGML_Q4_0
+            block = 2 + (QK8_0 if qtype == "q8_0" else QK8_0 // 2)
+            nbytes = w.shape[0] * (w.shape[1] // QK8_0) * block
         else:
             t, nbytes = GGML_F32, w.size * 4
         infos.append((tname, list(reversed(w.shape)), t, nbytes))
@@ -244,7 +266,7 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
         kv("llama.attention.key_length", U32, head_dim),
         kv("llama.attention.value_length", U32, head_dim),
         kv("llama.attention.layer_norm_rms_epsilon", F32, float(cfg.get("rms_norm_eps", 1e-6))),
-        kv("general.file_type", U32, FTYPE_MOSTLY_Q8_0 if qtype == "q8_0" else FTYPE_ALL_F32),
+        kv("general.file_type", U32, {"q8_0": FTYPE_MOSTLY_Q8_0, "q4_0": FTYPE_MOSTLY_Q4_0}.get(qtype, FTYPE_ALL_F32)),
         kv("tokenizer.ggml.model", STRING, "llama"),
         kv("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
         kv("tokenizer.ggml.scores", ARRAY, scores, F32),
@@ -270,15 +292,17 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
         for (tname, w), (_, _, t, nbytes) in zip(tensors, infos):
             if t == GGML_Q8_0:
                 data = quantize_q8_0(w).tobytes()
+            elif t == GGML_Q4_0:
+                data = quantize_q4_0(w).tobytes()
             else:
                 data = np.ascontiguousarray(w, dtype="<f4").tobytes()
             assert len(data) == nbytes, tname
             f.write(data)
             f.write(b"\0" * pad(nbytes))
     os.replace(tmp, out_path)
-    n_q = sum(1 for i in infos if i[2] == GGML_Q8_0)
+    n_q = sum(1 for i in infos if i[2] in (GGML_Q8_0, GGML_Q4_0))
     print(
-        f"wrote {out_path}: {len(infos)} tensors ({n_q} q8_0, {len(infos) - n_q} f32), "
+        f"wrote {out_path}: {len(infos)} tensors ({n_q} {qtype}, {len(infos) - n_q} f32), "
         f"{os.path.getsize(out_path) / 2**20:.1f} MiB",
         file=sys.stderr,
     )
@@ -288,13 +312,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face Llama folder")
     p.add_argument("--out", required=True, metavar="FILE", help="the .gguf to write")
-    p.add_argument("--type", choices=["f32", "q8_0"], default="f32", help="weight type (default f32)")
+    p.add_argument("--type", choices=["f32", "q8_0", "q4_0"], default="f32", help="weight type (default f32)")
     p.add_argument("--name", help="general.name (default: the folder's name)")
     p.add_argument(
         "--token-embd-f32",
         action="store_true",
-        help="with --type q8_0, keep token_embd in f32 (as qkv --quantize q8 does) instead of q8_0 "
-        "(as convert_hf_to_gguf.py --outtype q8_0 does)",
+        help="with --type q8_0 / q4_0, keep token_embd in f32 (as qkv --quantize q8 / q4 does) instead of "
+        "quantizing it (as convert_hf_to_gguf.py --outtype q8_0 does)",
     )
     a = p.parse_args()
     convert(a.model, a.out, a.type, a.name, a.token_embd_f32)

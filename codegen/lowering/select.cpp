@@ -24,9 +24,10 @@ bool dequantize_in_linear(const Graph& g, int id) {
   if (q.dtype != DType::i8 || !is_array_leaf(q) || !is_array_leaf(s) || s.dtype != DType::f16 || q.axes.size() != 2 ||
       n.offset < 1 || n.offset % kQuantGroupQuantum != 0)
     return false;
-  if (dequantizes_q4(n)) {
-    const Extent& k = n.axes.back().extent;
-    if (n.offset % (2 * kQuantGroupQuantum) != 0 || !k.is_static() || k.value % n.offset != 0) return false;
+  if (dequantizes_q4(n)) {  // (q's bytes: K / 2, its K a run-time size or not: quantize.hpp)
+    const Extent& bytes = q.axes.back().extent;
+    if (n.offset % (2 * kQuantGroupQuantum) != 0 || !bytes.is_static() || 2 * bytes.value % n.offset != 0)
+      return false;
   }
   for (const auto& o : g.outputs())
     if (o.node == id) return false;

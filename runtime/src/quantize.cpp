@@ -171,6 +171,13 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, st
                        shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) + " " +
                        shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
                        " weight and its f16 scales per " + std::to_string(group));
+    // A weight whose columns are a run-time size: that size must be the stored weight's (the
+    // kernels read q's rows by it).
+    const Extent& columns = n.axes.back().extent;
+    if (!columns.is_static())
+      out.graph.require({Constraint::Kind::equal, columns, Extent::fixed(k),
+                         "`" + n.name + "` is stored with " + std::to_string(k) + " columns, `" + columns.symbol +
+                             "` is {a}"});
     out.bytes_before += q.shape[0] * k * 4;
     out.bytes_after += static_cast<std::int64_t>(q.bytes.size() + s.bytes.size());
     Node qn = n, sn = n, d;

@@ -180,6 +180,31 @@ TEST(Quantize, LinearLayersReadQ4WeightsAsTheInterpreterDequantizesThem) {
   check_quantized_linear<70>(DType::f32, Quant::q4);   // rows not whole groups: q8
 }
 
+// A decoder's widths are run-time sizes (bound when it compiles): its q4 weights are still read
+// in place (q's bytes a row are static), and a width that is not the stored weight's is refused.
+TEST(Quantize, AWeightOfRunTimeWidthIsReadInPlaceAndItsWidthChecked) {
+  Graph model;
+  auto x = input<Tensor<f32, Seq<dyn>, Model<dyn>>>(model, "x");
+  output(linear(x, linear_params<Model<dyn>, Hidden<40>>(model, "fc")), "out");
+  Feeds feeds = random_feeds(model, {{"Seq", 5}, {"Model", 64}}, 11, 1.0f);
+  const Graph g = quantize_linear_weights(model, feeds, Quant::q4).graph;
+  const Graph lowered = codegen::lower(g);
+  int read_in_place = 0;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    read_in_place += codegen::select_kernel(lowered, id) == codegen::KernelKind::dequantize_in_linear;
+  EXPECT_EQ(read_in_place, 1);
+  EXPECT_LE(max_error(codegen::cpu::run(g, feeds, 2).outputs.at("out"), interpret(g, feeds).outputs.at("out")), 2e-5);
+  feeds["x"] = NdArray::zeros(DType::f32, {5, 96});
+  for (const bool cpu : {true, false}) {
+    try {
+      (void)(cpu ? codegen::cpu::run(g, feeds, 2) : interpret(g, feeds));
+      ADD_FAILURE() << "a width of 96 ran against a weight stored with 64 columns";
+    } catch (const std::exception& e) {
+      EXPECT_THAT(e.what(), HasSubstr("`fc.weight` is stored with 64 columns, `Model` is 96")) << cpu;
+    }
+  }
+}
+
 TEST(Quantize, WeightsQuantizedAsTheyAreLoadedAreTakenAsTheyAre) {
   const Graph model = linear_model<70>(DType::f32);
   ASSERT_EQ(quantizable_linear_weights(model), (std::vector<std::string>{"fc.weight"}));

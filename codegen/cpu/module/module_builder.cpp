@@ -149,6 +149,42 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     return;
   }
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
+  // A quantized W is packed per call (its panels are not kept: quantize.hpp), so fast: its whole
+  // panels a lanes × lanes tile at a time (each row's `lanes` entries dequantized as a vector,
+  // the tile transposed in registers), then what is left (K's last entries short of a vector,
+  // the last panel's `rest` rows) entry by entry below.
+  I kdone = c64(0);
+  if (gemm_cfg_.quant_group > 0 && !columns) {
+    const int lanes = gemm_cfg_.lanes;
+    if (gemm_cfg_.quant_group % lanes != 0 || nr % lanes != 0)
+      internal_error("codegen: quantized panels in vectors of " + std::to_string(lanes));
+    auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes));
+    auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(lanes));
+    const I group = c64(gemm_cfg_.quant_group), groups = ceil_div(k, group), chunks = k / lanes;
+    auto splat8 = [&](int v) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt8(v)); };
+    nest_parallel({full, c64(nr / lanes), chunks}, {}, {}, c64(lanes * lanes * 4), [&](const Dims& i, const Dims&) {
+      const I kk = i[2] * lanes;
+      std::vector<llvm::Value*> tile;
+      for (int j = 0; j < lanes; ++j) {
+        const I row = i[0] * nr + i[1] * lanes + j;
+        llvm::Value* scale = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), false);
+        llvm::Value* q;
+        if (gemm_cfg_.q4) {  // one nibble of `lanes` bytes (a vector never straddles a group's halves)
+          q = b_.CreateAlignedLoad(vb, b_.CreateGEP(i8_, wt, (row * (k / 2) + q4_byte(kk, group)).v()), llvm::Align(1));
+          q = b_.CreateSelect(q4_high(kk, group).v(), b_.CreateLShr(q, splat8(4)), b_.CreateAnd(q, splat8(0x0F)));
+          q = b_.CreateSub(q, splat8(kQ4Zero));
+        } else {
+          q = b_.CreateAlignedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + kk).v()), llvm::Align(1));
+        }
+        tile.push_back(b_.CreateFMul(b_.CreateSIToFP(q, vf), b_.CreateVectorSplat(static_cast<unsigned>(lanes), scale)));
+      }
+      tile = ir::transpose_square(b_, std::move(tile));
+      for (int t = 0; t < lanes; ++t)
+        b_.CreateAlignedStore(tile[t], b_.CreateGEP(f32_, packed, ((i[0] * k + kk + t) * nr + i[1] * lanes).v()),
+                              llvm::Align(4));
+    });
+    kdone = chunks * lanes;
+  }
   // Element (row, kk) of W, at offset `at` of wt.
   auto weight = [&](const I& row, const I& kk, const I& at) -> llvm::Value* {
     if (gemm_cfg_.quant_group > 0) {
@@ -161,9 +197,11 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
   };
   // W's strides: a row, a step of K.
   const I row_step = columns ? one : k, k_step = columns ? nn : one;
-  // Whole panels (p, kk, r), then the last panel's `rest` columns (kk, r).
-  nest_parallel({full, k, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}}, {zero, zero}, c64(2),
-                [&](const Dims& i, const Dims& off) { store(weight(i[0] * nr + i[2], i[1], off[1]), packed, off[0]); });
+  // Whole panels (p, kk, r) from kdone on, then the last panel's `rest` columns (kk, r).
+  nest_parallel({full, k - kdone, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}},
+                {kdone * nr, kdone * k_step}, c64(2), [&](const Dims& i, const Dims& off) {
+                  store(weight(i[0] * nr + i[2], kdone + i[1], off[1]), packed, off[0]);
+                });
   nest({k, rest}, {{c64(nr), one}, {k_step, row_step}}, {full * k * nr, full * nr * row_step},
        [&](const Dims& i, const Dims& off) { store(weight(full * nr + i[1], i[0], off[1]), packed, off[0]); });
 }

@@ -51,7 +51,7 @@ inline constexpr std::int64_t kQuantGroupQuantum = 16;
 /// Whether dequantize node `id` is read only as the weight [out, in] of linear layers on the GEMM /
 /// GEMV kernels, from an i8 q and f16 scales the caller passes (array leaves) in groups of a
 /// multiple of kQuantGroupQuantum (a q4 q: of 2 · kQuantGroupQuantum, so that each half of a group
-/// — one nibble of its bytes — is whole vectors, and a static K a multiple of the group), and is no
+/// — one nibble of its bytes — is whole vectors, and q's static bytes a row whole groups), and is no
 /// graph output: those kernels read q and the scales as stored, and the weight is never written out.
 bool dequantize_in_linear(const Graph& lowered, int id);
 
