@@ -26,8 +26,7 @@ bool dequantize_in_linear(const Graph& g, int id) {
     return false;
   if (dequantizes_q4(n)) {  // (q's bytes: K / 2, its K a run-time size or not: quantize.hpp)
     const Extent& bytes = q.axes.back().extent;
-    if (n.offset % (2 * kQuantGroupQuantum) != 0 || !bytes.is_static() || 2 * bytes.value % n.offset != 0)
-      return false;
+    if (n.offset % (2 * kQuantGroupQuantum) != 0 || !bytes.is_static() || 2 * bytes.value % n.offset != 0) return false;
   }
   for (const auto& o : g.outputs())
     if (o.node == id) return false;

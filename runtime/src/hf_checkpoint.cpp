@@ -395,8 +395,7 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
         if (t.dtype != dtype || t.shape != t_shape)
           fail(ck.what_, "`" + t_name + "` is " + std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) +
                              ", a " + std::string(quant_name(*format)) + " weight of shape " + shape_text(shape) +
-                             " needs " +
-                             std::string(dtype_name(dtype)) + " " + shape_text(t_shape));
+                             " needs " + std::string(dtype_name(dtype)) + " " + shape_text(t_shape));
         used.insert(t_name);
       };
       if (!quantizable(*format, shape[1], kQuantGroup))

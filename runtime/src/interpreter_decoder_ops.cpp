@@ -140,7 +140,8 @@ Value op_dequantize(const OpArgs& a) {
   Value out{shape, std::vector<float>(rows * static_cast<std::size_t>(k))};
   for (std::size_t row = 0; row < rows; ++row)
     for (std::int64_t col = 0; col < k; ++col) {
-      float v = q.data[row * static_cast<std::size_t>(bytes) + static_cast<std::size_t>(q4 ? q4_byte(col, group) : col)];
+      float v =
+          q.data[row * static_cast<std::size_t>(bytes) + static_cast<std::size_t>(q4 ? q4_byte(col, group) : col)];
       if (q4) {
         const int byte = static_cast<int>(v) & 0xFF;
         v = static_cast<float>((q4_high(col, group) ? byte >> 4 : byte & 0x0F) - kQ4Zero);

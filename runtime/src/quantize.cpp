@@ -67,7 +67,8 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
       }
       // The scale as stored (f16), and q from it: q · scale is then the nearest stored value.
       // (A group of zeros: +0, not q4's −0.)
-      const std::uint16_t bits = amax == 0.0f ? 0 : f32_to_f16(q4 ? largest / -static_cast<float>(kQ4Zero) : amax / 127.0f);
+      const std::uint16_t bits =
+          amax == 0.0f ? 0 : f32_to_f16(q4 ? largest / -static_cast<float>(kQ4Zero) : amax / 127.0f);
       const float scale = f16_to_f32(bits);
       s[static_cast<std::size_t>(r * groups + gi)] = bits;
       for (std::int64_t i = begin; i < end; ++i) {
@@ -81,7 +82,8 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
         const std::int64_t col = i - r * k;
         const auto nibble = static_cast<unsigned>(static_cast<int>(t) + kQ4Zero);
         auto& byte = reinterpret_cast<std::uint8_t&>(q[static_cast<std::size_t>(r * (k / 2) + q4_byte(col, group))]);
-        byte = static_cast<std::uint8_t>(q4_high(col, group) ? (byte & 0x0Fu) | (nibble << 4) : (byte & 0xF0u) | nibble);
+        byte =
+            static_cast<std::uint8_t>(q4_high(col, group) ? (byte & 0x0Fu) | (nibble << 4) : (byte & 0xF0u) | nibble);
       }
     }
   return out;
@@ -175,9 +177,9 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, st
     // kernels read q's rows by it).
     const Extent& columns = n.axes.back().extent;
     if (!columns.is_static())
-      out.graph.require({Constraint::Kind::equal, columns, Extent::fixed(k),
-                         "`" + n.name + "` is stored with " + std::to_string(k) + " columns, `" + columns.symbol +
-                             "` is {a}"});
+      out.graph.require(
+          {Constraint::Kind::equal, columns, Extent::fixed(k),
+           "`" + n.name + "` is stored with " + std::to_string(k) + " columns, `" + columns.symbol + "` is {a}"});
     out.bytes_before += q.shape[0] * k * 4;
     out.bytes_after += static_cast<std::int64_t>(q.bytes.size() + s.bytes.size());
     Node qn = n, sn = n, d;

@@ -153,10 +153,11 @@ void check_quantized_linear(DType dtype, Quant format = Quant::q8) {
   for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
     read_in_place += codegen::select_kernel(lowered, id) == codegen::KernelKind::dequantize_in_linear;
   EXPECT_EQ(read_in_place, 1);
-  // Rows 1 to 4 run the GEMV, more the GEMM on panels packed from q: the same products
-  // (q · scale is exact in f32), summed in another order.
+  // Rows 1 to 4 run the GEMV, 5 to 32 the GEMV 4 rows at a time (5, 29: a last chunk of 1), more
+  // the GEMM on panels packed from q: the same products (q · scale is exact in f32), summed in
+  // another order.
   const codegen::cpu::BoundRunner bound(2);
-  for (const std::int64_t seq : {1, 2, 3, 5, 29}) {
+  for (const std::int64_t seq : {1, 2, 3, 5, 29, 37}) {
     feeds["x"] = random_feeds(g, {{"Batch", 1}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
     const RunResult want = interpret(g, feeds);
     for (const RunResult& got : {codegen::cpu::run(g, feeds, 1), codegen::cpu::run(g, feeds, 3), bound(g, feeds)})
@@ -243,10 +244,9 @@ void check_dequantize_written_out(Quant format) {
   const RunResult want = interpret(g, feeds);
   const RunResult got = codegen::cpu::run(g, feeds, 2);
   EXPECT_EQ(got.outputs.at("weight"), want.outputs.at("weight"));
-  EXPECT_EQ(want.outputs.at("weight"),
-            dequantize_weight({feeds.at("fc.weight" + quant_suffix(format)),
-                               feeds.at("fc.weight" + quant_scale_suffix(format)), format},
-                              32));
+  EXPECT_EQ(want.outputs.at("weight"), dequantize_weight({feeds.at("fc.weight" + quant_suffix(format)),
+                                                          feeds.at("fc.weight" + quant_scale_suffix(format)), format},
+                                                         32));
   EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 2e-5);
 }
 

@@ -550,9 +550,10 @@ int quantize_model(const QuantizeModel& o) {
   const std::vector<std::byte> config = InputFile::open(dir / "config.json").read_all(1u << 24, "config.json");
   outputs.write(config_file, {config});
   const std::vector<std::byte> image = serialize_safetensors(
-      tensors, {{"format", "pt"},
-                {"qkv.quantization", o.format == Quant::q4 ? "q4_0: two 4-bit entries a byte, an f16 scale per 32 inputs"
-                                                           : "q8_0: int8, an f16 scale per 32 inputs"}});
+      tensors,
+      {{"format", "pt"},
+       {"qkv.quantization", o.format == Quant::q4 ? "q4_0: two 4-bit entries a byte, an f16 scale per 32 inputs"
+                                                  : "q8_0: int8, an f16 scale per 32 inputs"}});
   outputs.write(model_file, {image});
   if (has_tokenizer) {
     const std::vector<std::byte> bytes = InputFile::open(tokenizer).read_all(1u << 30, "tokenizer.model");
@@ -565,9 +566,9 @@ int quantize_model(const QuantizeModel& o) {
           : "quantized to " + quant_summary(formats) +
                 (kept.empty() ? "" : "; " + std::to_string(kept.size()) + " of them stored so already");
   std::fprintf(stderr, "qkv: %lld linear weights %s (%.1f MB in f32 -> %.1f MB); %s: %.1f MB\n",
-               static_cast<long long>(quantized), what.c_str(),
-               static_cast<double>(f32_bytes) / 1e6, static_cast<double>(q_bytes) / 1e6,
-               (out / "model.safetensors").c_str(), static_cast<double>(image.size()) / 1e6);
+               static_cast<long long>(quantized), what.c_str(), static_cast<double>(f32_bytes) / 1e6,
+               static_cast<double>(q_bytes) / 1e6, (out / "model.safetensors").c_str(),
+               static_cast<double>(image.size()) / 1e6);
   return 0;
 }
 

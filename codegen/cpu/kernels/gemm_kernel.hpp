@@ -80,16 +80,21 @@ struct GemvArgs {
   const std::uint16_t* scales;
 };
 
-/// The most rows of x the GEMV kernel takes; above it the GEMM packs Bᵀ and runs its micro-kernel.
+/// The most rows of x the GEMV kernel takes at once; above it the GEMM packs Bᵀ and runs its
+/// micro-kernel — but for a quantized W, whose panels are packed on every call (a pass over all
+/// of W): up to kQuantGemvMaxRows rows, the GEMV runs them kGemvMaxRows at a time past each
+/// group of W's rows while they are in L1 (batched decoding: 16 sequences a step).
 inline constexpr int kGemvMaxRows = 4;
+inline constexpr int kQuantGemvMaxRows = 32;
 
 /// Outputs per register group of the GEMV kernel for `rows` rows: 8 (4 with 4 rows), at most
 /// `lanes` (a power of two).
 int gemv_outputs(int rows, int lanes);
 
-/// void name(const GemvArgs* args, i64 n0, i64 n1): y[0, m)[n0, n1) = x·W[n0, n1)ᵀ + bias for
-/// m <= rows. Per group of gemv_outputs outputs: rows × outputs lane-wise dot products over K
-/// (the tail by masked loads), summed by ir::transpose_sum; masked stores past n1 and m.
+/// void name(const GemvArgs* args, i64 n0, i64 n1): y[0, m)[n0, n1) = x·W[n0, n1)ᵀ + bias. Per
+/// group of gemv_outputs outputs, per chunk of `rows` rows of x: rows × outputs lane-wise dot
+/// products over K (the tail by masked loads), summed by ir::transpose_sum; masked stores past n1
+/// and m.
 void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, const std::string& name);
 
 /// A module holding only that function.

@@ -60,7 +60,6 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* rem = b.CreateSRem(k, c64(lanes));
   llvm::Value* kfull = b.CreateSub(k, rem, "kfull");
   llvm::Value* tail = lane_mask(lanes, rem);
-  // Rows past m repeat row m − 1 (their results are not stored).
   // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes);
   // a quantized W is int8, each vector scaled by its group's scale as loaded (a quarter of them); a
   // q4 W two entries a byte, a vector one nibble of `lanes` bytes (half a group is whole vectors).
@@ -72,9 +71,10 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* scales = group > 0 ? field(offsetof(GemvArgs, scales), ptr) : nullptr;
   llvm::Value* groups = group > 0 ? b.CreateSDiv(b.CreateAdd(k, c64(group - 1)), c64(group)) : nullptr;
   llvm::Value* wbytes = cfg.q4 ? b.CreateSDiv(k, c64(2)) : k;  // a row of W, in its elements
+  // x's rows in chunks of `rows` (m may be more: a quantized W, gemm_kernel.hpp), each chunk's
+  // rows set before it runs.
   std::vector<llvm::Value*> xrow(static_cast<std::size_t>(rows));
-  for (int r = 0; r < rows; ++r)
-    xrow[r] = b.CreateInBoundsGEP(xelem, x, b.CreateMul(smin(c64(r), b.CreateSub(m, c64(1))), k));
+  llvm::Value* chunks = b.CreateSDiv(b.CreateAdd(m, c64(rows - 1)), c64(rows));
 
   ir::emit_loop(
       b, n0, n1, outs,
@@ -129,61 +129,72 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
           }
           return sc;
         };
-        std::vector<llvm::Value*> acc(static_cast<std::size_t>(outs * rows), llvm::ConstantFP::get(vf, 0.0));
-        llvm::Value* kvec = c64(0);  // where the vectors of the last, partial group start (q8)
-        if (group > 0) {
-          // Whole groups: their scales loaded once, their group / lanes vectors unrolled.
-          llvm::Value* kgroups = b.CreateSDiv(k, c64(group), "kgroups");
-          acc = ir::emit_loop(
-              b, c64(0), kgroups, 1, acc,
-              [&](llvm::Value* gi, const std::vector<llvm::Value*>& in) {
-                const std::vector<llvm::Value*> sc = scales_of(gi);
-                std::vector<llvm::Value*> a = in;
-                for (int v = 0; v < group / lanes; ++v) {
-                  const int e = v * lanes, half = group / 2;  // the vector's first entry in the group
-                  llvm::Value* q4_at = cfg.q4 ? b.CreateAdd(b.CreateMul(gi, c64(half)), c64(e % half)) : nullptr;
-                  a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(e)), a, nullptr, sc, q4_at, e >= half);
-                }
-                return a;
-              },
-              "gemv.groups");
-          kvec = b.CreateMul(kgroups, c64(group));
-        }
-        if (!cfg.q4) {  // (a q4 W's K is whole groups: select.hpp)
-          // The last, partial group's scales (the last group's when there is none: the loop and the
-          // masked vector below then read no W).
-          const std::vector<llvm::Value*> last =
-              scales_of(group > 0 ? smin(b.CreateSDiv(kvec, c64(group)), b.CreateSub(groups, c64(1))) : nullptr);
-          acc = ir::emit_loop(
-              b, kvec, kfull, lanes, acc,
-              [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr, last); },
-              "gemv.k", ir::Unroll::allowed);
-          acc = step(kfull, acc, tail, last);  // K's last partial vector (an empty mask when lanes divides K)
-        }
-
         llvm::Value* valid = lane_mask(outs, b.CreateSub(n1, o0));
         llvm::Value* bv = b.CreateMaskedLoad(vo, b.CreateInBoundsGEP(f32, bias, o0), llvm::Align(4), valid,
                                              llvm::ConstantFP::get(vo, 0.0));
-        for (int r = 0; r < rows; ++r) {
-          std::vector<llvm::Value*> parts;
-          for (int j = 0; j < outs; ++j) parts.push_back(acc[j * rows + r]);
-          llvm::Value* v = ir::transpose_sum(b, parts);
-          // Output j is the sum of lanes [j·width, (j + 1)·width): halve the blocks, then pick.
-          const int width = lanes / outs;
-          for (int half = width / 2; half >= 1; half /= 2) {
-            std::vector<int> shift;
-            for (int l = 0; l < lanes; ++l) shift.push_back(l + half < lanes ? l + half : l);
-            v = b.CreateFAdd(v, b.CreateShuffleVector(v, v, shift));
-          }
-          std::vector<int> pick;
-          for (int j = 0; j < outs; ++j) pick.push_back(j * width);
-          llvm::Value* out = b.CreateFAdd(b.CreateShuffleVector(v, v, pick), bv);
-          llvm::Value* dst = b.CreateGEP(f32, y, b.CreateAdd(b.CreateMul(c64(r), n), o0));
-          llvm::Value* mask = valid;
-          if (r > 0)
-            mask = b.CreateAnd(mask, b.CreateVectorSplat(static_cast<unsigned>(outs), b.CreateICmpSLT(c64(r), m)));
-          b.CreateMaskedStore(out, dst, llvm::Align(4), mask);
-        }
+        // The outputs' W rows stay in L1 while each chunk of x's rows runs past them.
+        ir::emit_loop(
+            b, c64(0), chunks, 1,
+            [&](llvm::Value* chunk) {
+              llvm::Value* r0 = b.CreateMul(chunk, c64(rows));
+              for (int r = 0; r < rows; ++r)  // rows past m repeat row m − 1 (their results are not stored)
+                xrow[r] = b.CreateInBoundsGEP(xelem, x,
+                                              b.CreateMul(smin(b.CreateAdd(r0, c64(r)), b.CreateSub(m, c64(1))), k));
+              std::vector<llvm::Value*> acc(static_cast<std::size_t>(outs * rows), llvm::ConstantFP::get(vf, 0.0));
+              llvm::Value* kvec = c64(0);  // where the vectors of the last, partial group start (q8)
+              if (group > 0) {
+                // Whole groups: their scales loaded once, their group / lanes vectors unrolled.
+                llvm::Value* kgroups = b.CreateSDiv(k, c64(group), "kgroups");
+                acc = ir::emit_loop(
+                    b, c64(0), kgroups, 1, acc,
+                    [&](llvm::Value* gi, const std::vector<llvm::Value*>& in) {
+                      const std::vector<llvm::Value*> sc = scales_of(gi);
+                      std::vector<llvm::Value*> a = in;
+                      for (int v = 0; v < group / lanes; ++v) {
+                        const int e = v * lanes, half = group / 2;  // the vector's first entry in the group
+                        llvm::Value* q4_at = cfg.q4 ? b.CreateAdd(b.CreateMul(gi, c64(half)), c64(e % half)) : nullptr;
+                        a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(e)), a, nullptr, sc, q4_at, e >= half);
+                      }
+                      return a;
+                    },
+                    "gemv.groups");
+                kvec = b.CreateMul(kgroups, c64(group));
+              }
+              if (!cfg.q4) {  // (a q4 W's K is whole groups: select.hpp)
+                // The last, partial group's scales (the last group's when there is none: the loop and the
+                // masked vector below then read no W).
+                const std::vector<llvm::Value*> last =
+                    scales_of(group > 0 ? smin(b.CreateSDiv(kvec, c64(group)), b.CreateSub(groups, c64(1))) : nullptr);
+                acc = ir::emit_loop(
+                    b, kvec, kfull, lanes, acc,
+                    [&](llvm::Value* i, const std::vector<llvm::Value*>& in) { return step(i, in, nullptr, last); },
+                    "gemv.k", ir::Unroll::allowed);
+                acc = step(kfull, acc, tail, last);  // K's last partial vector (an empty mask when lanes divides K)
+              }
+
+              for (int r = 0; r < rows; ++r) {
+                std::vector<llvm::Value*> parts;
+                for (int j = 0; j < outs; ++j) parts.push_back(acc[j * rows + r]);
+                llvm::Value* v = ir::transpose_sum(b, parts);
+                // Output j is the sum of lanes [j·width, (j + 1)·width): halve the blocks, then pick.
+                const int width = lanes / outs;
+                for (int half = width / 2; half >= 1; half /= 2) {
+                  std::vector<int> shift;
+                  for (int l = 0; l < lanes; ++l) shift.push_back(l + half < lanes ? l + half : l);
+                  v = b.CreateFAdd(v, b.CreateShuffleVector(v, v, shift));
+                }
+                std::vector<int> pick;
+                for (int j = 0; j < outs; ++j) pick.push_back(j * width);
+                llvm::Value* out = b.CreateFAdd(b.CreateShuffleVector(v, v, pick), bv);
+                llvm::Value* row = b.CreateAdd(r0, c64(r));
+                llvm::Value* dst = b.CreateGEP(f32, y, b.CreateAdd(b.CreateMul(row, n), o0));
+                llvm::Value* mask = valid;
+                if (r > 0)
+                  mask = b.CreateAnd(mask, b.CreateVectorSplat(static_cast<unsigned>(outs), b.CreateICmpSLT(row, m)));
+                b.CreateMaskedStore(out, dst, llvm::Align(4), mask);
+              }
+            },
+            "gemv.rows");
       },
       "gemv.out");
   b.CreateRetVoid();

@@ -106,9 +106,10 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
     bias_pad = b_.CreateLoad(ptr_, at_bias);
   }
   branch(pack, [&] { emit_pad_bias(bias, bias_pad, nn); });
-  // A few rows (a decode step): the GEMV kernel reads W in place.
+  // A few rows (a decode step; a quantized W's batched step): the GEMV kernel reads W in place.
   branch(
-      m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k, scales); },
+      m <= (gemm_cfg_.quant_group > 0 ? kQuantGemvMaxRows : kGemvMaxRows),
+      [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k, scales); },
       [&] {
         branch(pack, [&] { emit_pack_panels(wt, packed, nn, k, scales); });
         emit_gemm_packed(x, packed, bias_pad, y, m, nn, k);
@@ -176,7 +177,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
         } else {
           q = b_.CreateAlignedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + kk).v()), llvm::Align(1));
         }
-        tile.push_back(b_.CreateFMul(b_.CreateSIToFP(q, vf), b_.CreateVectorSplat(static_cast<unsigned>(lanes), scale)));
+        tile.push_back(
+            b_.CreateFMul(b_.CreateSIToFP(q, vf), b_.CreateVectorSplat(static_cast<unsigned>(lanes), scale)));
       }
       tile = ir::transpose_square(b_, std::move(tile));
       for (int t = 0; t < lanes; ++t)
@@ -209,11 +211,11 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
 void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m,
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
-    const std::string name = std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") +
-                             (gemm_cfg_.quant_group > 0
-                                  ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
-                                  : "") +
-                             std::to_string(rows);
+    const std::string name =
+        std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") +
+        (gemm_cfg_.quant_group > 0 ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
+                                   : "") +
+        std::to_string(rows);
     if (!m_.getFunction(name)) emit_gemv_kernel(m_, gemm_cfg_, rows, name);
     return callee(name);
   };
