@@ -1,6 +1,7 @@
 // decoder_session.cpp — the KV cache across calls (qkv/runtime/decoder_session.hpp).
 #include <qkv/runtime/decoder_session.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -27,13 +28,32 @@ DecoderSession::DecoderSession(Graph step, Feeds weights, const Shape& shape, Ru
       cache = NdArray::zeros(dtype_of(name), {shape_.batch, shape_.kv_heads, shape_.capacity, shape_.head_dim});
       present_[std::string("present_") + kv + std::to_string(i)] = &cache;
     }
+  for (const Node& n : graph_.nodes()) padded_ = padded_ || (is_array_leaf(n) && n.name == "first_key");
   reset();
 }
 
-void DecoderSession::reset() { position_ = 0; }  // the rows past position() are never read
+void DecoderSession::reset() {  // the rows past position() are never read
+  position_ = 0;
+  first_.assign(static_cast<std::size_t>(shape_.batch), 0);
+}
 
-NdArray DecoderSession::prefill(const NdArray& tokens) {
+NdArray DecoderSession::prefill(const NdArray& tokens, const std::vector<std::int64_t>& first) {
+  const std::int64_t n = tokens.shape.size() == 2 ? tokens.shape[1] : 0;
+  if (!first.empty()) {
+    if (!padded_)
+      throw std::invalid_argument(
+          "DecoderSession: a left-padded batch needs a step graph that takes first_key "
+          "(declare_cached_step<..., StepRows::left_padded>)");
+    if (static_cast<std::int64_t>(first.size()) != shape_.batch)
+      throw InputError("DecoderSession: " + std::to_string(first.size()) + " first keys for a batch of " +
+                       std::to_string(shape_.batch));
+    for (const std::int64_t f : first)
+      if (f < 0 || f >= n)
+        throw InputError("DecoderSession: a row's padding of " + std::to_string(f) + " leaves none of its " +
+                         std::to_string(n) + " tokens");
+  }
   reset();
+  if (!first.empty()) first_ = first;
   return step(tokens);
 }
 
@@ -50,11 +70,19 @@ NdArray DecoderSession::step(const NdArray& tokens) {
     throw InputError("DecoderSession: " + std::to_string(n) + " more token(s) after position " +
                      std::to_string(position_) + " exceed the cache's capacity of " + std::to_string(shape_.capacity) +
                      " positions");
+  // Row b's tokens from first_[b] on at positions 0, 1, ...; its padding at 0 (seen by no query).
   NdArray positions = NdArray::zeros(DType::i64, {shape_.batch, n});
   auto p = positions.as<std::int64_t>();
-  for (std::size_t k = 0; k < p.size(); ++k) p[k] = position_ + static_cast<std::int64_t>(k) % n;
+  for (std::size_t k = 0; k < p.size(); ++k)
+    p[k] = std::max<std::int64_t>(
+        0, position_ + static_cast<std::int64_t>(k) % n - first_[k / static_cast<std::size_t>(n)]);
   feeds_["tokens"] = tokens;
   feeds_["positions"] = std::move(positions);
+  if (padded_) {
+    NdArray first = NdArray::zeros(DType::i64, {shape_.batch});
+    std::copy(first_.begin(), first_.end(), first.as<std::int64_t>().begin());
+    feeds_["first_key"] = std::move(first);
+  }
   NdArray past = NdArray::zeros(DType::i64, {});
   past.as<std::int64_t>()[0] = position_;
   feeds_["past_length"] = std::move(past);

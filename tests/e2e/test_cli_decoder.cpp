@@ -123,6 +123,71 @@ TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
   }
 }
 
+// Prompts of different lengths in one batch (rows right-padded with -1 in --prompt-ids): each
+// row's continuation and the logits it was chosen from are those of its prompt run alone (1e-5),
+// on Llama (RoPE; the CPU backend and the interpreter), GPT-2 (learned positions; the CPU backend)
+// and Mistral (a window of 6 keys, shorter than the prompts; the interpreter: compiling costs
+// seconds a model); the ids written back right-padded with -1.
+TEST_F(Cli, GenerateRunsPromptsOfDifferentLengthsInOneBatchAsEachAlone) {
+  const std::vector<float> all = read_npy((kLlamaFixtures / "llama" / "tokens.npy").string()).to_f32();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> rows{{0, 12}, {3, 5}, {10, 9}};  // (start, length)
+  const std::int64_t B = 3, P = 12, N = 7;
+  NdArray batch = NdArray::zeros(DType::i64, {B, P});
+  std::vector<NdArray> alone;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto [start, len] = rows[static_cast<std::size_t>(b)];
+    NdArray one = NdArray::zeros(DType::i64, {1, len});
+    for (std::int64_t t = 0; t < P; ++t) {
+      // ids below every fixture's vocabulary (80 the least)
+      const auto id = t < len ? static_cast<std::int64_t>(all[static_cast<std::size_t>(start + t)]) % 80 : -1;
+      batch.as<std::int64_t>()[static_cast<std::size_t>(b * P + t)] = id;
+      if (t < len) one.as<std::int64_t>()[static_cast<std::size_t>(t)] = id;
+    }
+    alone.push_back(one);
+  }
+  write_npy(tmp("batch.npy"), batch);
+  for (const auto& [name, backend] : std::vector<std::pair<std::string, std::string>>{
+           {"llama", "cpu"}, {"llama", "reference"}, {"gpt2", "cpu"}, {"mistral", "reference"}}) {
+    SCOPED_TRACE(name + " on " + backend);
+    auto generate = [&](const std::string& prompt) {
+      const Result r = run("generate --model " + (kLlamaFixtures / name).string() + " --prompt-ids " + prompt +
+                           " --new-tokens " + std::to_string(N) + " --out " + tmp("ids.npy") + " --logits-out " +
+                           tmp("logits.npy") + " --backend " + backend);
+      EXPECT_EQ(r.code, 0) << r.err;
+      return std::pair{read_npy(tmp("ids.npy")), read_npy(tmp("logits.npy"))};
+    };
+    const auto [ids, logits] = generate(tmp("batch.npy"));
+    ASSERT_EQ(ids.shape, (std::vector<std::int64_t>{B, P + N}));
+    const std::int64_t V = logits.shape.at(2);
+    for (std::int64_t b = 0; b < B; ++b) {
+      write_npy(tmp("one.npy"), alone[static_cast<std::size_t>(b)]);
+      const auto [one_ids, one_logits] = generate(tmp("one.npy"));
+      const std::int64_t len = rows[static_cast<std::size_t>(b)].second;
+      for (std::int64_t t = 0; t < P + N; ++t)
+        EXPECT_EQ(ids.as<std::int64_t>()[static_cast<std::size_t>(b * (P + N) + t)],
+                  t < len + N ? one_ids.as<std::int64_t>()[static_cast<std::size_t>(t)] : -1)
+            << "row " << b << ", column " << t;
+      const auto got = logits.as<float>().subspan(static_cast<std::size_t>(b * N * V), static_cast<std::size_t>(N * V));
+      const auto want = one_logits.as<float>();
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5 * std::max(1.0f, std::abs(want[i]))) << "row " << b << ", entry " << i;
+    }
+  }
+  // Padding anywhere but a row's end, or a row of padding only: one line, exit 1.
+  batch.as<std::int64_t>()[1] = -1;
+  write_npy(tmp("bad.npy"), batch);
+  expect_failure(run("generate --model " + (kLlamaFixtures / "llama").string() + " --prompt-ids " + tmp("bad.npy") +
+                     " --new-tokens 2 --out " + tmp("bad_ids.npy")),
+                 "follows padding (-1): pad a shorter row at its end only", "padding inside a row");
+  for (std::int64_t t = 0; t < P; ++t) batch.as<std::int64_t>()[static_cast<std::size_t>(P + t)] = -1;
+  batch.as<std::int64_t>()[1] = 5;
+  write_npy(tmp("bad.npy"), batch);
+  expect_failure(run("generate --model " + (kLlamaFixtures / "llama").string() + " --prompt-ids " + tmp("bad.npy") +
+                     " --new-tokens 2 --out " + tmp("bad_ids.npy")),
+                 "row 1 is all padding (-1)", "a row of padding only");
+  EXPECT_FALSE(fs::exists(tmp("bad_ids.npy")));
+}
+
 // --quantize q8 / q4: the linear layers' weights as 8-bit or 4-bit integers with an f16 scale per
 // 32. The CPU backend's logits equal the interpreter's on the same quantized model (1e-5), and stay
 // near the f32 model's: mean KL(f32 ‖ quantized) over the positions below 1e-3 nats for q8 (measured:

@@ -279,7 +279,9 @@ struct GenerateFlags {
               : "Example: qkv generate --model tiny-llama/ --prompt-ids ids.npy --new-tokens 16 --out out_ids.npy");
     cmd->add_option("--model", o.model, "Folder with config.json and model.safetensors (or shards + index)")
         ->required();
-    auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids, "int [B, L] or [L]: the prompts' token ids");
+    auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids,
+                                "int [B, L] or [L]: the prompts' token ids; a shorter prompt's row ends in -1s (one "
+                                "batch of prompts of different lengths)");
     auto* text = cmd->add_option("--prompt", o.prompt,
                                  "The prompt as text, encoded by the model folder's SentencePiece tokenizer.model "
                                  "(the prompt and its continuation are printed on stdout)");
@@ -288,7 +290,9 @@ struct GenerateFlags {
         ->check(integer_in(1, kInt64Max))
         ->capture_default_str();
     auto* out =
-        cmd->add_option("--out,-o", o.out, "Output int64 [B, L + new] .npy: the prompts and their continuations");
+        cmd->add_option("--out,-o", o.out,
+                        "Output int64 [B, L + new] .npy: the prompts and their continuations (a shorter prompt's "
+                        "row ends in -1s)");
     if (!bench) out->required();
     if (bench) {
       cmd->add_flag("--json", json, "One JSON object on stdout");

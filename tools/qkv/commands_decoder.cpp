@@ -32,10 +32,11 @@ namespace qkv::cli {
 
 namespace {
 
-/// The token ids of `flag`: an integer array [B, L] or [L] (one sequence), each in [0, vocab);
-/// `table` names what vocab counts in messages.
+/// The token ids of `flag`: an integer array [B, L] or [L] (one sequence), each in [0, vocab)
+/// (with `padded`, or −1 after a row's last id: rows of different lengths); `table` names what
+/// vocab counts in messages.
 NdArray load_token_ids(const std::string& path, const std::string& flag, std::int64_t vocab,
-                       const std::string& table = "the vocabulary") {
+                       const std::string& table = "the vocabulary", bool padded = false) {
   NdArray ids = load_npy(path, flag);
   if (ids.dtype != DType::i32 && ids.dtype != DType::i64)
     throw IoError(flag + ": token ids must be an integer array (int32 or int64), not " +
@@ -45,10 +46,20 @@ NdArray load_token_ids(const std::string& path, const std::string& flag, std::in
     throw IoError(flag + ": token ids must be [batch, length] or [length] with length > 0, not " +
                   shape_to_string(ids.shape));
   const std::vector<float> v = ids.to_f32();
-  for (std::size_t k = 0; k < v.size(); ++k)
+  const auto L = static_cast<std::size_t>(ids.shape[1]);
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    if (padded && v[k] == -1) {
+      if (k % L == 0)
+        throw IoError(flag + ": row " + std::to_string(k / L) + " is all padding (-1): each needs a token id first");
+      continue;
+    }
+    if (padded && k % L > 0 && v[k - 1] == -1)
+      throw IoError(flag + ": token id at index " + std::to_string(k) +
+                    " follows padding (-1): pad a shorter row at its end only");
     if (!(v[k] >= 0 && v[k] < static_cast<float>(vocab)))
       throw IoError(flag + ": token id " + std::to_string(static_cast<long long>(v[k])) + " at index " +
                     std::to_string(k) + " is outside " + table + " of " + std::to_string(vocab));
+  }
   return ids;
 }
 
@@ -288,6 +299,7 @@ namespace {
 struct Generation {
   NdArray ids, chosen_logits;
   std::int64_t batch = 0, prompt = 0, steps = 0;  // steps: decode steps run (new tokens − 1)
+  std::int64_t prompt_tokens = 0;                 // the prompts' ids, padding not counted
   double prefill_ms = 0, decode_ms = 0;
   /// warm: the first prefill (compiling the step graph, then running it); else the JIT's
   /// compile time within the timed prefill
@@ -314,9 +326,25 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     prompt = NdArray::zeros(DType::i64, {1, static_cast<std::int64_t>(ids.size())});
     std::copy(ids.begin(), ids.end(), prompt.as<std::int64_t>().begin());
   } else {
-    prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size);
+    prompt = load_token_ids(o.prompt_ids, "--prompt-ids", c.vocab_size, "the vocabulary", /*padded=*/true);
   }
   const std::int64_t B = prompt.shape[0], P = prompt.shape[1], N = o.new_tokens;
+  // Rows of different lengths (right-padded with −1 in the file) run left-padded: row b's ids
+  // after first[b] pad tokens (id 0, which no query sees), all rows' last ids in the last column.
+  std::vector<std::int64_t> first(static_cast<std::size_t>(B), 0);
+  NdArray tokens = NdArray::zeros(DType::i64, {B, P});
+  {
+    const std::vector<float> p = prompt.to_f32();
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::int64_t len = P;
+      while (p[static_cast<std::size_t>(b * P + len - 1)] == -1) --len;
+      first[static_cast<std::size_t>(b)] = P - len;
+      for (std::int64_t t = 0; t < len; ++t)
+        tokens.as<std::int64_t>()[static_cast<std::size_t>(b * P + P - len + t)] =
+            static_cast<std::int64_t>(p[static_cast<std::size_t>(b * P + t)]);
+    }
+  }
+  const bool ragged = std::any_of(first.begin(), first.end(), [](std::int64_t f) { return f > 0; });
   if (N > c.max_position_embeddings - P)  // also where P + N would overflow
     throw UsageError("--new-tokens " + std::to_string(N) + ": the prompt's " + std::to_string(P) +
                      " token(s) and the new ones exceed the model's max_position_embeddings (" +
@@ -335,7 +363,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   if (o.backend == Backend::cpu && !o.quant && !ck.any_quantized())
     require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
   Feeds weights;
-  Graph step = model_with_weights(build_causal_lm_step(c), ck, o.dtype, o.quant, weights);
+  Graph step = model_with_weights(build_causal_lm_step(c, ragged), ck, o.dtype, o.quant, weights);
   DecoderSession session(
       std::move(step), std::move(weights),
       {.layers = c.num_hidden_layers,
@@ -354,18 +382,26 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   r.batch = B;
   r.prompt = P;
   r.steps = N - 1;
+  r.prompt_tokens = B * P;
+  for (const std::int64_t f : first) r.prompt_tokens -= f;
+  // Each row: its prompt, its new ids, then −1 for its padding.
   r.ids = NdArray::zeros(DType::i64, {B, total});
   r.chosen_logits = NdArray::zeros(DType::f32, {B, N, c.vocab_size});
-  const std::vector<float> p = prompt.to_f32();
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < P; ++t)
-      r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)] =
-          static_cast<std::int64_t>(p[static_cast<std::size_t>(b * P + t)]);
+  auto ids_at = [&](std::int64_t b, std::int64_t t) -> std::int64_t& {
+    return r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)];
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t len = P - first[static_cast<std::size_t>(b)];
+    for (std::int64_t t = 0; t < len; ++t)
+      ids_at(b, t) =
+          tokens.as<std::int64_t>()[static_cast<std::size_t>(b * P + first[static_cast<std::size_t>(b)] + t)];
+    for (std::int64_t t = len + N; t < total; ++t) ids_at(b, t) = -1;
+  }
   const codegen::JitStats jit_before = codegen::jit_stats();
   const double compiled_before = jit_before.compile_ms;
   auto t0 = std::chrono::steady_clock::now();
   if (warm) {
-    (void)session.prefill(prompt);
+    (void)session.prefill(tokens, ragged ? first : std::vector<std::int64_t>{});
     session.reset();
     r.compile_ms = ms_since(t0);
   }
@@ -374,7 +410,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   for (std::int64_t rep = 0; rep < o.repeat; ++rep) {
     std::mt19937_64 rng(o.seed);  // every repetition draws what the first drew
     t0 = std::chrono::steady_clock::now();
-    NdArray logits = session.prefill(prompt);
+    NdArray logits = session.prefill(tokens, ragged ? first : std::vector<std::int64_t>{});
     prefill_ms.push_back(ms_since(t0));
     decode_ms.push_back(0);
     if (rep == 0) {
@@ -393,7 +429,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
                   r.chosen_logits.as<float>().begin() + static_cast<std::ptrdiff_t>((b * N + t) * c.vocab_size));
         require_finite(row, ck, "new token " + std::to_string(t + 1) + " of sequence " + std::to_string(b));
         const std::int64_t id = choose(row, o, rng);
-        r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + P + t)] = id;
+        ids_at(b, P - first[static_cast<std::size_t>(b)] + t) = id;
         next.as<std::int64_t>()[static_cast<std::size_t>(b)] = id;
       }
       if (t + 1 == N) break;
@@ -481,8 +517,8 @@ int generate(const Generate& o) {
                "qkv: prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld steps in %.1f ms (%.1f tokens/s); "
                "compiling %.1f ms of the prefill (%lld module(s), %lld loaded from the code cache); %lld module(s) "
                "compiled after the prefill\n",
-               static_cast<long long>(r.batch * r.prompt), r.prefill_ms,
-               per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms), static_cast<long long>(r.steps),
+               static_cast<long long>(r.prompt_tokens), r.prefill_ms,
+               per_second(static_cast<double>(r.prompt_tokens), r.prefill_ms), static_cast<long long>(r.steps),
                r.decode_ms, per_second(static_cast<double>(r.batch * r.steps), r.decode_ms), r.compile_ms, r.modules,
                r.loaded_from_cache, r.compiled_after_prefill);
 
@@ -582,7 +618,7 @@ int bench_generate(const Generate& o, bool json) {
   std::optional<Tokenizer> tokenizer;
   if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, c.vocab_size);
   const Generation r = run_generation(o, ck, /*warm=*/true, tokenizer ? &*tokenizer : nullptr);
-  const double prefill_tps = per_second(static_cast<double>(r.batch * r.prompt), r.prefill_ms);
+  const double prefill_tps = per_second(static_cast<double>(r.prompt_tokens), r.prefill_ms);
   const double decode_tps = per_second(static_cast<double>(r.batch * r.steps), r.decode_ms);
   const double attention_gbps =
       o.backend == Backend::cpu ? decode_attention_gbps(c, r.batch, r.prompt + r.steps, o.threads, o.dtype) : 0.0;
@@ -610,7 +646,7 @@ int bench_generate(const Generate& o, bool json) {
         "tokens/s); decode attention %.1f GB/s at %lld keys; %lld module(s) compiled after the prefill, %lld after "
         "the first step; peak memory %.1f MiB (+%.1f after the first step)\n",
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), r.compile_ms,
-        static_cast<long long>(r.batch * r.prompt), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps),
+        static_cast<long long>(r.prompt_tokens), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps),
         r.decode_ms, decode_tps, attention_gbps, static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill,
         r.compiled_after_first_step, r.rss_end_mib, growth);
   }

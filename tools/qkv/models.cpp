@@ -350,8 +350,13 @@ Graph build_causal_lm_loss(const HfConfig& c, const CrossEntropyOptions& loss) {
   return with_decoder(c, [&](Graph& g, const auto& model) { g.mark_output(causal_lm_loss(g, model, loss), "loss"); });
 }
 
-Graph build_causal_lm_step(const HfConfig& c) {
-  return with_decoder(c, [](Graph& g, const auto& model) { declare_cached_step<StepLogits::last_position>(g, model); });
+Graph build_causal_lm_step(const HfConfig& c, bool left_padded) {
+  return with_decoder(c, [left_padded](Graph& g, const auto& model) {
+    if (left_padded)
+      declare_cached_step<StepLogits::last_position, StepRows::left_padded>(g, model);
+    else
+      declare_cached_step<StepLogits::last_position>(g, model);
+  });
 }
 
 Graph build_encoder_model(const HfConfig& c, bool padding_mask, bool pooled) {

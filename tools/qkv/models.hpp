@@ -98,7 +98,9 @@ Graph build_causal_lm(const HfConfig& c);
 /// qkv::nn::declare_cached_step): inputs also the size past_length and cache_k.{i} / cache_v.{i}
 /// [Batch, KvHeads, Slot, HeadDim]; outputs logits of the step's last position [Batch, 1, Vocab]
 /// (what generating reads) and present_k.{i} / present_v.{i}, the caches after the step.
-Graph build_causal_lm_step(const HfConfig& c);
+/// left_padded: also the input first_key [Batch] (i64), for a batch of prompts of different
+/// lengths left-padded to one (StepRows::left_padded).
+Graph build_causal_lm_step(const HfConfig& c, bool left_padded = false);
 
 /// How a decoder trains: the loss (cross-entropy over the vocabulary, the next token as the
 /// target), the optimizer and what happens to the gradients first.

@@ -366,6 +366,13 @@ auto document_mask(const Q& q_ids, const K& kv_ids) {
   });
 }
 
+/// Keeps keys j >= first[b], first [Batch] (i32 / i64): a batch of sequences of different lengths
+/// left-padded to one, first[b] the position of row b's first key (the padding before it unseen).
+template <class F>
+auto keys_from(const F& first) {
+  return mask_mod([first](auto b, auto, auto, auto k) { return k >= first[b]; });
+}
+
 /// Prefix-LM: keeps j < prefix_len (bidirectional prefix) or j <= i'; prefix_len an int or a
 /// per-batch int tensor [Batch].
 template <class P, class Align = unaligned_t>

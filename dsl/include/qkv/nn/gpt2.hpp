@@ -89,11 +89,11 @@ struct Gpt2Attention {
 
   /// With a KV cache [Batch, KvHeads, Slot, HeadDim] holding `past` positions (as
   /// LlamaAttention::cached): {out, cache_k', cache_v'}.
-  template <class X, class CK, class CV>
-  auto cached(const X& x, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
+  template <class X, class CK, class CV, class... M>
+  auto cached(const X& x, const CK& cache_k, const CV& cache_v, const Size<Past>& past, const M&... masks) const {
     auto [qh, keys, values] = projections(x);
     auto [ck, cv, kh, vh] = detail::append_to_cache(cache_k, cache_v, keys, values, past);
-    return std::tuple{detail::grouped_causal_attention(qh, kh, vh, 0, c_proj), ck, cv};
+    return std::tuple{detail::grouped_causal_attention(qh, kh, vh, 0, c_proj, masks...), ck, cv};
   }
 };
 
@@ -132,9 +132,9 @@ struct Gpt2Block {
   }
 
   /// With a KV cache (Gpt2Attention::cached): {out, cache_k', cache_v'}.
-  template <class X, class CK, class CV>
-  auto cached(const X& x, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
-    auto [a, keys, values] = attn.cached(layer_norm(x, ln_1), cache_k, cache_v, past);
+  template <class X, class CK, class CV, class... M>
+  auto cached(const X& x, const CK& cache_k, const CV& cache_v, const Size<Past>& past, const M&... masks) const {
+    auto [a, keys, values] = attn.cached(layer_norm(x, ln_1), cache_k, cache_v, past, masks...);
     return std::tuple{residuals(x, a), keys, values};
   }
 
@@ -178,12 +178,13 @@ struct Gpt2LmHead {
   }
 
   /// A step against a KV cache, as CausalLm::cached: {logits, caches'}.
-  template <StepLogits W = StepLogits::every_position, class T, class P, class C>
-  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
-              const Size<Past>& past) const {
-    auto [x, updated] = detail::cached_layers(
-        "Gpt2LmHead", layers, embed(tokens, positions), caches,
-        [&](const auto& layer, const X& y, const C& ck, const C& cv) { return layer.cached(y, ck, cv, past); });
+  template <StepLogits W = StepLogits::every_position, class T, class P, class C, class... M>
+  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches, const Size<Past>& past,
+              const M&... masks) const {
+    auto [x, updated] = detail::cached_layers("Gpt2LmHead", layers, embed(tokens, positions), caches,
+                                              [&](const auto& layer, const X& y, const C& ck, const C& cv) {
+                                                return layer.cached(y, ck, cv, past, masks...);
+                                              });
     return std::pair{linear(layer_norm(detail::logit_rows<W>(x), ln_f), lm_head), std::move(updated)};
   }
 

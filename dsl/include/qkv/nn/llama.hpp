@@ -91,6 +91,10 @@ std::pair<X, std::vector<std::pair<C, C>>> cached_layers(const char* who, const 
 /// the model — then runs on one row of the prefill instead of all of them).
 enum class StepLogits { every_position, last_position };
 
+/// How the rows of a step's batch sit in the KV cache (declare_cached_step): each from position 0,
+/// or left-padded to one length.
+enum class StepRows { aligned, left_padded };
+
 namespace detail {
 /// x [Batch, Seq, Model] as the LM head reads it for W: all of it, or its last position.
 template <StepLogits W, class X>
@@ -161,13 +165,15 @@ struct LlamaAttention {
   /// With a KV cache: cache_k (rotated keys) and cache_v [Batch, KvHeads, Slot, HeadDim] hold
   /// the `past` positions before x's in their first rows. x's keys and values are written after
   /// them (cache_append) and the attention reads Key = Past + Seq rows of the caches in place.
-  /// Returns {out, cache_k', cache_v'}: the caches after the write.
-  template <class X, class P, class CK, class CV>
-  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
+  /// Returns {out, cache_k', cache_v'}: the caches after the write. Extra masks (over the
+  /// cache's positions: mods::keys_from for a left-padded batch) apply after the causal one.
+  template <class X, class P, class CK, class CV, class... M>
+  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past,
+              const M&... masks) const {
     auto xs = expect_axes<"llama_attention", Batch, Seq, Model>(x);
     auto [ck, cv, kh, vh] = detail::append_to_cache(
         cache_k, cache_v, rope<HeadDim, Seq>(kv_heads_of(xs, k), positions, cfg.rope), kv_heads_of(xs, v), past);
-    return std::tuple{attend(queries(xs, positions), kh, vh), ck, cv};
+    return std::tuple{attend(queries(xs, positions), kh, vh, masks...), ck, cv};
   }
 
   /// The attention of rotated queries qh [Batch, Seq, KvHeads, Group, HeadDim] over keys kh and
@@ -216,9 +222,11 @@ struct LlamaDecoderLayer {
   }
 
   /// With a KV cache (LlamaAttention::cached): {out, cache_k', cache_v'}.
-  template <class X, class P, class CK, class CV>
-  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past) const {
-    auto [a, keys, values] = self_attn.cached(rms_norm(x, input_layernorm), positions, cache_k, cache_v, past);
+  template <class X, class P, class CK, class CV, class... M>
+  auto cached(const X& x, const P& positions, const CK& cache_k, const CV& cache_v, const Size<Past>& past,
+              const M&... masks) const {
+    auto [a, keys, values] =
+        self_attn.cached(rms_norm(x, input_layernorm), positions, cache_k, cache_v, past, masks...);
     return std::tuple{residuals(x, a), keys, values};
   }
 
@@ -278,13 +286,14 @@ struct CausalLm {
   /// of layer i [Batch, KvHeads, Slot, HeadDim], whose first `past` positions are filled.
   /// Returns {logits, caches'}: the caches with this step's keys and values written after them;
   /// the logits [Batch, Seq, Vocab], or [Batch, Seq = 1, Vocab] with StepLogits::last_position.
-  template <StepLogits W = StepLogits::every_position, class T, class P, class C>
-  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches,
-              const Size<Past>& past) const {
+  /// Extra masks apply in every layer (LlamaAttention::cached).
+  template <StepLogits W = StepLogits::every_position, class T, class P, class C, class... M>
+  auto cached(const T& tokens, const P& positions, const std::vector<std::pair<C, C>>& caches, const Size<Past>& past,
+              const M&... masks) const {
     using X = Tensor<f32, Batch<dyn>, Seq<dyn>, Model<E>>;
     auto [x, updated] = detail::cached_layers("CausalLm", layers, X(embedding(embed_tokens, tokens)), caches,
                                               [&](const auto& layer, const X& y, const C& ck, const C& cv) {
-                                                return layer.cached(y, positions, ck, cv, past);
+                                                return layer.cached(y, positions, ck, cv, past, masks...);
                                               });
     return std::pair{linear(rms_norm(detail::logit_rows<W>(x), norm), lm_head), std::move(updated)};
   }
@@ -299,8 +308,11 @@ using KvCache = Tensor<f32, Batch<dyn>, KvHeads<dyn>, Slot<dyn>, HeadDim<dyn>>;
 /// positions the caches hold), `cache_k.{i}` / `cache_v.{i}` (KvCache); outputs `logits` and
 /// `present_k.{i}` / `present_v.{i}`, the caches after the step (fed the caches' own buffers,
 /// the CPU backend writes only the step's rows). W: logits for every position of the step, or
-/// only for the last ([Batch, 1, Vocab]: what generating reads).
-template <StepLogits W = StepLogits::every_position, class Decoder>
+/// only for the last ([Batch, 1, Vocab]: what generating reads). R: every row of the batch holds
+/// its sequence from cache position 0, or (left_padded) the input `first_key` [Batch] (i64) says
+/// where row b's begins: the positions before it are padding no query sees (mods::keys_from), so
+/// that one step serves sequences of different lengths.
+template <StepLogits W = StepLogits::every_position, StepRows R = StepRows::aligned, class Decoder>
 void declare_cached_step(Graph& g, const Decoder& model) {
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
@@ -309,7 +321,13 @@ void declare_cached_step(Graph& g, const Decoder& model) {
   for (std::size_t i = 0; i < model.layers.size(); ++i)
     caches.emplace_back(input<KvCache>(g, "cache_k." + std::to_string(i)),
                         input<KvCache>(g, "cache_v." + std::to_string(i)));
-  auto [logits, present] = model.template cached<W>(tokens, positions, caches, past);
+  auto [logits, present] = [&] {
+    if constexpr (R == StepRows::left_padded)
+      return model.template cached<W>(tokens, positions, caches, past,
+                                      mods::keys_from(input<Tensor<i64, Batch<dyn>>>(g, "first_key")));
+    else
+      return model.template cached<W>(tokens, positions, caches, past);
+  }();
   output(logits, "logits");
   for (std::size_t i = 0; i < present.size(); ++i) {
     output(present[i].first, "present_k." + std::to_string(i));

@@ -19,11 +19,17 @@
 // on a backend (the interpreter by default; the CPU backend compiles the step once: Past, Seq
 // and Key are run-time sizes). The weights are bound once, at construction, and never copied
 // by the session.
+//
+// Sequences of different lengths share a batch left-padded (a step graph declared with
+// StepRows::left_padded, whose input first_key [B] the session feeds): prefill(tokens, first)
+// with row b's first first[b] tokens padding; row b's tokens then sit at positions 0, 1, ... from
+// first[b] on (what RoPE and learned positions see), and no query sees its padding.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <qkv/runtime/interpreter.hpp>
 
@@ -41,7 +47,9 @@ class DecoderSession {
   DecoderSession(Graph step, Feeds weights, const Shape& shape, Runner run = {});
 
   /// Empties the cache, then runs `tokens` [B, L] at positions 0 .. L − 1: logits [B, L, vocab].
-  NdArray prefill(const NdArray& tokens);
+  /// `first`: for a left-padded batch, row b's first real token (B of them, each < L; the step
+  /// graph must take first_key); empty: 0 for every row.
+  NdArray prefill(const NdArray& tokens, const std::vector<std::int64_t>& first = {});
   /// Runs `tokens` [B, n] after what the cache holds: logits [B, n, vocab]. An InputError when
   /// they would take the cache past its capacity (the cache is then unchanged).
   NdArray decode(const NdArray& tokens);
@@ -62,6 +70,8 @@ class DecoderSession {
   Feeds feeds_;           // the weights, tokens, positions, past_length and the caches
   Destinations present_;  // present_k.{i} / present_v.{i} -> the caches' buffers in feeds_
   std::int64_t position_ = 0, steps_ = 0;
+  bool padded_ = false;              // the graph takes first_key (StepRows::left_padded)
+  std::vector<std::int64_t> first_;  // the batch's padding per row (zeros when not padded)
 };
 
 }  // namespace qkv
