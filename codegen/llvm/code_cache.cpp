@@ -238,6 +238,14 @@ std::optional<std::string> key_of(const llvm::Module& module, const std::string&
 
 std::string module_name(const std::string& key) { return "qkv-" + key; }
 
+std::string part_key(const std::string& key, int part, int parts) {
+  HashStream h;
+  h << "qkv code cache part\n" << key << "\n" << part << " of " << parts << "\n";
+  h.flush();
+  const std::array<std::uint8_t, 32> digest = h.sha.final();
+  return hex(digest.data(), digest.size());
+}
+
 std::optional<std::string> key_of_module(const llvm::Module& module) {
   const std::string& name = module.getModuleIdentifier();
   if (name.size() != 4 + kKeyChars || !name.starts_with("qkv-")) return std::nullopt;

@@ -24,6 +24,9 @@ namespace qkv::codegen::disk_cache {
 /// tells the compiled object's store which entry it is.
 std::optional<std::string> key_of(const llvm::Module& module, const std::string& target_key);
 std::string module_name(const std::string& key);
+/// The key of part `part` of `parts` of the module `key` names (a module compiled in parts:
+/// split_compile.hpp), a key like any other.
+std::string part_key(const std::string& key, int part, int parts);
 /// The key a module_name names, or nullopt for another module.
 std::optional<std::string> key_of_module(const llvm::Module& module);
 

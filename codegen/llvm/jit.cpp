@@ -32,6 +32,7 @@
 
 #include "llvm/code_cache.hpp"
 #include "llvm/optimize.hpp"
+#include "llvm/split_compile.hpp"
 
 namespace qkv::codegen {
 
@@ -257,6 +258,45 @@ bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMCo
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const CompileTimer timer;
   ++g_modules;
+  // A large module is compiled in parts at once (split_compile.hpp), cached as its parts.
+  if (const int parts = compile_parts(*module); parts > 1) {
+    const std::optional<std::string> key =
+        impl_->cache ? disk_cache::key_of(*module, impl_->key) : std::optional<std::string>();
+    auto part_key = [&](int p) { return disk_cache::part_key(*key, p, parts); };
+    std::vector<std::unique_ptr<llvm::MemoryBuffer>> objects;
+    if (key) {
+      for (int p = 0; p < parts; ++p)
+        if (auto object = disk_cache::load(impl_->cache->settings(), part_key(p))) objects.push_back(std::move(object));
+      if (static_cast<int>(objects.size()) == parts) ++g_loaded;
+      else objects.clear();
+    }
+    if (objects.empty()) {
+      // The tag makes the parts' names unique to this module: its key, or else a serial.
+      static std::atomic<std::int64_t> serial{0};
+      const std::string tag = key ? key->substr(0, 16) : "s" + std::to_string(serial++);
+      objects = compile_split(
+          std::move(module), parts, tag, "qkv-" + tag,
+          [&](std::string* why) -> std::unique_ptr<llvm::TargetMachine> {
+            auto machine = host_machine_builder(impl_->host).createTargetMachine();
+            if (!machine) {
+              *why = "jit: cannot create a target machine: " + consume(machine.takeError());
+              return nullptr;
+            }
+            return std::move(*machine);
+          },
+          error);
+      if (objects.empty()) return false;
+      if (key)
+        for (int p = 0; p < parts; ++p)
+          disk_cache::store(impl_->cache->settings(), part_key(p), objects[static_cast<std::size_t>(p)]->getBuffer());
+    }
+    module.reset();  // (loaded from the cache: the objects stand for it) the module first, then its context
+    context.reset();
+    for (auto& object : objects)
+      if (auto e = impl_->jit->addObjectFile(std::move(object)))
+        return fail(error, "jit: cannot add a compiled part: " + consume(std::move(e)));
+    return true;
+  }
   if (impl_->cache) {
     if (const auto key = disk_cache::key_of(*module, impl_->key)) {
       if (auto object = disk_cache::load(impl_->cache->settings(), *key)) {

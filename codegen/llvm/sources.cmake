@@ -5,6 +5,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/jit.cpp
   ${CMAKE_CURRENT_LIST_DIR}/code_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optimize.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/split_compile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/process.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ir_util.cpp
   ${CMAKE_CURRENT_LIST_DIR}/vector_math.cpp

@@ -1,6 +1,7 @@
 // The JIT's code cache on disk (qkv/codegen/code_cache.hpp): a second JIT loads what the first
 // compiled; a truncated or corrupted entry is compiled again and replaced, never loaded;
-// concurrent JITs leave one whole entry; the folder stays under its bound; off means no files.
+// concurrent JITs leave one whole entry; the folder stays under its bound; off means no files; a
+// large module is compiled in parts and cached as them.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -15,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/GlobalVariable.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -182,6 +185,80 @@ TEST_F(CodeCache, TheFolderStaysUnderItsBoundLeastRecentlyUsedFirst) {
   EXPECT_EQ(compile_and_call(1, 3), 10);  // kept: it was used after the one evicted
   EXPECT_EQ(compile_and_call(3, 2), 13);  // kept: the newest
   EXPECT_EQ(code_cache_stats().hits - mid.hits, 2);
+}
+
+/// A module of 60 internal functions f_i(x) = x + 500 + i (each 500 unoptimised adds: 30 000
+/// instructions, compiled in 2 parts on 2 hardware threads or more), an internal table read by
+/// them, and the exported `name`(x) = Σ f_i(x) + table[1] · k, added to `jit`; false on failure.
+bool add_large_module(Jit& jit, const std::string& name, std::int64_t k) {
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto mod = std::make_unique<llvm::Module>("large", *ctx);
+  llvm::IRBuilder<> b(*ctx);
+  auto* i64 = b.getInt64Ty();
+  auto* table_type = llvm::ArrayType::get(i64, 2);
+  auto* table = new llvm::GlobalVariable(*mod, table_type, true, llvm::GlobalValue::InternalLinkage,
+                                         llvm::ConstantArray::get(table_type, {b.getInt64(0), b.getInt64(k)}), "table");
+  auto* type = llvm::FunctionType::get(i64, {i64}, false);
+  auto* top = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, name, *mod);
+  std::vector<llvm::Function*> parts;
+  for (int i = 0; i < 60; ++i) {
+    auto* f = llvm::Function::Create(type, llvm::GlobalValue::InternalLinkage, "f" + std::to_string(i), *mod);
+    b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", f));
+    llvm::Value* v = b.CreateAdd(f->getArg(0), b.getInt64(i));
+    for (int j = 0; j < 500; ++j) v = b.CreateAdd(v, b.getInt64(1));
+    b.CreateRet(v);
+    parts.push_back(f);
+  }
+  b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", top));
+  llvm::Value* sum = b.CreateLoad(i64, b.CreateConstInBoundsGEP2_64(table_type, table, 0, 1));
+  for (llvm::Function* f : parts) sum = b.CreateAdd(sum, b.CreateCall(f, {top->getArg(0)}));
+  b.CreateRet(sum);
+  std::string error;
+  if (!jit.add(std::move(mod), std::move(ctx), &error)) {
+    ADD_FAILURE() << error;
+    return false;
+  }
+  return true;
+}
+
+std::int64_t large_expected(std::int64_t k, std::int64_t x) { return k + 60 * (x + 500) + 59 * 60 / 2; }
+
+// A large module (a decoder's step graph) is compiled in parts at once, one a hardware thread:
+// its internal functions and table reached across the parts, two such modules with the same
+// internal names in one JIT, cached as its parts (a second JIT loads them all; a part damaged:
+// all compiled again).
+TEST_F(CodeCache, ALargeModuleIsCompiledInPartsAndCachedAsThem) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one hardware thread: modules compile whole";
+  std::string error;
+  {
+    auto jit = Jit::create(&error);
+    ASSERT_TRUE(jit) << error;
+    ASSERT_TRUE(add_large_module(*jit, "large_a", 3));
+    ASSERT_TRUE(add_large_module(*jit, "large_b", 4));  // the same internal names, another module
+    EXPECT_EQ(jit->lookup<Fn>("large_a", &error)(5), large_expected(3, 5)) << error;
+    EXPECT_EQ(jit->lookup<Fn>("large_b", &error)(6), large_expected(4, 6)) << error;
+  }
+  ASSERT_EQ(entries().size(), 4u) << "two parts a module";
+  const CodeCacheStats before = code_cache_stats();
+  const JitStats j0 = jit_stats();
+  {
+    auto jit = Jit::create(&error);
+    ASSERT_TRUE(jit) << error;
+    ASSERT_TRUE(add_large_module(*jit, "large_a", 3));
+    EXPECT_EQ(jit->lookup<Fn>("large_a", &error)(7), large_expected(3, 7)) << error;
+  }
+  EXPECT_EQ(code_cache_stats().hits - before.hits, 2);
+  EXPECT_EQ(jit_stats().loaded_from_cache - j0.loaded_from_cache, 1);
+  for (const auto& [name, size] : entries()) fs::resize_file(dir_ / name, size / 2);
+  const CodeCacheStats damaged = code_cache_stats();
+  {
+    auto jit = Jit::create(&error);
+    ASSERT_TRUE(jit) << error;
+    ASSERT_TRUE(add_large_module(*jit, "large_a", 3));
+    EXPECT_EQ(jit->lookup<Fn>("large_a", &error)(8), large_expected(3, 8)) << error;
+  }
+  EXPECT_EQ(code_cache_stats().hits - damaged.hits, 0);
+  EXPECT_EQ(code_cache_stats().stores - damaged.stores, 2);
 }
 
 TEST_F(CodeCache, OffWritesNothing) {
