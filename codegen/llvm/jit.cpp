@@ -267,8 +267,10 @@ bool Jit::add(std::unique_ptr<llvm::Module> module, std::unique_ptr<llvm::LLVMCo
     if (key) {
       for (int p = 0; p < parts; ++p)
         if (auto object = disk_cache::load(impl_->cache->settings(), part_key(p))) objects.push_back(std::move(object));
-      if (static_cast<int>(objects.size()) == parts) ++g_loaded;
-      else objects.clear();
+      if (static_cast<int>(objects.size()) == parts)
+        ++g_loaded;
+      else
+        objects.clear();
     }
     if (objects.empty()) {
       // The tag makes the parts' names unique to this module: its key, or else a serial.

@@ -32,8 +32,8 @@ std::unique_ptr<llvm::MemoryBuffer> compile_part(
     const llvm::SmallVector<char, 0>& bitcode, const std::string& name,
     const std::function<std::unique_ptr<llvm::TargetMachine>(std::string*)>& make_machine, std::string* error) {
   llvm::LLVMContext context;
-  auto module = llvm::parseBitcodeFile(llvm::MemoryBufferRef(llvm::StringRef(bitcode.data(), bitcode.size()), name),
-                                       context);
+  auto module =
+      llvm::parseBitcodeFile(llvm::MemoryBufferRef(llvm::StringRef(bitcode.data(), bitcode.size()), name), context);
   if (!module) {
     *error = "jit: cannot read back part " + name + ": " + llvm::toString(module.takeError());
     return nullptr;
@@ -62,8 +62,7 @@ int compile_parts(const llvm::Module& module) {
 
 std::vector<std::unique_ptr<llvm::MemoryBuffer>> compile_split(
     std::unique_ptr<llvm::Module> module, int parts, const std::string& tag, const std::string& name,
-    const std::function<std::unique_ptr<llvm::TargetMachine>(std::string* error)>& make_machine,
-    std::string* error) {
+    const std::function<std::unique_ptr<llvm::TargetMachine>(std::string* error)>& make_machine, std::string* error) {
   // Locals become hidden externals under names no other module has.
   int unnamed = 0;
   auto externalize = [&](llvm::GlobalValue& g) {

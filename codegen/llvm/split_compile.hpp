@@ -33,7 +33,6 @@ int compile_parts(const llvm::Module& module);
 /// or none with `*error` set.
 std::vector<std::unique_ptr<llvm::MemoryBuffer>> compile_split(
     std::unique_ptr<llvm::Module> module, int parts, const std::string& tag, const std::string& name,
-    const std::function<std::unique_ptr<llvm::TargetMachine>(std::string* error)>& make_machine,
-    std::string* error);
+    const std::function<std::unique_ptr<llvm::TargetMachine>(std::string* error)>& make_machine, std::string* error);
 
 }  // namespace qkv::codegen

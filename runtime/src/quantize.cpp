@@ -11,6 +11,14 @@
 
 namespace qkv {
 
+namespace {
+/// std::round's value (halves away from zero) in operations a loop vectorizes.
+inline float round_half_away(float v) {
+  const float t = std::trunc(v);
+  return std::fabs(v - t) >= 0.5f ? t + std::copysign(1.0f, v) : t;
+}
+}  // namespace
+
 std::string_view quant_name(Quant f) { return f == Quant::q4 ? "q4" : "q8"; }
 int quant_bits(Quant f) { return f == Quant::q4 ? 4 : 8; }
 std::optional<Quant> parse_quant(std::string_view name) {
@@ -54,6 +62,7 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
   auto q = out.q.as<std::int8_t>();
   auto s = out.scales.as<std::uint16_t>();
   const bool q4 = f == Quant::q4;
+  std::vector<std::int8_t> row_q(static_cast<std::size_t>(group));  // a group's q
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t gi = 0; gi < groups; ++gi) {
       const std::int64_t begin = r * k + gi * group, end = r * k + std::min(k, (gi + 1) * group);
@@ -71,16 +80,17 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
           amax == 0.0f ? 0 : f32_to_f16(q4 ? largest / -static_cast<float>(kQ4Zero) : amax / 127.0f);
       const float scale = f16_to_f32(bits);
       s[static_cast<std::size_t>(r * groups + gi)] = bits;
+      const float lo = q4 ? -static_cast<float>(kQ4Zero) : -127.0f, hi = q4 ? kQ4Zero - 1.0f : 127.0f;
+      for (std::int64_t i = begin; i < end; ++i)  // (a loop the compiler vectorizes)
+        row_q[static_cast<std::size_t>(i - begin)] = static_cast<std::int8_t>(
+            scale != 0.0f ? std::clamp(round_half_away(v[static_cast<std::size_t>(i)] / scale), lo, hi) : 0.0f);
+      if (!q4) {
+        std::copy(row_q.begin(), row_q.begin() + (end - begin), q.begin() + begin);
+        continue;
+      }
       for (std::int64_t i = begin; i < end; ++i) {
-        const float x = v[static_cast<std::size_t>(i)];
-        const float lo = q4 ? -static_cast<float>(kQ4Zero) : -127.0f, hi = q4 ? kQ4Zero - 1.0f : 127.0f;
-        const float t = scale != 0.0f ? std::clamp(std::round(x / scale), lo, hi) : 0.0f;
-        if (!q4) {
-          q[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(t);
-          continue;
-        }
         const std::int64_t col = i - r * k;
-        const auto nibble = static_cast<unsigned>(static_cast<int>(t) + kQ4Zero);
+        const auto nibble = static_cast<unsigned>(row_q[static_cast<std::size_t>(i - begin)] + kQ4Zero);
         auto& byte = reinterpret_cast<std::uint8_t&>(q[static_cast<std::size_t>(r * (k / 2) + q4_byte(col, group))]);
         byte =
             static_cast<std::uint8_t>(q4_high(col, group) ? (byte & 0x0Fu) | (nibble << 4) : (byte & 0xF0u) | nibble);
