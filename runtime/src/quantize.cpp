@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include <qkv/ir/error.hpp>
@@ -147,7 +148,43 @@ void add_quantized_feeds(Feeds& feeds, const std::string& name, QuantizedWeight 
   feeds[name + quant_scale_suffix(w.format)] = std::move(w.scales);
 }
 
-QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, std::int64_t group) {
+namespace {
+/// Adds to `out.graph` weight `n` stored as `format`, [rows, k]: its q and scales (params named
+/// by the suffixes) read by a dequantize node, whose id it returns; a run-time width checked
+/// against k; the weight's bytes counted.
+int add_quantized_weight(QuantizedModel& out, const Node& n, Quant format, std::int64_t rows, std::int64_t k,
+                         std::int64_t group) {
+  // A weight whose columns are a run-time size: that size must be the stored weight's (the
+  // kernels read q's rows by it).
+  const Extent& columns = n.axes.back().extent;
+  if (!columns.is_static())
+    out.graph.require(
+        {Constraint::Kind::equal, columns, Extent::fixed(k),
+         "`" + n.name + "` is stored with " + std::to_string(k) + " columns, `" + columns.symbol + "` is {a}"});
+  const std::vector<std::int64_t> q_shape = quant_q_shape(format, rows, k), s_shape = quant_scale_shape(rows, k, group);
+  out.bytes_before += rows * k * 4;
+  out.bytes_after += q_shape[0] * q_shape[1] + s_shape[0] * s_shape[1] * 2;
+  Node qn = n, sn = n, d;
+  qn.name = n.name + quant_suffix(format);
+  qn.dtype = DType::i8;
+  qn.axes.back().extent = Extent::fixed(q_shape[1]);
+  sn.name = n.name + quant_scale_suffix(format);
+  sn.dtype = DType::f16;
+  sn.axes.back() = {n.axes.back().name + "_groups", Extent::fixed(s_shape[1])};
+  d.op = Op::dequantize;
+  d.axes = n.axes;
+  d.offset = group;
+  d.scalar = quant_bits(format) == 4 ? 4.0 : 0.0;
+  d.inputs = {out.graph.add(std::move(qn)), out.graph.add(std::move(sn))};
+  out.weights.push_back(n.name);
+  out.formats.push_back(format);
+  return out.graph.add(std::move(d));
+}
+
+/// quantize_linear_weights's walk: each node copied into the result, a quantizable weight for
+/// which `stored` says how (rows, k and the format; nullopt: left as it is) replaced.
+template <class Stored>
+QuantizedModel rewrite_linear_weights(const Graph& g, std::int64_t group, Stored&& stored) {
   const std::vector<std::string> names = quantizable_linear_weights(g);
   QuantizedModel out;
   std::vector<int> remap(g.size(), -1);
@@ -155,62 +192,57 @@ QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, st
     Node n = g.node(id);
     for (int& in : n.inputs) in = remap[static_cast<std::size_t>(in)];
     const bool weight = n.op == Op::param && std::find(names.begin(), names.end(), n.name) != names.end();
-    const auto fed = feeds.find(n.name);
-    const bool as_float =
-        weight && fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
-    // Fed quantized already: the format whose two feeds are there.
-    std::optional<Quant> stored;
-    for (const Quant s : {Quant::q8, Quant::q4})
-      if (weight && feeds.count(n.name + quant_suffix(s)) && feeds.count(n.name + quant_scale_suffix(s))) stored = s;
-    if (!as_float && !stored) {
-      remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(n));
-      continue;
-    }
-    if (as_float) {
-      add_quantized_feeds(feeds, n.name, fed->second, f, group);
-      stored = quant_for(f, fed->second.shape[1], group);
-      feeds.erase(n.name);
-    }
-    const Quant format = *stored;
-    const std::string q_name = n.name + quant_suffix(format), s_name = n.name + quant_scale_suffix(format);
-    const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
-    const std::int64_t k = q.shape.size() == 2 ? (format == Quant::q4 ? 2 * q.shape[1] : q.shape[1]) : 0;
-    const bool fits = q.dtype == DType::i8 && q.shape.size() == 2 && s.dtype == DType::f16 &&
-                      quantizable(format, k, group) && s.shape == quant_scale_shape(q.shape[0], k, group) &&
-                      (!n.axes.back().extent.is_static() || n.axes.back().extent.value == k);
-    if (!fits)
-      throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
-                       shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) + " " +
-                       shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
-                       " weight and its f16 scales per " + std::to_string(group));
-    // A weight whose columns are a run-time size: that size must be the stored weight's (the
-    // kernels read q's rows by it).
-    const Extent& columns = n.axes.back().extent;
-    if (!columns.is_static())
-      out.graph.require(
-          {Constraint::Kind::equal, columns, Extent::fixed(k),
-           "`" + n.name + "` is stored with " + std::to_string(k) + " columns, `" + columns.symbol + "` is {a}"});
-    out.bytes_before += q.shape[0] * k * 4;
-    out.bytes_after += static_cast<std::int64_t>(q.bytes.size() + s.bytes.size());
-    Node qn = n, sn = n, d;
-    qn.name = q_name;
-    qn.dtype = DType::i8;
-    qn.axes.back().extent = Extent::fixed(q.shape[1]);
-    sn.name = s_name;
-    sn.dtype = DType::f16;
-    sn.axes.back() = {n.axes.back().name + "_groups", Extent::fixed(s.shape[1])};
-    d.op = Op::dequantize;
-    d.axes = n.axes;
-    d.offset = group;
-    d.scalar = quant_bits(format) == 4 ? 4.0 : 0.0;
-    d.inputs = {out.graph.add(std::move(qn)), out.graph.add(std::move(sn))};
-    remap[static_cast<std::size_t>(id)] = out.graph.add(std::move(d));
-    out.weights.push_back(n.name);
-    out.formats.push_back(format);
+    const auto how = weight ? stored(n) : std::nullopt;
+    remap[static_cast<std::size_t>(id)] =
+        how ? add_quantized_weight(out, n, std::get<2>(*how), std::get<0>(*how), std::get<1>(*how), group)
+            : out.graph.add(std::move(n));
   }
   for (const auto& o : g.outputs()) out.graph.mark_output(remap[static_cast<std::size_t>(o.node)], o.name);
   for (const auto& c : g.constraints()) out.graph.require(c);
   return out;
+}
+}  // namespace
+
+QuantizedModel quantize_linear_graph(const Graph& g, const Bindings& sizes, Quant f, std::int64_t group) {
+  return rewrite_linear_weights(
+      g, group, [&](const Node& n) -> std::optional<std::tuple<std::int64_t, std::int64_t, Quant>> {
+        const auto rows = n.axes.front().extent.resolve(sizes), k = n.axes.back().extent.resolve(sizes);
+        if (!rows || !k)
+          throw InputError("quantize: `" + n.name + "` has a run-time size (" + n.axes.front().extent.str() + " x " +
+                           n.axes.back().extent.str() + "); a quantized weight's shape must be fixed");
+        return std::tuple{*rows, *k, quant_for(f, *k, group)};
+      });
+}
+
+QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, std::int64_t group) {
+  return rewrite_linear_weights(
+      g, group, [&](const Node& n) -> std::optional<std::tuple<std::int64_t, std::int64_t, Quant>> {
+        const auto fed = feeds.find(n.name);
+        const bool as_float = fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
+        // Fed quantized already: the format whose two feeds are there.
+        std::optional<Quant> stored;
+        for (const Quant s : {Quant::q8, Quant::q4})
+          if (feeds.count(n.name + quant_suffix(s)) && feeds.count(n.name + quant_scale_suffix(s))) stored = s;
+        if (!as_float && !stored) return std::nullopt;  // fed neither way: left as it is
+        if (as_float) {
+          stored = quant_for(f, fed->second.shape[1], group);
+          add_quantized_feeds(feeds, n.name, fed->second, f, group);
+          feeds.erase(n.name);
+        }
+        const Quant format = *stored;
+        const std::string q_name = n.name + quant_suffix(format), s_name = n.name + quant_scale_suffix(format);
+        const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
+        const std::int64_t k = q.shape.size() == 2 ? (format == Quant::q4 ? 2 * q.shape[1] : q.shape[1]) : 0;
+        const bool fits = q.dtype == DType::i8 && q.shape.size() == 2 && s.dtype == DType::f16 &&
+                          quantizable(format, k, group) && s.shape == quant_scale_shape(q.shape[0], k, group) &&
+                          (!n.axes.back().extent.is_static() || n.axes.back().extent.value == k);
+        if (!fits)
+          throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
+                           shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) +
+                           " " + shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
+                           " weight and its f16 scales per " + std::to_string(group));
+        return std::tuple{q.shape[0], k, format};
+      });
 }
 
 }  // namespace qkv

@@ -123,6 +123,18 @@ TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
   }
 }
 
+// emit --quantize: what cannot take quantized weights says so (tests/e2e/aot/run.cmake runs the
+// libraries that can from C).
+TEST_F(Cli, EmitQuantizeRefusesWhatCannotTakeQuantizedWeights) {
+  expect_usage_error(run("emit sdpa --batch 1 --heads 2 --seq 8 --head-dim 16 --quantize q8 -o " + tmp("s.so")),
+                     "--quantize: the model has no linear layer weight that qkv quantizes", "no linear layer");
+  expect_usage_error(
+      run("emit mha --batch 1 --heads 2 --seq 8 --embed-dim 32 --quantize q4 --target nvptx -o " + tmp("m.ptx")),
+      "--quantize goes with a CPU target", "a GPU target");
+  EXPECT_FALSE(fs::exists(tmp("s.so")));
+  EXPECT_FALSE(fs::exists(tmp("m.ptx")));
+}
+
 // Prompts of different lengths in one batch (rows right-padded with -1 in --prompt-ids): each
 // row's continuation and the logits it was chosen from are those of its prompt run alone (1e-5),
 // on Llama (RoPE; the CPU backend and the interpreter), GPT-2 (learned positions; the CPU backend)

@@ -728,6 +728,8 @@ int run_cli(int argc, char** argv) {
       "Example: qkv emit mha --batch 1 --heads 8 --seq 128 --embed-dim 512 --target cpu --cpu x86-64-v3 --format so "
       "-o mha.so\nA decoder's training step: qkv emit train-step --help");
   emit_flags.add(emit_cmd);
+  QuantizeFlag emit_quantize;
+  emit_quantize.add(emit_cmd);
   emit_cmd->add_option("--target", emit_opts.target, "cpu (this host's architecture) | x86_64 | aarch64 | nvptx")
       ->check(CLI::IsMember({"cpu", "x86_64", "aarch64", "nvptx"}))
       ->capture_default_str();
@@ -791,6 +793,7 @@ int run_cli(int argc, char** argv) {
     }
     if (*emit_cmd) {
       emit_opts.model = emit_flags.get();
+      emit_opts.quant = emit_quantize.get();
       return emit(emit_opts);
     }
     if (*host_cmd) return host();

@@ -213,6 +213,7 @@ struct Emit {
   std::string format;  // ll | asm | obj | so | ptx (default: so for cpu, ptx for nvptx)
   std::string out, function, example_dir;
   std::vector<std::string> dynamic;  // sizes left as run-time arguments of the generated function
+  std::optional<Quant> quant;        // --quantize: the linear weights taken as q and scales
 };
 int emit(const Emit& e);
 

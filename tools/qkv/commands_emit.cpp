@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -22,6 +23,7 @@
 #include <qkv/runtime/hf_checkpoint.hpp>
 #include <qkv/runtime/interpreter.hpp>
 #include <qkv/runtime/io/npy.hpp>
+#include <qkv/runtime/quantize.hpp>
 
 #include "commands.hpp"
 #include "memory.hpp"
@@ -198,12 +200,15 @@ std::string manifest(const codegen::AotSignature& sig) {
   return text;
 }
 
+/// `in`: the model as built, before --quantize (`quant`): its seeded float weights are quantized
+/// as the CLI's loaders do, into the q and scales the quantized function takes.
 void stage_example(OutputGroup& outputs, const Example& ex, const Instance& in, const ShapeModel& model,
-                   const codegen::AotSignature& sig) {
-  const Feeds feeds = seeded_feeds(in, model);
+                   const codegen::AotSignature& sig, std::optional<Quant> quant) {
+  Feeds feeds = seeded_feeds(in, model);
+  const Graph g = quant ? quantize_linear_weights(in.graph, feeds, *quant).graph : in.graph;
   const RunResult want = [&] {
     const Activity running("running the reference interpreter for --example-dir");
-    return interpret(in.graph, feeds);
+    return interpret(g, feeds);
   }();
   for (std::size_t k = 0; k < ex.files.size(); ++k) {
     const auto& a = sig.args[k];
@@ -291,7 +296,24 @@ int emit(const Emit& e) {
   if (e.target == "nvptx" && !e.dynamic.empty()) throw UsageError("--dynamic goes with a CPU target");
   if (e.target == "nvptx" && (!e.cpu.empty() || !e.features.empty()))
     throw UsageError("--cpu and --features go with a CPU target; nvptx takes --sm");
-  const Instance in = instantiate(e.model);
+  const Instance built = instantiate(e.model);
+  Instance in = built;
+  if (e.quant) {  // the linear layers' weights taken as q and scales (the caller quantizes them)
+    if (e.target == "nvptx") throw UsageError("--quantize goes with a CPU target (the GPU backend reads f32 weights)");
+    QuantizedModel m = quantize_linear_graph(built.graph, built.sizes, *e.quant);
+    if (m.weights.empty())
+      throw UsageError(
+          "--quantize: the model has no linear layer weight that qkv quantizes (only linear layers' "
+          "[out, in] weights are)");
+    in.graph = std::move(m.graph);
+    std::fprintf(stderr,
+                 "qkv: note: %zu linear weights taken as %s: the function takes `name.%s` (int8) and "
+                 "`name.%s_scale` (f16 bits) for each (%.1f KB in f32 -> %.1f KB; docs/aot.md, \"Quantized "
+                 "weights\")\n",
+                 m.weights.size(), quant_summary(m.formats).c_str(), std::string(quant_name(*e.quant)).c_str(),
+                 std::string(quant_name(*e.quant)).c_str(), static_cast<double>(m.bytes_before) / 1e3,
+                 static_cast<double>(m.bytes_after) / 1e3);
+  }
   if (e.target == "nvptx") return emit_ptx(e, in);
 
   std::string default_function = "qkv_" + e.model.kind;  // qkv_sdpa, qkv_mha, qkv_encoder_layer
@@ -305,7 +327,7 @@ int emit(const Emit& e) {
   const codegen::AotSignature sig = checked_signature(in.graph, in.sizes, options);
   const Example example = e.example_dir.empty() ? Example{} : declare_example(outputs, in, sig, e.example_dir);
   stage_aot(outputs, files, in.graph, in.sizes, options, "compiling the model");
-  if (!e.example_dir.empty()) stage_example(outputs, example, in, e.model, sig);
+  if (!e.example_dir.empty()) stage_example(outputs, example, built, e.model, sig, e.quant);
   outputs.commit();
   std::cout << "wrote " << e.out << "\n";
   if (files.has_header) std::cout << "wrote " << outputs.path(files.header).string() << "\n";

@@ -1,6 +1,7 @@
 # The AOT end-to-end test: `qkv emit` a multi-head attention layer (key padding) as a shared
 # library + C header, build the plain C program mha_main.c against them with the C compiler
-# alone, check the library depends on no qkv/LLVM/C++ library, run it.
+# alone, check the library depends on no qkv/LLVM/C++ library, run it; the same with run-time
+# sizes, and an encoder layer taking its linear weights quantized.
 #   cmake -DQKV=... -DCC=... -DSRC=... -DWORK=... -P run.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -28,3 +29,19 @@ step(${QKV} emit mha --batch 2 --heads 4 --seq 90 --embed-dim 64 --padding --see
 step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -I${WORK} -I${SRC} ${SRC}/mha_dynamic_main.c ${WORK}/mha_dyn.so
      -Wl,-rpath,${WORK} -lm -o ${WORK}/mha_dynamic_main)
 step(${WORK}/mha_dynamic_main ${WORK}/example_37 3 37 ${WORK}/example_90 2 90)
+
+# A model whose linear layers' weights the function takes quantized (--quantize q8 / q4): int8 q
+# and f16 scales in their place, written to the example directory as qkv quantizes them; the
+# library's outputs are the interpreter's on the same q and scales.
+foreach(q q8 q4)
+  step(${QKV} emit encoder-layer --batch 2 --heads 2 --seq 11 --embed-dim 64 --seed 4 --quantize ${q}
+       --target cpu --format so --function enc_${q} -o ${WORK}/enc_${q}.so --example-dir ${WORK}/example_${q})
+  file(READ ${WORK}/enc_${q}.h header)
+  if(NOT header MATCHES "const int8_t\\* linear1_weight_${q}")
+    message(FATAL_ERROR "enc_${q}.h takes no quantized linear1 weight:\n${header}")
+  endif()
+  string(TOUPPER enc_${q} upper)
+  step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -DQKV_FN=enc_${q} -DQKV_FN_UPPER=${upper} "-DQKV_HEADER=\"enc_${q}.h\""
+       -I${WORK} -I${SRC} ${SRC}/aot_check.c ${WORK}/enc_${q}.so -Wl,-rpath,${WORK} -lm -o ${WORK}/check_${q})
+  step(${WORK}/check_${q} ${WORK}/example_${q})
+endforeach()

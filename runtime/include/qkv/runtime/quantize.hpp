@@ -97,4 +97,11 @@ void add_quantized_feeds(Feeds& feeds, const std::string& name, QuantizedWeight 
 QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f = Quant::q8,
                                        std::int64_t group = kQuantGroup);
 
+/// The same rewrite with no weights at hand (a model compiled ahead of time, whose caller passes
+/// them): every quantizable linear weight becomes the parameters `name.q8` / `name.q4` and their
+/// scales, shaped from its sizes under `sizes` (quant_for(f): q8 where q4 does not fit).
+/// InputError for a weight whose shape is not fixed under `sizes`.
+QuantizedModel quantize_linear_graph(const Graph& g, const Bindings& sizes, Quant f = Quant::q8,
+                                     std::int64_t group = kQuantGroup);
+
 }  // namespace qkv
