@@ -1,5 +1,7 @@
 #include "llvm/ir_util.hpp"
 
+#include <qkv/ir/quant.hpp>
+
 #include <llvm/IR/BasicBlock.h>
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
@@ -164,6 +166,13 @@ llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain) {
   if (!brain) return b.CreateFPExt(b.CreateBitCast(bits, like(bits, b.getHalfTy())), like(bits, b.getFloatTy()));
   llvm::Value* wide = b.CreateShl(b.CreateZExt(bits, like(bits, b.getInt32Ty())), 16);
   return b.CreateBitCast(wide, like(bits, b.getFloatTy()));
+}
+
+llvm::Value* q4_nibbles(llvm::IRBuilder<>& b, llvm::Value* bytes, llvm::Value* high, bool centered) {
+  llvm::Type* t = bytes->getType();
+  llvm::Value* v = b.CreateSelect(high, b.CreateLShr(bytes, llvm::ConstantInt::get(t, 4)),
+                                  b.CreateAnd(bytes, llvm::ConstantInt::get(t, 0x0F)));
+  return centered ? b.CreateSub(v, llvm::ConstantInt::get(t, kQ4Zero)) : v;
 }
 
 llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType t) {

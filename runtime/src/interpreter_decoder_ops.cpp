@@ -142,10 +142,8 @@ Value op_dequantize(const OpArgs& a) {
     for (std::int64_t col = 0; col < k; ++col) {
       float v =
           q.data[row * static_cast<std::size_t>(bytes) + static_cast<std::size_t>(q4 ? q4_byte(col, group) : col)];
-      if (q4) {
-        const int byte = static_cast<int>(v) & 0xFF;
-        v = static_cast<float>((q4_high(col, group) ? byte >> 4 : byte & 0x0F) - kQ4Zero);
-      }
+      if (q4)
+        v = static_cast<float>(q4_value(static_cast<std::uint8_t>(static_cast<int>(v) & 0xFF), q4_high(col, group)));
       out.data[row * static_cast<std::size_t>(k) + static_cast<std::size_t>(col)] =
           v * s.data[row * static_cast<std::size_t>(groups) + static_cast<std::size_t>(col / group)];
     }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <utility>
 
 #include <qkv/ir/error.hpp>
@@ -131,7 +130,7 @@ NdArray dequantize_weight(const QuantizedWeight& w, std::int64_t group) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t i = 0; i < k; ++i) {
       int value = q[static_cast<std::size_t>(r * bytes + (q4 ? q4_byte(i, group) : i))];
-      if (q4) value = (q4_high(i, group) ? (value & 0xF0) >> 4 : value & 0x0F) - kQ4Zero;
+      if (q4) value = q4_value(static_cast<std::uint8_t>(value), q4_high(i, group));
       o[static_cast<std::size_t>(r * k + i)] =
           static_cast<float>(value) * f16_to_f32(s[static_cast<std::size_t>(r * groups + i / group)]);
     }
@@ -181,8 +180,14 @@ int add_quantized_weight(QuantizedModel& out, const Node& n, Quant format, std::
   return out.graph.add(std::move(d));
 }
 
+/// How a weight is stored: [rows, k] as `format`.
+struct StoredAs {
+  std::int64_t rows, k;
+  Quant format;
+};
+
 /// quantize_linear_weights's walk: each node copied into the result, a quantizable weight for
-/// which `stored` says how (rows, k and the format; nullopt: left as it is) replaced.
+/// which `stored` says how (nullopt: left as it is) replaced.
 template <class Stored>
 QuantizedModel rewrite_linear_weights(const Graph& g, std::int64_t group, Stored&& stored) {
   const std::vector<std::string> names = quantizable_linear_weights(g);
@@ -194,8 +199,7 @@ QuantizedModel rewrite_linear_weights(const Graph& g, std::int64_t group, Stored
     const bool weight = n.op == Op::param && std::find(names.begin(), names.end(), n.name) != names.end();
     const auto how = weight ? stored(n) : std::nullopt;
     remap[static_cast<std::size_t>(id)] =
-        how ? add_quantized_weight(out, n, std::get<2>(*how), std::get<0>(*how), std::get<1>(*how), group)
-            : out.graph.add(std::move(n));
+        how ? add_quantized_weight(out, n, how->format, how->rows, how->k, group) : out.graph.add(std::move(n));
   }
   for (const auto& o : g.outputs()) out.graph.mark_output(remap[static_cast<std::size_t>(o.node)], o.name);
   for (const auto& c : g.constraints()) out.graph.require(c);
@@ -204,45 +208,43 @@ QuantizedModel rewrite_linear_weights(const Graph& g, std::int64_t group, Stored
 }  // namespace
 
 QuantizedModel quantize_linear_graph(const Graph& g, const Bindings& sizes, Quant f, std::int64_t group) {
-  return rewrite_linear_weights(
-      g, group, [&](const Node& n) -> std::optional<std::tuple<std::int64_t, std::int64_t, Quant>> {
-        const auto rows = n.axes.front().extent.resolve(sizes), k = n.axes.back().extent.resolve(sizes);
-        if (!rows || !k)
-          throw InputError("quantize: `" + n.name + "` has a run-time size (" + n.axes.front().extent.str() + " x " +
-                           n.axes.back().extent.str() + "); a quantized weight's shape must be fixed");
-        return std::tuple{*rows, *k, quant_for(f, *k, group)};
-      });
+  return rewrite_linear_weights(g, group, [&](const Node& n) -> std::optional<StoredAs> {
+    const auto rows = n.axes.front().extent.resolve(sizes), k = n.axes.back().extent.resolve(sizes);
+    if (!rows || !k)
+      throw InputError("quantize: `" + n.name + "` has a run-time size (" + n.axes.front().extent.str() + " x " +
+                       n.axes.back().extent.str() + "); a quantized weight's shape must be fixed");
+    return StoredAs{*rows, *k, quant_for(f, *k, group)};
+  });
 }
 
 QuantizedModel quantize_linear_weights(const Graph& g, Feeds& feeds, Quant f, std::int64_t group) {
-  return rewrite_linear_weights(
-      g, group, [&](const Node& n) -> std::optional<std::tuple<std::int64_t, std::int64_t, Quant>> {
-        const auto fed = feeds.find(n.name);
-        const bool as_float = fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
-        // Fed quantized already: the format whose two feeds are there.
-        std::optional<Quant> stored;
-        for (const Quant s : {Quant::q8, Quant::q4})
-          if (feeds.count(n.name + quant_suffix(s)) && feeds.count(n.name + quant_scale_suffix(s))) stored = s;
-        if (!as_float && !stored) return std::nullopt;  // fed neither way: left as it is
-        if (as_float) {
-          stored = quant_for(f, fed->second.shape[1], group);
-          add_quantized_feeds(feeds, n.name, fed->second, f, group);
-          feeds.erase(n.name);
-        }
-        const Quant format = *stored;
-        const std::string q_name = n.name + quant_suffix(format), s_name = n.name + quant_scale_suffix(format);
-        const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
-        const std::int64_t k = q.shape.size() == 2 ? (format == Quant::q4 ? 2 * q.shape[1] : q.shape[1]) : 0;
-        const bool fits = q.dtype == DType::i8 && q.shape.size() == 2 && s.dtype == DType::f16 &&
-                          quantizable(format, k, group) && s.shape == quant_scale_shape(q.shape[0], k, group) &&
-                          (!n.axes.back().extent.is_static() || n.axes.back().extent.value == k);
-        if (!fits)
-          throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
-                           shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) +
-                           " " + shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
-                           " weight and its f16 scales per " + std::to_string(group));
-        return std::tuple{q.shape[0], k, format};
-      });
+  return rewrite_linear_weights(g, group, [&](const Node& n) -> std::optional<StoredAs> {
+    const auto fed = feeds.find(n.name);
+    const bool as_float = fed != feeds.end() && fed->second.shape.size() == 2 && is_model_float(fed->second.dtype);
+    // Fed quantized already: the format whose two feeds are there.
+    std::optional<Quant> stored;
+    for (const Quant s : {Quant::q8, Quant::q4})
+      if (feeds.count(n.name + quant_suffix(s)) && feeds.count(n.name + quant_scale_suffix(s))) stored = s;
+    if (!as_float && !stored) return std::nullopt;  // fed neither way: left as it is
+    if (as_float) {
+      stored = quant_for(f, fed->second.shape[1], group);
+      add_quantized_feeds(feeds, n.name, fed->second, f, group);
+      feeds.erase(n.name);
+    }
+    const Quant format = *stored;
+    const std::string q_name = n.name + quant_suffix(format), s_name = n.name + quant_scale_suffix(format);
+    const NdArray &q = feeds.at(q_name), &s = feeds.at(s_name);
+    const std::int64_t k = q.shape.size() == 2 ? (format == Quant::q4 ? 2 * q.shape[1] : q.shape[1]) : 0;
+    const bool fits = q.dtype == DType::i8 && q.shape.size() == 2 && s.dtype == DType::f16 &&
+                      quantizable(format, k, group) && s.shape == quant_scale_shape(q.shape[0], k, group) &&
+                      (!n.axes.back().extent.is_static() || n.axes.back().extent.value == k);
+    if (!fits)
+      throw InputError("quantize: `" + q_name + "` (" + std::string(dtype_name(q.dtype)) + " " +
+                       shape_to_string(q.shape) + ") and `" + s_name + "` (" + std::string(dtype_name(s.dtype)) + " " +
+                       shape_to_string(s.shape) + ") are not an i8 " + std::string(quant_name(format)) +
+                       " weight and its f16 scales per " + std::to_string(group));
+    return StoredAs{q.shape[0], k, format};
+  });
 }
 
 }  // namespace qkv

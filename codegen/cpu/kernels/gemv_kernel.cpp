@@ -107,11 +107,7 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
         auto load_q4 = [&](int j, llvm::Value* at, bool high) {
           auto* vb = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(lanes));
           llvm::Value* v = b.CreateAlignedLoad(vb, b.CreateGEP(b.getInt8Ty(), wrow[j], at), llvm::Align(1));
-          v = high ? b.CreateLShr(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(4)))
-                   : b.CreateAnd(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(0x0F)));
-          if (per_group) return b.CreateUIToFP(v, vf);
-          return b.CreateSIToFP(b.CreateSub(v, b.CreateVectorSplat(static_cast<unsigned>(lanes), b.getInt8(kQ4Zero))),
-                                vf);
+          return b.CreateSIToFP(ir::q4_nibbles(b, v, b.getInt1(high), /*centered=*/!per_group), vf);
         };
         // One vector of K at i: acc[j·rows + r] += x[r][i…] · W[j][i…] (a quantized W scaled by
         // `scale[j]`, or with no scale as its integers); a q4 W's vector (its nibbles as stored)
@@ -159,37 +155,27 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
                     b, c64(0), kgroups, 1, acc,
                     [&](llvm::Value* gi, const std::vector<llvm::Value*>& in) {
                       const std::vector<llvm::Value*> sc = scales_of(gi);
-                      if (!per_group) {  // each vector scaled as loaded
-                        std::vector<llvm::Value*> a = in;
-                        for (int v = 0; v < group / lanes; ++v) {
-                          const int e = v * lanes, half = group / 2;
-                          llvm::Value* q4_at =
-                              cfg.q4 ? b.CreateAdd(b.CreateMul(gi, c64(half)), c64(e % half)) : nullptr;
-                          a = step(b.CreateAdd(b.CreateMul(gi, c64(group)), c64(e)), a, nullptr, sc, q4_at, e >= half);
-                        }
-                        return a;
-                      }
-                      // The group's sums over its integers (q4: its nibbles, with Σ x for the
-                      // zero point: Σ x (n − 8) = Σ x n − 8 Σ x), scaled once: one multiply a
-                      // group, not one a vector.
-                      std::vector<llvm::Value*> part(in.size(), llvm::ConstantFP::get(vf, 0.0));
+                      // Each vector scaled as loaded, or (per_group) the group's sums over its
+                      // integers (q4's nibbles, with Σ x for the zero point: Σ x (n − 8) = Σ x n −
+                      // 8 Σ x) scaled once: one multiply a group, not one a vector.
+                      std::vector<llvm::Value*> part =
+                          per_group ? std::vector<llvm::Value*>(in.size(), llvm::ConstantFP::get(vf, 0.0)) : in;
                       std::vector<llvm::Value*> xsum(static_cast<std::size_t>(rows), llvm::ConstantFP::get(vf, 0.0));
                       for (int v = 0; v < group / lanes; ++v) {
                         const int e = v * lanes, half = group / 2;  // the vector's first entry in the group
                         llvm::Value* i = b.CreateAdd(b.CreateMul(gi, c64(group)), c64(e));
                         llvm::Value* q4_at = cfg.q4 ? b.CreateAdd(b.CreateMul(gi, c64(half)), c64(e % half)) : nullptr;
-                        part = step(i, part, nullptr, {}, q4_at, e >= half);
-                        if (cfg.q4)
+                        part = step(i, part, nullptr, per_group ? std::vector<llvm::Value*>{} : sc, q4_at, e >= half);
+                        if (per_group)
                           for (int r = 0; r < rows; ++r)
                             xsum[r] = b.CreateFAdd(xsum[r], load(xelem, xrow[r], i, nullptr));
                       }
+                      if (!per_group) return part;
                       std::vector<llvm::Value*> a = in;
                       llvm::Value* zero_point = llvm::ConstantFP::get(vf, -static_cast<double>(kQ4Zero));
                       for (int j = 0; j < outs; ++j)
                         for (int r = 0; r < rows; ++r) {
-                          llvm::Value* p = part[j * rows + r];
-                          if (cfg.q4) p = fma(xsum[r], zero_point, p);
-                          a[j * rows + r] = fma(p, sc[j], a[j * rows + r]);
+                          a[j * rows + r] = fma(fma(xsum[r], zero_point, part[j * rows + r]), sc[j], a[j * rows + r]);
                         }
                       return a;
                     },

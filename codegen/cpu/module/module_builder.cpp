@@ -162,7 +162,6 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes));
     auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(lanes));
     const I group = c64(gemm_cfg_.quant_group), groups = ceil_div(k, group), chunks = k / lanes;
-    auto splat8 = [&](int v) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt8(v)); };
     nest_parallel({full, c64(nr / lanes), chunks}, {}, {}, c64(lanes * lanes * 4), [&](const Dims& i, const Dims&) {
       const I kk = i[2] * lanes;
       std::vector<llvm::Value*> tile;
@@ -172,8 +171,7 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
         llvm::Value* q;
         if (gemm_cfg_.q4) {  // one nibble of `lanes` bytes (a vector never straddles a group's halves)
           q = b_.CreateAlignedLoad(vb, b_.CreateGEP(i8_, wt, (row * (k / 2) + q4_byte(kk, group)).v()), llvm::Align(1));
-          q = b_.CreateSelect(q4_high(kk, group).v(), b_.CreateLShr(q, splat8(4)), b_.CreateAnd(q, splat8(0x0F)));
-          q = b_.CreateSub(q, splat8(kQ4Zero));
+          q = ir::q4_nibbles(b_, q, q4_high(kk, group).v(), /*centered=*/true);
         } else {
           q = b_.CreateAlignedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + kk).v()), llvm::Align(1));
         }

@@ -699,9 +699,7 @@ void ModuleBuilder::emit_dequantize(int id) {
 }
 
 llvm::Value* ModuleBuilder::q4_entry(llvm::Value* q, const I& row, const I& kk, const I& group) {
-  llvm::Value* byte = load(i8_, q, row + q4_byte(kk, group));
-  llvm::Value* nibble = b_.CreateSelect(q4_high(kk, group).v(), b_.CreateLShr(byte, 4), b_.CreateAnd(byte, 0x0F));
-  return b_.CreateSub(nibble, b_.getInt8(kQ4Zero));
+  return ir::q4_nibbles(b_, load(i8_, q, row + q4_byte(kk, group)), q4_high(kk, group).v(), /*centered=*/true);
 }
 
 /// argmax along attr_axes[0] (dropped): the first index of the largest entry, a NaN the largest

@@ -28,4 +28,7 @@ auto q4_high(const I& k, const I& group) {
 /// The value of a 4-bit entry (0…15 as stored): nibble − 8.
 inline constexpr int kQ4Zero = 8;
 
+/// The value of the entry in `byte`'s high or low four bits.
+inline int q4_value(std::uint8_t byte, bool high) { return (high ? byte >> 4 : byte & 0x0F) - kQ4Zero; }
+
 }  // namespace qkv
