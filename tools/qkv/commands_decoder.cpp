@@ -345,6 +345,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     }
   }
   const bool ragged = std::any_of(first.begin(), first.end(), [](std::int64_t f) { return f > 0; });
+  const std::vector<std::int64_t> padding = ragged ? first : std::vector<std::int64_t>{};  // what prefill takes
   if (N > c.max_position_embeddings - P)  // also where P + N would overflow
     throw UsageError("--new-tokens " + std::to_string(N) + ": the prompt's " + std::to_string(P) +
                      " token(s) and the new ones exceed the model's max_position_embeddings (" +
@@ -384,24 +385,23 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   r.steps = N - 1;
   r.prompt_tokens = B * P;
   for (const std::int64_t f : first) r.prompt_tokens -= f;
-  // Each row: its prompt, its new ids, then −1 for its padding.
+  // Each row: its prompt as given (its −1s too), its new ids after its last prompt id, then −1.
   r.ids = NdArray::zeros(DType::i64, {B, total});
   r.chosen_logits = NdArray::zeros(DType::f32, {B, N, c.vocab_size});
   auto ids_at = [&](std::int64_t b, std::int64_t t) -> std::int64_t& {
     return r.ids.as<std::int64_t>()[static_cast<std::size_t>(b * total + t)];
   };
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t len = P - first[static_cast<std::size_t>(b)];
-    for (std::int64_t t = 0; t < len; ++t)
-      ids_at(b, t) =
-          tokens.as<std::int64_t>()[static_cast<std::size_t>(b * P + first[static_cast<std::size_t>(b)] + t)];
-    for (std::int64_t t = len + N; t < total; ++t) ids_at(b, t) = -1;
+  {
+    const std::vector<float> p = prompt.to_f32();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < total; ++t)
+        ids_at(b, t) = t < P ? static_cast<std::int64_t>(p[static_cast<std::size_t>(b * P + t)]) : -1;
   }
   const codegen::JitStats jit_before = codegen::jit_stats();
   const double compiled_before = jit_before.compile_ms;
   auto t0 = std::chrono::steady_clock::now();
   if (warm) {
-    (void)session.prefill(tokens, ragged ? first : std::vector<std::int64_t>{});
+    (void)session.prefill(tokens, padding);
     session.reset();
     r.compile_ms = ms_since(t0);
   }
@@ -410,7 +410,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   for (std::int64_t rep = 0; rep < o.repeat; ++rep) {
     std::mt19937_64 rng(o.seed);  // every repetition draws what the first drew
     t0 = std::chrono::steady_clock::now();
-    NdArray logits = session.prefill(tokens, ragged ? first : std::vector<std::int64_t>{});
+    NdArray logits = session.prefill(tokens, padding);
     prefill_ms.push_back(ms_since(t0));
     decode_ms.push_back(0);
     if (rep == 0) {
