@@ -7,7 +7,10 @@
 // GFLOP/s of the backward counts 2.5 × the forward's 4·B·H·N²·D (FlashAttention's convention;
 // half for causal); forward + backward counts 3.5 ×. pct_peak is against an FMA probe taken
 // around each measurement; x_unfused is the fused forward + backward's speed over the unfused
-// one's at the same N (as fractions of their own peaks).
+// one's at the same N (as fractions of their own peaks). BM_FusedBackward also runs, at
+// N = 2048, a softcap over ALiBi (with the slopes' gradient: variant 1), dropout 0.1 (variant 2)
+// and bf16 q, k, v, O, dO and gradients (variant 3): what the mod's derivatives, the replayed
+// mask and the conversions cost.
 //
 //   bench_attention_backward --benchmark_min_time=0.01
 #include <benchmark/benchmark.h>
@@ -23,6 +26,7 @@
 
 #include <qkv/codegen/cpu/run_attention.hpp>
 #include <qkv/codegen/cpu/run_attention_backward.hpp>
+#include <qkv/runtime/io/array.hpp>
 
 #include "bench_util.hpp"
 #include "peaks.hpp"
@@ -43,11 +47,20 @@ constexpr std::int64_t kHeads = 8, kDim = 64;
 
 std::map<std::int64_t, double> g_unfused_fraction;  // forward + backward: GFLOP/s ÷ peak, by N
 
+/// 0: plain; 1: softcap(30) over ALiBi with the slopes' gradient; 2: dropout 0.1.
+enum Variant : std::int64_t { kPlain = 0, kSoftcapAlibi = 1, kDropout = 2, kBf16 = 3 };
+
 struct Problem {
   std::int64_t n;
   bool causal;
+  std::int64_t variant = kPlain;
   std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
-  Problem(std::int64_t n_, bool causal_) : n(n_), causal(causal_) {
+  std::vector<float> slopes, dslopes;
+  std::vector<std::uint16_t> half[8];  // kBf16: q, k, v, out, dout, dq, dk, dv as bf16 bits (lse stays f32)
+  const void* tensors[1] = {nullptr};
+  std::int64_t extents[1] = {kHeads};
+  float* dtensors[1] = {nullptr};
+  Problem(std::int64_t n_, bool causal_, std::int64_t variant_ = kPlain) : n(n_), causal(causal_), variant(variant_) {
     const auto size = static_cast<std::size_t>(kHeads * n * kDim);
     q = random_values(size, 11);
     k = random_values(size, 12);
@@ -58,6 +71,20 @@ struct Problem {
     dk.assign(size, 0.0f);
     dv.assign(size, 0.0f);
     lse.assign(static_cast<std::size_t>(kHeads * n), 0.0f);
+    for (std::int64_t h = 0; h < kHeads; ++h) slopes.push_back(std::exp2(-static_cast<float>(h + 1)));
+    dslopes.assign(slopes.size(), 0.0f);
+    tensors[0] = slopes.data();
+    dtensors[0] = dslopes.data();
+    if (variant == kBf16) {
+      const std::vector<float>* from[] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
+      for (int i = 0; i < 8; ++i)
+        for (float x : *from[i]) half[i].push_back(qkv::f32_to_bf16(x));
+    }
+  }
+  /// Array i of {q, k, v, out, dout, dq, dk, dv} as the variant stores it.
+  void* stored(int i) {
+    std::vector<float>* from[] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
+    return variant == kBf16 ? static_cast<void*>(half[i].data()) : static_cast<void*>(from[i]->data());
   }
   [[nodiscard]] AttentionSpec spec(bool lse_too) const {
     AttentionSpec s;
@@ -65,27 +92,58 @@ struct Problem {
     s.hq = s.hkv = kHeads;
     s.causal = causal;
     s.write_lse = lse_too;
+    if (variant == kDropout) s.dropout_p = 0.1;
+    if (variant == kBf16) s.storage = qkv::DType::bf16;
+    if (variant == kSoftcapAlibi) {  // 30 · tanh((s − slope[h] · |q − k|) / 30)
+      using qkv::ModOp;
+      qkv::ModExpr& e = s.mod;
+      auto leaf = [&](ModOp op, const char* axis) {
+        qkv::ModNode x;
+        x.op = op;
+        x.axis = axis;
+        return e.add(std::move(x));
+      };
+      qkv::ModNode load;
+      load.op = ModOp::load;
+      load.input = 0;
+      load.at = {leaf(ModOp::index, "h")};
+      const int slope = e.add(std::move(load));
+      const int dist = e.add(qkv::mod_node(
+          ModOp::abs, e.add(qkv::mod_node(ModOp::sub, leaf(ModOp::index, "q"), leaf(ModOp::index, "k")))));
+      const int biased =
+          e.add(qkv::mod_node(ModOp::sub, leaf(ModOp::score, ""), e.add(qkv::mod_node(ModOp::mul, slope, dist))));
+      const int cap = e.add(qkv::mod_constant(30.0));
+      e.score = e.add(qkv::mod_node(ModOp::mul, cap,
+                                    e.add(qkv::mod_node(ModOp::tanh, e.add(qkv::mod_node(ModOp::div, biased, cap))))));
+      s.axes.heads = {{"h", 1, kHeads}};
+      s.tensors = {{qkv::codegen::cpu::ModTensor::Source::captured, qkv::DType::f32, 1}};
+      if (!lse_too) s.tensor_grads = {{.tensor = 0, .per_batch = true, .per_kv_head = false, .per_chunk = true}};
+    }
     return s;
   }
   [[nodiscard]] double forward_flops() const { return qkv::codegen::cpu::attention_flops(spec(false), 1, n, n); }
   AttentionArgs forward_args() {
     AttentionArgs a;
-    a.q = q.data();
-    a.k = k.data();
-    a.v = v.data();
-    a.out = out.data();
+    a.q = stored(0);
+    a.k = stored(1);
+    a.v = stored(2);
+    a.out = stored(3);
     a.lse = lse.data();
     a.batch = 1;
     a.len_q = a.len_k = n;
+    a.seed = 42;
+    a.tensors = tensors;
+    a.extents = extents;
     return a;
   }
   AttentionBackwardArgs backward_args() {
     AttentionBackwardArgs b;
     b.forward = forward_args();
-    b.d_out = dout.data();
-    b.dq = dq.data();
-    b.dk = dk.data();
-    b.dv = dv.data();
+    b.d_out = stored(4);
+    b.dq = stored(5);
+    b.dk = stored(6);
+    b.dv = stored(7);
+    b.dtensors = dtensors;
     return b;
   }
 };
@@ -100,7 +158,7 @@ void report(benchmark::State& state, double flops, double seconds, double peak) 
 /// The fused backward alone (the forward's output and log-sum-exp computed once before).
 void BM_FusedBackward(benchmark::State& state) {
   wait_for_other_threads_to_block();
-  Problem p(state.range(0), state.range(1) != 0);
+  Problem p(state.range(0), state.range(1) != 0, state.range(2));
   qkv::codegen::cpu::run_attention(p.spec(true), p.forward_args(), kThreads);
   const AttentionBackwardArgs b = p.backward_args();
   qkv::codegen::cpu::run_attention_backward(p.spec(false), b, kThreads);  // compiles the kernel
@@ -203,10 +261,12 @@ void BM_UnfusedForwardBackward(benchmark::State& state) {
   g_unfused_fraction[p.n] = state.counters["GFLOP/s"] / peak;
 }
 
-void sizes(benchmark::internal::Benchmark* b, bool causal_too) {
-  for (std::int64_t n : {1024, 2048, 4096}) {
-    b->Args({n, 0});
-    if (causal_too) b->Args({n, 1});
+void sizes(benchmark::internal::Benchmark* b, bool causal_too, bool variants = false) {
+  for (std::int64_t n : {1024, 2048, 4096, 8192}) {
+    b->Args({n, 0, kPlain});
+    if (causal_too) b->Args({n, 1, kPlain});
+    if (variants && n == 2048)
+      for (std::int64_t v : {kSoftcapAlibi, kDropout, kBf16}) b->Args({n, 0, v});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -215,7 +275,7 @@ BENCHMARK(BM_UnfusedForwardBackward)->Apply([](auto* b) {
   for (std::int64_t n : {1024, 2048, 4096}) b->Args({n});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 });
-BENCHMARK(BM_FusedBackward)->Apply([](auto* b) { sizes(b, true); });
+BENCHMARK(BM_FusedBackward)->Apply([](auto* b) { sizes(b, true, true); });
 BENCHMARK(BM_FusedForwardBackward)->Apply([](auto* b) { sizes(b, true); });
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <llvm/Support/raw_ostream.h>
 
 #include <qkv/codegen/jit.hpp>
+#include <qkv/runtime/io/array.hpp>
 
 #include "cpu/kernels/attention_backward.hpp"
 #include "cpu/schedule.hpp"
@@ -92,10 +93,7 @@ const BackwardKernel& get_kernel(const AttentionSpec& spec) {
 }  // namespace
 
 std::string backward_unsupported(const AttentionSpec& spec) {
-  if (spec.storage != DType::f32) return "q, k, v are not stored as f32";
-  if (spec.dropout_p != 0.0) return "dropout";
-  if (spec.bias) return "an additive bias (a score modification)";
-  if (spec.mod.score >= 0) return "a score modification";
+  if (spec.storage != DType::f32 && spec.storage != DType::bf16) return "q, k, v are stored as neither f32 nor bf16";
   if (spec.dk < 1 || spec.dv < 1 || spec.dk > 256 || spec.dv > 256) return "head widths outside [1, 256]";
   if (spec.hq < 1 || spec.hkv < 1 || spec.hq % spec.hkv != 0) return "query heads not a multiple of key/value heads";
   if (!(spec.effective_scale() == spec.effective_scale())) return "a NaN scale";
@@ -117,11 +115,27 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
   const auto nq = static_cast<std::size_t>(B * hq * L), nk = static_cast<std::size_t>(B * hkv * S);
   if (nq && !args_in.dq) invalid("dq must not be null");
   if (nk && (!args_in.dk || !args_in.dv)) invalid("dk and dv must not be null");
-  if (nq == 0 || nk == 0) {  // no query or no key: every gradient is zero
-    if (nq) std::memset(args_in.dq, 0, nq * static_cast<std::size_t>(spec.dk) * 4);
+  if (!spec.tensor_grads.empty() && (!args_in.dtensors || !f.tensors || !f.extents))
+    invalid("the spec has tensor gradients but dtensors, tensors or extents is null");
+  for (const auto& t : spec.tensor_grads)
+    if (t.tensor < 0 || static_cast<std::size_t>(t.tensor) >= spec.tensors.size() ||
+        spec.tensors[static_cast<std::size_t>(t.tensor)].dtype != DType::f32)
+      invalid("a tensor gradient names no f32 tensor of the spec");
+  std::vector<std::int64_t> numel;  // entries of each tensor with a gradient
+  for (const auto& t : spec.tensor_grads) {
+    std::int64_t first = 0, count = 1;
+    for (int k = 0; k < t.tensor; ++k) first += spec.tensors[static_cast<std::size_t>(k)].rank;
+    for (int d = 0; d < spec.tensors[static_cast<std::size_t>(t.tensor)].rank; ++d) count *= f.extents[first + d];
+    numel.push_back(count);
+  }
+  for (std::size_t t = 0; t < numel.size(); ++t)
+    if (numel[t]) std::memset(args_in.dtensors[t], 0, static_cast<std::size_t>(numel[t]) * 4);
+  if (nq == 0 || nk == 0) {                                         // no query or no key: every gradient is zero
+    const std::size_t bytes = spec.storage == DType::bf16 ? 2 : 4;  // +0.0 is all zero bits in both
+    if (nq) std::memset(args_in.dq, 0, nq * static_cast<std::size_t>(spec.dk) * bytes);
     if (nk) {
-      std::memset(args_in.dk, 0, nk * static_cast<std::size_t>(spec.dk) * 4);
-      std::memset(args_in.dv, 0, nk * static_cast<std::size_t>(spec.dv) * 4);
+      std::memset(args_in.dk, 0, nk * static_cast<std::size_t>(spec.dk) * bytes);
+      std::memset(args_in.dv, 0, nk * static_cast<std::size_t>(spec.dv) * bytes);
     }
     return;
   }
@@ -133,17 +147,21 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
   const BackwardConfig& cfg = kernel.config;
   AttentionBackwardArgs a = args_in;
 
+  // q, k, v, out, d_out and the gradients as the spec stores them: f32, or bf16 bits.
+  const bool half = spec.storage == DType::bf16;
+  auto read = [half](const void* p, std::int64_t i) {
+    return half ? bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+  };
   // D = rowsum(dO ∘ O), one row at a time in a fixed order.
   std::vector<float> delta(nq);
-  const auto* o = static_cast<const float*>(f.out);
-  const auto* dout = static_cast<const float*>(args_in.d_out);
+  const void *o = f.out, *dout = args_in.d_out;
   const std::int64_t dv = spec.dv, dk = spec.dk;
   ThreadPool::shared().run(B * hq, threads, [&](std::int64_t bh) {
     for (std::int64_t i = 0; i < L; ++i) {
       const std::int64_t row = bh * L + i;
       double s = 0;
       for (std::int64_t d = 0; d < dv; ++d)
-        s += static_cast<double>(o[row * dv + d]) * static_cast<double>(dout[row * dv + d]);
+        s += static_cast<double>(read(o, row * dv + d)) * static_cast<double>(read(dout, row * dv + d));
       delta[static_cast<std::size_t>(row)] = static_cast<float>(s);
     }
   });
@@ -156,6 +174,17 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
   a.dq_partial = partial.data();
   a.chunk_blocks = chunk_blocks;
   a.padded_rows = padded_rows;
+  a.chunks = chunks;
+  // The tensor gradients' partial sums: per tensor, its slots one after another.
+  std::vector<std::vector<float>> partials;
+  partials.reserve(numel.size());
+  std::vector<float*> partial_ptrs;
+  for (std::size_t t = 0; t < spec.tensor_grads.size(); ++t) {
+    const std::int64_t slots = tensor_grad_slots(spec.tensor_grads[t], B, hkv, std::int64_t{chunks});
+    partials.emplace_back(static_cast<std::size_t>(slots * numel[t]), 0.0f);
+    partial_ptrs.push_back(partials.back().data());
+  }
+  a.tensor_partials = partial_ptrs.data();
 
   AttentionBackwardFn* fn = kernel.fn;
   ThreadPool::shared().run(B * hkv * chunks, threads, [&](std::int64_t t) {
@@ -165,7 +194,6 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
 
   // dQ = scale · Σ_chunk partial, in chunk order.
   const auto scale = static_cast<float>(spec.effective_scale());
-  auto* dq = static_cast<float*>(args_in.dq);
   const std::int64_t per_chunk = B * hq * padded_rows * cfg.dkp;
   ThreadPool::shared().run(B * hq, threads, [&](std::int64_t bh) {
     for (std::int64_t i = 0; i < L; ++i)
@@ -173,9 +201,23 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
         const std::int64_t at = (bh * padded_rows + i) * cfg.dkp + d;
         float s = 0;
         for (std::int64_t c = 0; c < chunks; ++c) s += partial[static_cast<std::size_t>(c * per_chunk + at)];
-        dq[(bh * L + i) * dk + d] = scale * s;
+        const std::int64_t to = (bh * L + i) * dk + d;
+        if (half)
+          static_cast<std::uint16_t*>(args_in.dq)[to] = f32_to_bf16(scale * s);
+        else
+          static_cast<float*>(args_in.dq)[to] = scale * s;
       }
   });
+  // Each tensor gradient: its slots added in order.
+  for (std::size_t t = 0; t < spec.tensor_grads.size(); ++t) {
+    const std::int64_t slots = tensor_grad_slots(spec.tensor_grads[t], B, hkv, std::int64_t{chunks}), n = numel[t];
+    const std::vector<float>& p = partials[t];
+    for (std::int64_t e = 0; e < n; ++e) {
+      float s = 0;
+      for (std::int64_t k = 0; k < slots; ++k) s += p[static_cast<std::size_t>(k * n + e)];
+      args_in.dtensors[t][e] = s;
+    }
+  }
 }
 
 std::string attention_backward_kernel_ir(const AttentionSpec& spec_in, bool optimized) {

@@ -78,11 +78,11 @@ inline llvm::Value* i64c(llvm::IRBuilder<>& b, std::int64_t v) { return b.getInt
 /// elements to those bits, rounded to nearest, ties to even (a NaN stays a quiet NaN), as the
 /// host's f32_to_bf16 / f32_to_f16 (runtime/io/array.hpp) do.
 llvm::Value* half_to_f32(llvm::IRBuilder<>& b, llvm::Value* bits, bool brain);
+llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
 
 /// The 4-bit entries in i8 `bytes` (a scalar or a vector; qkv/ir/quant.hpp): their high four bits
 /// where the i1 `high` holds, else their low four, as stored (0 … 15) or, `centered`, less 8.
 llvm::Value* q4_nibbles(llvm::IRBuilder<>& b, llvm::Value* bytes, llvm::Value* high, bool centered);
-llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain);
 
 /// The same by dtype: an element loaded from a buffer of dtype `t` as the kernels compute with it
 /// (f16 / bf16 bits widened to f32; i32 / i64 integers converted to f32; f32, bool bytes and the

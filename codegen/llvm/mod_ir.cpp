@@ -729,16 +729,14 @@ std::vector<ModTensorIn> mod_tensors(llvm::IRBuilder<>& b, const std::vector<cpu
   return out;
 }
 
-llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
-                              const std::vector<llvm::Value*>& index, int lanes) {
+llvm::Value* mod_element_offset(llvm::IRBuilder<>& b, const ModTensorIn& t, const std::vector<llvm::Value*>& index,
+                                int lanes) {
   auto splat = [&](llvm::Value* x) { return b.CreateVectorSplat(static_cast<unsigned>(lanes), x); };
   llvm::Value* off = b.getInt64(0);
-  bool vector = false;
   for (std::size_t d = 0; d < index.size(); ++d) {
     llvm::Value* i = index[d];
     llvm::Value* s = t.stride[d];
     if (i->getType()->isVectorTy()) {
-      vector = true;
       s = splat(s);
       if (!off->getType()->isVectorTy()) off = splat(off);
     } else if (off->getType()->isVectorTy()) {
@@ -747,9 +745,15 @@ llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType 
     }
     off = b.CreateAdd(off, b.CreateMul(i, s));
   }
+  return off;
+}
+
+llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,
+                              const std::vector<llvm::Value*>& index, int lanes) {
+  llvm::Value* off = mod_element_offset(b, t, index, lanes);
   llvm::Type* et = mod_element_type(b, dtype);
   llvm::Value* x = nullptr;
-  if (vector) {
+  if (off->getType()->isVectorTy()) {
     llvm::Type* vt = llvm::FixedVectorType::get(et, static_cast<unsigned>(lanes));
     llvm::Value* ptrs = b.CreateGEP(et, t.base, off);
     x = b.CreateMaskedGather(vt, ptrs, llvm::Align(static_cast<unsigned>(dtype_size(dtype))));

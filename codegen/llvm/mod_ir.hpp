@@ -174,6 +174,11 @@ std::vector<ModTensorIn> mod_tensors(llvm::IRBuilder<>& b, const std::vector<cpu
                                      llvm::Value* keep, llvm::Value* bias, llvm::Value* table, llvm::Value* extents,
                                      llvm::Value* batch, llvm::Value* len_q, llvm::Value* len_k);
 
+/// The row-major offset of `t`'s element at `index` (one i64 per axis, scalars or <lanes x i64>
+/// vectors): a vector when any index is one.
+llvm::Value* mod_element_offset(llvm::IRBuilder<>& b, const ModTensorIn& t, const std::vector<llvm::Value*>& index,
+                                int lanes);
+
 /// The element of `t` at `index` (one i64 per axis, in range; scalars, or <lanes x i64> vectors
 /// where the index varies over the lanes — a gather), as f32.
 llvm::Value* load_mod_element(llvm::IRBuilder<>& b, const ModTensorIn& t, DType dtype,

@@ -23,6 +23,50 @@ std::int64_t bound(const Extent& e, const std::string& name, const Bindings& b) 
   return *v;
 }
 
+/// A fused_attention_backward's tensor gradients (spec.tensor_grads): one per attention_dtensor
+/// companion of node `id`. A slot need not run over a task coordinate when every load of the
+/// tensor indexes it along that coordinate's axis, at the same extent (so that two tasks never
+/// reach one entry): the key chunk by the key axis, the batch by its axis, the kv head by every
+/// head axis of the kv heads (not the group's: a task holds all its kv head's query heads).
+std::vector<cpu::AttentionSpec::TensorGrad> backward_tensor_grads(const Graph& g, int id,
+                                                                  const cpu::AttentionSpec& spec) {
+  const Node& n = g.node(id);
+  const AttentionAttrs& a = *n.attention;
+  const auto& q_axes = g.node(n.inputs[0]).axes;
+  std::vector<cpu::AttentionSpec::TensorGrad> out;
+  for (std::size_t c = static_cast<std::size_t>(id) + 1; c < g.size(); ++c) {
+    const Node& d = g.node(static_cast<int>(c));
+    if (d.op != Op::attention_dtensor || d.inputs.size() != 1 || d.inputs[0] != id) continue;
+    const auto tensor = static_cast<int>(d.offset);
+    if (std::any_of(out.begin(), out.end(), [&](const auto& t) { return t.tensor == tensor; })) continue;
+    const std::vector<Axis>& t_axes = g.node(n.inputs[6 + static_cast<std::size_t>(tensor)]).axes;
+    auto in_place = [&](const std::string& name, const Extent& extent) {
+      bool any = false;
+      for (const ModNode& l : spec.mod.nodes) {
+        if (l.op != ModOp::load || l.input != tensor) continue;
+        any = true;
+        bool found = false;
+        for (std::size_t k = 0; k < l.at.size() && k < t_axes.size(); ++k) {
+          const ModNode& x = spec.mod.nodes[static_cast<std::size_t>(l.at[k])];
+          found = found || (x.op == ModOp::index && x.axis == name && t_axes[k].extent == extent);
+        }
+        if (!found) return false;
+      }
+      return any;
+    };
+    cpu::AttentionSpec::TensorGrad t;
+    t.tensor = tensor;
+    t.per_chunk = !in_place(a.key, axis(g.node(n.inputs[1]).axes, a.key).extent);
+    t.per_batch = a.batch.size() != 1 || !in_place(a.batch[0], axis(q_axes, a.batch[0]).extent);
+    t.per_kv_head = a.heads.empty() || !std::all_of(a.heads.begin(), a.heads.end(), [&](const std::string& h) {
+                      return in_place(h, axis(q_axes, h).extent);
+                    });
+    out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.tensor < y.tensor; });
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> attention_kernel_symbols(const Graph& g, int id) {
@@ -87,6 +131,7 @@ AttentionCall describe_attention(const Graph& g, int id, const Bindings& b) {
     stride *= extent;
   }
   if (spec.axes.heads.empty()) spec.axes.heads.push_back({"", 1, 1});
+  if (n.op == Op::fused_attention_backward) spec.tensor_grads = backward_tensor_grads(g, id, spec);
   return call;
 }
 

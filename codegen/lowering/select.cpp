@@ -116,6 +116,7 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::attention_backward;
     case Op::attention_dk:
     case Op::attention_dv:
+    case Op::attention_dtensor:
       return KernelKind::attention_grads;
     case Op::dequantize:
       return dequantize_in_linear(g, id) ? KernelKind::dequantize_in_linear : KernelKind::dequantize;

@@ -55,8 +55,10 @@ Names concat(std::initializer_list<const Names*> parts, std::initializer_list<st
 
 /// How the fused kernels write their companions: the weights [batch, heads..., group..., query,
 /// key], the log-sum-exp [batch, heads..., group..., query], dK [batch, heads..., key, dk] and
-/// dV [batch, heads..., key, dv].
-Names companion_order(Op op, const AttentionAttrs& a) {
+/// dV [batch, heads..., key, dv]; a captured tensor's gradient as that tensor is laid out
+/// (`original`: its loads index it by its own axes).
+Names companion_order(Op op, const AttentionAttrs& a, const std::vector<Axis>& original) {
+  if (op == Op::attention_dtensor) return names_of(original);
   if (op == Op::attention_dk || op == Op::attention_dv)
     return concat({&a.batch, &a.heads}, {a.key, op == Op::attention_dk ? a.dk : a.dv});
   Names order = concat({&a.batch, &a.heads, &a.group}, {a.query});
@@ -90,14 +92,14 @@ Graph layout(const Graph& g) {
       return in_order(out, fused, names_of(original));
     }
     if (n.op == Op::attention_weights || n.op == Op::attention_lse || n.op == Op::attention_dk ||
-        n.op == Op::attention_dv) {
+        n.op == Op::attention_dv || n.op == Op::attention_dtensor) {
       const AttentionAttrs& a = *g.node(g.node(id).inputs[0]).attention;
       const std::vector<Axis> original = n.axes;
       // Read the fused node itself (not the permute that follows it).
       int fused = n.inputs[0];
       while (out.node(fused).op == Op::permute) fused = out.node(fused).inputs[0];
       n.inputs[0] = fused;
-      n.axes = reorder(original, companion_order(n.op, a));
+      n.axes = reorder(original, companion_order(n.op, a, original));
       const int c = out.add(std::move(n));
       return in_order(out, c, names_of(original));
     }

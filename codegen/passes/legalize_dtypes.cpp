@@ -28,7 +28,7 @@ Graph legalize_dtypes(const Graph& g) {
     Graph& out = r.out;
     Node n = r.remapped(id);
     if (n.op == Op::attention_weights || n.op == Op::attention_lse || n.op == Op::attention_dk ||
-        n.op == Op::attention_dv) {
+        n.op == Op::attention_dv || n.op == Op::attention_dtensor) {
       // They name the fused node that writes them, not its value: past its conversion.
       if (out.node(n.inputs[0]).op == Op::convert) n.inputs[0] = out.node(n.inputs[0]).inputs[0];
     } else {

@@ -176,10 +176,16 @@ std::vector<std::string> verify(const Graph& g, Stage stage) {
       report("has no attention attributes or fewer than 6 inputs");
     else if (stage == Stage::laid_out && n.op == Op::fused_attention_backward)
       check_laid_out_attention(g, n, report);
-    if (n.op == Op::attention_dk || n.op == Op::attention_dv) {
+    if (n.op == Op::attention_dk || n.op == Op::attention_dv || n.op == Op::attention_dtensor) {
       const Node& f = g.node(n.inputs[0]);
       if (f.op != Op::fused_attention_backward || !f.attention) {
         report("reads %" + std::to_string(n.inputs[0]) + ", not a fused_attention_backward");
+      } else if (n.op == Op::attention_dtensor) {
+        const std::int64_t input = 6 + n.offset;
+        if (n.offset < 0 || input >= static_cast<std::int64_t>(f.inputs.size()))
+          report("names captured tensor " + std::to_string(n.offset) + ", which its backward does not read");
+        else if (names(g.node(f.inputs[static_cast<std::size_t>(input)]).axes) != nm)
+          report("is not laid out as the tensor it is the gradient of");
       } else if (stage == Stage::laid_out) {
         const AttentionAttrs& a = *f.attention;
         const Names want = cat({&a.batch, &a.heads}, {a.key, n.op == Op::attention_dk ? a.dk : a.dv});

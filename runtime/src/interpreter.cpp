@@ -157,15 +157,19 @@ std::vector<Value> run(const Graph& g, const Feeds& feeds, Bindings& b) {
         v = std::move(all[0]);
         side[id] = std::move(all);
       } else if (n.op == Op::attention_lse || n.op == Op::attention_weights || n.op == Op::attention_dk ||
-                 n.op == Op::attention_dv) {
+                 n.op == Op::attention_dv || n.op == Op::attention_dtensor) {
         auto it = n.inputs.size() == 1 ? side.find(n.inputs[0]) : side.end();
         if (it == side.end()) internal_error(interp::node_label(g, id) + ": does not read a fused node");
         const Node& fused = g.node(n.inputs[0]);
         const bool backward = fused.op == Op::fused_attention_backward;
-        if (backward != (n.op == Op::attention_dk || n.op == Op::attention_dv))
-          internal_error(interp::node_label(g, id) + ": reads the wrong kind of fused node");
+        const bool grad = n.op == Op::attention_dk || n.op == Op::attention_dv || n.op == Op::attention_dtensor;
+        if (backward != grad) internal_error(interp::node_label(g, id) + ": reads the wrong kind of fused node");
+        // A backward's values: {dq, dk, dv, the captured tensors' gradients...}.
+        const std::int64_t pick = n.op == Op::attention_dk ? 1 : n.op == Op::attention_dv ? 2 : 3 + n.offset;
+        if (backward && (pick < 0 || static_cast<std::size_t>(pick) >= it->second.size()))
+          internal_error(interp::node_label(g, id) + ": its fused backward has no tensor " + std::to_string(n.offset));
         if (backward)
-          v = it->second[n.op == Op::attention_dk ? 1 : 2];
+          v = it->second[static_cast<std::size_t>(pick)];
         else
           v = interp::attention_side_value(args, fused, it->second[n.op == Op::attention_lse ? 1 : 2],
                                            n.op == Op::attention_weights);

@@ -4,9 +4,13 @@
 //                              with its log-sum-exp and weights for attention_lse / attention_weights;
 //   fused_attention_backward   FlashAttention-2's backward in plain loops (fp64 sums): P recomputed
 //                              from the forward's log-sum-exp, D = rowsum(dO ∘ O), dV = Pᵀ dO,
-//                              dP = dO Vᵀ, dS = P ∘ (dP − D), dQ = scale · dS K, dK = scale · dSᵀ Q,
-//                              with dK and dV summed over the query heads of a GQA group; the masked
-//                              scores come from the same unfused graph (its score_mod).
+//                              dP = dO Vᵀ, dS = P ∘ (dP − D) ∘ f'(s), dQ = scale · dS K,
+//                              dK = scale · dSᵀ Q, with dK and dV summed over the query heads of a
+//                              GQA group; the masked scores come from the same unfused graph (its
+//                              score_mod); f' and the gradients of the tensors the mod reads
+//                              (attention_dtensor) from the mod's derivatives, entry by entry;
+//                              dropout replayed (Z from the same dropout op on ones).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -126,8 +130,6 @@ Value attention_side_value(const OpArgs& a, const Node& fused, const Value& side
 
 std::vector<Value> eval_attention_backward(const OpArgs& a) {
   const AttentionAttrs at = bound_attrs(a);
-  if (!fused_backward_covers(at))
-    internal_error(where(a) + "a fused backward with dropout or a score modification (grad.hpp never makes one)");
   const Node &qn = *a.in_nodes[0], &kn = *a.in_nodes[1], &vn = *a.in_nodes[2];
   const Value &qv = *a.in[0], &kv = *a.in[1], &vv = *a.in[2];
   // The masked scores (scale · q·k, −inf where the mod masks) from the unfused graph.
@@ -137,8 +139,84 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
   std::vector<Axis> o_axes = m.axes(m.ids[3]);
   const UnfusedAttention u =
       append_unfused_attention(m.g, at, m.ids[0], m.ids[1], m.ids[2], captured, o_axes, DType::f32, false);
+  // The forward's dropout factors Z (keep / (1 − p), 0 where dropped): its dropout on ones.
+  int z_id = -1;
+  if (at.dropout > 0) {
+    Node ones;
+    ones.op = Op::fill;
+    ones.axes = m.axes(u.scores);
+    ones.scalar = 1.0;
+    Node z;
+    z.op = Op::dropout;
+    z.inputs = {m.g.add(std::move(ones))};
+    z.axes = m.axes(u.scores);
+    z.scalar = at.dropout;
+    z.seed = at.seed;
+    z_id = m.g.add(std::move(z));
+  }
   const std::vector<NdArray> all = interpret_all(m.g, m.feeds);
   const std::vector<float> s = m.value(all, u.modified).data;  // [BH, G, L, S]
+  const std::vector<float> raw = m.value(all, u.scores).data;  // scale · q·k, the mod's score leaf
+  const std::vector<float> zf = z_id >= 0 ? m.value(all, z_id).data : std::vector<float>{};
+
+  // The mod with its derivatives (by the score, and by each load of a captured tensor), evaluated
+  // per entry: the entry's coordinates along the score axes, the captured tensors as fed.
+  const std::size_t ncap = a.in.size() - 6;
+  std::vector<int> tensor_inputs;
+  for (std::size_t i = 0; i < ncap; ++i) tensor_inputs.push_back(3 + static_cast<int>(i));
+  const ModDerivative dmod = mod_with_derivatives(at.mod, tensor_inputs);
+  std::vector<std::vector<double>> dtensor(ncap);
+  for (std::size_t i = 0; i < ncap; ++i) dtensor[i].assign(a.in[6 + i]->data.size(), 0.0);
+  struct Env {
+    const std::vector<Axis>* axes;
+    const std::vector<std::int64_t>* coord;
+    const OpArgs* args;
+    double index(const std::string& axis) const {
+      for (std::size_t d = 0; d < axes->size(); ++d)
+        if ((*axes)[d].name == axis) return static_cast<double>((*coord)[d]);
+      internal_error("attention backward: a mod names the axis `" + axis + "`, which the scores do not have");
+    }
+    double length(const std::string& axis) const {
+      return static_cast<double>(grad_detail::axis_named(*axes, axis).extent.value);
+    }
+    /// The element's offset in captured tensor `input` (the mod's numbering: node input 3 + i).
+    std::size_t offset(int input, const std::vector<double>& at) const {
+      const Shape& shape = args->in[static_cast<std::size_t>(input) + 3]->shape;
+      std::size_t off = 0;
+      for (std::size_t d = 0; d < at.size(); ++d)
+        off = off * static_cast<std::size_t>(shape[d]) + static_cast<std::size_t>(at[d]);
+      return off;
+    }
+    double load(int input, const std::vector<double>& at) const {
+      return args->in[static_cast<std::size_t>(input) + 3]->data[offset(input, at)];
+    }
+    std::int64_t extent(int input, std::size_t axis) const {
+      return args->in[static_cast<std::size_t>(input) + 3]->shape[axis];
+    }
+  };
+  std::vector<std::int64_t> coord(score_axes.size(), 0);
+  const Env env{&score_axes, &coord, &a};
+  std::vector<double> vals;
+  /// Entry `flat` (row · S + key, the score axes' row-major order): f'(s) in `vals[dmod.dscore]`.
+  auto evaluate = [&](std::int64_t flat) {
+    std::int64_t rest = flat;
+    for (std::size_t d = score_axes.size(); d-- > 0;) {
+      coord[d] = rest % score_axes[d].extent.value;
+      rest /= score_axes[d].extent.value;
+    }
+    mod_eval(dmod.expr, static_cast<double>(raw[static_cast<std::size_t>(flat)]), env, vals);
+  };
+  /// Adds g · d score' / d load into each differentiated load's element, as the load clamps it.
+  auto scatter = [&](double g) {
+    for (const ModLoadDerivative& l : dmod.loads) {
+      const ModNode& ld = dmod.expr.nodes[static_cast<std::size_t>(l.load)];
+      std::vector<double> coords;
+      for (std::size_t d = 0; d < ld.at.size(); ++d)
+        coords.push_back(mod_load_index(vals[static_cast<std::size_t>(ld.at[d])], env.extent(ld.input, d)));
+      dtensor[static_cast<std::size_t>(ld.input - 3)][env.offset(ld.input, coords)] +=
+          g * vals[static_cast<std::size_t>(l.d)];
+    }
+  };
 
   // Every operand in the canonical order: q [BH, G, L, dk], k [BH, S, dk], v [BH, S, dv],
   // out and d_out [BH, G, L, dv], lse [BH, G, L].
@@ -180,12 +258,22 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
           p[at_(j)] = (l == -std::numeric_limits<double>::infinity() || x == -std::numeric_limits<double>::infinity())
                           ? 0.0
                           : std::exp(x - l);
+          // With dropout the forward used P ∘ Z: dV takes it, and dP (by P) is (dO Vᵀ) ∘ Z.
+          const double z = zf.empty() ? 1.0 : static_cast<double>(zf[at_(row * S + j)]);
           double dp = 0;
           for (std::int64_t d = 0; d < dv; ++d)
             dp += static_cast<double>(dout[at_(row * dv + d)]) * static_cast<double>(v[at_((b * S + j) * dv + d)]);
-          ds[at_(j)] = p[at_(j)] * (dp - delta);
+          dp *= z;
+          // dS through the mod: 0 where P is (a masked entry's derivatives may not be finite).
+          ds[at_(j)] = 0.0;
+          if (p[at_(j)] != 0.0) {
+            evaluate(row * S + j);
+            const double ds_modified = p[at_(j)] * (dp - delta);
+            ds[at_(j)] = ds_modified * vals[static_cast<std::size_t>(dmod.dscore)];
+            scatter(ds_modified);
+          }
           for (std::int64_t d = 0; d < dv; ++d)
-            dvv[at_((b * S + j) * dv + d)] += p[at_(j)] * static_cast<double>(dout[at_(row * dv + d)]);
+            dvv[at_((b * S + j) * dv + d)] += p[at_(j)] * z * static_cast<double>(dout[at_(row * dv + d)]);
           for (std::int64_t d = 0; d < dk; ++d) {
             dq[at_(row * dk + d)] += scale * ds[at_(j)] * static_cast<double>(k[at_((b * S + j) * dk + d)]);
             dkk[at_((b * S + j) * dk + d)] += scale * ds[at_(j)] * static_cast<double>(q[at_(row * dk + d)]);
@@ -205,9 +293,11 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
         if (n.axes[axis].name == name) sh.push_back(like.shape[axis]);
     return sh;
   };
-  return {permuted(value(dq, canon_shape(q_order, qn, qv)), q_order, names_of(qn.axes)),
-          permuted(value(dkk, canon_shape(k_order, kn, kv)), k_order, names_of(kn.axes)),
-          permuted(value(dvv, canon_shape(v_order, vn, vv)), v_order, names_of(vn.axes))};
+  std::vector<Value> out{permuted(value(dq, canon_shape(q_order, qn, qv)), q_order, names_of(qn.axes)),
+                         permuted(value(dkk, canon_shape(k_order, kn, kv)), k_order, names_of(kn.axes)),
+                         permuted(value(dvv, canon_shape(v_order, vn, vv)), v_order, names_of(vn.axes))};
+  for (std::size_t i = 0; i < ncap; ++i) out.push_back(value(dtensor[i], a.in[6 + i]->shape));
+  return out;
 }
 
 }  // namespace qkv::interp

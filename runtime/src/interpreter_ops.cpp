@@ -724,6 +724,7 @@ Value eval_op(const OpArgs& a) {
     case Op::attention_lse:
     case Op::attention_dk:
     case Op::attention_dv:
+    case Op::attention_dtensor:
       internal_error(where(a) + "a companion node is computed with its fused node (interpreter.cpp's run)");
     case Op::input:
     case Op::param:

@@ -91,7 +91,8 @@ Value unary_map(const OpArgs& a, float (*f)(float));
 std::vector<Value> eval_fused_attention(const OpArgs& a);
 /// The lse / weights value `side` of the fused node `fused`, laid out as the companion a.node.
 Value attention_side_value(const OpArgs& a, const Node& fused, const Value& side, bool weights);
-/// fused_attention_backward: {dq, dk, dv}, each laid out as its primal.
+/// fused_attention_backward: {dq, dk, dv, one gradient per captured tensor (input 6 + i; zero
+/// where the score part does not read it)}, each laid out as its primal.
 std::vector<Value> eval_attention_backward(const OpArgs& a);
 
 // --- the decoder ops (interpreter_decoder_ops.cpp) ----------------------------------------------

@@ -106,7 +106,9 @@ TEST(Quantize, Q4RoundsEachGroupToItsF16ScaleInQ4_0sOrder) {
         const auto i = static_cast<std::size_t>(r * K + k);
         const int v = nibble(r, k) - 8;
         EXPECT_EQ(back[i], static_cast<float>(v) * scale) << i;
-        if (w[i] == largest && scale != 0.0f) EXPECT_EQ(v, -8) << i;  // the largest is −8 · scale
+        if (w[i] == largest && scale != 0.0f) {
+          EXPECT_EQ(v, -8) << i;  // the largest is −8 · scale
+        }
         // The nearest multiple of the stored scale, or 7 (its nearest, −8 · scale, has the
         // other sign's bound): at most one scale off then.
         const float err = std::fabs(w[i] - static_cast<float>(v) * scale);

@@ -42,7 +42,9 @@ TEST_F(Cli, QuantizedWeightsKeepTheLogitsNearTheF32ModelsOnEveryBackend) {
     const Result r = run("run causal-lm --model " + dir.string() + " --tokens " + tokens + " --logits-out " +
                          tmp("logits.npy") + " --backend " + backend + " --quantize " + quantize);
     EXPECT_EQ(r.code, 0) << r.err;
-    if (quantize != "none") EXPECT_THAT(r.err, HasSubstr("linear weights quantized to " + quantize));
+    if (quantize != "none") {
+      EXPECT_THAT(r.err, HasSubstr("linear weights quantized to " + quantize));
+    }
     return read_npy(tmp("logits.npy")).to_f32();
   };
   const std::vector<float> f32 = logits("cpu", "none");

@@ -5,11 +5,18 @@
 // dV accumulators [Bc][d], and then, for every query head of the group and every block of Br query
 // rows the mask does not rule out (the forward's tile classification: emit_mod_classify):
 //   S  = (scale·Q) Kᵀ                      [Br][Bc]   Q packed pre-scaled, rows past L zero
-//   P  = exp(S − lse), 0 where masked / past S / in an empty row
-//   dP = dO Vᵀ;  dS = P ∘ (dP − D)         [Br][Bc]
+//   P  = exp(f(S) − lse), 0 where masked / past S / in an empty row
+//   dP = dO Vᵀ;  dS = P ∘ (dP − D) ∘ f'(S) [Br][Bc]
 //   dV += Pᵀ dO;  dK += dSᵀ (scale·Q)      [Bc][d]    (the task owns these rows)
 //   dQpart[chunk] += dS K                  [Br][dk]   (this chunk's own partial sums)
-// then stores its dK and dV rows. The driver adds the dQ partials of the chunks in chunk order
+// then stores its dK and dV rows. A score modification s' = f(s) is evaluated per entry with its
+// derivatives (mod_with_derivatives): P = exp(f(S) − lse), dS = P ∘ (dP − D) ∘ f'(S), and for a
+// tensor T the mod loads that needs a gradient (spec.tensor_grads), P ∘ (dP − D) ∘ ∂f/∂T[at] is
+// added into the task's own slot of T's partial sums at the coordinates `at` each load reads
+// (the driver adds the slots in order: no atomics, the same for any thread count). Dropout is
+// replayed from the forward's Philox counters (seed, batch, head, row, key):
+// Pd = P ∘ Z (Z = keep / (1 − p)), dV = Pdᵀ dO and dS = Pd ∘ dP − P ∘ D (D is unchanged: O
+// is the dropped output). The driver adds the dQ partials of the chunks in chunk order
 // and multiplies by the scale: no atomics, the same sums in the same order for any thread count.
 //
 // Every matrix product is one register-blocked micro-kernel (gemm below): C[M][N] (+)= Σ_k
@@ -30,11 +37,13 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include <qkv/ir/attention_graph.hpp>
 #include <qkv/ir/error.hpp>
 
 #include "cpu/kernels/attention_common.hpp"
 #include "llvm/ir_util.hpp"
 #include "llvm/mod_ir.hpp"
+#include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
 
 namespace qkv::codegen::cpu {
@@ -70,7 +79,9 @@ class BackwardEmitter {
         bc_(config.keys),
         dkp_(config.dkp),
         dvp_(config.dvp),
-        mod_(effective_mod(spec)) {
+        mod_(effective_mod(spec)),
+        dmod_(mod_with_derivatives(mod_.expr, grad_inputs(spec, mod_))),
+        has_score_(mod_.expr.score >= 0) {
     f32_ = b_.getFloatTy();
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
@@ -90,6 +101,7 @@ class BackwardEmitter {
     deps_ = info.deps;
     if (mod_.expr.keep >= 0 && (deps_[static_cast<std::size_t>(mod_.expr.keep)] & kDepScore))
       throw std::invalid_argument("codegen: a mask modification may not read the score");
+    for (const ModTensor& t : mod_.tensors) (void)mod_element_type(b_, t.dtype);  // refuses what it cannot load
 
     llvm::Value* nkb = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(bc_ - 1)), c64(bc_), "nkb");
     llvm::Value* kb0 = b_.CreateMul(chunk_, chunk_blocks_, "kb0");
@@ -120,8 +132,17 @@ class BackwardEmitter {
   }
 
  private:
+  /// The effective mod's load inputs of spec.tensor_grads (spec.tensors follow the flags' tensors).
+  static std::vector<int> grad_inputs(const AttentionSpec& spec, const EffectiveMod& mod) {
+    const auto base = static_cast<int>(mod.tensors.size() - spec.tensors.size());
+    std::vector<int> out;
+    for (const auto& t : spec.tensor_grads) out.push_back(base + t.tensor);
+    return out;
+  }
+
   // --- helpers
   llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::IntegerType* i32() { return b_.getInt32Ty(); }
   llvm::Value* vconst(double v) { return llvm::ConstantFP::get(vf_, v); }
   llvm::Value* splat(llvm::Value* s) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes_), s); }
   llvm::Value* smin(llvm::Value* a, llvm::Value* x, const llvm::Twine& name = "") {
@@ -133,6 +154,20 @@ class BackwardEmitter {
   llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(f32_, base, index); }
   llvm::Value* at(llvm::Value* base, std::int64_t index) { return at(base, c64(index)); }
   llvm::Value* load_vec(llvm::Value* p) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(4)); }
+  /// Element `index` of q, k, v or dO as f32 (bf16 storage widened), and an f32 stored into dK or
+  /// dV as the spec stores them (rounded to bf16).
+  llvm::Value* load_stored(llvm::Value* base, llvm::Value* index) {
+    if (spec_.storage != DType::bf16) return b_.CreateLoad(f32_, at(base, index));
+    llvm::Type* i16 = b_.getInt16Ty();
+    return ir::half_to_f32(b_, b_.CreateLoad(i16, b_.CreateInBoundsGEP(i16, base, index)), true);
+  }
+  void store_stored(llvm::Value* f, llvm::Value* base, llvm::Value* index) {
+    if (spec_.storage != DType::bf16) {
+      b_.CreateStore(f, at(base, index));
+      return;
+    }
+    b_.CreateStore(ir::f32_to_half(b_, f, true), b_.CreateInBoundsGEP(b_.getInt16Ty(), base, index));
+  }
   void store_vec(llvm::Value* v, llvm::Value* p) { b_.CreateAlignedStore(v, p, llvm::Align(4)); }
   void zero(llvm::Value* buffer, std::int64_t floats) {
     b_.CreateMemSet(buffer, b_.getInt8(0), static_cast<std::uint64_t>(floats * 4), llvm::MaybeAlign(kAlign));
@@ -158,6 +193,22 @@ class BackwardEmitter {
     chunk_blocks_ = field(offsetof(AttentionBackwardArgs, chunk_blocks), i64_, "chunk_blocks");
     padded_rows_ = field(offsetof(AttentionBackwardArgs, padded_rows), i64_, "padded_rows");
     tensors_ = load_mod_tensors(b_, args_, mod_.tensors, nbatch_, len_q_, len_k_);
+    if (spec_.dropout_p > 0) seed_ = field(fwd + offsetof(AttentionArgs, seed), i64_, "seed");
+    // Each differentiated tensor's slot of partial sums for this task.
+    llvm::Value* chunks = field(offsetof(AttentionBackwardArgs, chunks), i64_, "chunks");
+    llvm::Value* partials = field(offsetof(AttentionBackwardArgs, tensor_partials), ptr_, "tensor_partials");
+    const auto base = static_cast<int>(mod_.tensors.size() - spec_.tensors.size());
+    for (std::size_t t = 0; t < spec_.tensor_grads.size(); ++t) {
+      const AttentionSpec::TensorGrad& tg = spec_.tensor_grads[t];
+      const ModTensorIn& in = tensors_.at(static_cast<std::size_t>(base + tg.tensor));
+      llvm::Value* slot = tg.per_batch ? batch_ : c64(0);
+      if (tg.per_kv_head) slot = b_.CreateAdd(b_.CreateMul(slot, c64(spec_.hkv)), kvh_);
+      if (tg.per_chunk) slot = b_.CreateAdd(b_.CreateMul(slot, chunks), chunk_);
+      llvm::Value* numel = c64(1);
+      for (llvm::Value* e : in.extent) numel = b_.CreateMul(numel, e);
+      llvm::Value* buffer = b_.CreateLoad(ptr_, b_.CreateConstInBoundsGEP1_64(ptr_, partials, t), "partial");
+      grad_slot_.push_back(at(buffer, b_.CreateMul(slot, numel)));
+    }
     len_qf_ = b_.CreateSIToFP(len_q_, f32_, "Lf");
     len_kf_ = b_.CreateSIToFP(len_k_, f32_, "Sf");
     batchf_ = b_.CreateSIToFP(batch_, f32_, "bf");
@@ -178,6 +229,9 @@ class BackwardEmitter {
     dob_ = buf(br_ * dvp_, "dob");
     p_ = buf(br_ * bc_, "p");
     s_ = buf(br_ * bc_, "s");
+    if (has_score_) dm_ = buf(br_ * bc_, "dmod");
+    if (spec_.dropout_p > 0) pd_ = buf(br_ * bc_, "p_dropped");
+    for (std::size_t i = 0; i < dmod_.loads.size(); ++i) dl_.push_back(buf(br_ * bc_, "dload"));
     lseb_ = buf(br_, "lse_b");
     deltab_ = buf(br_, "delta_b");
   }
@@ -194,7 +248,7 @@ class BackwardEmitter {
           ir::emit_loop(
               b_, c64(0), c64(spec_.dk), 1,
               [&](llvm::Value* d) {
-                llvm::Value* x = b_.CreateLoad(f32_, at(k_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d)));
+                llvm::Value* x = load_stored(k_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d));
                 b_.CreateStore(x, at(kr_, b_.CreateAdd(b_.CreateMul(j, c64(dkp_)), d)));
                 b_.CreateStore(x, at(kt_, b_.CreateAdd(b_.CreateMul(d, c64(bc_)), j)));
               },
@@ -202,7 +256,7 @@ class BackwardEmitter {
           ir::emit_loop(
               b_, c64(0), c64(spec_.dv), 1,
               [&](llvm::Value* d) {
-                llvm::Value* x = b_.CreateLoad(f32_, at(v_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d)));
+                llvm::Value* x = load_stored(v_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d));
                 b_.CreateStore(x, at(vt_, b_.CreateAdd(b_.CreateMul(d, c64(bc_)), j)));
               },
               "pack.v", ir::Unroll::allowed);
@@ -220,7 +274,7 @@ class BackwardEmitter {
                 b_, c64(0), c64(width), 1,
                 [&](llvm::Value* d) {
                   llvm::Value* x = b_.CreateLoad(f32_, at(acc, b_.CreateAdd(b_.CreateMul(j, c64(padded)), d)));
-                  b_.CreateStore(x, at(out, b_.CreateAdd(b_.CreateMul(row, c64(width)), d)));
+                  store_stored(x, out, b_.CreateAdd(b_.CreateMul(row, c64(width)), d));
                 },
                 name, ir::Unroll::allowed);
           },
@@ -243,14 +297,14 @@ class BackwardEmitter {
           ir::emit_loop(
               b_, c64(0), c64(spec_.dk), 1,
               [&](llvm::Value* d) {
-                llvm::Value* x = b_.CreateLoad(f32_, at(q_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d)));
+                llvm::Value* x = load_stored(q_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dk)), d));
                 b_.CreateStore(b_.CreateFMul(x, scale), at(qb_, b_.CreateAdd(b_.CreateMul(r, c64(dkp_)), d)));
               },
               "pack.q", ir::Unroll::allowed);
           ir::emit_loop(
               b_, c64(0), c64(spec_.dv), 1,
               [&](llvm::Value* d) {
-                llvm::Value* x = b_.CreateLoad(f32_, at(dout_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d)));
+                llvm::Value* x = load_stored(dout_, b_.CreateAdd(b_.CreateMul(row, c64(spec_.dv)), d));
                 b_.CreateStore(x, at(dob_, b_.CreateAdd(b_.CreateMul(r, c64(dvp_)), d)));
               },
               "pack.do", ir::Unroll::allowed);
@@ -318,11 +372,16 @@ class BackwardEmitter {
     if (m_total > full) row_blocks(c64(full), static_cast<int>(m_total - full));
   }
 
-  /// The leaves of the keep predicate for row `row` (f32) and the keys of vector `keys` (f32).
+  /// The leaves of an entry: row `row` (f32), the keys of vector `keys` (f32) and their raw
+  /// scores `score` (scale · q·k; null for the keep predicate, which may not read it).
   class Leaves final : public ModLeaves {
    public:
-    Leaves(BackwardEmitter& e, llvm::Value* row, llvm::Value* keys) : e_(e), row_(row), keys_(keys) {}
-    llvm::Value* score() override { internal_error("attention backward: a mask that reads the score"); }
+    Leaves(BackwardEmitter& e, llvm::Value* row, llvm::Value* keys, llvm::Value* score)
+        : e_(e), row_(row), keys_(keys), score_(score) {}
+    llvm::Value* score() override {
+      if (!score_) internal_error("attention backward: a mask that reads the score");
+      return score_;
+    }
     llvm::Value* index(const std::string& axis) override { return value(axis, false); }
     llvm::Value* position(const std::string& axis) override { return value(axis, true); }
     llvm::Value* length(const std::string& axis) override {
@@ -350,6 +409,7 @@ class BackwardEmitter {
     BackwardEmitter& e_;
     llvm::Value* row_;
     llvm::Value* keys_;
+    llvm::Value* score_;
   };
 
   llvm::Value* point(const std::string& axis) {
@@ -402,16 +462,22 @@ class BackwardEmitter {
         b_, c64(0), c64(br_), 1,
         [&](llvm::Value* r) {
           llvm::Value* dl = splat(b_.CreateLoad(f32_, at(deltab_, r)));
+          llvm::Value* rowf = b_.CreateSIToFP(b_.CreateAdd(q0, r), f32_);
           for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
             llvm::Value* off = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
             llvm::Value* p = load_vec(at(p_, off));
             llvm::Value* dp = load_vec(at(s_, off));
-            store_vec(b_.CreateFMul(p, b_.CreateFSub(dp, dl)), at(s_, off));
+            // By the modified score: P ∘ (dP − D), or Pd ∘ dP − P ∘ D with dropout.
+            llvm::Value* ds = pd_ ? b_.CreateFSub(b_.CreateFMul(load_vec(at(pd_, off)), dp), b_.CreateFMul(p, dl))
+                                  : b_.CreateFMul(p, b_.CreateFSub(dp, dl));
+            if (!dmod_.loads.empty()) scatter_tensor_grads(rowf, v, off, ds);
+            if (has_score_) ds = b_.CreateFMul(ds, load_vec(at(dm_, off)));
+            store_vec(ds, at(s_, off));
           }
         },
         "ds");
     // dV += Pᵀ dO;  dK += dSᵀ (scale·Q)
-    gemm(dvacc_, dvp_, p_, 1, bc_, dob_, dvp_, bc_, dvp_, br_, true, "gemm.dv");
+    gemm(dvacc_, dvp_, pd_ ? pd_ : p_, 1, bc_, dob_, dvp_, bc_, dvp_, br_, true, "gemm.dv");
     gemm(dkacc_, dkp_, s_, 1, bc_, qb_, dkp_, bc_, dkp_, br_, true, "gemm.dk");
     // dQpart[chunk][bh][q0..] += dS K
     llvm::Value* part_row = b_.CreateAdd(
@@ -422,11 +488,50 @@ class BackwardEmitter {
     b_.SetInsertPoint(done);
   }
 
-  /// p_[r][j] = exp(s_[r][j] − lse[r]) (0 where the mask or the key range excludes the entry).
-  void probabilities(llvm::Value* q0, bool masked) {
+  /// The keys of vector v of the block, as i64 lanes.
+  llvm::Value* key_lanes(std::int64_t v) {
     std::vector<llvm::Constant*> iota;
     for (int l = 0; l < lanes_; ++l) iota.push_back(b_.getInt64(static_cast<std::uint64_t>(l)));
-    llvm::Value* lane = llvm::ConstantVector::get(iota);
+    return b_.CreateAdd(splat(b_.CreateAdd(k0_, c64(v * lanes_))), llvm::ConstantVector::get(iota));
+  }
+
+  /// Adds ds ∘ ∂f/∂load (dl_, from probabilities) into each differentiated load's element of this
+  /// task's slot, at the coordinates the load reads for row `rowf` and key vector v: one scalar
+  /// add of the lanes' sum when the coordinates do not vary over the keys, else lane by lane.
+  void scatter_tensor_grads(llvm::Value* rowf, std::int64_t v, llvm::Value* off, llvm::Value* ds) {
+    const ModExpr& e = dmod_.expr;
+    const auto base = static_cast<int>(mod_.tensors.size() - spec_.tensors.size());
+    Leaves leaves(*this, rowf, b_.CreateSIToFP(key_lanes(v), vf_), nullptr);
+    std::vector<llvm::Value*> cache(e.nodes.size(), nullptr);
+    for (std::size_t i = 0; i < dmod_.loads.size(); ++i) {
+      const ModNode& load = e.nodes[static_cast<std::size_t>(dmod_.loads[i].load)];
+      std::size_t t = 0;
+      while (base + spec_.tensor_grads[t].tensor != load.input) ++t;
+      const ModTensorIn& in = tensors_.at(static_cast<std::size_t>(load.input));
+      llvm::Value* g = b_.CreateFMul(ds, load_vec(at(dl_[i], off)));
+      std::vector<llvm::Value*> coords;  // clamped as the load clamps them
+      for (std::size_t d = 0; d < load.at.size(); ++d)
+        coords.push_back(mod_clamp_index(b_, emit_mod(b_, e, load.at[d], leaves, cache), in.extent_f32.at(d)));
+      llvm::Value* index = mod_element_offset(b_, in, coords, lanes_);
+      auto add = [&](llvm::Value* j, llvm::Value* value) {
+        llvm::Value* p = at(grad_slot_[t], j);
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f32_, p), value), p);
+      };
+      if (!index->getType()->isVectorTy()) {
+        add(index, b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, 0.0), g));
+        continue;
+      }
+      for (int l = 0; l < lanes_; ++l)
+        add(b_.CreateExtractElement(index, static_cast<std::uint64_t>(l)),
+            b_.CreateExtractElement(g, static_cast<std::uint64_t>(l)));
+    }
+  }
+
+  /// p_[r][j] = exp(f(s_[r][j]) − lse[r]) (0 where the mask or the key range excludes the
+  /// entry) and, with a score modification, dm_[r][j] = f'(s_[r][j]) (0 where p is masked).
+  void probabilities(llvm::Value* q0, bool masked) {
+    const ModExpr& e = dmod_.expr;
+    auto vec = [&](llvm::Value* x) { return x->getType()->isVectorTy() ? x : splat(x); };
     ir::emit_loop(
         b_, c64(0), c64(br_), 1,
         [&](llvm::Value* r) {
@@ -434,20 +539,37 @@ class BackwardEmitter {
           llvm::Value* rowf = b_.CreateSIToFP(b_.CreateAdd(q0, r), f32_);
           for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
             llvm::Value* off = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
-            llvm::Value* p = emit_exp(b_, b_.CreateFSub(load_vec(at(s_, off)), l));
+            llvm::Value* s = load_vec(at(s_, off));
+            llvm::Value* keys = key_lanes(v);
+            Leaves leaves(*this, rowf, b_.CreateSIToFP(keys, vf_), s);
+            std::vector<llvm::Value*> cache(e.nodes.size(), nullptr);
+            llvm::Value* d = nullptr;
+            std::vector<llvm::Value*> dload;  // ∂f/∂load per differentiated load
+            if (has_score_) {
+              s = vec(emit_mod(b_, e, e.score, leaves, cache));
+              d = vec(emit_mod(b_, e, dmod_.dscore, leaves, cache));
+              for (const ModLoadDerivative& ld : dmod_.loads)
+                dload.push_back(vec(emit_mod(b_, e, ld.d, leaves, cache)));
+            }
+            llvm::Value* p = emit_exp(b_, b_.CreateFSub(s, l));
             if (masked) {
-              llvm::Value* keys = b_.CreateAdd(splat(b_.CreateAdd(k0_, c64(v * lanes_))), lane);
               llvm::Value* keep = b_.CreateICmpSLT(keys, splat(len_k_));
-              if (mod_.expr.keep >= 0) {
-                Leaves leaves(*this, rowf, b_.CreateSIToFP(keys, vf_));
-                std::vector<llvm::Value*> cache(mod_.expr.nodes.size(), nullptr);
-                llvm::Value* k = emit_mod(b_, mod_.expr, mod_.expr.keep, leaves, cache);
-                if (!k->getType()->isVectorTy()) k = b_.CreateVectorSplat(static_cast<unsigned>(lanes_), k);
-                keep = b_.CreateAnd(keep, k);
-              }
+              if (e.keep >= 0) keep = b_.CreateAnd(keep, vec(emit_mod(b_, e, e.keep, leaves, cache)));
               p = b_.CreateSelect(keep, p, vconst(0.0));
+              if (d) d = b_.CreateSelect(keep, d, vconst(0.0));
+              for (llvm::Value*& x : dload) x = b_.CreateSelect(keep, x, vconst(0.0));
             }
             store_vec(p, at(p_, off));
+            if (pd_) {  // the forward's dropout mask for (batch, head, row, these keys)
+              llvm::Value* keep = emit_dropout_keep(
+                  b_, spec_.dropout_p, seed_, b_.CreateTrunc(batch_, i32()), b_.CreateTrunc(head_, i32()),
+                  b_.CreateTrunc(b_.CreateAdd(q0, r), i32()),
+                  b_.CreateTrunc(keys, llvm::FixedVectorType::get(i32(), static_cast<unsigned>(lanes_))));
+              llvm::Value* scaled = b_.CreateFMul(p, vconst(1.0 / (1.0 - spec_.dropout_p)));
+              store_vec(b_.CreateSelect(keep, scaled, vconst(0.0)), at(pd_, off));
+            }
+            if (d) store_vec(d, at(dm_, off));
+            for (std::size_t i = 0; i < dload.size(); ++i) store_vec(dload[i], at(dl_[i], off));
           }
         },
         masked ? "p.mask" : "p");
@@ -460,6 +582,8 @@ class BackwardEmitter {
   int lanes_;
   std::int64_t br_, bc_, dkp_, dvp_;
   EffectiveMod mod_;
+  ModDerivative dmod_;  // mod_.expr with d score' / d score appended
+  bool has_score_;
   std::vector<unsigned> deps_;
   std::vector<ModTensorIn> tensors_;
   llvm::Type *f32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;
@@ -471,9 +595,12 @@ class BackwardEmitter {
   llvm::Value *len_q_ = nullptr, *len_k_ = nullptr, *nbatch_ = nullptr, *chunk_blocks_ = nullptr,
               *padded_rows_ = nullptr;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr, *kv_row0_ = nullptr;
-  llvm::Value *k0_ = nullptr, *nk_ = nullptr, *head_ = nullptr, *bh_ = nullptr;
+  llvm::Value *k0_ = nullptr, *nk_ = nullptr, *head_ = nullptr, *bh_ = nullptr, *seed_ = nullptr;
   llvm::AllocaInst *kt_ = nullptr, *kr_ = nullptr, *vt_ = nullptr, *dkacc_ = nullptr, *dvacc_ = nullptr, *qb_ = nullptr,
-                   *dob_ = nullptr, *p_ = nullptr, *s_ = nullptr, *lseb_ = nullptr, *deltab_ = nullptr;
+                   *dob_ = nullptr, *p_ = nullptr, *s_ = nullptr, *lseb_ = nullptr, *deltab_ = nullptr, *dm_ = nullptr,
+                   *pd_ = nullptr;
+  std::vector<llvm::AllocaInst*> dl_;    // per differentiated load: ∂f/∂load [Br][Bc]
+  std::vector<llvm::Value*> grad_slot_;  // per spec.tensor_grads entry: this task's partial sums
 };
 
 }  // namespace

@@ -25,6 +25,8 @@ std::uint64_t AttentionSpec::hash() const {
   h.i(static_cast<std::int64_t>(tensors.size()));
   for (const auto& t : tensors)
     h.i(static_cast<std::int64_t>(t.source)).i(static_cast<std::int64_t>(t.dtype)).i(t.rank);
+  h.i(static_cast<std::int64_t>(tensor_grads.size()));
+  for (const auto& t : tensor_grads) h.i(t.tensor).i(t.per_batch).i(t.per_kv_head).i(t.per_chunk);
   for (int t : {vector_floats, query_vectors, key_tile, qk_keys, pv_dims, decode_queries, decode_chunk}) h.i(t);
   return h.value();
 }

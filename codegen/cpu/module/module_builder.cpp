@@ -362,16 +362,15 @@ void ModuleBuilder::emit_backward(int id) {
   const I batch = dim(bw.call.batch), lq = dim(bw.call.len_q), lk = dim(bw.call.len_k);
   const I rows = batch * spec.hq * lq;  // query rows over every (batch, query head)
 
-  // D = rowsum(dO ∘ O), row by row, in double.
-  llvm::Value *out = buf(n.inputs[3]), *d_out = buf(n.inputs[4]);
+  // D = rowsum(dO ∘ O), row by row, in double (O and dO widened from their storage).
   parallel_ranges(rows, 64, 1, c64(spec.dv * 2), [&](I r0, I r1) {
     loop(
         r0, r1,
         [&](I r) {
           llvm::Value* d = sum(c64(spec.dv), [&](const I& k) {
             const I at = r * spec.dv + k;
-            return b_.CreateFMul(b_.CreateFPExt(load(f32_, out, at), f64_),
-                                 b_.CreateFPExt(load(f32_, d_out, at), f64_));
+            return b_.CreateFMul(b_.CreateFPExt(value(n.inputs[3], at), f64_),
+                                 b_.CreateFPExt(value(n.inputs[4], at), f64_));
           });
           store(b_.CreateFPTrunc(d, f32_), bufs.delta, r);
         },
@@ -403,7 +402,7 @@ void ModuleBuilder::emit_backward(int id) {
   set(fwd + offsetof(AttentionArgs, batch), batch.v());
   set(fwd + offsetof(AttentionArgs, len_q), lq.v());
   set(fwd + offsetof(AttentionArgs, len_k), lk.v());
-  set(fwd + offsetof(AttentionArgs, seed), c64(0).v());
+  set(fwd + offsetof(AttentionArgs, seed), c64(static_cast<std::int64_t>(bw.call.seed)).v());
   set(fwd + offsetof(AttentionArgs, lse), buf(n.inputs[5]));
   set(fwd + offsetof(AttentionArgs, kv_rows), c64(0).v());
   set(offsetof(AttentionBackwardArgs, d_out), buf(n.inputs[4]));
@@ -414,6 +413,28 @@ void ModuleBuilder::emit_backward(int id) {
   set(offsetof(AttentionBackwardArgs, dq_partial), bufs.partial);
   set(offsetof(AttentionBackwardArgs, chunk_blocks), split.chunk_blocks.v());
   set(offsetof(AttentionBackwardArgs, padded_rows), padded.v());
+  set(offsetof(AttentionBackwardArgs, chunks), split.chunks.v());
+  // The tensor gradients' partial sums, zeroed: one block per spec.tensor_grads entry, its
+  // attention_dtensor nodes the gradient's entries.
+  std::vector<I> slots, entries;
+  std::vector<std::vector<int>> grad_nodes(spec.tensor_grads.size());
+  if (!spec.tensor_grads.empty()) {
+    llvm::Value* table = ir::entry_alloca(b_, ptr_, spec.tensor_grads.size(), 8, "tensor_partials");
+    for (std::size_t t = 0; t < spec.tensor_grads.size(); ++t) {
+      for (int c = id + 1; c < static_cast<int>(g_.size()); ++c) {
+        const Node& dt = g_.node(c);
+        if (dt.op == Op::attention_dtensor && dt.inputs[0] == id && dt.offset == spec.tensor_grads[t].tensor)
+          grad_nodes[t].push_back(c);
+      }
+      I count = c64(1);
+      for (const auto& x : g_.node(grad_nodes[t].at(0)).axes) count = count * dim(x.extent);
+      entries.push_back(count);
+      slots.push_back(tensor_grad_slots(spec.tensor_grads[t], batch, spec.hkv, split.chunks));
+      memset0(bufs.tensor_partial.at(t), slots[t] * count * 4);
+      b_.CreateStore(bufs.tensor_partial[t], b_.CreateConstInBoundsGEP1_64(ptr_, table, t));
+    }
+    set(offsetof(AttentionBackwardArgs, tensor_partials), table);
+  }
   const std::string name = "qkv_attention_backward_" + std::to_string(id);
   emit_attention_backward(m_, spec, cfg, name);
   llvm::Function* kernel = callee(name);
@@ -423,30 +444,43 @@ void ModuleBuilder::emit_backward(int id) {
     b_.CreateCall(kernel, {args, (kv / spec.hkv).v(), (kv % spec.hkv).v(), (t % split.chunks).v()});
   });
 
-  // dQ = scale · Σ_chunk partial, the chunks added in order (whatever the thread count).
+  // Σ_k buffer[k · stride + at] for k = 0, 1, …, count − 1 in that order (f32): the partial sums
+  // of the tasks, added the same way whatever the thread count.
+  auto in_order = [&](llvm::Value* buffer, const I& count, const I& stride, const I& at, const char* label) {
+    return ir::emit_loop(
+        b_, c64(0).v(), count.v(), 1, {llvm::ConstantFP::get(f32_, 0.0)},
+        [&](llvm::Value* k, const std::vector<llvm::Value*>& cur) {
+          return std::vector<llvm::Value*>{b_.CreateFAdd(cur[0], load(f32_, buffer, I(b_, k) * stride + at))};
+        },
+        label)[0];
+  };
+  // dQ = scale · Σ_chunk partial, stored as dQ is (rounded to bf16 with bf16 storage).
   llvm::Value* scale = llvm::ConstantFP::get(f32_, static_cast<float>(spec.effective_scale()));
-  llvm::Value* dq = buf(id);
   parallel_for(batch * spec.hq, rows * spec.dk * (split.chunks + 1), [&](I bh) {
     loop(
         c64(0), lq,
         [&](I i) {
           const I at = (bh * lq + i) * spec.dk, part = (bh * padded + i) * cfg.dkp;
-          auto each = [&](const char* what, const std::function<llvm::Value*(const I& d)>& f) {
-            loop(c64(0), c64(spec.dk), [&](I d) { store(f(d), dq, at + d); }, what, ir::Unroll::allowed);
-          };
-          each("dq.zero", [&](const I&) { return llvm::ConstantFP::get(f32_, 0.0); });
           loop(
-              c64(0), split.chunks,
-              [&](I c) {
-                each("dq.add", [&](const I& d) {
-                  return b_.CreateFAdd(load(f32_, dq, at + d), load(f32_, bufs.partial, c * per_chunk + part + d));
-                });
+              c64(0), c64(spec.dk),
+              [&](I d) {
+                put(b_.CreateFMul(in_order(bufs.partial, split.chunks, per_chunk, part + d, "dq.chunks"), scale), id,
+                    at + d);
               },
-              "dq.chunks");
-          each("dq.scale", [&](const I& d) { return b_.CreateFMul(load(f32_, dq, at + d), scale); });
+              "dq.cols");
         },
         "dq.rows");
   });
+
+  // Each tensor gradient: its slots added in order, into every attention_dtensor node of it.
+  for (std::size_t t = 0; t < spec.tensor_grads.size(); ++t)
+    for (int c : grad_nodes[t]) {
+      const I count = entries[t];
+      llvm::Value *partial = bufs.tensor_partial[t], *to = buf(c);
+      parallel_ranges(count, 256, 1, slots[t], [&](I e0, I e1) {
+        loop(e0, e1, [&](I e) { store(in_order(partial, slots[t], count, e, "dtensor.slots"), to, e); }, "dtensor.sum");
+      });
+    }
 }
 
 }  // namespace detail

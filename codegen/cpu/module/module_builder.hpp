@@ -66,6 +66,7 @@ struct ModulePlan {
     backward_dq,     // its chunks' dQ partial sums [chunks, B, Hq, L rounded up to Br, dk rounded up]
     backward_dk,     // dK / dV when no companion node reads them
     backward_dv,
+    backward_dtensor,  // a tensor gradient's partial sums [slots, the tensor's entries] (node: its attention_dtensor)
   };
   struct Alloc {
     Block kind = Block::value;
@@ -88,6 +89,7 @@ struct ModulePlan {
     AttentionCall call;
     BackwardConfig config;
     int delta = -1, partial = -1, dk = -1, dv = -1;
+    std::vector<int> tensor_partial;  // per call.spec.tensor_grads entry: its partial sums
   };
   std::map<int, Backward> backward;
   /// fused_attention id -> its split-KV decode path (cpu/kernels/decode_kernel.hpp), for the

@@ -438,6 +438,7 @@ class ModuleBuilder {
       to.partial = block(layout, bw.partial, arena);
       if (bw.dk >= 0) to.dk = block(layout, bw.dk, arena);
       if (bw.dv >= 0) to.dv = block(layout, bw.dv, arena);
+      for (int k : bw.tensor_partial) to.tensor_partial.push_back(block(layout, k, arena));
     }
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
       const Node& n = g_.node(id);
@@ -729,8 +730,9 @@ class ModuleBuilder {
   /// The mod's tensors of fused node n as its kernel reads them: their base pointers and their
   /// extents, concatenated (null, null without tensors).
   std::pair<llvm::Value*, llvm::Value*> mod_tensor_arrays(const Node& n, const AttentionCall& call);
-  /// fused_attention_backward: D, the kernel's tasks (cpu/kernels/attention_backward.hpp) and the
-  /// dQ partial sums added in chunk order, as run_attention_backward does.
+  /// fused_attention_backward: D, the kernel's tasks (cpu/kernels/attention_backward.hpp), the
+  /// dQ partial sums added in chunk order and the tensor gradients' in slot order, as
+  /// run_attention_backward does.
   void emit_backward(int id);
 
   llvm::Module& m_;
@@ -749,6 +751,7 @@ class ModuleBuilder {
   std::map<int, llvm::Value*> weights_, lse_, split_;
   struct BackwardBuffers {
     llvm::Value *delta = nullptr, *partial = nullptr, *dk = nullptr, *dv = nullptr;
+    std::vector<llvm::Value*> tensor_partial;  // per spec.tensor_grads entry
   };
   std::map<int, BackwardBuffers> backward_;  // fused_attention_backward id -> where its kernel writes
   std::map<int, std::pair<llvm::Value*, llvm::Value*>> gemm_blocks_;

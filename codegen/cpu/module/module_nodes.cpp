@@ -495,8 +495,9 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
           emit_pack_panels(bt, packed, nn, k, nullptr, b_cols);
           emit_gemm_packed(a, packed, bias, c, m, nn, k);
           if (c != y) {
-            const Dims mn = cat(md, nd);
-            nest_parallel(mn, {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(mn)},
+            const Dims out_dims = cat(md, nd);
+            nest_parallel(out_dims,
+                          {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(out_dims)},
                           {base[2], c64(0)}, c64(8), copy(y, c));
           }
         });

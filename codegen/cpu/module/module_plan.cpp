@@ -174,21 +174,29 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
       bw.call = describe_attention(g, id, plan.fixed);
       if (const std::string why = backward_unsupported(bw.call.spec); !why.empty())
         throw std::invalid_argument("codegen: the fused attention backward does not cover " + why);
-      for (std::size_t k = 0; k < 6; ++k)  // q, k, v, out, d_out, lse
-        if (storage_dtype(g.node(n.inputs[k]).dtype) != DType::f32)
-          throw std::invalid_argument("codegen: the fused attention backward reads f32 only (input " +
-                                      std::to_string(k) + " is " + std::string(dtype_name(g.node(n.inputs[k]).dtype)) +
-                                      ")");
+      for (std::size_t k = 0; k < 6; ++k) {  // q, k, v, out, d_out as the spec stores them; lse f32
+        const DType want = k < 5 ? bw.call.spec.storage : DType::f32;
+        if (storage_dtype(g.node(n.inputs[k]).dtype) != want)
+          throw std::invalid_argument("codegen: the fused attention backward reads input " + std::to_string(k) +
+                                      " as " + std::string(dtype_name(want)) + ", not " +
+                                      std::string(dtype_name(g.node(n.inputs[k]).dtype)));
+      }
       bw.config = choose_backward_config(bw.call.spec, target);
       bw.delta = add(ModulePlan::Block::backward_delta, id, id, id);
       bw.partial = add(ModulePlan::Block::backward_dq, id, id, id);
+      for (const auto& t : bw.call.spec.tensor_grads)  // sized by the first attention_dtensor of the tensor
+        for (int c = id + 1; c < count; ++c)
+          if (g.node(c).op == Op::attention_dtensor && g.node(c).inputs[0] == id && g.node(c).offset == t.tensor) {
+            bw.tensor_partial.push_back(add(ModulePlan::Block::backward_dtensor, c, id, id));
+            break;
+          }
       plan.backward.emplace(id, std::move(bw));
     }
     if (n.op == Op::input || n.op == Op::param || shares_input_memory(g, id) || plan.kv_alias.count(id)) continue;
     // attention_weights and attention_lse are written by their fused node, attention_dk and
     // attention_dv by their fused backward: alive from there.
     const bool side = n.op == Op::attention_weights || n.op == Op::attention_lse;
-    const bool grads = n.op == Op::attention_dk || n.op == Op::attention_dv;
+    const bool grads = n.op == Op::attention_dk || n.op == Op::attention_dv || n.op == Op::attention_dtensor;
     auto& side_map = n.op == Op::attention_lse ? plan.lse : plan.weights;
     if (plan.output_arg[i] < 0) {
       plan.alloc[i] = add(ModulePlan::Block::value, id, side || grads ? n.inputs[0] : id, end[i]);

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 
 #include "cpu/kernels/decode_kernel.hpp"
@@ -51,6 +52,16 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
       if (a.kind == ModulePlan::Block::backward_dv) return batch * spec.hkv * lk * spec.dv * 4;
       const BackwardChunks<I> split = backward_chunks(batch * spec.hkv, ceil_div(lk, std::int64_t{bw.config.keys}));
       return split.chunks * batch * spec.hq * round_up(lq, bw.config.rows) * bw.config.dkp * 4;
+    }
+    case ModulePlan::Block::backward_dtensor: {
+      const ModulePlan::Backward& bw = plan.backward.at(n.inputs[0]);
+      const I batch = dim(bw.call.batch), lk = dim(bw.call.len_k);
+      const BackwardChunks<I> split =
+          backward_chunks(batch * bw.call.spec.hkv, ceil_div(lk, std::int64_t{bw.config.keys}));
+      for (const auto& t : bw.call.spec.tensor_grads)
+        if (t.tensor == n.offset)
+          return tensor_grad_slots(t, batch, bw.call.spec.hkv, split.chunks) * numel(n.axes) * 4;
+      return dim(Extent::fixed(0));
     }
     case ModulePlan::Block::gemm_panels:
     case ModulePlan::Block::gemm_bias: {

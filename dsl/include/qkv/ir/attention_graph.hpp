@@ -2,13 +2,15 @@
 // for (contract → scale → score_mod → softmax → dropout → contract, and the logsumexp of the
 // modified scores). One definition, used where a fused node must be computed or differentiated
 // without its kernel: the reference interpreter runs fused_attention through it, and the
-// gradient of a fused_attention its fused backward does not cover (dropout, score mods) is the
-// gradient of this graph, recomputed from q, k and v.
+// gradient of a fused_attention its fused backward does not take (fused_backward_fits) is the
+// gradient of this graph, recomputed from q, k and v. Also the mod's derivatives the fused
+// backward evaluates (mod_with_derivatives).
 //
 // The scores are laid out [batch, heads..., group..., query, key] — the order the dropout's
 // counters are keyed by (the fuse-attention pass only fuses a dropout in that order).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -16,21 +18,80 @@
 
 namespace qkv {
 
-/// Whether a fused_attention's gradient is its fused backward (fused_attention_backward): no
-/// dropout, and a mod that only masks (no score part). Otherwise the gradient is that of the
-/// unfused attention, recomputed.
-inline bool fused_backward_covers(const AttentionAttrs& at) { return at.dropout == 0.0 && at.mod.score < 0; }
+/// Whether the score part of `mod` loads its input `input` (a captured tensor with a gradient
+/// through the score; one read only by the keep predicate has none: it is piecewise constant).
+inline bool score_part_reads(const ModExpr& mod, int input) {
+  const std::vector<bool> used = mod_reachable(mod, mod.score);
+  for (std::size_t i = 0; i < mod.nodes.size(); ++i)
+    if (used[i] && mod.nodes[i].op == ModOp::load && mod.nodes[i].input == input) return true;
+  return false;
+}
 
-/// Whether the fused backward kernels take fused_attention node n of g (besides covering its
-/// attributes): q, k, v and the output f32, and head widths at most 256 where they are static —
+/// The fused backward's derivatives of a mod: `expr` is mod's nodes followed by d score' / d score
+/// at `dscore` (the constant 1 without a score part) and, per load of a tensor in
+/// `tensor_inputs` that the score part reads, d score' / d (that load) at `loads[i].d`. The
+/// backward evaluates expr once per entry: dS = P ∘ (dP − D) ∘ f'(s), and a tensor's gradient is
+/// Σ over entries and its loads of P ∘ (dP − D) ∘ d, at the coordinates that load reads (clamped
+/// as it clamps them). Keep and score as in mod.
+struct ModLoadDerivative {
+  int load = -1;  // the load node (mod's numbering)
+  int d = -1;     // d score' / d load
+};
+struct ModDerivative {
+  ModExpr expr;
+  int dscore = -1;
+  std::vector<ModLoadDerivative> loads;
+};
+inline ModDerivative mod_with_derivatives(const ModExpr& mod, const std::vector<int>& tensor_inputs = {}) {
+  ModDerivative out{mod, -1, {}};
+  const std::size_t count = mod.nodes.size();
+  auto derivative = [&](auto is) {
+    std::vector<bool> is_var(count, false);
+    for (std::size_t i = 0; i < count; ++i) is_var[i] = is(mod.nodes[i], i);
+    grad_detail::DExpr d(out.expr, std::move(is_var));
+    return d.or_zero(d.of(mod.score, count));
+  };
+  if (mod.score < 0) {
+    grad_detail::DExpr d(out.expr, {});
+    out.dscore = d.constant(1.0);
+    return out;
+  }
+  out.dscore = derivative([](const ModNode& n, std::size_t) { return n.op == ModOp::score; });
+  const std::vector<bool> used = mod_reachable(mod, mod.score);
+  for (std::size_t i = 0; i < count; ++i) {
+    const ModNode& n = mod.nodes[i];
+    if (!used[i] || n.op != ModOp::load ||
+        std::find(tensor_inputs.begin(), tensor_inputs.end(), n.input) == tensor_inputs.end())
+      continue;
+    out.loads.push_back({static_cast<int>(i), derivative([i](const ModNode&, std::size_t j) { return j == i; })});
+  }
+  return out;
+}
+
+/// Whether the fused backward can give the tensor mod's input `input` its gradient: every load of
+/// it reads coordinates that do not depend on the score.
+inline bool fused_backward_differentiates(const ModExpr& mod, int input) {
+  for (const auto& n : mod.nodes) {
+    if (n.op != ModOp::load || n.input != input) continue;
+    for (int at : n.at) {
+      const std::vector<bool> used = mod_reachable(mod, at);
+      for (std::size_t i = 0; i < mod.nodes.size(); ++i)
+        if (used[i] && mod.nodes[i].op == ModOp::score) return false;
+    }
+  }
+  return true;
+}
+
+/// Whether the fused backward kernels take fused_attention node n of g: q, k, v and the output
+/// all f32 or all bf16, and head widths at most 256 where they are static —
 /// what run_attention_backward and the compiled graphs' backward node accept (a run-time head
 /// width past 256 is refused there, by name). Otherwise the gradient is the unfused one, which
 /// every backend runs.
 inline bool fused_backward_fits(const Graph& g, const Node& n) {
   const AttentionAttrs& at = *n.attention;
-  if (n.dtype != DType::f32) return false;
+  if (n.dtype != DType::f32 && n.dtype != DType::bf16) return false;
   for (std::size_t k = 0; k < 3; ++k)
-    if (g.node(n.inputs[k]).dtype != DType::f32) return false;
+    if (g.node(n.inputs[k]).dtype != n.dtype) return false;
   for (const auto& [input, axis] : {std::pair<int, const std::string*>{0, &at.dk}, {2, &at.dv}})
     for (const auto& a : g.node(n.inputs[static_cast<std::size_t>(input)]).axes)
       if (a.name == *axis && a.extent.is_static() && (a.extent.value < 1 || a.extent.value > 256)) return false;

@@ -89,6 +89,7 @@ inline constexpr std::array<GradRuleInfo, kOps.size()> kGradRules{{
     {Op::attention_dk, GradRule::missing, "a backward node: no second derivatives"},
     {Op::attention_dv, GradRule::missing, "a backward node: no second derivatives"},
     {Op::dequantize, GradRule::missing, "a quantized weight is for inference: train its float weight"},
+    {Op::attention_dtensor, GradRule::missing, "a backward node: no second derivatives"},
 }};
 
 static_assert(
@@ -291,6 +292,7 @@ class Sweep : public Builder {
       case Op::fused_attention_backward:
       case Op::attention_dk:
       case Op::attention_dv:
+      case Op::attention_dtensor:
       case Op::attention_weights:
       case Op::attention_lse:
       case Op::update_slice:
@@ -302,18 +304,26 @@ class Sweep : public Builder {
 
   /// fused_attention: FlashAttention-2's backward as one fused_attention_backward node (dQ) with
   /// its attention_dk / attention_dv companions, reading the forward's output and log-sum-exp
-  /// (the forward node is asked to write it). What that node does not cover — dropout, a score
-  /// modification (a mod with a score part), values that are not f32, static head widths past
-  /// 256 (fused_backward_fits) — is the gradient of the unfused attention
-  /// (attention_graph.hpp), recomputed from q, k and v: never a wrong gradient.
+  /// (the forward node is asked to write it). A score modification is differentiated in the
+  /// kernel, and a tensor it reads (a bias, ALiBi slopes, a relative-bias table) gets its
+  /// gradient from an attention_dtensor companion; one read only by the keep predicate gets none
+  /// (it is piecewise constant); dropout is replayed from its seed. What that node does not
+  /// cover — values not all f32 or all bf16, static head widths past 256 (fused_backward_fits), a
+  /// tensor read at coordinates computed from the score — is the gradient of the unfused
+  /// attention (attention_graph.hpp), recomputed from q, k and v: never a wrong gradient.
   void attention_back(int id, const Node& n, int dy) {
     const AttentionAttrs& at = *n.attention;
     const int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2];
     const std::vector<int> captured(n.inputs.begin() + 3, n.inputs.end());
-    // A tensor the mod reads for its score part (a bias, ALiBi slopes) gets its gradient from the
-    // unfused form's score_mod; one read only by the keep predicate gets none (it is piecewise
-    // constant).
-    if (!fused_backward_covers(at) || !fused_backward_fits(g_, n)) {
+    std::vector<std::size_t> tensor_grads;  // the captured tensors (index into `captured`) to differentiate
+    bool fused = fused_backward_fits(g_, n) && node(dy).dtype == n.dtype;
+    for (std::size_t i = 0; i < captured.size(); ++i) {
+      const int input = 3 + static_cast<int>(i);
+      if (!wants(captured[i]) || !score_part_reads(at.mod, input)) continue;
+      tensor_grads.push_back(i);
+      fused = fused && node(captured[i]).dtype == DType::f32 && fused_backward_differentiates(at.mod, input);
+    }
+    if (!fused) {
       const int first = static_cast<int>(g_.nodes().size());
       const UnfusedAttention u = append_unfused_attention(g_, at, q, k, v, captured, n.axes, n.dtype, false);
       // The recomputed nodes get adjoints like the forward's; their sweep runs from the output up.
@@ -363,6 +373,11 @@ class Sweep : public Builder {
     if (wants(q)) acc(q, back_node);
     if (wants(k)) acc(k, companion(Op::attention_dk, k));
     if (wants(v)) acc(v, companion(Op::attention_dv, v));
+    for (std::size_t i : tensor_grads) {
+      const int c = companion(Op::attention_dtensor, captured[i]);
+      g_.mutable_node(c).offset = static_cast<std::int64_t>(i);
+      acc(captured[i], c);
+    }
   }
 
   /// split, merge, rename, view: the inverse view of dy onto x's axes.

@@ -246,6 +246,13 @@ inline bool mod_depends_on(const ModExpr& e, int root, const std::string& axis) 
   return false;
 }
 
+/// The index a load reads along an axis of `extent` entries, from its computed coordinate x:
+/// truncated toward zero and clamped into [0, extent − 1] (NaN: 0).
+inline double mod_load_index(double x, std::int64_t extent) {
+  const double t = std::trunc(x);
+  return std::isnan(t) ? 0.0 : std::clamp(t, 0.0, std::max(static_cast<double>(extent - 1), 0.0));
+}
+
 /// One entry's value of every node (doubles; booleans as 0 / 1). `Env` supplies
 ///   double index(const std::string& axis), double length(const std::string& axis),
 ///   double load(int input, const std::vector<double>& at)   (indices already clamped)
@@ -277,11 +284,7 @@ void mod_eval(const ModExpr& e, double score, const Env& env, std::vector<double
         break;
       case ModOp::load: {
         std::vector<double> at;
-        for (std::size_t k = 0; k < n.at.size(); ++k) {
-          const double hi = static_cast<double>(env.extent(n.input, k) - 1);
-          const double t = std::trunc(x(n.at[k]));
-          at.push_back(std::isnan(t) ? 0.0 : std::clamp(t, 0.0, std::max(hi, 0.0)));
-        }
+        for (std::size_t k = 0; k < n.at.size(); ++k) at.push_back(mod_load_index(x(n.at[k]), env.extent(n.input, k)));
         r = env.load(n.input, at);
         break;
       }

@@ -56,6 +56,7 @@ enum class Op : std::uint8_t {
   attention_dk,
   attention_dv,
   dequantize,
+  attention_dtensor,
 };
 
 struct OpInfo {
@@ -68,7 +69,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 41> kOps{{
+inline constexpr std::array<OpInfo, 42> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -135,6 +136,9 @@ inline constexpr std::array<OpInfo, 41> kOps{{
      "consecutive entries of the last axis: q[..., k] * scale[..., k / offset]; scale has q's axes with the last "
      "one's extent ceil(K / offset). scalar 4: q holds two 4-bit entries a byte (K / 2 bytes a row, K a multiple "
      "of offset; ir/quant.hpp's order), each worth nibble - 8"},
+    {Op::attention_dtensor, "attention_dtensor", 1, 1, false, false, true,
+     "the gradient of the tensor its fused_attention_backward input reads as input 6 + offset (one its score "
+     "modification loads), which that node wrote"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

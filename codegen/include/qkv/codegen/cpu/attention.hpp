@@ -88,6 +88,17 @@ struct AttentionSpec {
   ModExpr mod;
   ModAxes axes;
   std::vector<ModTensor> tensors;
+  /// The backward only: the tensors (spec.tensors indices) whose gradients it computes, through
+  /// the loads of the mod's score part. Each is summed into partial copies, one per slot, then
+  /// added in slot order (deterministic, no atomics): a slot runs over the batch, the kv head
+  /// and the chunk of keys of the task — over those of them two tasks could share an entry in
+  /// (per_*; false where every load indexes the tensor along that coordinate itself).
+  struct TensorGrad {
+    int tensor = 0;
+    bool per_batch = true, per_kv_head = true, per_chunk = true;
+    friend bool operator==(const TensorGrad&, const TensorGrad&) = default;
+  };
+  std::vector<TensorGrad> tensor_grads;
 
   // --- tiling: 0 = chosen for the host (see choose_kernel_config in codegen/cpu/kernels). Exposed
   // for tuning and for tests that want to force odd shapes through small tiles.

@@ -17,7 +17,7 @@ enum class KernelKind : std::uint8_t {
   attention_weights,   // written by its fused_attention input (no code of its own)
   attention_lse,       // likewise: the log-sum-exp its fused_attention input wrote
   attention_backward,  // FlashAttention-2's backward (dQ; dK and dV into its companions)
-  attention_grads,     // attention_dk / attention_dv: written by their attention_backward input
+  attention_grads,     // attention_dk / attention_dv / attention_dtensor: written by their attention_backward input
   gemm,                // linear whose features are the contiguous axis: y = x·Wᵀ + b
   linear_strided,      // linear over another axis
   layer_norm_rows,     // layer norm over the contiguous axis: independent rows

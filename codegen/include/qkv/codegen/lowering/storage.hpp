@@ -59,9 +59,9 @@ inline bool stored_alike(const Graph& lowered, int id) {
 /// broadcasting arithmetic, masks, score mods, dropout, softmax, logsumexp, argmax, layer norm
 /// along another axis, RMSNorm, RoPE and dequantize (its scales) with any mix); an embedding whose table is stored as
 /// its value (rows copied); and a fused attention whose q, k, v and output are all bf16 (its mod's tensors are read as
-/// f32). A linear layer on the GEMM / GEMV kernels reads bf16 x and W itself (both bf16;
-/// vdpbf16ps where the host has it) and writes f32, which is rounded after it: the K blocks'
-/// partial sums stay f32.
+/// f32), and likewise its backward (q, k, v, out, d_out and dQ bf16; dK and dV its companions, bf16). A linear layer on
+/// the GEMM / GEMV kernels reads bf16 x and W itself (both bf16; vdpbf16ps where the host has it) and writes f32, which
+/// is rounded after it: the K blocks' partial sums stay f32.
 inline bool half_native(const Graph& lowered, int id) {
   const Node& n = lowered.node(id);
   switch (select_kernel(lowered, id)) {
@@ -93,6 +93,13 @@ inline bool half_native(const Graph& lowered, int id) {
     case KernelKind::fused_attention:
       return n.dtype == DType::bf16 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
              lowered.node(n.inputs[1]).dtype == DType::bf16 && lowered.node(n.inputs[2]).dtype == DType::bf16;
+    case KernelKind::attention_backward:  // q, k, v, out and d_out bf16 (lse and the mod's tensors f32)
+      if (n.dtype != DType::bf16 || n.inputs.size() < 5) return false;
+      for (std::size_t k = 0; k < 5; ++k)
+        if (lowered.node(n.inputs[k]).dtype != DType::bf16) return false;
+      return true;
+    case KernelKind::attention_grads:  // dK and dV as their backward stores them
+      return n.op != Op::attention_dtensor && half_native(lowered, n.inputs[0]) && n.dtype == DType::bf16;
     default:
       return false;
   }
@@ -102,7 +109,8 @@ inline bool half_operand(const Graph& lowered, int id, std::size_t input) {
   if (select_kernel(lowered, id) == KernelKind::gemm)
     return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
            lowered.node(n.inputs[1]).dtype == DType::bf16;
-  return half_native(lowered, id) && (n.op != Op::fused_attention || input < 3);
+  return half_native(lowered, id) && (n.op != Op::fused_attention || input < 3) &&
+         (n.op != Op::fused_attention_backward || input < 5);
 }
 
 }  // namespace qkv::codegen
