@@ -23,8 +23,8 @@ std::int64_t bound(const Extent& e, const std::string& name, const Bindings& b) 
   return *v;
 }
 
-/// A fused_attention_backward's tensor gradients (spec.tensor_grads): one per attention_dtensor
-/// companion of node `id`. A slot need not run over a task coordinate when every load of the
+/// A fused_attention_backward's tensor gradients (spec.tensor_grads): one per mask tensor with
+/// attention_dtensor nodes. A slot need not run over a task coordinate when every load of the
 /// tensor indexes it along that coordinate's axis, at the same extent (so that two tasks never
 /// reach one entry): the key chunk by the key axis, the batch by its axis, the kv head by every
 /// head axis of the kv heads (not the group's: a task holds all its kv head's query heads).
@@ -34,11 +34,8 @@ std::vector<cpu::AttentionSpec::TensorGrad> backward_tensor_grads(const Graph& g
   const AttentionAttrs& a = *n.attention;
   const auto& q_axes = g.node(n.inputs[0]).axes;
   std::vector<cpu::AttentionSpec::TensorGrad> out;
-  for (std::size_t c = static_cast<std::size_t>(id) + 1; c < g.size(); ++c) {
-    const Node& d = g.node(static_cast<int>(c));
-    if (d.op != Op::attention_dtensor || d.inputs.size() != 1 || d.inputs[0] != id) continue;
-    const auto tensor = static_cast<int>(d.offset);
-    if (std::any_of(out.begin(), out.end(), [&](const auto& t) { return t.tensor == tensor; })) continue;
+  for (int tensor = 0; tensor < static_cast<int>(spec.tensors.size()); ++tensor) {
+    if (tensor_grad_nodes(g, id, tensor).empty()) continue;
     const std::vector<Axis>& t_axes = g.node(n.inputs[6 + static_cast<std::size_t>(tensor)]).axes;
     auto in_place = [&](const std::string& name, const Extent& extent) {
       bool any = false;
@@ -63,11 +60,20 @@ std::vector<cpu::AttentionSpec::TensorGrad> backward_tensor_grads(const Graph& g
                     });
     out.push_back(t);
   }
-  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.tensor < y.tensor; });
   return out;
 }
 
 }  // namespace
+
+std::vector<int> tensor_grad_nodes(const Graph& g, int id, int tensor) {
+  std::vector<int> out;
+  for (int c = id + 1; c < static_cast<int>(g.size()); ++c) {
+    const Node& d = g.node(c);
+    if (d.op == Op::attention_dtensor && d.inputs.size() == 1 && d.inputs[0] == id && d.offset == tensor)
+      out.push_back(c);
+  }
+  return out;
+}
 
 std::vector<std::string> attention_kernel_symbols(const Graph& g, int id) {
   const Node& n = g.node(id);

@@ -167,47 +167,20 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
   const ModDerivative dmod = mod_with_derivatives(at.mod, tensor_inputs);
   std::vector<std::vector<double>> dtensor(ncap);
   for (std::size_t i = 0; i < ncap; ++i) dtensor[i].assign(a.in[6 + i]->data.size(), 0.0);
-  struct Env {
-    const std::vector<Axis>* axes;
-    const std::vector<std::int64_t>* coord;
-    const OpArgs* args;
-    double index(const std::string& axis) const {
-      for (std::size_t d = 0; d < axes->size(); ++d)
-        if ((*axes)[d].name == axis) return static_cast<double>((*coord)[d]);
-      internal_error("attention backward: a mod names the axis `" + axis + "`, which the scores do not have");
-    }
-    double length(const std::string& axis) const {
-      return static_cast<double>(grad_detail::axis_named(*axes, axis).extent.value);
-    }
-    /// The element's offset in captured tensor `input` (the mod's numbering: node input 3 + i).
-    std::size_t offset(int input, const std::vector<double>& at) const {
-      const Shape& shape = args->in[static_cast<std::size_t>(input) + 3]->shape;
-      std::size_t off = 0;
-      for (std::size_t d = 0; d < at.size(); ++d)
-        off = off * static_cast<std::size_t>(shape[d]) + static_cast<std::size_t>(at[d]);
-      return off;
-    }
-    double load(int input, const std::vector<double>& at) const {
-      return args->in[static_cast<std::size_t>(input) + 3]->data[offset(input, at)];
-    }
-    std::int64_t extent(int input, std::size_t axis) const {
-      return args->in[static_cast<std::size_t>(input) + 3]->shape[axis];
-    }
-  };
-  std::vector<std::int64_t> coord(score_axes.size(), 0);
-  const Env env{&score_axes, &coord, &a};
+  Shape score_shape, coord(score_axes.size(), 0);
+  for (const auto& x : score_axes) score_shape.push_back(x.extent.value);
+  const ModEnv env{score_axes, score_shape, coord, a.in, 3};  // load 3 + i reads the node's input 6 + i
   std::vector<double> vals;
-  /// Entry `flat` (row · S + key, the score axes' row-major order): f'(s) in `vals[dmod.dscore]`.
-  auto evaluate = [&](std::int64_t flat) {
-    std::int64_t rest = flat;
-    for (std::size_t d = score_axes.size(); d-- > 0;) {
-      coord[d] = rest % score_axes[d].extent.value;
-      rest /= score_axes[d].extent.value;
+  /// G (the gradient by the modified score) at entry `flat` (row · S + key, the score axes'
+  /// row-major order) through the mod: G · f'(s), and G · d score' / d load added into each
+  /// differentiated load's element, as the load clamps it. G itself without a score part.
+  auto through_mod = [&](std::int64_t flat, double g) {
+    if (at.mod.score < 0) return g;
+    for (std::size_t d = score_shape.size(), rest = static_cast<std::size_t>(flat); d-- > 0;) {
+      coord[d] = static_cast<std::int64_t>(rest % static_cast<std::size_t>(score_shape[d]));
+      rest /= static_cast<std::size_t>(score_shape[d]);
     }
     mod_eval(dmod.expr, static_cast<double>(raw[static_cast<std::size_t>(flat)]), env, vals);
-  };
-  /// Adds g · d score' / d load into each differentiated load's element, as the load clamps it.
-  auto scatter = [&](double g) {
     for (const ModLoadDerivative& l : dmod.loads) {
       const ModNode& ld = dmod.expr.nodes[static_cast<std::size_t>(l.load)];
       std::vector<double> coords;
@@ -216,6 +189,7 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
       dtensor[static_cast<std::size_t>(ld.input - 3)][env.offset(ld.input, coords)] +=
           g * vals[static_cast<std::size_t>(l.d)];
     }
+    return g * vals[static_cast<std::size_t>(dmod.dscore)];
   };
 
   // Every operand in the canonical order: q [BH, G, L, dk], k [BH, S, dk], v [BH, S, dv],
@@ -265,13 +239,7 @@ std::vector<Value> eval_attention_backward(const OpArgs& a) {
             dp += static_cast<double>(dout[at_(row * dv + d)]) * static_cast<double>(v[at_((b * S + j) * dv + d)]);
           dp *= z;
           // dS through the mod: 0 where P is (a masked entry's derivatives may not be finite).
-          ds[at_(j)] = 0.0;
-          if (p[at_(j)] != 0.0) {
-            evaluate(row * S + j);
-            const double ds_modified = p[at_(j)] * (dp - delta);
-            ds[at_(j)] = ds_modified * vals[static_cast<std::size_t>(dmod.dscore)];
-            scatter(ds_modified);
-          }
+          ds[at_(j)] = p[at_(j)] == 0.0 ? 0.0 : through_mod(row * S + j, p[at_(j)] * (dp - delta));
           for (std::int64_t d = 0; d < dv; ++d)
             dvv[at_((b * S + j) * dv + d)] += p[at_(j)] * z * static_cast<double>(dout[at_(row * dv + d)]);
           for (std::int64_t d = 0; d < dk; ++d) {

@@ -450,28 +450,7 @@ Value op_score_mod(const OpArgs& a) {
     axis_pos(a, axes, e.key, "scores");
   }
   Shape idx(X.shape.size(), 0);
-  struct Env {
-    const OpArgs& a;
-    const std::vector<Axis>& axes;
-    const Value& x;
-    const Shape& idx;
-    [[nodiscard]] std::size_t pos(const std::string& axis) const {
-      for (std::size_t k = 0; k < axes.size(); ++k)
-        if (axes[k].name == axis) return k;
-      return 0;  // checked above
-    }
-    [[nodiscard]] double index(const std::string& axis) const { return static_cast<double>(idx[pos(axis)]); }
-    [[nodiscard]] double length(const std::string& axis) const { return static_cast<double>(x.shape[pos(axis)]); }
-    [[nodiscard]] std::int64_t extent(int input, std::size_t k) const {
-      return a.in[static_cast<std::size_t>(input)]->shape[k];
-    }
-    [[nodiscard]] double load(int input, const std::vector<double>& at) const {
-      const Value& t = *a.in[static_cast<std::size_t>(input)];
-      std::int64_t off = 0;
-      for (std::size_t k = 0; k < at.size(); ++k) off = off * t.shape[k] + static_cast<std::int64_t>(at[k]);
-      return t.data.empty() ? 0.0 : static_cast<double>(t.data[static_cast<std::size_t>(off)]);
-    }
-  } env{a, axes, X, idx};
+  const ModEnv env{axes, X.shape, idx, a.in};  // the axes checked above
   Value out{X.shape, X.data};
   std::vector<double> v;
   for (std::size_t i = 0; i < out.data.size(); ++i, next_index(idx, X.shape)) {

@@ -84,6 +84,36 @@ void expect_same_size(const OpArgs& a, const std::string& axis, std::int64_t lhs
 /// f applied to every element of the one input.
 Value unary_map(const OpArgs& a, float (*f)(float));
 
+/// mod_eval's environment (qkv/ir/mod_expr.hpp) at one entry of the scores: `axes` (their
+/// extents `shape`), the entry's coordinates `idx`; a load of input n reads tensors[n + shift]
+/// (row-major over its own shape).
+struct ModEnv {
+  const std::vector<Axis>& axes;
+  const Shape& shape;
+  const Shape& idx;
+  const std::vector<const Value*>& tensors;
+  int shift = 0;
+  [[nodiscard]] std::size_t pos(const std::string& axis) const {
+    for (std::size_t k = 0; k < axes.size(); ++k)
+      if (axes[k].name == axis) return k;
+    internal_error("mod expression: the scores have no axis `" + axis + "`");
+  }
+  [[nodiscard]] const Value& tensor(int input) const { return *tensors[static_cast<std::size_t>(input + shift)]; }
+  [[nodiscard]] double index(const std::string& axis) const { return static_cast<double>(idx[pos(axis)]); }
+  [[nodiscard]] double length(const std::string& axis) const { return static_cast<double>(shape[pos(axis)]); }
+  [[nodiscard]] std::int64_t extent(int input, std::size_t k) const { return tensor(input).shape[k]; }
+  /// The row-major offset of the element a load of `input` reads at `at` (in range).
+  [[nodiscard]] std::size_t offset(int input, const std::vector<double>& at) const {
+    std::int64_t off = 0;
+    for (std::size_t k = 0; k < at.size(); ++k) off = off * tensor(input).shape[k] + static_cast<std::int64_t>(at[k]);
+    return static_cast<std::size_t>(off);
+  }
+  [[nodiscard]] double load(int input, const std::vector<double>& at) const {
+    const Value& t = tensor(input);
+    return t.data.empty() ? 0.0 : static_cast<double>(t.data[offset(input, at)]);
+  }
+};
+
 // --- the fused attention nodes (interpreter_attention.cpp) --------------------------------------
 
 /// fused_attention: {out, lse (score axes without the key), weights (score axes)}, the latter two

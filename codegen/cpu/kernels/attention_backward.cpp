@@ -9,15 +9,14 @@
 //   dP = dO Vᵀ;  dS = P ∘ (dP − D) ∘ f'(S) [Br][Bc]
 //   dV += Pᵀ dO;  dK += dSᵀ (scale·Q)      [Bc][d]    (the task owns these rows)
 //   dQpart[chunk] += dS K                  [Br][dk]   (this chunk's own partial sums)
-// then stores its dK and dV rows. A score modification s' = f(s) is evaluated per entry with its
-// derivatives (mod_with_derivatives): P = exp(f(S) − lse), dS = P ∘ (dP − D) ∘ f'(S), and for a
-// tensor T the mod loads that needs a gradient (spec.tensor_grads), P ∘ (dP − D) ∘ ∂f/∂T[at] is
-// added into the task's own slot of T's partial sums at the coordinates `at` each load reads
-// (the driver adds the slots in order: no atomics, the same for any thread count). Dropout is
-// replayed from the forward's Philox counters (seed, batch, head, row, key):
-// Pd = P ∘ Z (Z = keep / (1 − p)), dV = Pdᵀ dO and dS = Pd ∘ dP − P ∘ D (D is unchanged: O
-// is the dropped output). The driver adds the dQ partials of the chunks in chunk order
-// and multiplies by the scale: no atomics, the same sums in the same order for any thread count.
+// then stores its dK and dV rows. f is the score modification, evaluated per entry with its
+// derivatives (mod_with_derivatives); for a tensor T the mod loads that needs a gradient
+// (spec.tensor_grads), P ∘ (dP − D) ∘ ∂f/∂T[at] is added into the task's own slot of T's partial
+// sums at the coordinates `at` each load reads. Dropout is replayed from the forward's Philox
+// counters (seed, batch, head, row, key): Pd = P ∘ Z (Z = keep / (1 − p)), dV = Pdᵀ dO and
+// dS = (Pd ∘ dP − P ∘ D) ∘ f'(S) (D is unchanged: O is the dropped output). The driver adds the
+// dQ partials of the chunks in chunk order, multiplied by the scale, and the slots in slot
+// order: no atomics, the same sums in the same order for any thread count.
 //
 // Every matrix product is one register-blocked micro-kernel (gemm below): C[M][N] (+)= Σ_k
 // A(m, k) · B[k][N], A read by broadcasts at any strides (so Pᵀ and dSᵀ need no transposes), B and
@@ -80,8 +79,8 @@ class BackwardEmitter {
         dkp_(config.dkp),
         dvp_(config.dvp),
         mod_(effective_mod(spec)),
-        dmod_(mod_with_derivatives(mod_.expr, grad_inputs(spec, mod_))),
-        has_score_(mod_.expr.score >= 0) {
+        grad_inputs_(grad_inputs(spec, mod_)),
+        dmod_(mod_with_derivatives(mod_.expr, grad_inputs_)) {
     f32_ = b_.getFloatTy();
     i64_ = b_.getInt64Ty();
     ptr_ = b_.getPtrTy();
@@ -197,10 +196,9 @@ class BackwardEmitter {
     // Each differentiated tensor's slot of partial sums for this task.
     llvm::Value* chunks = field(offsetof(AttentionBackwardArgs, chunks), i64_, "chunks");
     llvm::Value* partials = field(offsetof(AttentionBackwardArgs, tensor_partials), ptr_, "tensor_partials");
-    const auto base = static_cast<int>(mod_.tensors.size() - spec_.tensors.size());
     for (std::size_t t = 0; t < spec_.tensor_grads.size(); ++t) {
       const AttentionSpec::TensorGrad& tg = spec_.tensor_grads[t];
-      const ModTensorIn& in = tensors_.at(static_cast<std::size_t>(base + tg.tensor));
+      const ModTensorIn& in = tensors_.at(static_cast<std::size_t>(grad_inputs_[t]));
       llvm::Value* slot = tg.per_batch ? batch_ : c64(0);
       if (tg.per_kv_head) slot = b_.CreateAdd(b_.CreateMul(slot, c64(spec_.hkv)), kvh_);
       if (tg.per_chunk) slot = b_.CreateAdd(b_.CreateMul(slot, chunks), chunk_);
@@ -229,7 +227,7 @@ class BackwardEmitter {
     dob_ = buf(br_ * dvp_, "dob");
     p_ = buf(br_ * bc_, "p");
     s_ = buf(br_ * bc_, "s");
-    if (has_score_) dm_ = buf(br_ * bc_, "dmod");
+    if (mod_.expr.score >= 0) dm_ = buf(br_ * bc_, "dmod");
     if (spec_.dropout_p > 0) pd_ = buf(br_ * bc_, "p_dropped");
     for (std::size_t i = 0; i < dmod_.loads.size(); ++i) dl_.push_back(buf(br_ * bc_, "dload"));
     lseb_ = buf(br_, "lse_b");
@@ -471,7 +469,7 @@ class BackwardEmitter {
             llvm::Value* ds = pd_ ? b_.CreateFSub(b_.CreateFMul(load_vec(at(pd_, off)), dp), b_.CreateFMul(p, dl))
                                   : b_.CreateFMul(p, b_.CreateFSub(dp, dl));
             if (!dmod_.loads.empty()) scatter_tensor_grads(rowf, v, off, ds);
-            if (has_score_) ds = b_.CreateFMul(ds, load_vec(at(dm_, off)));
+            if (dm_) ds = b_.CreateFMul(ds, load_vec(at(dm_, off)));
             store_vec(ds, at(s_, off));
           }
         },
@@ -500,13 +498,12 @@ class BackwardEmitter {
   /// add of the lanes' sum when the coordinates do not vary over the keys, else lane by lane.
   void scatter_tensor_grads(llvm::Value* rowf, std::int64_t v, llvm::Value* off, llvm::Value* ds) {
     const ModExpr& e = dmod_.expr;
-    const auto base = static_cast<int>(mod_.tensors.size() - spec_.tensors.size());
     Leaves leaves(*this, rowf, b_.CreateSIToFP(key_lanes(v), vf_), nullptr);
     std::vector<llvm::Value*> cache(e.nodes.size(), nullptr);
     for (std::size_t i = 0; i < dmod_.loads.size(); ++i) {
       const ModNode& load = e.nodes[static_cast<std::size_t>(dmod_.loads[i].load)];
-      std::size_t t = 0;
-      while (base + spec_.tensor_grads[t].tensor != load.input) ++t;
+      const auto t = static_cast<std::size_t>(std::find(grad_inputs_.begin(), grad_inputs_.end(), load.input) -
+                                              grad_inputs_.begin());
       const ModTensorIn& in = tensors_.at(static_cast<std::size_t>(load.input));
       llvm::Value* g = b_.CreateFMul(ds, load_vec(at(dl_[i], off)));
       std::vector<llvm::Value*> coords;  // clamped as the load clamps them
@@ -545,7 +542,7 @@ class BackwardEmitter {
             std::vector<llvm::Value*> cache(e.nodes.size(), nullptr);
             llvm::Value* d = nullptr;
             std::vector<llvm::Value*> dload;  // ∂f/∂load per differentiated load
-            if (has_score_) {
+            if (dm_) {
               s = vec(emit_mod(b_, e, e.score, leaves, cache));
               d = vec(emit_mod(b_, e, dmod_.dscore, leaves, cache));
               for (const ModLoadDerivative& ld : dmod_.loads)
@@ -582,8 +579,8 @@ class BackwardEmitter {
   int lanes_;
   std::int64_t br_, bc_, dkp_, dvp_;
   EffectiveMod mod_;
-  ModDerivative dmod_;  // mod_.expr with d score' / d score appended
-  bool has_score_;
+  std::vector<int> grad_inputs_;  // per spec.tensor_grads entry: the effective mod's load input
+  ModDerivative dmod_;            // mod_.expr with its derivatives appended
   std::vector<unsigned> deps_;
   std::vector<ModTensorIn> tensors_;
   llvm::Type *f32_ = nullptr, *i64_ = nullptr, *ptr_ = nullptr;

@@ -421,11 +421,7 @@ void ModuleBuilder::emit_backward(int id) {
   if (!spec.tensor_grads.empty()) {
     llvm::Value* table = ir::entry_alloca(b_, ptr_, spec.tensor_grads.size(), 8, "tensor_partials");
     for (std::size_t t = 0; t < spec.tensor_grads.size(); ++t) {
-      for (int c = id + 1; c < static_cast<int>(g_.size()); ++c) {
-        const Node& dt = g_.node(c);
-        if (dt.op == Op::attention_dtensor && dt.inputs[0] == id && dt.offset == spec.tensor_grads[t].tensor)
-          grad_nodes[t].push_back(c);
-      }
+      grad_nodes[t] = tensor_grad_nodes(g_, id, spec.tensor_grads[t].tensor);
       I count = c64(1);
       for (const auto& x : g_.node(grad_nodes[t].at(0)).axes) count = count * dim(x.extent);
       entries.push_back(count);

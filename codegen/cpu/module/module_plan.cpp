@@ -185,11 +185,8 @@ ModulePlan plan_module(const Graph& g, const Bindings& fixed, const HostTarget& 
       bw.delta = add(ModulePlan::Block::backward_delta, id, id, id);
       bw.partial = add(ModulePlan::Block::backward_dq, id, id, id);
       for (const auto& t : bw.call.spec.tensor_grads)  // sized by the first attention_dtensor of the tensor
-        for (int c = id + 1; c < count; ++c)
-          if (g.node(c).op == Op::attention_dtensor && g.node(c).inputs[0] == id && g.node(c).offset == t.tensor) {
-            bw.tensor_partial.push_back(add(ModulePlan::Block::backward_dtensor, c, id, id));
-            break;
-          }
+        bw.tensor_partial.push_back(
+            add(ModulePlan::Block::backward_dtensor, tensor_grad_nodes(g, id, t.tensor).at(0), id, id));
       plan.backward.emplace(id, std::move(bw));
     }
     if (n.op == Op::input || n.op == Op::param || shares_input_memory(g, id) || plan.kv_alias.count(id)) continue;

@@ -45,25 +45,25 @@ struct ModDerivative {
 inline ModDerivative mod_with_derivatives(const ModExpr& mod, const std::vector<int>& tensor_inputs = {}) {
   ModDerivative out{mod, -1, {}};
   const std::size_t count = mod.nodes.size();
-  auto derivative = [&](auto is) {
-    std::vector<bool> is_var(count, false);
-    for (std::size_t i = 0; i < count; ++i) is_var[i] = is(mod.nodes[i], i);
-    grad_detail::DExpr d(out.expr, std::move(is_var));
+  // d score' / d (the nodes `is_var` marks)
+  auto derivative = [&](auto is_var) {
+    std::vector<bool> var(count, false);
+    for (std::size_t i = 0; i < count; ++i) var[i] = is_var(i);
+    grad_detail::DExpr d(out.expr, std::move(var));
     return d.or_zero(d.of(mod.score, count));
   };
   if (mod.score < 0) {
-    grad_detail::DExpr d(out.expr, {});
-    out.dscore = d.constant(1.0);
+    out.dscore = out.expr.add(mod_constant(1.0));
     return out;
   }
-  out.dscore = derivative([](const ModNode& n, std::size_t) { return n.op == ModOp::score; });
+  out.dscore = derivative([&](std::size_t i) { return mod.nodes[i].op == ModOp::score; });
   const std::vector<bool> used = mod_reachable(mod, mod.score);
   for (std::size_t i = 0; i < count; ++i) {
     const ModNode& n = mod.nodes[i];
     if (!used[i] || n.op != ModOp::load ||
         std::find(tensor_inputs.begin(), tensor_inputs.end(), n.input) == tensor_inputs.end())
       continue;
-    out.loads.push_back({static_cast<int>(i), derivative([i](const ModNode&, std::size_t j) { return j == i; })});
+    out.loads.push_back({static_cast<int>(i), derivative([i](std::size_t j) { return j == i; })});
   }
   return out;
 }

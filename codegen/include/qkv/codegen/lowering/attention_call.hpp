@@ -30,6 +30,10 @@ struct AttentionCall {
 /// (the kernel is specialised on them); the other sizes may stay symbolic. Throws ShapeError naming the symbol.
 AttentionCall describe_attention(const Graph& lowered, int id, const Bindings& fixed);
 
+/// The attention_dtensor nodes of fused_attention_backward `id` that hold the gradient of its mask
+/// tensor `tensor` (its input 6 + tensor), in id order.
+std::vector<int> tensor_grad_nodes(const Graph& lowered, int id, int tensor);
+
 /// The symbols describe_attention needs bound for node `id`.
 std::vector<std::string> attention_kernel_symbols(const Graph& lowered, int id);
 
