@@ -98,13 +98,19 @@ class AttentionModIr::BoundsLeaves final : public ModBoundsLeaves {
   llvm::Value* k0_;
 };
 
-AttentionModIr::AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame)
+AttentionModIr::AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame,
+                               bool derivative)
     : kb_(kb),
       b_(kb.b()),
       f_(std::move(frame)),
       R_(static_cast<int>(f_.row_f32.size())),
       KJ_(f_.keys_per_thread),
       mod_(cpu::effective_mod(spec)) {
+  if (derivative) {
+    ModDerivative d = mod_with_derivatives(mod_.expr);
+    mod_.expr = std::move(d.expr);
+    dscore_ = d.dscore;
+  }
   // Captured tensors in order from the table `tensors`, their extents from `extents`; the flags'
   // masks from their own parameters.
   len_qf_ = b_.CreateSIToFP(f_.len_q, kb_.f32(), "len_qf");
@@ -132,6 +138,19 @@ AttentionModIr::AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec
 AttentionModIr::~AttentionModIr() = default;
 
 bool AttentionModIr::has_keep() const { return mod_.expr.keep >= 0; }
+bool AttentionModIr::has_score() const { return mod_.expr.score >= 0; }
+
+Values AttentionModIr::derivative(const Values& s, const Values& key) {
+  if (dscore_ < 0) internal_error("nvptx attention: f' of a mod built without its derivative");
+  llvm::Value* last_key = b_.CreateSub(f_.len_k, kb_.c64(1));
+  Values d(s.size());
+  for (int j = 0; j < KJ_; ++j) {
+    llvm::Value* kc = kb_.smin(key[j], last_key);  // read as apply reads them
+    const Values keyc = key_values(kc, dscore_, nullptr);
+    for (int i = 0; i < R_; ++i) d[si(i, j)] = mod_value(dscore_, i, kc, s[si(i, j)], keyc);
+  }
+  return d;
+}
 
 llvm::Value* AttentionModIr::axis_value(const std::string& axis, int i, llvm::Value* key, bool position) {
   const cpu::ModAxes& a = mod_.axes;

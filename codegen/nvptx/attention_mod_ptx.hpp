@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include <qkv/ir/attention_graph.hpp>
+
 #include "llvm/mod_ir.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -47,8 +49,9 @@ struct AttentionModFrame {
 
 class AttentionModIr {
  public:
-  /// Emits the block- and row-level nodes at the builder's position (the prologue).
-  AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame);
+  /// Emits the block- and row-level nodes at the builder's position (the prologue). With
+  /// `derivative` (the backward kernels) the expression carries f'(s) too (mod_with_derivatives).
+  AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame, bool derivative = false);
   ~AttentionModIr();
 
   /// Whether the expression has a keep predicate.
@@ -60,6 +63,11 @@ class AttentionModIr {
   /// (→ −inf).
   std::vector<llvm::Value*> apply(std::vector<llvm::Value*> s, const std::vector<llvm::Value*>& key,
                                   llvm::Value* masked, llvm::Value* partial);
+  /// Whether the expression modifies the score (else f'(s) = 1).
+  [[nodiscard]] bool has_score() const;
+  /// f'(s) = d score' / d score at the raw scores s (R × KJ, log2 units, before apply) and the tile
+  /// keys `key`; needs `derivative`. Entries of masked or past-S keys are finite and unused.
+  std::vector<llvm::Value*> derivative(const std::vector<llvm::Value*>& s, const std::vector<llvm::Value*>& key);
 
  private:
   class Leaves;
@@ -77,7 +85,8 @@ class AttentionModIr {
   llvm::IRBuilder<>& b_;
   AttentionModFrame f_;
   int R_, KJ_;
-  cpu::EffectiveMod mod_;
+  cpu::EffectiveMod mod_;  // with `derivative`: its expression followed by f'
+  int dscore_ = -1;        // f''s node
   ModAnalysis info_;
   std::vector<ModTensorIn> tensors_m_;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;

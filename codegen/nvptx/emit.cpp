@@ -65,6 +65,7 @@ detail::KernelInfo build(llvm::Module& module, const KernelRequest& request) {
         if constexpr (std::is_same_v<T, StridedCopyKernel>) return detail::build_strided_copy(module, r);
         if constexpr (std::is_same_v<T, DecodeAttentionKernel>) return detail::build_decode_attention(module, r);
         if constexpr (std::is_same_v<T, DecodeMergeKernel>) return detail::build_decode_merge(module, r);
+        if constexpr (std::is_same_v<T, AttentionBackwardKernel>) return detail::build_attention_backward(module, r);
       },
       request);
 }
@@ -113,6 +114,7 @@ KernelInfo build_emulation(llvm::Module& module, const KernelRequest& request, c
         if constexpr (std::is_same_v<T, StridedCopyKernel>) return build_strided_copy(module, r, &emulation);
         if constexpr (std::is_same_v<T, DecodeAttentionKernel>) return build_decode_attention(module, r, &emulation);
         if constexpr (std::is_same_v<T, DecodeMergeKernel>) return build_decode_merge(module, r, &emulation);
+        if constexpr (std::is_same_v<T, AttentionBackwardKernel>) return build_attention_backward(module, r, &emulation);
       },
       request);
 }

@@ -51,6 +51,35 @@ AttentionGeometry attention_geometry(const AttentionKernel& request);
 /// Why the bf16 tensor-core kernel cannot compute `request` (empty: it can).
 std::string mma_attention_unsupported(const AttentionKernel& request);
 
+/// The backward kernels' tiling (attention_backward_ptx.cpp), resolved from a request. The score
+/// micro-tile is the forward's: warp w owns the block's query rows [4R·w, 4R·(w+1)), lane
+/// 8·rg + kg its rows 4R·w + rg + 4i (i < R) and its keys kg + 8j (j < KJ = block_k / 8). A
+/// thread's dQ (dq) or dK / dV (dkdv) columns are t·8·w + kg·w + e (t < TC, e < w, as the
+/// forward's O); the dkdv kernel's key rows are 4·Rk·w + rg + 4i (i < Rk = block_k / (4·warps)).
+///
+/// Shared memory (f32, every region 16-byte aligned): Q [block_q][k_stride] (· scale) and
+/// dO [block_q][v_stride], K [block_k][k_stride] and V [block_k][v_stride]; then dq: dS
+/// [block_q][block_k + 4]; dkdv: Pᵀ and dSᵀ [block_k][block_q + 4]. A d-wide row's stride is
+/// TC·8·w + w (w = 4 when d % 4 == 0, else 1): the column chunks fit, and 8 rows' loads touch
+/// distinct banks.
+struct BackwardGeometry {
+  bool dkdv = false;
+  int block_q = 64, block_k = 32, threads = 128, warps = 4;
+  int rows_per_thread = 4;  // R
+  int keys_per_thread = 4;  // KJ
+  int key_rows = 0;         // Rk (dkdv)
+  int wk = 4, wv = 4;       // floats per shared load along dk, dv
+  int tck = 2, tcv = 2;     // column chunks along dk, dv
+  int k_stride = 68, v_stride = 68, t_stride = 36;
+  std::int64_t q_offset = 0, do_offset = 0, k_offset = 0, v_offset = 0, t0_offset = 0, t1_offset = 0;
+  std::int64_t shared_floats = 0;
+  [[nodiscard]] int shared_bytes() const { return static_cast<int>(shared_floats * 4); }
+};
+
+/// Validates the request (and its spec) and resolves it; throws std::runtime_error.
+BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& request);
+std::string attention_backward_params();
+
 /// Dynamic shared memory an sm allows per block after the opt-in (bytes).
 int max_shared_bytes(int sm);
 

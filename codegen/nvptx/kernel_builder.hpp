@@ -168,6 +168,8 @@ KernelInfo build_attention(llvm::Module& module, const AttentionKernel& request,
 /// dispatches to it.
 KernelInfo build_attention_mma(llvm::Module& module, const AttentionKernel& request,
                                const HostEmulation* emulation = nullptr);
+KernelInfo build_attention_backward(llvm::Module& module, const AttentionBackwardKernel& request,
+                                    const HostEmulation* emulation = nullptr);
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
 /// storage == bf16: the tensor-core GEMM (linear_mma_ptx.cpp); build_linear dispatches to it.
 KernelInfo build_linear_mma(llvm::Module& module, const LinearKernel& request,

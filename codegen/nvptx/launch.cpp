@@ -203,6 +203,85 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
   return g;
 }
 
+BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
+  if (s.storage != DType::f32)
+    fail("attention backward: q, k, v and out stored as " + std::string(dtype_name(s.storage)) +
+         " (the GPU's backward is fp32; bf16 runs on the CPU)");
+  if (!s.tensor_grads.empty())
+    fail("attention backward: the gradients of the tensors a mod reads are computed on the CPU only");
+  if (s.dk < 1 || s.dv < 1 || s.dk > 256 || s.dv > 256)
+    fail("attention backward: dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
+         " must be in [1, 256]");
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0 || s.hq > 65535)
+    fail("attention backward: hq = " + std::to_string(s.hq) + " must be a positive multiple of hkv = " +
+         std::to_string(s.hkv) + " up to 65535");
+  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
+    fail("attention backward: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
+  if (!(s.effective_scale() == s.effective_scale())) fail("attention backward: the scale is NaN");
+  check_threads(request.threads, 512, "attention backward");
+  check_mod(s);
+
+  BackwardGeometry g;
+  g.dkdv = request.part == AttentionBackwardKernel::Part::dkdv;
+  g.threads = request.threads;
+  g.warps = request.threads / 32;
+  const bool narrow = s.dk <= 64 && s.dv <= 64;
+  const int rows = 4 * g.warps;
+  g.block_q = request.block_q > 0 ? request.block_q : g.dkdv ? std::max(32, rows) : (narrow ? 16 : 8) * g.warps;
+  g.block_k = request.block_k > 0 ? request.block_k : g.dkdv ? std::min(128, 8 * g.warps) : 32;
+  if (g.block_q % rows != 0 || g.block_q / rows > 8)
+    fail("attention backward: block_q = " + std::to_string(g.block_q) +
+         " must be 4·warps·R with R in [1, 8] (warps = " + std::to_string(g.warps) + ")");
+  if (g.block_k % 8 != 0 || g.block_k > 128 || (g.dkdv && g.block_k % rows != 0))
+    fail("attention backward: block_k = " + std::to_string(g.block_k) + " must be a multiple of 8" +
+         (g.dkdv ? " and of 4·warps = " + std::to_string(rows) : std::string()) + " in [8, 128]");
+  g.rows_per_thread = g.block_q / rows;
+  g.keys_per_thread = g.block_k / 8;
+  g.key_rows = g.dkdv ? g.block_k / rows : 0;
+  auto width = [](std::int64_t d) { return d % 4 == 0 ? 4 : 1; };
+  auto chunks = [](std::int64_t d, int w) { return static_cast<int>((d + 8 * w - 1) / (8 * w)); };
+  g.wk = width(s.dk);
+  g.wv = width(s.dv);
+  g.tck = chunks(s.dk, g.wk);
+  g.tcv = chunks(s.dv, g.wv);
+  g.k_stride = g.tck * 8 * g.wk + g.wk;
+  g.v_stride = g.tcv * 8 * g.wv + g.wv;
+  g.t_stride = (g.dkdv ? g.block_q : g.block_k) + 4;
+  const int scores = 3 * g.rows_per_thread * g.keys_per_thread;  // P, dP and f'
+  const int accumulators = scores + (g.dkdv ? g.key_rows * (g.tck * g.wk + g.tcv * g.wv)
+                                            : g.rows_per_thread * g.tck * g.wk);
+  if (accumulators > kMaxAccumulators)
+    fail("attention backward: " + std::to_string(accumulators) + " registers of scores and gradients per thread exceed " +
+         std::to_string(kMaxAccumulators) + ": use a smaller block_q or block_k");
+
+  auto region = [](std::int64_t& at, std::int64_t floats) {
+    const std::int64_t start = at;
+    at += (floats + 3) / 4 * 4;  // every region 16-byte aligned
+    return start;
+  };
+  std::int64_t at = 0;
+  g.q_offset = region(at, std::int64_t{g.block_q} * g.k_stride);
+  g.do_offset = region(at, std::int64_t{g.block_q} * g.v_stride);
+  g.k_offset = region(at, std::int64_t{g.block_k} * g.k_stride);
+  g.v_offset = region(at, std::int64_t{g.block_k} * g.v_stride);
+  const std::int64_t t = std::int64_t{g.dkdv ? g.block_k : g.block_q} * g.t_stride;
+  g.t0_offset = region(at, t);
+  g.t1_offset = g.dkdv ? region(at, t) : g.t0_offset;
+  g.shared_floats = at;
+  if (g.shared_floats * 4 > max_shared_bytes(90))
+    fail("attention backward: " + std::to_string(g.shared_floats * 4) +
+         " bytes of shared memory per block exceed 227 KiB");
+  return g;
+}
+
+std::string attention_backward_params() {
+  return "const float* q, const float* k, const float* v, const float* out, const float* d_out, const float* lse, "
+         "float* delta, float* dq, float* dk, float* dv, const uint8_t* key_keep, const float* bias, "
+         "const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, int64_t len_k, "
+         "int64_t seed";
+}
+
 std::string attention_params() {
   return "const float* q, const float* k, const float* v, float* out, float* weights, const uint8_t* key_keep, "
          "const float* bias, const void* const* tensors, const int64_t* extents, int64_t batch, int64_t len_q, "
@@ -266,6 +345,29 @@ Dim3 elementwise_grid(int threads, std::int64_t count) {
   return {gx < 65535 ? gx : 65535, 1, 1};
 }
 
+Dim3 attention_backward_grid(const AttentionBackwardKernel& kernel, std::int64_t batch, std::int64_t len_q,
+                             std::int64_t len_k) {
+  const auto g = detail::attention_backward_geometry(kernel);
+  const std::int64_t tiles = g.dkdv ? ceil_div(len_k, g.block_k) : ceil_div(len_q, g.block_q);
+  if (tiles == 0 || batch <= 0) return {0, 0, 0};
+  return {tiles, g.dkdv ? kernel.spec.hkv : kernel.spec.hq, batch};
+}
+
+int attention_backward_shared_bytes(const AttentionBackwardKernel& kernel) {
+  return detail::attention_backward_geometry(kernel).shared_bytes();
+}
+
+bool attention_backward_supported(const AttentionBackwardKernel& kernel, std::string* why) {
+  try {
+    (void)detail::attention_backward_geometry(kernel);
+  } catch (const std::runtime_error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
 int attention_shared_bytes(const AttentionKernel& kernel) { return detail::attention_geometry(kernel).shared_bytes(); }
 
 bool attention_supported(const AttentionKernel& kernel, std::string* why) {
@@ -320,6 +422,15 @@ std::string kernel_name(const KernelRequest& request) {
           h.i(static_cast<std::int64_t>(s.hash()));
           for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
           return "qkv_attention_" + hex(h.value());
+        } else if constexpr (std::is_same_v<T, AttentionBackwardKernel>) {
+          cpu::AttentionSpec s = r.spec;
+          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          s.write_weights = s.write_lse = false;  // the forward's outputs: not the backward's business
+          const auto g = detail::attention_backward_geometry(r);
+          Fnv1a h;
+          h.i(static_cast<std::int64_t>(s.hash()));
+          for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
+          return std::string(g.dkdv ? "qkv_attention_dkdv_" : "qkv_attention_dq_") + hex(h.value());
         } else if constexpr (std::is_same_v<T, DecodeAttentionKernel> || std::is_same_v<T, DecodeMergeKernel>) {
           cpu::AttentionSpec s = r.spec;
           s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/runtime/io/array.hpp>
 
 namespace qkv::test {
@@ -70,6 +71,122 @@ T* ptr(const ParamValue& v) {
 }
 }  // namespace
 
+/// The mod's tensor table of an attention launch (parameters `at` and `at + 1`): one device
+/// address per captured tensor, their extents, and each tensor's memory as large as its extents
+/// say — checked; null where the mod loads no tensor.
+std::pair<const void* const*, const std::int64_t*> HostMachine::mod_tables(const codegen::cpu::AttentionSpec& s,
+                                                                          const std::vector<ParamValue>& p,
+                                                                          std::size_t at, const std::string& kind) {
+  std::size_t captured = 0, ranks = 0;
+  for (const auto& t : s.tensors)
+    if (t.source == codegen::cpu::ModTensor::Source::captured) {
+      ++captured;
+      ranks += static_cast<std::size_t>(t.rank);
+    }
+  if (!captured) {
+    if (p.at(at).address != 0 || p.at(at + 1).address != 0)
+      errors.push_back(kind + ": a tensor table passed but the mod loads no tensor");
+    return {nullptr, nullptr};
+  }
+  const void* const* tensors = ptr<const void* const>(p.at(at));
+  const std::int64_t* extents = ptr<const std::int64_t>(p.at(at + 1));
+  check(p.at(at).address, captured * sizeof(std::uint64_t), kind + " tensors");
+  if (ranks) check(p.at(at + 1).address, ranks * sizeof(std::int64_t), kind + " extents");
+  std::size_t k = 0, e = 0;
+  for (const auto& t : s.tensors) {
+    if (t.source != codegen::cpu::ModTensor::Source::captured) continue;
+    std::size_t count = 1;
+    for (int d = 0; d < t.rank; ++d) count *= static_cast<std::size_t>(extents[e++]);
+    check(reinterpret_cast<std::uint64_t>(tensors[k++]), count * dtype_size(t.dtype), kind + " mod tensor");
+  }
+  return {tensors, extents};
+}
+
+void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, const std::vector<ParamValue>& p) {
+  // The CPU backward computes every gradient; a launch keeps what its part writes. The dq part
+  // also writes D = rowsum(dO ∘ O), which the dkdv part must find written (launch order).
+  const auto& s = r.spec;
+  const bool dkdv = r.part == nvptx::AttentionBackwardKernel::Part::dkdv;
+  const char* kind = dkdv ? "attention_backward_dkdv" : "attention_backward_dq";
+  const std::int64_t B = p.at(14).i64, L = p.at(15).i64, S = p.at(16).i64;
+  if (!(l_grid_ == nvptx::attention_backward_grid(r, B, L, S)))
+    errors.push_back(std::string(kind) + ": grid off the header's rule");
+  ++launches[kind];
+  if (std::string no; !nvptx::attention_backward_supported(r, &no)) errors.push_back(std::string(kind) + ": " + no);
+  const auto f = sizeof(float);
+  const auto q_n = static_cast<std::size_t>(B * s.hq * L * s.dk), k_n = static_cast<std::size_t>(B * s.hkv * S * s.dk),
+             v_n = static_cast<std::size_t>(B * s.hkv * S * s.dv), o_n = static_cast<std::size_t>(B * s.hq * L * s.dv),
+             rows = static_cast<std::size_t>(B * s.hq * L);
+  auto need = [&](std::size_t i, std::size_t bytes, const char* what) {
+    check(p.at(i).address, bytes, std::string(kind) + " " + what);
+  };
+  need(0, q_n * f, "q");
+  need(1, k_n * f, "k");
+  need(2, v_n * f, "v");
+  need(4, o_n * f, "d_out");
+  need(5, rows * f, "lse");
+  need(6, rows * f, "delta");
+  if (dkdv) {
+    need(8, k_n * f, "dk");
+    need(9, v_n * f, "dv");
+  } else {
+    need(3, o_n * f, "out");
+    need(7, q_n * f, "dq");
+  }
+  if (s.key_padding) need(10, static_cast<std::size_t>(B * S), "key_keep");
+  if (s.bias) need(11, static_cast<std::size_t>(L * S) * f, "bias");
+  const auto [tensors, extents] = mod_tables(s, p, 12, kind);
+  if (!errors.empty()) return;
+
+  const float* delta = ptr<const float>(p[6]);
+  std::vector<float> out(o_n, 0.0f);  // dkdv: an output whose D is delta (O ∝ dO per row)
+  if (dkdv) {
+    const float* d_out = ptr<const float>(p[4]);
+    for (std::size_t row = 0; row < rows; ++row) {
+      if (std::isnan(delta[row])) {
+        errors.push_back(std::string(kind) + ": delta not written (the dq part runs first)");
+        return;
+      }
+      double norm = 0;
+      for (std::int64_t c = 0; c < s.dv; ++c) norm += static_cast<double>(d_out[row * s.dv + c]) * d_out[row * s.dv + c];
+      if (norm > 0)
+        for (std::int64_t c = 0; c < s.dv; ++c)
+          out[row * s.dv + c] = static_cast<float>(delta[row] / norm * d_out[row * s.dv + c]);
+      else if (delta[row] != 0.0f)
+        errors.push_back(std::string(kind) + ": delta off rowsum(dO ∘ O)");
+    }
+  }
+  std::vector<float> dq(dkdv ? q_n : 0), dk(dkdv ? 0 : k_n), dv(dkdv ? 0 : v_n);
+  codegen::cpu::AttentionBackwardArgs a;
+  a.forward.q = ptr<const float>(p[0]);
+  a.forward.k = ptr<const float>(p[1]);
+  a.forward.v = ptr<const float>(p[2]);
+  a.forward.out = dkdv ? out.data() : ptr<float>(p[3]);
+  a.forward.key_keep = s.key_padding ? ptr<const std::uint8_t>(p[10]) : nullptr;
+  a.forward.bias = s.bias ? ptr<const float>(p[11]) : nullptr;
+  a.forward.tensors = tensors;
+  a.forward.extents = extents;
+  a.forward.batch = B;
+  a.forward.len_q = L;
+  a.forward.len_k = S;
+  a.forward.seed = static_cast<std::uint64_t>(p.at(17).i64);
+  a.forward.lse = ptr<float>(p[5]);
+  a.d_out = ptr<const float>(p[4]);
+  a.dq = dkdv ? dq.data() : ptr<float>(p[7]);
+  a.dk = dkdv ? ptr<float>(p[8]) : dk.data();
+  a.dv = dkdv ? ptr<float>(p[9]) : dv.data();
+  codegen::cpu::run_attention_backward(s, a, 1);
+  if (!dkdv) {  // D of each row, as the kernel writes it
+    const float *o = ptr<const float>(p[3]), *d_out = ptr<const float>(p[4]);
+    float* d = ptr<float>(p[6]);
+    for (std::size_t row = 0; row < rows; ++row) {
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < s.dv; ++c) sum += o[row * s.dv + c] * d_out[row * s.dv + c];
+      d[row] = sum;
+    }
+  }
+}
+
 void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<ParamValue>& p) {
   auto expect_grid = [&](const nvptx::Dim3& want, const char* kind) {
     if (!(l.grid == want)) errors.push_back(std::string(kind) + ": grid off the header's rule");
@@ -98,29 +215,7 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
           if (p[4].address != 0 && !s.write_weights) errors.push_back("attention: weights passed but not asked for");
           if (s.write_lse) need(13, static_cast<std::size_t>(B * s.hq * L) * f, "attention lse");
           if (p.at(13).address != 0 && !s.write_lse) errors.push_back("attention: lse passed but not asked for");
-          // The mod's tensor table: one device address per captured tensor, their extents, and
-          // each tensor's memory as large as its extents say.
-          std::size_t captured = 0, ranks = 0;
-          for (const auto& t : s.tensors)
-            if (t.source == codegen::cpu::ModTensor::Source::captured) {
-              ++captured;
-              ranks += static_cast<std::size_t>(t.rank);
-            }
-          const void* const* tensors = captured ? ptr<const void* const>(p.at(7)) : nullptr;
-          const std::int64_t* extents = captured ? ptr<const std::int64_t>(p.at(8)) : nullptr;
-          if (captured) {
-            need(7, captured * sizeof(std::uint64_t), "attention tensors");
-            if (ranks) need(8, ranks * sizeof(std::int64_t), "attention extents");
-            std::size_t k = 0, e = 0;
-            for (const auto& t : s.tensors) {
-              if (t.source != codegen::cpu::ModTensor::Source::captured) continue;
-              std::size_t count = 1;
-              for (int d = 0; d < t.rank; ++d) count *= static_cast<std::size_t>(extents[e++]);
-              check(reinterpret_cast<std::uint64_t>(tensors[k++]), count * dtype_size(t.dtype), "attention mod tensor");
-            }
-          } else if (p.at(7).address != 0 || p.at(8).address != 0) {
-            errors.push_back("attention: a tensor table passed but the mod loads no tensor");
-          }
+          const auto [tensors, extents] = mod_tables(s, p, 7, "attention");
           codegen::cpu::AttentionArgs a;
           a.q = ptr<const float>(p[0]);
           a.k = ptr<const float>(p[1]);
@@ -297,6 +392,9 @@ void HostMachine::launch(const codegen::cuda::Launch& l, const std::vector<Param
                 break;
             }
           }
+        } else if constexpr (std::is_same_v<T, nvptx::AttentionBackwardKernel>) {
+          l_grid_ = l.grid;
+          attention_backward(r, p);
         } else {  // StridedCopyKernel
           const std::int64_t count = p.at(2).i64, offset = p.at(3).i64;
           expect_grid(nvptx::elementwise_grid(r.threads, count), "copy");

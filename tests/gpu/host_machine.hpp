@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <qkv/codegen/cuda/executor.hpp>
@@ -43,10 +44,16 @@ class HostMachine final : public codegen::cuda::Machine {
     std::size_t bytes = 0;
     bool live = true;
   };
+  std::pair<const void* const*, const std::int64_t*> mod_tables(const codegen::cpu::AttentionSpec& s,
+                                                                const std::vector<codegen::cuda::ParamValue>& p,
+                                                                std::size_t at, const std::string& kind);
+  void attention_backward(const codegen::nvptx::AttentionBackwardKernel& r,
+                          const std::vector<codegen::cuda::ParamValue>& p);
   /// Checks that [address, address + bytes) lies in one live block.
   void check(std::uint64_t address, std::size_t bytes, const std::string& what);
   std::map<std::uint64_t, Block> blocks_;
   int max_shared_;
+  codegen::nvptx::Dim3 l_grid_;  // the grid of the launch being emulated
 };
 
 }  // namespace qkv::test

@@ -136,6 +136,12 @@ void expect_header_geometry(const Plan& p, const std::string& name) {
               params = 4;
               want = {std::min<std::int64_t>(ceil_div(i64(a, 3), r.threads), 65535), 1, 1};
               EXPECT_EQ(r.op == nvptx::ElementwiseOp::add, a.at(1).kind == Arg::Kind::buffer) << name;
+            } else if constexpr (std::is_same_v<T, nvptx::AttentionBackwardKernel>) {
+              params = 18;
+              want = nvptx::attention_backward_grid(r, i64(a, 14), i64(a, 15), i64(a, 16));
+              EXPECT_EQ(r.spec.key_padding, a.at(10).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(r.spec.bias, a.at(11).kind == Arg::Kind::buffer) << name;
+              EXPECT_EQ(!r.spec.tensors.empty(), a.at(12).kind == Arg::Kind::buffer) << name;
             } else {
               params = 16;
               want = {std::min<std::int64_t>(ceil_div(i64(a, 2), r.threads), 65535), 1, 1};

@@ -36,6 +36,7 @@
 #include <qkv/codegen/cpu/gemm.hpp>
 #include <qkv/codegen/cpu/rowwise.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/codegen/jit.hpp>
 #include <qkv/codegen/lowering/attention_call.hpp>
 #include <qkv/codegen/lowering/select.hpp>
@@ -199,6 +200,23 @@ std::vector<AttnCase> attention_cases() {
     cases.push_back({"mod_documents_softcap_log_causal_weights", a, 1, 80, 80, tensors});
   }
   {
+    // A strong score modification (the backward's f' far from 1): scores of scale 2 soft-capped
+    // at 2·tanh(s / 2), times a per-key weight, under a causal mask and GQA.
+    auto a = base(32, 48, 4, 2);
+    a.spec.scale = 2.0;
+    a.spec.causal = true;
+    ModBuilder x;
+    const int cap = x.constant(2.0);
+    const int soft = x.op(ModOp::mul, cap, x.op(ModOp::tanh, x.op(ModOp::div, x.score(), cap)));
+    x.replace_score(x.op(ModOp::mul, soft, x.load(0, {x.leaf(ModOp::index, "k")})));
+    a.spec.mod = x.finish();
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    auto tensors = [](std::int64_t, std::int64_t, std::int64_t S, std::mt19937& gen) {
+      return std::vector<ModData>{mod_data({S}, random_vec(static_cast<std::size_t>(S), gen, 0.5f, 2.0f))};
+    };
+    cases.push_back({"mod_strong_softcap_times_key_weight_causal_gqa", a, 2, 50, 70, tensors});
+  }
+  {
     // Named head axes as describe_attention makes them for GQA (query head h = kvh·2 + g): a
     // per-(batch, kv head) keep-mask [B, kvh, L, S] (what a [batch, heads, L, S] mask fuses to)
     // and a per-group score offset [g]; the key padding and bias flags on top.
@@ -321,6 +339,76 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   if ((s.key_padding || c.batch1_masked) && B > 1) {  // a batch with every key padded: zeros, not NaN
     for (std::size_t i = out_n / static_cast<std::size_t>(B); i < 2 * out_n / static_cast<std::size_t>(B); ++i)
       ASSERT_EQ(out_gpu[i], 0.0f);
+  }
+}
+
+/// The backward kernels (dq, then dkdv) of a case's forward against the CPU backward
+/// (run_attention_backward): the same recomputed probabilities, mods and their f', dropout
+/// counters, GQA sums and tile skipping. The forward (CPU) gives out and lse; dO is random.
+TEST_P(EmulatedAttention, BackwardMatchesCpuKernel) {
+  const AttnCase& c = GetParam();
+  codegen::cpu::AttentionSpec s = c.kernel.spec;
+  s.write_weights = false;
+  s.write_lse = true;
+  const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
+  const AttnInputs in = attention_inputs(c, B, L, S);
+  const auto q_n = static_cast<std::size_t>(B * s.hq * L * s.dk), k_n = static_cast<std::size_t>(B * s.hkv * S * s.dk),
+             v_n = static_cast<std::size_t>(B * s.hkv * S * s.dv), o_n = static_cast<std::size_t>(B * s.hq * L * s.dv),
+             rows = static_cast<std::size_t>(B * s.hq * L);
+  std::vector<float> out(o_n), lse(rows);
+  codegen::cpu::AttentionArgs args;
+  args.q = in.q.data();
+  args.k = in.k.data();
+  args.v = in.v.data();
+  args.out = out.data();
+  args.key_keep = in.keep.empty() ? nullptr : in.keep.data();
+  args.bias = in.bias.empty() ? nullptr : in.bias.data();
+  args.tensors = in.tensor_ptrs.empty() ? nullptr : in.tensor_ptrs.data();
+  args.extents = in.extents.empty() ? nullptr : in.extents.data();
+  args.batch = B;
+  args.len_q = L;
+  args.len_k = S;
+  args.seed = 0x5eed;
+  args.lse = lse.data();
+  codegen::cpu::run_attention(s, args, 1);
+  std::mt19937 gen(99);
+  const std::vector<float> d_out = random_vec(o_n, gen);
+
+  std::vector<float> dq_cpu(q_n), dk_cpu(k_n), dv_cpu(v_n);
+  codegen::cpu::AttentionBackwardArgs a;
+  a.forward = args;
+  a.d_out = d_out.data();
+  a.dq = dq_cpu.data();
+  a.dk = dk_cpu.data();
+  a.dv = dv_cpu.data();
+  codegen::cpu::run_attention_backward(s, a, 1);
+
+  std::vector<float> dq(q_n, NAN), dk(k_n, NAN), dv(v_n, NAN), delta(rows, NAN);
+  using Fn = void(const float*, const float*, const float*, const float*, const float*, const float*, float*, float*,
+                  float*, float*, const std::uint8_t*, const float*, const void* const*, const std::int64_t*,
+                  std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+  for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv}) {
+    AttentionBackwardKernel kernel;
+    kernel.spec = s;
+    kernel.part = part;
+    kernel.threads = c.kernel.threads;
+    Emulated e = emulate(kernel);
+    auto* fn = e.fn<Fn>();
+    e.launch(attention_backward_grid(kernel, B, L, S), [&] {
+      fn(in.q.data(), in.k.data(), in.v.data(), out.data(), d_out.data(), lse.data(), delta.data(), dq.data(),
+         dk.data(), dv.data(), args.key_keep, args.bias, args.tensors, args.extents, B, L, S,
+         static_cast<std::int64_t>(args.seed));
+    });
+  }
+  expect_close(dq, dq_cpu, 1e-4, "dq");
+  expect_close(dk, dk_cpu, 1e-4, "dk");
+  expect_close(dv, dv_cpu, 1e-4, "dv");
+  for (std::size_t r = 0; r < rows; ++r) {  // D = rowsum(dO ∘ O)
+    double d = 0;
+    for (std::int64_t col = 0; col < s.dv; ++col)
+      d += static_cast<double>(d_out[r * static_cast<std::size_t>(s.dv) + static_cast<std::size_t>(col)]) *
+           out[r * static_cast<std::size_t>(s.dv) + static_cast<std::size_t>(col)];
+    ASSERT_NEAR(delta[r], d, 1e-5 * (1 + std::abs(d))) << "row " << r;
   }
 }
 

@@ -222,6 +222,42 @@ std::vector<Case> decode_cases() {
   return v;
 }
 
+/// The backward's two kernels (dq, dkdv) over head widths, masks, dropout, GQA and mods.
+std::vector<Case> backward_cases() {
+  std::vector<Case> v;
+  auto add = [&](const std::string& label, const AttentionKernel& a) {
+    for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv}) {
+      AttentionBackwardKernel k;
+      k.spec = a.spec;
+      k.part = part;
+      v.push_back({std::string(part == AttentionBackwardKernel::Part::dq ? "bwd_dq_" : "bwd_dkdv_") + label, k});
+    }
+  };
+  add("d64", attention(64, 64));
+  add("d128", attention(128, 128));
+  add("d256", attention(256, 256));
+  add("dk33_dv17_scalar", attention(33, 17));
+  {
+    auto a = attention(64, 64);
+    a.spec.hq = 8;
+    a.spec.hkv = 2;
+    a.spec.causal = true;
+    a.spec.key_padding = true;
+    a.spec.bias = true;
+    a.spec.dropout_p = 0.1;
+    add("d64_gqa_causal_padding_bias_dropout", a);
+    window_alibi_mod(a);
+    add("d64_gqa_mod_window_alibi_dropout", a);
+  }
+  {
+    auto a = attention(128, 128);
+    a.spec.causal = true;
+    documents_softcap_mod(a);
+    add("d128_mod_documents_softcap_causal", a);
+  }
+  return v;
+}
+
 std::vector<Case> other_cases() {
   std::vector<Case> cases;
   cases.push_back({"linear_64x64x16", LinearKernel{}});
@@ -291,6 +327,14 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
     EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
     EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos, mma);
     EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos, mma);
+  } else if (const auto* bwd = std::get_if<AttentionBackwardKernel>(&c.request)) {
+    EXPECT_EQ(k.shared_bytes, attention_backward_shared_bytes(*bwd));
+    EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
+    EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);
+    EXPECT_NE(k.ptx.find("bar.sync"), std::string::npos);
+    // dq sums D = rowsum(dO ∘ O) over a row's 8 lanes
+    const bool dq = bwd->part == AttentionBackwardKernel::Part::dq;
+    EXPECT_EQ(k.ptx.find("shfl.sync.bfly.b32") != std::string::npos, dq);
   } else {
     EXPECT_EQ(k.shared_bytes, 0);
   }
@@ -326,6 +370,9 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Case, int>>& inf
 
 INSTANTIATE_TEST_SUITE_P(Attention, Kernels,
                          ::testing::Combine(::testing::ValuesIn(attention_cases()), ::testing::Values(80, 90)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Backward, Kernels,
+                         ::testing::Combine(::testing::ValuesIn(backward_cases()), ::testing::Values(80, 90)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Decode, Kernels,
                          ::testing::Combine(::testing::ValuesIn(decode_cases()), ::testing::Values(80, 90)), case_name);

@@ -79,6 +79,45 @@ struct AttentionKernel {
   friend bool operator==(const AttentionKernel&, const AttentionKernel&) = default;
 };
 
+/// The fused attention backward (FlashAttention-2's algorithm, fp32 FMA) of the forward
+/// AttentionKernel computes, with the semantics of qkv/codegen/cpu/run_attention_backward.hpp:
+/// P = exp(f(s) − lse) recomputed tile by tile from the forward's log-sum-exp, D = rowsum(dO ∘ O),
+/// dV = Pᵀ dO, dS = P ∘ (dP − D) ∘ f'(s), dQ = scale · dS K, dK = scale · dSᵀ Q — score mods
+/// differentiated in the kernel (mod_with_derivatives), dropout replayed from the forward's Philox
+/// counters, GQA summed over the group's query heads straight into the kv head's dK / dV, tiles
+/// the keep predicate never keeps skipped. Two kernels (`part`), launched in this order:
+///   dq:   one block per (query tile, query head, batch): D of its rows (written to delta), then
+///         its dQ over the key tiles in order;
+///   dkdv: one block per (key tile, kv head, batch): its keys' dK and dV over the group's query
+///         heads and the query tiles in order (reads delta).
+/// Deterministic by construction: every output element is summed by one thread in a fixed
+/// order — no atomics, no partial buffers.
+///
+///   void name(const float* q, const float* k, const float* v, const float* out,
+///             const float* d_out, const float* lse, float* delta, float* dq, float* dk, float* dv,
+///             const uint8_t* key_keep, const float* bias, const void* const* tensors,
+///             const int64_t* extents, i64 batch, i64 len_q, i64 len_k, i64 seed)
+///
+/// q, k, v, out, d_out, dq, dk, dv as in AttentionBackwardArgs; lse and delta [B, Hq, L]; the mod's
+/// tables as for AttentionKernel. A part reads or writes only what it needs (dq: no dk / dv;
+/// dkdv: no out, dq). Refused (attention_backward_supported says why): bf16 storage, gradients
+/// of the tensors a mod reads (spec.tensor_grads), head widths past 256.
+/// grid: dq (ceil(L / block_q), Hq, B), dkdv (ceil(S / block_k), Hkv, B) — attention_backward_grid;
+/// block (threads, 1, 1), dynamic shared memory attention_backward_shared_bytes.
+struct AttentionBackwardKernel {
+  enum class Part { dq, dkdv };
+  cpu::AttentionSpec spec;  // the forward's spec (the CPU tiling fields are ignored)
+  Part part = Part::dq;
+  /// Query rows and keys per tile: 0 for the defaults (4 warps — dq: 64 × 32, 32 × 32 for heads
+  /// wider than 64; dkdv: 32 × 32: its dK and dV rows, the dropout counters and the mod's values
+  /// fill the registers). block_q a multiple of 4·warps with at most 8 rows per thread; block_k
+  /// a multiple of 8 (dkdv: also of 4·warps) up to 128.
+  int block_q = 0;
+  int block_k = 0;
+  int threads = 128;  // a multiple of 32, at most 512
+  friend bool operator==(const AttentionBackwardKernel&, const AttentionBackwardKernel&) = default;
+};
+
 /// Split-KV ("flash-decoding") attention for a few query rows against many keys, with the
 /// semantics of AttentionKernel for its spec (no weights, no dropout). One block per (key chunk,
 /// unit), unit = (batch · Hkv + kv head) · L + i: the block carries the G = Hq / Hkv query heads of
@@ -185,7 +224,7 @@ struct StridedCopyKernel {
 };
 
 using KernelRequest = std::variant<AttentionKernel, LinearKernel, LayerNormKernel, ElementwiseKernel, StridedCopyKernel,
-                                   DecodeAttentionKernel, DecodeMergeKernel>;
+                                   DecodeAttentionKernel, DecodeMergeKernel, AttentionBackwardKernel>;
 
 /// One emitted kernel: a PTX module holding the single .entry `name`.
 struct PtxKernel {
@@ -233,6 +272,14 @@ int attention_shared_bytes(const AttentionKernel& kernel);
 /// Whether emit_ptx can generate `kernel` (for bf16 storage: the tensor-core kernel's limits);
 /// else `*why` (if non-null) says why.
 bool attention_supported(const AttentionKernel& kernel, std::string* why);
+
+/// The backward's grid for `kernel.part` (a zero extent: nothing to launch — dq with L = 0,
+/// dkdv with S = 0, or B = 0).
+Dim3 attention_backward_grid(const AttentionBackwardKernel& kernel, std::int64_t batch, std::int64_t len_q,
+                             std::int64_t len_k);
+int attention_backward_shared_bytes(const AttentionBackwardKernel& kernel);
+/// Whether emit_ptx can generate `kernel`; else `*why` (if non-null) says why.
+bool attention_backward_supported(const AttentionBackwardKernel& kernel, std::string* why);
 
 /// What `ptxas -v` says about the (first) entry of a module.
 struct PtxasReport {

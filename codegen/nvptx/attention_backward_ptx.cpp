@@ -1,0 +1,543 @@
+// The fused attention backward for NVPTX (FlashAttention-2's algorithm, fp32 FMA), two kernels.
+//
+// Both recompute the probabilities tile by tile from the forward's log-sum-exp, over the
+// forward's score micro-tile (geometry.hpp: a thread's R query rows × KJ keys), with the mod
+// expression of attention_mod_ptx.hpp (f, and f' from mod_with_derivatives):
+//
+//   S  = (scale·Q) Kᵀ · log2 e          dot_tile over shared Q and K
+//   P  = 2^(f(S) − lse·log2 e)          0 where masked, past S, or in a row with no visible key
+//   dP = dO Vᵀ                          dot_tile over shared dO and V
+//   dS = P ∘ (dP ∘ Z − D) ∘ f'(S)       Z = keep / (1 − p) replays the forward's dropout
+//
+// dq (block per query tile, query head, batch): D = rowsum(dO ∘ O) of its rows (written to
+// delta for dkdv), then for every key tile the keep predicate does not rule out (the forward's
+// classify_tile, block-uniform): barrier, K and V tiles → shared, barrier, S, P, dP, dS; dS →
+// shared (the warp's own rows), bar.warp.sync; dQ += dS K. dQ · scale is stored at the end.
+//
+// dkdv (block per key tile, kv head, batch): K and V staged once; for every query head of the
+// group and every query tile not ruled out: barrier, Q (· scale) and dO → shared, barrier, S, P,
+// dP, dS; P ∘ Z and dS → shared transposed (any warp reads them), barrier; dV += (P ∘ Z)ᵀ dO,
+// dK += dSᵀ (scale·Q) on the thread's key rows. dK and dV are stored at the end.
+//
+// Every output element is summed by one thread in one order: deterministic, no atomics.
+#include <cmath>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+
+#include "llvm/philox_ir.hpp"
+#include "llvm/vector_math.hpp"
+#include "nvptx/attention_mod_ptx.hpp"
+#include "nvptx/geometry.hpp"
+#include "nvptx/kernel_builder.hpp"
+
+namespace qkv::codegen::nvptx::detail {
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+using Values = std::vector<llvm::Value*>;
+
+class BackwardPtx {
+ public:
+  BackwardPtx(llvm::Module& module, const AttentionBackwardKernel& request, const HostEmulation* emulation)
+      : kb_(module, emulation),
+        b_(kb_.b()),
+        spec_(request.spec),
+        g_(attention_backward_geometry(request)),
+        R_(g_.rows_per_thread),
+        KJ_(g_.keys_per_thread),
+        dk_(spec_.dk),
+        dv_(spec_.dv) {}
+
+  KernelInfo emit(const std::string& name);
+
+ private:
+  /// A score tile's probabilities and gradient, per thread R × KJ.
+  struct Scores {
+    Values p;   // P ∘ Z (what dV sums)
+    Values ds;  // dS
+  };
+
+  void declare(const std::string& name);
+  void prologue();
+  /// The thread's query rows for the tile at q0 (local, absolute, f32, < L) and the tile's mod.
+  void query_tile(llvm::Value* q0, llvm::Value* head);
+  void emit_dq();
+  void emit_dkdv();
+
+  /// S, P, dP and dS for the staged Q, dO, K and V at the key tile k0 (keys `key`); `always`:
+  /// the tile is fully kept.
+  Scores scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32);
+  /// Carried values through a tile the keep predicate may rule out: `never` (block-uniform)
+  /// passes them on unchanged, else visit(carried).
+  Values visit_unless(llvm::Value* never, const Values& carried, const std::function<Values(const Values&)>& visit,
+                      const std::string& name);
+
+  /// tile[r][c] = src[r·width + c] · factor for r < valid rows, else 0 (c < width).
+  void stage(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, int stride, llvm::Value* tile,
+             double factor, const std::string& name);
+  /// acc[i][j] = Σ_{d < len} A[i][d] · B[j][d] from row pointers, `w` floats per load.
+  Values dot_tile(const Values& a_rows, const Values& b_rows, std::int64_t len, int w);
+  /// acc[i][t][e] += Σ_{c < n} A[i][c] · B[c][t·8·w + e] (b_lane: B + kg·w), A rows 4 at a time.
+  Values rows_times_tile(Values acc, const Values& a_rows, int n, llvm::Value* b_lane, int b_stride, int tc, int w);
+  /// rows[i][t·8·w + kg·w + e] = acc · factor for rows `ok` and columns < width.
+  void store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w, std::int64_t width,
+                  double factor);
+
+  // helpers
+  llvm::Value* shared(std::int64_t offset) { return b_.CreateConstInBoundsGEP1_64(kb_.f32(), smem_, offset); }
+  llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(kb_.f32(), base, index); }
+  Values load_shared(llvm::Value* ptr, int width);
+  llvm::Value* c32(std::int64_t v) { return kb_.c32(v); }
+  llvm::Value* c64(std::int64_t v) { return kb_.c64(v); }
+  llvm::Value* zext64(llvm::Value* v) { return b_.CreateZExt(v, kb_.i64()); }
+  [[nodiscard]] std::size_t si(int i, int j) const { return static_cast<std::size_t>(i * KJ_ + j); }
+  /// Rows of a tile region for the thread's rows `local` (i32).
+  Values row_pointers(llvm::Value* base, const Values& local, int stride) {
+    Values out;
+    for (llvm::Value* r : local) out.push_back(at(base, b_.CreateMul(r, c32(stride))));
+    return out;
+  }
+
+  KernelBuilder kb_;
+  llvm::IRBuilder<>& b_;
+  const cpu::AttentionSpec& spec_;
+  BackwardGeometry g_;
+  int R_, KJ_;
+  std::int64_t dk_, dv_;
+
+  // parameters
+  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *dout_ = nullptr, *lse_ = nullptr,
+              *delta_ = nullptr, *dq_ = nullptr, *dk_out_ = nullptr, *dv_out_ = nullptr, *keep_ = nullptr,
+              *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
+              *len_k_ = nullptr, *seed_ = nullptr;
+  // block and thread geometry
+  llvm::Value *tid_ = nullptr, *warp_ = nullptr, *rg_ = nullptr, *kg_ = nullptr, *batch_ = nullptr,
+              *batch32_ = nullptr, *kv_head_ = nullptr;
+  Values local_row_;  // i32, the thread's rows within a query tile
+  // the current query tile (query_tile)
+  llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *bh_ = nullptr;
+  Values row_abs_, row_ok_, lse2_, delta_row_;
+  std::unique_ptr<AttentionModIr> mod_;
+  // shared memory
+  llvm::Value* smem_ = nullptr;
+  llvm::Value *qs_ = nullptr, *dos_ = nullptr, *ks_ = nullptr, *vs_ = nullptr, *t0_ = nullptr, *t1_ = nullptr;
+  Values q_rows_, do_rows_, k_rows_, v_rows_;
+};
+
+KernelInfo BackwardPtx::emit(const std::string& name) {
+  declare(name);
+  prologue();
+  if (g_.dkdv)
+    emit_dkdv();
+  else
+    emit_dq();
+  b_.CreateRetVoid();
+
+  KernelInfo info;
+  info.name = name;
+  info.signature = attention_backward_params();
+  info.grid_rule = g_.dkdv ? "(ceil(len_k / " + std::to_string(g_.block_k) + "), " + std::to_string(spec_.hkv) + ", batch)"
+                           : "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
+  info.block_x = g_.threads;
+  info.shared_bytes = g_.shared_bytes();
+  return info;
+}
+
+void BackwardPtx::declare(const std::string& name) {
+  llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
+  llvm::Function* fn = kb_.declare_kernel(
+      name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
+      {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep", "bias", "tensors", "extents",
+       "batch", "len_q", "len_k", "seed"},
+      g_.threads, /*min_blocks=*/1);
+  for (unsigned a = 0; a < 14; ++a) {
+    fn->addParamAttr(a, llvm::Attribute::NoAlias);
+    fn->addParamAttr(a, llvm::Attribute::NoCapture);
+    const bool written = a == 7 || a == 8 || a == 9 || (a == 6 && !g_.dkdv);
+    fn->addParamAttr(a, written ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
+  }
+  llvm::Value** params[] = {&q_,      &k_,     &v_,   &out_,    &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
+                            &dv_out_, &keep_,  &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
+  for (unsigned a = 0; a < std::size(params); ++a) *params[a] = fn->getArg(a);
+  smem_ = kb_.dynamic_shared("qkv_attention_backward_smem");
+}
+
+void BackwardPtx::prologue() {
+  tid_ = kb_.tid_x();
+  warp_ = b_.CreateLShr(tid_, c32(5), "warp");
+  llvm::Value* lane = b_.CreateAnd(tid_, c32(31), "lane");
+  rg_ = b_.CreateLShr(lane, c32(3), "rg");
+  kg_ = b_.CreateAnd(lane, c32(7), "kg");
+  batch32_ = kb_.ctaid_z();
+  batch_ = zext64(batch32_);
+  for (int i = 0; i < R_; ++i)
+    local_row_.push_back(b_.CreateAdd(b_.CreateMul(warp_, c32(4 * R_)), b_.CreateAdd(rg_, c32(4 * i)), "row"));
+
+  qs_ = shared(g_.q_offset);
+  dos_ = shared(g_.do_offset);
+  ks_ = shared(g_.k_offset);
+  vs_ = shared(g_.v_offset);
+  t0_ = shared(g_.t0_offset);
+  t1_ = shared(g_.t1_offset);
+  q_rows_ = row_pointers(qs_, local_row_, g_.k_stride);
+  do_rows_ = row_pointers(dos_, local_row_, g_.v_stride);
+  Values key_local;
+  for (int j = 0; j < KJ_; ++j) key_local.push_back(b_.CreateAdd(kg_, c32(8 * j)));
+  k_rows_ = row_pointers(ks_, key_local, g_.k_stride);
+  v_rows_ = row_pointers(vs_, key_local, g_.v_stride);
+}
+
+void BackwardPtx::query_tile(llvm::Value* q0, llvm::Value* head) {
+  q0_ = q0;
+  nvalid_ = kb_.smin(c64(g_.block_q), b_.CreateSub(len_q_, q0));
+  bh_ = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head, "bh");
+  row_abs_.clear();
+  row_ok_.clear();
+  lse2_.clear();
+  delta_row_.clear();
+  Values row_f32;
+  llvm::Value* row_base = b_.CreateMul(bh_, len_q_);
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* abs = b_.CreateAdd(q0, zext64(local_row_[i]), "row_abs");
+    row_abs_.push_back(abs);
+    row_f32.push_back(b_.CreateSIToFP(abs, kb_.f32(), "row_f"));
+    llvm::Value* ok = b_.CreateICmpSLT(abs, len_q_, "row_ok");
+    row_ok_.push_back(ok);
+    // lse in log2 units; −inf for rows past L (so their P is 0)
+    llvm::Value* lse = kb_.guarded_load(ok, kb_.f32(), at(lse_, b_.CreateAdd(row_base, abs)), kb_.cf(kNegInf), "lse");
+    lse2_.push_back(b_.CreateFMul(lse, kb_.cf(kLog2e), "lse2"));
+  }
+  AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
+                          batch_, head,  q0,       nvalid_,  g_.block_k, KJ_,    std::move(row_f32)};
+  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true);
+}
+
+Values BackwardPtx::visit_unless(llvm::Value* never, const Values& carried,
+                                 const std::function<Values(const Values&)>& visit, const std::string& name) {
+  llvm::Function* fn = kb_.fn();
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* body = llvm::BasicBlock::Create(kb_.ctx(), name + ".visit", fn);
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), name + ".joined", fn);
+  b_.CreateCondBr(never, join, body);
+  b_.SetInsertPoint(body);
+  Values next = visit(carried);
+  llvm::BasicBlock* body_end = b_.GetInsertBlock();
+  b_.CreateBr(join);
+  b_.SetInsertPoint(join);
+  Values out;
+  for (std::size_t k = 0; k < next.size(); ++k) {
+    llvm::PHINode* phi = b_.CreatePHI(next[k]->getType(), 2, "carried");
+    phi->addIncoming(carried[k], from);
+    phi->addIncoming(next[k], body_end);
+    out.push_back(phi);
+  }
+  return out;
+}
+
+BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always,
+                                        llvm::Value* head32) {
+  Values s = dot_tile(q_rows_, k_rows_, dk_, g_.wk);
+  for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
+  Values fprime;
+  if (mod_->has_score()) fprime = mod_->derivative(s, key);
+  llvm::Value* partial = b_.CreateNot(always, "partial");
+  llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
+  s = mod_->apply(s, key, b_.CreateOr(partial, past_s, "masked"), partial);
+  const Values dp = dot_tile(do_rows_, v_rows_, dv_, g_.wv);
+
+  Scores out{Values(s.size()), Values(s.size())};
+  const bool dropout = spec_.dropout_p > 0;
+  llvm::Value* f0 = kb_.cf(0.0);
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* visible_row = b_.CreateFCmpONE(lse2_[i], kb_.cf(kNegInf));
+    llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
+    for (int j = 0; j < KJ_; ++j) {
+      const std::size_t e = si(i, j);
+      llvm::Value* p = b_.CreateSelect(visible_row, kb_.ex2(b_.CreateFSub(s[e], lse2_[i])), f0, "p");
+      llvm::Value* g = dp[e];
+      llvm::Value* pz = p;
+      if (dropout) {  // the forward's mask for (batch, head, row, key): Z = keep / (1 − p)
+        llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32, row32,
+                                                   b_.CreateTrunc(key[j], kb_.i32()));
+        llvm::Value* z = b_.CreateSelect(keep, kb_.cf(1.0 / (1.0 - spec_.dropout_p)), f0, "z");
+        g = b_.CreateFMul(g, z);
+        pz = b_.CreateFMul(p, z, "p_drop");
+      }
+      llvm::Value* ds = b_.CreateFMul(p, b_.CreateFSub(g, delta_row_[i]), "ds");
+      // f' only where P is not 0 (masked entries and keys past S have some f' of no meaning)
+      if (!fprime.empty()) ds = b_.CreateSelect(b_.CreateFCmpUNE(p, f0), b_.CreateFMul(ds, fprime[e]), f0, "ds_f");
+      out.p[e] = pz;
+      out.ds[e] = ds;
+    }
+  }
+  return out;
+}
+
+void BackwardPtx::emit_dq() {
+  llvm::Value* head32 = kb_.ctaid_y();
+  llvm::Value* head = zext64(head32);
+  kv_head_ = b_.CreateUDiv(head, c64(spec_.hq / spec_.hkv), "kv_head");
+  query_tile(b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_q), "q0"), head);
+  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
+  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_);
+  llvm::Value* k_blk = at(k_, b_.CreateMul(kv_rows, c64(dk_)));
+  llvm::Value* v_blk = at(v_, b_.CreateMul(kv_rows, c64(dv_)));
+  stage(at(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, g_.k_stride, qs_, spec_.effective_scale(),
+        "stage_q");
+  llvm::Value* do_blk = at(dout_, b_.CreateMul(row0, c64(dv_)));
+  stage(do_blk, nvalid_, g_.block_q, dv_, g_.v_stride, dos_, 1.0, "stage_do");
+
+  // D = rowsum(dO ∘ O): the row group's 8 lanes take every 8th column, then a butterfly sum;
+  // its kg = 0 lane writes delta for the dkdv kernel.
+  llvm::Value* o_blk = at(out_, b_.CreateMul(row0, c64(dv_)));
+  llvm::Value* writer = b_.CreateICmpEQ(kg_, c32(0));
+  for (int i = 0; i < R_; ++i) {
+    llvm::Value* row = b_.CreateSelect(row_ok_[i], zext64(local_row_[i]), c64(0));  // in bounds
+    llvm::Value* o_row = at(o_blk, b_.CreateMul(row, c64(dv_)));
+    llvm::Value* do_row = at(do_blk, b_.CreateMul(row, c64(dv_)));
+    Values sum = kb_.loop(
+        kg_, c32(dv_), 8, {kb_.cf(0.0)},
+        [&](llvm::Value* c, const Values& acc) {
+          llvm::Value* x = b_.CreateLoad(kb_.f32(), at(do_row, zext64(c)));
+          llvm::Value* o = b_.CreateLoad(kb_.f32(), at(o_row, zext64(c)));
+          return Values{kb_.fma(x, o, acc[0])};
+        },
+        "delta", /*unroll=*/false);
+    llvm::Value* d = b_.CreateSelect(row_ok_[i], kb_.group_sum(sum[0], 8), kb_.cf(0.0), "delta");
+    delta_row_.push_back(d);
+    kb_.if_then(
+        b_.CreateAnd(row_ok_[i], writer),
+        [&] { b_.CreateStore(d, at(delta_, b_.CreateAdd(b_.CreateMul(bh_, len_q_), row_abs_[i]))); }, "store_delta");
+  }
+
+  Values ds_rows = row_pointers(t0_, local_row_, g_.t_stride);
+  llvm::Value* k_lane = at(ks_, b_.CreateMul(kg_, c32(g_.wk)));
+  llvm::Value* ntiles = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
+  Values acc(static_cast<std::size_t>(R_ * g_.tck * g_.wk), kb_.cf(0.0));
+  acc = kb_.loop(
+      c64(0), ntiles, 1, acc,
+      [&](llvm::Value* kt, const Values& carried) {
+        llvm::Value* k0 = b_.CreateMul(kt, c64(g_.block_k), "k0");
+        Values key;
+        for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
+        auto [always, never] = mod_->classify_tile(k0);
+        return visit_unless(
+            never, carried,
+            [&](const Values& in) {
+              kb_.barrier();  // every warp is done with the previous tiles (and Q, dO are staged)
+              llvm::Value* valid = b_.CreateSub(len_k_, k0);
+              stage(at(k_blk, b_.CreateMul(k0, c64(dk_))), valid, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
+              stage(at(v_blk, b_.CreateMul(k0, c64(dv_))), valid, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
+              kb_.barrier();
+              const Scores sc = scores(k0, key, always, head32);
+              for (int i = 0; i < R_; ++i)
+                for (int j = 0; j < KJ_; ++j) b_.CreateStore(sc.ds[si(i, j)], at(ds_rows[i], b_.CreateAdd(kg_, c32(8 * j))));
+              kb_.warp_sync();  // dS rows are written and read by the same warp
+              return rows_times_tile(in, ds_rows, g_.block_k, k_lane, g_.k_stride, g_.tck, g_.wk);
+            },
+            "tile");
+      },
+      "tiles", /*unroll=*/false);
+
+  Values dq_rows;
+  llvm::Value* dq_blk = at(dq_, b_.CreateMul(row0, c64(dk_)));
+  for (int i = 0; i < R_; ++i) dq_rows.push_back(at(dq_blk, b_.CreateMul(zext64(local_row_[i]), c64(dk_))));
+  store_rows(acc, dq_rows, row_ok_, g_.tck, g_.wk, dk_, spec_.effective_scale());
+}
+
+void BackwardPtx::emit_dkdv() {
+  kv_head_ = zext64(kb_.ctaid_y());
+  llvm::Value* k0 = b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_k), "k0");
+  llvm::Value* kv_rows = b_.CreateAdd(
+      b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_), k0, "kv_row0");
+  llvm::Value* valid_keys = b_.CreateSub(len_k_, k0);
+  stage(at(k_, b_.CreateMul(kv_rows, c64(dk_))), valid_keys, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
+  stage(at(v_, b_.CreateMul(kv_rows, c64(dv_))), valid_keys, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
+  Values key;
+  for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
+
+  // The thread's key rows of dK and dV, and its rows of Pᵀ and dSᵀ.
+  Values key_local;
+  for (int i = 0; i < g_.key_rows; ++i)
+    key_local.push_back(b_.CreateAdd(b_.CreateMul(warp_, c32(4 * g_.key_rows)), b_.CreateAdd(rg_, c32(4 * i))));
+  const Values pt_rows = row_pointers(t0_, key_local, g_.t_stride);
+  const Values dst_rows = row_pointers(t1_, key_local, g_.t_stride);
+  llvm::Value* do_lane = at(dos_, b_.CreateMul(kg_, c32(g_.wv)));
+  llvm::Value* q_lane = at(qs_, b_.CreateMul(kg_, c32(g_.wk)));
+  const std::size_t nk = static_cast<std::size_t>(g_.key_rows * g_.tck * g_.wk);
+  const std::size_t nv = static_cast<std::size_t>(g_.key_rows * g_.tcv * g_.wv);
+  Values acc(nk + nv, kb_.cf(0.0));  // dK then dV
+
+  const std::int64_t group = spec_.hq / spec_.hkv;
+  llvm::Value* nqt = b_.CreateSDiv(b_.CreateAdd(len_q_, c64(g_.block_q - 1)), c64(g_.block_q), "nqt");
+  acc = kb_.loop(
+      c64(0), c64(group), 1, acc,
+      [&](llvm::Value* gi, const Values& per_head) {
+        llvm::Value* head = b_.CreateAdd(b_.CreateMul(kv_head_, c64(group)), gi, "head");
+        llvm::Value* head32 = b_.CreateTrunc(head, kb_.i32());
+        return kb_.loop(
+            c64(0), nqt, 1, per_head,
+            [&](llvm::Value* qt, const Values& carried) {
+              query_tile(b_.CreateMul(qt, c64(g_.block_q), "q0"), head);
+              auto [always, never] = mod_->classify_tile(k0);
+              return visit_unless(
+                  never, carried,
+                  [&](const Values& in) {
+                    kb_.barrier();  // every warp is done with the previous query tile
+                    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
+                    stage(at(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, g_.k_stride, qs_,
+                          spec_.effective_scale(), "stage_q");
+                    stage(at(dout_, b_.CreateMul(row0, c64(dv_))), nvalid_, g_.block_q, dv_, g_.v_stride, dos_, 1.0,
+                          "stage_do");
+                    for (int i = 0; i < R_; ++i)
+                      delta_row_.push_back(kb_.guarded_load(
+                          row_ok_[i], kb_.f32(), at(delta_, b_.CreateAdd(b_.CreateMul(bh_, len_q_), row_abs_[i])),
+                          kb_.cf(0.0), "delta"));
+                    kb_.barrier();
+                    const Scores sc = scores(k0, key, always, head32);
+                    // Transposed: Pᵀ[key][row], dSᵀ[key][row]; other warps' key rows read them.
+                    for (int i = 0; i < R_; ++i)
+                      for (int j = 0; j < KJ_; ++j) {
+                        llvm::Value* off =
+                            b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kg_, c32(8 * j)), c32(g_.t_stride)), local_row_[i]);
+                        b_.CreateStore(sc.p[si(i, j)], at(t0_, off));
+                        b_.CreateStore(sc.ds[si(i, j)], at(t1_, off));
+                      }
+                    kb_.barrier();
+                    Values dkacc(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nk));
+                    Values dvacc(in.begin() + static_cast<std::ptrdiff_t>(nk), in.end());
+                    dvacc = rows_times_tile(dvacc, pt_rows, g_.block_q, do_lane, g_.v_stride, g_.tcv, g_.wv);
+                    dkacc = rows_times_tile(dkacc, dst_rows, g_.block_q, q_lane, g_.k_stride, g_.tck, g_.wk);
+                    dkacc.insert(dkacc.end(), dvacc.begin(), dvacc.end());
+                    return dkacc;
+                  },
+                  "qtile");
+            },
+            "qtiles", /*unroll=*/false);
+      },
+      "heads", /*unroll=*/false);
+
+  Values ok, dk_rows, dv_rows;
+  for (llvm::Value* r : key_local) {
+    llvm::Value* row = b_.CreateAdd(kv_rows, zext64(r));
+    ok.push_back(b_.CreateICmpSLT(zext64(r), valid_keys));
+    dk_rows.push_back(at(dk_out_, b_.CreateMul(row, c64(dk_))));
+    dv_rows.push_back(at(dv_out_, b_.CreateMul(row, c64(dv_))));
+  }
+  store_rows(Values(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(nk)), dk_rows, ok, g_.tck, g_.wk, dk_, 1.0);
+  store_rows(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()), dv_rows, ok, g_.tcv, g_.wv, dv_, 1.0);
+}
+
+void BackwardPtx::stage(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, int stride,
+                        llvm::Value* tile, double factor, const std::string& name) {
+  // idx = r·width + c walks the source rows in order (coalesced); rows past `valid` are zeros
+  // and read src[0] (in bounds whenever the tile is visited).
+  llvm::Value* valid_floats = b_.CreateMul(valid, c64(width));
+  llvm::Value* f = kb_.cf(factor);
+  kb_.loop(
+      tid_, c32(rows * width), g_.threads,
+      [&](llvm::Value* idx) {
+        llvm::Value* r = b_.CreateUDiv(idx, c32(width));
+        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, c32(width)));
+        llvm::Value* ok = b_.CreateICmpSLT(zext64(idx), valid_floats);
+        llvm::Value* x = b_.CreateLoad(kb_.f32(), at(src, b_.CreateSelect(ok, zext64(idx), c64(0))));
+        if (factor != 1.0) x = b_.CreateFMul(x, f);
+        b_.CreateStore(b_.CreateSelect(ok, x, kb_.cf(0.0)), at(tile, b_.CreateAdd(b_.CreateMul(r, c32(stride)), c)));
+      },
+      name);
+}
+
+Values BackwardPtx::load_shared(llvm::Value* ptr, int width) {
+  if (width == 1) return {b_.CreateAlignedLoad(kb_.f32(), ptr, llvm::Align(4))};
+  auto* vt = llvm::FixedVectorType::get(kb_.f32(), static_cast<unsigned>(width));
+  llvm::Value* v = b_.CreateAlignedLoad(vt, ptr, llvm::Align(16));
+  Values out;
+  for (int e = 0; e < width; ++e) out.push_back(b_.CreateExtractElement(v, static_cast<std::uint64_t>(e)));
+  return out;
+}
+
+Values BackwardPtx::dot_tile(const Values& a_rows, const Values& b_rows, std::int64_t len, int w) {
+  const auto na = static_cast<int>(a_rows.size()), nb = static_cast<int>(b_rows.size());
+  Values zero(static_cast<std::size_t>(na * nb), kb_.cf(0.0));
+  return kb_.loop(
+      c32(0), c32(len), w, zero,
+      [&](llvm::Value* d, const Values& in) {
+        Values acc = in;
+        std::vector<Values> av, bv;
+        for (llvm::Value* r : a_rows) av.push_back(load_shared(at(r, d), w));
+        for (llvm::Value* r : b_rows) bv.push_back(load_shared(at(r, d), w));
+        for (int e = 0; e < w; ++e)
+          for (int i = 0; i < na; ++i)
+            for (int j = 0; j < nb; ++j) {
+              llvm::Value*& x = acc[static_cast<std::size_t>(i * nb + j)];
+              x = kb_.fma(av[i][e], bv[j][e], x);
+            }
+        return acc;
+      },
+      "dot");
+}
+
+Values BackwardPtx::rows_times_tile(Values acc, const Values& a_rows, int n, llvm::Value* b_lane, int b_stride, int tc,
+                                    int w) {
+  const auto na = static_cast<int>(a_rows.size());
+  auto ai = [&](int i, int t, int e) { return static_cast<std::size_t>((i * tc + t) * w + e); };
+  return kb_.loop(
+      c32(0), c32(n), 4, std::move(acc),
+      [&](llvm::Value* c, const Values& in) {
+        Values out = in;
+        std::vector<Values> av;
+        for (llvm::Value* r : a_rows) av.push_back(load_shared(at(r, c), 4));
+        for (int cc = 0; cc < 4; ++cc) {
+          llvm::Value* brow = at(b_lane, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(b_stride)));
+          for (int t = 0; t < tc; ++t) {
+            const Values bv = load_shared(at(brow, c32(t * 8 * w)), w);
+            for (int i = 0; i < na; ++i)
+              for (int e = 0; e < w; ++e) out[ai(i, t, e)] = kb_.fma(av[i][cc], bv[e], out[ai(i, t, e)]);
+          }
+        }
+        return out;
+      },
+      "rows_x_tile");
+}
+
+void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w,
+                             std::int64_t width, double factor) {
+  const bool partial = tc * 8 * w > width;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    kb_.if_then(
+        ok[i],
+        [&] {
+          for (int t = 0; t < tc; ++t)
+            for (int e = 0; e < w; ++e) {
+              llvm::Value* col = b_.CreateAdd(b_.CreateMul(kg_, c32(w)), c32(t * 8 * w + e), "col");
+              llvm::Value* x = acc[(i * static_cast<std::size_t>(tc) + static_cast<std::size_t>(t)) *
+                                       static_cast<std::size_t>(w) +
+                                   static_cast<std::size_t>(e)];
+              if (factor != 1.0) x = b_.CreateFMul(x, kb_.cf(factor));
+              auto store = [&] { b_.CreateStore(x, at(rows[i], zext64(col))); };
+              if (partial && (t + 1) * 8 * w > width)
+                kb_.if_then(b_.CreateICmpSLT(col, c32(width)), store, "store_col");
+              else
+                store();
+            }
+        },
+        "store_row");
+}
+
+}  // namespace
+
+KernelInfo build_attention_backward(llvm::Module& module, const AttentionBackwardKernel& request,
+                                    const HostEmulation* emulation) {
+  return BackwardPtx(module, request, emulation).emit(kernel_name(request));
+}
+
+}  // namespace qkv::codegen::nvptx::detail
