@@ -242,10 +242,16 @@ class Planner {
       case KernelKind::fused_attention:
         return attention(id);
       case KernelKind::attention_backward:
-      case KernelKind::attention_grads:
-        // The PTX backward is not in the GPU's graph plans yet: a clean refusal, never a wrong result.
-        throw std::invalid_argument("cuda plan: " + std::string(op_name(g_.node(id).op)) +
-                                    " (a fused attention's gradient) runs on the CPU backends only");
+        return attention_backward(id);
+      case KernelKind::attention_grads: {  // dK / dV: the buffers the backward's dkdv kernel wrote
+        const Node& n = g_.node(id);
+        const auto& grads = n.op == Op::attention_dk ? dk_ : dv_;
+        if (n.op == Op::attention_dtensor || !grads.count(n.inputs[0]))
+          internal_error("cuda plan: " + std::string(op_name(n.op)) + " without its planned backward");
+        s.kind = Step::Kind::weights;
+        p_.buffer[static_cast<std::size_t>(id)] = grads.at(n.inputs[0]);
+        return;
+      }
       case KernelKind::convert:
         if (bf16_linear_.count(g_.node(id).inputs[0])) {  // written by its bf16 linear (linear_bf16)
           s.kind = Step::Kind::view;
@@ -388,6 +394,62 @@ class Planner {
             weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
             Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k),
             Arg::i(static_cast<std::int64_t>(call->seed)), lse >= 0 ? Arg::buf(lse) : Arg::null()});
+  }
+
+  /// fused_attention_backward: the PTX backward's dq kernel (D into a scratch buffer, dQ) and then
+  /// its dkdv kernel (dK and dV into buffers its attention_dk / attention_dv companions take).
+  /// What those kernels do not take (bf16, gradients of the tensors a mod reads, heads wider than
+  /// 256) is refused here with the reason: the three gradients are one computation, which has no
+  /// host step on this backend — never a wrong result.
+  void attention_backward(int id) {
+    const Node& n = g_.node(id);
+    Step& s = step(id);
+    auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
+    s.call = call;
+    const cpu::AttentionSpec& spec = call->spec;
+    nvptx::AttentionBackwardKernel dq;
+    dq.spec = spec;
+    nvptx::AttentionBackwardKernel dkdv = dq;
+    dkdv.part = nvptx::AttentionBackwardKernel::Part::dkdv;
+    std::string why;
+    auto refuse = [&](const std::string& reason) {
+      throw std::invalid_argument("cuda plan: " + std::string(op_name(n.op)) + " (a fused attention's gradient): " +
+                                  reason + "; the CPU backends run it");
+    };
+    if (!nvptx::attention_backward_supported(dq, &why) ||
+        !nvptx::attention_backward_supported(dkdv, &why))
+      refuse(why);
+    const int max_shared = options_.max_shared_bytes > 0 ? options_.max_shared_bytes : 227 * 1024;
+    if (std::max(nvptx::attention_backward_shared_bytes(dq), nvptx::attention_backward_shared_bytes(dkdv)) > max_shared)
+      refuse("its tiles need more shared memory than the GPU has");
+    const Dim3 grid_dq = nvptx::attention_backward_grid(dq, call->batch, call->len_q, call->len_k);
+    const Dim3 grid_dkdv = nvptx::attention_backward_grid(dkdv, call->batch, call->len_q, call->len_k);
+    if (!fits(grid_dq) || !fits(grid_dkdv)) refuse("its grid exceeds CUDA's limits (batch or heads > 65535)");
+
+    const int out = value_buffer(id);  // dQ
+    const auto kv_rows = static_cast<std::size_t>(call->batch * spec.hkv * call->len_k);
+    const int dk = new_buffer(kv_rows * static_cast<std::size_t>(spec.dk) * 4, id);
+    const int dv = new_buffer(kv_rows * static_cast<std::size_t>(spec.dv) * 4, id);
+    dk_[id] = dk;
+    dv_[id] = dv;
+    const int delta = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q) * 4, id);
+    use_inputs(id);
+    Arg tensors = Arg::null(), extents = Arg::null();
+    if (!call->tensor_inputs.empty()) {
+      const std::size_t count = call->tensor_inputs.size();
+      s.tensor_table = new_buffer((count + call->tensor_extents.size()) * 8, id);
+      tensors = Arg::buf(s.tensor_table);
+      extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
+    }
+    s.kind = Step::Kind::gpu;
+    std::vector<Arg> args;
+    for (int i = 0; i < 6; ++i) args.push_back(Arg::buf(buf(n.inputs[static_cast<std::size_t>(i)])));  // q … lse
+    for (int b : {delta, out, dk, dv}) args.push_back(Arg::buf(b));
+    for (Arg a : {Arg::null(), Arg::null(), tensors, extents, Arg::i(call->batch), Arg::i(call->len_q),
+                  Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))})
+      args.push_back(a);
+    launch(id, dq, grid_dq, args);  // first: D for the dkdv kernel
+    launch(id, dkdv, grid_dkdv, std::move(args));
   }
 
   /// A few query rows (L <= kDecodeQueries): the split-KV decode kernel, then the merge of its
@@ -649,6 +711,7 @@ class Planner {
   Plan p_;
   std::map<int, int> weights_;  // fused node → its weights buffer
   std::map<int, int> lse_;      // fused node → its log-sum-exp buffer
+  std::map<int, int> dk_, dv_;  // fused backward node → its dK / dV buffers
   std::vector<int> readers_;    // per node: the inputs naming it, and the outputs
   std::set<int> bf16_linear_;   // gemm nodes on the bf16 tensor-core kernel (linear_bf16)
 };

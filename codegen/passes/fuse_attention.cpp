@@ -77,11 +77,18 @@ std::optional<ModExpr> chain_expr(const Graph& g, const Match& m, std::vector<in
         if (x.score >= 0 && e.masked()) return std::nullopt;
         if (!x.query.empty()) {
           ModExpr& r = e.expr();
-          if (aligned && (r.query != x.query || r.key != x.key || r.align != x.align)) return std::nullopt;
-          aligned = true;
+          // Only a mod that reads query positions has an alignment that matters (a softcap
+          // before an ALiBi aligned bottom-right is one expression).
+          const bool positions = std::any_of(x.nodes.begin(), x.nodes.end(), [&](const ModNode& node) {
+            return node.op == ModOp::position && node.axis == x.query;
+          });
+          if (positions) {
+            if (aligned && (r.query != x.query || r.key != x.key || r.align != x.align)) return std::nullopt;
+            aligned = true;
+            r.align = x.align;
+          }
           r.query = x.query;
           r.key = x.key;
-          r.align = x.align;
         }
         e.splice(x, [&](int input) { return tensor_input(n.inputs[static_cast<std::size_t>(input)]); });
         break;

@@ -224,6 +224,23 @@ TEST(FuseAttention, APerHeadBiasFusesAsALoadOfTheModExpression) {
   expect_backends_agree(c.graph, c.feeds);
 }
 
+TEST(FuseAttention, AModThatReadsNoPositionTakesTheAlignmentOfTheOneThatDoes) {
+  // A softcap (no positions, aligned top-left by default) and then ALiBi aligned bottom-right on
+  // L != S: one mod expression, the ALiBi's alignment. They were once left unfused.
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, Heads<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, Heads<2>, Key<dyn>, HeadDim<16>>>(g, "v");
+  auto s = scaled(contract<HeadDim>(q, k));
+  s = decltype(s)(g, modded(s, mods::softcap(5.0)).id());
+  s = decltype(s)(g, modded(s, mods::alibi(input<Tensor<f32, Heads<2>>>(g, "slopes"), bottom_right)).id());
+  output(contract<Key>(softmax<Key>(s), v), "out");
+  const Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 9}, {"Key", 14}}, 3);
+  ASSERT_EQ(codegen::cpu::fused_attention_count(g), 1) << g.table();
+  EXPECT_EQ(find_op(codegen::lower(g), Op::fused_attention)->attention->mod.align, CausalAlign::bottom_right);
+  expect_backends_agree(g, feeds);
+}
+
 TEST(FuseAttention, ALogSumExpBesideTheSoftmaxIsWrittenByTheKernel) {
   // logsumexp<Key> of the softmax's input: an attention_lse node reading the fused node (laid
   // out as the kernel writes it), whichever of the two the program traced first.

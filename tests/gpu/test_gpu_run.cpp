@@ -18,14 +18,21 @@
 // mask, so it is compared with the same tolerance, not statistically.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cuda/executor.hpp>
+#include <qkv/codegen/passes/canonicalize.hpp>
+#include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/dsl/grad.hpp>
+#include <qkv/ir/grad.hpp>
+#include <qkv/qkv.hpp>
 #include <qkv/runtime/cuda.hpp>
 
 #include "../support/cases.hpp"
@@ -105,6 +112,102 @@ INSTANTIATE_TEST_SUITE_P(All, CliModel,
                          [](const auto& i) {
                            return param_name(std::get<0>(i.param), cli_model_cases().at(std::get<1>(i.param)).name);
                          });
+
+// --- gradients: the fused attention backward planned for the GPU (its dq and dkdv launches, D,
+// the dK / dV companions' buffers, the mod's tensor table). HostMachine runs each launch with the
+// CPU backward; the kernels themselves are host-emulated in tests/codegen/nvptx.
+
+NdArray random_f32(const std::vector<std::int64_t>& shape, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return NdArray::from_f32(std::move(v), shape);
+}
+
+/// GQA attention (2 kv heads × 2, L = 37, S = 45) with a causal mask, a softcap, key padding and
+/// dropout; loss = Σ y ∘ probe, fused, then its gradients by q, k and v as outputs. With
+/// `slopes`, ALiBi too and the gradient of its slopes [KvHeads, Group].
+Case gradient_case(bool slopes = false) {
+  using namespace nn;
+  Graph g;
+  auto q = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
+  auto k = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, ValueDim<12>>>(g, "v");
+  auto s = scaled(contract<HeadDim>(q, k));
+  s = decltype(s)(g, modded(s, mods::softcap(3.0)).id());
+  if (slopes) s = decltype(s)(g, modded(s, mods::alibi(input<Tensor<f32, KvHeads<2>, Group<2>>>(g, "slopes"), bottom_right)).id());
+  s = masked(s, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep"));
+  s = causal<Seq, Key>(s, bottom_right);
+  auto y = contract<Key>(dropout(softmax<Key>(s), 0.2, 0x5eedull), v);
+  auto probe = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, ValueDim<12>>>(g, "probe");
+  output(sum<Batch, KvHeads, Group, Seq, ValueDim>(y * probe), "loss");
+  std::mt19937 rng(5);
+  Feeds feeds;
+  const std::int64_t B = 2, L = 37, S = 45;
+  feeds["q"] = random_f32({B, 2, 2, L, 16}, rng);
+  feeds["k"] = random_f32({B, 2, S, 16}, rng);
+  feeds["v"] = random_f32({B, 2, S, 12}, rng);
+  feeds["probe"] = random_f32({B, 2, 2, L, 12}, rng);
+  NdArray keep = NdArray::zeros(DType::boolean, {B, S});
+  for (std::int64_t j = 0; j < B * S; ++j) keep.bytes[static_cast<std::size_t>(j)] = std::byte{j % 7 != 3};
+  feeds["keep"] = keep;
+  if (slopes) feeds["slopes"] = random_f32({2, 2}, rng);
+  Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
+  int loss = -1;
+  std::vector<int> leaves;
+  for (const auto& o : fused.outputs())
+    if (o.name == "loss") loss = o.node;
+  for (const char* name : {"q", "k", "v", "slopes"})
+    for (std::size_t i = 0; i < fused.size(); ++i)
+      if (is_array_leaf(fused.node(static_cast<int>(i))) && fused.node(static_cast<int>(i)).name == name)
+        leaves.push_back(static_cast<int>(i));
+  const std::vector<int> grads = append_gradients(fused, loss, leaves);
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    fused.mark_output(grads[i], i < 3 ? std::string("d") + "qkv"[i] : std::string("dslopes"));
+  return {"attention_gradients", std::move(fused), std::move(feeds), {}};
+}
+
+TEST(GpuGradients, TheFusedBackwardRunsOnTheGpuPlan) {
+  const Case c = gradient_case();
+  const Graph lowered = codegen::lower(c.graph);
+  ASSERT_TRUE(std::any_of(lowered.nodes().begin(), lowered.nodes().end(),
+                          [](const Node& n) { return n.op == Op::fused_attention_backward; }))
+      << lowered.table();
+  const codegen::cuda::Plan plan = codegen::cuda::plan(lowered, bind_extents(lowered, c.feeds));
+  int dq = 0, dkdv = 0;
+  for (std::size_t id = 0; id < plan.steps.size(); ++id) {
+    const auto& step = plan.steps[id];
+    if (lowered.node(static_cast<int>(id)).op == Op::fused_attention_backward) {
+      EXPECT_EQ(step.kind, codegen::cuda::Step::Kind::gpu) << step.why;
+      ASSERT_EQ(step.launches.size(), 2u);
+      dq += std::holds_alternative<codegen::nvptx::AttentionBackwardKernel>(step.launches[0].request);
+      const auto& second = std::get<codegen::nvptx::AttentionBackwardKernel>(step.launches[1].request);
+      dkdv += second.part == codegen::nvptx::AttentionBackwardKernel::Part::dkdv;
+    }
+  }
+  EXPECT_EQ(dq, 1);
+  EXPECT_EQ(dkdv, 1);
+  check(c, "emulated");
+  HostMachine machine;
+  (void)codegen::cuda::execute_on(machine, lowered, c.feeds);
+  EXPECT_EQ(machine.launches["attention_backward_dq"], 1);
+  EXPECT_EQ(machine.launches["attention_backward_dkdv"], 1);
+}
+
+TEST(GpuGradients, TheGradientOfAModsTensorIsRefusedWithTheReason) {
+  const Case c = gradient_case(/*slopes=*/true);
+  const Graph lowered = codegen::lower(c.graph);
+  try {
+    (void)codegen::cuda::plan(lowered, bind_extents(lowered, c.feeds));
+    FAIL() << "planned a backward the GPU kernels do not compute";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the gradients of the tensors a mod reads are computed on the CPU only"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace qkv::test

@@ -52,7 +52,7 @@ struct Step {
   enum class Kind : std::uint8_t {
     upload,   // input / param: the feed is copied to the device
     view,     // no code: the node's value is its input's buffer
-    weights,  // attention_weights / attention_lse: the buffer its fused node wrote
+    weights,  // attention_weights / attention_lse / attention_dk / attention_dv: the buffer its fused node wrote
     gpu,      // `launches`, in order (possibly none: an empty tensor)
     host,     // fallback: download the inputs, qkv::evaluate_node, upload (see `why`)
   };
