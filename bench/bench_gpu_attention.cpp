@@ -1,4 +1,4 @@
-// Forward attention on the GPU: the NVPTX fused attention kernel (qkv/codegen/nvptx.hpp) through
+// Attention on the GPU: the NVPTX fused attention kernel (qkv/codegen/nvptx.hpp) through
 // qkv::codegen::cuda::AttentionBench, fp32 (FMA) and bf16 (tensor cores: mma.sync m16n8k16,
 // fp32 accumulation; bf16=1), B = 4, H = 16, D = 64 and 128, N = L = S in {1024, …, 16384},
 // causal and not. Each iteration is one launch timed with CUDA events (kernel
@@ -29,13 +29,13 @@ constexpr std::int64_t kHeads = 16;
 std::unique_ptr<qkv::codegen::cuda::AttentionBench> make_bench(benchmark::State& state,
                                                                const qkv::codegen::cpu::AttentionSpec& spec,
                                                                std::int64_t batch, std::int64_t len_q,
-                                                               std::int64_t len_k) {
+                                                               std::int64_t len_k, bool backward = false) {
   if (const std::string why = qkv::cuda::why_no_gpu(); !why.empty()) {
     state.SkipWithError(why.c_str());
     return nullptr;
   }
   try {
-    return std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, batch, len_q, len_k);
+    return std::make_unique<qkv::codegen::cuda::AttentionBench>(spec, batch, len_q, len_k, backward);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return nullptr;
@@ -83,6 +83,26 @@ void arguments(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_GpuAttention)->Apply(arguments);
+
+// The backward (AttentionBackwardKernel: dq, then dkdv; fp32 FMA), B = 4, H = 16, D = 64 and 128,
+// N = 1024 … 8192, causal and not. TFLOP/s counts attention_backward_flops (2.5 × the forward's).
+void BM_GpuAttentionBackward(benchmark::State& state) {
+  const std::int64_t d = state.range(0), n = state.range(1);
+  qkv::codegen::cpu::AttentionSpec spec;
+  spec.dk = spec.dv = d;
+  spec.hq = spec.hkv = kHeads;
+  spec.causal = state.range(2) != 0;
+  const auto bench = make_bench(state, spec, kBatch, n, n, /*backward=*/true);
+  if (!bench) return;
+  const double ms = time_launches(state, *bench);
+  state.counters["TFLOP/s"] = ms > 0 ? bench->flops() / (ms * 1e-3) / 1e12 : 0;
+  state.SetLabel(bench->kernel());
+}
+BENCHMARK(BM_GpuAttentionBackward)
+    ->ArgNames({"D", "N", "causal"})
+    ->ArgsProduct({{64, 128}, {1024, 2048, 4096, 8192}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // One decode step's attention (L = 1): B = 1, Hq = 32 over Hkv = 8, D = 128, causal bottom-right,
 // S = 4096 … 32768 — the split-KV decode kernel and its merge. GB/s = bytes of K and V per step ÷

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
@@ -313,7 +314,8 @@ struct AttentionBench::State {
   const Compiled* kernel = nullptr;
   Dim3 grid;
   std::vector<ParamValue> params;
-  const Compiled* merge = nullptr;  // the decode kernel's merge, when it splits the keys
+  bool backward = false;
+  const Compiled* merge = nullptr;  // the decode kernel's merge, when it splits the keys; the backward's dkdv
   Dim3 merge_grid;
   std::vector<ParamValue> merge_params;
   std::string kernel_text, device_text;
@@ -348,11 +350,12 @@ std::unique_ptr<qkv::cuda::Buffer> random_buffer(const Gpu& g, std::int64_t coun
 }  // namespace
 
 AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batch, std::int64_t len_q,
-                               std::int64_t len_k)
+                               std::int64_t len_k, bool backward)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
   s.gpu = &gpu();
   s.spec = spec;
+  s.backward = backward;
   s.spec.write_weights = false;
   s.spec.key_padding = false;
   s.spec.bias = false;
@@ -365,6 +368,38 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
   auto i64 = [](std::int64_t v) { return ParamValue{Arg::Kind::i64, 0, v, 0.0f}; };
   const ParamValue null{};
   s.device_text = s.gpu->device.name() + " (sm_" + std::to_string(s.gpu->sm) + ")";
+  if (backward) {
+    // The plan's two launches of a fused_attention_backward: dq (D, dQ), then dkdv (dK, dV).
+    nvptx::AttentionBackwardKernel dq;
+    dq.spec = s.spec;
+    nvptx::AttentionBackwardKernel dkdv = dq;
+    dkdv.part = nvptx::AttentionBackwardKernel::Part::dkdv;
+    std::string why;
+    if (!nvptx::attention_backward_supported(dq, &why) || !nvptx::attention_backward_supported(dkdv, &why))
+      throw std::runtime_error(why);
+    s.grid = nvptx::attention_backward_grid(dq, batch, len_q, len_k);
+    s.merge_grid = nvptx::attention_backward_grid(dkdv, batch, len_q, len_k);
+    if (empty_grid(s.grid) || !fits(s.grid) || empty_grid(s.merge_grid) || !fits(s.merge_grid))
+      throw std::runtime_error("attention bench: nothing to launch or grid too large");
+    const std::int64_t q_n = batch * spec.hq * len_q * spec.dk, o_n = batch * spec.hq * len_q * spec.dv,
+                       k_n = batch * spec.hkv * len_k * spec.dk, v_n = batch * spec.hkv * len_k * spec.dv,
+                       rows = batch * spec.hq * len_q;
+    unsigned seed = 1;
+    for (std::int64_t n : {q_n, k_n, v_n, o_n, o_n, rows}) s.bufs.push_back(random_buffer(*s.gpu, n, seed++));  // … lse
+    for (std::int64_t n : {rows, q_n, k_n, v_n})  // delta, dq, dk, dv
+      s.bufs.push_back(
+          std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(static_cast<std::size_t>(n) * sizeof(float))));
+    for (const auto& b : s.bufs) s.params.push_back(ptr(*b));
+    for (ParamValue v : {null, null, null, null, i64(batch), i64(len_q), i64(len_k), i64(0)}) s.params.push_back(v);
+    s.merge_params = s.params;
+    s.kernel = &compiled(*s.gpu, dq);
+    s.merge = &compiled(*s.gpu, dkdv);
+    s.kernel_text = s.kernel->name + " + " + s.merge->name + " (fp32 backward) threads " + std::to_string(dq.threads) +
+                    " smem " + std::to_string(s.kernel->shared_bytes / 1024) + " + " +
+                    std::to_string(s.merge->shared_bytes / 1024) + " KiB";
+    launch_ms(1);  // warm-up
+    return;
+  }
   if (len_q <= nvptx::kDecodeQueries && nvptx::decode_attention_supported(s.spec, nullptr)) {
     // A few query rows: the split-KV decode kernel and, when it splits the keys, its merge — the
     // launches the plan makes for such a call.
@@ -446,7 +481,10 @@ double AttentionBench::launch_ms(int launches) {
   return static_cast<double>(qkv::cuda::Event::elapsed_ms(start, stop)) / std::max(1, launches);
 }
 
-double AttentionBench::flops() const { return cpu::attention_flops(s_->spec, s_->batch, s_->len_q, s_->len_k); }
+double AttentionBench::flops() const {
+  return s_->backward ? cpu::attention_backward_flops(s_->spec, s_->batch, s_->len_q, s_->len_k)
+                      : cpu::attention_flops(s_->spec, s_->batch, s_->len_q, s_->len_k);
+}
 const std::string& AttentionBench::kernel() const { return s_->kernel_text; }
 const std::string& AttentionBench::device() const { return s_->device_text; }
 

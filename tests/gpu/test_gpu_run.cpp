@@ -196,6 +196,8 @@ TEST(GpuGradients, TheFusedBackwardRunsOnTheGpuPlan) {
   EXPECT_EQ(machine.launches["attention_backward_dkdv"], 1);
 }
 
+TEST(GpuGradients, TheFusedBackwardOnARealGpu) { check(gradient_case(), "gpu"); }  // skipped without one
+
 TEST(GpuGradients, TheGradientOfAModsTensorIsRefusedWithTheReason) {
   const Case c = gradient_case(/*slopes=*/true);
   const Graph lowered = codegen::lower(c.graph);
