@@ -192,6 +192,34 @@ TEST_F(Train, GradientAccumulationEqualsTheLargerBatch) {
                      "--accumulate differs from the run being resumed", "--accumulate on resume");
 }
 
+TEST_F(Train, Bf16ComputeFollowsTheF32RunOverF32Weights) {
+  // --dtype bf16: the model computed in bf16 (each weight read through one rounding), the loss,
+  // the optimizer and the checkpoint in f32. Its losses follow the f32 run's within bf16's
+  // precision, and the run goes down as far.
+  const std::string common = "--backend reference --steps 20 --batch 4 --seq 32 --lr 1e-2 --warmup 2 --val-fraction 0 ";
+  ASSERT_EQ(train(common + "--out " + tmp("f32") + " --log-json " + tmp("f32.json")).code, 0);
+  const Result r = train(common + "--dtype bf16 --out " + tmp("bf16") + " --log-json " + tmp("bf16.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("computed in bf16 over f32 weights"));
+  const auto a = json_of(tmp("f32.json")).at("history").at("train"),
+             b = json_of(tmp("bf16.json")).at("history").at("train");
+  ASSERT_EQ(b.size(), 20u);
+  for (std::size_t i = 0; i < 20; ++i) {
+    const double x = a[i][1].get<double>(), y = b[i][1].get<double>();
+    EXPECT_NEAR(y, x, 0.03 * x) << "step " << i + 1;
+    if (i < 3) EXPECT_NE(x, y) << "step " << i + 1 << ": the bf16 run computed in f32";
+  }
+  EXPECT_LT(b[19][1].get<double>(), 0.7 * b[0][1].get<double>()) << "the loss did not go down";
+  EXPECT_EQ(json_of(tmp("bf16/trainer_state.json")).at("options").at("dtype"), "bf16");
+  // The checkpoint holds the f32 master weights, and generate runs it.
+  const SafetensorsFile w = SafetensorsFile::open(tmp("bf16/model.safetensors"));
+  for (const auto& n : w.names()) EXPECT_EQ(w.load(n).dtype, DType::f32) << n;
+  expect_usage_error(
+      run("train --resume " + tmp("bf16") + " --data " + tmp("corpus.txt") + " --steps 21 --dtype f32 --out " +
+          tmp("bf16")),
+      "--dtype differs from the run being resumed", "--dtype on resume");
+}
+
 TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
   // One layer: each run compiles the step (seconds).
   nlohmann::json one_layer = kConfig;

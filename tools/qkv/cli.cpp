@@ -417,6 +417,10 @@ struct TrainFlags {
         ->check(integer_in(1, 1 << 20));
     cmd->add_option("--seq", o.seq, "Tokens per sequence (default 64)")->check(integer_in(1, 1 << 24));
     cmd->add_option("--optimizer", o.optimizer, "adamw (default) | sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+    cmd->add_option("--dtype", o.dtype,
+                    "f32 (default) | bf16: the model computed in bf16 over f32 master weights (the loss, the "
+                    "optimizer and the checkpoints f32)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
     cmd->add_option("--lr", o.lr, "Peak learning rate (default 1e-3)")->check(finite_number());
     cmd->add_option("--min-lr", o.min_lr, "Learning rate at the last step (cosine; default lr / 10)")
         ->check(finite_number());

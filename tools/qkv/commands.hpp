@@ -140,6 +140,7 @@ struct Train {
   std::optional<std::int64_t> accumulate;
   std::optional<std::int64_t> stop_at;  // stop (and save) after this step; the schedule still spans --steps
   std::optional<std::string> optimizer, schedule;
+  std::optional<std::string> dtype;  // f32 | bf16: the compute dtype over f32 master weights
   std::optional<double> lr, min_lr, weight_decay, beta1, beta2, eps, momentum, max_grad_norm, label_smoothing,
       val_fraction;
   std::optional<std::uint64_t> seed;

@@ -161,6 +161,7 @@ json to_json(const Hyper& h) {
           {"val_fraction", h.val_fraction},
           {"batch", h.batch},
           {"accumulate", h.accumulate},
+          {"dtype", h.dtype},
           {"seq", h.seq},
           {"seed", h.seed}};
 }
@@ -201,6 +202,7 @@ void apply(Hyper& h, const Train& f, bool resumed) {
   set("--val-fraction", h.val_fraction, f.val_fraction);
   set("--batch", h.batch, f.batch);
   set("--accumulate", h.accumulate, f.accumulate);
+  set("--dtype", h.dtype, f.dtype);
   set("--seq", h.seq, f.seq);
   set("--seed", h.seed, f.seed);
 }
@@ -250,6 +252,11 @@ Hyper hyper_from(const json& j) {
   h.batch = value_at<std::int64_t>(j, "batch", 1, std::int64_t{1} << 20);
   if (j.contains("accumulate"))  // states written before --accumulate: 1
     h.accumulate = value_at<std::int64_t>(j, "accumulate", 1, std::int64_t{1} << 20);
+  if (j.contains("dtype")) {  // states written before --dtype: f32
+    if (!j["dtype"].is_string() || (j["dtype"] != "f32" && j["dtype"] != "bf16"))
+      throw IoError("`dtype` must be \"f32\" or \"bf16\"");
+    h.dtype = j["dtype"].get<std::string>();
+  }
   h.seq = value_at<std::int64_t>(j, "seq", 1, std::int64_t{1} << 24);
   h.seed = value_at<std::uint64_t>(j, "seed", 0, std::numeric_limits<std::uint64_t>::max());
   return h;
@@ -262,6 +269,7 @@ TrainSpec spec_of(const Hyper& h) {
   s.sgd_options = {.momentum = h.momentum, .weight_decay = h.weight_decay};
   s.step = {.max_grad_norm = h.max_grad_norm};
   s.loss = {.ignore_index = -100, .label_smoothing = h.label_smoothing};
+  s.compute = h.dtype == "bf16" ? DType::bf16 : DType::f32;
   return s;
 }
 
@@ -599,12 +607,12 @@ int train(const Train& f) {
   const std::vector<std::size_t> val_starts = validation_starts(corpus, h.seq, eval_batches * h.batch * h.accumulate);
   std::fprintf(stderr,
                "qkv: training a %s model of %.2f M parameters on %zu %s (%zu held out, %zu validation windows): "
-               "steps %lld..%lld, batch %lld x %lld tokens%s, %s, lr %g\n",
+               "steps %lld..%lld, batch %lld x %lld tokens%s, %s, lr %g%s\n",
                c.model_type.c_str(), static_cast<double>(params) / 1e6, corpus.ids.size(), corpus.unit,
                corpus.ids.size() - corpus.train_end, val_starts.size(), static_cast<long long>(done + 1),
                static_cast<long long>(steps), static_cast<long long>(h.batch), static_cast<long long>(h.seq),
                h.accumulate > 1 ? (" x " + std::to_string(h.accumulate) + " micro-batches").c_str() : "",
-               h.optimizer.c_str(), h.lr);
+               h.optimizer.c_str(), h.lr, h.dtype == "bf16" ? ", computed in bf16 over f32 weights" : "");
 
   Graph loss_graph;
   if (!val_starts.empty()) loss_graph = build_causal_lm_loss(c, spec.loss);

@@ -309,25 +309,34 @@ Graph build_causal_lm(const HfConfig& c) {
 namespace {
 /// The model's loss on (tokens, positions, targets), built in g.
 template <class Model>
-int causal_lm_loss(Graph& g, const Model& model, const CrossEntropyOptions& o) {
+/// `*logits` (if given): the id of the logits node; the loss's nodes come after it.
+int causal_lm_loss(Graph& g, const Model& model, const CrossEntropyOptions& o, int* logits = nullptr) {
   auto tokens = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "tokens");
   auto positions = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "positions");
   auto targets = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "targets");
-  return cross_entropy<Vocab>(model(tokens, positions), targets, o).id();
+  const auto y = model(tokens, positions);
+  if (logits) *logits = y.id();
+  return cross_entropy<Vocab>(y, targets, o).id();
 }
 }  // namespace
 
 namespace {
-/// The model's loss graph, its attentions fused before it is differentiated (the fused backward).
-codegen::ForwardForGradients loss_for_gradients(const HfConfig& c, const CrossEntropyOptions& o) {
-  int loss = -1;
-  const Graph g = with_decoder(c, [&](Graph& gg, const auto& model) { loss = causal_lm_loss(gg, model, o); });
+/// The model's loss graph, computed in s.compute (over f32 weights; the loss in f32), its
+/// attentions fused before it is differentiated (the fused backward).
+codegen::ForwardForGradients loss_for_gradients(const HfConfig& c, const TrainSpec& s) {
+  int loss = -1, logits = -1;
+  Graph g = with_decoder(c, [&](Graph& gg, const auto& model) { loss = causal_lm_loss(gg, model, s.loss, &logits); });
+  if (s.compute != DType::f32) {
+    ComputeDtype m = with_compute_dtype(g, s.compute, logits + 1);
+    loss = m.id[static_cast<std::size_t>(loss)];
+    g = std::move(m.graph);
+  }
   return codegen::fuse_for_gradients(g, loss);
 }
 }  // namespace
 
 TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
-  auto [g, loss] = loss_for_gradients(c, s.loss);
+  auto [g, loss] = loss_for_gradients(c, s);
   TrainGraph t;
   t.step =
       s.sgd ? append_training_step(g, loss, s.sgd_options, s.step) : append_training_step(g, loss, s.adamw, s.step);
@@ -337,7 +346,7 @@ TrainGraph build_training_step(const HfConfig& c, const TrainSpec& s) {
 
 AccumulatingTrainGraphs build_accumulating_training_step(const HfConfig& c, const TrainSpec& s,
                                                          std::int64_t micro_batches) {
-  auto [g, loss] = loss_for_gradients(c, s.loss);
+  auto [g, loss] = loss_for_gradients(c, s);
   AccumulatingTrainGraphs t;
   const std::vector<int> params = append_gradient_accumulation(g, loss, 1.0 / static_cast<double>(micro_batches));
   t.gradients = std::move(g);

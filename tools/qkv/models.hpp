@@ -110,6 +110,9 @@ struct TrainSpec {
   Sgd sgd_options;
   StepOptions step;
   CrossEntropyOptions loss;
+  /// f32, or bf16 / f16: the model computed in that dtype over f32 master weights (the loss and
+  /// the optimizer in f32; with_compute_dtype).
+  DType compute = DType::f32;
 };
 /// One training step of build_causal_lm's model as one graph (qkv/ir/train.hpp): inputs tokens,
 /// positions, targets [Batch, Seq] (i64; targets equal to loss.ignore_index count for nothing),

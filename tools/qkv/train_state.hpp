@@ -17,6 +17,7 @@ struct Hyper {
   double max_grad_norm = 1.0, label_smoothing = 0.0, val_fraction = 0.1;
   std::int64_t warmup = 0, batch = 8, seq = 64;
   std::int64_t accumulate = 1;  // micro-batches of `batch` rows per optimizer step
+  std::string dtype = "f32";    // the compute dtype over f32 master weights: f32 or bf16
   std::uint64_t seed = 0;
 };
 

@@ -13,6 +13,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <qkv/ir/dtype.hpp>
 #include <qkv/ir/graph.hpp>
@@ -43,6 +44,59 @@ inline Graph with_float_dtype(const Graph& g, DType to) {
   for (const auto& o : g.outputs()) out.mark_output(o.node, o.name);
   for (const auto& c : g.constraints()) out.require(c);
   return out;
+}
+
+/// Mixed precision as training runs it (PyTorch's autocast over fp32 master weights): `g` computed
+/// in `to` (bf16 or f16) while its f32 leaves stay f32 — every parameter and float input is read
+/// through one convert<to> — and the nodes from `keep_from` on (a loss appended last:
+/// cross-entropy and its log-sum-exp) keep their dtypes, reading `to` values through one
+/// convert<f32> each. The gradients by the parameters are then f32: convert's rule rounds nothing
+/// on the way back but widens the `to` gradient of each convert. Returns the graph and, per node
+/// of g, its id there (a leaf's id is its f32 leaf's, not the convert's).
+struct ComputeDtype {
+  Graph graph;
+  std::vector<int> id;
+};
+inline ComputeDtype with_compute_dtype(const Graph& g, DType to, int keep_from) {
+  if (to != DType::bf16 && to != DType::f16)
+    throw std::invalid_argument("with_compute_dtype: compute in bf16 or f16, not " + std::string(dtype_name(to)));
+  ComputeDtype r;
+  Graph& out = r.graph;
+  std::vector<int> value(g.size(), -1);  // what a reader of each node of g reads in `out`
+  std::vector<int> widened(g.size(), -1);
+  auto convert = [&](int x, DType dt) {
+    Node c;
+    c.op = Op::convert;
+    c.dtype = dt;
+    c.axes = out.node(x).axes;
+    c.inputs = {x};
+    return out.add(std::move(c));
+  };
+  r.id.assign(g.size(), -1);
+  for (int id = 0; id < static_cast<int>(g.size()); ++id) {
+    Node n = g.node(id);
+    const bool tail = id >= keep_from;
+    for (int& x : n.inputs) {
+      // The tail reads an f32 leaf itself, not its rounded copy.
+      const auto xi = static_cast<std::size_t>(x);
+      const int y = tail && is_array_leaf(g.node(x)) ? r.id[xi] : value[xi];
+      if (tail && out.node(y).dtype == to && g.node(x).dtype == DType::f32) {
+        int& w = widened[xi];
+        if (w < 0) w = convert(y, DType::f32);
+        x = w;
+      } else {
+        x = y;
+      }
+    }
+    const bool leaf = is_array_leaf(n) && n.dtype == DType::f32;
+    if (!tail && !leaf && follows_model_dtype(n)) n.dtype = to;
+    const int at = out.add(std::move(n));
+    r.id[static_cast<std::size_t>(id)] = at;
+    value[static_cast<std::size_t>(id)] = leaf && !tail ? convert(at, to) : at;
+  }
+  for (const auto& o : g.outputs()) out.mark_output(value[static_cast<std::size_t>(o.node)], o.name);
+  for (const auto& c : g.constraints()) out.require(c);
+  return r;
 }
 
 }  // namespace qkv
