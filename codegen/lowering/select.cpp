@@ -1,5 +1,6 @@
 #include <qkv/codegen/lowering/select.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -40,6 +41,35 @@ bool dequantize_in_linear(const Graph& g, int id) {
     }
   }
   return read;
+}
+
+std::optional<GemmRoles> contract_gemm_roles(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op != Op::contract || n.inputs.size() != 2) return std::nullopt;
+  auto has = [](const std::vector<Axis>& axes, const std::string& name) {
+    return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
+  };
+  GemmRoles r{n.inputs[0], n.inputs[1], {}, {}, {}, {}};
+  if (!n.axes.empty() && !has(g.node(r.a).axes, n.axes[0].name)) std::swap(r.a, r.b);
+  const Node &ln = g.node(r.a), &rn = g.node(r.b);
+  for (const Axis& a : n.axes) {
+    const bool l = has(ln.axes, a.name), rr = has(rn.axes, a.name);
+    if (l && rr)
+      r.batch.push_back(a);
+    else if (l)
+      r.m.push_back(a);
+    else if (rr)
+      r.n.push_back(a);
+    else
+      return std::nullopt;
+  }
+  for (const auto& c : n.attr_axes) r.k.push_back(ln.axes[util::axis_pos(ln.axes, c)]);
+  for (const Node* in : {&ln, &rn})
+    for (const Axis& a : in->axes)
+      if (!has(n.axes, a.name) && std::find(n.attr_axes.begin(), n.attr_axes.end(), a.name) == n.attr_axes.end())
+        return std::nullopt;
+  if (r.m.empty() || r.n.empty() || r.k.empty()) return std::nullopt;
+  return r;
 }
 
 KernelKind select_kernel(const Graph& g, int id) {

@@ -627,6 +627,33 @@ TEST(CpuBackend, ContractionsOnTheGemmReadTheirOperandsInEveryLayout) {
   expect_backends_agree(g, random_feeds(g, {}, 81, 1.0f));
 }
 
+TEST(CpuBackend, Bf16ContractionsRunOnTheBf16GemmInEveryLayout) {
+  // The same layouts in bf16 (a bf16 model's backward: dX = dY·W, dW = Σ dYᵀ·X): legalize-dtypes
+  // leaves both operands bf16 for the GEMM kernel (vdpbf16ps where the host has it; widened
+  // otherwise), which packs A from rows or from columns and Bᵀ's panels from [N, K] or [K, N];
+  // its f32 value is rounded once. Against the interpreter: one bf16 rounding of the output.
+  Graph g;
+  auto x = input<Tensor<bf16, Batch<3>, Seq<100>, Model<14>>>(g, "x");
+  auto y = input<Tensor<bf16, Batch<3>, Seq<100>, Hidden<37>>>(g, "y");
+  auto w = input<Tensor<bf16, Hidden<37>, Model<14>>>(g, "w");
+  auto v = input<Tensor<bf16, Model<14>, Hidden<37>>>(g, "v");
+  output(contract<Batch, Seq>(x, y), "k_leading");     // A [K, M], B [K, N]; K = 300
+  output(contract<Model>(x, w), "rows");               // A [M, K], B [N, K]; K = 14
+  output(contract<Model>(v, x), "columns_then_rows");  // A [K, M], B [N, K]
+  output(contract<Seq>(x, y), "batched");              // copies (as bf16)
+  auto o = input<Tensor<bf16, Seq<7>, Model<13>>>(g, "o");
+  auto p = input<Tensor<bf16, Seq<7>, Hidden<5>>>(g, "p");
+  output(contract<Seq>(o, p), "odd_k");  // K = 7: the last pair's second half is zero
+  const Graph lowered = codegen::lower(g);
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
+    const Node& n = lowered.node(id);
+    if (n.op != Op::contract) continue;
+    EXPECT_EQ(lowered.node(n.inputs[0]).dtype, DType::bf16) << "operands widened before the GEMM";
+    EXPECT_EQ(lowered.node(n.inputs[1]).dtype, DType::bf16) << "operands widened before the GEMM";
+  }
+  expect_backends_agree(g, random_feeds(g, {}, 82, 1.0f), 1e-2);
+}
+
 TEST(CpuBackend, SliceSelectArangeAndPrependMatchTheirDefinitions) {
   // Issue 31 item 2 on the interpreter and the CPU backend: a slice at an element start, a select
   // of the first and of the last axis, position ids as a value, a CLS token put before every

@@ -177,7 +177,8 @@ class GemmEmitter {
   }
 
   /// Ap[kk][r] = A[i + r][k0 + kk] for r < rows, 0 for rows ≤ r < MR (as f32); with dpbf16 the
-  /// pairs Ap[kp][r] = (A[i + r][k0 + 2kp], A[i + r][k0 + 2kp + 1]), the second 0 past K.
+  /// pairs Ap[kp][r] = (A[i + r][k0 + 2kp], A[i + r][k0 + 2kp + 1]), the second 0 past K. A as
+  /// [M, K] rows, or (a_transposed) [K, M]: A[i + r][k0 + kk] at (k0 + kk)·M + i + r.
   void pack_a(llvm::Value* i, llvm::Value* k0, llvm::Value* depth, llvm::Value* rows) {
     const std::int64_t mr = cfg_.rows;
     llvm::Type* elem = cfg_.bf16 ? i16_ : f32_;
@@ -187,7 +188,13 @@ class GemmEmitter {
           llvm::Value* valid = b_.CreateICmpSLT(r, rows);
           // An invalid row reads row i (always valid) and stores zero: no branch in the loop.
           llvm::Value* src_row = b_.CreateSelect(valid, b_.CreateAdd(i, r), i);
-          llvm::Value* src = b_.CreateInBoundsGEP(elem, a_, b_.CreateAdd(b_.CreateMul(src_row, k_), k0), "a_row");
+          // Entry kk of the row (from k0 on): src[kk · k_stride].
+          llvm::Value* src = b_.CreateInBoundsGEP(
+              elem, a_,
+              cfg_.a_transposed ? b_.CreateAdd(b_.CreateMul(k0, m_), src_row)
+                                : b_.CreateAdd(b_.CreateMul(src_row, k_), k0),
+              "a_row");
+          llvm::Value* k_stride = cfg_.a_transposed ? m_ : c64(1);
           if (cfg_.dpbf16) {
             llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
             ir::emit_loop(
@@ -196,10 +203,11 @@ class GemmEmitter {
                   llvm::Value* kk = b_.CreateMul(kp, c64(2));
                   llvm::Value* second = b_.CreateAdd(kk, c64(1));
                   llvm::Value* has_second = b_.CreateICmpSLT(second, depth);
-                  llvm::Value* lo = b_.CreateLoad(i16_, b_.CreateInBoundsGEP(i16_, src, kk));
+                  llvm::Value* lo = b_.CreateLoad(i16_, b_.CreateInBoundsGEP(i16_, src, b_.CreateMul(kk, k_stride)));
                   // Past K the second half reads the first again and is zeroed.
-                  llvm::Value* hi =
-                      b_.CreateLoad(i16_, b_.CreateInBoundsGEP(i16_, src, b_.CreateSelect(has_second, second, kk)));
+                  llvm::Value* hi = b_.CreateLoad(
+                      i16_,
+                      b_.CreateInBoundsGEP(i16_, src, b_.CreateMul(b_.CreateSelect(has_second, second, kk), k_stride)));
                   hi = b_.CreateSelect(has_second, hi, b_.getInt16(0));
                   llvm::Value* pair = b_.CreateOr(b_.CreateZExt(lo, i32_), b_.CreateShl(b_.CreateZExt(hi, i32_), 16));
                   pair = b_.CreateSelect(valid, pair, b_.getInt32(0));
@@ -211,7 +219,7 @@ class GemmEmitter {
           ir::emit_loop(
               b_, c64(0), depth, 1,
               [&](llvm::Value* kk) {
-                llvm::Value* x = b_.CreateLoad(elem, b_.CreateInBoundsGEP(elem, src, kk));
+                llvm::Value* x = b_.CreateLoad(elem, b_.CreateInBoundsGEP(elem, src, b_.CreateMul(kk, k_stride)));
                 if (cfg_.bf16) x = ir::half_to_f32(b_, x, /*brain=*/true);
                 x = b_.CreateSelect(valid, x, llvm::ConstantFP::get(f32_, 0.0));
                 b_.CreateStore(x, b_.CreateInBoundsGEP(f32_, ap_, b_.CreateAdd(b_.CreateMul(kk, c64(mr)), r)));

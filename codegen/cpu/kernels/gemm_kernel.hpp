@@ -41,7 +41,7 @@ struct GemmConfig {
   // A quantized W holds two 4-bit entries a byte (ir/quant.hpp's order; K a multiple of quant_group).
   bool q4 = false;
   // A given transposed, as [K, M] rows (a contraction over the leading axes of both operands: a
-  // weight's gradient Σ over Batch and Seq), read in place down its columns (f32 only).
+  // weight's gradient Σ over Batch and Seq): f32 read in place down its columns, bf16 packed from them.
   bool a_transposed = false;
   std::string cpu, features;
   [[nodiscard]] int cols() const { return lanes * col_vectors; }

@@ -124,16 +124,17 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
 /// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened; a quantized W's q · scale, exact:
 /// an 8-bit or 4-bit integer times an f16); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
-/// zeros past N and past K. The whole panels are shared out among the threads. `columns`: f32 W
-/// given as B itself, [K, N] rows (W[row][kk] at kk·N + row).
+/// zeros past N and past K. The whole panels are shared out among the threads. `columns`: W
+/// (f32 or bf16) given as B itself, [K, N] rows (W[row][kk] at kk·N + row).
 void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales,
                                      bool columns) {
   const std::int64_t nr = gemm_cfg_.cols();
-  if (columns && (gemm_cfg_.bf16 || gemm_cfg_.quant_group > 0))
-    internal_error("codegen: panels from [K, N] rows are f32 only");
+  if (columns && gemm_cfg_.quant_group > 0) internal_error("codegen: quantized panels from [K, N] rows");
   const I panels = ceil_div(nn, nr);
   const I full = nn / nr, rest = nn % nr;
   const I zero = c64(0), one = c64(1), two = c64(2);
+  // W's strides: a row, a step of K.
+  const I row_step = columns ? one : k, k_step = columns ? nn : one;
   if (gemm_cfg_.dpbf16) {
     llvm::Type* i16 = b_.getInt16Ty();
     const I k2 = ceil_div(k, 2), whole = k / 2, odd = k % 2;
@@ -141,12 +142,17 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
     branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
     // Whole panels: (p, kp, r, half); then the last K of each row when K is odd.
-    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {k * nr, two, k, one}}, {zero, zero}, c64(2),
-                  copy);
-    branch(odd != 0, [&] { nest({full, c64(nr)}, {{panel, two}, {k * nr, k}}, {whole * pair, k - 1}, copy); });
+    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {row_step * nr, k_step * 2, row_step, k_step}},
+                  {zero, zero}, c64(2), copy);
+    branch(odd != 0, [&] {
+      nest({full, c64(nr)}, {{panel, two}, {row_step * nr, row_step}}, {whole * pair, (k - 1) * k_step}, copy);
+    });
     // The last panel's `rest` columns.
-    nest({whole, rest, two}, {{pair, two, one}, {two, k, one}}, {full * panel, full * nr * k}, copy);
-    branch(odd != 0, [&] { nest({rest}, {{two}, {k}}, {full * panel + whole * pair, full * nr * k + k - 1}, copy); });
+    nest({whole, rest, two}, {{pair, two, one}, {k_step * 2, row_step, k_step}}, {full * panel, full * nr * row_step},
+         copy);
+    branch(odd != 0, [&] {
+      nest({rest}, {{two}, {row_step}}, {full * panel + whole * pair, full * nr * row_step + (k - 1) * k_step}, copy);
+    });
     return;
   }
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
@@ -195,8 +201,6 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     }
     return gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/true) : load(f32_, wt, at);
   };
-  // W's strides: a row, a step of K.
-  const I row_step = columns ? one : k, k_step = columns ? nn : one;
   // Whole panels (p, kk, r) from kdone on, then the last panel's `rest` columns (kk, r).
   nest_parallel({full, k - kdone, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}},
                 {kdone * nr, kdone * k_step}, c64(2), [&](const Dims& i, const Dims& off) {

@@ -391,7 +391,8 @@ void ModuleBuilder::emit_linear_strided(int id) {
 /// input's alone) and N (the right's); per batch index the left block is copied to [M, K] rows,
 /// the right block to [N, K] and packed into panels, the GEMM kernel writes [M, N], which is
 /// scattered into the output. The copies are O(M·K + N·K + M·N) against the product's
-/// O(M·N·K). f32 storage only; false (nothing emitted) for any other contraction.
+/// O(M·N·K). f32 operands, or bf16 ones (the bf16 kernel: vdpbf16ps where the host has it), into an
+/// f32 value; false (nothing emitted) for any other contraction.
 namespace {
 /// Whether `axes` are, by name, `first` then `second` (a tensor laid out as that matrix).
 bool laid_out(const std::vector<Axis>& axes, const std::vector<std::string>& first,
@@ -410,34 +411,16 @@ std::vector<std::string> names(const std::vector<Axis>& axes) {
 
 bool ModuleBuilder::emit_contract_on_gemm(int id) {
   const Node& n = g_.node(id);
-  for (int t : {n.inputs[0], n.inputs[1], id})
-    if (cpu_storage_dtype(g_, t) != DType::f32) return false;
-  auto has = [](const std::vector<Axis>& axes, const std::string& name) {
-    return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
-  };
-  // The output's first axis from the right operand: the operands swapped (Cᵀ = Rᵀ·L's rows are
-  // the output's), so that M's axes come first in the output as they do in C.
-  int li = n.inputs[0], ri = n.inputs[1];
-  if (!n.axes.empty() && !has(g_.node(li).axes, n.axes[0].name)) std::swap(li, ri);
+  // f32 operands, or both bf16 (legalize-dtypes leaves them so: half_operand), into f32.
+  const DType st = cpu_storage_dtype(g_, n.inputs[0]);
+  if ((st != DType::f32 && st != DType::bf16) || cpu_storage_dtype(g_, n.inputs[1]) != st ||
+      cpu_storage_dtype(g_, id) != DType::f32)
+    return false;
+  const auto roles = contract_gemm_roles(g_, id);
+  if (!roles) return false;
+  const int li = roles->a, ri = roles->b;
   const Node &ln = g_.node(li), &rn = g_.node(ri);
-  std::vector<Axis> batch, mx, nx, kx;
-  for (const Axis& a : n.axes) {
-    const bool l = has(ln.axes, a.name), r = has(rn.axes, a.name);
-    if (l && r)
-      batch.push_back(a);
-    else if (l)
-      mx.push_back(a);
-    else if (r)
-      nx.push_back(a);
-    else
-      return false;
-  }
-  for (const auto& c : n.attr_axes) kx.push_back(ln.axes[axis_pos(ln.axes, c)]);
-  for (const Node* in : {&ln, &rn})
-    for (const Axis& a : in->axes)
-      if (!has(n.axes, a.name) && std::find(n.attr_axes.begin(), n.attr_axes.end(), a.name) == n.attr_axes.end())
-        return false;
-  if (mx.empty() || nx.empty() || kx.empty()) return false;
+  const std::vector<Axis>&batch = roles->batch, &mx = roles->m, &nx = roles->n, &kx = roles->k;
 
   const Dims ls = shape(li), rs = shape(ri), os = shape(id);
   auto extents = [&](const std::vector<Axis>& axes) {
@@ -451,7 +434,11 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   };
   const Dims bd = extents(batch), md = extents(mx), nd = extents(nx), kd = extents(kx);
   const I m = numel(md), nn = numel(nd), k = numel(kd);
-  gemm_cfg_ = choose_gemm_config(GemmSpec{}, target_);
+  const bool bf16 = st == DType::bf16;
+  const std::int64_t elem = bf16 ? 2 : 4;
+  GemmSpec spec;
+  spec.bf16 = bf16;
+  gemm_cfg_ = choose_gemm_config(spec, target_);
   const std::int64_t nr = gemm_cfg_.cols();
   // Without batch axes an operand laid out as a matrix is read where it is: A as [M, K] rows, or
   // as [K, M] (a weight's gradient, Σ over Batch and Seq: read down its columns); Bᵀ's panels
@@ -467,8 +454,8 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   llvm::Value *lhs = buf(li), *rhs = buf(ri), *y = buf(id);
   std::vector<llvm::Value*> owned;  // what this node allocates (and frees)
   auto scratch = [&](const I& bytes) { return owned.emplace_back(aligned_alloc(bytes)); };
-  llvm::Value* a = a_rows || a_cols ? lhs : scratch(m * k * 4);
-  llvm::Value* bt = b_rows || b_cols ? rhs : scratch(nn * k * 4);  // b_cols: B itself
+  llvm::Value* a = a_rows || a_cols ? lhs : scratch(m * k * elem);
+  llvm::Value* bt = b_rows || b_cols ? rhs : scratch(nn * k * elem);  // b_cols: B itself
   llvm::Value* packed = scratch(gemm_panel_bytes(gemm_cfg_, nn, k));
   llvm::Value* bias = scratch(ceil_div(nn, nr) * nr * 4);
   llvm::Value* c = c_direct ? y : scratch(m * nn * 4);
@@ -481,24 +468,25 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
         const Dims lb = strides_by_name(batch, ln.axes, ls), rb = strides_by_name(batch, rn.axes, rs),
                    ob = strides_by_name(batch, n.axes, os);
         nest(bd, {lb, rb, ob}, {c64(0), c64(0), c64(0)}, [&](const Dims&, const Dims& base) {
-          auto copy = [&](llvm::Value* dst, llvm::Value* src) {
-            return [&, dst, src](const Dims&, const Dims& off) { store(load(f32_, src, off[1]), dst, off[0]); };
+          auto copy = [&](llvm::Value* dst, llvm::Value* src, llvm::Type* t) {
+            return [&, dst, src, t](const Dims&, const Dims& off) { store(load(t, src, off[1]), dst, off[0]); };
           };
+          llvm::Type* operand = bf16 ? b_.getInt16Ty() : f32_;  // moved as stored
           // A = the left block as [M, K] rows; Bᵀ = the right block as [N, K] rows, then panels.
           const Dims mk = cat(md, kd), nk = cat(nd, kd);
           if (a != lhs)
             nest_parallel(mk, {strides_of(mk), cat(strides_by_name(mx, ln.axes, ls), strides_by_name(kx, ln.axes, ls))},
-                          {c64(0), base[0]}, c64(8), copy(a, lhs));
+                          {c64(0), base[0]}, c64(8), copy(a, lhs, operand));
           if (bt != rhs)
             nest_parallel(nk, {strides_of(nk), cat(strides_by_name(nx, rn.axes, rs), strides_by_name(kx, rn.axes, rs))},
-                          {c64(0), base[1]}, c64(8), copy(bt, rhs));
+                          {c64(0), base[1]}, c64(8), copy(bt, rhs, operand));
           emit_pack_panels(bt, packed, nn, k, nullptr, b_cols);
           emit_gemm_packed(a, packed, bias, c, m, nn, k);
           if (c != y) {
             const Dims out_dims = cat(md, nd);
             nest_parallel(out_dims,
                           {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(out_dims)},
-                          {base[2], c64(0)}, c64(8), copy(y, c));
+                          {base[2], c64(0)}, c64(8), copy(y, c, f32_));
           }
         });
       },

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
+#include <vector>
 
 #include <qkv/ir/graph.hpp>
 
@@ -54,6 +56,17 @@ inline constexpr std::int64_t kQuantGroupQuantum = 16;
 /// — one nibble of its bytes — is whole vectors, and q's static bytes a row whole groups), and is no
 /// graph output: those kernels read q and the scales as stored, and the weight is never written out.
 bool dequantize_in_linear(const Graph& lowered, int id);
+
+/// A contraction's roles as GEMMs, C[M, N] = Σ_K A[M, K]·B[K, N] per batch index: `a` is the
+/// input whose axis comes first in the output (so that M's axes lead C as they lead the output),
+/// the output's axes split into `batch` (in both inputs), `m` (a's alone) and `n` (b's alone), and
+/// `k` the contracted axes in a's order. Nullopt — not a GEMM — when an output axis is in neither
+/// input, an input has an axis neither kept nor contracted, or M, N or K has no axis.
+struct GemmRoles {
+  int a = -1, b = -1;
+  std::vector<Axis> batch, m, n, k;
+};
+std::optional<GemmRoles> contract_gemm_roles(const Graph& lowered, int id);
 
 /// The kind that runs node `id`.
 KernelKind select_kernel(const Graph& lowered, int id);

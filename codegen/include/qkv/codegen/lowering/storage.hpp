@@ -61,7 +61,8 @@ inline bool stored_alike(const Graph& lowered, int id) {
 /// its value (rows copied); and a fused attention whose q, k, v and output are all bf16 (its mod's tensors are read as
 /// f32), and likewise its backward (q, k, v, out, d_out and dQ bf16; dK and dV its companions, bf16). A linear layer on
 /// the GEMM / GEMV kernels reads bf16 x and W itself (both bf16; vdpbf16ps where the host has it) and writes f32, which
-/// is rounded after it: the K blocks' partial sums stay f32.
+/// is rounded after it: the K blocks' partial sums stay f32; so does a contraction of two bf16 operands that the GEMM
+/// runs (contract_gemm_roles).
 inline bool half_native(const Graph& lowered, int id) {
   const Node& n = lowered.node(id);
   switch (select_kernel(lowered, id)) {
@@ -106,9 +107,13 @@ inline bool half_native(const Graph& lowered, int id) {
 }
 inline bool half_operand(const Graph& lowered, int id, std::size_t input) {
   const Node& n = lowered.node(id);
-  if (select_kernel(lowered, id) == KernelKind::gemm)
+  const KernelKind kind = select_kernel(lowered, id);
+  if (kind == KernelKind::gemm)
     return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
            lowered.node(n.inputs[1]).dtype == DType::bf16;
+  if (kind == KernelKind::contract)  // on the GEMM kernel (emit_contract_on_gemm) when both are bf16
+    return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
+           lowered.node(n.inputs[1]).dtype == DType::bf16 && contract_gemm_roles(lowered, id).has_value();
   return half_native(lowered, id) && (n.op != Op::fused_attention || input < 3) &&
          (n.op != Op::fused_attention_backward || input < 5);
 }
