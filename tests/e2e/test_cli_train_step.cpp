@@ -85,4 +85,20 @@ TEST_F(TrainStep, WritesTheLibraryAndAHeaderThatListsTheWeights) {
   EXPECT_LT(h.find("sgd_step_step("), h.rfind("#ifdef __cplusplus"));
 }
 
+// --dtype bf16: the same step's ABI (f32 weights and state), the model computed in bf16 — its
+// linear layers and the backward's contractions on the bf16 GEMM kernels.
+TEST_F(TrainStep, Bf16ComputeKeepsTheF32WeightsAndRunsTheBf16Gemm) {
+  for (const char* format : {"obj", "ll"}) {
+    const Result r = emit({"--model", (kTrain / "sgd").string(), "--batch", "2", "--seq", "7", "--dtype", "bf16",
+                           "--format", format, "--out", tmp("bf16") + "/"});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const std::string h = slurp(tmp("bf16/qkv_train.h"));  // written with the object
+  EXPECT_THAT(h, HasSubstr("the model computed in bf16 over the f32 weights"));
+  EXPECT_THAT(h, HasSubstr("static inline int qkv_train_step(const float* const* weights"));
+  const std::string ll = slurp(tmp("bf16/qkv_train.ll"));
+  EXPECT_THAT(ll, HasSubstr("@qkv_gemm_bf16"));
+  EXPECT_THAT(ll, HasSubstr("@qkv_gemm_bf16_at"));  // the weights' gradients
+}
+
 }  // namespace

@@ -583,6 +583,10 @@ int run_emit_train_step(int argc, char** argv) {
   cmd->add_option("--label-smoothing", o.label_smoothing, "The loss's label smoothing")
       ->check(number_in(0, 1))
       ->capture_default_str();
+  cmd->add_option("--dtype", o.dtype,
+                  "f32 | bf16: the model computed in bf16 over the f32 weights (loss and optimizer in f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--ignore-index", o.ignore_index, "Targets equal to it count for nothing")
       ->check(integer_in(std::numeric_limits<std::int64_t>::min(), kInt64Max))
       ->capture_default_str();

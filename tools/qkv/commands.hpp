@@ -229,6 +229,7 @@ struct EmitTrainStep {
   std::optional<double> weight_decay, beta1, beta2, eps, momentum;
   double max_grad_norm = 0.0, label_smoothing = 0.0;
   std::int64_t ignore_index = -100;
+  std::string dtype = "f32";  // f32 | bf16: the compute dtype over f32 weights (TrainSpec::compute)
   std::string target = "cpu", cpu, features, format;
   std::string out;  // a file, or a directory (existing, or ending in '/'): <function>.<so|o|ll|s> in it
   std::string function;

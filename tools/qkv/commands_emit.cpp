@@ -413,6 +413,8 @@ std::string train_step_file(OutputGroup& outputs, const std::string& out, const 
 /// What the optimizer and the loss are, in words (the header's comment).
 std::string describe(const TrainSpec& s, const HfConfig& c) {
   std::ostringstream d;
+  if (s.compute != DType::f32)
+    d << "the model computed in " << dtype_name(s.compute) << " over the f32 weights (each read through one rounding), ";
   d << "cross-entropy over the vocabulary (" << c.vocab_size << " tokens; the mean over targets other than "
     << s.loss.ignore_index;
   if (s.loss.label_smoothing > 0) d << ", label smoothing " << s.loss.label_smoothing;
@@ -563,6 +565,8 @@ int emit_train_step(const EmitTrainStep& e) {
   }
   spec.step.max_grad_norm = e.max_grad_norm;
   spec.loss = {.ignore_index = e.ignore_index, .label_smoothing = e.label_smoothing};
+  if (e.dtype != "f32" && e.dtype != "bf16") throw UsageError("--dtype must be f32 or bf16, not " + e.dtype);
+  spec.compute = e.dtype == "bf16" ? DType::bf16 : DType::f32;
   const codegen::AotFormat format = cpu_format(e.format.empty() ? "so" : e.format);
   const codegen::AotOptions options = cpu_options(e.target, e.cpu, e.features, e.function, "qkv_train", {"_step"});
 
