@@ -380,13 +380,7 @@ class Planner {
     if (!kernel) return host(id, why);
     Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
     if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
-    Arg tensors = Arg::null(), extents = Arg::null();
-    if (!call->tensor_inputs.empty()) {
-      const std::size_t count = call->tensor_inputs.size();
-      s.tensor_table = new_buffer((count + call->tensor_extents.size()) * 8, id);
-      tensors = Arg::buf(s.tensor_table);
-      extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
-    }
+    const auto [tensors, extents] = tensor_table(s, *call, id);
     s.kind = Step::Kind::gpu;
     if (decode(id, *call, out, lse, tensors, extents)) return;
     launch(id, *kernel, grid,
@@ -394,6 +388,16 @@ class Planner {
             weights >= 0 ? Arg::buf(weights) : Arg::null(), Arg::null(), Arg::null(), tensors, extents,
             Arg::i(call->batch), Arg::i(call->len_q), Arg::i(call->len_k),
             Arg::i(static_cast<std::int64_t>(call->seed)), lse >= 0 ? Arg::buf(lse) : Arg::null()});
+  }
+
+  /// A fused attention's tensor table (Step::tensor_table: the mod's tensors' addresses, then
+  /// their extents) and the kernels' `tensors` and `extents` arguments into it; null arguments
+  /// when the mod loads no tensor.
+  std::pair<Arg, Arg> tensor_table(Step& s, const FusedAttentionCall& call, int id) {
+    if (call.tensor_inputs.empty()) return {Arg::null(), Arg::null()};
+    const std::size_t count = call.tensor_inputs.size();
+    s.tensor_table = new_buffer((count + call.tensor_extents.size()) * 8, id);
+    return {Arg::buf(s.tensor_table), Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8))};
   }
 
   /// fused_attention_backward: the PTX backward's dq kernel (D into a scratch buffer, dQ) and then
@@ -434,13 +438,7 @@ class Planner {
     dv_[id] = dv;
     const int delta = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q) * 4, id);
     use_inputs(id);
-    Arg tensors = Arg::null(), extents = Arg::null();
-    if (!call->tensor_inputs.empty()) {
-      const std::size_t count = call->tensor_inputs.size();
-      s.tensor_table = new_buffer((count + call->tensor_extents.size()) * 8, id);
-      tensors = Arg::buf(s.tensor_table);
-      extents = Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8));
-    }
+    const auto [tensors, extents] = tensor_table(s, *call, id);
     s.kind = Step::Kind::gpu;
     std::vector<Arg> args;
     for (int i = 0; i < 6; ++i) args.push_back(Arg::buf(buf(n.inputs[static_cast<std::size_t>(i)])));  // q … lse

@@ -81,13 +81,11 @@ class BackwardPtx {
   Values visit_unless(llvm::Value* never, const Values& carried, const std::function<Values(const Values&)>& visit,
                       const std::string& name);
 
-  /// tile[r][c] = src[r·width + c] · factor for r < valid rows, else 0 (c < width).
+  /// tile[r][c] = src[r·width + c] · factor for rows r < valid, else 0 (c < width): stage_rows.
   void stage(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, int stride, llvm::Value* tile,
-             double factor, const std::string& name);
-  /// acc[i][j] = Σ_{d < len} A[i][d] · B[j][d] from row pointers, `w` floats per load.
-  Values dot_tile(const Values& a_rows, const Values& b_rows, std::int64_t len, int w);
-  /// acc[i][t][e] += Σ_{c < n} A[i][c] · B[c][t·8·w + e] (b_lane: B + kg·w), A rows 4 at a time.
-  Values rows_times_tile(Values acc, const Values& a_rows, int n, llvm::Value* b_lane, int b_stride, int tc, int w);
+             double factor, const std::string& name) {
+    kb_.stage_rows(tid_, g_.threads, src, b_.CreateMul(valid, c64(width)), rows, width, stride, tile, factor, name);
+  }
   /// rows[i][t·8·w + kg·w + e] = acc · factor for rows `ok` and columns < width.
   void store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w, std::int64_t width,
                   double factor);
@@ -95,7 +93,6 @@ class BackwardPtx {
   // helpers
   llvm::Value* shared(std::int64_t offset) { return b_.CreateConstInBoundsGEP1_64(kb_.f32(), smem_, offset); }
   llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(kb_.f32(), base, index); }
-  Values load_shared(llvm::Value* ptr, int width);
   llvm::Value* c32(std::int64_t v) { return kb_.c32(v); }
   llvm::Value* c64(std::int64_t v) { return kb_.c64(v); }
   llvm::Value* zext64(llvm::Value* v) { return b_.CreateZExt(v, kb_.i64()); }
@@ -245,14 +242,14 @@ Values BackwardPtx::visit_unless(llvm::Value* never, const Values& carried,
 
 BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always,
                                         llvm::Value* head32) {
-  Values s = dot_tile(q_rows_, k_rows_, dk_, g_.wk);
+  Values s = kb_.dot_tile(q_rows_, k_rows_, dk_, g_.wk);
   for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
   Values fprime;
   if (mod_->has_score()) fprime = mod_->derivative(s, key);
   llvm::Value* partial = b_.CreateNot(always, "partial");
   llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
   s = mod_->apply(s, key, b_.CreateOr(partial, past_s, "masked"), partial);
-  const Values dp = dot_tile(do_rows_, v_rows_, dv_, g_.wv);
+  const Values dp = kb_.dot_tile(do_rows_, v_rows_, dv_, g_.wv);
 
   Scores out{Values(s.size()), Values(s.size())};
   const bool dropout = spec_.dropout_p > 0;
@@ -342,7 +339,7 @@ void BackwardPtx::emit_dq() {
               for (int i = 0; i < R_; ++i)
                 for (int j = 0; j < KJ_; ++j) b_.CreateStore(sc.ds[si(i, j)], at(ds_rows[i], b_.CreateAdd(kg_, c32(8 * j))));
               kb_.warp_sync();  // dS rows are written and read by the same warp
-              return rows_times_tile(in, ds_rows, g_.block_k, k_lane, g_.k_stride, g_.tck, g_.wk);
+              return kb_.rows_times_tile(in, ds_rows, g_.block_k, k_lane, g_.k_stride, g_.tck, g_.wk);
             },
             "tile");
       },
@@ -415,8 +412,8 @@ void BackwardPtx::emit_dkdv() {
                     kb_.barrier();
                     Values dkacc(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nk));
                     Values dvacc(in.begin() + static_cast<std::ptrdiff_t>(nk), in.end());
-                    dvacc = rows_times_tile(dvacc, pt_rows, g_.block_q, do_lane, g_.v_stride, g_.tcv, g_.wv);
-                    dkacc = rows_times_tile(dkacc, dst_rows, g_.block_q, q_lane, g_.k_stride, g_.tck, g_.wk);
+                    dvacc = kb_.rows_times_tile(dvacc, pt_rows, g_.block_q, do_lane, g_.v_stride, g_.tcv, g_.wv);
+                    dkacc = kb_.rows_times_tile(dkacc, dst_rows, g_.block_q, q_lane, g_.k_stride, g_.tck, g_.wk);
                     dkacc.insert(dkacc.end(), dvacc.begin(), dvacc.end());
                     return dkacc;
                   },
@@ -435,78 +432,6 @@ void BackwardPtx::emit_dkdv() {
   }
   store_rows(Values(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(nk)), dk_rows, ok, g_.tck, g_.wk, dk_, 1.0);
   store_rows(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()), dv_rows, ok, g_.tcv, g_.wv, dv_, 1.0);
-}
-
-void BackwardPtx::stage(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, int stride,
-                        llvm::Value* tile, double factor, const std::string& name) {
-  // idx = r·width + c walks the source rows in order (coalesced); rows past `valid` are zeros
-  // and read src[0] (in bounds whenever the tile is visited).
-  llvm::Value* valid_floats = b_.CreateMul(valid, c64(width));
-  llvm::Value* f = kb_.cf(factor);
-  kb_.loop(
-      tid_, c32(rows * width), g_.threads,
-      [&](llvm::Value* idx) {
-        llvm::Value* r = b_.CreateUDiv(idx, c32(width));
-        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, c32(width)));
-        llvm::Value* ok = b_.CreateICmpSLT(zext64(idx), valid_floats);
-        llvm::Value* x = b_.CreateLoad(kb_.f32(), at(src, b_.CreateSelect(ok, zext64(idx), c64(0))));
-        if (factor != 1.0) x = b_.CreateFMul(x, f);
-        b_.CreateStore(b_.CreateSelect(ok, x, kb_.cf(0.0)), at(tile, b_.CreateAdd(b_.CreateMul(r, c32(stride)), c)));
-      },
-      name);
-}
-
-Values BackwardPtx::load_shared(llvm::Value* ptr, int width) {
-  if (width == 1) return {b_.CreateAlignedLoad(kb_.f32(), ptr, llvm::Align(4))};
-  auto* vt = llvm::FixedVectorType::get(kb_.f32(), static_cast<unsigned>(width));
-  llvm::Value* v = b_.CreateAlignedLoad(vt, ptr, llvm::Align(16));
-  Values out;
-  for (int e = 0; e < width; ++e) out.push_back(b_.CreateExtractElement(v, static_cast<std::uint64_t>(e)));
-  return out;
-}
-
-Values BackwardPtx::dot_tile(const Values& a_rows, const Values& b_rows, std::int64_t len, int w) {
-  const auto na = static_cast<int>(a_rows.size()), nb = static_cast<int>(b_rows.size());
-  Values zero(static_cast<std::size_t>(na * nb), kb_.cf(0.0));
-  return kb_.loop(
-      c32(0), c32(len), w, zero,
-      [&](llvm::Value* d, const Values& in) {
-        Values acc = in;
-        std::vector<Values> av, bv;
-        for (llvm::Value* r : a_rows) av.push_back(load_shared(at(r, d), w));
-        for (llvm::Value* r : b_rows) bv.push_back(load_shared(at(r, d), w));
-        for (int e = 0; e < w; ++e)
-          for (int i = 0; i < na; ++i)
-            for (int j = 0; j < nb; ++j) {
-              llvm::Value*& x = acc[static_cast<std::size_t>(i * nb + j)];
-              x = kb_.fma(av[i][e], bv[j][e], x);
-            }
-        return acc;
-      },
-      "dot");
-}
-
-Values BackwardPtx::rows_times_tile(Values acc, const Values& a_rows, int n, llvm::Value* b_lane, int b_stride, int tc,
-                                    int w) {
-  const auto na = static_cast<int>(a_rows.size());
-  auto ai = [&](int i, int t, int e) { return static_cast<std::size_t>((i * tc + t) * w + e); };
-  return kb_.loop(
-      c32(0), c32(n), 4, std::move(acc),
-      [&](llvm::Value* c, const Values& in) {
-        Values out = in;
-        std::vector<Values> av;
-        for (llvm::Value* r : a_rows) av.push_back(load_shared(at(r, c), 4));
-        for (int cc = 0; cc < 4; ++cc) {
-          llvm::Value* brow = at(b_lane, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(b_stride)));
-          for (int t = 0; t < tc; ++t) {
-            const Values bv = load_shared(at(brow, c32(t * 8 * w)), w);
-            for (int i = 0; i < na; ++i)
-              for (int e = 0; e < w; ++e) out[ai(i, t, e)] = kb_.fma(av[i][cc], bv[e], out[ai(i, t, e)]);
-          }
-        }
-        return out;
-      },
-      "rows_x_tile");
 }
 
 void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w,

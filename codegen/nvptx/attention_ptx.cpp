@@ -99,8 +99,6 @@ class AttentionPtx {
   // helpers
   llvm::Value* shared(std::int64_t offset) { return b_.CreateConstInBoundsGEP1_64(kb_.f32(), smem_, offset); }
   llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(kb_.f32(), base, index); }
-  /// `width` floats (1 or 4) from shared memory: a scalar or a <4 x float> (ld.shared.v4.f32).
-  Values load_shared(llvm::Value* ptr, int width);
   llvm::Value* c32(std::int64_t v) { return kb_.c32(v); }
   llvm::Value* c64(std::int64_t v) { return kb_.c64(v); }
   llvm::Value* zext64(llvm::Value* v) { return b_.CreateZExt(v, kb_.i64()); }
@@ -243,22 +241,10 @@ void AttentionPtx::prologue() {
 }
 
 void AttentionPtx::stage_queries() {
-  // Q[r][d] = q[q0 + r][d] · scale · log2 e for r < nvalid, else 0. The block's rows are
-  // contiguous in q, so idx = r·dk + d walks global memory in order (coalesced).
-  llvm::Value* factor = kb_.cf(spec_.effective_scale() * kLog2e);
-  llvm::Value* valid_floats = b_.CreateMul(nvalid_, c64(dk_));
-  kb_.loop(
-      tid_, c32(g_.block_q * dk_), g_.threads,
-      [&](llvm::Value* idx) {
-        llvm::Value* r = b_.CreateUDiv(idx, c32(dk_));
-        llvm::Value* d = b_.CreateSub(idx, b_.CreateMul(r, c32(dk_)));
-        llvm::Value* ok = b_.CreateICmpSLT(zext64(idx), valid_floats);
-        llvm::Value* src = b_.CreateSelect(ok, zext64(idx), c64(0));  // rows past L read q[0]: in bounds
-        llvm::Value* x = b_.CreateFMul(b_.CreateLoad(kb_.f32(), at(q_blk_, src)), factor);
-        b_.CreateStore(b_.CreateSelect(ok, x, kb_.cf(0.0)),
-                       at(qs_, b_.CreateAdd(b_.CreateMul(r, c32(g_.qk_stride)), d)));
-      },
-      "stage_q");
+  // Q[r][d] = q[q0 + r][d] · scale · log2 e for r < nvalid, else 0 (the block's rows are
+  // contiguous in q).
+  kb_.stage_rows(tid_, g_.threads, q_blk_, b_.CreateMul(nvalid_, c64(dk_)), g_.block_q, dk_, g_.qk_stride, qs_,
+                 spec_.effective_scale() * kLog2e, "stage_q");
 }
 
 void AttentionPtx::zero_value_padding() {
@@ -414,21 +400,10 @@ Values AttentionPtx::visit_tile(Pass pass, llvm::Value* k0, const Values& key, l
 
 void AttentionPtx::stage_rows(llvm::Value* src, llvm::Value* k0, std::int64_t width, std::int64_t offset,
                               std::int64_t stride, const std::string& name) {
-  // tile[key][c] = src[(k0 + key)·width + c] for keys before S, else 0: idx = key·width + c walks
-  // the tile's contiguous rows in order.
-  llvm::Value* base = at(src, b_.CreateMul(k0, c64(width)));
-  llvm::Value* valid_floats = b_.CreateMul(b_.CreateSub(len_k_, k0), c64(width));  // > 0 inside the sweep
-  llvm::Value* tile = shared(offset);
-  kb_.loop(
-      tid_, c32(g_.block_k * width), g_.threads,
-      [&](llvm::Value* idx) {
-        llvm::Value* key = b_.CreateUDiv(idx, c32(width));
-        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(key, c32(width)));
-        llvm::Value* ok = b_.CreateICmpSLT(zext64(idx), valid_floats);
-        llvm::Value* x = b_.CreateLoad(kb_.f32(), at(base, b_.CreateSelect(ok, zext64(idx), c64(0))));
-        b_.CreateStore(b_.CreateSelect(ok, x, kb_.cf(0.0)), at(tile, b_.CreateAdd(b_.CreateMul(key, c32(stride)), c)));
-      },
-      name);
+  // tile[key][c] = src[(k0 + key)·width + c] for keys before S, else 0.
+  kb_.stage_rows(tid_, g_.threads, at(src, b_.CreateMul(k0, c64(width))),
+                 b_.CreateMul(b_.CreateSub(len_k_, k0), c64(width)), g_.block_k, width, static_cast<int>(stride),
+                 shared(offset), 1.0, name);
 }
 
 void AttentionPtx::stage_tile(llvm::Value* k0, Pass pass) {
@@ -436,54 +411,14 @@ void AttentionPtx::stage_tile(llvm::Value* k0, Pass pass) {
   if (pass != Pass::stats) stage_rows(v_blk_, k0, dv_, g_.v_offset, g_.v_stride, "stage_v");
 }
 
-Values AttentionPtx::load_shared(llvm::Value* ptr, int width) {
-  if (width == 1) return {b_.CreateAlignedLoad(kb_.f32(), ptr, llvm::Align(4))};
-  auto* vt = llvm::FixedVectorType::get(kb_.f32(), static_cast<unsigned>(width));
-  llvm::Value* v = b_.CreateAlignedLoad(vt, ptr, llvm::Align(16));
-  Values out;
-  for (int e = 0; e < width; ++e) out.push_back(b_.CreateExtractElement(v, static_cast<std::uint64_t>(e)));
-  return out;
-}
-
 Values AttentionPtx::emit_qk_tile() {
   // s[i][j] = Σ_d Q[row_i][d] · K[key_j][d], one fma per d in increasing d (the CPU kernel's order).
-  const int w = g_.wk;
-  Values zero(static_cast<std::size_t>(R_ * KJ_), kb_.cf(0.0));
-  return kb_.loop(
-      c32(0), c32(dk_), w, zero,
-      [&](llvm::Value* d, const Values& in) {
-        Values acc = in;
-        std::vector<Values> qv, kv;
-        for (int i = 0; i < R_; ++i) qv.push_back(load_shared(at(q_rows_[i], d), w));
-        for (int j = 0; j < KJ_; ++j) kv.push_back(load_shared(at(k_rows_[j], d), w));
-        for (int e = 0; e < w; ++e)
-          for (int i = 0; i < R_; ++i)
-            for (int j = 0; j < KJ_; ++j) acc[si(i, j)] = kb_.fma(qv[i][e], kv[j][e], acc[si(i, j)]);
-        return acc;
-      },
-      "qk");
+  return kb_.dot_tile(q_rows_, k_rows_, dk_, g_.wk);
 }
 
 Values AttentionPtx::emit_pv_tile(Values o) {
-  // o[i][t][e] += Σ_c P[row_i][c] · V[c][t·8·wv + kg·wv + e], keys c in increasing order; P is
-  // read 4 keys at a time (ld.shared.v4), V rows wv columns at a time.
-  return kb_.loop(
-      c32(0), c32(g_.block_k), 4, o,
-      [&](llvm::Value* c, const Values& in) {
-        Values acc = in;
-        std::vector<Values> pv;
-        for (int i = 0; i < R_; ++i) pv.push_back(load_shared(at(p_rows_[i], c), 4));
-        for (int cc = 0; cc < 4; ++cc) {
-          llvm::Value* vrow = at(v_lane_, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(g_.v_stride)));
-          for (int t = 0; t < TC_; ++t) {
-            Values vv = load_shared(at(vrow, c32(t * 8 * g_.wv)), g_.wv);
-            for (int i = 0; i < R_; ++i)
-              for (int e = 0; e < g_.wv; ++e) acc[oi(i, t, e)] = kb_.fma(pv[i][cc], vv[e], acc[oi(i, t, e)]);
-          }
-        }
-        return acc;
-      },
-      "pv");
+  // o[i][t][e] += Σ_c P[row_i][c] · V[c][t·8·wv + kg·wv + e], keys c in increasing order.
+  return kb_.rows_times_tile(std::move(o), p_rows_, g_.block_k, v_lane_, g_.v_stride, TC_, g_.wv);
 }
 
 void AttentionPtx::store_lse(const Values& m, const Values& l) {

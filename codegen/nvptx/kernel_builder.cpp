@@ -304,4 +304,81 @@ llvm::Value* KernelBuilder::guarded_load(llvm::Value* cond, llvm::Type* type, ll
   return phi;
 }
 
+std::vector<llvm::Value*> KernelBuilder::load_shared_f32(llvm::Value* ptr, int width) {
+  if (width == 1) return {b_.CreateAlignedLoad(f32(), ptr, llvm::Align(4))};
+  auto* vt = llvm::FixedVectorType::get(f32(), static_cast<unsigned>(width));
+  llvm::Value* v = b_.CreateAlignedLoad(vt, ptr, llvm::Align(16));
+  std::vector<llvm::Value*> out;
+  for (int e = 0; e < width; ++e) out.push_back(b_.CreateExtractElement(v, static_cast<std::uint64_t>(e)));
+  return out;
+}
+
+void KernelBuilder::stage_rows(llvm::Value* tid, int threads, llvm::Value* src, llvm::Value* valid_floats, int rows,
+                               std::int64_t width, int stride, llvm::Value* tile, double factor,
+                               const std::string& name) {
+  loop(
+      tid, c32(rows * width), threads,
+      [&](llvm::Value* idx) {
+        llvm::Value* r = b_.CreateUDiv(idx, c32(width));
+        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, c32(width)));
+        llvm::Value* idx64 = b_.CreateZExt(idx, i64());
+        llvm::Value* ok = b_.CreateICmpSLT(idx64, valid_floats);
+        llvm::Value* x = b_.CreateLoad(f32(), b_.CreateInBoundsGEP(f32(), src, b_.CreateSelect(ok, idx64, c64(0))));
+        if (factor != 1.0) x = b_.CreateFMul(x, cf(factor));
+        b_.CreateStore(b_.CreateSelect(ok, x, cf(0.0)),
+                       b_.CreateInBoundsGEP(f32(), tile, b_.CreateAdd(b_.CreateMul(r, c32(stride)), c)));
+      },
+      name);
+}
+
+std::vector<llvm::Value*> KernelBuilder::dot_tile(const std::vector<llvm::Value*>& a_rows,
+                                                  const std::vector<llvm::Value*>& b_rows, std::int64_t len, int w) {
+  const auto na = static_cast<int>(a_rows.size()), nb = static_cast<int>(b_rows.size());
+  std::vector<llvm::Value*> zero(static_cast<std::size_t>(na * nb), cf(0.0));
+  return loop(
+      c32(0), c32(len), w, zero,
+      [&](llvm::Value* d, const std::vector<llvm::Value*>& in) {
+        std::vector<llvm::Value*> acc = in;
+        std::vector<std::vector<llvm::Value*>> av, bv;
+        for (llvm::Value* r : a_rows) av.push_back(load_shared_f32(b_.CreateInBoundsGEP(f32(), r, d), w));
+        for (llvm::Value* r : b_rows) bv.push_back(load_shared_f32(b_.CreateInBoundsGEP(f32(), r, d), w));
+        for (int e = 0; e < w; ++e)
+          for (int i = 0; i < na; ++i)
+            for (int j = 0; j < nb; ++j) {
+              llvm::Value*& x = acc[static_cast<std::size_t>(i * nb + j)];
+              x = fma(av[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)],
+                      bv[static_cast<std::size_t>(j)][static_cast<std::size_t>(e)], x);
+            }
+        return acc;
+      },
+      "dot");
+}
+
+std::vector<llvm::Value*> KernelBuilder::rows_times_tile(std::vector<llvm::Value*> acc,
+                                                         const std::vector<llvm::Value*>& a_rows, int n,
+                                                         llvm::Value* b_lane, int b_stride, int tc, int w) {
+  const auto na = static_cast<int>(a_rows.size());
+  auto ai = [&](int i, int t, int e) { return static_cast<std::size_t>((i * tc + t) * w + e); };
+  return loop(
+      c32(0), c32(n), 4, std::move(acc),
+      [&](llvm::Value* c, const std::vector<llvm::Value*>& in) {
+        std::vector<llvm::Value*> out = in;
+        std::vector<std::vector<llvm::Value*>> av;
+        for (llvm::Value* r : a_rows) av.push_back(load_shared_f32(b_.CreateInBoundsGEP(f32(), r, c), 4));
+        for (int cc = 0; cc < 4; ++cc) {
+          llvm::Value* brow = b_.CreateInBoundsGEP(f32(), b_lane, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(b_stride)));
+          for (int t = 0; t < tc; ++t) {
+            const std::vector<llvm::Value*> bv = load_shared_f32(b_.CreateInBoundsGEP(f32(), brow, c32(t * 8 * w)), w);
+            for (int i = 0; i < na; ++i)
+              for (int e = 0; e < w; ++e)
+                out[ai(i, t, e)] =
+                    fma(av[static_cast<std::size_t>(i)][static_cast<std::size_t>(cc)], bv[static_cast<std::size_t>(e)],
+                        out[ai(i, t, e)]);
+          }
+        }
+        return out;
+      },
+      "rows_x_tile");
+}
+
 }  // namespace qkv::codegen::nvptx::detail

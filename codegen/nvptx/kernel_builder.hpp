@@ -137,6 +137,26 @@ class KernelBuilder {
   void loop(llvm::Value* begin, llvm::Value* end, llvm::Value* step, const std::function<void(llvm::Value* i)>& body,
             const std::string& name);
 
+  // --- shared-memory tiles (the fp32 attention kernels, forward and backward)
+  /// `width` f32 from shared memory: one scalar load, or (width 4) one ld.shared.v4.f32 at a
+  /// 16-byte aligned address.
+  std::vector<llvm::Value*> load_shared_f32(llvm::Value* ptr, int width);
+  /// The block's threads (thread `tid` of `threads`) copy `rows` rows of `width` floats to a shared
+  /// tile whose rows are `stride` floats apart: tile[r][c] = src[r·width + c] · factor where
+  /// r·width + c < valid_floats, else 0. Consecutive threads take consecutive floats (coalesced);
+  /// the floats past valid_floats read src[0] (in bounds whenever a row is valid).
+  void stage_rows(llvm::Value* tid, int threads, llvm::Value* src, llvm::Value* valid_floats, int rows,
+                  std::int64_t width, int stride, llvm::Value* tile, double factor, const std::string& name);
+  /// acc[i·|b_rows| + j] = Σ_{d < len} A[i][d] · B[j][d] over shared rows (pointers), one fma per d in
+  /// increasing d, `w` floats a load.
+  std::vector<llvm::Value*> dot_tile(const std::vector<llvm::Value*>& a_rows, const std::vector<llvm::Value*>& b_rows,
+                                     std::int64_t len, int w);
+  /// acc[(i·tc + t)·w + e] += Σ_{c < n} A[i][c] · B[c][t·8·w + e] in increasing c: A's shared rows
+  /// read 4 at a time (n a multiple of 4, rows 16-byte aligned), B's rows (b_lane: this lane's first
+  /// column, rows b_stride floats apart) `w` floats at a time.
+  std::vector<llvm::Value*> rows_times_tile(std::vector<llvm::Value*> acc, const std::vector<llvm::Value*>& a_rows,
+                                            int n, llvm::Value* b_lane, int b_stride, int tc, int w);
+
   /// if (cond) { then(); } — the builder is left after the join.
   void if_then(llvm::Value* cond, const std::function<void()>& then, const std::string& name);
   /// cond ? load(type, ptr) : fallback, the load only executed when cond holds.

@@ -260,6 +260,26 @@ struct AttnInputs {
   std::vector<ModData> mods;
   std::vector<const void*> tensor_ptrs;
   std::vector<std::int64_t> extents;
+
+  /// The CPU kernel's arguments over these inputs (seed 0x5eed), writing out (and lse if given).
+  [[nodiscard]] codegen::cpu::AttentionArgs args(std::int64_t B, std::int64_t L, std::int64_t S, float* out,
+                                                 float* lse) const {
+    codegen::cpu::AttentionArgs a;
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.out = out;
+    a.key_keep = keep.empty() ? nullptr : keep.data();
+    a.bias = bias.empty() ? nullptr : bias.data();
+    a.tensors = tensor_ptrs.empty() ? nullptr : tensor_ptrs.data();
+    a.extents = extents.empty() ? nullptr : extents.data();
+    a.batch = B;
+    a.len_q = L;
+    a.len_k = S;
+    a.seed = 0x5eed;
+    a.lse = lse;
+    return a;
+  }
 };
 
 AttnInputs attention_inputs(const AttnCase& c, std::int64_t B, std::int64_t L, std::int64_t S) {
@@ -295,11 +315,8 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   const auto& s = c.kernel.spec;
   const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
   const AttnInputs in = attention_inputs(c, B, L, S);
-  const auto &q = in.q, &k = in.k, &v = in.v, &bias = in.bias;
-  const auto& keep = in.keep;
+  const auto &q = in.q, &k = in.k, &v = in.v;
   ASSERT_EQ(in.mods.size(), s.tensors.size());
-  const auto& tensor_ptrs = in.tensor_ptrs;
-  const auto& extents = in.extents;
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
   const std::size_t w_n = s.write_weights ? static_cast<std::size_t>(B * s.hq * L * S) : 0;
   std::vector<float> out_cpu(out_n), w_cpu(w_n);
@@ -307,21 +324,8 @@ TEST_P(EmulatedAttention, MatchesCpuKernel) {
   const std::size_t lse_n = s.write_lse ? static_cast<std::size_t>(B * s.hq * L) : 0;
   std::vector<float> lse_cpu(lse_n), lse_gpu(lse_n, NAN);
 
-  codegen::cpu::AttentionArgs args;
-  args.q = q.data();
-  args.k = k.data();
-  args.v = v.data();
-  args.out = out_cpu.data();
+  codegen::cpu::AttentionArgs args = in.args(B, L, S, out_cpu.data(), lse_n ? lse_cpu.data() : nullptr);
   args.weights = w_n ? w_cpu.data() : nullptr;
-  args.key_keep = keep.empty() ? nullptr : keep.data();
-  args.bias = bias.empty() ? nullptr : bias.data();
-  args.tensors = tensor_ptrs.empty() ? nullptr : tensor_ptrs.data();
-  args.extents = extents.empty() ? nullptr : extents.data();
-  args.batch = B;
-  args.len_q = L;
-  args.len_k = S;
-  args.seed = 0x5eed;
-  args.lse = lse_n ? lse_cpu.data() : nullptr;
   codegen::cpu::run_attention(s, args, 1);
 
   Emulated e = emulate(c.kernel);
@@ -356,20 +360,7 @@ TEST_P(EmulatedAttention, BackwardMatchesCpuKernel) {
              v_n = static_cast<std::size_t>(B * s.hkv * S * s.dv), o_n = static_cast<std::size_t>(B * s.hq * L * s.dv),
              rows = static_cast<std::size_t>(B * s.hq * L);
   std::vector<float> out(o_n), lse(rows);
-  codegen::cpu::AttentionArgs args;
-  args.q = in.q.data();
-  args.k = in.k.data();
-  args.v = in.v.data();
-  args.out = out.data();
-  args.key_keep = in.keep.empty() ? nullptr : in.keep.data();
-  args.bias = in.bias.empty() ? nullptr : in.bias.data();
-  args.tensors = in.tensor_ptrs.empty() ? nullptr : in.tensor_ptrs.data();
-  args.extents = in.extents.empty() ? nullptr : in.extents.data();
-  args.batch = B;
-  args.len_q = L;
-  args.len_k = S;
-  args.seed = 0x5eed;
-  args.lse = lse.data();
+  const codegen::cpu::AttentionArgs args = in.args(B, L, S, out.data(), lse.data());
   codegen::cpu::run_attention(s, args, 1);
   std::mt19937 gen(99);
   const std::vector<float> d_out = random_vec(o_n, gen);
@@ -549,19 +540,7 @@ void expect_decode_matches(const AttnCase& c, std::int64_t L, std::int64_t S, in
   const std::size_t out_n = static_cast<std::size_t>(B * s.hq * L * s.dv);
   const std::size_t lse_n = s.write_lse ? static_cast<std::size_t>(B * s.hq * L) : 0;
   std::vector<float> out_cpu(out_n), out_gpu(out_n, NAN), lse_cpu(lse_n), lse_gpu(lse_n, NAN);
-  codegen::cpu::AttentionArgs args;
-  args.q = in.q.data();
-  args.k = in.k.data();
-  args.v = in.v.data();
-  args.out = out_cpu.data();
-  args.key_keep = in.keep.empty() ? nullptr : in.keep.data();
-  args.bias = in.bias.empty() ? nullptr : in.bias.data();
-  args.tensors = in.tensor_ptrs.empty() ? nullptr : in.tensor_ptrs.data();
-  args.extents = in.extents.empty() ? nullptr : in.extents.data();
-  args.batch = B;
-  args.len_q = L;
-  args.len_k = S;
-  args.lse = lse_n ? lse_cpu.data() : nullptr;
+  const codegen::cpu::AttentionArgs args = in.args(B, L, S, out_cpu.data(), lse_n ? lse_cpu.data() : nullptr);
   codegen::cpu::AttentionSpec fused = s;
   fused.decode_queries = -1;  // the reference: the fused kernel, not the CPU's own decode kernel
   codegen::cpu::run_attention(fused, args, 1);
