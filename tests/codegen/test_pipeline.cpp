@@ -606,21 +606,29 @@ TEST(CpuBackend, AConv1DLinearIsTheLinearOfTheTransposedWeightOnTheGemm) {
   }
 }
 
+/// Contractions of x [Batch, Seq, Model], y [Batch, Seq, Hidden], w [Hidden, Model] and v [Model,
+/// Hidden] of dtype DT in every operand layout the GEMM path reads; returns x and y.
+template <class DT>
+auto contraction_layouts(Graph& g) {
+  auto x = input<Tensor<DT, Batch<3>, Seq<100>, Model<14>>>(g, "x");
+  auto y = input<Tensor<DT, Batch<3>, Seq<100>, Hidden<37>>>(g, "y");
+  auto w = input<Tensor<DT, Hidden<37>, Model<14>>>(g, "w");
+  auto v = input<Tensor<DT, Model<14>, Hidden<37>>>(g, "v");
+  output(contract<Batch, Seq>(x, y), "k_leading");     // [Model, Hidden]: A [K, M], B [K, N]
+  output(contract<Model>(x, w), "rows");               // [Batch, Seq, Hidden]: A [M, K], B [N, K]
+  output(contract<Model>(v, x), "columns_then_rows");  // [Hidden, Batch, Seq]: A [K, M], B [N, K]
+  output(contract<Seq>(x, y), "batched");              // [Batch, Model, Hidden]: copies
+  return std::pair{x, y};
+}
+
 TEST(CpuBackend, ContractionsOnTheGemmReadTheirOperandsInEveryLayout) {
   // The GEMM path reads an operand where it is when it is a matrix: A as [M, K] rows or [K, M]
   // (a weight's gradient, Σ over Batch and Seq), B as [N, K] or [K, N], C into [M, N]; a batch
   // axis (Batch in both) copies. M = 14 and N = 37 leave partial tiles (of 2 rows) and panels; K = 300
   // crosses a K block. Sums of a fill (a bias's gradient: columns; a norm's: rows) beside them.
   Graph g;
-  auto x = input<Tensor<f32, Batch<3>, Seq<100>, Model<14>>>(g, "x");
-  auto y = input<Tensor<f32, Batch<3>, Seq<100>, Hidden<37>>>(g, "y");
-  auto w = input<Tensor<f32, Hidden<37>, Model<14>>>(g, "w");
-  auto v = input<Tensor<f32, Model<14>, Hidden<37>>>(g, "v");
-  output(contract<Batch, Seq>(x, y), "k_leading");     // [Model, Hidden]: A [K, M], B [K, N]
-  output(contract<Model>(x, w), "rows");               // [Batch, Seq, Hidden]: A [M, K], B [N, K]
-  output(contract<Model>(v, x), "columns_then_rows");  // [Hidden, Batch, Seq]: A [K, M], B [N, K]
-  output(contract<Seq>(x, y), "batched");              // [Batch, Model, Hidden]: copies
-  output(sum<Batch, Seq>(x), "column_sums");           // contract(x, fill of ones)
+  const auto [x, y] = contraction_layouts<f32>(g);
+  output(sum<Batch, Seq>(x), "column_sums");  // contract(x, fill of ones)
   output(sum<Hidden>(y), "row_sums");
   auto z = input<Tensor<f32, Batch<2>, Seq<3>, Vocab<300>>>(g, "z");
   output(sum<Batch, Seq>(z), "wide_column_sums");  // more outputs than one task sums
@@ -633,14 +641,7 @@ TEST(CpuBackend, Bf16ContractionsRunOnTheBf16GemmInEveryLayout) {
   // otherwise), which packs A from rows or from columns and Bᵀ's panels from [N, K] or [K, N];
   // its f32 value is rounded once. Against the interpreter: one bf16 rounding of the output.
   Graph g;
-  auto x = input<Tensor<bf16, Batch<3>, Seq<100>, Model<14>>>(g, "x");
-  auto y = input<Tensor<bf16, Batch<3>, Seq<100>, Hidden<37>>>(g, "y");
-  auto w = input<Tensor<bf16, Hidden<37>, Model<14>>>(g, "w");
-  auto v = input<Tensor<bf16, Model<14>, Hidden<37>>>(g, "v");
-  output(contract<Batch, Seq>(x, y), "k_leading");     // A [K, M], B [K, N]; K = 300
-  output(contract<Model>(x, w), "rows");               // A [M, K], B [N, K]; K = 14
-  output(contract<Model>(v, x), "columns_then_rows");  // A [K, M], B [N, K]
-  output(contract<Seq>(x, y), "batched");              // copies (as bf16)
+  (void)contraction_layouts<bf16>(g);
   auto o = input<Tensor<bf16, Seq<7>, Model<13>>>(g, "o");
   auto p = input<Tensor<bf16, Seq<7>, Hidden<5>>>(g, "p");
   output(contract<Seq>(o, p), "odd_k");  // K = 7: the last pair's second half is zero
