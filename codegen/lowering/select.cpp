@@ -72,6 +72,27 @@ std::optional<GemmRoles> contract_gemm_roles(const Graph& g, int id) {
   return r;
 }
 
+std::optional<FillSums> contract_fill_sums(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op != Op::contract || n.inputs.size() != 2 || n.axes.empty()) return std::nullopt;
+  FillSums r{n.inputs[0], n.inputs[1], false};
+  if (g.node(r.x).op == Op::fill) std::swap(r.x, r.fill);
+  if (g.node(r.fill).op != Op::fill) return std::nullopt;
+  // Whether x's axes are, by name, `first` then `second`.
+  auto laid_out = [&](const std::vector<std::string>& first, const std::vector<std::string>& second) {
+    const auto& axes = g.node(r.x).axes;
+    if (axes.size() != first.size() + second.size()) return false;
+    for (std::size_t i = 0; i < axes.size(); ++i)
+      if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()])) return false;
+    return true;
+  };
+  std::vector<std::string> out;
+  for (const Axis& a : n.axes) out.push_back(a.name);
+  r.columns = laid_out(n.attr_axes, out);
+  if (!r.columns && !laid_out(out, n.attr_axes)) return std::nullopt;
+  return r;
+}
+
 KernelKind select_kernel(const Graph& g, int id) {
   const Node& n = g.node(id);
   // Every op has a case and there is no default: an op added without a kernel kind does not build.

@@ -496,14 +496,13 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
 }
 
 bool ModuleBuilder::emit_fill_sums(int id) {
-  const Node& n = g_.node(id);
-  int x = n.inputs[0], f = n.inputs[1];
-  if (g_.node(x).op == Op::fill) std::swap(x, f);
-  const Node &xn = g_.node(x), &fn = g_.node(f);
-  if (fn.op != Op::fill || n.axes.empty()) return false;
-  // x as [C..., O...] (column sums) or [O..., C...] (row sums), C the contracted axes in order.
-  const bool columns = laid_out(xn.axes, n.attr_axes, names(n.axes));
-  if (!columns && !laid_out(xn.axes, names(n.axes), n.attr_axes)) return false;
+  // x as [C..., O...] (column sums) or [O..., C...] (row sums), C the contracted axes in order;
+  // x read as stored (f32, or a bf16 / f16 value widened: half_operand).
+  const auto form = contract_fill_sums(g_, id);
+  if (!form) return false;
+  const int x = form->x;
+  const bool columns = form->columns;
+  const Node& fn = g_.node(form->fill);
   const I outputs = numel(shape(id)), per = numel(shape(x)) / outputs;
   // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
   llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));

@@ -62,7 +62,7 @@ inline bool stored_alike(const Graph& lowered, int id) {
 /// f32), and likewise its backward (q, k, v, out, d_out and dQ bf16; dK and dV its companions, bf16). A linear layer on
 /// the GEMM / GEMV kernels reads bf16 x and W itself (both bf16; vdpbf16ps where the host has it) and writes f32, which
 /// is rounded after it: the K blocks' partial sums stay f32; so does a contraction of two bf16 operands that the GEMM
-/// runs (contract_gemm_roles).
+/// runs (contract_gemm_roles), and the sums of a fill (contract_fill_sums) read their x as stored.
 inline bool half_native(const Graph& lowered, int id) {
   const Node& n = lowered.node(id);
   switch (select_kernel(lowered, id)) {
@@ -111,9 +111,12 @@ inline bool half_operand(const Graph& lowered, int id, std::size_t input) {
   if (kind == KernelKind::gemm)
     return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
            lowered.node(n.inputs[1]).dtype == DType::bf16;
-  if (kind == KernelKind::contract)  // on the GEMM kernel (emit_contract_on_gemm) when both are bf16
+  if (kind == KernelKind::contract) {
+    if (contract_fill_sums(lowered, id)) return input < 2;  // x read as stored; the fill never read
+    // on the GEMM kernel (emit_contract_on_gemm) when both are bf16
     return input < 2 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
            lowered.node(n.inputs[1]).dtype == DType::bf16 && contract_gemm_roles(lowered, id).has_value();
+  }
   return half_native(lowered, id) && (n.op != Op::fused_attention || input < 3) &&
          (n.op != Op::fused_attention_backward || input < 5);
 }
