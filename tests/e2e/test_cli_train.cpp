@@ -220,6 +220,30 @@ TEST_F(Train, Bf16ComputeFollowsTheF32RunOverF32Weights) {
       "--dtype differs from the run being resumed", "--dtype on resume");
 }
 
+TEST_F(Train, Bf16ComputeAgreesOnEveryCpuAndWithTheInterpreter) {
+  // The compiled bf16 step for this host (vdpbf16ps where it has AVX512-BF16) and for AVX2
+  // (x86-64-v3: the bf16 GEMM widens its operands, packing the weights' gradients' A from
+  // columns) against the interpreter's: losses and gradient norms within bf16's rounding. One
+  // layer: each compiled run takes seconds.
+  nlohmann::json one_layer = kConfig;
+  one_layer["num_hidden_layers"] = 1;
+  write_text(dir_ / "tiny" / "config.json", one_layer.dump());
+  const std::string common = "--steps 3 --batch 2 --seq 16 --val-fraction 0 --dtype bf16 ";
+  ASSERT_EQ(train(common + "--backend reference --out " + tmp("ref")).code, 0);
+  const auto ref = json_of(tmp("ref/trainer_state.json")).at("history").at("train");
+  for (const char* cpu : {"native", "x86-64-v3"}) {
+    const Result r = train(common + "--cpu " + cpu + " --out " + tmp(cpu));
+    ASSERT_EQ(r.code, 0) << cpu << ": " << r.err;
+    const auto got = json_of(tmp(std::string(cpu) + "/trainer_state.json")).at("history").at("train");
+    ASSERT_EQ(got.size(), 3u) << cpu;
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t k : {1u, 3u}) {  // loss, gradient norm
+        const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
+        EXPECT_NEAR(have, want, 1e-2 * std::abs(want)) << cpu << " step " << i + 1 << (k == 1 ? " loss" : " |g|");
+      }
+  }
+}
+
 TEST_F(Train, TheCpuBackendsResultsDoNotDependOnTheThreadCount) {
   // One layer: each run compiles the step (seconds).
   nlohmann::json one_layer = kConfig;

@@ -331,8 +331,10 @@ class GemmEmitter {
         b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
     // A read in place: row r of the tile from A[i + r][k0] on (a row past m1 reads row i; its
     // sums are never stored).
-    std::vector<llvm::Value*> a_rows, a_cols;  // a_cols (a_transposed): row r's offset in a K row
-    if (cfg_.a_transposed)
+    // a_cols (f32 A given transposed, read in place): row r's offset in a K row; a bf16 A is packed.
+    const bool a_columns = cfg_.a_transposed && a_in_place(cfg_);
+    std::vector<llvm::Value*> a_rows, a_cols;
+    if (a_columns)
       for (int r = 0; r < mr; ++r)
         a_cols.push_back(whole_rows ? c64(r) : b_.CreateSelect(b_.CreateICmpSLT(c64(r), rows), c64(r), c64(0)));
     else if (a_in_place(cfg_))
@@ -345,7 +347,7 @@ class GemmEmitter {
         [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
           llvm::Value* brow = b_.CreateInBoundsGEP(f32_, panel, b_.CreateMul(kk, c64(nr)));
           llvm::Value* arow = nullptr;
-          if (cfg_.a_transposed)  // A[i + r][k0 + kk] = At[k0 + kk][i + r]
+          if (a_columns)  // A[i + r][k0 + kk] = At[k0 + kk][i + r]
             arow = b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(k0, kk), m_), i), "a_col");
           else if (a_rows.empty())
             arow = b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr)));
