@@ -417,12 +417,10 @@ class Planner {
     dkdv.part = nvptx::AttentionBackwardKernel::Part::dkdv;
     std::string why;
     auto refuse = [&](const std::string& reason) {
-      throw std::invalid_argument("cuda plan: " + std::string(op_name(n.op)) + " (a fused attention's gradient): " +
-                                  reason + "; the CPU backends run it");
+      throw std::invalid_argument("cuda plan: " + std::string(op_name(n.op)) +
+                                  " (a fused attention's gradient): " + reason + "; the CPU backends run it");
     };
-    if (!nvptx::attention_backward_supported(dq, &why) ||
-        !nvptx::attention_backward_supported(dkdv, &why))
-      refuse(why);
+    if (!nvptx::attention_backward_supported(dq, &why) || !nvptx::attention_backward_supported(dkdv, &why)) refuse(why);
     const int max_shared = options_.max_shared_bytes > 0 ? options_.max_shared_bytes : 227 * 1024;
     if (std::max(nvptx::attention_backward_shared_bytes(dq), nvptx::attention_backward_shared_bytes(dkdv)) > max_shared)
       refuse("its tiles need more shared memory than the GPU has");

@@ -117,8 +117,8 @@ class BackwardPtx {
               *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
               *len_k_ = nullptr, *seed_ = nullptr;
   // block and thread geometry
-  llvm::Value *tid_ = nullptr, *warp_ = nullptr, *rg_ = nullptr, *kg_ = nullptr, *batch_ = nullptr,
-              *batch32_ = nullptr, *kv_head_ = nullptr;
+  llvm::Value *tid_ = nullptr, *warp_ = nullptr, *rg_ = nullptr, *kg_ = nullptr, *batch_ = nullptr, *batch32_ = nullptr,
+              *kv_head_ = nullptr;
   Values local_row_;  // i32, the thread's rows within a query tile
   // the current query tile (query_tile)
   llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *bh_ = nullptr;
@@ -142,8 +142,9 @@ KernelInfo BackwardPtx::emit(const std::string& name) {
   KernelInfo info;
   info.name = name;
   info.signature = attention_backward_params();
-  info.grid_rule = g_.dkdv ? "(ceil(len_k / " + std::to_string(g_.block_k) + "), " + std::to_string(spec_.hkv) + ", batch)"
-                           : "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
+  info.grid_rule = g_.dkdv
+                       ? "(ceil(len_k / " + std::to_string(g_.block_k) + "), " + std::to_string(spec_.hkv) + ", batch)"
+                       : "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
   info.block_x = g_.threads;
   info.shared_bytes = g_.shared_bytes();
   return info;
@@ -151,19 +152,18 @@ KernelInfo BackwardPtx::emit(const std::string& name) {
 
 void BackwardPtx::declare(const std::string& name) {
   llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn = kb_.declare_kernel(
-      name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
-      {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep", "bias", "tensors", "extents",
-       "batch", "len_q", "len_k", "seed"},
-      g_.threads, /*min_blocks=*/1);
+  llvm::Function* fn = kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
+                                          {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep",
+                                           "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
+                                          g_.threads, /*min_blocks=*/1);
   for (unsigned a = 0; a < 14; ++a) {
     fn->addParamAttr(a, llvm::Attribute::NoAlias);
     fn->addParamAttr(a, llvm::Attribute::NoCapture);
     const bool written = a == 7 || a == 8 || a == 9 || (a == 6 && !g_.dkdv);
     fn->addParamAttr(a, written ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
   }
-  llvm::Value** params[] = {&q_,      &k_,     &v_,   &out_,    &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
-                            &dv_out_, &keep_,  &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
+  llvm::Value** params[] = {&q_,      &k_,    &v_,    &out_,     &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
+                            &dv_out_, &keep_, &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
   for (unsigned a = 0; a < std::size(params); ++a) *params[a] = fn->getArg(a);
   smem_ = kb_.dynamic_shared("qkv_attention_backward_smem");
 }
@@ -240,8 +240,7 @@ Values BackwardPtx::visit_unless(llvm::Value* never, const Values& carried,
   return out;
 }
 
-BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always,
-                                        llvm::Value* head32) {
+BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32) {
   Values s = kb_.dot_tile(q_rows_, k_rows_, dk_, g_.wk);
   for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
   Values fprime;
@@ -337,7 +336,8 @@ void BackwardPtx::emit_dq() {
               kb_.barrier();
               const Scores sc = scores(k0, key, always, head32);
               for (int i = 0; i < R_; ++i)
-                for (int j = 0; j < KJ_; ++j) b_.CreateStore(sc.ds[si(i, j)], at(ds_rows[i], b_.CreateAdd(kg_, c32(8 * j))));
+                for (int j = 0; j < KJ_; ++j)
+                  b_.CreateStore(sc.ds[si(i, j)], at(ds_rows[i], b_.CreateAdd(kg_, c32(8 * j))));
               kb_.warp_sync();  // dS rows are written and read by the same warp
               return kb_.rows_times_tile(in, ds_rows, g_.block_k, k_lane, g_.k_stride, g_.tck, g_.wk);
             },
@@ -354,8 +354,8 @@ void BackwardPtx::emit_dq() {
 void BackwardPtx::emit_dkdv() {
   kv_head_ = zext64(kb_.ctaid_y());
   llvm::Value* k0 = b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_k), "k0");
-  llvm::Value* kv_rows = b_.CreateAdd(
-      b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_), k0, "kv_row0");
+  llvm::Value* kv_rows =
+      b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_), k0, "kv_row0");
   llvm::Value* valid_keys = b_.CreateSub(len_k_, k0);
   stage(at(k_, b_.CreateMul(kv_rows, c64(dk_))), valid_keys, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
   stage(at(v_, b_.CreateMul(kv_rows, c64(dv_))), valid_keys, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
@@ -434,8 +434,8 @@ void BackwardPtx::emit_dkdv() {
   store_rows(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()), dv_rows, ok, g_.tcv, g_.wv, dv_, 1.0);
 }
 
-void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w,
-                             std::int64_t width, double factor) {
+void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values& ok, int tc, int w, std::int64_t width,
+                             double factor) {
   const bool partial = tc * 8 * w > width;
   for (std::size_t i = 0; i < rows.size(); ++i)
     kb_.if_then(
@@ -444,9 +444,9 @@ void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values
           for (int t = 0; t < tc; ++t)
             for (int e = 0; e < w; ++e) {
               llvm::Value* col = b_.CreateAdd(b_.CreateMul(kg_, c32(w)), c32(t * 8 * w + e), "col");
-              llvm::Value* x = acc[(i * static_cast<std::size_t>(tc) + static_cast<std::size_t>(t)) *
-                                       static_cast<std::size_t>(w) +
-                                   static_cast<std::size_t>(e)];
+              llvm::Value* x =
+                  acc[(i * static_cast<std::size_t>(tc) + static_cast<std::size_t>(t)) * static_cast<std::size_t>(w) +
+                      static_cast<std::size_t>(e)];
               if (factor != 1.0) x = b_.CreateFMul(x, kb_.cf(factor));
               auto store = [&] { b_.CreateStore(x, at(rows[i], zext64(col))); };
               if (partial && (t + 1) * 8 * w > width)

@@ -114,7 +114,8 @@ KernelInfo build_emulation(llvm::Module& module, const KernelRequest& request, c
         if constexpr (std::is_same_v<T, StridedCopyKernel>) return build_strided_copy(module, r, &emulation);
         if constexpr (std::is_same_v<T, DecodeAttentionKernel>) return build_decode_attention(module, r, &emulation);
         if constexpr (std::is_same_v<T, DecodeMergeKernel>) return build_decode_merge(module, r, &emulation);
-        if constexpr (std::is_same_v<T, AttentionBackwardKernel>) return build_attention_backward(module, r, &emulation);
+        if constexpr (std::is_same_v<T, AttentionBackwardKernel>)
+          return build_attention_backward(module, r, &emulation);
       },
       request);
 }

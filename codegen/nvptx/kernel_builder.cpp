@@ -366,14 +366,14 @@ std::vector<llvm::Value*> KernelBuilder::rows_times_tile(std::vector<llvm::Value
         std::vector<std::vector<llvm::Value*>> av;
         for (llvm::Value* r : a_rows) av.push_back(load_shared_f32(b_.CreateInBoundsGEP(f32(), r, c), 4));
         for (int cc = 0; cc < 4; ++cc) {
-          llvm::Value* brow = b_.CreateInBoundsGEP(f32(), b_lane, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(b_stride)));
+          llvm::Value* brow =
+              b_.CreateInBoundsGEP(f32(), b_lane, b_.CreateMul(b_.CreateAdd(c, c32(cc)), c32(b_stride)));
           for (int t = 0; t < tc; ++t) {
             const std::vector<llvm::Value*> bv = load_shared_f32(b_.CreateInBoundsGEP(f32(), brow, c32(t * 8 * w)), w);
             for (int i = 0; i < na; ++i)
               for (int e = 0; e < w; ++e)
-                out[ai(i, t, e)] =
-                    fma(av[static_cast<std::size_t>(i)][static_cast<std::size_t>(cc)], bv[static_cast<std::size_t>(e)],
-                        out[ai(i, t, e)]);
+                out[ai(i, t, e)] = fma(av[static_cast<std::size_t>(i)][static_cast<std::size_t>(cc)],
+                                       bv[static_cast<std::size_t>(e)], out[ai(i, t, e)]);
           }
         }
         return out;

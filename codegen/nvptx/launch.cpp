@@ -214,8 +214,8 @@ BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& requ
     fail("attention backward: dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
          " must be in [1, 256]");
   if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0 || s.hq > 65535)
-    fail("attention backward: hq = " + std::to_string(s.hq) + " must be a positive multiple of hkv = " +
-         std::to_string(s.hkv) + " up to 65535");
+    fail("attention backward: hq = " + std::to_string(s.hq) +
+         " must be a positive multiple of hkv = " + std::to_string(s.hkv) + " up to 65535");
   if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
     fail("attention backward: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
   if (!(s.effective_scale() == s.effective_scale())) fail("attention backward: the scale is NaN");
@@ -249,11 +249,12 @@ BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& requ
   g.v_stride = g.tcv * 8 * g.wv + g.wv;
   g.t_stride = (g.dkdv ? g.block_q : g.block_k) + 4;
   const int scores = 3 * g.rows_per_thread * g.keys_per_thread;  // P, dP and f'
-  const int accumulators = scores + (g.dkdv ? g.key_rows * (g.tck * g.wk + g.tcv * g.wv)
-                                            : g.rows_per_thread * g.tck * g.wk);
+  const int accumulators =
+      scores + (g.dkdv ? g.key_rows * (g.tck * g.wk + g.tcv * g.wv) : g.rows_per_thread * g.tck * g.wk);
   if (accumulators > kMaxAccumulators)
-    fail("attention backward: " + std::to_string(accumulators) + " registers of scores and gradients per thread exceed " +
-         std::to_string(kMaxAccumulators) + ": use a smaller block_q or block_k");
+    fail("attention backward: " + std::to_string(accumulators) +
+         " registers of scores and gradients per thread exceed " + std::to_string(kMaxAccumulators) +
+         ": use a smaller block_q or block_k");
 
   auto region = [](std::int64_t& at, std::int64_t floats) {
     const std::int64_t start = at;

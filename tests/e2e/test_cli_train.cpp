@@ -214,10 +214,9 @@ TEST_F(Train, Bf16ComputeFollowsTheF32RunOverF32Weights) {
   // The checkpoint holds the f32 master weights, and generate runs it.
   const SafetensorsFile w = SafetensorsFile::open(tmp("bf16/model.safetensors"));
   for (const auto& n : w.names()) EXPECT_EQ(w.load(n).dtype, DType::f32) << n;
-  expect_usage_error(
-      run("train --resume " + tmp("bf16") + " --data " + tmp("corpus.txt") + " --steps 21 --dtype f32 --out " +
-          tmp("bf16")),
-      "--dtype differs from the run being resumed", "--dtype on resume");
+  expect_usage_error(run("train --resume " + tmp("bf16") + " --data " + tmp("corpus.txt") +
+                         " --steps 21 --dtype f32 --out " + tmp("bf16")),
+                     "--dtype differs from the run being resumed", "--dtype on resume");
 }
 
 TEST_F(Train, Bf16ComputeAgreesOnEveryCpuAndWithTheInterpreter) {

@@ -75,8 +75,8 @@ T* ptr(const ParamValue& v) {
 /// address per captured tensor, their extents, and each tensor's memory as large as its extents
 /// say — checked; null where the mod loads no tensor.
 std::pair<const void* const*, const std::int64_t*> HostMachine::mod_tables(const codegen::cpu::AttentionSpec& s,
-                                                                          const std::vector<ParamValue>& p,
-                                                                          std::size_t at, const std::string& kind) {
+                                                                           const std::vector<ParamValue>& p,
+                                                                           std::size_t at, const std::string& kind) {
   std::size_t captured = 0, ranks = 0;
   for (const auto& t : s.tensors)
     if (t.source == codegen::cpu::ModTensor::Source::captured) {
@@ -148,7 +148,8 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
         return;
       }
       double norm = 0;
-      for (std::int64_t c = 0; c < s.dv; ++c) norm += static_cast<double>(d_out[row * s.dv + c]) * d_out[row * s.dv + c];
+      for (std::int64_t c = 0; c < s.dv; ++c)
+        norm += static_cast<double>(d_out[row * s.dv + c]) * d_out[row * s.dv + c];
       if (norm > 0)
         for (std::int64_t c = 0; c < s.dv; ++c)
           out[row * s.dv + c] = static_cast<float>(delta[row] / norm * d_out[row * s.dv + c]);

@@ -137,7 +137,9 @@ Case gradient_case(bool slopes = false) {
   auto v = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, ValueDim<12>>>(g, "v");
   auto s = scaled(contract<HeadDim>(q, k));
   s = decltype(s)(g, modded(s, mods::softcap(3.0)).id());
-  if (slopes) s = decltype(s)(g, modded(s, mods::alibi(input<Tensor<f32, KvHeads<2>, Group<2>>>(g, "slopes"), bottom_right)).id());
+  if (slopes)
+    s = decltype(s)(g,
+                    modded(s, mods::alibi(input<Tensor<f32, KvHeads<2>, Group<2>>>(g, "slopes"), bottom_right)).id());
   s = masked(s, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep"));
   s = causal<Seq, Key>(s, bottom_right);
   auto y = contract<Key>(dropout(softmax<Key>(s), 0.2, 0x5eedull), v);
@@ -172,9 +174,9 @@ Case gradient_case(bool slopes = false) {
 TEST(GpuGradients, TheFusedBackwardRunsOnTheGpuPlan) {
   const Case c = gradient_case();
   const Graph lowered = codegen::lower(c.graph);
-  ASSERT_TRUE(std::any_of(lowered.nodes().begin(), lowered.nodes().end(),
-                          [](const Node& n) { return n.op == Op::fused_attention_backward; }))
-      << lowered.table();
+  ASSERT_TRUE(std::any_of(lowered.nodes().begin(), lowered.nodes().end(), [](const Node& n) {
+    return n.op == Op::fused_attention_backward;
+  })) << lowered.table();
   const codegen::cuda::Plan plan = codegen::cuda::plan(lowered, bind_extents(lowered, c.feeds));
   int dq = 0, dkdv = 0;
   for (std::size_t id = 0; id < plan.steps.size(); ++id) {

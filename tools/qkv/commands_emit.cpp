@@ -414,7 +414,8 @@ std::string train_step_file(OutputGroup& outputs, const std::string& out, const 
 std::string describe(const TrainSpec& s, const HfConfig& c) {
   std::ostringstream d;
   if (s.compute != DType::f32)
-    d << "the model computed in " << dtype_name(s.compute) << " over the f32 weights (each read through one rounding), ";
+    d << "the model computed in " << dtype_name(s.compute)
+      << " over the f32 weights (each read through one rounding), ";
   d << "cross-entropy over the vocabulary (" << c.vocab_size << " tokens; the mean over targets other than "
     << s.loss.ignore_index;
   if (s.loss.label_smoothing > 0) d << ", label smoothing " << s.loss.label_smoothing;

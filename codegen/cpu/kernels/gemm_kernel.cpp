@@ -189,11 +189,10 @@ class GemmEmitter {
           // An invalid row reads row i (always valid) and stores zero: no branch in the loop.
           llvm::Value* src_row = b_.CreateSelect(valid, b_.CreateAdd(i, r), i);
           // Entry kk of the row (from k0 on): src[kk · k_stride].
-          llvm::Value* src = b_.CreateInBoundsGEP(
-              elem, a_,
-              cfg_.a_transposed ? b_.CreateAdd(b_.CreateMul(k0, m_), src_row)
-                                : b_.CreateAdd(b_.CreateMul(src_row, k_), k0),
-              "a_row");
+          llvm::Value* src = b_.CreateInBoundsGEP(elem, a_,
+                                                  cfg_.a_transposed ? b_.CreateAdd(b_.CreateMul(k0, m_), src_row)
+                                                                    : b_.CreateAdd(b_.CreateMul(src_row, k_), k0),
+                                                  "a_row");
           llvm::Value* k_stride = cfg_.a_transposed ? m_ : c64(1);
           if (cfg_.dpbf16) {
             llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
