@@ -207,7 +207,9 @@ TEST_F(Train, Bf16ComputeFollowsTheF32RunOverF32Weights) {
   for (std::size_t i = 0; i < 20; ++i) {
     const double x = a[i][1].get<double>(), y = b[i][1].get<double>();
     EXPECT_NEAR(y, x, 0.03 * x) << "step " << i + 1;
-    if (i < 3) EXPECT_NE(x, y) << "step " << i + 1 << ": the bf16 run computed in f32";
+    if (i < 3) {
+      EXPECT_NE(x, y) << "step " << i + 1 << ": the bf16 run computed in f32";
+    }
   }
   EXPECT_LT(b[19][1].get<double>(), 0.7 * b[0][1].get<double>()) << "the loss did not go down";
   EXPECT_EQ(json_of(tmp("bf16/trainer_state.json")).at("options").at("dtype"), "bf16");

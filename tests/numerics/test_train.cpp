@@ -156,7 +156,9 @@ TEST(Train, Bf16ComputeOverF32MasterWeightsFollowsTheF32Steps) {
   for (const Node& n : s.g.nodes()) {
     if (n.op == Op::convert && n.dtype == DType::bf16 && s.g.node(n.inputs[0]).op == Op::param) ++converts;
     if (n.op == Op::contract && n.dtype == DType::bf16) ++bf16_contractions;
-    if (n.op == Op::param) EXPECT_EQ(n.dtype, DType::f32) << n.name;
+    if (n.op == Op::param) {
+      EXPECT_EQ(n.dtype, DType::f32) << n.name;
+    }
   }
   EXPECT_EQ(converts, static_cast<int>(s.step.params.size()));
   EXPECT_GT(bf16_contractions, 0);
@@ -166,9 +168,10 @@ TEST(Train, Bf16ComputeOverF32MasterWeightsFollowsTheF32Steps) {
   for (std::size_t k = 0; k < losses.size(); ++k) {
     const RunResult r = interpret(s.g, s.feeds);
     for (const auto& p : s.step.params) EXPECT_EQ(r.outputs.at(p).dtype, DType::f32) << p;
-    if (k == 0)
+    if (k == 0) {
       EXPECT_NEAR(compiled.outputs.at("loss").to_f32()[0], r.outputs.at("loss").to_f32()[0], 2e-3)
           << "compiled vs the interpreter";
+    }
     const double got = step(s, r);
     EXPECT_NEAR(got, losses[k], 0.005 * losses[k]) << "the loss before step " << k + 1;
   }
