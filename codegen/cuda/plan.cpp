@@ -350,11 +350,21 @@ class Planner {
     if (!planned) host(id, why.empty() ? "no GPU kernel for this form" : why);
   }
 
+  /// Node `id`'s fused-attention call under the run's sizes, kept on its step.
+  std::shared_ptr<const FusedAttentionCall> attention_call(int id) {
+    auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
+    step(id).call = call;
+    return call;
+  }
+  /// The dynamic shared memory a block may use: the device's opt-in limit, or the largest sm's.
+  [[nodiscard]] int max_shared() const {
+    return options_.max_shared_bytes > 0 ? options_.max_shared_bytes : 227 * 1024;
+  }
+
   void attention(int id) {
     const Node& n = g_.node(id);
     Step& s = step(id);
-    auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
-    s.call = call;
+    const auto call = attention_call(id);
     // The PTX kernel evaluates the whole mod expression (spec.mod, its loads reading the node's
     // tensor inputs through a table of device addresses and extents).
     const cpu::AttentionSpec& spec = call->spec;
@@ -376,7 +386,7 @@ class Planner {
       return host(
           id, std::string(dtype_name(spec.storage)) + " attention has no GPU kernel (the CPU's fused kernel runs it)");
     std::string why;
-    const auto kernel = choose_attention_kernel(spec, options_.max_shared_bytes, &why);
+    const auto kernel = choose_attention_kernel(spec, max_shared(), &why);
     if (!kernel) return host(id, why);
     Dim3 grid = nvptx::attention_grid(*kernel, call->batch, call->len_q);
     if (!fits(grid)) return host(id, "the attention grid exceeds CUDA's limits (batch or heads > 65535)");
@@ -408,8 +418,7 @@ class Planner {
   void attention_backward(int id) {
     const Node& n = g_.node(id);
     Step& s = step(id);
-    auto call = std::make_shared<const FusedAttentionCall>(describe_fused_attention(g_, id, p_.sizes));
-    s.call = call;
+    const auto call = attention_call(id);
     const cpu::AttentionSpec& spec = call->spec;
     nvptx::AttentionBackwardKernel dq;
     dq.spec = spec;
@@ -421,8 +430,8 @@ class Planner {
                                   " (a fused attention's gradient): " + reason + "; the CPU backends run it");
     };
     if (!nvptx::attention_backward_supported(dq, &why) || !nvptx::attention_backward_supported(dkdv, &why)) refuse(why);
-    const int max_shared = options_.max_shared_bytes > 0 ? options_.max_shared_bytes : 227 * 1024;
-    if (std::max(nvptx::attention_backward_shared_bytes(dq), nvptx::attention_backward_shared_bytes(dkdv)) > max_shared)
+    if (std::max(nvptx::attention_backward_shared_bytes(dq), nvptx::attention_backward_shared_bytes(dkdv)) >
+        max_shared())
       refuse("its tiles need more shared memory than the GPU has");
     const Dim3 grid_dq = nvptx::attention_backward_grid(dq, call->batch, call->len_q, call->len_k);
     const Dim3 grid_dkdv = nvptx::attention_backward_grid(dkdv, call->batch, call->len_q, call->len_k);

@@ -54,6 +54,22 @@ inline bool same_axes(const std::vector<Axis>& a, const std::vector<Axis>& b) {
   return true;
 }
 
+/// The names of `axes`, in order.
+inline std::vector<std::string> names(const std::vector<Axis>& axes) {
+  std::vector<std::string> out;
+  for (const Axis& a : axes) out.push_back(a.name);
+  return out;
+}
+
+/// Whether `axes` are, by name, `first` then `second` (a tensor laid out as that matrix).
+inline bool laid_out(const std::vector<Axis>& axes, const std::vector<std::string>& first,
+                     const std::vector<std::string>& second) {
+  if (axes.size() != first.size() + second.size()) return false;
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()])) return false;
+  return true;
+}
+
 /// A linear node whose projected axis is x's contiguous (last) one and stays last: a GEMM
 /// y[M, out] = x[M, in]·Wᵀ + b.
 inline bool linear_on_last_axis(const Graph& g, const Node& n) {

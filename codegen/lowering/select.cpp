@@ -78,18 +78,10 @@ std::optional<FillSums> contract_fill_sums(const Graph& g, int id) {
   FillSums r{n.inputs[0], n.inputs[1], false};
   if (g.node(r.x).op == Op::fill) std::swap(r.x, r.fill);
   if (g.node(r.fill).op != Op::fill) return std::nullopt;
-  // Whether x's axes are, by name, `first` then `second`.
-  auto laid_out = [&](const std::vector<std::string>& first, const std::vector<std::string>& second) {
-    const auto& axes = g.node(r.x).axes;
-    if (axes.size() != first.size() + second.size()) return false;
-    for (std::size_t i = 0; i < axes.size(); ++i)
-      if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()])) return false;
-    return true;
-  };
-  std::vector<std::string> out;
-  for (const Axis& a : n.axes) out.push_back(a.name);
-  r.columns = laid_out(n.attr_axes, out);
-  if (!r.columns && !laid_out(out, n.attr_axes)) return std::nullopt;
+  const auto& axes = g.node(r.x).axes;
+  const std::vector<std::string> out = util::names(n.axes);
+  r.columns = util::laid_out(axes, n.attr_axes, out);
+  if (!r.columns && !util::laid_out(axes, out, n.attr_axes)) return std::nullopt;
   return r;
 }
 

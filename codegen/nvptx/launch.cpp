@@ -78,6 +78,23 @@ void check_mod(const cpu::AttentionSpec& s) {
       fail("attention: a mod loads tensor " + std::to_string(n.input) + " with indices that do not match its rank");
   }
 }
+
+/// What both fused attention kernels (forward and backward) check of a spec: head widths in [1,
+/// max_width], query heads a multiple of the kv heads within the grid's y extent, dropout in [0,
+/// 1), a scale that is a number, `threads` per block and the mod (check_mod).
+void check_attention_spec(const cpu::AttentionSpec& s, int threads, std::int64_t max_width, const std::string& what) {
+  if (s.dk < 1 || s.dv < 1 || s.dk > max_width || s.dv > max_width)
+    fail(what + ": dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) + " must be in [1, " +
+         std::to_string(max_width) + "]");
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0)
+    fail(what + ": hq = " + std::to_string(s.hq) + " must be a positive multiple of hkv = " + std::to_string(s.hkv));
+  if (s.hq > 65535) fail(what + ": hq = " + std::to_string(s.hq) + " exceeds the grid's y extent (65535)");
+  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
+    fail(what + ": dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
+  if (!(s.effective_scale() == s.effective_scale())) fail(what + ": the scale is NaN");
+  check_threads(threads, 512, what.c_str());
+  check_mod(s);
+}
 }  // namespace
 
 std::string decode_unsupported(const cpu::AttentionSpec& s) {
@@ -148,16 +165,7 @@ AttentionGeometry mma_geometry(const AttentionKernel& request) {
 
 AttentionGeometry attention_geometry(const AttentionKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
-  if (s.dk < 1 || s.dv < 1 || s.dk > 4096 || s.dv > 4096)
-    fail("attention: dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) + " must be in [1, 4096]");
-  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0)
-    fail("attention: hq = " + std::to_string(s.hq) + " must be a positive multiple of hkv = " + std::to_string(s.hkv));
-  if (s.hq > 65535) fail("attention: hq = " + std::to_string(s.hq) + " exceeds the grid's y extent (65535)");
-  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
-    fail("attention: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
-  if (!(s.effective_scale() == s.effective_scale())) fail("attention: the scale is NaN");
-  check_threads(request.threads, 512, "attention");
-  check_mod(s);
+  check_attention_spec(s, request.threads, 4096, "attention");
   if (s.storage == DType::bf16) return mma_geometry(request);
   if (s.storage != DType::f32)
     fail("attention: q, k, v and out stored as " + std::string(dtype_name(s.storage)) + " (f32 or bf16)");
@@ -210,17 +218,7 @@ BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& requ
          " (the GPU's backward is fp32; bf16 runs on the CPU)");
   if (!s.tensor_grads.empty())
     fail("attention backward: the gradients of the tensors a mod reads are computed on the CPU only");
-  if (s.dk < 1 || s.dv < 1 || s.dk > 256 || s.dv > 256)
-    fail("attention backward: dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
-         " must be in [1, 256]");
-  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0 || s.hq > 65535)
-    fail("attention backward: hq = " + std::to_string(s.hq) +
-         " must be a positive multiple of hkv = " + std::to_string(s.hkv) + " up to 65535");
-  if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0))
-    fail("attention backward: dropout_p = " + std::to_string(s.dropout_p) + " must be in [0, 1)");
-  if (!(s.effective_scale() == s.effective_scale())) fail("attention backward: the scale is NaN");
-  check_threads(request.threads, 512, "attention backward");
-  check_mod(s);
+  check_attention_spec(s, request.threads, 256, "attention backward");
 
   BackwardGeometry g;
   g.dkdv = request.part == AttentionBackwardKernel::Part::dkdv;
@@ -314,6 +312,25 @@ std::string strided_copy_params() {
 namespace {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
+/// Whether `resolve` (a geometry) returns; else `*why` (if non-null) is its runtime_error's message.
+template <class F>
+bool resolves(const F& resolve, std::string* why) {
+  try {
+    resolve();
+  } catch (const std::runtime_error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
+/// The spec a GPU kernel's name hashes: without the CPU kernels' tiling fields.
+cpu::AttentionSpec gpu_spec(cpu::AttentionSpec s) {
+  s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;
+  return s;
+}
+
 std::string hex(std::uint64_t h) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
@@ -359,27 +376,13 @@ int attention_backward_shared_bytes(const AttentionBackwardKernel& kernel) {
 }
 
 bool attention_backward_supported(const AttentionBackwardKernel& kernel, std::string* why) {
-  try {
-    (void)detail::attention_backward_geometry(kernel);
-  } catch (const std::runtime_error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
-  if (why) why->clear();
-  return true;
+  return resolves([&] { (void)detail::attention_backward_geometry(kernel); }, why);
 }
 
 int attention_shared_bytes(const AttentionKernel& kernel) { return detail::attention_geometry(kernel).shared_bytes(); }
 
 bool attention_supported(const AttentionKernel& kernel, std::string* why) {
-  try {
-    (void)detail::attention_geometry(kernel);
-  } catch (const std::runtime_error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
-  if (why) why->clear();
-  return true;
+  return resolves([&] { (void)detail::attention_geometry(kernel); }, why);
 }
 
 bool decode_attention_supported(const cpu::AttentionSpec& spec, std::string* why) {
@@ -416,16 +419,14 @@ std::string kernel_name(const KernelRequest& request) {
       [](const auto& r) -> std::string {
         using T = std::decay_t<decltype(r)>;
         if constexpr (std::is_same_v<T, AttentionKernel>) {
-          cpu::AttentionSpec s = r.spec;
-          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          const cpu::AttentionSpec s = gpu_spec(r.spec);
           const auto g = detail::attention_geometry(r);
           Fnv1a h;
           h.i(static_cast<std::int64_t>(s.hash()));
           for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
           return "qkv_attention_" + hex(h.value());
         } else if constexpr (std::is_same_v<T, AttentionBackwardKernel>) {
-          cpu::AttentionSpec s = r.spec;
-          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          cpu::AttentionSpec s = gpu_spec(r.spec);
           s.write_weights = s.write_lse = false;  // the forward's outputs: not the backward's business
           const auto g = detail::attention_backward_geometry(r);
           Fnv1a h;
@@ -433,8 +434,7 @@ std::string kernel_name(const KernelRequest& request) {
           for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
           return std::string(g.dkdv ? "qkv_attention_dkdv_" : "qkv_attention_dq_") + hex(h.value());
         } else if constexpr (std::is_same_v<T, DecodeAttentionKernel> || std::is_same_v<T, DecodeMergeKernel>) {
-          cpu::AttentionSpec s = r.spec;
-          s.vector_floats = s.query_vectors = s.key_tile = s.qk_keys = s.pv_dims = 0;  // CPU-only fields
+          cpu::AttentionSpec s = gpu_spec(r.spec);
           s.decode_queries = s.decode_chunk = 0;
           Fnv1a h;
           h.i(static_cast<std::int64_t>(s.hash())).i(r.threads);

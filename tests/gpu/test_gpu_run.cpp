@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <iostream>
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,6 +33,7 @@
 #include <qkv/ir/grad.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/cuda.hpp>
+#include <qkv/runtime/random_feeds.hpp>
 
 #include "../support/cases.hpp"
 #include "host_machine.hpp"
@@ -117,15 +117,6 @@ INSTANTIATE_TEST_SUITE_P(All, CliModel,
 // the dK / dV companions' buffers, the mod's tensor table). HostMachine runs each launch with the
 // CPU backward; the kernels themselves are host-emulated in tests/codegen/nvptx.
 
-NdArray random_f32(const std::vector<std::int64_t>& shape, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::int64_t n = 1;
-  for (auto d : shape) n *= d;
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = u(rng);
-  return NdArray::from_f32(std::move(v), shape);
-}
-
 /// GQA attention (2 kv heads × 2, L = 37, S = 45) with a causal mask, a softcap, key padding and
 /// dropout; loss = Σ y ∘ probe, fused, then its gradients by q, k and v as outputs. With
 /// `slopes`, ALiBi too and the gradient of its slopes [KvHeads, Group].
@@ -145,17 +136,10 @@ Case gradient_case(bool slopes = false) {
   auto y = contract<Key>(dropout(softmax<Key>(s), 0.2, 0x5eedull), v);
   auto probe = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, ValueDim<12>>>(g, "probe");
   output(sum<Batch, KvHeads, Group, Seq, ValueDim>(y * probe), "loss");
-  std::mt19937 rng(5);
-  Feeds feeds;
-  const std::int64_t B = 2, L = 37, S = 45;
-  feeds["q"] = random_f32({B, 2, 2, L, 16}, rng);
-  feeds["k"] = random_f32({B, 2, S, 16}, rng);
-  feeds["v"] = random_f32({B, 2, S, 12}, rng);
-  feeds["probe"] = random_f32({B, 2, 2, L, 12}, rng);
-  NdArray keep = NdArray::zeros(DType::boolean, {B, S});
+  const std::int64_t B = 2, S = 45;
+  Feeds feeds = random_feeds(g, {{"Batch", B}, {"Seq", 37}, {"Key", S}}, 5);
+  NdArray& keep = feeds.at("keep");  // every 7th key from the 4th on padded
   for (std::int64_t j = 0; j < B * S; ++j) keep.bytes[static_cast<std::size_t>(j)] = std::byte{j % 7 != 3};
-  feeds["keep"] = keep;
-  if (slopes) feeds["slopes"] = random_f32({2, 2}, rng);
   Graph fused = codegen::fuse_attention(codegen::canonicalize(g));
   int loss = -1;
   std::vector<int> leaves;

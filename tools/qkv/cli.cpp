@@ -14,8 +14,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <qkv/codegen/jit.hpp>
-#include <qkv/codegen/target.hpp>
 #include <qkv/ir/extent.hpp>
 #include <qkv/runtime/io/files.hpp>
 
@@ -355,31 +353,6 @@ struct ShapeFlags {
     return m;
   }
 };
-
-int host() {
-  const auto t = qkv::codegen::host_target();
-  std::cout << "triple:   " << t.triple << "\ncpu:      " << t.cpu << "\nvector:   " << t.vector_floats << " x f32"
-            << (t.has_fma ? ", FMA" : ", no FMA") << "\nbackends:";
-  for (const auto& b : qkv::codegen::available_backends()) std::cout << " " << b;
-  const auto k = host_tuning();
-  std::cout << "\ntuning:   " << k.name << " (" << k.why << "): attention f32 " << k.query_vectors << "x"
-            << t.vector_floats << " queries x " << k.qk_keys << " keys, tiles of " << k.key_tile << "; bf16 "
-            << k.bf16_query_vectors << "x" << t.vector_floats << " x " << k.bf16_qk_keys << ", tiles of "
-            << k.bf16_key_tile << "; GEMM " << k.gemm_rows << " x " << k.gemm_col_vectors * t.vector_floats
-            << ", K blocks " << k.gemm_k_block << " (bf16 " << k.gemm_k_block_bf16 << ")\nbf16:     "
-            << (qkv::codegen::cpu::bf16_dot_products(t, t.vector_floats) ? "vdpbf16ps (AVX512-BF16)"
-                                                                         : "widened to f32 as loaded (no AVX512-BF16)")
-            << "\n";
-  std::string needs;
-  for (const auto& f : qkv::codegen::required_features(t)) needs += (needs.empty() ? "" : " ") + f;
-  std::cout
-      << "requires: " << needs
-      << "\n          (what code built for this host, --cpu native, needs: every emitted library checks it)\n"
-      << "targets:  qkv emit --target x86_64 --cpu native | x86-64 | x86-64-v2 | x86-64-v3 | x86-64-v4 | <LLVM CPU>\n"
-      << "          qkv emit --target aarch64 --cpu generic | neoverse-n1 | neoverse-v1 | <LLVM CPU> (NEON, 4 x f32)\n"
-      << "          qkv emit --target nvptx --sm 80 | 86 | 87 | 89 | 90 (PTX)\n";
-  return 0;
-}
 
 /// qkv train.
 struct TrainFlags {

@@ -191,6 +191,8 @@ struct Verify {
 /// the fused kernels keep scores and sums in f32 (docs/cli.md).
 double default_tolerance(DType dtype);
 int verify(const Verify& v);
+/// qkv host: the target, the kernels' tuning and what code built for this host requires.
+int host();
 
 struct Heatmap {
   std::string weights, tokens, tokens_file, query_tokens, key_tokens, out, title;

@@ -393,22 +393,6 @@ void ModuleBuilder::emit_linear_strided(int id) {
 /// scattered into the output. The copies are O(M·K + N·K + M·N) against the product's
 /// O(M·N·K). f32 operands, or bf16 ones (the bf16 kernel: vdpbf16ps where the host has it), into an
 /// f32 value; false (nothing emitted) for any other contraction.
-namespace {
-/// Whether `axes` are, by name, `first` then `second` (a tensor laid out as that matrix).
-bool laid_out(const std::vector<Axis>& axes, const std::vector<std::string>& first,
-              const std::vector<std::string>& second) {
-  if (axes.size() != first.size() + second.size()) return false;
-  for (std::size_t i = 0; i < axes.size(); ++i)
-    if (axes[i].name != (i < first.size() ? first[i] : second[i - first.size()])) return false;
-  return true;
-}
-std::vector<std::string> names(const std::vector<Axis>& axes) {
-  std::vector<std::string> out;
-  for (const Axis& a : axes) out.push_back(a.name);
-  return out;
-}
-}  // namespace
-
 bool ModuleBuilder::emit_contract_on_gemm(int id) {
   const Node& n = g_.node(id);
   // f32 operands, or both bf16 (legalize-dtypes leaves them so: half_operand), into f32.
@@ -444,7 +428,8 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   // as [K, M] (a weight's gradient, Σ over Batch and Seq: read down its columns); Bᵀ's panels
   // packed from [N, K] or [K, N]; C written into the output when that is [M, N]. Otherwise each
   // is copied into a matrix first.
-  const auto mn = names(mx), nn_names = names(nx), kn = names(kx);
+  using util::laid_out;
+  const auto mn = util::names(mx), nn_names = util::names(nx), kn = util::names(kx);
   const bool a_rows = batch.empty() && laid_out(ln.axes, mn, kn);
   const bool a_cols = batch.empty() && !a_rows && laid_out(ln.axes, kn, mn);
   const bool b_rows = batch.empty() && laid_out(rn.axes, nn_names, kn);
