@@ -16,6 +16,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/module/threads_ir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/cpu_check.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_builder.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/outline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_nodes.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_parallel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_entry_points.cpp

@@ -17,40 +17,17 @@
 #include <cstddef>
 
 #include <llvm/IR/Instructions.h>
-#include <llvm/Transforms/Utils/CodeExtractor.h>
 
 namespace qkv::codegen::cpu {
 
 namespace detail {
 
-void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions,
-                          const std::vector<std::string>& labels) {
-  std::size_t index = 0;
-  for (const auto& region : regions) {
-    ++index;
-    std::size_t instructions = 0;
-    bool returns = false;
-    for (const llvm::BasicBlock* bb : region) {
-      instructions += bb->size();
-      returns = returns || llvm::isa<llvm::ReturnInst>(bb->getTerminator());
-    }
-    if (returns || instructions <= region.size()) continue;  // a check that returns, or branches only
-    llvm::CodeExtractor extractor(region, /*DT=*/nullptr, /*AggregateArgs=*/false, nullptr, nullptr, nullptr,
-                                  /*AllowVarArgs=*/false, /*AllowAlloca=*/false, nullptr, labels.at(index - 1));
-    if (!extractor.isEligible()) continue;
-    llvm::CodeExtractorAnalysisCache cache(fn);
-    if (llvm::Function* outlined = extractor.extractCodeRegion(cache)) {
-      outlined->addFnAttr(llvm::Attribute::NoInline);
-      outlined->setLinkage(llvm::GlobalValue::InternalLinkage);
-    }
-  }
-}
-
-std::vector<llvm::BasicBlock*> ModuleBuilder::emit_node_region(int id) {
+std::vector<llvm::BasicBlock*> ModuleBuilder::emit_region(const std::function<void()>& body) {
   auto* start = llvm::BasicBlock::Create(ctx_, "node", fn_);
-  b_.CreateBr(start);
+  before_region_ = b_.CreateBr(start);
   b_.SetInsertPoint(start);
-  emit_node(id);
+  body();
+  before_region_ = nullptr;
   auto* next = llvm::BasicBlock::Create(ctx_, "next", fn_);
   b_.CreateBr(next);
   b_.SetInsertPoint(next);
@@ -98,9 +75,12 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
     llvm::Value* at_bias = b_.CreateConstGEP1_64(ptr_, at, 1);
     b_.CreateStore(packed, at);
     b_.CreateStore(bias_pad, at_bias);
+    // The slots' address comes in as an argument: the same linear of every layer outlines to one
+    // function (merge_identical_functions).
+    llvm::Value* slots = outside_region([&] { return slot(handle_, j); });
     branch(prepared(), [&] {
-      b_.CreateStore(b_.CreateLoad(ptr_, slot(handle_, j)), at);
-      b_.CreateStore(b_.CreateLoad(ptr_, slot(handle_, j + 1)), at_bias);
+      b_.CreateStore(b_.CreateLoad(ptr_, slots), at);
+      b_.CreateStore(b_.CreateLoad(ptr_, b_.CreateConstGEP1_64(i64_, slots, 1)), at_bias);
     });
     packed = b_.CreateLoad(ptr_, at);
     bias_pad = b_.CreateLoad(ptr_, at_bias);
@@ -490,6 +470,8 @@ std::unique_ptr<llvm::Module> build_graph_module(llvm::LLVMContext& context, con
                                                  const HostTarget& target, const std::string& function, bool aot) {
   auto module = std::make_unique<llvm::Module>(function, context);
   detail::ModuleBuilder(*module, lowered, signature, plan, target).build(function, aot);
+  // After outlining: one function for the same node of every layer, one for the same packing.
+  detail::merge_identical_functions(*module);
   return module;
 }
 

@@ -20,6 +20,7 @@
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/ir/quant.hpp>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -44,15 +45,24 @@ using I = ir::Int;
 using Dims = std::vector<I>;
 using Values = std::vector<llvm::Value*>;
 
-/// Moves each node's code (a region of emit_node_region) out of the entry function into a
+/// Moves each node's code (a region of emit_region) out of the entry function into a
 /// function of its own, never inlined: the optimiser then works on many small functions instead
 /// of one with a loop nest per node, whose analyses grow faster than linearly with the graph (a
 /// training step's thousands of nodes took minutes). Regions that return from the entry (a
-/// failed check) or hold no code stay where they are. (module_builder.cpp)
+/// failed check) or hold no code stay where they are. The values a region uses from outside are
+/// its function's arguments, so nodes that compute alike outline to the same code whatever
+/// their buffers. (outline.cpp)
 /// Each region (a node's code) becomes a function named "<fn>.<label>" (labels[i], the node's
-/// "n<id>_<op>", so that a profile names the node it spends its time in).
+/// "n<id>_<op>", so that a profile names the node it spends its time in — after
+/// merge_identical_functions, the first of the nodes that share the code).
 void outline_node_regions(llvm::Function& fn, const std::vector<std::vector<llvm::BasicBlock*>>& regions,
                           const std::vector<std::string>& labels);
+
+/// Makes one function of every set of internal functions with the same code (LLVM's
+/// MergeFunctions, every internal function's address first marked insignificant so that its uses
+/// are replaced, its callers then compared anew): the nodes of a decoder's layers outline to the
+/// same functions, so a module's code stops growing with its depth. (outline.cpp)
+void merge_identical_functions(llvm::Module& module);
 
 class ModuleBuilder {
  public:
@@ -453,7 +463,7 @@ class ModuleBuilder {
     for (int id = 0; id < static_cast<int>(g_.size()); ++id) {
       node_label_ = "n" + std::to_string(id) + "_" + std::string(op_name(g_.node(id).op));
       labels.push_back(node_label_);
-      regions.push_back(emit_node_region(id));
+      regions.push_back(emit_region([&] { emit_node(id); }));
     }
     node_label_.clear();
     std::size_t out = leaf;
@@ -475,8 +485,19 @@ class ModuleBuilder {
     return fn_;
   }
 
-  /// emit_node(id) in blocks of its own: the region outline_node_regions makes a function of.
-  std::vector<llvm::BasicBlock*> emit_node_region(int id);
+  /// body() in blocks of its own: the region outline_node_regions makes a function of.
+  std::vector<llvm::BasicBlock*> emit_region(const std::function<void()>& body);
+
+  /// make()'s value computed before the node's region (where it is outside the region: its
+  /// outlined function takes it as an argument), for what differs between nodes that compute
+  /// alike — such as the handle slots of a layer's weights — so that their regions outline to
+  /// identical functions, which merge_identical_functions makes one. Outside a region, here.
+  llvm::Value* outside_region(const std::function<llvm::Value*()>& make) {
+    if (!before_region_) return make();
+    const llvm::IRBuilderBase::InsertPointGuard guard(b_);
+    b_.SetInsertPoint(before_region_);
+    return make();
+  }
 
   llvm::Value* block(const ArenaLayout<I>& layout, int k, llvm::Value* arena) {
     const auto slot = static_cast<std::size_t>(plan_.allocs[static_cast<std::size_t>(k)].slot);
@@ -511,8 +532,10 @@ class ModuleBuilder {
   /// weight-gradient contractions, each far inside int64, added up past 2^56 at batch 8 × 255.)
   ir::Bool sizes_fit(const std::function<bool(const Node&)>& keep);
 
-  /// 8 × the product of the extents of the union, by name, of these axis lists (f64).
+  /// 8 × the product of the extents of the union, by name, of these axis lists (f64); made once
+  /// per product within one sizes_fit (spaces_).
   llvm::Value* space_of(std::initializer_list<const std::vector<Axis>*> lists);
+  std::map<std::vector<std::string>, llvm::Value*> spaces_;  // space_of's, by the factors' str()
 
   /// An upper bound (× 8 bytes) of the loop nests `n` runs. A reduction iterates its output and
   /// the axes it sums over: a contraction, logsumexp or argmax the union of its output's and
@@ -520,8 +543,8 @@ class ModuleBuilder {
   /// axes under other names: counting them again squared the layer, and refused a hidden size of
   /// 1024); an attention q ∪ k (the scores) and out ∪ v (the weighted sum; its backward d_out ∪ v,
   /// for dP). Every other node loops over its output or over one input (copies, views,
-  /// element-wise maps, row-wise norms).
-  llvm::Value* iteration_space(const Node& n);
+  /// element-wise maps, row-wise norms). The bound is the largest of the products returned.
+  std::vector<llvm::Value*> iteration_space(const Node& n);
 
   /// Return 2 unless every run-time size is >= 0, every extent of the graph too, the graph's
   /// deferred shape checks hold, and every size computed from them fits (sizes_fit).
@@ -760,6 +783,7 @@ class ModuleBuilder {
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
   int task_depth_ = 0;             // > 0 while a parallel_for's task body is generated
+  llvm::Instruction* before_region_ = nullptr;  // the branch into the region being emitted (emit_region)
   std::string node_label_;         // "n<id>_<op>" of the node being emitted: its functions' names
   llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)
   llvm::Value* handle_ = nullptr;  // the entry's prepared handle (null in plain calls)

@@ -23,10 +23,11 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
   // The sizes of the parameters (the only ones read here) must be >= 0 and fit (sizes_fit).
   if (!plan_.dynamic.empty()) {
     ir::Bool fits = sizes_fit([](const Node& n) { return n.op == Op::param; });
+    std::set<std::string> seen;  // each extent once
     for (const auto& n : g_.nodes())
       if (n.op == Op::param)
         for (const auto& a : n.axes)
-          if (a.extent.is_dynamic()) fits = fits && dim(a.extent) >= 0;
+          if (a.extent.is_dynamic() && seen.insert(a.extent.str()).second) fits = fits && dim(a.extent) >= 0;
     auto* bad = llvm::BasicBlock::Create(ctx_, "bad_sizes", fn_);
     auto* fine = llvm::BasicBlock::Create(ctx_, "sizes_fit", fn_);
     b_.CreateCondBr(fits.v(), fine, bad);
@@ -63,6 +64,8 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
     b_.CreateStore(a, slot(handle, slot_param(param++)));
     leaves[id] = a;
   }
+  std::vector<std::vector<llvm::BasicBlock*>> regions;
+  std::vector<std::string> labels;
   for (std::size_t j = 0; j < plan_.prepared.size(); ++j) {
     const Node& n = g_.node(plan_.prepared[j]);
     gemm_cfg_ = gemm_config(plan_.prepared[j]);
@@ -74,10 +77,15 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
     llvm::Value* bias_pad = aligned_alloc(panels * nr * 4);
     b_.CreateStore(bias_pad, slot(handle, slot_prepared(j) + 1));
     give_up_unless(b_.CreateAnd(b_.CreateIsNotNull(packed), b_.CreateIsNotNull(bias_pad)));
-    emit_pack_panels(leaves.at(n.inputs[1]), packed, w[0], w[1]);
-    emit_pad_bias(n.inputs.size() > 2 ? leaves.at(n.inputs[2]) : nullptr, bias_pad, w[0]);
+    // A function per linear, one for the linears of every layer (outline_node_regions).
+    regions.push_back(emit_region([&] {
+      emit_pack_panels(leaves.at(n.inputs[1]), packed, w[0], w[1]);
+      emit_pad_bias(n.inputs.size() > 2 ? leaves.at(n.inputs[2]) : nullptr, bias_pad, w[0]);
+    }));
+    labels.push_back("pack.n" + std::to_string(plan_.prepared[j]));
   }
   b_.CreateRet(handle);
+  outline_node_regions(*fn_, regions, labels);
   return fn_;
 }
 
@@ -238,47 +246,66 @@ std::vector<llvm::Function*> ModuleBuilder::emit_c_entry_points(const std::strin
 // --- the run-time size checks ------------------------------------------------------------------
 
 ir::Bool ModuleBuilder::sizes_fit(const std::function<bool(const Node&)>& keep) {
-  llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
-  llvm::Value* buffers = llvm::ConstantFP::get(f64_, 0.0);
+  // Each distinct product once, in the order first met (the module's text, hence its cache key,
+  // stays the same from run to run): a decoder's layers repeat theirs, and the entry must not
+  // grow with the depth by more than a call per node.
+  spaces_.clear();
+  std::vector<llvm::Value*> loops;  // the iteration spaces
+  std::map<llvm::Value*, std::int64_t> count;
+  std::vector<llvm::Value*> buffers;  // the distinct buffer sizes, each counted count[] times
   for (const auto& n : g_.nodes()) {
     if (!keep(n)) continue;
-    largest = b_.CreateMaxNum(largest, iteration_space(n));
-    buffers = b_.CreateFAdd(buffers, space_of({&n.axes}));
+    for (llvm::Value* v : iteration_space(n))
+      if (std::find(loops.begin(), loops.end(), v) == loops.end()) loops.push_back(v);
+    llvm::Value* own = space_of({&n.axes});
+    if (count[own]++ == 0) buffers.push_back(own);
   }
+  llvm::Value* largest = llvm::ConstantFP::get(f64_, 0.0);
+  for (llvm::Value* v : loops) largest = b_.CreateMaxNum(largest, v);
+  llvm::Value* total = llvm::ConstantFP::get(f64_, 0.0);
+  for (llvm::Value* v : buffers)
+    total = b_.CreateFAdd(total, b_.CreateFMul(v, llvm::ConstantFP::get(f64_, static_cast<double>(count[v]))));
   constexpr double kLimit = 72057594037927936.0;  // 2^56
   llvm::Value* limit = llvm::ConstantFP::get(f64_, kLimit);
-  return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(buffers, limit)));
+  return ir::Bool(b_, b_.CreateAnd(b_.CreateFCmpOLE(largest, limit), b_.CreateFCmpOLE(total, limit)));
 }
 
 llvm::Value* ModuleBuilder::space_of(std::initializer_list<const std::vector<Axis>*> lists) {
   std::map<std::string, const Extent*> space;
   for (const auto* axes : lists)
     for (const auto& a : *axes) space.emplace(a.name, &a.extent);
-  llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
-  for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
-  return product;
+  std::vector<std::string> key;  // the product's factors: their order does not change it
+  for (const auto& [name, e] : space) key.push_back(e->str());
+  std::sort(key.begin(), key.end());
+  auto [it, fresh] = spaces_.try_emplace(std::move(key), nullptr);
+  if (fresh) {
+    llvm::Value* product = llvm::ConstantFP::get(f64_, 8.0);
+    for (const auto& [name, e] : space) product = b_.CreateFMul(product, fdim(*e));
+    it->second = product;
+  }
+  return it->second;
 }
 
-llvm::Value* ModuleBuilder::iteration_space(const Node& n) {
+std::vector<llvm::Value*> ModuleBuilder::iteration_space(const Node& n) {
   auto axes_of = [&](std::size_t k) { return &g_.node(n.inputs[k]).axes; };
   switch (n.op) {
     case Op::contract:
     case Op::logsumexp:
     case Op::argmax: {
-      llvm::Value* most = space_of({&n.axes});
-      for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({&n.axes, axes_of(k)}));
-      return most;
+      std::vector<llvm::Value*> spaces{space_of({&n.axes})};
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) spaces.push_back(space_of({&n.axes, axes_of(k)}));
+      return spaces;
     }
     case Op::linear:
-      return space_of({&n.axes, axes_of(0)});
+      return {space_of({&n.axes, axes_of(0)})};
     case Op::fused_attention:  // (q, k, v, …) -> out
-      return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({&n.axes, axes_of(2)}));
+      return {space_of({axes_of(0), axes_of(1)}), space_of({&n.axes, axes_of(2)})};
     case Op::fused_attention_backward:  // (q, k, v, out, d_out, …) -> dQ; dP = d_out · vᵀ
-      return b_.CreateMaxNum(space_of({axes_of(0), axes_of(1)}), space_of({axes_of(4), axes_of(2)}));
+      return {space_of({axes_of(0), axes_of(1)}), space_of({axes_of(4), axes_of(2)})};
     default: {
-      llvm::Value* most = space_of({&n.axes});
-      for (std::size_t k = 0; k < n.inputs.size(); ++k) most = b_.CreateMaxNum(most, space_of({axes_of(k)}));
-      return most;
+      std::vector<llvm::Value*> spaces{space_of({&n.axes})};
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) spaces.push_back(space_of({axes_of(k)}));
+      return spaces;
     }
   }
 }
@@ -286,9 +313,10 @@ llvm::Value* ModuleBuilder::iteration_space(const Node& n) {
 void ModuleBuilder::emit_size_checks() {
   if (plan_.dynamic.empty()) return;
   ir::Bool ok = sizes_fit([](const Node&) { return true; });
+  std::set<std::string> seen;  // each extent once
   for (const auto& n : g_.nodes())
     for (const auto& a : n.axes)
-      if (a.extent.is_dynamic()) ok = ok && dim(a.extent) >= 0;
+      if (a.extent.is_dynamic() && seen.insert(a.extent.str()).second) ok = ok && dim(a.extent) >= 0;
   for (const auto& s : plan_.dynamic) ok = ok && I(b_, sym_.at(s)) >= 0;
   for (const auto& c : g_.constraints()) {
     const I a = dim(c.a), d = dim(c.b);
