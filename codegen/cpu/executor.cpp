@@ -10,6 +10,8 @@
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 
+#include "cpu/kernels/gemm_kernel.hpp"
+
 namespace qkv::codegen::cpu {
 
 namespace {
@@ -55,10 +57,11 @@ RunResult execute(const Graph& g, const Feeds& feeds, int threads, const Destina
   return execute_bound(g, feeds, threads, into, nullptr, specialise);
 }
 
-BoundRunner::BoundRunner(int threads) : state_(std::make_shared<State>()), threads_(threads) {}
+BoundRunner::BoundRunner(int threads, bool repack)
+    : state_(std::make_shared<State>()), threads_(threads), repack_(repack) {}
 
 RunResult BoundRunner::operator()(const Graph& g, const Feeds& feeds, const Destinations& into) const {
-  return execute_bound(*lower_cached(g), feeds, threads_, into, state_.get());
+  return execute_bound(*lower_cached(g), feeds, threads_, into, repack_ ? state_.get() : nullptr);
 }
 
 int BoundRunner::prepared() const { return state_->made; }
@@ -142,6 +145,8 @@ RunResult execute_bound(const Graph& g, const Feeds& feeds, int threads, const D
 RunResult run(const Graph& g, const Feeds& feeds, int threads, const Destinations& into, Specialise specialise) {
   return execute(*lower_cached(g), feeds, threads, into, specialise);
 }
+
+int gemv_max_rows(bool quantized) { return quantized ? kQuantGemvMaxRows : kGemvMaxRows; }
 
 int fused_attention_count(const Graph& g) {
   int n = 0;

@@ -254,6 +254,39 @@ TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
       "a shape flag of the other bench models");
 }
 
+TEST_F(Cli, GenerateKeepsPackedWeightsOnlyWhenItsDecodeStepsRunOnTheGemm) {
+  // A batch of up to gemv_max_rows rows decodes on the GEMV, which reads the weights in place: a
+  // packed copy kept for the GEMM would only serve the prefill, so none is kept unless --repack.
+  const fs::path dir = kLlamaFixtures / "qwen2";
+  const auto c = case_of("qwen2");
+  const NdArray tokens = read_npy((dir / "tokens.npy").string());
+  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
+  write_prompt(tokens, P, tmp("prompt.npy"));
+  auto bench = [&](const std::string& prompt, const std::string& flags, const std::string& out) {
+    const Result r = run("bench generate --model " + dir.string() + " --prompt-ids " + prompt + " --new-tokens " +
+                         std::to_string(N) + " --threads 2 --json --out " + out + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out).at("weights_repacked").get<bool>() : false;
+  };
+  EXPECT_FALSE(bench(tmp("prompt.npy"), "", tmp("default.npy")));
+  EXPECT_TRUE(bench(tmp("prompt.npy"), " --repack", tmp("repacked.npy")));
+  EXPECT_EQ(read_npy(tmp("default.npy")), tokens);
+  EXPECT_EQ(read_npy(tmp("repacked.npy")), tokens);
+  // Five rows (the prompt's first row five times) decode on the GEMM: packed once by default.
+  const NdArray one = read_npy(tmp("prompt.npy"));
+  NdArray five = NdArray::zeros(DType::i64, {5, P});
+  for (std::int64_t b = 0; b < 5; ++b)
+    for (std::int64_t t = 0; t < P; ++t)
+      five.as<std::int64_t>()[static_cast<std::size_t>(b * P + t)] = one.as<std::int64_t>()[static_cast<std::size_t>(t)];
+  write_npy(tmp("five.npy"), five);
+  EXPECT_TRUE(bench(tmp("five.npy"), "", tmp("five_default.npy")));
+  EXPECT_FALSE(bench(tmp("five.npy"), " --no-repack", tmp("five_per_call.npy")));
+  EXPECT_EQ(read_npy(tmp("five_default.npy")), read_npy(tmp("five_per_call.npy")));
+  expect_usage_error(run("generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
+                         " --out " + tmp("x.npy") + " --repack --no-repack"),
+                     "excludes", "both");
+}
+
 TEST_F(Cli, GeneratePromptTextGoesThroughTheModelsSentencePieceTokenizer) {
   // tests/numerics/tokenizer/tokenizer.model: 64 BPE pieces (make_tokenizer.sh), inside the
   // mistral fixture's vocabulary of 80.

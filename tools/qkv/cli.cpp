@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/ir/extent.hpp>
 #include <qkv/runtime/io/files.hpp>
 
@@ -305,6 +306,16 @@ struct GenerateFlags {
         ->check(integer_in(0, kInt64Max));
     cmd->add_option("--seed", o.seed, "The sampler's seed")->check(unsigned_integer());
     cmd->add_option("--threads", o.threads, "CPU threads (0: one per hardware thread)")->check(integer_in(0, 4096));
+    auto* repack = cmd->add_flag_callback(
+        "--repack", [this] { o.repack = true; },
+        "cpu backend: pack the linear layers' weights for the GEMM once and keep them (a second copy: faster "
+        "repeated prefills; the default when the batch's decode steps run on the GEMM, more than " +
+            std::to_string(codegen::cpu::gemv_max_rows()) + " rows)");
+    auto* no_repack = cmd->add_flag_callback(
+        "--no-repack", [this] { o.repack = false; },
+        "cpu backend: keep no packed copy (each prefill packs them anew: peak memory about the weights' size; the "
+        "default for a smaller batch, whose decode steps read the weights in place)");
+    repack->excludes(no_repack);
     backend.add(cmd);
     dtype.add(cmd);
     quantize.add(cmd);

@@ -122,6 +122,10 @@ struct Generate {
   std::optional<Quant> quant;  // --quantize q8 | q4
   int threads = 0;
   std::int64_t repeat = 1;  // bench generate: timed runs, their medians reported
+  /// cpu: the linear layers' weights packed once and kept (--repack), or packed by each step that
+  /// multiplies them on the GEMM (--no-repack); unset: kept only when the decode steps run on the
+  /// GEMM (a batch past codegen::cpu::gemv_max_rows), whose steps would otherwise pack every time.
+  std::optional<bool> repack;
 };
 int generate(const Generate& o);
 /// qkv quantize: a decoder checkpoint with its linear layers' weights stored q8 or q4 (commands_decoder.cpp).

@@ -300,6 +300,7 @@ struct Generation {
   NdArray ids, chosen_logits;
   std::int64_t batch = 0, prompt = 0, steps = 0;  // steps: decode steps run (new tokens − 1)
   std::int64_t prompt_tokens = 0;                 // the prompts' ids, padding not counted
+  bool repacked = false;                          // cpu: the linear layers' weights packed once and kept
   double prefill_ms = 0, decode_ms = 0;
   /// warm: the first prefill (compiling the step graph, then running it); else the JIT's
   /// compile time within the timed prefill
@@ -361,8 +362,10 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   require_memory(cache, "the KV cache");
   // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
   // checkpoint's size); quantized weights are read as stored.
-  if (o.backend == Backend::cpu && !o.quant && !ck.any_quantized())
-    require_memory(ck.f32_bytes(), "the weights packed for the GEMM");
+  const bool quantized = o.quant.has_value() || ck.any_quantized();
+  const bool repack = o.repack.value_or(B > codegen::cpu::gemv_max_rows(quantized));
+  if (o.backend == Backend::cpu && repack && !quantized)
+    require_memory(ck.f32_bytes(), "the weights packed for the GEMM (--no-repack: none kept)");
   Feeds weights;
   Graph step = model_with_weights(build_causal_lm_step(c, ragged), ck, o.dtype, o.quant, weights);
   DecoderSession session(
@@ -372,7 +375,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
        .head_dim = c.head_dim,
        .batch = B,
        .capacity = total},
-      [&, bound = codegen::cpu::BoundRunner(o.threads)](const Graph& g, const Feeds& f, const Destinations& into) {
+      [&, bound = codegen::cpu::BoundRunner(o.threads, repack)](const Graph& g, const Feeds& f, const Destinations& into) {
         // The CPU backend: the weights packed once, the caches written in place.
         return o.backend == Backend::cpu ? bound(g, f, into) : run_graph(g, f, o.backend, o.threads);
       });
@@ -380,6 +383,7 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
   const Activity running("generating");
   const std::size_t V = static_cast<std::size_t>(c.vocab_size);
   Generation r;
+  r.repacked = o.backend == Backend::cpu && repack;
   r.batch = B;
   r.prompt = P;
   r.steps = N - 1;
@@ -632,23 +636,24 @@ int bench_generate(const Generate& o, bool json) {
         "\"prefill_tokens_per_s\": %.6g, \"decode_ms\": %.6g, \"decode_tokens_per_s\": %.6g, "
         "\"decode_attention_gbps\": %.6g, \"modules_compiled_after_prefill\": %lld, "
         "\"modules_compiled_after_first_step\": %lld, \"modules_loaded_from_cache\": %lld, \"peak_rss_mib\": %.6g, "
-        "\"peak_rss_growth_after_first_step_mib\": %.6g}\n",
+        "\"peak_rss_growth_after_first_step_mib\": %.6g, \"weights_repacked\": %s}\n",
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
         static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
         static_cast<long long>(c.vocab_size), static_cast<long long>(r.batch), static_cast<long long>(r.prompt),
         static_cast<long long>(r.steps), r.compile_ms, r.prefill_ms, prefill_tps, r.decode_ms, decode_tps,
         attention_gbps, r.compiled_after_prefill, r.compiled_after_first_step, r.loaded_from_cache, r.rss_end_mib,
-        growth);
+        growth, r.repacked ? "true" : "false");
   } else {
     std::printf(
         "%s, %lld layers: first prefill (compiles) %.1f ms; prefill %lld tokens in %.1f ms (%.1f tokens/s); decode "
         "%lld steps in %.1f ms (%.1f "
         "tokens/s); decode attention %.1f GB/s at %lld keys; %lld module(s) compiled after the prefill, %lld after "
-        "the first step; peak memory %.1f MiB (+%.1f after the first step)\n",
+        "the first step; peak memory %.1f MiB (+%.1f after the first step)%s\n",
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), r.compile_ms,
         static_cast<long long>(r.prompt_tokens), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps),
         r.decode_ms, decode_tps, attention_gbps, static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill,
-        r.compiled_after_first_step, r.rss_end_mib, growth);
+        r.compiled_after_first_step, r.rss_end_mib, growth,
+        r.repacked ? "; weights packed once (--repack)" : "");
   }
   if (!o.out.empty()) {
     stage_npy(outputs, ids_file, r.ids);

@@ -776,12 +776,13 @@ int train(const Train& f) {
   }
   save(step);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  std::fprintf(stderr,
-               "qkv: %s after step %lld of %lld: checkpoint in %s (%.1f s: first step incl. compiling %.1f s, then "
-               "%.0f tokens/s)\n",
+  char rate[64] = "";  // none when the first step was the only one
+  if (steady_n)
+    std::snprintf(rate, sizeof rate, ", then %.0f tokens/s",
+                  tokens_per_step * static_cast<double>(steady_n) / steady_s);
+  std::fprintf(stderr, "qkv: %s after step %lld of %lld: checkpoint in %s (%.1f s: first step incl. compiling %.1f s%s)\n",
                step < steps ? "stopped" : "done", static_cast<long long>(step), static_cast<long long>(steps),
-               out.c_str(), wall, compile_s,
-               steady_n ? tokens_per_step * static_cast<double>(steady_n) / steady_s : 0.0);
+               out.c_str(), wall, compile_s, rate);
   return StopOnSignal::requested() ? 130 : 0;
 }
 

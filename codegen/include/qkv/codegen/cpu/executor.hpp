@@ -37,10 +37,13 @@ RunResult run(const Graph& g, const Feeds& feeds, int threads = 0, const Destina
 /// scratch arena kept between calls) — for a caller that runs the same weights again and again,
 /// as DecoderSession's steps do. The parameter arrays must stay alive and unchanged while it is
 /// used; other parameter arrays (by address, dtype or shape) are prepared anew. Copies share one
-/// state; not for concurrent calls.
+/// state; not for concurrent calls. `repack` false: nothing is kept — each call packs the weights
+/// it multiplies in its own scratch memory, as run() does (about the weights' size less
+/// resident memory, and no packing before the first call; a prefill-sized call then packs again
+/// every time, while a decode step's GEMV reads the weights in place either way).
 class BoundRunner {
  public:
-  explicit BoundRunner(int threads = 0);
+  explicit BoundRunner(int threads = 0, bool repack = true);
   RunResult operator()(const Graph& g, const Feeds& feeds, const Destinations& into = {}) const;
   /// Handles prepared so far (for tests and stats).
   [[nodiscard]] int prepared() const;
@@ -50,7 +53,14 @@ class BoundRunner {
  private:
   std::shared_ptr<State> state_;
   int threads_ = 0;
+  bool repack_ = true;
 };
+
+/// The most rows (the batch's tokens) a linear layer runs on the GEMV kernel, which reads its
+/// weights in place, for f32 / bf16 / f16 weights or (quantized) 8- and 4-bit ones; more rows
+/// run on the GEMM, which reads them packed (kept by a BoundRunner that repacks, else packed per
+/// call).
+int gemv_max_rows(bool quantized = false);
 
 /// How many fused_attention nodes the pipeline made of `g` (for tests and `qkv verify`).
 int fused_attention_count(const Graph& g);
