@@ -146,7 +146,7 @@ RunResult run(const Graph& g, const Feeds& feeds, int threads, const Destination
   return execute(*lower_cached(g), feeds, threads, into, specialise);
 }
 
-int gemv_max_rows(bool quantized) { return quantized ? kQuantGemvMaxRows : kGemvMaxRows; }
+int gemv_max_rows() { return kGemvMaxRows; }
 
 int fused_attention_count(const Graph& g) {
   int n = 0;

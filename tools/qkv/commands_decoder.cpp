@@ -360,10 +360,12 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
       static_cast<std::uint64_t>(c.num_hidden_layers * B * c.num_key_value_heads * total * c.head_dim) *
       (o.dtype == DType::f32 ? 4 : 2);  // the caches are in the model's dtype
   require_memory(cache, "the KV cache");
-  // The CPU backend packs the linear layers' weights once (a second copy of them, at most the
-  // checkpoint's size); quantized weights are read as stored.
+  // The CPU backend packs the float linear layers' weights once (a second copy of them, at most
+  // the checkpoint's size) when the decode steps run on the GEMM, whose every step would pack
+  // them again; with fewer rows they run on the GEMV, which reads them in place, and only the
+  // prefill packs. Quantized weights are read as stored (their GEMV takes more rows).
   const bool quantized = o.quant.has_value() || ck.any_quantized();
-  const bool repack = o.repack.value_or(B > codegen::cpu::gemv_max_rows(quantized));
+  const bool repack = o.repack.value_or(B > codegen::cpu::gemv_max_rows());
   if (o.backend == Backend::cpu && repack && !quantized)
     require_memory(ck.f32_bytes(), "the weights packed for the GEMM (--no-repack: none kept)");
   Feeds weights;

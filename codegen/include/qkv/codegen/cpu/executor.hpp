@@ -56,11 +56,10 @@ class BoundRunner {
   bool repack_ = true;
 };
 
-/// The most rows (the batch's tokens) a linear layer runs on the GEMV kernel, which reads its
-/// weights in place, for f32 / bf16 / f16 weights or (quantized) 8- and 4-bit ones; more rows
-/// run on the GEMM, which reads them packed (kept by a BoundRunner that repacks, else packed per
-/// call).
-int gemv_max_rows(bool quantized = false);
+/// The most rows (the batch's tokens) a linear layer with f32 / bf16 / f16 weights runs on the
+/// GEMV kernel, which reads its weights in place; more rows run on the GEMM, which reads them
+/// packed (kept by a BoundRunner that repacks, else packed per call).
+int gemv_max_rows();
 
 /// How many fused_attention nodes the pipeline made of `g` (for tests and `qkv verify`).
 int fused_attention_count(const Graph& g);
