@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <utility>
 
 #include <qkv/ir/error.hpp>
@@ -56,7 +57,9 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
   if (!quantizable(f, k, group))
     throw InputError("quantize: " + what + " has rows of " + std::to_string(k) + ", not a multiple of " +
                      std::to_string(group) + " that " + std::string(quant_name(f)) + " needs");
-  const std::vector<float> v = w.to_f32();
+  std::vector<float> widened;  // f16 / bf16 values as floats (f32 ones are read where they are)
+  if (w.dtype != DType::f32) widened = w.to_f32();
+  const std::span<const float> v = w.dtype == DType::f32 ? w.as<float>() : std::span<const float>(widened);
   QuantizedWeight out{NdArray::zeros(DType::i8, quant_q_shape(f, rows, k)),
                       NdArray::zeros(DType::f16, quant_scale_shape(rows, k, group)), f};
   auto q = out.q.as<std::int8_t>();

@@ -345,32 +345,19 @@ TensorView SafetensorsFile::get(std::string_view name) const {
   return {e.dtype, e.shape, image().subspan(e.begin, e.end - e.begin)};
 }
 
-namespace {
-/// madvise over the whole pages inside [p, p + n) (advice only: a failure changes nothing).
-void advise(const void* p, std::size_t n, std::size_t page, int advice) {
-  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
-  const auto end = (reinterpret_cast<std::uintptr_t>(p) + n) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
-}
-}  // namespace
-
 NdArray SafetensorsFile::load(std::string_view name) const {
   const TensorView v = get(name);
   // One pass over the bytes: the mapping read ahead, the copy's pages backed by huge pages where
   // the kernel allows them (transparent huge pages in "madvise" mode): a 442 MB checkpoint
   // faulted in 4 KiB at a time spent more time in the kernel's fault path than in the copy.
-  constexpr std::size_t kBig = std::size_t{4} << 20;
-  std::vector<std::byte> bytes;
-  bytes.reserve(v.data.size());
-  if (v.data.size() >= kBig) {
-    advise(v.data.data(), v.data.size(), 4096, MADV_WILLNEED);
-    advise(bytes.data(), v.data.size(), std::size_t{2} << 20, MADV_HUGEPAGE);
-  }
+  using detail::advise, detail::kHugePageBytes;
+  if (v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_WILLNEED);
+  std::vector<std::byte> bytes = detail::reserved_bytes(v.data.size());
   bytes.insert(bytes.end(), v.data.begin(), v.data.end());
   // The mapping's pages of a copied tensor leave this process (they stay in the page cache, and a
   // later read faults them back in unchanged: the mapping is private, read-only and never
   // written): the checkpoint is not resident twice.
-  if (map_ && v.data.size() >= kBig) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);
+  if (map_ && v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);
   NdArray a{v.dtype, v.shape, std::move(bytes)};
   if (a.dtype == DType::boolean)
     for (std::byte& b : a.bytes) b = b != std::byte{0} ? std::byte{1} : std::byte{0};

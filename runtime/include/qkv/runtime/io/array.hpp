@@ -22,6 +22,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 static_assert(std::endian::native == std::endian::little, "qkv's tensor I/O assumes a little-endian host");
 
 namespace qkv {
@@ -119,6 +123,34 @@ T load_unaligned(const std::byte* p) {
   std::memcpy(&v, p, sizeof(T));
   return v;
 }
+
+/// madvise over the whole pages of size `page` inside [p, p + n) (advice only: a failure, or a
+/// system without madvise, changes nothing).
+inline void advise(const void* p, std::size_t n, std::size_t page, int advice) {
+#if defined(__linux__)
+  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(p) + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+#else
+  (void)p, (void)n, (void)page, (void)advice;
+#endif
+}
+
+/// Buffers of this many bytes or more are asked for transparent huge pages (a VM's THP is often
+/// "madvise" only): filling a checkpoint's worth of memory 4 KiB page by page, each fault a trap
+/// to the hypervisor, took longer than the copy or conversion itself.
+inline constexpr std::size_t kHugePageBytes = std::size_t{4} << 20;
+
+/// An empty vector with room for n bytes, backed by huge pages where the kernel gives them.
+inline std::vector<std::byte> reserved_bytes(std::size_t n) {
+  std::vector<std::byte> v;
+  v.reserve(n);
+#if defined(__linux__)
+  if (n >= kHugePageBytes) advise(v.data(), n, std::size_t{2} << 20, MADV_HUGEPAGE);
+#endif
+  return v;
+}
+
 }  // namespace detail
 
 /// IEEE 754 binary16 bits → float. Exact for every input (normals, subnormals, ±0, ±inf, NaN with
@@ -190,7 +222,9 @@ struct NdArray {
   /// negative or overflowing shape.
   static NdArray zeros(DType dtype, std::vector<std::int64_t> shape) {
     const std::size_t n = checked_nbytes(shape, dtype, "NdArray::zeros");
-    return NdArray{dtype, std::move(shape), std::vector<std::byte>(n)};
+    std::vector<std::byte> storage = detail::reserved_bytes(n);  // huge pages for a large one
+    storage.resize(n);
+    return NdArray{dtype, std::move(shape), std::move(storage)};
   }
 
   /// Typed view of the elements. T must match the dtype: float↔f32, double↔f64,
@@ -284,6 +318,7 @@ struct NdArray {
   /// an index no table has).
   [[nodiscard]] NdArray converted(DType t) const {
     if (dtype == t) return *this;
+    if ((is_half(dtype) && t == DType::f32) || (dtype == DType::f32 && is_half(t))) return converted_float(t);
     if (t != DType::i32 && t != DType::i64) return from_f32_as(t, to_f32(), shape);
     NdArray out = zeros(t, shape);
     const std::vector<float> floats = dtype == DType::i32 || dtype == DType::i64 ? std::vector<float>{} : to_f32();
@@ -306,6 +341,24 @@ struct NdArray {
   friend bool operator==(const NdArray&, const NdArray&) = default;  // bytewise, NaN == same NaN
 
  private:
+  static bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+  /// f32 <-> f16 / bf16 in one pass (no f32 copy of the whole array between; a checkpoint's
+  /// weights converted on load went through 1.5 times their size in temporaries).
+  [[nodiscard]] NdArray converted_float(DType t) const {
+    const std::size_t n = static_cast<std::size_t>(numel());
+    NdArray out = zeros(t, shape);
+    if (t == DType::f32) {
+      const auto in = as<std::uint16_t>();
+      auto to = out.as<float>();
+      for (std::size_t i = 0; i < n; ++i) to[i] = dtype == DType::bf16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+    } else {
+      const auto in = as<float>();
+      auto to = out.as<std::uint16_t>();
+      for (std::size_t i = 0; i < n; ++i) to[i] = t == DType::bf16 ? f32_to_bf16(in[i]) : f32_to_f16(in[i]);
+    }
+    return out;
+  }
+
   template <class T>
   void check_view() const {
     if (!detail::dtype_matches<T>(dtype))
