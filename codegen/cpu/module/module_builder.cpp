@@ -22,6 +22,23 @@ namespace qkv::codegen::cpu {
 
 namespace detail {
 
+llvm::Value* ModuleBuilder::aligned_alloc(const I& bytes) {
+  auto* fn = m_.getOrInsertFunction("aligned_alloc", ptr_, i64_, i64_).getCallee();
+  const I size = round_up(imax(bytes, 64), 64);
+  llvm::Value* p = b_.CreateCall(llvm::cast<llvm::Function>(fn), {c64(64).v(), size.v()});
+  if (target_.triple.find("linux") != std::string::npos) {
+    const I at(b_, b_.CreatePtrToInt(p, i64_));
+    const I start = round_up(at, 4096), end = (at + size) / 4096 * 4096;
+    branch(ir::Bool(b_, b_.CreateIsNotNull(p)) && end - start >= (std::int64_t{4} << 20), [&] {
+      auto* madvise = m_.getOrInsertFunction("madvise", i32_, ptr_, i64_, i32_).getCallee();
+      constexpr int kMadvHugepage = 14;  // <sys/mman.h>
+      b_.CreateCall(llvm::cast<llvm::Function>(madvise),
+                    {b_.CreateIntToPtr(start.v(), ptr_), (end - start).v(), b_.getInt32(kMadvHugepage)});
+    });
+  }
+  return p;
+}
+
 std::vector<llvm::BasicBlock*> ModuleBuilder::emit_region(const std::function<void()>& body) {
   auto* start = llvm::BasicBlock::Create(ctx_, "node", fn_);
   before_region_ = b_.CreateBr(start);

@@ -342,22 +342,7 @@ class ModuleBuilder {
   /// THP is often "madvise" only): the weights' packed panels and the arena are first touched
   /// page by page, and 4 KiB faults, each a trap to the hypervisor, took 3 s of a first prefill
   /// that packs 1.8 GB (2 s of compute).
-  llvm::Value* aligned_alloc(const I& bytes) {
-    auto* fn = m_.getOrInsertFunction("aligned_alloc", ptr_, i64_, i64_).getCallee();
-    const I size = round_up(imax(bytes, 64), 64);
-    llvm::Value* p = b_.CreateCall(llvm::cast<llvm::Function>(fn), {c64(64).v(), size.v()});
-    if (target_.triple.find("linux") != std::string::npos) {
-      const I at(b_, b_.CreatePtrToInt(p, i64_));
-      const I start = round_up(at, 4096), end = (at + size) / 4096 * 4096;
-      branch(ir::Bool(b_, b_.CreateIsNotNull(p)) && end - start >= (std::int64_t{4} << 20), [&] {
-        auto* madvise = m_.getOrInsertFunction("madvise", i32_, ptr_, i64_, i32_).getCallee();
-        constexpr int kMadvHugepage = 14;  // <sys/mman.h>
-        b_.CreateCall(llvm::cast<llvm::Function>(madvise),
-                      {b_.CreateIntToPtr(start.v(), ptr_), (end - start).v(), b_.getInt32(kMadvHugepage)});
-      });
-    }
-    return p;
-  }
+  llvm::Value* aligned_alloc(const I& bytes);  // (module_builder.cpp)
   void free(llvm::Value* p) {
     auto* fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
     b_.CreateCall(llvm::cast<llvm::Function>(fn), {p});
