@@ -28,7 +28,6 @@ struct ModuleSize {
   std::size_t entry = 0;  // the entry function's own instructions
 };
 
-
 /// The CPU module of tiny_llama_config's step graph (declare_cached_step) with `layers` layers.
 ModuleSize step_module(std::int64_t layers) {
   LlamaConfig cfg = cases::tiny_llama_config();
@@ -40,8 +39,8 @@ ModuleSize step_module(std::int64_t layers) {
   const Graph lowered = codegen::lower(g);
   const codegen::HostTarget target = codegen::host_target();
   // The sizes the executor fixes (those the attention kernels are specialised on).
-  const Bindings sizes{{"Vocab", 50}, {"Hidden", 64}, {"QProj", 32}, {"KvProj", 16}, {"Heads", 4},
-                       {"KvHeads", 2}, {"Group", 2},  {"HeadDim", 8},  {"ValueDim", 8}};
+  const Bindings sizes{{"Vocab", 50},  {"Hidden", 64}, {"QProj", 32},  {"KvProj", 16}, {"Heads", 4},
+                       {"KvHeads", 2}, {"Group", 2},   {"HeadDim", 8}, {"ValueDim", 8}};
   Bindings fixed;
   for (const std::string& s : codegen::cpu::specialised_sizes(lowered)) fixed[s] = sizes.at(s);
   const auto plan = codegen::cpu::plan_module(lowered, fixed, target);
@@ -64,8 +63,8 @@ TEST(ModuleSize, ADecodersModuleHasTheSameFunctionsAtAnyDepth) {
   // What grows is the entry: per node a call and its buffers' addresses (about 800 instructions
   // a layer of this model). Without the merge, 8 layers made 3.5 times the code of 2; now 1.6.
   EXPECT_LT(static_cast<double>(eight.instructions), 2.0 * static_cast<double>(two.instructions))
-      << two.instructions << " instructions with 2 layers, " << eight.instructions << " with 8 (the entry "
-      << two.entry << " and " << eight.entry << ")";
+      << two.instructions << " instructions with 2 layers, " << eight.instructions << " with 8 (the entry " << two.entry
+      << " and " << eight.entry << ")";
 }
 
 }  // namespace

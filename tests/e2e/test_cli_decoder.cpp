@@ -277,13 +277,14 @@ TEST_F(Cli, GenerateKeepsPackedWeightsOnlyWhenItsDecodeStepsRunOnTheGemm) {
   NdArray five = NdArray::zeros(DType::i64, {5, P});
   for (std::int64_t b = 0; b < 5; ++b)
     for (std::int64_t t = 0; t < P; ++t)
-      five.as<std::int64_t>()[static_cast<std::size_t>(b * P + t)] = one.as<std::int64_t>()[static_cast<std::size_t>(t)];
+      five.as<std::int64_t>()[static_cast<std::size_t>(b * P + t)] =
+          one.as<std::int64_t>()[static_cast<std::size_t>(t)];
   write_npy(tmp("five.npy"), five);
   EXPECT_TRUE(bench(tmp("five.npy"), "", tmp("five_default.npy")));
   EXPECT_FALSE(bench(tmp("five.npy"), " --no-repack", tmp("five_per_call.npy")));
   EXPECT_EQ(read_npy(tmp("five_default.npy")), read_npy(tmp("five_per_call.npy")));
-  expect_usage_error(run("generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
-                         " --out " + tmp("x.npy") + " --repack --no-repack"),
+  expect_usage_error(run("generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") + " --out " +
+                         tmp("x.npy") + " --repack --no-repack"),
                      "excludes", "both");
 }
 

@@ -370,17 +370,17 @@ Generation run_generation(const Generate& o, const HfCheckpoint& ck, bool warm =
     require_memory(ck.f32_bytes(), "the weights packed for the GEMM (--no-repack: none kept)");
   Feeds weights;
   Graph step = model_with_weights(build_causal_lm_step(c, ragged), ck, o.dtype, o.quant, weights);
-  DecoderSession session(
-      std::move(step), std::move(weights),
-      {.layers = c.num_hidden_layers,
-       .kv_heads = c.num_key_value_heads,
-       .head_dim = c.head_dim,
-       .batch = B,
-       .capacity = total},
-      [&, bound = codegen::cpu::BoundRunner(o.threads, repack)](const Graph& g, const Feeds& f, const Destinations& into) {
-        // The CPU backend: the weights packed once, the caches written in place.
-        return o.backend == Backend::cpu ? bound(g, f, into) : run_graph(g, f, o.backend, o.threads);
-      });
+  DecoderSession session(std::move(step), std::move(weights),
+                         {.layers = c.num_hidden_layers,
+                          .kv_heads = c.num_key_value_heads,
+                          .head_dim = c.head_dim,
+                          .batch = B,
+                          .capacity = total},
+                         [&, bound = codegen::cpu::BoundRunner(o.threads, repack)](const Graph& g, const Feeds& f,
+                                                                                   const Destinations& into) {
+                           // The CPU backend: the weights packed once, the caches written in place.
+                           return o.backend == Backend::cpu ? bound(g, f, into) : run_graph(g, f, o.backend, o.threads);
+                         });
 
   const Activity running("generating");
   const std::size_t V = static_cast<std::size_t>(c.vocab_size);
@@ -654,8 +654,7 @@ int bench_generate(const Generate& o, bool json) {
         c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers), r.compile_ms,
         static_cast<long long>(r.prompt_tokens), r.prefill_ms, prefill_tps, static_cast<long long>(r.steps),
         r.decode_ms, decode_tps, attention_gbps, static_cast<long long>(r.prompt + r.steps), r.compiled_after_prefill,
-        r.compiled_after_first_step, r.rss_end_mib, growth,
-        r.repacked ? "; weights packed once (--repack)" : "");
+        r.compiled_after_first_step, r.rss_end_mib, growth, r.repacked ? "; weights packed once (--repack)" : "");
   }
   if (!o.out.empty()) {
     stage_npy(outputs, ids_file, r.ids);

@@ -780,7 +780,8 @@ int train(const Train& f) {
   if (steady_n)
     std::snprintf(rate, sizeof rate, ", then %.0f tokens/s",
                   tokens_per_step * static_cast<double>(steady_n) / steady_s);
-  std::fprintf(stderr, "qkv: %s after step %lld of %lld: checkpoint in %s (%.1f s: first step incl. compiling %.1f s%s)\n",
+  std::fprintf(stderr,
+               "qkv: %s after step %lld of %lld: checkpoint in %s (%.1f s: first step incl. compiling %.1f s%s)\n",
                step < steps ? "stopped" : "done", static_cast<long long>(step), static_cast<long long>(steps),
                out.c_str(), wall, compile_s, rate);
   return StopOnSignal::requested() ? 130 : 0;

@@ -16,11 +16,11 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/ir/quant.hpp>
-#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -784,11 +784,11 @@ class ModuleBuilder {
   GemmConfig gemm_cfg_;             // of the linear being emitted (gemm_config)
   llvm::Value* threads_ = nullptr;  // i32, this call's thread count
   llvm::Function* parallel_ = nullptr;
-  int task_depth_ = 0;             // > 0 while a parallel_for's task body is generated
+  int task_depth_ = 0;                          // > 0 while a parallel_for's task body is generated
   llvm::Instruction* before_region_ = nullptr;  // the branch into the region being emitted (emit_region)
-  std::string node_label_;         // "n<id>_<op>" of the node being emitted: its functions' names
-  llvm::Value* status_ = nullptr;  // i32 slot: the entry's return value (3: an embedding id out of range)
-  llvm::Value* handle_ = nullptr;  // the entry's prepared handle (null in plain calls)
+  std::string node_label_;                      // "n<id>_<op>" of the node being emitted: its functions' names
+  llvm::Value* status_ = nullptr;               // i32 slot: the entry's return value (3: an embedding id out of range)
+  llvm::Value* handle_ = nullptr;               // the entry's prepared handle (null in plain calls)
   std::string release_name_;
 };
 
