@@ -44,4 +44,20 @@ inline void write_prompt(const NdArray& tokens, std::int64_t n, const std::strin
   write_npy(path, p);
 }
 
+/// A fixture model's reference run: its folder, the reference ids [B, P + N] (the prompts, then
+/// their greedy continuations), P and N. The prompts alone are written to `prompt_path`.
+struct ReferenceRun {
+  fs::path dir;
+  NdArray tokens;
+  std::int64_t prompt = 0, new_tokens = 0;
+};
+inline ReferenceRun reference_run(const std::string& name, const std::string& prompt_path) {
+  const nlohmann::json c = case_of(name);
+  ReferenceRun r{
+      kLlamaFixtures / name, {}, c.at("prompt_len").get<std::int64_t>(), c.at("new_tokens").get<std::int64_t>()};
+  r.tokens = read_npy((r.dir / "tokens.npy").string());
+  write_prompt(r.tokens, r.prompt, prompt_path);
+  return r;
+}
+
 }  // namespace qkv::decoder_cli

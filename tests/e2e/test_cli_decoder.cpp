@@ -63,10 +63,7 @@ std::string proto_bytes(std::uint32_t number, const std::string& payload) {
 TEST_F(Cli, GenerateContinuesEveryPromptAsTheReferenceDoes) {
   for (const std::string name : {"llama", "qwen2", "mistral", "gpt2", "gpt2_saved"}) {
     const auto c = case_of(name);
-    const fs::path dir = kLlamaFixtures / name;
-    const NdArray tokens = read_npy((dir / "tokens.npy").string());
-    const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
-    write_prompt(tokens, P, tmp("prompt.npy"));
+    const auto [dir, tokens, P, N] = reference_run(name, tmp("prompt.npy"));
     const NdArray expected = read_npy((dir / "expected_logits_f64.npy").string());
     for (const std::string backend : {"cpu", "reference"}) {
       const Result r = run("generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
@@ -162,11 +159,7 @@ TEST_F(Cli, GenerateRunsPromptsOfDifferentLengthsInOneBatchAsEachAlone) {
 // processes started together on an empty cache all succeed and leave whole entries only;
 // --no-cache neither reads nor writes it.
 TEST_F(Cli, GenerateLoadsItsCompiledCodeFromTheCacheInTheNextProcess) {
-  const fs::path dir = kLlamaFixtures / "llama";
-  const auto c = case_of("llama");
-  const NdArray tokens = read_npy((dir / "tokens.npy").string());
-  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
-  write_prompt(tokens, P, tmp("prompt.npy"));
+  const auto [dir, tokens, P, N] = reference_run("llama", tmp("prompt.npy"));
   auto args = [&](const std::string& out) {
     return std::vector<std::string>{"generate",     "--model",         dir.string(), "--prompt-ids", tmp("prompt.npy"),
                                     "--new-tokens", std::to_string(N), "--out",      tmp(out)};
@@ -228,11 +221,7 @@ TEST_F(Cli, GenerateLoadsItsCompiledCodeFromTheCacheInTheNextProcess) {
 }
 
 TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
-  const fs::path dir = kLlamaFixtures / "qwen2";
-  const auto c = case_of("qwen2");
-  const NdArray tokens = read_npy((dir / "tokens.npy").string());
-  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
-  write_prompt(tokens, P, tmp("prompt.npy"));
+  const auto [dir, tokens, P, N] = reference_run("qwen2", tmp("prompt.npy"));
   const Result r = run("bench generate --model " + dir.string() + " --prompt-ids " + tmp("prompt.npy") +
                        " --new-tokens " + std::to_string(N) + " --threads 2 --json --out " + tmp("ids.npy"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -257,11 +246,7 @@ TEST_F(Cli, BenchGenerateReportsItsRatesAndCompilesNothingAfterTheFirstStep) {
 TEST_F(Cli, GenerateKeepsPackedWeightsOnlyWhenItsDecodeStepsRunOnTheGemm) {
   // A batch of up to gemv_max_rows rows decodes on the GEMV, which reads the weights in place: a
   // packed copy kept for the GEMM would only serve the prefill, so none is kept unless --repack.
-  const fs::path dir = kLlamaFixtures / "qwen2";
-  const auto c = case_of("qwen2");
-  const NdArray tokens = read_npy((dir / "tokens.npy").string());
-  const auto P = c.at("prompt_len").get<std::int64_t>(), N = c.at("new_tokens").get<std::int64_t>();
-  write_prompt(tokens, P, tmp("prompt.npy"));
+  const auto [dir, tokens, P, N] = reference_run("qwen2", tmp("prompt.npy"));
   auto bench = [&](const std::string& prompt, const std::string& flags, const std::string& out) {
     const Result r = run("bench generate --model " + dir.string() + " --prompt-ids " + prompt + " --new-tokens " +
                          std::to_string(N) + " --threads 2 --json --out " + out + flags);

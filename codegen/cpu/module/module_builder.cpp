@@ -18,6 +18,8 @@
 
 #include <llvm/IR/Instructions.h>
 
+#include <qkv/runtime/io/array.hpp>
+
 namespace qkv::codegen::cpu {
 
 namespace detail {
@@ -29,7 +31,8 @@ llvm::Value* ModuleBuilder::aligned_alloc(const I& bytes) {
   if (target_.triple.find("linux") != std::string::npos) {
     const I at(b_, b_.CreatePtrToInt(p, i64_));
     const I start = round_up(at, 4096), end = (at + size) / 4096 * 4096;
-    branch(ir::Bool(b_, b_.CreateIsNotNull(p)) && end - start >= (std::int64_t{4} << 20), [&] {
+    const auto big = static_cast<std::int64_t>(qkv::detail::kHugePageBytes);  // the runtime's threshold too
+    branch(ir::Bool(b_, b_.CreateIsNotNull(p)) && end - start >= big, [&] {
       auto* madvise = m_.getOrInsertFunction("madvise", i32_, ptr_, i64_, i32_).getCallee();
       constexpr int kMadvHugepage = 14;  // <sys/mman.h>
       b_.CreateCall(llvm::cast<llvm::Function>(madvise),

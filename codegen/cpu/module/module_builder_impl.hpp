@@ -337,11 +337,12 @@ class ModuleBuilder {
         }
     return out;
   }
-  /// 64-byte aligned memory (C11 aligned_alloc). On Linux, a block of 4 MiB or more is then
-  /// advised into transparent huge pages (madvise MADV_HUGEPAGE on its whole 4 KiB pages; a VM's
-  /// THP is often "madvise" only): the weights' packed panels and the arena are first touched
-  /// page by page, and 4 KiB faults, each a trap to the hypervisor, took 3 s of a first prefill
-  /// that packs 1.8 GB (2 s of compute).
+  /// 64-byte aligned memory (C11 aligned_alloc). On Linux, a block of 4 MiB or more (the
+  /// runtime's detail::kHugePageBytes, as for its own arrays) is then advised into transparent
+  /// huge pages (madvise MADV_HUGEPAGE on its whole 4 KiB pages; a VM's THP is often "madvise"
+  /// only): the weights' packed panels and the arena are first touched page by page, and 4 KiB
+  /// faults, each a trap to the hypervisor, took 3 s of a first prefill that packs 1.8 GB (2 s
+  /// of compute).
   llvm::Value* aligned_alloc(const I& bytes);  // (module_builder.cpp)
   void free(llvm::Value* p) {
     auto* fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();

@@ -345,17 +345,18 @@ struct NdArray {
   /// f32 <-> f16 / bf16 in one pass (no f32 copy of the whole array between; a checkpoint's
   /// weights converted on load went through 1.5 times their size in temporaries).
   [[nodiscard]] NdArray converted_float(DType t) const {
-    const std::size_t n = static_cast<std::size_t>(numel());
     NdArray out = zeros(t, shape);
-    if (t == DType::f32) {
-      const auto in = as<std::uint16_t>();
-      auto to = out.as<float>();
-      for (std::size_t i = 0; i < n; ++i) to[i] = dtype == DType::bf16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
-    } else {
-      const auto in = as<float>();
-      auto to = out.as<std::uint16_t>();
-      for (std::size_t i = 0; i < n; ++i) to[i] = t == DType::bf16 ? f32_to_bf16(in[i]) : f32_to_f16(in[i]);
-    }
+    auto each = [](auto in, auto to, auto convert) {  // one loop per conversion, no branch inside
+      for (std::size_t i = 0; i < in.size(); ++i) to[i] = convert(in[i]);
+    };
+    if (dtype == DType::bf16)
+      each(as<std::uint16_t>(), out.as<float>(), bf16_to_f32);
+    else if (dtype == DType::f16)
+      each(as<std::uint16_t>(), out.as<float>(), f16_to_f32);
+    else if (t == DType::bf16)
+      each(as<float>(), out.as<std::uint16_t>(), f32_to_bf16);
+    else
+      each(as<float>(), out.as<std::uint16_t>(), f32_to_f16);
     return out;
   }
 
