@@ -497,6 +497,10 @@ class Planner {
       why = "linear with weights that are not [out, in] (and a bias [out])";
       return false;
     }
+    if (g_.node(n.inputs[1]).op == Op::dequantize) {
+      why = "linear on quantized weights (its input rounded to 8 bits a group)";
+      return false;
+    }
     const std::int64_t k = ws[1], nn = ws[0];
     const std::int64_t m = k > 0 ? numel(xs) / k : numel(shape(id)) / std::max<std::int64_t>(nn, 1);
     const nvptx::LinearKernel kernel;

@@ -193,6 +193,12 @@ llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value*
                            {acc, b.CreateBitCast(x, pairs), b.CreateBitCast(y, pairs)});
 }
 
+llvm::Value* dot_u8s8(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* u, llvm::Value* s) {
+  const auto lanes = llvm::cast<llvm::FixedVectorType>(acc->getType())->getNumElements();
+  const auto id = lanes == 16 ? llvm::Intrinsic::x86_avx512_vpdpbusd_512 : llvm::Intrinsic::x86_avx512_vpdpbusd_256;
+  return b.CreateIntrinsic(id, {}, {acc, u, s});
+}
+
 llvm::Value* f32_to_half(llvm::IRBuilder<>& b, llvm::Value* f, bool brain) {
   if (!brain) return b.CreateBitCast(b.CreateFPTrunc(f, like(f, b.getHalfTy())), like(f, b.getInt16Ty()));
   llvm::Type* i32 = like(f, b.getInt32Ty());

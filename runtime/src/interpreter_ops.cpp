@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include <qkv/runtime/quantize.hpp>
 #include <qkv/runtime/rng.hpp>
 
 namespace qkv::interp {
@@ -605,12 +606,27 @@ Value op_linear(const OpArgs& a) {
   Shape out_shape = X.shape;
   out_shape[p] = n_out;
   Value out{out_shape, std::vector<float>(static_cast<std::size_t>(numel(out_shape)))};
+  // A quantized weight's linear reads its input rounded to 8 bits per group of the weight's.
+  const Node& w_node = *a.in_nodes[1];
+  std::vector<float> rounded;
+  if (w_node.op == Op::dequantize) {
+    rounded = X.data;
+    std::vector<float> row(static_cast<std::size_t>(n_in));
+    for (std::int64_t o = 0; o < r.outer; ++o)
+      for (std::int64_t c = 0; c < r.inner; ++c) {
+        auto at = [&](std::int64_t i) { return static_cast<std::size_t>((o * n_in + i) * r.inner + c); };
+        for (std::int64_t i = 0; i < n_in; ++i) row[static_cast<std::size_t>(i)] = rounded[at(i)];
+        round_activations(row.data(), n_in, w_node.offset);
+        for (std::int64_t i = 0; i < n_in; ++i) rounded[at(i)] = row[static_cast<std::size_t>(i)];
+      }
+  }
+  const std::vector<float>& xs = rounded.empty() ? X.data : rounded;
   for (std::int64_t o = 0; o < r.outer; ++o) {
     for (std::int64_t j = 0; j < n_out; ++j) {
       for (std::int64_t c = 0; c < r.inner; ++c) {
         double acc = 0.0;
         for (std::int64_t i = 0; i < n_in; ++i)
-          acc += static_cast<double>(X.data[static_cast<std::size_t>((o * n_in + i) * r.inner + c)]) *
+          acc += static_cast<double>(xs[static_cast<std::size_t>((o * n_in + i) * r.inner + c)]) *
                  static_cast<double>(W.data[static_cast<std::size_t>(j * n_in + i)]);
         if (bias) acc += static_cast<double>(bias->data[static_cast<std::size_t>(j)]);
         out.data[static_cast<std::size_t>((o * n_out + j) * r.inner + c)] = static_cast<float>(acc);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <utility>
 
@@ -111,7 +112,10 @@ std::vector<std::string> quantizable_linear_weights(const Graph& g) {
   for (const Node& n : g.nodes())
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
       const auto in = static_cast<std::size_t>(n.inputs[k]);
-      if (n.op == Op::linear && k == 1)
+      // (Only a linear over x's last axis: its kernels round x's rows as a quantized weight's
+      // linear reads them.)
+      if (n.op == Op::linear && k == 1 && n.attr_axes.size() == 2 && !g.node(n.inputs[0]).axes.empty() &&
+          g.node(n.inputs[0]).axes.back().name == n.attr_axes[0])
         by_linear[in] = true;
       else
         take[in] = false;
@@ -121,6 +125,21 @@ std::vector<std::string> quantizable_linear_weights(const Graph& g) {
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
     if (take[static_cast<std::size_t>(id)] && by_linear[static_cast<std::size_t>(id)]) names.push_back(g.node(id).name);
   return names;
+}
+
+void round_activations(float* x, std::int64_t k, std::int64_t group) {
+  for (std::int64_t k0 = 0; k0 < k; k0 += group) {
+    const std::int64_t end = std::min(k, k0 + group);
+    float amax = 0.0f;
+    for (std::int64_t i = k0; i < end; ++i)
+      amax = std::isnan(amax) || std::isnan(x[i]) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (std::int64_t i = k0; i < end; ++i) {
+      const float q = std::fmin(std::fmax(std::round(x[i] * inv), -127.0f), 127.0f);
+      x[i] = q * d;
+    }
+  }
 }
 
 NdArray dequantize_weight(const QuantizedWeight& w, std::int64_t group) {

@@ -2,19 +2,27 @@
 // (q8: Q8_0's absmax; q4: Q4_0's, two entries a byte in its order), the interpreter dequantizes
 // (the reference), and the CPU backend's linear layers read the 8-bit or 4-bit weights and their
 // scales as stored — GEMV rows 1 to 4 and the GEMM's panels packed from q — and agree with the
-// reference; a dequantize read by anything else is written out exactly.
+// reference; a dequantize read by anything else is written out exactly. A quantized weight's
+// linear reads its input rounded to 8 bits per group (Q8_0's activations): the interpreter does,
+// and so does every CPU target's kernel (the f32 GEMM, and vpdpbusd's integer one with VNNI).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/codegen/target.hpp>
 #include <qkv/ir/float_dtype.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/quantize.hpp>
@@ -255,6 +263,99 @@ void check_dequantize_written_out(Quant format) {
 TEST(Quantize, ADequantizeReadOtherwiseIsWrittenOutExactly) {
   check_dequantize_written_out<70>(Quant::q8);  // a partial last group
   check_dequantize_written_out<64>(Quant::q4);
+}
+
+/// x rounded as docs/semantics.md pins it, written here from the definition (in double, and not
+/// through the runtime's round_activations): per group of 32, q = round(x / (max |x| / 127)), x = q · that.
+std::vector<double> rounded_by_hand(const std::vector<float>& x, std::int64_t k) {
+  std::vector<double> out(x.size());
+  for (std::size_t row = 0; row < x.size() / static_cast<std::size_t>(k); ++row)
+    for (std::int64_t k0 = 0; k0 < k; k0 += 32) {
+      const std::size_t at = row * static_cast<std::size_t>(k);
+      double amax = 0;
+      for (std::int64_t i = k0; i < std::min(k, k0 + 32); ++i) amax = std::max(amax, std::fabs(double{x[at + i]}));
+      for (std::int64_t i = k0; i < std::min(k, k0 + 32); ++i)
+        out[at + i] = amax > 0 ? std::round(x[at + i] / (amax / 127)) * (amax / 127) : 0.0;
+    }
+  return out;
+}
+
+TEST(Quantize, ALinearOnAQuantizedWeightReadsItsInputRoundedTo8BitsAGroup) {
+  const Graph model = linear_model<70>(DType::f32);
+  Feeds feeds = random_feeds(model, {{"Batch", 1}, {"Seq", 3}}, 21, 1.0f);
+  std::vector<float> x = feeds.at("x").to_f32();
+  for (std::int64_t i = 0; i < 70; ++i) x[static_cast<std::size_t>(70 + i)] = 0.0f;  // row 1: zeros
+  x[2 * 70 + 65] = std::numeric_limits<float>::quiet_NaN();                          // row 2's last group: a NaN
+  feeds["x"] = NdArray::from_f32(x, {1, 3, 70});
+  const NdArray w = feeds.at("fc.weight"), bias = feeds.at("fc.bias");
+  const QuantizedModel qm = quantize_linear_weights(model, feeds, Quant::q8);
+  const std::vector<float> deq =
+      dequantize_weight({feeds.at("fc.weight.q8"), feeds.at("fc.weight.q8_scale"), Quant::q8}, 32).to_f32();
+  const std::vector<double> xr = rounded_by_hand(x, 70);
+  const std::vector<float> b = bias.to_f32();
+  const std::vector<float> y = interpret(qm.graph, feeds).outputs.at("out").to_f32();
+  double rounding_moved = 0;
+  for (int row = 0; row < 3; ++row)
+    for (int o = 0; o < 40; ++o) {
+      double want = b[static_cast<std::size_t>(o)], unrounded = want;
+      for (int i = 0; i < 70; ++i) {
+        const auto xi = static_cast<std::size_t>(row * 70 + i);
+        want += xr[xi] * deq[static_cast<std::size_t>(o * 70 + i)];
+        unrounded += double{x[xi]} * deq[static_cast<std::size_t>(o * 70 + i)];
+      }
+      const float got = y[static_cast<std::size_t>(row * 40 + o)];
+      if (row == 2) {  // a NaN in a group makes the whole output NaN
+        EXPECT_TRUE(std::isnan(got)) << o;
+        continue;
+      }
+      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::fabs(want))) << row << "," << o;
+      if (row == 1) {
+        EXPECT_EQ(got, b[static_cast<std::size_t>(o)]) << o;  // zeros stay zeros
+      }
+      rounding_moved = std::max(rounding_moved, std::fabs(unrounded - want));
+    }
+  EXPECT_GT(rounding_moved, 1e-4);  // the rounding is visible: this test tells it from none
+}
+
+/// The quantized linear compiled ahead of time for `cpu` (+ `features`): its assembly, and (when
+/// this host runs that code) its outputs against the interpreter's.
+void check_target(const std::string& cpu, const std::string& features, bool int8_dot, bool runs_here) {
+  SCOPED_TRACE(cpu + " " + features);
+  const Graph model = linear_model<80>(DType::f32);
+  for (const Quant format : {Quant::q8, Quant::q4}) {
+    Feeds feeds = random_feeds(model, {{"Batch", 1}, {"Seq", 37}}, 9, 1.0f);  // 37 rows: the GEMM
+    const Graph g = quantize_linear_weights(model, feeds, format).graph;
+    codegen::AotOptions opt;
+    opt.function = "qlinear";
+    opt.cpu = cpu;
+    opt.features = features;
+    const Bindings sizes = bind_extents(g, feeds);
+    const auto dir = std::filesystem::temp_directory_path() / ("qkv_quant_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    codegen::emit_aot(g, sizes, opt, codegen::AotFormat::assembly, (dir / "q.s").string());
+    std::stringstream text;
+    text << std::ifstream(dir / "q.s").rdbuf();
+    std::filesystem::remove_all(dir);
+    EXPECT_EQ(text.str().find("vpdpbusd") != std::string::npos, int8_dot) << quant_name(format);
+    if (!runs_here) continue;
+    auto compiled = codegen::AotModel::compile(g, sizes, opt);
+    std::vector<float> out(37 * 40, std::nanf(""));
+    std::vector<void*> args;
+    for (const auto& a : compiled->signature().args)
+      args.push_back(a.output ? static_cast<void*>(out.data()) : const_cast<std::byte*>(feeds.at(a.name).bytes.data()));
+    ASSERT_EQ(compiled->run(args.data()), 0);
+    const NdArray got = NdArray::from_f32(out, {1, 37, 40});
+    EXPECT_LE(max_error(got, interpret(g, feeds).outputs.at("out")), 2e-5) << quant_name(format);
+  }
+}
+
+TEST(Quantize, EveryCpuTargetsGemmRoundsTheInputAsTheInterpreterDoes) {
+  const codegen::HostTarget host = codegen::host_target();
+  auto has = [&](const char* f) { return std::find(host.features.begin(), host.features.end(), f) != host.features.end(); };
+  const bool avx2 = has("+avx2") && has("+fma");
+  check_target("x86-64-v3", "", /*int8_dot=*/false, avx2);                     // f32 panels, x rounded in f32
+  check_target("x86-64-v3", "+avxvnni", /*int8_dot=*/true, avx2 && has("+avxvnni"));  // 8 lanes
+  check_target("x86-64-v4", "+avx512vnni", /*int8_dot=*/true, has("+avx512f") && has("+avx512vnni"));  // 16
 }
 
 }  // namespace

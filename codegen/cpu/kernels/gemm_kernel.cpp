@@ -114,6 +114,7 @@ class GemmEmitter {
     m_ = field(offsetof(GemmArgs, m), i64_, "M");
     n_ = field(offsetof(GemmArgs, n), i64_, "N");
     k_ = field(offsetof(GemmArgs, k), i64_, "K");
+    if (cfg_.int8_dot) a_scales_ = field(offsetof(GemmArgs, a_scales), ptr_, "a_scales");
 
     const std::int64_t mr = cfg_.rows, nr = cfg_.cols(), kc = cfg_.k_block;
     llvm::Value* p0 = b_.CreateSDiv(n0, c64(nr), "p0");
@@ -289,6 +290,10 @@ class GemmEmitter {
         init[idx] = phi;
       }
 
+    if (cfg_.int8_dot) {
+      int8_tile(i, rows, p, k0, depth, init, c_ptr, mask);
+      return;
+    }
     if (cfg_.dpbf16) {
       // Panel p holds [K2][NR][2] bf16 (K2 = ceil(K / 2)); the K block starts at pair k0 / 2. Per
       // pair: col_vectors loads of 32 bf16 (16 columns × 2), one 32-bit broadcast of A's pair
@@ -377,6 +382,78 @@ class GemmEmitter {
     for (std::size_t x = 0; x < acc.size(); ++x) b_.CreateMaskedStore(acc[x], c_ptr[x], llvm::Align(4), mask[x]);
   }
 
+  /// The int8_dot tile (gemm_panel_bytes' panels; A and its scales as GemmArgs::a_scales says),
+  /// group by group of the K block: int32 sums start at the panel's −128 · Σ W of the group and
+  /// take four u8 · s8 products a lane an instruction; then acc += float(sum) · W's scale ·
+  /// the row's scale. A row past m1 reads row i (its sums are never stored).
+  void int8_tile(llvm::Value* i, llvm::Value* rows, llvm::Value* p, llvm::Value* k0, llvm::Value* depth,
+                 const std::vector<llvm::Value*>& init, const std::vector<llvm::Value*>& c_ptr,
+                 const std::vector<llvm::Value*>& mask) {
+    const int mr = cfg_.rows, nv = cfg_.col_vectors, lanes = cfg_.lanes;
+    const std::int64_t nr = cfg_.cols(), group = cfg_.quant_group, group_bytes = nr * (group + 8);
+    const llvm::Align four(4);
+    llvm::Value* groups = b_.CreateSDiv(b_.CreateAdd(k_, c64(group - 1)), c64(group), "groups");
+    llvm::Value* g0 = b_.CreateSDiv(k0, c64(group), "g0");
+    llvm::Value* count = b_.CreateSDiv(b_.CreateAdd(depth, c64(group - 1)), c64(group), "block_groups");
+    llvm::Value* panel = b_.CreateInBoundsGEP(
+        i8_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, groups), g0), c64(group_bytes)), "b_panel");
+    std::vector<llvm::Value*> a_rows, s_rows;
+    for (int r = 0; r < mr; ++r) {
+      llvm::Value* row = b_.CreateSelect(b_.CreateICmpSLT(c64(r), rows), b_.CreateAdd(i, c64(r)), i);
+      a_rows.push_back(b_.CreateInBoundsGEP(
+          i8_, a_, b_.CreateAdd(b_.CreateMul(row, b_.CreateMul(groups, c64(group))), b_.CreateMul(g0, c64(group))),
+          "a_row"));
+      s_rows.push_back(b_.CreateInBoundsGEP(f32_, a_scales_, b_.CreateAdd(b_.CreateMul(row, groups), g0), "s_row"));
+    }
+    auto vector_at = [&](llvm::Type* t, llvm::Value* base, std::int64_t byte) {
+      return b_.CreateAlignedLoad(t, b_.CreateConstInBoundsGEP1_64(i8_, base, static_cast<std::uint64_t>(byte)), four);
+    };
+    std::vector<llvm::Value*> acc = ir::emit_loop(
+        b_, c64(0), count, 1, init,
+        [&](llvm::Value* g, const std::vector<llvm::Value*>& cur) {
+          llvm::Value* blk = b_.CreateInBoundsGEP(i8_, panel, b_.CreateMul(g, c64(group_bytes)), "b_group");
+          std::vector<llvm::Value*> sums(static_cast<std::size_t>(mr * nv));
+          for (int v = 0; v < nv; ++v) {
+            llvm::Value* corr = vector_at(vi_, blk, group * nr + nr * 4 + std::int64_t{v} * lanes * 4);
+            for (int r = 0; r < mr; ++r) sums[static_cast<std::size_t>(r * nv + v)] = corr;
+          }
+          for (std::int64_t kq = 0; kq < group / 4; ++kq) {
+            std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
+            for (int v = 0; v < nv; ++v)
+              bv[static_cast<std::size_t>(v)] = vector_at(vi_, blk, (kq * nr + std::int64_t{v} * lanes) * 4);
+            for (int r = 0; r < mr; ++r) {
+              llvm::Value* at = b_.CreateInBoundsGEP(i8_, a_rows[static_cast<std::size_t>(r)],
+                                                     b_.CreateAdd(b_.CreateMul(g, c64(group)), c64(kq * 4)));
+              llvm::Value* xs =
+                  b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAlignedLoad(i32_, at, llvm::Align(1)));
+              for (int v = 0; v < nv; ++v) {
+                auto& sum = sums[static_cast<std::size_t>(r * nv + v)];
+                sum = ir::dot_u8s8(b_, sum, xs, bv[static_cast<std::size_t>(v)]);
+              }
+            }
+          }
+          std::vector<llvm::Value*> next(cur.size());
+          std::vector<llvm::Value*> w_scale(static_cast<std::size_t>(nv));
+          for (int v = 0; v < nv; ++v)
+            w_scale[static_cast<std::size_t>(v)] = vector_at(vf_, blk, group * nr + std::int64_t{v} * lanes * 4);
+          for (int r = 0; r < mr; ++r) {
+            llvm::Value* x_scale = b_.CreateVectorSplat(
+                static_cast<unsigned>(lanes),
+                b_.CreateAlignedLoad(f32_, b_.CreateInBoundsGEP(f32_, s_rows[static_cast<std::size_t>(r)], g), four));
+            for (int v = 0; v < nv; ++v) {
+              const auto idx = static_cast<std::size_t>(r * nv + v);
+              next[idx] = b_.CreateIntrinsic(
+                  llvm::Intrinsic::fmuladd, {vf_},
+                  {b_.CreateSIToFP(sums[idx], vf_), b_.CreateFMul(w_scale[static_cast<std::size_t>(v)], x_scale),
+                   cur[idx]});
+            }
+          }
+          return next;
+        },
+        "group");
+    for (std::size_t x = 0; x < acc.size(); ++x) b_.CreateMaskedStore(acc[x], c_ptr[x], llvm::Align(4), mask[x]);
+  }
+
   llvm::Module& module_;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
@@ -387,6 +464,7 @@ class GemmEmitter {
   llvm::Value *a_ = nullptr, *bp_ = nullptr, *bias_ = nullptr, *c_ = nullptr, *m_ = nullptr, *n_ = nullptr,
               *k_ = nullptr;
   llvm::Value* ap_ = nullptr;
+  llvm::Value* a_scales_ = nullptr;
 };
 
 }  // namespace
@@ -567,7 +645,7 @@ void drive(const void* a, bool have_b, const float* bias, float* c, std::int64_t
   const GemmBlocks<std::int64_t> blocks = gemm_blocks(m, n, mr, nr, a_in_place(cfg));  // schedule.hpp
   const std::int64_t mc = blocks.mc, nblocks = blocks.nblocks, panels_per = blocks.panels_per;
 
-  const GemmArgs args{a, bp, bias_pad, c, m, n, k};
+  const GemmArgs args{a, bp, bias_pad, c, m, n, k, nullptr};
   GemmKernelFn* fn = kernel.fn;
   pool.run(blocks.tasks(), threads, [&](std::int64_t t) {
     const std::int64_t mb = t / nblocks, nb = t % nblocks;

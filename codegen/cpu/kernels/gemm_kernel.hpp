@@ -24,6 +24,9 @@ struct GemmArgs {
   const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
   float* c;           // [M, N]
   std::int64_t m, n, k;
+  // int8_dot: A is 8-bit activations [M][ceil(K / group) · group] (q + 128, as u8) and these
+  // their scales [M][ceil(K / group)] (row r's group g is A's q times a_scales[r][g]); null otherwise.
+  const float* a_scales;
 };
 
 /// void name(const GemmArgs* args, i64 m0, i64 m1, i64 n0, i64 n1): rows [m0, m1) × columns
@@ -40,6 +43,13 @@ struct GemmConfig {
   int quant_group = 0;
   // A quantized W holds two 4-bit entries a byte (ir/quant.hpp's order; K a multiple of quant_group).
   bool q4 = false;
+  // A quantized W's GEMM multiplies 8-bit activations by W's 8-bit entries on vpdpbusd
+  // (tuning.hpp's int8_dot_products): A given as GemmArgs::a_scales says, the panels as
+  // gemm_panel_bytes says; its int32 sums scaled into f32 accumulators once a group.
+  bool int8_dot = false;
+  // W is a quantized weight dequantized into memory (not read in place): x's rows are rounded to
+  // 8 bits per group of this many first, as for quant_group; 0: they are not.
+  int round_group = 0;
   // A given transposed, as [K, M] rows (a contraction over the leading axes of both operands: a
   // weight's gradient Σ over Batch and Seq): f32 read in place down its columns, bf16 packed from them.
   bool a_transposed = false;
@@ -54,10 +64,23 @@ inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16; }
 
 /// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
 /// (half the bytes). I: std::int64_t, or the generated code's ir::Int.
+///
+/// int8_dot: a panel is ceil(K / group) groups, each [group / 4][NR][4] i8 (four consecutive K
+/// of a column a 32-bit word; zeros past K and N), then W's scales of the group [NR] f32, then
+/// −128 · Σ of the group's entries [NR] i32 (taking back the +128 of the u8 activations).
 template <class I>
 I gemm_panel_bytes(const GemmConfig& cfg, const I& n, const I& k) {
   const I cols = (n + (cfg.cols() - 1)) / cfg.cols() * cfg.cols();
+  if (cfg.int8_dot) return cols * ((k + (cfg.quant_group - 1)) / cfg.quant_group) * (cfg.quant_group + 8);
   return cfg.dpbf16 ? cols * ((k + 1) / 2) * 4 : cols * k * 4;
+}
+
+/// Bytes of a quantized linear's rounded activations, for m rows of K in groups of `group`: f32
+/// [m, K] for the GEMV and the f32 GEMM, or (int8_dot) the 8-bit activations and their scales
+/// GemmArgs describes — never more than 4 bytes an entry of whole groups.
+template <class I>
+I rounded_activation_bytes(std::int64_t group, const I& m, const I& k) {
+  return m * ((k + (group - 1)) / group) * group * 4;
 }
 
 /// GemmSpec's non-zero fields win; the rest is chosen from the target's vector width.

@@ -83,8 +83,16 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
                                    const I& m, const I& nn, const I& k) {
   gemm_cfg_ = gemm_config(id);
   auto [packed, bias_pad] = gemm_blocks_.at(id);
-  // A quantized weight: wt is its q (the dequantize's buffer), the scales its second input.
-  llvm::Value* scales = gemm_cfg_.quant_group > 0 ? buf(g_.node(g_.node(id).inputs[1]).inputs[1]) : nullptr;
+  if (gemm_cfg_.quant_group > 0) {  // wt is its q (the dequantize's buffer), the scales its second input
+    emit_pad_bias(bias, bias_pad, nn);
+    emit_quantized_linear(id, wt, buf(g_.node(g_.node(id).inputs[1]).inputs[1]), packed, bias_pad, y, m, nn, k);
+    return;
+  }
+  if (const std::int64_t group = gemm_cfg_.round_group; group > 0) {  // W dequantized into memory
+    emit_round_activations(g_.node(id).inputs[0], group, packed, m, k, /*int8=*/false);
+    x = packed;
+    packed = b_.CreateGEP(i8_, packed, round_up(rounded_activation_bytes(group, m, k), 64).v());
+  }
   // A prepared linear under a handle: its panels and padded bias were made once, by prepare.
   const auto it = std::find(plan_.prepared.begin(), plan_.prepared.end(), id);
   ir::Bool pack(b_, b_.getTrue());
@@ -106,12 +114,11 @@ void ModuleBuilder::emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm
     bias_pad = b_.CreateLoad(ptr_, at_bias);
   }
   branch(pack, [&] { emit_pad_bias(bias, bias_pad, nn); });
-  // A few rows (a decode step; a quantized W's batched step): the GEMV kernel reads W in place.
+  // A few rows (a decode step): the GEMV kernel reads W in place.
   branch(
-      m <= (gemm_cfg_.quant_group > 0 ? kQuantGemvMaxRows : kGemvMaxRows),
-      [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k, scales); },
+      m <= kGemvMaxRows, [&] { emit_gemv_call(x, wt, bias_pad, y, m, nn, k, nullptr); },
       [&] {
-        branch(pack, [&] { emit_pack_panels(wt, packed, nn, k, scales); });
+        branch(pack, [&] { emit_pack_panels(wt, packed, nn, k); });
         emit_gemm_packed(x, packed, bias_pad, y, m, nn, k);
       });
 }
@@ -238,16 +245,18 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 
 /// The GEMM kernel's tasks over x and the packed panels.
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
-                                     const I& m, const I& nn, const I& k) {
+                                     const I& m, const I& nn, const I& k, llvm::Value* x_scales) {
   const std::string name =
-      std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") + (gemm_cfg_.a_transposed ? "_at" : "");
+      gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
+                         : std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") + (gemm_cfg_.a_transposed ? "_at" : "");
   if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
   llvm::Function* kernel = callee(name);
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
 
-  auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_});
+  auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, ptr_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
-  const Values fields{x, packed, bias_pad, y, m.v(), nn.v(), k.v()};
+  const Values fields{x,   packed, bias_pad, y, m.v(), nn.v(), k.v(),
+                      x_scales ? x_scales : llvm::ConstantPointerNull::get(ptr_)};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr, a_in_place(gemm_cfg_));
   const I cols = blocks.panels_per * nr;

@@ -748,9 +748,14 @@ class ModuleBuilder {
   /// its scales).
   void emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
                       const I& k, llvm::Value* scales);
-  /// The GEMM kernel's tasks over Bᵀ packed into panels (emit_pack_panels).
+  /// The GEMM kernel's tasks over Bᵀ packed into panels (emit_pack_panels; int8_dot: x 8-bit, x_scales).
   void emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y, const I& m,
-                        const I& nn, const I& k);
+                        const I& nn, const I& k, llvm::Value* x_scales = nullptr);
+  // A linear on a quantized W (module_quantized.cpp): its rows rounded to 8 bits first.
+  void emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block, llvm::Value* bias_pad,
+                             llvm::Value* y, const I& m, const I& nn, const I& k);
+  llvm::Value* emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m, const I& k, bool int8);
+  void emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales);
 
   void emit_attention(int id);
   /// The mod's tensors of fused node n as its kernel reads them: their base pointers and their

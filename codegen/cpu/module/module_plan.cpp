@@ -7,6 +7,7 @@
 #include <string>
 
 #include <qkv/codegen/cpu/compiled_graph.hpp>
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/ir/quant.hpp>
@@ -112,10 +113,24 @@ GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& ta
   const Node& n = lowered.node(id);
   spec.bf16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::bf16;
   GemmConfig cfg = choose_gemm_config(spec, target);
-  if (dequantize_in_linear(lowered, n.inputs[1])) {  // panels packed from q: f32 (A widened if bf16)
-    cfg.quant_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
-    cfg.q4 = dequantizes_q4(lowered.node(n.inputs[1]));
-    cfg.dpbf16 = false;
+  const Node& w = lowered.node(n.inputs[1]);
+  if (w.op != Op::dequantize) return cfg;
+  // A quantized W: the kernels read x's rows rounded to 8 bits (f32, or 8-bit integers with
+  // int8_dot), whatever x's dtype (module_quantized.cpp).
+  cfg = choose_gemm_config(GemmSpec{}, target);
+  if (!dequantize_in_linear(lowered, n.inputs[1])) {  // W written out in f32
+    cfg.round_group = static_cast<int>(w.offset);
+    return cfg;
+  }
+  cfg.quant_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
+  cfg.q4 = dequantizes_q4(lowered.node(n.inputs[1]));
+  cfg.int8_dot = int8_dot_products(target, cfg.lanes) && cfg.quant_group % 4 == 0;
+  if (cfg.int8_dot) {
+    // rows × 2 int32 sums, as many f32 accumulators, 2 loads of the panel and 2 of its scales in
+    // the register file (32 with AVX-512, 16 with AVX-VNNI); K blocks of 512 entries a panel (16 KiB).
+    cfg.rows = cfg.lanes == 16 ? 6 : 3;
+    cfg.col_vectors = 2;
+    cfg.k_block = std::max(1, 512 / cfg.quant_group) * cfg.quant_group;
   }
   return cfg;
 }

@@ -71,7 +71,11 @@ I block_bytes(const Graph& g, const ModulePlan& plan, const ModulePlan::Alloc& a
       // The panels of the packed Bᵀ; none when the GEMV reads W in place (at most kGemvMaxRows rows).
       const I k = dim(w[1].extent);
       const I rows = numel(g.node(n.inputs[0]).axes) / imax(k, 1);
-      return pick(rows <= kGemvMaxRows, dim(Extent::fixed(0)), gemm_panel_bytes(cfg, dim(w[0].extent), k));
+      // A quantized W's linear: its rounded rows, then the panels (module_quantized.cpp).
+      const std::int64_t group = cfg.quant_group > 0 ? cfg.quant_group : cfg.round_group;
+      const I rounded = group > 0 ? round_up(rounded_activation_bytes(group, rows, k), 64) : dim(Extent::fixed(0));
+      return rounded + pick(rows <= (cfg.quant_group > 0 ? kQuantGemvMaxRows : kGemvMaxRows), dim(Extent::fixed(0)),
+                            gemm_panel_bytes(cfg, dim(w[0].extent), k));
     }
   }
   return dim(Extent::fixed(0));

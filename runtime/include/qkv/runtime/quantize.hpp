@@ -61,6 +61,13 @@ QuantizedWeight quantize_weight(const NdArray& w, Quant f, std::int64_t group, c
 /// W per entry, as f32 [rows, K] (what Op::dequantize computes).
 NdArray dequantize_weight(const QuantizedWeight& w, std::int64_t group);
 
+/// A row of a quantized linear layer's input, rounded to 8 bits in place as every backend reads
+/// it (docs/semantics.md, "Quantized weights"; llama.cpp's Q8_0 activations), per group of
+/// `group` entries (the weight's; the last one may be short), all in f32: amax = max |x| (NaN if
+/// an entry is), d = amax / 127, q = clamp(round(x · (127 / amax)), −127, 127) (0 where amax is
+/// not > 0; ties away from zero), x = q · d.
+void round_activations(float* x, std::int64_t k, std::int64_t group);
+
 /// What quantize_linear_weights changed.
 struct QuantizedModel {
   Graph graph;

@@ -43,6 +43,15 @@ inline bool bf16_dot_products(const HostTarget& host, int lanes) {
   return lanes == 16 && has_feature(host, "+avx512bf16");
 }
 
+/// Whether kernels `lanes` f32 wide multiply 8-bit integers four products a lane on vpdpbusd
+/// (AVX512-VNNI with 16 lanes; AVX-VNNI, or AVX512-VNNI with AVX512-VL, with 8): the quantized
+/// linear layers' GEMM then runs on 8-bit activations (docs/semantics.md, "Quantized weights").
+inline bool int8_dot_products(const HostTarget& host, int lanes) {
+  if (lanes == 16) return has_feature(host, "+avx512vnni") && has_feature(host, "+avx512bw");
+  return lanes == 8 &&
+         (has_feature(host, "+avxvnni") || (has_feature(host, "+avx512vnni") && has_feature(host, "+avx512vl")));
+}
+
 /// Whether `host` has two full-width 512-bit FMA pipes per core (measured: znver5).
 inline bool full_width_avx512(const HostTarget& host) { return host.cpu == "znver5"; }
 

@@ -1,0 +1,126 @@
+// A linear layer whose weight is quantized (a dequantize the linear reads in place, select.hpp):
+// its input rows are rounded to 8 bits per group of the weight's group first (docs/semantics.md,
+// "Quantized weights"; the interpreter's linear does the same), then
+//
+//   m <= kQuantGemvMaxRows   the GEMV on the rounded rows (f32), W's q and scales read in place
+//   int8_dot (VNNI)          the 8-bit rows and their scales against 8-bit panels packed from q
+//                            (gemm_panel_bytes), four products an instruction (vpdpbusd)
+//   otherwise                the f32 GEMM on the rounded rows, panels dequantized from q
+//
+// The rounded rows go first in the linear's panel block, the panels after them (module_plan_bytes.hpp).
+#include "cpu/module/module_builder_impl.hpp"
+
+#include <llvm/IR/Intrinsics.h>
+
+namespace qkv::codegen::cpu::detail {
+
+void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block,
+                                          llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
+                                          const I& k) {
+  const int xid = g_.node(id).inputs[0];
+  const std::int64_t group = gemm_cfg_.quant_group;
+  llvm::Value* panels = b_.CreateGEP(i8_, block, round_up(rounded_activation_bytes(group, m, k), 64).v());
+  const ir::Bool few = m <= kQuantGemvMaxRows;
+  branch(
+      gemm_cfg_.int8_dot ? few : ir::Bool(b_, b_.getTrue()),
+      [&] {
+        emit_round_activations(xid, group, block, m, k, /*int8=*/false);
+        branch(
+            few, [&] { emit_gemv_call(block, wt, bias_pad, y, m, nn, k, scales); },
+            [&] {
+              emit_pack_panels(wt, panels, nn, k, scales);
+              emit_gemm_packed(block, panels, bias_pad, y, m, nn, k);
+            });
+      },
+      [&] {
+        llvm::Value* x_scales = emit_round_activations(xid, group, block, m, k, /*int8=*/true);
+        emit_pack_int8_panels(wt, panels, nn, k, scales);
+        emit_gemm_packed(block, panels, bias_pad, y, m, nn, k, x_scales);
+      });
+}
+
+/// Row r's group g of x (entries k0 = g·group … min(k0 + group, K)): amax = max |x| (NaN if any
+/// is), d = amax / 127, q = round(x · 127 / amax) in [−127, 127] (0 when amax is 0). Written as
+/// x̃ = q · d in f32 [m, K], or (int8) as q + 128 in u8 [m][G·group] (0 past K: 128) and d in f32
+/// [m][G] after them; returns where the scales start (int8) or null.
+llvm::Value* ModuleBuilder::emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m,
+                                                   const I& k, bool int8) {
+  const I groups = ceil_div(k, group);
+  auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(group));
+  auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group));
+  llvm::Type* elem_t = elem(xid);
+  auto* vx = llvm::FixedVectorType::get(elem_t, static_cast<unsigned>(group));
+  llvm::Value* x_scales = int8 ? b_.CreateGEP(i8_, out, (m * groups * group).v(), "x_scales") : nullptr;
+  std::vector<llvm::Constant*> iota;
+  for (std::int64_t l = 0; l < group; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
+  llvm::Value* lane = llvm::ConstantVector::get(iota);
+  auto splat = [&](llvm::Value* s) { return b_.CreateVectorSplat(static_cast<unsigned>(group), s); };
+  auto f = [&](double v) { return llvm::ConstantFP::get(f32_, v); };
+  nest_parallel({m, groups}, {}, {}, c64(group * 8), [&](const Dims& i, const Dims&) {
+    const I k0 = i[1] * group;
+    llvm::Value* valid = b_.CreateICmpSLT(lane, splat((k - k0).v()));
+    llvm::Value* src = b_.CreateGEP(elem_t, buf(xid), (i[0] * k + k0).v());
+    llvm::Value* x = ir::from_storage(
+        b_, b_.CreateMaskedLoad(vx, src, llvm::Align(2), valid, llvm::Constant::getNullValue(vx)), g_.node(xid).dtype);
+    llvm::Value* amax = b_.CreateIntrinsic(llvm::Intrinsic::vector_reduce_fmaximum, {vf},
+                                           {b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)});
+    llvm::Value* d = b_.CreateFDiv(amax, f(127.0), "x_scale");
+    llvm::Value* inv = b_.CreateSelect(b_.CreateFCmpOGT(amax, f(0.0)), b_.CreateFDiv(f(127.0), amax), f(0.0));
+    llvm::Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(x, splat(inv)));
+    q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, q, splat(f(-127.0)));
+    q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
+    if (!int8) {
+      b_.CreateMaskedStore(b_.CreateFMul(q, splat(d)), b_.CreateGEP(f32_, out, (i[0] * k + k0).v()), llvm::Align(4),
+                           valid);
+      return;
+    }
+    llvm::Value* u = b_.CreateAdd(b_.CreateFPToSI(q, vi), splat(b_.getInt32(128)));
+    b_.CreateAlignedStore(b_.CreateTrunc(u, llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group))),
+                          b_.CreateGEP(i8_, out, (i[0] * groups * group + k0).v()), llvm::Align(1));
+    store(d, x_scales, i[0] * groups + i[1]);
+  });
+  return x_scales;
+}
+
+/// gemm_panel_bytes' int8_dot panels from q (q8, or q4's nibbles) and its f16 scales: per row of
+/// W and group, the group's entries as words of four K, its scale widened, −128 · Σ of its
+/// entries. The last panel's rows past N are zeros.
+void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k,
+                                          llvm::Value* scales) {
+  const std::int64_t nr = gemm_cfg_.cols(), group = gemm_cfg_.quant_group, group_bytes = nr * (group + 8);
+  const I groups = ceil_div(k, group), panel = groups * group_bytes;
+  branch(nn % nr != 0, [&] { memset0(b_.CreateGEP(i8_, packed, (nn / nr * panel).v()), panel); });
+  auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group));
+  auto* words = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group / 4));
+  std::vector<llvm::Constant*> iota;
+  for (std::int64_t l = 0; l < group; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
+  llvm::Value* lane = llvm::ConstantVector::get(iota);
+  nest_parallel({nn, groups}, {}, {}, c64(group * 2), [&](const Dims& i, const Dims&) {
+    const I row = i[0], g = i[1], k0 = g * group;
+    llvm::Value* q;
+    if (gemm_cfg_.q4) {  // K whole groups: byte j of the group holds entries j and j + group / 2
+      auto* half = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group / 2));
+      llvm::Value* bytes =
+          b_.CreateAlignedLoad(half, b_.CreateGEP(i8_, wt, (row * (k / 2) + g * (group / 2)).v()), llvm::Align(1));
+      std::vector<int> both;
+      for (int l = 0; l < group; ++l) both.push_back(l);
+      q = b_.CreateShuffleVector(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
+                                 ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true), both);
+    } else {
+      llvm::Value* valid = b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - k0).v()));
+      q = b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + k0).v()), llvm::Align(1), valid,
+                              llvm::Constant::getNullValue(vb));
+    }
+    llvm::Value* blk = b_.CreateGEP(i8_, packed, ((row / nr * groups + g) * group_bytes).v());
+    const I r = row % nr;
+    llvm::Value* w = b_.CreateBitCast(q, words);
+    for (std::int64_t kq = 0; kq < group / 4; ++kq)
+      store(b_.CreateExtractElement(w, static_cast<std::uint64_t>(kq)), blk, r + kq * nr);
+    llvm::Value* sum = b_.CreateAddReduce(b_.CreateSExt(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group))));
+    store(ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), /*brain=*/false), blk,
+          r + group / 4 * nr);
+    store(b_.CreateMul(sum, b_.getInt32(-128)), blk, r + (group / 4 + 1) * nr);
+  });
+}
+
+}  // namespace qkv::codegen::cpu::detail
