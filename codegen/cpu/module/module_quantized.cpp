@@ -84,43 +84,92 @@ llvm::Value* ModuleBuilder::emit_round_activations(int xid, std::int64_t group, 
 
 /// gemm_panel_bytes' int8_dot panels from q (q8, or q4's nibbles) and its f16 scales: per row of
 /// W and group, the group's entries as words of four K, its scale widened, −128 · Σ of its
-/// entries. The last panel's rows past N are zeros.
+/// entries. The last panel's rows past N are zeros. Whole panels and whole groups go `lanes` rows
+/// × `lanes` words at a time (a group's words are a whole fraction of a vector): the rows loaded
+/// as vectors, transposed in registers (ir::transpose_square), each word of the group stored as
+/// one vector of columns and summed by vpdpbusd against ones; the rest row by row and group by group.
 void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k,
                                           llvm::Value* scales) {
+  const int lanes = gemm_cfg_.lanes;
   const std::int64_t nr = gemm_cfg_.cols(), group = gemm_cfg_.quant_group, group_bytes = nr * (group + 8);
-  const I groups = ceil_div(k, group), panel = groups * group_bytes;
-  branch(nn % nr != 0, [&] { memset0(b_.CreateGEP(i8_, packed, (nn / nr * panel).v()), panel); });
+  const std::int64_t words = group / 4;  // a group's words of four entries
+  const I groups = ceil_div(k, group), panel = groups * group_bytes, full = nn / nr;
+  branch(nn % nr != 0, [&] { memset0(b_.CreateGEP(i8_, packed, (full * panel).v()), panel); });
   auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group));
-  auto* words = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group / 4));
+  auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
   std::vector<llvm::Constant*> iota;
   for (std::int64_t l = 0; l < group; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
   llvm::Value* lane = llvm::ConstantVector::get(iota);
-  nest_parallel({nn, groups}, {}, {}, c64(group * 2), [&](const Dims& i, const Dims&) {
-    const I row = i[0], g = i[1], k0 = g * group;
-    llvm::Value* q;
+  auto concat = [&](llvm::Value* x, llvm::Value* y) {
+    std::vector<int> both;
+    const auto n = llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements();
+    for (unsigned l = 0; l < 2 * n; ++l) both.push_back(static_cast<int>(l));
+    return b_.CreateShuffleVector(x, y, both);
+  };
+  // Entries [k0, k0 + group) of W's row (0 past K), as i8.
+  auto entries = [&](const I& row, const I& g) -> llvm::Value* {
     if (gemm_cfg_.q4) {  // K whole groups: byte j of the group holds entries j and j + group / 2
       auto* half = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group / 2));
       llvm::Value* bytes =
           b_.CreateAlignedLoad(half, b_.CreateGEP(i8_, wt, (row * (k / 2) + g * (group / 2)).v()), llvm::Align(1));
-      std::vector<int> both;
-      for (int l = 0; l < group; ++l) both.push_back(l);
-      q = b_.CreateShuffleVector(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
-                                 ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true), both);
-    } else {
-      llvm::Value* valid = b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - k0).v()));
-      q = b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + k0).v()), llvm::Align(1), valid,
-                              llvm::Constant::getNullValue(vb));
+      return concat(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
+                    ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true));
     }
-    llvm::Value* blk = b_.CreateGEP(i8_, packed, ((row / nr * groups + g) * group_bytes).v());
+    llvm::Value* valid = b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - g * group).v()));
+    return b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + g * group).v()), llvm::Align(1), valid,
+                               llvm::Constant::getNullValue(vb));
+  };
+  auto block = [&](const I& p, const I& g) { return b_.CreateGEP(i8_, packed, ((p * groups + g) * group_bytes).v()); };
+  auto scale = [&](const I& row, const I& g) {
+    return ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), /*brain=*/false);
+  };
+  I gdone = c64(0);
+  if (lanes % words == 0 && nr % lanes == 0) {
+    const std::int64_t per = lanes / words;  // groups a block of `lanes` words
+    const I blocks = k / group / per;
+    gdone = blocks * per;
+    llvm::Value* ones = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt32(0x01010101));
+    nest_parallel({full, c64(nr / lanes), blocks}, {}, {}, c64(lanes * lanes * 4), [&](const Dims& i, const Dims&) {
+      const I row0 = i[0] * nr + i[1] * lanes, g0 = i[2] * per;
+      std::vector<llvm::Value*> rows;
+      for (int j = 0; j < lanes; ++j) {
+        llvm::Value* v = entries(row0 + j, g0);
+        for (std::int64_t t = 1; t < per; ++t) v = concat(v, entries(row0 + j, g0 + t));
+        rows.push_back(b_.CreateBitCast(v, vi));
+      }
+      rows = ir::transpose_square(b_, std::move(rows));  // rows[w]: word w of each row
+      for (std::int64_t t = 0; t < per; ++t) {
+        llvm::Value* blk = block(i[0], g0 + t);
+        llvm::Value* sum = llvm::Constant::getNullValue(vi);
+        for (std::int64_t kq = 0; kq < words; ++kq) {
+          llvm::Value* w = rows[static_cast<std::size_t>(t * words + kq)];
+          b_.CreateAlignedStore(w, b_.CreateGEP(i32_, blk, (i[1] * lanes + kq * nr).v()), llvm::Align(4));
+          sum = ir::dot_u8s8(b_, sum, ones, w);
+        }
+        llvm::Value* s = llvm::PoisonValue::get(llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes)));
+        for (int j = 0; j < lanes; ++j) s = b_.CreateInsertElement(s, scale(row0 + j, g0 + t), static_cast<std::uint64_t>(j));
+        b_.CreateAlignedStore(s, b_.CreateGEP(f32_, blk, (i[1] * lanes + words * nr).v()), llvm::Align(4));
+        b_.CreateAlignedStore(b_.CreateMul(sum, b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt32(-128))),
+                              b_.CreateGEP(i32_, blk, (i[1] * lanes + (words + 1) * nr).v()), llvm::Align(4));
+      }
+    });
+  }
+  // One row's group at a time: the groups past gdone of the whole panels, every group of the rest.
+  auto one = [&](const I& row, const I& g) {
+    llvm::Value* q = entries(row, g);
+    llvm::Value* blk = block(row / nr, g);
     const I r = row % nr;
-    llvm::Value* w = b_.CreateBitCast(q, words);
-    for (std::int64_t kq = 0; kq < group / 4; ++kq)
+    llvm::Value* w = b_.CreateBitCast(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(words)));
+    for (std::int64_t kq = 0; kq < words; ++kq)
       store(b_.CreateExtractElement(w, static_cast<std::uint64_t>(kq)), blk, r + kq * nr);
     llvm::Value* sum = b_.CreateAddReduce(b_.CreateSExt(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group))));
-    store(ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), /*brain=*/false), blk,
-          r + group / 4 * nr);
-    store(b_.CreateMul(sum, b_.getInt32(-128)), blk, r + (group / 4 + 1) * nr);
-  });
+    store(scale(row, g), blk, r + words * nr);
+    store(b_.CreateMul(sum, b_.getInt32(-128)), blk, r + (words + 1) * nr);
+  };
+  nest_parallel({full * nr, groups - gdone}, {}, {}, c64(group * 2),
+                [&](const Dims& i, const Dims&) { one(i[0], gdone + i[1]); });
+  nest_parallel({nn - full * nr, groups}, {}, {}, c64(group * 2),
+                [&](const Dims& i, const Dims&) { one(full * nr + i[0], i[1]); });
 }
 
 }  // namespace qkv::codegen::cpu::detail
