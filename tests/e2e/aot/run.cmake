@@ -32,7 +32,12 @@ step(${WORK}/mha_dynamic_main ${WORK}/example_37 3 37 ${WORK}/example_90 2 90)
 
 # A model whose linear layers' weights the function takes quantized (--quantize q8 / q4): int8 q
 # and f16 scales in their place, written to the example directory as qkv quantizes them; the
-# library's outputs are the interpreter's on the same q and scales.
+# library's outputs are the interpreter's on the same q and scales — within 2e-2, not 1e-4: a
+# quantized linear rounds its input to 8 bits (docs/semantics.md), and the two compute that input
+# (a layer norm, an attention) equal to ~1e-7, not bit for bit, so an entry within that of a
+# rounding boundary may round either way and move a row's outputs by one 8-bit step (7e-4 and 8e-3
+# seen at some sequence lengths; quantize_tests checks the kernels on identical inputs to 2e-5).
+# A wrong layout of q or of the scales moves them by O(1).
 foreach(q q8 q4)
   step(${QKV} emit encoder-layer --batch 2 --heads 2 --seq 11 --embed-dim 64 --seed 4 --quantize ${q}
        --target cpu --format so --function enc_${q} -o ${WORK}/enc_${q}.so --example-dir ${WORK}/example_${q})
@@ -43,5 +48,5 @@ foreach(q q8 q4)
   string(TOUPPER enc_${q} upper)
   step(${CC} -std=c11 -Wall -Wextra -Werror -O2 -DQKV_FN=enc_${q} -DQKV_FN_UPPER=${upper} "-DQKV_HEADER=\"enc_${q}.h\""
        -I${WORK} -I${SRC} ${SRC}/aot_check.c ${WORK}/enc_${q}.so -Wl,-rpath,${WORK} -lm -o ${WORK}/check_${q})
-  step(${WORK}/check_${q} ${WORK}/example_${q})
+  step(${WORK}/check_${q} ${WORK}/example_${q} 2e-2)
 endforeach()
