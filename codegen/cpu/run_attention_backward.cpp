@@ -169,7 +169,12 @@ void run_attention_backward(const AttentionSpec& spec_in, const AttentionBackwar
   // Chunks of key blocks: from the shape alone (never the thread count), enough tasks to share.
   const auto [chunk_blocks, chunks] = backward_chunks(B * hkv, ceil_div(S, std::int64_t{cfg.keys}));
   const std::int64_t padded_rows = (L + cfg.rows - 1) / cfg.rows * cfg.rows;
-  std::vector<float> partial(static_cast<std::size_t>(chunks * B * hq * padded_rows * cfg.dkp), 0.0f);
+  // Kept by the calling thread between calls (chunks × B·H·L·dk floats: 32 MiB at N = 4096, whose
+  // pages a fresh allocation faulted in on every call — in a VM, a trap each).
+  // (A reference: the pool's tasks below must see this thread's buffer, not their own.)
+  thread_local std::vector<float> kept;
+  std::vector<float>& partial = kept;
+  partial.assign(static_cast<std::size_t>(chunks * B * hq * padded_rows * cfg.dkp), 0.0f);
   a.delta = delta.data();
   a.dq_partial = partial.data();
   a.chunk_blocks = chunk_blocks;
