@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <qkv/codegen/aot.hpp>
 #include <qkv/codegen/cpu/executor.hpp>
@@ -352,9 +354,11 @@ void check_target(const std::string& cpu, const std::string& features, bool int8
 
 TEST(Quantize, EveryCpuTargetsGemmRoundsTheInputAsTheInterpreterDoes) {
   const codegen::HostTarget host = codegen::host_target();
-  auto has = [&](const char* f) { return std::find(host.features.begin(), host.features.end(), f) != host.features.end(); };
+  auto has = [&](const char* f) {
+    return std::find(host.features.begin(), host.features.end(), f) != host.features.end();
+  };
   const bool avx2 = has("+avx2") && has("+fma");
-  check_target("x86-64-v3", "", /*int8_dot=*/false, avx2);                     // f32 panels, x rounded in f32
+  check_target("x86-64-v3", "", /*int8_dot=*/false, avx2);                            // f32 panels, x rounded in f32
   check_target("x86-64-v3", "+avxvnni", /*int8_dot=*/true, avx2 && has("+avxvnni"));  // 8 lanes
   check_target("x86-64-v4", "+avx512vnni", /*int8_dot=*/true, has("+avx512f") && has("+avx512vnni"));  // 16
 }

@@ -79,7 +79,7 @@ TEST_F(Cli, QuantizedWeightsKeepTheLogitsNearTheF32ModelsOnEveryBackend) {
     const double kl = kl_sum / static_cast<double>(rows);
     std::cout << format << ": mean KL(f32 || " << format << ") " << kl << " nats, the same top token at " << same_top
               << " of " << rows << " positions\n";  // the figures docs/cli.md quotes
-    EXPECT_GT(kl, 0.0);  // the weights did change
+    EXPECT_GT(kl, 0.0);                             // the weights did change
     if (format == "q8") {
       EXPECT_LE(kl, 1e-3);
       EXPECT_EQ(same_top, rows);

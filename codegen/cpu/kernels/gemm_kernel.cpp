@@ -442,10 +442,9 @@ class GemmEmitter {
                 b_.CreateAlignedLoad(f32_, b_.CreateInBoundsGEP(f32_, s_rows[static_cast<std::size_t>(r)], g), four));
             for (int v = 0; v < nv; ++v) {
               const auto idx = static_cast<std::size_t>(r * nv + v);
-              next[idx] = b_.CreateIntrinsic(
-                  llvm::Intrinsic::fmuladd, {vf_},
-                  {b_.CreateSIToFP(sums[idx], vf_), b_.CreateFMul(w_scale[static_cast<std::size_t>(v)], x_scale),
-                   cur[idx]});
+              next[idx] = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vf_},
+                                             {b_.CreateSIToFP(sums[idx], vf_),
+                                              b_.CreateFMul(w_scale[static_cast<std::size_t>(v)], x_scale), cur[idx]});
             }
           }
           return next;

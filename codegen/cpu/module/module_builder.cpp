@@ -246,17 +246,17 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 /// The GEMM kernel's tasks over x and the packed panels.
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
                                      const I& m, const I& nn, const I& k, llvm::Value* x_scales) {
-  const std::string name =
-      gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
-                         : std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") + (gemm_cfg_.a_transposed ? "_at" : "");
+  const std::string name = gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
+                                              : std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") +
+                                                    (gemm_cfg_.a_transposed ? "_at" : "");
   if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
   llvm::Function* kernel = callee(name);
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
 
   auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, ptr_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
-  const Values fields{x,   packed, bias_pad, y, m.v(), nn.v(), k.v(),
-                      x_scales ? x_scales : llvm::ConstantPointerNull::get(ptr_)};
+  const Values fields{x,     packed, bias_pad, y,
+                      m.v(), nn.v(), k.v(),    x_scales ? x_scales : llvm::ConstantPointerNull::get(ptr_)};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
   const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr, a_in_place(gemm_cfg_));
   const I cols = blocks.panels_per * nr;

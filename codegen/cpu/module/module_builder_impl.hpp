@@ -744,16 +744,15 @@ class ModuleBuilder {
 
   void emit_gemm_call(int id, llvm::Value* x, llvm::Value* wt, llvm::Value* bias, llvm::Value* y, const I& m,
                       const I& nn, const I& k);
-  /// m <= kGemvMaxRows: the GEMV kernel for m's row count, W read in place (a quantized W: q and
-  /// its scales).
+  /// A few rows: the GEMV kernel for m's row count, W read in place (a quantized W: q, its scales).
   void emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
                       const I& k, llvm::Value* scales);
   /// The GEMM kernel's tasks over Bᵀ packed into panels (emit_pack_panels; int8_dot: x 8-bit, x_scales).
   void emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y, const I& m,
                         const I& nn, const I& k, llvm::Value* x_scales = nullptr);
-  // A linear on a quantized W (module_quantized.cpp): its rows rounded to 8 bits first.
-  void emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block, llvm::Value* bias_pad,
-                             llvm::Value* y, const I& m, const I& nn, const I& k);
+  void emit_quantized_linear(  // a linear on a quantized W, its rows rounded to 8 bits (module_quantized.cpp)
+      int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block, llvm::Value* bias_pad, llvm::Value* y,
+      const I& m, const I& nn, const I& k);
   llvm::Value* emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m, const I& k, bool int8);
   void emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales);
 

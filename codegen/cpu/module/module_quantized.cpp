@@ -15,8 +15,7 @@
 namespace qkv::codegen::cpu::detail {
 
 void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block,
-                                          llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn,
-                                          const I& k) {
+                                          llvm::Value* bias_pad, llvm::Value* y, const I& m, const I& nn, const I& k) {
   const int xid = g_.node(id).inputs[0];
   const std::int64_t group = gemm_cfg_.quant_group;
   llvm::Value* panels = b_.CreateGEP(i8_, block, round_up(rounded_activation_bytes(group, m, k), 64).v());
@@ -115,7 +114,8 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
       return concat(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
                     ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true));
     }
-    llvm::Value* valid = b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - g * group).v()));
+    llvm::Value* valid =
+        b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - g * group).v()));
     return b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + g * group).v()), llvm::Align(1), valid,
                                llvm::Constant::getNullValue(vb));
   };
@@ -147,7 +147,8 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
           sum = ir::dot_u8s8(b_, sum, ones, w);
         }
         llvm::Value* s = llvm::PoisonValue::get(llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes)));
-        for (int j = 0; j < lanes; ++j) s = b_.CreateInsertElement(s, scale(row0 + j, g0 + t), static_cast<std::uint64_t>(j));
+        for (int j = 0; j < lanes; ++j)
+          s = b_.CreateInsertElement(s, scale(row0 + j, g0 + t), static_cast<std::uint64_t>(j));
         b_.CreateAlignedStore(s, b_.CreateGEP(f32_, blk, (i[1] * lanes + words * nr).v()), llvm::Align(4));
         b_.CreateAlignedStore(b_.CreateMul(sum, b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt32(-128))),
                               b_.CreateGEP(i32_, blk, (i[1] * lanes + (words + 1) * nr).v()), llvm::Align(4));
@@ -162,7 +163,8 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
     llvm::Value* w = b_.CreateBitCast(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(words)));
     for (std::int64_t kq = 0; kq < words; ++kq)
       store(b_.CreateExtractElement(w, static_cast<std::uint64_t>(kq)), blk, r + kq * nr);
-    llvm::Value* sum = b_.CreateAddReduce(b_.CreateSExt(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group))));
+    llvm::Value* sum =
+        b_.CreateAddReduce(b_.CreateSExt(q, llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group))));
     store(scale(row, g), blk, r + words * nr);
     store(b_.CreateMul(sum, b_.getInt32(-128)), blk, r + (words + 1) * nr);
   };
