@@ -20,6 +20,8 @@ and the GGUF file is written by hand, following llama.cpp's convert_hf_to_gguf.p
   in f32, like `qkv --quantize q8`, which quantizes the linear layers only) in Q8_0 blocks of 32 values
   (an f16 scale d = max|x| / 127, then 32 int8 q = round-half-away(x / d): 34 bytes a block);
   norms and anything else stay f32.
+* --type bf16: every 2-D tensor in bf16 (rounded to nearest, ties to even, as qkv's --dtype bf16
+  rounds), norms in f32 (as convert_hf_to_gguf.py --outtype bf16 does);
 * --type q4_0: the same tensors in Q4_0 blocks of 32 (an f16 scale d = m / -8, m the entry of
   largest magnitude, then 16 bytes: byte j holds min(15, trunc(x_j / d + 8.5)) in its low four bits
   and the same of x_{j+16} in its high four; 18 bytes a block), as llama.cpp's quantize_row_q4_0_ref.
@@ -40,9 +42,10 @@ import numpy as np
 # GGUF metadata value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 # ggml tensor types
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
 # llama_ftype
-FTYPE_ALL_F32, FTYPE_MOSTLY_Q4_0, FTYPE_MOSTLY_Q8_0 = 0, 2, 7
+FTYPE_ALL_F32, FTYPE_MOSTLY_Q4_0, FTYPE_MOSTLY_Q8_0, FTYPE_MOSTLY_BF16 = 0, 2, 7, 32
+FILE_TYPES = {"q8_0": FTYPE_MOSTLY_Q8_0, "q4_0": FTYPE_MOSTLY_Q4_0, "bf16": FTYPE_MOSTLY_BF16}
 ALIGN = 32
 QK8_0 = 32
 
@@ -142,6 +145,15 @@ def gguf_tensors(cfg, st):
 
 
 # ---- Q8_0 --------------------------------------------------------------------------------------
+
+
+def to_bf16(w):
+    """The bf16 bits of f32 w: round to nearest, ties to even (a NaN stays a quiet NaN)."""
+    u = np.ascontiguousarray(w, dtype="<f4").view("<u4").astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    nan = np.isnan(np.asarray(w, dtype=np.float32))
+    r[nan] = ((u[nan] >> 16) | 0x40).astype("<u2")
+    return r
 
 
 def quantize_q8_0(w):
@@ -245,6 +257,8 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
             t = GGML_Q8_0 if qtype == "q8_0" else GGML_Q4_0
             block = 2 + (QK8_0 if qtype == "q8_0" else QK8_0 // 2)
             nbytes = w.shape[0] * (w.shape[1] // QK8_0) * block
+        elif w.ndim == 2 and qtype == "bf16":
+            t, nbytes = GGML_BF16, w.size * 2
         else:
             t, nbytes = GGML_F32, w.size * 4
         infos.append((tname, list(reversed(w.shape)), t, nbytes))
@@ -266,7 +280,7 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
         kv("llama.attention.key_length", U32, head_dim),
         kv("llama.attention.value_length", U32, head_dim),
         kv("llama.attention.layer_norm_rms_epsilon", F32, float(cfg.get("rms_norm_eps", 1e-6))),
-        kv("general.file_type", U32, {"q8_0": FTYPE_MOSTLY_Q8_0, "q4_0": FTYPE_MOSTLY_Q4_0}.get(qtype, FTYPE_ALL_F32)),
+        kv("general.file_type", U32, FILE_TYPES.get(qtype, FTYPE_ALL_F32)),
         kv("tokenizer.ggml.model", STRING, "llama"),
         kv("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
         kv("tokenizer.ggml.scores", ARRAY, scores, F32),
@@ -294,13 +308,15 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
                 data = quantize_q8_0(w).tobytes()
             elif t == GGML_Q4_0:
                 data = quantize_q4_0(w).tobytes()
+            elif t == GGML_BF16:
+                data = to_bf16(w).tobytes()
             else:
                 data = np.ascontiguousarray(w, dtype="<f4").tobytes()
             assert len(data) == nbytes, tname
             f.write(data)
             f.write(b"\0" * pad(nbytes))
     os.replace(tmp, out_path)
-    n_q = sum(1 for i in infos if i[2] in (GGML_Q8_0, GGML_Q4_0))
+    n_q = sum(1 for i in infos if i[2] in (GGML_Q8_0, GGML_Q4_0, GGML_BF16))
     print(
         f"wrote {out_path}: {len(infos)} tensors ({n_q} {qtype}, {len(infos) - n_q} f32), "
         f"{os.path.getsize(out_path) / 2**20:.1f} MiB",
@@ -312,7 +328,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face Llama folder")
     p.add_argument("--out", required=True, metavar="FILE", help="the .gguf to write")
-    p.add_argument("--type", choices=["f32", "q8_0", "q4_0"], default="f32", help="weight type (default f32)")
+    p.add_argument("--type", choices=["f32", "bf16", "q8_0", "q4_0"], default="f32", help="weight type (default f32)")
     p.add_argument("--name", help="general.name (default: the folder's name)")
     p.add_argument(
         "--token-embd-f32",

@@ -148,9 +148,31 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     const I panel = k2 * (nr * 2), pair = c64(nr * 2);
     auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
     branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
-    // Whole panels: (p, kp, r, half); then the last K of each row when K is odd.
-    nest_parallel({full, whole, c64(nr), two}, {{panel, pair, two, one}, {row_step * nr, k_step * 2, row_step, k_step}},
-                  {zero, zero}, c64(2), copy);
+    // Whole panels, W as rows: `lanes` rows × `lanes` pairs at a time, a pair of a row one 32-bit
+    // word, the block transposed in registers (each pair of K then one vector of columns).
+    I kdone = zero;
+    if (!columns && nr % gemm_cfg_.lanes == 0) {
+      const int lanes = gemm_cfg_.lanes;
+      auto* words = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
+      const I blocks = whole / lanes;
+      kdone = blocks * lanes;
+      nest_parallel({full, c64(nr / lanes), blocks}, {}, {}, c64(lanes * lanes), [&](const Dims& i, const Dims&) {
+        const I row0 = i[0] * nr + i[1] * lanes, kp0 = i[2] * lanes;
+        std::vector<llvm::Value*> rows;
+        for (int j = 0; j < lanes; ++j)
+          rows.push_back(
+              b_.CreateAlignedLoad(words, b_.CreateGEP(i16, wt, ((row0 + j) * k + kp0 * 2).v()), llvm::Align(2)));
+        rows = ir::transpose_square(b_, std::move(rows));  // rows[w]: pair kp0 + w of each row
+        for (int w = 0; w < lanes; ++w)
+          b_.CreateAlignedStore(rows[static_cast<std::size_t>(w)],
+                                b_.CreateGEP(i16, packed, (i[0] * panel + (kp0 + w) * pair + i[1] * lanes * 2).v()),
+                                llvm::Align(4));
+      });
+    }
+    // The rest of the whole panels: (p, kp, r, half); then the last K of each row when K is odd.
+    nest_parallel({full, whole - kdone, c64(nr), two},
+                  {{panel, pair, two, one}, {row_step * nr, k_step * 2, row_step, k_step}},
+                  {kdone * pair, kdone * k_step * 2}, c64(2), copy);
     branch(odd != 0, [&] {
       nest({full, c64(nr)}, {{panel, two}, {row_step * nr, row_step}}, {whole * pair, (k - 1) * k_step}, copy);
     });
