@@ -149,8 +149,23 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     auto copy = [&](const Dims&, const Dims& off) { store(load(i16, wt, off[1]), packed, off[0]); };
     branch(rest != 0 || odd != 0, [&] { memset0(packed, panels * panel * 2); });
     // Whole panels, W as rows: `lanes` rows × `lanes` pairs at a time, a pair of a row one 32-bit
-    // word, the block transposed in registers (each pair of K then one vector of columns).
+    // word, the block transposed in registers (each pair of K then one vector of columns). B given
+    // as [K, N] rows (columns): a pair of K is two rows' `lanes` columns, interleaved.
     I kdone = zero;
+    if (columns && nr % gemm_cfg_.lanes == 0) {
+      const int lanes = gemm_cfg_.lanes;
+      auto* half = llvm::FixedVectorType::get(i16, static_cast<unsigned>(lanes));
+      kdone = whole;
+      nest_parallel({full, whole, c64(nr / lanes)}, {}, {}, c64(lanes), [&](const Dims& i, const Dims&) {
+        const I col = i[0] * nr + i[2] * lanes;
+        auto row = [&](const I& kk) {
+          return b_.CreateAlignedLoad(half, b_.CreateGEP(i16, wt, (kk * nn + col).v()), llvm::Align(2));
+        };
+        b_.CreateAlignedStore(
+            b_.CreateShuffleVector(row(i[1] * 2), row(i[1] * 2 + 1), ir::interleave_halves(lanes)),
+            b_.CreateGEP(i16, packed, (i[0] * panel + i[1] * pair + i[2] * lanes * 2).v()), llvm::Align(4));
+      });
+    }
     if (!columns && nr % gemm_cfg_.lanes == 0) {
       const int lanes = gemm_cfg_.lanes;
       auto* words = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
