@@ -183,6 +183,35 @@ class GemmEmitter {
   void pack_a(llvm::Value* i, llvm::Value* k0, llvm::Value* depth, llvm::Value* rows) {
     const std::int64_t mr = cfg_.rows;
     llvm::Type* elem = cfg_.bf16 ? i16_ : f32_;
+    if (cfg_.dpbf16 && cfg_.a_transposed) {
+      // A given as [K, M]: a pair of K for the tile's rows is two K rows' MR consecutive entries
+      // (masked to the valid rows; the second zero past K), interleaved into MR words.
+      auto* part = llvm::FixedVectorType::get(i16_, static_cast<unsigned>(mr));
+      std::vector<llvm::Constant*> iota;
+      for (std::int64_t r = 0; r < mr; ++r) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(r)));
+      llvm::Value* valid = b_.CreateICmpSLT(llvm::ConstantVector::get(iota),
+                                            b_.CreateVectorSplat(static_cast<unsigned>(mr), rows), "valid_rows");
+      llvm::Value* none = llvm::Constant::getNullValue(part);
+      llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
+      ir::emit_loop(
+          b_, c64(0), pairs, 1,
+          [&](llvm::Value* kp) {
+            llvm::Value* kk = b_.CreateAdd(k0, b_.CreateMul(kp, c64(2)));
+            auto row = [&](llvm::Value* at, llvm::Value* mask) {
+              return b_.CreateMaskedLoad(part, b_.CreateInBoundsGEP(i16_, a_, b_.CreateAdd(b_.CreateMul(at, m_), i)),
+                                         llvm::Align(2), mask, none);
+            };
+            llvm::Value* second = b_.CreateAdd(kk, c64(1));
+            llvm::Value* has_second = b_.CreateICmpSLT(second, b_.CreateAdd(k0, depth));
+            llvm::Value* lo = row(kk, valid);
+            llvm::Value* hi = row(b_.CreateSelect(has_second, second, kk),
+                                  b_.CreateAnd(valid, b_.CreateVectorSplat(static_cast<unsigned>(mr), has_second)));
+            b_.CreateAlignedStore(b_.CreateShuffleVector(lo, hi, ir::interleave_halves(static_cast<int>(mr))),
+                                  b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(kp, c64(mr))), llvm::Align(4));
+          },
+          "pack_pairs");
+      return;
+    }
     ir::emit_loop(
         b_, c64(0), c64(mr), 1,
         [&](llvm::Value* r) {
