@@ -212,6 +212,41 @@ class GemmEmitter {
           "pack_pairs");
       return;
     }
+    // A as [M, K] rows (dpbf16): whole blocks of `lanes` pairs go as one vector of words a row,
+    // the rows (zeros past `rows` and up to `lanes`) transposed in registers, each pair then the
+    // tile's MR words; the pairs after the last whole block entry by entry below.
+    llvm::Value* kp_start = c64(0);
+    if (cfg_.dpbf16 && !cfg_.a_transposed && cfg_.lanes >= mr) {
+      const int lanes = cfg_.lanes;
+      llvm::Value* blocks = b_.CreateSDiv(b_.CreateSDiv(depth, c64(2)), c64(lanes), "pair_blocks");
+      kp_start = b_.CreateMul(blocks, c64(lanes));
+      std::vector<int> first_rows;
+      for (int r = 0; r < mr; ++r) first_rows.push_back(r);
+      ir::emit_loop(
+          b_, c64(0), blocks, 1,
+          [&](llvm::Value* blk) {
+            llvm::Value* kp0 = b_.CreateMul(blk, c64(lanes));
+            std::vector<llvm::Value*> words;
+            for (int r = 0; r < lanes; ++r) {
+              if (r >= mr) {
+                words.push_back(llvm::Constant::getNullValue(vi_));
+                continue;
+              }
+              llvm::Value* valid = b_.CreateICmpSLT(c64(r), rows);
+              llvm::Value* row = b_.CreateSelect(valid, b_.CreateAdd(i, c64(r)), i);
+              llvm::Value* at = b_.CreateInBoundsGEP(
+                  i16_, a_, b_.CreateAdd(b_.CreateMul(row, k_), b_.CreateAdd(k0, b_.CreateMul(kp0, c64(2)))));
+              words.push_back(b_.CreateSelect(valid, b_.CreateAlignedLoad(vi_, at, llvm::Align(2)),
+                                              llvm::Constant::getNullValue(vi_)));
+            }
+            words = ir::transpose_square(b_, std::move(words));  // words[w]: pair kp0 + w of each row
+            for (int w = 0; w < lanes; ++w)
+              b_.CreateAlignedStore(
+                  b_.CreateShuffleVector(words[static_cast<std::size_t>(w)], first_rows),
+                  b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(b_.CreateAdd(kp0, c64(w)), c64(mr))), llvm::Align(4));
+          },
+          "pack_pair_blocks");
+    }
     ir::emit_loop(
         b_, c64(0), c64(mr), 1,
         [&](llvm::Value* r) {
@@ -227,7 +262,7 @@ class GemmEmitter {
           if (cfg_.dpbf16) {
             llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
             ir::emit_loop(
-                b_, c64(0), pairs, 1,
+                b_, kp_start, pairs, 1,
                 [&](llvm::Value* kp) {
                   llvm::Value* kk = b_.CreateMul(kp, c64(2));
                   llvm::Value* second = b_.CreateAdd(kk, c64(1));
