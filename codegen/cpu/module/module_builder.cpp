@@ -200,23 +200,34 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     return;
   }
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
-  // A quantized W is packed per call (its panels are not kept: quantize.hpp), so fast: its whole
-  // panels a lanes × lanes tile at a time (each row's `lanes` entries dequantized as a vector,
-  // the tile transposed in registers), then what is left (K's last entries short of a vector,
-  // the last panel's `rest` rows) entry by entry below.
+  // Whole panels of W as rows a lanes × lanes tile at a time (each row's `lanes` entries loaded —
+  // widened from bf16, or dequantized — as a vector, the tile transposed in registers): the
+  // panels are packed on every call but a prepared one (a quantized W's always). What is left
+  // (K's last entries short of a vector, the last panel's `rest` rows; B given as [K, N]) goes
+  // entry by entry below.
   I kdone = c64(0);
-  if (gemm_cfg_.quant_group > 0 && !columns) {
+  const bool quantized = gemm_cfg_.quant_group > 0;
+  if (!columns && nr % gemm_cfg_.lanes == 0 && (!quantized || gemm_cfg_.quant_group % gemm_cfg_.lanes == 0)) {
     const int lanes = gemm_cfg_.lanes;
-    if (gemm_cfg_.quant_group % lanes != 0 || nr % lanes != 0)
-      internal_error("codegen: quantized panels in vectors of " + std::to_string(lanes));
     auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes));
     auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(lanes));
-    const I group = c64(gemm_cfg_.quant_group), groups = ceil_div(k, group), chunks = k / lanes;
+    auto* vh = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(lanes));
+    const I group = c64(std::max(gemm_cfg_.quant_group, 1)), groups = ceil_div(k, group), chunks = k / lanes;
     nest_parallel({full, c64(nr / lanes), chunks}, {}, {}, c64(lanes * lanes * 4), [&](const Dims& i, const Dims&) {
       const I kk = i[2] * lanes;
       std::vector<llvm::Value*> tile;
       for (int j = 0; j < lanes; ++j) {
         const I row = i[0] * nr + i[1] * lanes + j;
+        if (!quantized) {
+          tile.push_back(gemm_cfg_.bf16 ? ir::half_to_f32(b_,
+                                                          b_.CreateAlignedLoad(vh, b_.CreateGEP(b_.getInt16Ty(), wt,
+                                                                                                (row * k + kk).v()),
+                                                                               llvm::Align(2)),
+                                                          /*brain=*/true)
+                                        : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()),
+                                                               llvm::Align(4)));
+          continue;
+        }
         llvm::Value* scale = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), false);
         llvm::Value* q;
         if (gemm_cfg_.q4) {  // one nibble of `lanes` bytes (a vector never straddles a group's halves)
