@@ -754,6 +754,9 @@ class ModuleBuilder {
       int id, llvm::Value* wt, llvm::Value* scales, llvm::Value* block, llvm::Value* bias_pad, llvm::Value* y,
       const I& m, const I& nn, const I& k);
   llvm::Value* emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m, const I& k, bool int8);
+  void emit_round_activations_in_pairs(int xid, llvm::Value* out, const I& m, const I& k);
+  void emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad, llvm::Value* y,
+                      const I& m, const I& nn, const I& k);
   void emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales);
 
   void emit_attention(int id);

@@ -2,7 +2,8 @@
 // its input rows are rounded to 8 bits per group of the weight's group first (docs/semantics.md,
 // "Quantized weights"; the interpreter's linear does the same), then
 //
-//   m <= kQuantGemvMaxRows   the GEMV on the rounded rows (f32), W's q and scales read in place
+//   m <= kQuantGemvMaxRows   the GEMV on the rounded rows (f32), W's q and scales read in place;
+//                            a q4 W with VNNI: the integer GEMV (emit_int8_gemv) on 8-bit rows
 //   int8_dot (VNNI)          the 8-bit rows and their scales against 8-bit panels packed from q
 //                            (gemm_panel_bytes), four products an instruction (vpdpbusd)
 //   otherwise                the f32 GEMM on the rounded rows, panels dequantized from q
@@ -20,13 +21,31 @@ void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* 
   const std::int64_t group = gemm_cfg_.quant_group;
   llvm::Value* panels = b_.CreateGEP(i8_, block, round_up(rounded_activation_bytes(group, m, k), 64).v());
   const ir::Bool few = m <= kQuantGemvMaxRows;
+  // A q4 W's GEMV on integers: 16 lanes of vpdpbusd, groups of 32, whole pairs of groups a row
+  // (its decode 61–71 → 73–83 tokens/s on the 1.9 GB Llama; q8's was no faster than the f32 GEMV's
+  // 55–57, so it keeps that).
+  const bool int8_gemv = gemm_cfg_.int8_dot && gemm_cfg_.q4 && gemm_cfg_.lanes == 16 && group == 32;
+  auto f32_gemv = [&] {
+    emit_round_activations(xid, group, block, m, k, /*int8=*/false);
+    emit_gemv_call(block, wt, bias_pad, y, m, nn, k, scales);
+  };
   branch(
       gemm_cfg_.int8_dot ? few : ir::Bool(b_, b_.getTrue()),
       [&] {
-        emit_round_activations(xid, group, block, m, k, /*int8=*/false);
         branch(
-            few, [&] { emit_gemv_call(block, wt, bias_pad, y, m, nn, k, scales); },
+            few,
             [&] {
+              if (!int8_gemv) return f32_gemv();
+              branch(
+                  k % 64 == 0,
+                  [&] {
+                    emit_round_activations_in_pairs(xid, block, m, k);
+                    emit_int8_gemv(wt, scales, block, bias_pad, y, m, nn, k);
+                  },
+                  f32_gemv);
+            },
+            [&] {
+              emit_round_activations(xid, group, block, m, k, /*int8=*/false);
               emit_pack_panels(wt, panels, nn, k, scales);
               emit_gemm_packed(block, panels, bias_pad, y, m, nn, k);
             });
@@ -79,6 +98,131 @@ llvm::Value* ModuleBuilder::emit_round_activations(int xid, std::int64_t group, 
     store(d, x_scales, i[0] * groups + i[1]);
   });
   return x_scales;
+}
+
+namespace {
+/// The q4 integer GEMV's view of 64 entries (a pair of groups of 32) as 16 lanes of four bytes:
+/// byte j of a group holds entries j and j + 16, so the low nibbles of the pair's 32 bytes come
+/// first, then the high ones. The group (0 or 1) of lane l:
+int pair_group_of_lane(int l) { return (l % 8) / 4; }
+/// The entry (0 … 63) at byte b of W's unpacked vector.
+int pair_entry_at(int b) {
+  const int high = b / 32, in = b % 32;  // in: byte `in` of the pair's 32 (group in / 16)
+  return (in / 16) * 32 + high * 16 + in % 16;
+}
+}  // namespace
+
+/// The rounded rows for the q4 integer GEMV (K a multiple of 64): per row and pair of groups, 192
+/// bytes — q (i8) in W's order of the pair's entries (pair_entry_at), −8 · Σ q of each group in
+/// the first of its lanes (i32 ×16: W's nibbles are q + 8), and each lane's group scale d (f32
+/// ×16). The rounding is emit_round_activations' (round_activations').
+void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, const I& m, const I& k) {
+  const I pairs = k / 64;
+  auto* vx = llvm::FixedVectorType::get(elem(xid), 32);
+  auto* vf = llvm::FixedVectorType::get(f32_, 32);
+  auto* vi = llvm::FixedVectorType::get(i32_, 32);
+  auto f = [&](double v) { return llvm::ConstantFP::get(f32_, v); };
+  auto splat = [&](llvm::Value* v) { return b_.CreateVectorSplat(32, v); };
+  nest_parallel({m, pairs}, {}, {}, c64(64 * 8), [&](const Dims& i, const Dims&) {
+    llvm::Value* base = b_.CreateGEP(i8_, out, ((i[0] * pairs + i[1]) * 192).v());
+    std::vector<llvm::Value*> qs, ds, sums;
+    for (int g = 0; g < 2; ++g) {
+      llvm::Value* src = b_.CreateGEP(elem(xid), buf(xid), (i[0] * k + i[1] * 64 + g * 32).v());
+      llvm::Value* x = ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype);
+      llvm::Value* amax = b_.CreateIntrinsic(llvm::Intrinsic::vector_reduce_fmaximum, {vf},
+                                             {b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)});
+      llvm::Value* inv = b_.CreateSelect(b_.CreateFCmpOGT(amax, f(0.0)), b_.CreateFDiv(f(127.0), amax), f(0.0));
+      llvm::Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(x, splat(inv)));
+      q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, q, splat(f(-127.0)));
+      q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
+      llvm::Value* qi = b_.CreateFPToSI(q, vi);
+      qs.push_back(b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, 32)));
+      sums.push_back(b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(-kQ4Zero)));
+      ds.push_back(b_.CreateFDiv(amax, f(127.0)));
+    }
+    std::vector<int> order;
+    for (int b = 0; b < 64; ++b) order.push_back(pair_entry_at(b));
+    b_.CreateAlignedStore(b_.CreateShuffleVector(qs[0], qs[1], order), base, llvm::Align(1));
+    llvm::Value* corr = llvm::Constant::getNullValue(llvm::FixedVectorType::get(i32_, 16));
+    llvm::Value* scale = llvm::PoisonValue::get(llvm::FixedVectorType::get(f32_, 16));
+    for (int l = 0; l < 16; ++l) {
+      const int g = pair_group_of_lane(l);
+      if (l == g * 4)  // the group's first lane only
+        corr = b_.CreateInsertElement(corr, sums[static_cast<std::size_t>(g)], static_cast<std::uint64_t>(l));
+      scale = b_.CreateInsertElement(scale, ds[static_cast<std::size_t>(g)], static_cast<std::uint64_t>(l));
+    }
+    b_.CreateAlignedStore(corr, b_.CreateGEP(i8_, base, c64(64).v()), llvm::Align(4));
+    b_.CreateAlignedStore(scale, b_.CreateGEP(i8_, base, c64(128).v()), llvm::Align(4));
+  });
+}
+
+/// y[r][o] = Σ over pairs of groups of float(Σ u8 · s8) · (W's scale · x's scale) lane by lane,
+/// + bias: the pair's 64 nibbles of W row o as they are (q + 8) in 16 lanes, the int32 sums
+/// starting at x's −8 · Σ q (emit_round_activations_in_pairs), four rows of W at a time for each
+/// row of x (W's rows stay in L1 across x's rows).
+void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
+                                   llvm::Value* y, const I& m, const I& nn, const I& k) {
+  constexpr int kOuts = 4;
+  const I pairs = k / 64, groups = k / 32;
+  auto* v16i = llvm::FixedVectorType::get(i32_, 16);
+  auto* v16f = llvm::FixedVectorType::get(f32_, 16);
+  std::vector<int> lane_group;
+  for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l));
+  parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
+    loop(
+        c64(0), ceil_div(end - begin, kOuts),
+        [&](I blk) {
+          const I o0 = begin + blk * kOuts;
+          std::vector<I> rows;
+          for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
+          loop(
+              c64(0), m,
+              [&](I r) {
+                std::vector<llvm::Value*> init(kOuts, llvm::Constant::getNullValue(v16f));
+                std::vector<llvm::Value*> acc = ir::emit_loop(
+                    b_, c64(0).v(), pairs.v(), 1, init,
+                    [&](llvm::Value* pv, const std::vector<llvm::Value*>& cur) {
+                      const I p(b_, pv);
+                      llvm::Value* xb = b_.CreateGEP(i8_, xr, ((r * pairs + p) * 192).v());
+                      llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
+                      llvm::Value* corr = b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
+                      llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
+                      std::vector<llvm::Value*> next(cur.size());
+                      for (int j = 0; j < kOuts; ++j) {
+                        auto* v32 = llvm::FixedVectorType::get(i8_, 32);
+                        llvm::Value* bytes = b_.CreateAlignedLoad(
+                            v32, b_.CreateGEP(i8_, wt, (rows[j] * (k / 2) + p * 32).v()), llvm::Align(1));
+                        llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                        llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
+                                                       b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                        std::vector<int> both;
+                        for (int e = 0; e < 64; ++e) both.push_back(e);
+                        llvm::Value* u = b_.CreateBitCast(b_.CreateShuffleVector(lo, hi, both), v16i);
+                        llvm::Value* isum = ir::dot_u8s8(b_, corr, u, xs);
+                        auto* v2h = llvm::FixedVectorType::get(b_.getInt16Ty(), 2);
+                        llvm::Value* sw = ir::half_to_f32(
+                            b_,
+                            b_.CreateAlignedLoad(v2h, b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
+                                                 llvm::Align(2)),
+                            /*brain=*/false);
+                        llvm::Value* lanes_sw = b_.CreateShuffleVector(sw, lane_group);
+                        next[static_cast<std::size_t>(j)] = b_.CreateIntrinsic(
+                            llvm::Intrinsic::fmuladd, {v16f},
+                            {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(lanes_sw, dx), cur[static_cast<std::size_t>(j)]});
+                      }
+                      return next;
+                    },
+                    "int8_gemv_pairs");
+                for (int j = 0; j < kOuts; ++j)
+                  branch(o0 + j < end, [&] {
+                    llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0), acc[static_cast<std::size_t>(j)]);
+                    store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, r * nn + o0 + j);
+                  });
+              },
+              "int8_gemv_rows");
+        },
+        "int8_gemv_outs");
+  });
 }
 
 /// gemm_panel_bytes' int8_dot panels from q (q8, or q4's nibbles) and its f16 scales: per row of
