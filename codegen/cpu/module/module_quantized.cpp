@@ -192,6 +192,10 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                         auto* v32 = llvm::FixedVectorType::get(i8_, 32);
                         llvm::Value* bytes = b_.CreateAlignedLoad(
                             v32, b_.CreateGEP(i8_, wt, (rows[j] * (k / 2) + p * 32).v()), llvm::Align(1));
+                        // The same bytes of the next block's row: W's rows are short streams.
+                        b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
+                                           {b_.CreateGEP(i8_, wt, ((rows[j] + kOuts) * (k / 2) + p * 32).v()),
+                                            b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
                         llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
                         llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
                                                        b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
