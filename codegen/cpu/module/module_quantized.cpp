@@ -21,10 +21,8 @@ void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* 
   const std::int64_t group = gemm_cfg_.quant_group;
   llvm::Value* panels = b_.CreateGEP(i8_, block, round_up(rounded_activation_bytes(group, m, k), 64).v());
   const ir::Bool few = m <= kQuantGemvMaxRows;
-  // A q4 W's GEMV on integers: 16 lanes of vpdpbusd, groups of 32, whole pairs of groups a row
-  // (its decode 61–71 → 73–83 tokens/s on the 1.9 GB Llama; q8's was no faster than the f32 GEMV's
-  // 55–57, so it keeps that).
-  const bool int8_gemv = gemm_cfg_.int8_dot && gemm_cfg_.q4 && gemm_cfg_.lanes == 16 && group == 32;
+  // The GEMV on integers: 16 lanes of vpdpbusd, groups of 32, whole pairs of groups a row.
+  const bool int8_gemv = gemm_cfg_.int8_dot && gemm_cfg_.lanes == 16 && group == 32;
   auto f32_gemv = [&] {
     emit_round_activations(xid, group, block, m, k, /*int8=*/false);
     emit_gemv_call(block, wt, bias_pad, y, m, nn, k, scales);
@@ -101,22 +99,25 @@ llvm::Value* ModuleBuilder::emit_round_activations(int xid, std::int64_t group, 
 }
 
 namespace {
-/// The q4 integer GEMV's view of 64 entries (a pair of groups of 32) as 16 lanes of four bytes:
-/// byte j of a group holds entries j and j + 16, so the low nibbles of the pair's 32 bytes come
-/// first, then the high ones. The group (0 or 1) of lane l:
-int pair_group_of_lane(int l) { return (l % 8) / 4; }
+/// The integer GEMV's view of 64 entries (a pair of groups of 32) as 16 lanes of four bytes, as
+/// W's bytes hold them — q8: in order; q4: byte j of a group holds entries j and j + 16, so the
+/// low nibbles of the pair's 32 bytes come first, then the high ones. The group (0 or 1) of lane l:
+int pair_group_of_lane(int l, bool q4) { return q4 ? (l % 8) / 4 : l / 8; }
 /// The entry (0 … 63) at byte b of W's unpacked vector.
-int pair_entry_at(int b) {
+int pair_entry_at(int b, bool q4) {
+  if (!q4) return b;
   const int high = b / 32, in = b % 32;  // in: byte `in` of the pair's 32 (group in / 16)
   return (in / 16) * 32 + high * 16 + in % 16;
 }
 }  // namespace
 
-/// The rounded rows for the q4 integer GEMV (K a multiple of 64): per row and pair of groups, 192
-/// bytes — q (i8) in W's order of the pair's entries (pair_entry_at), −8 · Σ q of each group in
-/// the first of its lanes (i32 ×16: W's nibbles are q + 8), and each lane's group scale d (f32
-/// ×16). The rounding is emit_round_activations' (round_activations').
+/// The rounded rows for the integer GEMV (K a multiple of 64): per row and pair of groups, 192
+/// bytes — q (i8) in W's order of the pair's entries (pair_entry_at), −z · Σ q of each group in
+/// the first of its lanes (i32 ×16; z = 128 for q8, whose W is read as q + 128, 8 for q4, whose
+/// nibbles are q + 8), and each lane's group scale d (f32 ×16). The rounding is
+/// emit_round_activations' (round_activations').
 void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, const I& m, const I& k) {
+  const bool q4 = gemm_cfg_.q4;
   const I pairs = k / 64;
   auto* vx = llvm::FixedVectorType::get(elem(xid), 32);
   auto* vf = llvm::FixedVectorType::get(f32_, 32);
@@ -137,17 +138,17 @@ void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, c
       q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
       llvm::Value* qi = b_.CreateFPToSI(q, vi);
       qs.push_back(b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, 32)));
-      sums.push_back(b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(-kQ4Zero)));
+      sums.push_back(b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(q4 ? -kQ4Zero : -128)));
       ds.push_back(b_.CreateFDiv(amax, f(127.0)));
     }
     std::vector<int> order;
-    for (int b = 0; b < 64; ++b) order.push_back(pair_entry_at(b));
+    for (int b = 0; b < 64; ++b) order.push_back(pair_entry_at(b, q4));
     b_.CreateAlignedStore(b_.CreateShuffleVector(qs[0], qs[1], order), base, llvm::Align(1));
     llvm::Value* corr = llvm::Constant::getNullValue(llvm::FixedVectorType::get(i32_, 16));
     llvm::Value* scale = llvm::PoisonValue::get(llvm::FixedVectorType::get(f32_, 16));
     for (int l = 0; l < 16; ++l) {
-      const int g = pair_group_of_lane(l);
-      if (l == g * 4)  // the group's first lane only
+      const int g = pair_group_of_lane(l, q4);
+      if (l == g * (q4 ? 4 : 8))  // the group's first lane only
         corr = b_.CreateInsertElement(corr, sums[static_cast<std::size_t>(g)], static_cast<std::uint64_t>(l));
       scale = b_.CreateInsertElement(scale, ds[static_cast<std::size_t>(g)], static_cast<std::uint64_t>(l));
     }
@@ -157,17 +158,20 @@ void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, c
 }
 
 /// y[r][o] = Σ over pairs of groups of float(Σ u8 · s8) · (W's scale · x's scale) lane by lane,
-/// + bias: the pair's 64 nibbles of W row o as they are (q + 8) in 16 lanes, the int32 sums
-/// starting at x's −8 · Σ q (emit_round_activations_in_pairs), four rows of W at a time for each
-/// row of x (W's rows stay in L1 across x's rows).
+/// + bias: the pair's 64 entries of W row o in 16 lanes (q8 read as q + 128; q4's nibbles as they
+/// are: q + 8), the int32 sums starting at x's −z · Σ q (emit_round_activations_in_pairs), four
+/// rows of W at a time for each row of x (W's rows stay in L1 across x's rows), the next four's
+/// bytes prefetched (a row is a short stream: 32 cache lines for q8, 16 for q4, which the
+/// hardware prefetchers barely start on).
 void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
                                    llvm::Value* y, const I& m, const I& nn, const I& k) {
+  const bool q4 = gemm_cfg_.q4;
   constexpr int kOuts = 4;
   const I pairs = k / 64, groups = k / 32;
   auto* v16i = llvm::FixedVectorType::get(i32_, 16);
   auto* v16f = llvm::FixedVectorType::get(f32_, 16);
   std::vector<int> lane_group;
-  for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l));
+  for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l, q4));
   parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
     loop(
         c64(0), ceil_div(end - begin, kOuts),
@@ -189,19 +193,26 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                       llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
                       std::vector<llvm::Value*> next(cur.size());
                       for (int j = 0; j < kOuts; ++j) {
-                        auto* v32 = llvm::FixedVectorType::get(i8_, 32);
-                        llvm::Value* bytes = b_.CreateAlignedLoad(
-                            v32, b_.CreateGEP(i8_, wt, (rows[j] * (k / 2) + p * 32).v()), llvm::Align(1));
-                        // The same bytes of the next block's row: W's rows are short streams.
-                        b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
-                                           {b_.CreateGEP(i8_, wt, ((rows[j] + kOuts) * (k / 2) + p * 32).v()),
-                                            b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
-                        llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                        llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
-                                                       b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                        std::vector<int> both;
-                        for (int e = 0; e < 64; ++e) both.push_back(e);
-                        llvm::Value* u = b_.CreateBitCast(b_.CreateShuffleVector(lo, hi, both), v16i);
+                        const I row_bytes = q4 ? k / 2 : k, pair_bytes = c64(q4 ? 32 : 64);
+                        llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
+                        // The same bytes of the next block's row.
+                        b_.CreateIntrinsic(
+                            llvm::Intrinsic::prefetch, {ptr_},
+                            {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+                        llvm::Value* u;
+                        if (q4) {
+                          auto* v32 = llvm::FixedVectorType::get(i8_, 32);
+                          llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
+                          llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                          llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
+                                                         b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                          std::vector<int> both;
+                          for (int e = 0; e < 64; ++e) both.push_back(e);
+                          u = b_.CreateBitCast(b_.CreateShuffleVector(lo, hi, both), v16i);
+                        } else {  // q + 128
+                          u = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)),
+                                           static_cast<std::uint64_t>(0x80808080u));
+                        }
                         llvm::Value* isum = ir::dot_u8s8(b_, corr, u, xs);
                         auto* v2h = llvm::FixedVectorType::get(b_.getInt16Ty(), 2);
                         llvm::Value* sw = ir::half_to_f32(
