@@ -3,7 +3,7 @@
 // "Quantized weights"; the interpreter's linear does the same), then
 //
 //   m <= kQuantGemvMaxRows   the GEMV on the rounded rows (f32), W's q and scales read in place;
-//                            a q4 W with VNNI: the integer GEMV (emit_int8_gemv) on 8-bit rows
+//                            with VNNI and groups of 32: the integer GEMV (emit_int8_gemv)
 //   int8_dot (VNNI)          the 8-bit rows and their scales against 8-bit panels packed from q
 //                            (gemm_panel_bytes), four products an instruction (vpdpbusd)
 //   otherwise                the f32 GEMM on the rounded rows, panels dequantized from q
