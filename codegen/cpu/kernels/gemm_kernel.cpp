@@ -241,9 +241,9 @@ class GemmEmitter {
             }
             words = ir::transpose_square(b_, std::move(words));  // words[w]: pair kp0 + w of each row
             for (int w = 0; w < lanes; ++w)
-              b_.CreateAlignedStore(
-                  b_.CreateShuffleVector(words[static_cast<std::size_t>(w)], first_rows),
-                  b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(b_.CreateAdd(kp0, c64(w)), c64(mr))), llvm::Align(4));
+              b_.CreateAlignedStore(b_.CreateShuffleVector(words[static_cast<std::size_t>(w)], first_rows),
+                                    b_.CreateInBoundsGEP(i32_, ap_, b_.CreateMul(b_.CreateAdd(kp0, c64(w)), c64(mr))),
+                                    llvm::Align(4));
           },
           "pack_pair_blocks");
     }

@@ -161,9 +161,9 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
         auto row = [&](const I& kk) {
           return b_.CreateAlignedLoad(half, b_.CreateGEP(i16, wt, (kk * nn + col).v()), llvm::Align(2));
         };
-        b_.CreateAlignedStore(
-            b_.CreateShuffleVector(row(i[1] * 2), row(i[1] * 2 + 1), ir::interleave_halves(lanes)),
-            b_.CreateGEP(i16, packed, (i[0] * panel + i[1] * pair + i[2] * lanes * 2).v()), llvm::Align(4));
+        b_.CreateAlignedStore(b_.CreateShuffleVector(row(i[1] * 2), row(i[1] * 2 + 1), ir::interleave_halves(lanes)),
+                              b_.CreateGEP(i16, packed, (i[0] * panel + i[1] * pair + i[2] * lanes * 2).v()),
+                              llvm::Align(4));
       });
     }
     if (!columns && nr % gemm_cfg_.lanes == 0) {
@@ -219,13 +219,13 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
       for (int j = 0; j < lanes; ++j) {
         const I row = i[0] * nr + i[1] * lanes + j;
         if (!quantized) {
-          tile.push_back(gemm_cfg_.bf16 ? ir::half_to_f32(b_,
-                                                          b_.CreateAlignedLoad(vh, b_.CreateGEP(b_.getInt16Ty(), wt,
-                                                                                                (row * k + kk).v()),
-                                                                               llvm::Align(2)),
-                                                          /*brain=*/true)
-                                        : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()),
-                                                               llvm::Align(4)));
+          tile.push_back(
+              gemm_cfg_.bf16
+                  ? ir::half_to_f32(
+                        b_,
+                        b_.CreateAlignedLoad(vh, b_.CreateGEP(b_.getInt16Ty(), wt, (row * k + kk).v()), llvm::Align(2)),
+                        /*brain=*/true)
+                  : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()), llvm::Align(4)));
           continue;
         }
         llvm::Value* scale = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), false);

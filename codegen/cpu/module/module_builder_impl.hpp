@@ -675,7 +675,6 @@ class ModuleBuilder {
   void emit_add_same(int id);
 
   void emit_slice(int id);
-
   void emit_concat(int id);
   /// Bᵀ into panels; a quantized W (gemm_cfg_.quant_group) dequantized from q `wt` and `scales`.
   /// `columns`: f32 B given as [K, N] rows (B itself, not Bᵀ).
@@ -691,7 +690,6 @@ class ModuleBuilder {
   bool emit_fill_sums(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
-
   void emit_broadcasting(int id);
 
   /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:
@@ -736,8 +734,7 @@ class ModuleBuilder {
   /// contract: out[o] = Σ_c lhs[o, c]·rhs[o, c], axes matched by name, in double.
   void emit_contract(int id);
 
-  /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel: Bᵀ packed into panels of NR columns
-  /// (zero-padded), the bias padded alike, then the tasks of schedule.hpp's gemm_blocks.
+  /// y[M, N] = x[M, K]·W[N, K]ᵀ + b on the GEMM kernel (Bᵀ packed into zero-padded panels).
   void emit_gemm(int id);
   /// The GEMM / GEMV kernels' configuration for linear node `id` (bf16 operands or f32).
   GemmConfig gemm_config(int id) const;

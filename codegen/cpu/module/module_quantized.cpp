@@ -189,16 +189,17 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                       const I p(b_, pv);
                       llvm::Value* xb = b_.CreateGEP(i8_, xr, ((r * pairs + p) * 192).v());
                       llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
-                      llvm::Value* corr = b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
+                      llvm::Value* corr =
+                          b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
                       llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
                       std::vector<llvm::Value*> next(cur.size());
                       for (int j = 0; j < kOuts; ++j) {
                         const I row_bytes = q4 ? k / 2 : k, pair_bytes = c64(q4 ? 32 : 64);
                         llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
                         // The same bytes of the next block's row.
-                        b_.CreateIntrinsic(
-                            llvm::Intrinsic::prefetch, {ptr_},
-                            {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+                        b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
+                                           {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0),
+                                            b_.getInt32(3), b_.getInt32(1)});
                         llvm::Value* u;
                         if (q4) {
                           auto* v32 = llvm::FixedVectorType::get(i8_, 32);
@@ -217,20 +218,23 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                         auto* v2h = llvm::FixedVectorType::get(b_.getInt16Ty(), 2);
                         llvm::Value* sw = ir::half_to_f32(
                             b_,
-                            b_.CreateAlignedLoad(v2h, b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
+                            b_.CreateAlignedLoad(v2h,
+                                                 b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
                                                  llvm::Align(2)),
                             /*brain=*/false);
                         llvm::Value* lanes_sw = b_.CreateShuffleVector(sw, lane_group);
-                        next[static_cast<std::size_t>(j)] = b_.CreateIntrinsic(
-                            llvm::Intrinsic::fmuladd, {v16f},
-                            {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(lanes_sw, dx), cur[static_cast<std::size_t>(j)]});
+                        next[static_cast<std::size_t>(j)] =
+                            b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {v16f},
+                                               {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(lanes_sw, dx),
+                                                cur[static_cast<std::size_t>(j)]});
                       }
                       return next;
                     },
                     "int8_gemv_pairs");
                 for (int j = 0; j < kOuts; ++j)
                   branch(o0 + j < end, [&] {
-                    llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0), acc[static_cast<std::size_t>(j)]);
+                    llvm::Value* sum =
+                        b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0), acc[static_cast<std::size_t>(j)]);
                     store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, r * nn + o0 + j);
                   });
               },
