@@ -193,6 +193,19 @@ llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value*
                            {acc, b.CreateBitCast(x, pairs), b.CreateBitCast(y, pairs)});
 }
 
+llvm::Value* lanes_below(llvm::IRBuilder<>& b, int n, llvm::Value* count) {
+  std::vector<llvm::Constant*> iota;
+  for (int l = 0; l < n; ++l) iota.push_back(b.getInt64(static_cast<std::uint64_t>(l)));
+  return b.CreateICmpSLT(llvm::ConstantVector::get(iota), b.CreateVectorSplat(static_cast<unsigned>(n), count));
+}
+
+llvm::Value* concat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  std::vector<int> both;
+  const auto n = llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements();
+  for (unsigned l = 0; l < 2 * n; ++l) both.push_back(static_cast<int>(l));
+  return b.CreateShuffleVector(x, y, both);
+}
+
 llvm::Value* dot_u8s8(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* u, llvm::Value* s) {
   const auto lanes = llvm::cast<llvm::FixedVectorType>(acc->getType())->getNumElements();
   const auto id = lanes == 16 ? llvm::Intrinsic::x86_avx512_vpdpbusd_512 : llvm::Intrinsic::x86_avx512_vpdpbusd_256;

@@ -96,6 +96,12 @@ llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t);
 /// of its pair.
 llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* x, llvm::Value* y);
 
+/// <n x i1>: lane l < count (an i64).
+llvm::Value* lanes_below(llvm::IRBuilder<>& b, int n, llvm::Value* count);
+
+/// [x | y]: two vectors of one type joined into one of twice the lanes.
+llvm::Value* concat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y);
+
 /// acc + Σ of four u8 · s8 products a lane (vpdpbusd): `u` and `s` hold four bytes a 32-bit lane,
 /// `acc` i32 lanes; 16 lanes (AVX512-VNNI) or 8 (AVX-VNNI / AVX512-VL).
 llvm::Value* dot_u8s8(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* u, llvm::Value* s);

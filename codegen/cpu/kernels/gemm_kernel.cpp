@@ -187,10 +187,7 @@ class GemmEmitter {
       // A given as [K, M]: a pair of K for the tile's rows is two K rows' MR consecutive entries
       // (masked to the valid rows; the second zero past K), interleaved into MR words.
       auto* part = llvm::FixedVectorType::get(i16_, static_cast<unsigned>(mr));
-      std::vector<llvm::Constant*> iota;
-      for (std::int64_t r = 0; r < mr; ++r) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(r)));
-      llvm::Value* valid = b_.CreateICmpSLT(llvm::ConstantVector::get(iota),
-                                            b_.CreateVectorSplat(static_cast<unsigned>(mr), rows), "valid_rows");
+      llvm::Value* valid = ir::lanes_below(b_, static_cast<int>(mr), rows);
       llvm::Value* none = llvm::Constant::getNullValue(part);
       llvm::Value* pairs = b_.CreateSDiv(b_.CreateAdd(depth, c64(1)), c64(2), "pairs");
       ir::emit_loop(
@@ -302,15 +299,10 @@ class GemmEmitter {
     llvm::Value* cols_left = b_.CreateSub(n_, col);
 
     // Masks: lane l of vector v is a column < N; row r is < m1.
-    std::vector<llvm::Constant*> iota;
-    for (int l = 0; l < lanes; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
-    llvm::Value* lane_ids = llvm::ConstantVector::get(iota);
     std::vector<llvm::Value*> col_mask(static_cast<std::size_t>(nv));
-    for (int v = 0; v < nv; ++v) {
-      llvm::Value* left = b_.CreateSub(cols_left, c64(static_cast<std::int64_t>(v) * lanes));
+    for (int v = 0; v < nv; ++v)
       col_mask[static_cast<std::size_t>(v)] =
-          b_.CreateICmpSLT(lane_ids, b_.CreateVectorSplat(static_cast<unsigned>(lanes), left), "col_mask");
-    }
+          ir::lanes_below(b_, lanes, b_.CreateSub(cols_left, c64(static_cast<std::int64_t>(v) * lanes)));
     llvm::Value* none = llvm::Constant::getNullValue(col_mask[0]->getType());
     std::vector<llvm::Value*> mask(static_cast<std::size_t>(mr * nv));
     std::vector<llvm::Value*> c_ptr(static_cast<std::size_t>(mr * nv));

@@ -36,11 +36,7 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   auto fma = [&](llvm::Value* x, llvm::Value* y, llvm::Value* z) {
     return b.CreateIntrinsic(llvm::Intrinsic::fmuladd, {x->getType()}, {x, y, z});
   };
-  auto lane_mask = [&](int n, llvm::Value* count) {  // <n x i1>: lane < count
-    std::vector<llvm::Constant*> iota;
-    for (int j = 0; j < n; ++j) iota.push_back(b.getInt64(static_cast<std::uint64_t>(j)));
-    return b.CreateICmpSLT(llvm::ConstantVector::get(iota), b.CreateVectorSplat(static_cast<unsigned>(n), count));
-  };
+  auto lane_mask = [&](int n, llvm::Value* count) { return ir::lanes_below(b, n, count); };
 
   llvm::Function* fn = ir::declare_kernel(module, b, name, {ptr, i64, i64}, cfg.cpu, cfg.features, lanes,
                                           /*args_param=*/true);

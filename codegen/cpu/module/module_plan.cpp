@@ -9,6 +9,7 @@
 #include <qkv/codegen/cpu/compiled_graph.hpp>
 #include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/codegen/lowering/lifetimes.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/lowering/storage.hpp>
 #include <qkv/ir/quant.hpp>
 
@@ -124,13 +125,13 @@ GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& ta
   }
   cfg.quant_group = static_cast<int>(lowered.node(n.inputs[1]).offset);
   cfg.q4 = dequantizes_q4(lowered.node(n.inputs[1]));
-  cfg.int8_dot = int8_dot_products(target, cfg.lanes) && cfg.quant_group % 4 == 0;
+  static_assert(kQuantGroupQuantum % 4 == 0, "the int8 panels hold words of four entries of a group");
+  cfg.int8_dot = int8_dot_products(target, cfg.lanes);
   if (cfg.int8_dot) {
-    // rows × 2 int32 sums, as many f32 accumulators, 2 loads of the panel and 2 of its scales in
-    // the register file (32 with AVX-512, 16 with AVX-VNNI); K blocks of 512 entries a panel (16 KiB).
-    cfg.rows = cfg.lanes == 16 ? 6 : 3;
+    const KernelTuning t = kernel_tuning(target, cfg.lanes);
+    cfg.rows = t.gemm_int8_rows;
     cfg.col_vectors = 2;
-    cfg.k_block = std::max(1, 512 / cfg.quant_group) * cfg.quant_group;
+    cfg.k_block = std::max(1, t.gemm_int8_k_block / cfg.quant_group) * cfg.quant_group;
   }
   return cfg;
 }

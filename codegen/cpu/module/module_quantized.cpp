@@ -11,6 +11,8 @@
 // The rounded rows go first in the linear's panel block, the panels after them (module_plan_bytes.hpp).
 #include "cpu/module/module_builder_impl.hpp"
 
+#include <utility>
+
 #include <llvm/IR/Intrinsics.h>
 
 namespace qkv::codegen::cpu::detail {
@@ -55,43 +57,50 @@ void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* 
       });
 }
 
-/// Row r's group g of x (entries k0 = g·group … min(k0 + group, K)): amax = max |x| (NaN if any
-/// is), d = amax / 127, q = round(x · 127 / amax) in [−127, 127] (0 when amax is 0). Written as
+namespace {
+/// One group of x rounded to 8 bits (round_activations' definition, in IR): amax = max |x| (NaN if
+/// an entry is), d = amax / 127, q = clamp(round(x · 127 / amax), −127, 127) (0 where amax is not
+/// > 0). Returns q (float lanes) and d. x's lanes past K must hold 0.
+std::pair<llvm::Value*, llvm::Value*> round_group(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* f32 = b.getFloatTy();
+  const auto n = llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements();
+  auto f = [&](double v) { return llvm::ConstantFP::get(f32, v); };
+  auto splat = [&](llvm::Value* v) { return b.CreateVectorSplat(n, v); };
+  llvm::Value* amax = b.CreateIntrinsic(llvm::Intrinsic::vector_reduce_fmaximum, {x->getType()},
+                                        {b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)});
+  llvm::Value* inv = b.CreateSelect(b.CreateFCmpOGT(amax, f(0.0)), b.CreateFDiv(f(127.0), amax), f(0.0));
+  llvm::Value* q = b.CreateUnaryIntrinsic(llvm::Intrinsic::round, b.CreateFMul(x, splat(inv)));
+  q = b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, q, splat(f(-127.0)));
+  q = b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
+  return {q, b.CreateFDiv(amax, f(127.0), "x_scale")};
+}
+}  // namespace
+
+/// Row r's group g of x (entries k0 = g·group … min(k0 + group, K)) rounded (round_group). Written as
 /// x̃ = q · d in f32 [m, K], or (int8) as q + 128 in u8 [m][G·group] (0 past K: 128) and d in f32
 /// [m][G] after them; returns where the scales start (int8) or null.
 llvm::Value* ModuleBuilder::emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m,
                                                    const I& k, bool int8) {
   const I groups = ceil_div(k, group);
-  auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(group));
-  auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group));
+  const auto lanes = static_cast<unsigned>(group);
+  auto* vi = llvm::FixedVectorType::get(i32_, lanes);
   llvm::Type* elem_t = elem(xid);
-  auto* vx = llvm::FixedVectorType::get(elem_t, static_cast<unsigned>(group));
+  auto* vx = llvm::FixedVectorType::get(elem_t, lanes);
   llvm::Value* x_scales = int8 ? b_.CreateGEP(i8_, out, (m * groups * group).v(), "x_scales") : nullptr;
-  std::vector<llvm::Constant*> iota;
-  for (std::int64_t l = 0; l < group; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
-  llvm::Value* lane = llvm::ConstantVector::get(iota);
-  auto splat = [&](llvm::Value* s) { return b_.CreateVectorSplat(static_cast<unsigned>(group), s); };
-  auto f = [&](double v) { return llvm::ConstantFP::get(f32_, v); };
   nest_parallel({m, groups}, {}, {}, c64(group * 8), [&](const Dims& i, const Dims&) {
     const I k0 = i[1] * group;
-    llvm::Value* valid = b_.CreateICmpSLT(lane, splat((k - k0).v()));
+    llvm::Value* valid = ir::lanes_below(b_, static_cast<int>(group), (k - k0).v());
     llvm::Value* src = b_.CreateGEP(elem_t, buf(xid), (i[0] * k + k0).v());
     llvm::Value* x = ir::from_storage(
         b_, b_.CreateMaskedLoad(vx, src, llvm::Align(2), valid, llvm::Constant::getNullValue(vx)), g_.node(xid).dtype);
-    llvm::Value* amax = b_.CreateIntrinsic(llvm::Intrinsic::vector_reduce_fmaximum, {vf},
-                                           {b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)});
-    llvm::Value* d = b_.CreateFDiv(amax, f(127.0), "x_scale");
-    llvm::Value* inv = b_.CreateSelect(b_.CreateFCmpOGT(amax, f(0.0)), b_.CreateFDiv(f(127.0), amax), f(0.0));
-    llvm::Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(x, splat(inv)));
-    q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, q, splat(f(-127.0)));
-    q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
+    const auto [q, d] = round_group(b_, x);
     if (!int8) {
-      b_.CreateMaskedStore(b_.CreateFMul(q, splat(d)), b_.CreateGEP(f32_, out, (i[0] * k + k0).v()), llvm::Align(4),
-                           valid);
+      b_.CreateMaskedStore(b_.CreateFMul(q, b_.CreateVectorSplat(lanes, d)),
+                           b_.CreateGEP(f32_, out, (i[0] * k + k0).v()), llvm::Align(4), valid);
       return;
     }
-    llvm::Value* u = b_.CreateAdd(b_.CreateFPToSI(q, vi), splat(b_.getInt32(128)));
-    b_.CreateAlignedStore(b_.CreateTrunc(u, llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group))),
+    llvm::Value* u = b_.CreateAdd(b_.CreateFPToSI(q, vi), b_.CreateVectorSplat(lanes, b_.getInt32(128)));
+    b_.CreateAlignedStore(b_.CreateTrunc(u, llvm::FixedVectorType::get(i8_, lanes)),
                           b_.CreateGEP(i8_, out, (i[0] * groups * group + k0).v()), llvm::Align(1));
     store(d, x_scales, i[0] * groups + i[1]);
   });
@@ -120,26 +129,18 @@ void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, c
   const bool q4 = gemm_cfg_.q4;
   const I pairs = k / 64;
   auto* vx = llvm::FixedVectorType::get(elem(xid), 32);
-  auto* vf = llvm::FixedVectorType::get(f32_, 32);
   auto* vi = llvm::FixedVectorType::get(i32_, 32);
-  auto f = [&](double v) { return llvm::ConstantFP::get(f32_, v); };
-  auto splat = [&](llvm::Value* v) { return b_.CreateVectorSplat(32, v); };
   nest_parallel({m, pairs}, {}, {}, c64(64 * 8), [&](const Dims& i, const Dims&) {
     llvm::Value* base = b_.CreateGEP(i8_, out, ((i[0] * pairs + i[1]) * 192).v());
     std::vector<llvm::Value*> qs, ds, sums;
     for (int g = 0; g < 2; ++g) {
       llvm::Value* src = b_.CreateGEP(elem(xid), buf(xid), (i[0] * k + i[1] * 64 + g * 32).v());
-      llvm::Value* x = ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype);
-      llvm::Value* amax = b_.CreateIntrinsic(llvm::Intrinsic::vector_reduce_fmaximum, {vf},
-                                             {b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x)});
-      llvm::Value* inv = b_.CreateSelect(b_.CreateFCmpOGT(amax, f(0.0)), b_.CreateFDiv(f(127.0), amax), f(0.0));
-      llvm::Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(x, splat(inv)));
-      q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, q, splat(f(-127.0)));
-      q = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
+      const auto [q, d] =
+          round_group(b_, ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype));
       llvm::Value* qi = b_.CreateFPToSI(q, vi);
       qs.push_back(b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, 32)));
       sums.push_back(b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(q4 ? -kQ4Zero : -128)));
-      ds.push_back(b_.CreateFDiv(amax, f(127.0)));
+      ds.push_back(d);
     }
     std::vector<int> order;
     for (int b = 0; b < 64; ++b) order.push_back(pair_entry_at(b, q4));
@@ -170,6 +171,9 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
   const I pairs = k / 64, groups = k / 32;
   auto* v16i = llvm::FixedVectorType::get(i32_, 16);
   auto* v16f = llvm::FixedVectorType::get(f32_, 16);
+  auto* v32 = llvm::FixedVectorType::get(i8_, 32);
+  auto* v2h = llvm::FixedVectorType::get(b_.getInt16Ty(), 2);
+  const I row_bytes = q4 ? k / 2 : k, pair_bytes = c64(q4 ? 32 : 64);  // of W
   std::vector<int> lane_group;
   for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l, q4));
   parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
@@ -194,28 +198,23 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                       llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
                       std::vector<llvm::Value*> next(cur.size());
                       for (int j = 0; j < kOuts; ++j) {
-                        const I row_bytes = q4 ? k / 2 : k, pair_bytes = c64(q4 ? 32 : 64);
                         llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
                         // The same bytes of the next block's row.
                         b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
                                            {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0),
                                             b_.getInt32(3), b_.getInt32(1)});
                         llvm::Value* u;
-                        if (q4) {
-                          auto* v32 = llvm::FixedVectorType::get(i8_, 32);
+                        if (q4) {  // the nibbles as they are: q + 8
                           llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
                           llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
                           llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
                                                          b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                          std::vector<int> both;
-                          for (int e = 0; e < 64; ++e) both.push_back(e);
-                          u = b_.CreateBitCast(b_.CreateShuffleVector(lo, hi, both), v16i);
+                          u = b_.CreateBitCast(ir::concat(b_, lo, hi), v16i);
                         } else {  // q + 128
                           u = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)),
                                            static_cast<std::uint64_t>(0x80808080u));
                         }
                         llvm::Value* isum = ir::dot_u8s8(b_, corr, u, xs);
-                        auto* v2h = llvm::FixedVectorType::get(b_.getInt16Ty(), 2);
                         llvm::Value* sw = ir::half_to_f32(
                             b_,
                             b_.CreateAlignedLoad(v2h,
@@ -259,15 +258,7 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
   branch(nn % nr != 0, [&] { memset0(b_.CreateGEP(i8_, packed, (full * panel).v()), panel); });
   auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group));
   auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
-  std::vector<llvm::Constant*> iota;
-  for (std::int64_t l = 0; l < group; ++l) iota.push_back(llvm::ConstantInt::get(i64_, static_cast<std::uint64_t>(l)));
-  llvm::Value* lane = llvm::ConstantVector::get(iota);
-  auto concat = [&](llvm::Value* x, llvm::Value* y) {
-    std::vector<int> both;
-    const auto n = llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements();
-    for (unsigned l = 0; l < 2 * n; ++l) both.push_back(static_cast<int>(l));
-    return b_.CreateShuffleVector(x, y, both);
-  };
+  auto concat = [&](llvm::Value* x, llvm::Value* y) { return ir::concat(b_, x, y); };
   // Entries [k0, k0 + group) of W's row (0 past K), as i8.
   auto entries = [&](const I& row, const I& g) -> llvm::Value* {
     if (gemm_cfg_.q4) {  // K whole groups: byte j of the group holds entries j and j + group / 2
@@ -277,8 +268,7 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
       return concat(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
                     ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true));
     }
-    llvm::Value* valid =
-        b_.CreateICmpSLT(lane, b_.CreateVectorSplat(static_cast<unsigned>(group), (k - g * group).v()));
+    llvm::Value* valid = ir::lanes_below(b_, static_cast<int>(group), (k - g * group).v());
     return b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + g * group).v()), llvm::Align(1), valid,
                                llvm::Constant::getNullValue(vb));
   };

@@ -28,6 +28,10 @@ struct KernelTuning {
   // The GEMM's micro-tile (rows × col_vectors vectors) and K blocks (elements; bf16 pairs pack
   // twice as many in the same bytes).
   int gemm_rows = 12, gemm_col_vectors = 2, gemm_k_block = 256, gemm_k_block_bf16 = 512;
+  // The integer GEMM of quantized weights (int8_dot_products): rows × 2 vectors of int32 sums, as
+  // many f32 accumulators, 2 loads of the panel and 2 of its scales in the register file; K
+  // blocks of this many entries (a 32-column panel's block: 16 KiB).
+  int gemm_int8_rows = 6, gemm_int8_k_block = 512;
 };
 
 /// Whether `host` enables `feature` (LLVM's spelling, e.g. "+avx512f").
@@ -81,6 +85,7 @@ inline KernelTuning kernel_tuning(const HostTarget& host, int lanes) {
     t.why = host.cpu + ": 8-lane vectors";
     t.query_vectors = t.bf16_query_vectors = 2;
     t.gemm_rows = 6;  // 16 registers: 12 accumulators, 2 loads of B, a broadcast
+    t.gemm_int8_rows = 3;
   } else {
     t.name = "sse";
     t.why = host.cpu + ": 4-lane vectors";
@@ -89,6 +94,7 @@ inline KernelTuning kernel_tuning(const HostTarget& host, int lanes) {
     t.pv_dims = t.bf16_pv_dims = 2;
     t.key_tile = t.bf16_key_tile = 32;
     t.gemm_rows = 6;
+    t.gemm_int8_rows = 3;
   }
   return t;
 }
