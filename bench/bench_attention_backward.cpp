@@ -6,11 +6,13 @@
 //
 // GFLOP/s of the backward counts 2.5 × the forward's 4·B·H·N²·D (FlashAttention's convention;
 // half for causal); forward + backward counts 3.5 ×. pct_peak is against an FMA probe taken
-// around each measurement; x_unfused is the fused forward + backward's speed over the unfused
-// one's at the same N (as fractions of their own peaks). BM_FusedBackward also runs, at
+// around each measurement (a vdpbf16ps probe for bf16 where the host has AVX512-BF16: the
+// kernels' products run on it); x_unfused is the fused forward + backward's speed over the
+// unfused one's at the same N (as fractions of their own peaks). BM_FusedBackward also runs, at
 // N = 2048, a softcap over ALiBi (with the slopes' gradient: variant 1), dropout 0.1 (variant 2)
 // and bf16 q, k, v, O, dO and gradients (variant 3): what the mod's derivatives, the replayed
-// mask and the conversions cost.
+// mask and bf16 cost. BM_FusedForwardBackward runs bf16 at N = 1024 … 4096 too, beside
+// `bench/pytorch_attention.py backward` (PyTorch 1.13's autograd of the same attention).
 //
 //   bench_attention_backward --benchmark_min_time=0.01
 #include <benchmark/benchmark.h>
@@ -148,6 +150,12 @@ struct Problem {
   }
 };
 
+/// The peak a problem's products run against: vdpbf16ps for bf16 storage where the host has it
+/// (the kernel's products then run on it), else the FMA.
+double problem_peak(const Problem& p) {
+  return p.variant == kBf16 && qkv::bench::has_avx512bf16() ? qkv::bench::probe_bf16_peak() : probe_peak();
+}
+
 void report(benchmark::State& state, double flops, double seconds, double peak) {
   const double gflops = flops * static_cast<double>(state.iterations()) / seconds * 1e-9;
   state.counters["GFLOP/s"] = gflops;
@@ -163,26 +171,26 @@ void BM_FusedBackward(benchmark::State& state) {
   const AttentionBackwardArgs b = p.backward_args();
   qkv::codegen::cpu::run_attention_backward(p.spec(false), b, kThreads);  // compiles the kernel
   double seconds = 0;
-  const double peak_before = probe_peak();
+  const double peak_before = problem_peak(p);
   for (auto _ : state) {
     const auto t0 = Clock::now();
     qkv::codegen::cpu::run_attention_backward(p.spec(false), b, kThreads);
     seconds += seconds_since(t0);
     benchmark::DoNotOptimize(p.dq.data());
   }
-  report(state, 2.5 * p.forward_flops(), seconds, std::max(peak_before, probe_peak()));
+  report(state, 2.5 * p.forward_flops(), seconds, std::max(peak_before, problem_peak(p)));
 }
 
 /// The fused forward (writing its log-sum-exp) then the fused backward.
 void BM_FusedForwardBackward(benchmark::State& state) {
   wait_for_other_threads_to_block();
-  Problem p(state.range(0), state.range(1) != 0);
+  Problem p(state.range(0), state.range(1) != 0, state.range(2));
   const AttentionArgs a = p.forward_args();
   const AttentionBackwardArgs b = p.backward_args();
   qkv::codegen::cpu::run_attention(p.spec(true), a, kThreads);
   qkv::codegen::cpu::run_attention_backward(p.spec(false), b, kThreads);
   double seconds = 0;
-  const double peak_before = probe_peak();
+  const double peak_before = problem_peak(p);
   for (auto _ : state) {
     const auto t0 = Clock::now();
     qkv::codegen::cpu::run_attention(p.spec(true), a, kThreads);
@@ -190,9 +198,9 @@ void BM_FusedForwardBackward(benchmark::State& state) {
     seconds += seconds_since(t0);
     benchmark::DoNotOptimize(p.dq.data());
   }
-  const double peak = std::max(peak_before, probe_peak());
+  const double peak = std::max(peak_before, problem_peak(p));
   report(state, 3.5 * p.forward_flops(), seconds, peak);
-  if (auto it = g_unfused_fraction.find(p.n); it != g_unfused_fraction.end() && !p.causal)
+  if (auto it = g_unfused_fraction.find(p.n); it != g_unfused_fraction.end() && !p.causal && p.variant == kPlain)
     state.counters["x_unfused"] = state.counters["GFLOP/s"] / peak / it->second;
 }
 
@@ -276,7 +284,11 @@ BENCHMARK(BM_UnfusedForwardBackward)->Apply([](auto* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 });
 BENCHMARK(BM_FusedBackward)->Apply([](auto* b) { sizes(b, true, true); });
-BENCHMARK(BM_FusedForwardBackward)->Apply([](auto* b) { sizes(b, true); });
+BENCHMARK(BM_FusedForwardBackward)->Apply([](auto* b) {
+  sizes(b, true);
+  for (std::int64_t n : {1024, 2048, 4096})  // beside bench/pytorch_attention.py backward's bf16 rows
+    for (std::int64_t causal : {0, 1}) b->Args({n, causal, kBf16});
+});
 
 }  // namespace
 

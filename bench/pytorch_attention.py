@@ -3,10 +3,13 @@
 
 Run with Debian's interpreter (it has python3-torch): /usr/bin/python3 bench/pytorch_attention.py
 (`... pytorch_attention.py mods`: the score / mask modifications of BM_Mod, dense masks;
-`... pytorch_attention.py bf16`: bf16 attention beside BM_FusedBf16 and the linear layer of bench_gemm).
+`... pytorch_attention.py bf16`: bf16 attention beside BM_FusedBf16 and the linear layer of bench_gemm;
+`... pytorch_attention.py backward [N ...]`: forward + backward by autograd, fp32 and bf16, beside
+bench_attention_backward's BM_FusedForwardBackward, counting 3.5 × the forward's FLOPs).
 Prints one line per shape: median milliseconds and GFLOP/s (4*B*H*N^2*D, half for causal),
 for PyTorch's matmul-softmax-matmul attention, and nn.MultiheadAttention at E=512, H=8.
 """
+import os
 import statistics
 import sys
 import time
@@ -83,7 +86,37 @@ def bf16():
             print(f"pytorch_linear {dtype} M={m} N={nn_} K={kk}: {ms:.2f} ms, {2 * m * nn_ * kk / ms / 1e6:.1f} GFLOP/s")
 
 
+def backward(sizes):
+    """PyTorch 1.13's autograd of matmul-softmax-matmul: the forward, then the gradients of q, k and v
+    for a given dO (the [B, H, N, N] scores and probabilities kept for the backward, as autograd keeps
+    them). FlashAttention's convention: the backward counts 2.5 × the forward's 4·B·H·N²·D, forward +
+    backward 3.5 ×, half for causal."""
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        # glibc hands autograd's [B, H, N, N] buffers back to the kernel after each step and faults them
+        # in again on the next (on a VM, a trap per page): 3 × slower at N = 1024. PyTorch's best
+        # figure keeps them, so the process restarts once with glibc told to keep freed memory.
+        env = dict(os.environ, MALLOC_TRIM_THRESHOLD_=str(1 << 40), MALLOC_MMAP_MAX_="0",
+                   MALLOC_TOP_PAD_=str(1 << 30))
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    b, h, d = 1, 8, 64
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in sizes:
+            q, k, v = (torch.randn(b, h, n, d).to(dtype).requires_grad_() for _ in range(3))
+            grad_out = torch.randn(b, h, n, d).to(dtype)
+            for causal in (False, True):
+                def step():
+                    q.grad = k.grad = v.grad = None
+                    attention(q, k, v, causal).backward(grad_out)
+                ms = median_ms(step, 3 if n <= 2048 else 1)
+                flops = 3.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                name = "fp32" if dtype == torch.float32 else "bf16"
+                print(f"pytorch_attention_fwd_bwd {name} N={n} causal={int(causal)}: {ms:.1f} ms, "
+                      f"{flops / ms / 1e6:.1f} GFLOP/s", flush=True)
+
+
 def main():
+    if sys.argv[1:2] == ["backward"]:
+        return backward([int(x) for x in sys.argv[2:]] or [1024, 2048, 4096])
     if sys.argv[1:] == ["mods"]:
         return mods()
     if sys.argv[1:] == ["bf16"]:

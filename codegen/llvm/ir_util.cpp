@@ -193,6 +193,22 @@ llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value*
                            {acc, b.CreateBitCast(x, pairs), b.CreateBitCast(y, pairs)});
 }
 
+namespace {
+/// [x | y] rounded: <32 x bfloat>, x's values in the low half.
+llvm::Value* rounded_halves(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  return b.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {}, {y, x});
+}
+}  // namespace
+
+llvm::Value* bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  llvm::Value* halves = rounded_halves(b, x, y);
+  return b.CreateBitCast(b.CreateShuffleVector(halves, halves, interleave_halves(16)), x->getType());
+}
+
+llvm::Value* bf16_concat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y) {
+  return b.CreateBitCast(rounded_halves(b, x, y), x->getType());
+}
+
 llvm::Value* lanes_below(llvm::IRBuilder<>& b, int n, llvm::Value* count) {
   std::vector<llvm::Constant*> iota;
   for (int l = 0; l < n; ++l) iota.push_back(b.getInt64(static_cast<std::uint64_t>(l)));

@@ -96,6 +96,14 @@ llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* f, DType t);
 /// of its pair.
 llvm::Value* dot_bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* x, llvm::Value* y);
 
+/// The bf16 pairs (x_l, y_l) of two <16 x float>, rounded to nearest even (vcvtne2ps2bf16,
+/// AVX512-BF16): lane l of the result, a <16 x float> only by type, holds x_l in its low half and
+/// y_l in its high one — what dot_bf16_pairs multiplies.
+llvm::Value* bf16_pairs(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y);
+/// The same two vectors rounded to bf16 one after the other, [x | y] (no interleave): 32
+/// consecutive values of a row as 16 pairs of neighbours.
+llvm::Value* bf16_concat(llvm::IRBuilder<>& b, llvm::Value* x, llvm::Value* y);
+
 /// <n x i1>: lane l < count (an i64).
 llvm::Value* lanes_below(llvm::IRBuilder<>& b, int n, llvm::Value* count);
 

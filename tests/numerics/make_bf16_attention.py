@@ -16,6 +16,12 @@ bf16 values), computes
 writes bf16_attention/torch_errors.json: per case max |bf16 − fp64| over the output. Run with
 Debian's python3-torch:  /usr/bin/python3 tests/numerics/make_bf16_attention.py
 
+The backward (BACKWARD_CASES, test Bf16AttentionBackward): the same inputs for case index
+50 + i, dO = uniform(base + 4), and per case max |bf16 − fp64| of PyTorch 1.13's autograd gradients
+dq, dk, dv (bfloat16 throughout, as above) against the fp64 gradients from the same bf16 values
+(dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = dS K / sqrt(D), dK = dSᵀ Q / sqrt(D)),
+written to bf16_attention/torch_backward_errors.json with each gradient's max |fp64|.
+
 f16: PyTorch 1.13 has no f16 matmul or softmax on the CPU ("addmm_impl_cpu_" not implemented for
 'Half'), so the framework's f16 error is PyTorch's CUDA semantics emulated in NumPy from the same
 inputs rounded to float16: each matmul accumulates in f32 and rounds its result to f16 (cuBLAS's
@@ -41,6 +47,15 @@ CASES = [
     ("N2048_D64", 2048, 64, 2, False, 0),
     ("N333_D40_causal_padded", 333, 40, 2, True, 33),
 ]
+
+# (name, N, D, heads, causal, padded keys). Keep in step with kBackwardCases in test_bf16_attention.cpp.
+BACKWARD_CASES = [
+    ("N128_D64", 128, 64, 2, False, 0),
+    ("N257_D32_causal", 257, 32, 2, True, 0),
+    ("N512_D128_padded", 512, 128, 2, False, 64),
+    ("N333_D40_causal_padded", 333, 40, 2, True, 33),
+]
+
 
 def inputs(case_index, N, D, H):
     base = 20 * (case_index + 1)
@@ -80,8 +95,49 @@ def f16_attention(case_index, N, D, H, mask):
     return (p.astype(f32) @ v.astype(f32)).astype(np.float16)
 
 
+def mask_of(N, causal, pad):
+    mask = np.zeros((N, N))
+    if causal:
+        mask[np.triu_indices(N, 1)] = -np.inf
+    if pad:
+        mask[:, N - pad:] = -np.inf
+    return mask
+
+
+def backward_errors():
+    out = {}
+    for i, (name, N, D, H, causal, pad) in enumerate(BACKWARD_CASES):
+        q, k, v = inputs(50 + i, N, D, H)
+        grad_out = torch.from_numpy(uniform(H * N * D, 20 * (50 + i + 1) + 4).reshape(1, H, N, D)).to(torch.bfloat16)
+        mask = mask_of(N, causal, pad)
+        q64, k64, v64, do64 = (t.to(torch.float64).numpy() for t in (q, k, v, grad_out))
+        s = q64 @ np.swapaxes(k64, -1, -2) / np.sqrt(D) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        o = p @ v64
+        dv = np.swapaxes(p, -1, -2) @ do64
+        ds = p * (do64 @ np.swapaxes(v64, -1, -2) - (do64 * o).sum(-1, keepdims=True))
+        ref = {"dq": ds @ k64 / np.sqrt(D), "dk": np.swapaxes(ds, -1, -2) @ q64 / np.sqrt(D), "dv": dv}
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        m = torch.from_numpy(mask).to(torch.bfloat16)
+        y = torch.softmax(leaves[0] @ leaves[1].transpose(-1, -2) / (D ** 0.5) + m, -1) @ leaves[2]
+        y.backward(grad_out)
+        case = {"N": N, "D": D, "heads": H, "causal": causal, "pad": pad}
+        for name_, leaf in zip(("dq", "dk", "dv"), leaves):
+            case[f"torch_bf16_max_abs_error_{name_}"] = float(np.abs(leaf.grad.to(torch.float64).numpy() - ref[name_]).max())
+            case[f"max_abs_{name_}"] = float(np.abs(ref[name_]).max())
+        out[name] = case
+        print(name, case)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bf16_attention", "torch_backward_errors.json")
+    with open(path, "w") as f:
+        json.dump({"generator": "tests/numerics/make_bf16_attention.py", "torch": torch.__version__, "cases": out},
+                  f, indent=1)
+        f.write("\n")
+
+
 def main():
     torch.set_num_threads(2)
+    backward_errors()
     out = {}
     for i, (name, N, D, H, causal, pad) in enumerate(CASES):
         q, k, v = inputs(i, N, D, H)

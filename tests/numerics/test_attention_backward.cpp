@@ -515,22 +515,24 @@ codegen::cpu::AttentionSpec spec_of(const Case& c) {
   return s;
 }
 
-/// The forward kernel (with its log-sum-exp), then the backward kernel with dO = the probe.
-KernelGrads run_kernels(const Case& c, const Feeds& feeds, int threads) {
+/// The forward kernel (with its log-sum-exp), then the backward kernel with dO = the probe; q, k,
+/// v, the output, dO and the gradients stored as `storage` (f32, or bf16 rounded from the feeds).
+KernelGrads run_kernels(const Case& c, const Feeds& feeds, int threads, DType storage = DType::f32) {
   codegen::cpu::AttentionSpec spec = spec_of(c);
+  spec.storage = storage;
   const std::int64_t hq = spec.hq;
-  std::vector<float> out(static_cast<std::size_t>(c.batch * hq * c.len_q * c.dv)),
-      lse(static_cast<std::size_t>(c.batch * hq * c.len_q));
+  std::vector<float> lse(static_cast<std::size_t>(c.batch * hq * c.len_q));
   std::vector<std::uint8_t> keep;
   if (c.key_padding)
     for (std::byte x : feeds.at("keep").bytes) keep.push_back(static_cast<std::uint8_t>(x));
-  const std::vector<float> q = feeds.at("q").to_f32(), k = feeds.at("k").to_f32(), v = feeds.at("v").to_f32(),
-                           dout = feeds.at("probe").to_f32();
+  const NdArray q = feeds.at("q").converted(storage), k = feeds.at("k").converted(storage),
+                v = feeds.at("v").converted(storage), dout = feeds.at("probe").converted(storage);
+  NdArray out = NdArray::zeros(storage, {c.batch * hq * c.len_q * c.dv});
   codegen::cpu::AttentionArgs a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = out.data();
+  a.q = q.bytes.data();
+  a.k = k.bytes.data();
+  a.v = v.bytes.data();
+  a.out = out.bytes.data();
   a.key_keep = keep.empty() ? nullptr : keep.data();
   const std::vector<float> bias = c.bias ? feeds.at("bias").to_f32() : std::vector<float>{};
   a.bias = c.bias ? bias.data() : nullptr;
@@ -542,18 +544,17 @@ KernelGrads run_kernels(const Case& c, const Feeds& feeds, int threads) {
   spec.write_lse = true;
   codegen::cpu::run_attention(spec, a, threads);
   spec.write_lse = false;
-  KernelGrads g;
-  g.dq.assign(q.size(), -1.0f);
-  g.dk.assign(k.size(), -1.0f);
-  g.dv.assign(v.size(), -1.0f);
+  NdArray grads[3] = {NdArray::zeros(storage, q.shape), NdArray::zeros(storage, k.shape),
+                      NdArray::zeros(storage, v.shape)};
+  for (NdArray& g : grads) std::fill(g.bytes.begin(), g.bytes.end(), std::byte{0xFF});  // NaN until written
   codegen::cpu::AttentionBackwardArgs b;
   b.forward = a;
-  b.d_out = dout.data();
-  b.dq = g.dq.data();
-  b.dk = g.dk.data();
-  b.dv = g.dv.data();
+  b.d_out = dout.bytes.data();
+  b.dq = grads[0].bytes.data();
+  b.dk = grads[1].bytes.data();
+  b.dv = grads[2].bytes.data();
   codegen::cpu::run_attention_backward(spec, b, threads);
-  return g;
+  return {grads[0].to_f32(), grads[1].to_f32(), grads[2].to_f32()};
 }
 
 class AttentionBackwardKernel : public ::testing::TestWithParam<Case> {};
@@ -577,6 +578,29 @@ TEST_P(AttentionBackwardKernel, MatchesTheInterpreterAndIsTheSameOnAnyThreadCoun
   EXPECT_EQ(one.dq, three.dq);
   EXPECT_EQ(one.dk, three.dk);
   EXPECT_EQ(one.dv, three.dv);
+}
+
+// bf16 storage (on vdpbf16ps where the host has AVX512-BF16 and the head widths are whole vectors:
+// P and dS rounded to bf16 for the products; else computed in f32 from the widened values) against
+// the f32 kernel on the same bf16 values: within a few of bf16's roundings (2⁻⁹ relative each: P
+// or dS, the sums, each gradient's own), the same on any thread count.
+TEST_P(AttentionBackwardKernel, Bf16FollowsTheF32KernelOnTheSameValues) {
+  const Case& c = GetParam();
+  Feeds feeds;
+  (void)fused_with_grads(c, feeds, 7);
+  for (const char* name : {"q", "k", "v", "probe"}) feeds[name] = feeds.at(name).converted(DType::bf16).converted(DType::f32);
+  const KernelGrads want = run_kernels(c, feeds, 2);
+  const KernelGrads one = run_kernels(c, feeds, 1, DType::bf16), three = run_kernels(c, feeds, 3, DType::bf16);
+  const std::vector<float>* w[] = {&want.dq, &want.dk, &want.dv};
+  const std::vector<float>* got[] = {&one.dq, &one.dk, &one.dv};
+  const std::vector<float>* got3[] = {&three.dq, &three.dk, &three.dv};
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int t = 0; t < 3; ++t) {
+    const double err = relative_error(*w[t], *got[t], names[t]);
+    RecordProperty(std::string(names[t]) + "_error", std::to_string(err));
+    EXPECT_LE(err, 1e-2) << names[t];
+    EXPECT_EQ(*got[t], *got3[t]) << names[t] << ": 1 and 3 threads differ";
+  }
 }
 
 std::vector<Case> kernel_cases() {
@@ -634,6 +658,15 @@ std::vector<Case> kernel_cases() {
                .dv = 24,
                .causal = true,
                .dropout = 0.3});
+  v.push_back({.name = "dropout_gqa_whole_vectors",  // bf16: dropout on vdpbf16ps (dk, dv multiples of 16)
+               .batch = 1,
+               .hkv = 1,
+               .group = 2,
+               .len_q = 40,
+               .len_k = 70,
+               .dk = 32,
+               .dv = 16,
+               .dropout = 0.2});
   v.push_back({.name = "bias_softcap_gqa",
                .batch = 1,
                .hkv = 1,

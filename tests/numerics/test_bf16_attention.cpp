@@ -20,6 +20,7 @@
 
 #include <qkv/codegen/cpu/executor.hpp>
 #include <qkv/codegen/cpu/run_attention.hpp>
+#include <qkv/codegen/cpu/run_attention_backward.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/io/array.hpp>
 
@@ -202,6 +203,129 @@ TEST(Bf16AttentionDropout, DropsTheEntriesTheFp32KernelDrops) {
     RecordProperty(causal ? "causal_max_error" : "max_error", std::to_string(err));
   }
 }
+
+// --- the backward: the fused CPU backward on bf16 q, k, v, O and dO (its five products on
+// vdpbf16ps where the host has AVX512-BF16 and the head width is whole vectors — P and dS rounded
+// to bf16, as FlashAttention's bf16 backward rounds them; else in f32 from the widened values),
+// against fp64 gradients from the same bf16 values, within 2 × PyTorch 1.13's own bf16 autograd
+// error (bf16_attention/torch_backward_errors.json, make_bf16_attention.py's BACKWARD_CASES).
+
+// Keep in step with BACKWARD_CASES in make_bf16_attention.py (case i's inputs are seeded as
+// index 50 + i).
+constexpr Bf16Case kBackwardCases[] = {
+    {"N128_D64", 128, 64, 2, false, 0},
+    {"N257_D32_causal", 257, 32, 2, true, 0},
+    {"N512_D128_padded", 512, 128, 2, false, 64},
+    {"N333_D40_causal_padded", 333, 40, 2, true, 33},
+};
+
+struct Fp64Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+/// fp64 gradients of softmax(q·kᵀ / sqrt(D) + mask) · v for dO (all [heads, N, D]): P row by row,
+/// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = dS K / sqrt(D), dK = dSᵀ Q / sqrt(D).
+Fp64Grads fp64_attention_backward(const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, const std::vector<float>& dout, const Bf16Case& c) {
+  Fp64Grads g{std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  const auto N = static_cast<std::size_t>(c.N), D = static_cast<std::size_t>(c.D);
+  std::vector<double> p(N), o(D);
+  for (std::size_t h = 0; h < static_cast<std::size_t>(c.heads); ++h)
+    for (std::size_t i = 0; i < N; ++i) {
+      auto row = [&](const std::vector<float>& x, std::size_t r) { return x.data() + (h * N + r) * D; };
+      const std::size_t keys = std::min<std::size_t>(N - static_cast<std::size_t>(c.pad), c.causal ? i + 1 : N);
+      double m = -INFINITY, z = 0;
+      for (std::size_t j = 0; j < keys; ++j) {
+        double d = 0;
+        for (std::size_t x = 0; x < D; ++x) d += static_cast<double>(row(q, i)[x]) * row(k, j)[x];
+        p[j] = d * scale;
+        m = std::max(m, p[j]);
+      }
+      for (std::size_t j = 0; j < keys; ++j) z += (p[j] = std::exp(p[j] - m));
+      std::fill(o.begin(), o.end(), 0.0);
+      for (std::size_t j = 0; j < keys; ++j) {
+        p[j] /= z;
+        for (std::size_t x = 0; x < D; ++x) o[x] += p[j] * row(v, j)[x];
+      }
+      double delta = 0;
+      for (std::size_t x = 0; x < D; ++x) delta += o[x] * row(dout, i)[x];
+      for (std::size_t j = 0; j < keys; ++j) {
+        double dp = 0;
+        for (std::size_t x = 0; x < D; ++x) dp += static_cast<double>(row(dout, i)[x]) * row(v, j)[x];
+        const double ds = p[j] * (dp - delta);
+        for (std::size_t x = 0; x < D; ++x) {
+          g.dv[(h * N + j) * D + x] += p[j] * row(dout, i)[x];
+          g.dq[(h * N + i) * D + x] += ds * row(k, j)[x] * scale;
+          g.dk[(h * N + j) * D + x] += ds * row(q, i)[x] * scale;
+        }
+      }
+    }
+  return g;
+}
+
+class Bf16AttentionBackward : public ::testing::TestWithParam<int> {};
+
+TEST_P(Bf16AttentionBackward, WithinTwicePyTorchsBf16Error) {
+  const int index = GetParam();
+  const Bf16Case& c = kBackwardCases[index];
+  std::ifstream in(std::string(QKV_NUMERICS_DIR) + "/bf16_attention/torch_backward_errors.json");
+  const nlohmann::json torch = nlohmann::json::parse(in).at("cases").at(c.name);
+  const std::uint64_t base = 20 * static_cast<std::uint64_t>(50 + index + 1);
+  const std::size_t n = static_cast<std::size_t>(c.heads) * c.N * c.D;
+  const auto q = uniform_bf16(n, base + 1, 3.0f), k = uniform_bf16(n, base + 2, 1.0f),
+             v = uniform_bf16(n, base + 3, 1.0f), dout = uniform_bf16(n, base + 4, 1.0f);
+  const Fp64Grads ref = fp64_attention_backward(widened(q), widened(k), widened(v), widened(dout), c);
+
+  AttentionSpec spec;
+  spec.dk = spec.dv = c.D;
+  spec.hq = spec.hkv = c.heads;
+  spec.causal = c.causal;
+  spec.key_padding = c.pad > 0;
+  spec.storage = DType::bf16;
+  spec.write_lse = true;
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(c.N), 1);
+  std::fill(keep.end() - c.pad, keep.end(), 0);
+  std::vector<std::uint16_t> out(n, 0x7FC0);
+  std::vector<float> lse(static_cast<std::size_t>(c.heads) * c.N);
+  AttentionArgs a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.lse = lse.data();
+  a.key_keep = spec.key_padding ? keep.data() : nullptr;
+  a.batch = 1;
+  a.len_q = a.len_k = c.N;
+  codegen::cpu::run_attention(spec, a, 2);
+  spec.write_lse = false;
+  std::vector<std::uint16_t> grads[3];
+  codegen::cpu::AttentionBackwardArgs b;
+  b.forward = a;
+  b.d_out = dout.data();
+  void** to[] = {&b.dq, &b.dk, &b.dv};
+  for (int t = 0; t < 3; ++t) *to[t] = (grads[t] = std::vector<std::uint16_t>(n, 0x7FC0)).data();  // NaN until written
+  codegen::cpu::run_attention_backward(spec, b, 2);
+  std::vector<std::uint16_t> one_thread[3];
+  for (int t = 0; t < 3; ++t) *to[t] = (one_thread[t] = std::vector<std::uint16_t>(n, 0x7FC0)).data();
+  codegen::cpu::run_attention_backward(spec, b, 1);
+
+  const std::vector<double>* want[] = {&ref.dq, &ref.dk, &ref.dv};
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int t = 0; t < 3; ++t) {
+    const double torch_error = torch.at(std::string("torch_bf16_max_abs_error_") + names[t]).get<double>();
+    const double err = max_error(widened(grads[t]), *want[t]);
+    RecordProperty(std::string(names[t]) + "_qkv_over_torch", std::to_string(err / torch_error));
+    EXPECT_LE(err, 2.0 * torch_error) << c.name << " " << names[t] << ": error " << err << " = "
+                                      << err / torch_error << " x PyTorch bf16's " << torch_error;
+    EXPECT_EQ(grads[t], one_thread[t]) << names[t] << ": 1 and 2 threads differ";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Bf16AttentionBackward, ::testing::Range(0, static_cast<int>(std::size(kBackwardCases))),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return std::string(kBackwardCases[p.param].name);
+                         });
 
 // f16, the same rule, through a whole graph on the CPU backend: f16 q, k, v (the same uniform
 // values rounded to f16), the attention fused, its output f16. PyTorch 1.13 has no f16 attention

@@ -21,6 +21,17 @@
 // Every matrix product is one register-blocked micro-kernel (gemm below): C[M][N] (+)= Σ_k
 // A(m, k) · B[k][N], A read by broadcasts at any strides (so Pᵀ and dSᵀ need no transposes), B and
 // C by whole vectors; M, N, K are compile-time constants, N a multiple of the lanes.
+//
+// bf16 storage on vdpbf16ps (config.dpbf16): k runs over pairs — A's broadcast and B's lanes each
+// hold two bf16 — so every operand is laid out with its summed axis in pairs (FlashAttention's
+// bf16 backward: q, k, v, dO as stored, P and dS rounded to bf16, the sums in f32):
+//   S  = Q Kᵀ      A: Q's rows [Br][dk/2]          B: Kᵀ pairs of features [dk/2][Bc]
+//   dP = dO Vᵀ     A: dO's rows [Br][dv/2]         B: Vᵀ pairs of features [dv/2][Bc]
+//   dVᵀ += dOᵀ P   A: dO's pairs of rows [Br/2][dv] B: P's pairs of rows [Br/2][Bc]
+//   dKᵀ += Qᵀ dS   A: Q's pairs of rows [Br/2][dk]  B: dS's pairs of rows [Br/2][Bc]
+//   dQ += dS K     A: dS's rows [Br][Bc/2]         B: K's pairs of keys [Bc/2][dk]
+// dK and dV are kept transposed ([d][Bc], so that P and dS pair rows, not columns), Q unscaled (S
+// and dK are scaled as f32).
 #include "cpu/kernels/attention_backward.hpp"
 
 #include <algorithm>
@@ -36,6 +47,7 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include <qkv/codegen/cpu/tuning.hpp>
 #include <qkv/ir/attention_graph.hpp>
 #include <qkv/ir/error.hpp>
 
@@ -59,6 +71,8 @@ BackwardConfig choose_backward_config(const AttentionSpec& spec, const HostTarge
   c.rows = 32;
   c.dkp = (spec.dk + lanes - 1) / lanes * lanes;
   c.dvp = (spec.dv + lanes - 1) / lanes * lanes;
+  c.dpbf16 = spec.storage == DType::bf16 && bf16_dot_products(host, lanes) && spec.dk % lanes == 0 &&
+             spec.dv % lanes == 0;
   return c;
 }
 
@@ -152,6 +166,8 @@ class BackwardEmitter {
   }
   llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(f32_, base, index); }
   llvm::Value* at(llvm::Value* base, std::int64_t index) { return at(base, c64(index)); }
+  llvm::Value* at16(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(b_.getInt16Ty(), base, index); }
+  llvm::Value* at32(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(i32(), base, index); }
   llvm::Value* load_vec(llvm::Value* p) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(4)); }
   /// Element `index` of q, k, v or dO as f32 (bf16 storage widened), and an f32 stored into dK or
   /// dV as the spec stores them (rounded to bf16).
@@ -218,6 +234,9 @@ class BackwardEmitter {
     auto buf = [&](std::int64_t floats, const char* name) {
       return ir::entry_alloca(b_, f32_, static_cast<std::uint64_t>(floats), kAlign, name);
     };
+    // With dpbf16 these hold bf16 pairs, 32 bits each: kt_ [dk/2][Bc], kr_ [Bc/2][dk], vt_ [dv/2][Bc],
+    // qb_ Q's rows [Br][dk/2] and qp_ their pairs [Br/2][dk], dob_ / dop_ likewise for dO, pp_ P's
+    // (P ∘ Z's) pairs of rows and dsp_ dS's [Br/2][Bc], dsr_ dS's rows [Br][Bc/2] (half the floats).
     kt_ = buf(dkp_ * bc_, "kt");
     kr_ = buf(bc_ * dkp_, "kr");
     vt_ = buf(dvp_ * bc_, "vt");
@@ -225,6 +244,13 @@ class BackwardEmitter {
     dvacc_ = buf(bc_ * dvp_, "dv_acc");
     qb_ = buf(br_ * dkp_, "qb");
     dob_ = buf(br_ * dvp_, "dob");
+    if (cfg_.dpbf16) {
+      qp_ = buf(br_ * dkp_ / 2, "q_pairs");
+      dop_ = buf(br_ * dvp_ / 2, "do_pairs");
+      pp_ = buf(br_ * bc_ / 2, "p_pairs");
+      dsp_ = buf(br_ * bc_ / 2, "ds_pairs");
+      dsr_ = buf(br_ * bc_ / 2, "ds_rows");
+    }
     p_ = buf(br_ * bc_, "p");
     s_ = buf(br_ * bc_, "s");
     if (mod_.expr.score >= 0) dm_ = buf(br_ * bc_, "dmod");
@@ -236,6 +262,7 @@ class BackwardEmitter {
 
   /// Kᵀ, K and Vᵀ of the key block [k0, k0 + nk), zero elsewhere.
   void pack_keys() {
+    if (cfg_.dpbf16) return pack_key_pairs();
     zero(kt_, dkp_ * bc_);
     zero(kr_, bc_ * dkp_);
     zero(vt_, dvp_ * bc_);
@@ -262,7 +289,78 @@ class BackwardEmitter {
         "pack.keys");
   }
 
+  /// dpbf16: Kᵀ's and Vᵀ's pairs of features (a key's pairs as stored, one column each) and K's
+  /// pairs of keys (two rows interleaved), zero past the block's keys.
+  void pack_key_pairs() {
+    zero(kt_, dkp_ * bc_);
+    zero(vt_, dvp_ * bc_);
+    auto columns = [&](llvm::Value* from, llvm::Value* to, std::int64_t width, const char* name) {
+      ir::emit_loop(
+          b_, c64(0), nk_, 1,
+          [&](llvm::Value* j) {
+            llvm::Value* row = b_.CreateMul(b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j)), c64(width));
+            for (std::int64_t p = 0; p < width / 2; ++p) {
+              llvm::Value* pair = b_.CreateAlignedLoad(i32(), at16(from, b_.CreateAdd(row, c64(2 * p))), llvm::Align(2));
+              b_.CreateStore(pair, at32(to, b_.CreateAdd(c64(p * bc_), j)));
+            }
+          },
+          name);
+    };
+    columns(k_, kt_, spec_.dk, "pack.kt");
+    columns(v_, vt_, spec_.dv, "pack.vt");
+    interleave_rows(k_, kv_row0_, k0_, nk_, spec_.dk, kr_, bc_ / 2, "pack.kr");
+  }
+
+  /// to[t][d] = the bf16 pair (x[r0 + 2t][d], x[r0 + 2t + 1][d]) of the rows of `from` (bf16,
+  /// `width` a row) from first + r0 on, for t < `pairs`; a row at or past r0 + n reads as zero.
+  void interleave_rows(llvm::Value* from, llvm::Value* first, llvm::Value* r0, llvm::Value* n, std::int64_t width,
+                       llvm::Value* to, std::int64_t pairs, const char* name) {
+    auto* half = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(lanes_));
+    ir::emit_loop(
+        b_, c64(0), c64(pairs), 1,
+        [&](llvm::Value* t) {
+          llvm::Value* r = b_.CreateMul(t, c64(2));
+          llvm::Value* rows[2];
+          llvm::Value* real[2];
+          for (int i = 0; i < 2; ++i) {
+            llvm::Value* ri = b_.CreateAdd(r, c64(i));
+            real[i] = b_.CreateICmpSLT(ri, n);
+            // A row past n is read as the last real one (in bounds) and then replaced by zeros.
+            llvm::Value* row = b_.CreateAdd(first, b_.CreateAdd(r0, smin(ri, b_.CreateSub(n, c64(1)))));
+            rows[i] = b_.CreateMul(row, c64(width));
+          }
+          for (std::int64_t c = 0; c < width; c += lanes_) {
+            llvm::Value* x[2];
+            for (int i = 0; i < 2; ++i) {
+              llvm::Value* v = b_.CreateAlignedLoad(half, at16(from, b_.CreateAdd(rows[i], c64(c))), llvm::Align(2));
+              x[i] = b_.CreateSelect(real[i], v, llvm::Constant::getNullValue(half));
+            }
+            llvm::Value* pair = b_.CreateShuffleVector(x[0], x[1], ir::interleave_halves(lanes_));
+            b_.CreateAlignedStore(pair, at32(to, b_.CreateAdd(b_.CreateMul(t, c64(width)), c64(c))), llvm::Align(4));
+          }
+        },
+        name);
+  }
+
   void store_key_grads() {
+    if (cfg_.dpbf16) {  // dKᵀ and dVᵀ [d][Bc]; dK's scale not yet applied
+      auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, double scale, const char* name) {
+        ir::emit_loop(
+            b_, c64(0), nk_, 1,
+            [&](llvm::Value* j) {
+              llvm::Value* row = b_.CreateMul(b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j)), c64(width));
+              for (std::int64_t d = 0; d < width; ++d) {
+                llvm::Value* x = b_.CreateLoad(f32_, at(acc, b_.CreateAdd(c64(d * bc_), j)));
+                if (scale != 1.0) x = b_.CreateFMul(x, llvm::ConstantFP::get(f32_, scale));
+                store_stored(x, out, b_.CreateAdd(row, c64(d)));
+              }
+            },
+            name);
+      };
+      store(dkacc_, dk_out_, spec_.dk, spec_.effective_scale(), "store.dk");
+      store(dvacc_, dv_out_, spec_.dv, 1.0, "store.dv");
+      return;
+    }
     auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, std::int64_t padded, const char* name) {
       ir::emit_loop(
           b_, c64(0), nk_, 1,
@@ -284,9 +382,38 @@ class BackwardEmitter {
 
   /// (scale·Q), dO, lse and D of the rows [q0, q0 + nq) of head bh; zero / +inf past them.
   void pack_queries(llvm::Value* q0, llvm::Value* nq) {
+    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0, "row0");
+    if (cfg_.dpbf16) {  // Q (unscaled) and dO as stored, as rows and as pairs of rows
+      auto* half = llvm::FixedVectorType::get(b_.getInt16Ty(), static_cast<unsigned>(lanes_));
+      auto rows = [&](llvm::Value* from, llvm::Value* to, std::int64_t width, const char* name) {
+        zero(to, br_ * width / 2);
+        ir::emit_loop(
+            b_, c64(0), nq, 1,
+            [&](llvm::Value* r) {
+              llvm::Value* src = b_.CreateMul(b_.CreateAdd(row0, r), c64(width));
+              for (std::int64_t c = 0; c < width; c += lanes_) {
+                llvm::Value* x = b_.CreateAlignedLoad(half, at16(from, b_.CreateAdd(src, c64(c))), llvm::Align(2));
+                b_.CreateAlignedStore(x, at16(to, b_.CreateAdd(b_.CreateMul(r, c64(width)), c64(c))), llvm::Align(2));
+              }
+            },
+            name);
+      };
+      rows(q_, qb_, dkp_, "pack.q");
+      rows(dout_, dob_, dvp_, "pack.do");
+      interleave_rows(q_, bh_len_q0(), q0, nq, dkp_, qp_, br_ / 2, "pack.qp");
+      interleave_rows(dout_, bh_len_q0(), q0, nq, dvp_, dop_, br_ / 2, "pack.dop");
+    } else {
+      pack_query_floats(row0, nq);
+    }
+    pack_stats(row0, nq);
+  }
+
+  llvm::Value* bh_len_q0() { return b_.CreateMul(bh_, len_q_); }
+
+  /// (scale·Q) and dO as f32 rows, zero past nq.
+  void pack_query_floats(llvm::Value* row0, llvm::Value* nq) {
     zero(qb_, br_ * dkp_);
     zero(dob_, br_ * dvp_);
-    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0, "row0");
     llvm::Value* scale = llvm::ConstantFP::get(f32_, spec_.effective_scale());
     ir::emit_loop(
         b_, c64(0), nq, 1,
@@ -308,6 +435,10 @@ class BackwardEmitter {
               "pack.do", ir::Unroll::allowed);
         },
         "pack.rows");
+  }
+
+  /// lse and D of the rows, +inf / 0 past nq.
+  void pack_stats(llvm::Value* row0, llvm::Value* nq) {
     const double inf = std::numeric_limits<double>::infinity();
     ir::emit_loop(
         b_, c64(0), c64(br_), 1,
@@ -324,10 +455,14 @@ class BackwardEmitter {
         "pack.stats", ir::Unroll::allowed);
   }
 
-  /// C[M][N] (+)= Σ_{k<K} A[m·sam + k·sak] · B[k·ldb + n]; N a multiple of the lanes.
+  /// C[M][N] (+)= Σ_{k<K} A[m·sam + k·sak] · B[k·ldb + n]; N a multiple of the lanes. `pairs`: A and
+  /// B hold bf16 pairs (32 bits an element, strides in pairs) multiplied on vdpbf16ps.
   void gemm(llvm::Value* c, std::int64_t ldc, llvm::Value* a, std::int64_t sam, std::int64_t sak, llvm::Value* bm,
             std::int64_t ldb, std::int64_t m_total, std::int64_t n_total, std::int64_t k_total, bool accumulate,
-            const char* name) {
+            const char* name, bool pairs = false) {
+    llvm::Type* elem = pairs ? static_cast<llvm::Type*>(i32()) : f32_;
+    auto* vec = llvm::FixedVectorType::get(elem, static_cast<unsigned>(lanes_));
+    auto ab = [&](llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(elem, base, index); };
     const std::int64_t nv = n_total / lanes_;
     auto block = [&](llvm::Value* m0, int mr, std::int64_t v0, int nr) {
       std::vector<llvm::Value*> acc;
@@ -343,14 +478,19 @@ class BackwardEmitter {
             std::vector<llvm::Value*> next = cur;
             std::vector<llvm::Value*> bv;
             llvm::Value* brow = b_.CreateMul(k, c64(ldb));
-            for (int j = 0; j < nr; ++j) bv.push_back(load_vec(at(bm, b_.CreateAdd(brow, c64((v0 + j) * lanes_)))));
+            for (int j = 0; j < nr; ++j)
+              bv.push_back(
+                  b_.CreateAlignedLoad(vec, ab(bm, b_.CreateAdd(brow, c64((v0 + j) * lanes_))), llvm::Align(4)));
             llvm::Value* ak = b_.CreateMul(k, c64(sak));
             for (int i = 0; i < mr; ++i) {
               llvm::Value* ai =
-                  b_.CreateLoad(f32_, at(a, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(sam)), ak)));
-              llvm::Value* as = splat(ai);
-              for (int j = 0; j < nr; ++j)
-                next[static_cast<std::size_t>(i * nr + j)] = fma(as, bv[j], cur[static_cast<std::size_t>(i * nr + j)]);
+                  b_.CreateLoad(elem, ab(a, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(m0, c64(i)), c64(sam)), ak)));
+              llvm::Value* as = b_.CreateVectorSplat(static_cast<unsigned>(lanes_), ai);
+              for (int j = 0; j < nr; ++j) {
+                llvm::Value* acc_ij = cur[static_cast<std::size_t>(i * nr + j)];
+                next[static_cast<std::size_t>(i * nr + j)] =
+                    pairs ? ir::dot_bf16_pairs(b_, acc_ij, as, bv[j]) : fma(as, bv[j], acc_ij);
+              }
             }
             return next;
           },
@@ -439,8 +579,12 @@ class BackwardEmitter {
     b_.SetInsertPoint(work);
 
     pack_queries(q0, nq);
-    // S = (scale·Q) Kᵀ
-    gemm(s_, bc_, qb_, dkp_, 1, kt_, bc_, br_, bc_, dkp_, false, "gemm.s");
+    const bool pairs = cfg_.dpbf16;
+    // S = (scale·Q) Kᵀ (dpbf16: Q Kᵀ, scaled as P is computed)
+    if (pairs)
+      gemm(s_, bc_, qb_, dkp_ / 2, 1, kt_, bc_, br_, bc_, dkp_ / 2, false, "gemm.s", true);
+    else
+      gemm(s_, bc_, qb_, dkp_, 1, kt_, bc_, br_, bc_, dkp_, false, "gemm.s");
     // P = exp(S − lse), masked where the tile is not wholly kept or runs past S.
     llvm::Value* masked = b_.CreateOr(b_.CreateNot(all), b_.CreateICmpSLT(nk_, c64(bc_)));
     llvm::BasicBlock* with_mask = llvm::BasicBlock::Create(ctx, "p.masked", fn_);
@@ -455,7 +599,10 @@ class BackwardEmitter {
     b_.CreateBr(p_done);
     b_.SetInsertPoint(p_done);
     // dP = dO Vᵀ (into s_), then dS = P ∘ (dP − D) in place.
-    gemm(s_, bc_, dob_, dvp_, 1, vt_, bc_, br_, bc_, dvp_, false, "gemm.dp");
+    if (pairs)
+      gemm(s_, bc_, dob_, dvp_ / 2, 1, vt_, bc_, br_, bc_, dvp_ / 2, false, "gemm.dp", true);
+    else
+      gemm(s_, bc_, dob_, dvp_, 1, vt_, bc_, br_, bc_, dvp_, false, "gemm.dp");
     ir::emit_loop(
         b_, c64(0), c64(br_), 1,
         [&](llvm::Value* r) {
@@ -474,16 +621,50 @@ class BackwardEmitter {
           }
         },
         "ds");
-    // dV += Pᵀ dO;  dK += dSᵀ (scale·Q)
-    gemm(dvacc_, dvp_, pd_ ? pd_ : p_, 1, bc_, dob_, dvp_, bc_, dvp_, br_, true, "gemm.dv");
-    gemm(dkacc_, dkp_, s_, 1, bc_, qb_, dkp_, bc_, dkp_, br_, true, "gemm.dk");
-    // dQpart[chunk][bh][q0..] += dS K
     llvm::Value* part_row = b_.CreateAdd(
         b_.CreateMul(b_.CreateAdd(b_.CreateMul(chunk_, b_.CreateMul(nbatch_, c64(spec_.hq))), bh_), padded_rows_), q0);
     llvm::Value* dq = at(dq_part_, b_.CreateMul(part_row, c64(dkp_)));
-    gemm(dq, dkp_, s_, bc_, 1, kr_, dkp_, br_, dkp_, bc_, true, "gemm.dq");
+    if (pairs) {
+      round_pairs();
+      // dVᵀ += dOᵀ (P ∘ Z);  dKᵀ += Qᵀ dS;  dQpart[chunk][bh][q0..] += dS K
+      gemm(dvacc_, bc_, dop_, 1, dvp_, pp_, bc_, dvp_, bc_, br_ / 2, true, "gemm.dv", true);
+      gemm(dkacc_, bc_, qp_, 1, dkp_, dsp_, bc_, dkp_, bc_, br_ / 2, true, "gemm.dk", true);
+      gemm(dq, dkp_, dsr_, bc_ / 2, 1, kr_, dkp_, br_, dkp_, bc_ / 2, true, "gemm.dq", true);
+    } else {
+      // dV += Pᵀ dO;  dK += dSᵀ (scale·Q);  dQpart[chunk][bh][q0..] += dS K
+      gemm(dvacc_, dvp_, pd_ ? pd_ : p_, 1, bc_, dob_, dvp_, bc_, dvp_, br_, true, "gemm.dv");
+      gemm(dkacc_, dkp_, s_, 1, bc_, qb_, dkp_, bc_, dkp_, br_, true, "gemm.dk");
+      gemm(dq, dkp_, s_, bc_, 1, kr_, dkp_, br_, dkp_, bc_, true, "gemm.dq");
+    }
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
+  }
+
+  /// dpbf16: P ∘ Z (or P) and dS (in s_) rounded to bf16 — P's and dS's pairs of rows, dS's rows.
+  void round_pairs() {
+    llvm::Value* p = pd_ ? pd_ : p_;
+    ir::emit_loop(
+        b_, c64(0), c64(br_ / 2), 1,
+        [&](llvm::Value* t) {
+          llvm::Value* r = b_.CreateMul(t, c64(2));
+          for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
+            llvm::Value* off0 = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
+            llvm::Value* off1 = b_.CreateAdd(off0, c64(bc_));
+            llvm::Value* pair = b_.CreateAdd(b_.CreateMul(t, c64(bc_)), c64(v * lanes_));
+            store_vec(ir::bf16_pairs(b_, load_vec(at(p, off0)), load_vec(at(p, off1))), at(pp_, pair));
+            store_vec(ir::bf16_pairs(b_, load_vec(at(s_, off0)), load_vec(at(s_, off1))), at(dsp_, pair));
+          }
+          // dS's rows: two vectors of keys rounded into one of pairs, in order (no interleave).
+          for (std::int64_t i = 0; i < 2; ++i)
+            for (std::int64_t v = 0; v < bc_ / lanes_; v += 2) {
+              llvm::Value* off = b_.CreateAdd(b_.CreateMul(b_.CreateAdd(r, c64(i)), c64(bc_)), c64(v * lanes_));
+              llvm::Value* both =
+                  ir::bf16_concat(b_, load_vec(at(s_, off)), load_vec(at(s_, b_.CreateAdd(off, c64(lanes_)))));
+              llvm::Value* dst = b_.CreateAdd(b_.CreateMul(b_.CreateAdd(r, c64(i)), c64(bc_ / 2)), c64(v * lanes_ / 2));
+              store_vec(both, at(dsr_, dst));
+            }
+        },
+        "round.pairs");
   }
 
   /// The keys of vector v of the block, as i64 lanes.
@@ -537,6 +718,7 @@ class BackwardEmitter {
           for (std::int64_t v = 0; v < bc_ / lanes_; ++v) {
             llvm::Value* off = b_.CreateAdd(b_.CreateMul(r, c64(bc_)), c64(v * lanes_));
             llvm::Value* s = load_vec(at(s_, off));
+            if (cfg_.dpbf16) s = b_.CreateFMul(s, vconst(spec_.effective_scale()));
             llvm::Value* keys = key_lanes(v);
             Leaves leaves(*this, rowf, b_.CreateSIToFP(keys, vf_), s);
             std::vector<llvm::Value*> cache(e.nodes.size(), nullptr);
@@ -595,7 +777,7 @@ class BackwardEmitter {
   llvm::Value *k0_ = nullptr, *nk_ = nullptr, *head_ = nullptr, *bh_ = nullptr, *seed_ = nullptr;
   llvm::AllocaInst *kt_ = nullptr, *kr_ = nullptr, *vt_ = nullptr, *dkacc_ = nullptr, *dvacc_ = nullptr, *qb_ = nullptr,
                    *dob_ = nullptr, *p_ = nullptr, *s_ = nullptr, *lseb_ = nullptr, *deltab_ = nullptr, *dm_ = nullptr,
-                   *pd_ = nullptr;
+                   *pd_ = nullptr, *qp_ = nullptr, *dop_ = nullptr, *pp_ = nullptr, *dsp_ = nullptr, *dsr_ = nullptr;
   std::vector<llvm::AllocaInst*> dl_;    // per differentiated load: ∂f/∂load [Br][Bc]
   std::vector<llvm::Value*> grad_slot_;  // per spec.tensor_grads entry: this task's partial sums
 };

@@ -21,6 +21,9 @@ struct BackwardConfig {
   int keys = 64;                  // Bc: keys per block (a multiple of lanes)
   int mr = 6, nr = 2;             // register block of the matrix products: mr rows × nr vectors
   std::int64_t dkp = 0, dvp = 0;  // head widths rounded up to whole vectors
+  /// bf16 storage on vdpbf16ps (AVX512-BF16, head widths of whole vectors): the five products
+  /// multiply bf16 pairs — q, k, v and dO as stored, P and dS rounded to bf16 — into f32 sums.
+  bool dpbf16 = false;
 };
 
 BackwardConfig choose_backward_config(const AttentionSpec& spec, const HostTarget& host);

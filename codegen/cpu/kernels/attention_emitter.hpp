@@ -78,9 +78,6 @@ class AttentionEmitter {
   /// step wrote them: `p_packed`), V's rows of the tile repacked as (key, key+1) pairs into vp_ (a
   /// missing second key is zero).
   void pack_pairs(llvm::Value* k0, llvm::Value* nk, bool p_packed);
-  /// The bf16 pairs (x[lane], y[lane]) of two f32 vectors, rounded to nearest even, as a vector
-  /// of 32-bit lanes (vcvtne2ps2bf16 and one interleave).
-  llvm::Value* bf16_pairs(llvm::Value* x, llvm::Value* y);
   /// acc + Σ over the pairs of a·b (vdpbf16ps); a, b: 64-byte vectors of any lane type.
   llvm::Value* dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b);
   /// `every` where all the task's rows are real rows (all but a sequence's last task), else `some`.

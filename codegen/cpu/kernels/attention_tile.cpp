@@ -248,17 +248,11 @@ std::vector<llvm::Value*> AttentionEmitter::emit_probabilities(llvm::Value* k0, 
         }
         if (to_pairs) {
           llvm::Value* out = vec_row(spb_, i);
-          for (int v = 0; v < qv_; ++v) store_at(out, v, bf16_pairs(pairs[v][0], pairs[v][1]));
+          for (int v = 0; v < qv_; ++v) store_at(out, v, ir::bf16_pairs(b_, pairs[v][0], pairs[v][1]));
         }
         return sums;
       },
       "softmax");
-}
-
-llvm::Value* AttentionEmitter::bf16_pairs(llvm::Value* x, llvm::Value* y) {
-  llvm::Value* halves =
-      b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtne2ps2bf16_512, {}, {y, x});  // [x | y] rounded
-  return b_.CreateBitCast(b_.CreateShuffleVector(halves, halves, ir::interleave_halves(lanes_)), vf_);
 }
 
 void AttentionEmitter::emit_pv(llvm::Value* k0, llvm::Value* nk, const std::vector<llvm::Value*>* alpha) {
@@ -356,7 +350,7 @@ void AttentionEmitter::pack_pairs(llvm::Value* k0, llvm::Value* nk, bool p_packe
           llvm::Value* row0 = vec_row(sp_, c);
           llvm::Value* row1 = vec_row(sp_, b_.CreateAdd(c, c64(1)));
           llvm::Value* out = vec_row(spb_, cp);
-          for (int v = 0; v < qv_; ++v) store_at(out, v, bf16_pairs(load_at(row0, v), load_at(row1, v)));
+          for (int v = 0; v < qv_; ++v) store_at(out, v, ir::bf16_pairs(b_, load_at(row0, v), load_at(row1, v)));
         },
         "pack.p");
   }
