@@ -20,6 +20,8 @@ and the GGUF file is written by hand, following llama.cpp's convert_hf_to_gguf.p
   in f32, like `qkv --quantize q8`, which quantizes the linear layers only) in Q8_0 blocks of 32 values
   (an f16 scale d = max|x| / 127, then 32 int8 q = round-half-away(x / d): 34 bytes a block);
   norms and anything else stay f32.
+* --type f16: every 2-D tensor in IEEE f16 (numpy's rounding: nearest, ties to even, as qkv's
+  --dtype f16), norms in f32 (as convert_hf_to_gguf.py --outtype f16 does);
 * --type bf16: every 2-D tensor in bf16 (rounded to nearest, ties to even, as qkv's --dtype bf16
   rounds), norms in f32 (as convert_hf_to_gguf.py --outtype bf16 does);
 * --type q4_0: the same tensors in Q4_0 blocks of 32 (an f16 scale d = m / -8, m the entry of
@@ -44,8 +46,8 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 # ggml tensor types
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
 # llama_ftype
-FTYPE_ALL_F32, FTYPE_MOSTLY_Q4_0, FTYPE_MOSTLY_Q8_0, FTYPE_MOSTLY_BF16 = 0, 2, 7, 32
-FILE_TYPES = {"q8_0": FTYPE_MOSTLY_Q8_0, "q4_0": FTYPE_MOSTLY_Q4_0, "bf16": FTYPE_MOSTLY_BF16}
+FTYPE_ALL_F32, FTYPE_MOSTLY_F16, FTYPE_MOSTLY_Q4_0, FTYPE_MOSTLY_Q8_0, FTYPE_MOSTLY_BF16 = 0, 1, 2, 7, 32
+FILE_TYPES = {"q8_0": FTYPE_MOSTLY_Q8_0, "q4_0": FTYPE_MOSTLY_Q4_0, "bf16": FTYPE_MOSTLY_BF16, "f16": FTYPE_MOSTLY_F16}
 ALIGN = 32
 QK8_0 = 32
 
@@ -259,6 +261,8 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
             nbytes = w.shape[0] * (w.shape[1] // QK8_0) * block
         elif w.ndim == 2 and qtype == "bf16":
             t, nbytes = GGML_BF16, w.size * 2
+        elif w.ndim == 2 and qtype == "f16":
+            t, nbytes = GGML_F16, w.size * 2
         else:
             t, nbytes = GGML_F32, w.size * 4
         infos.append((tname, list(reversed(w.shape)), t, nbytes))
@@ -310,13 +314,15 @@ def convert(model, out_path, qtype, name=None, embd_f32=False):
                 data = quantize_q4_0(w).tobytes()
             elif t == GGML_BF16:
                 data = to_bf16(w).tobytes()
+            elif t == GGML_F16:
+                data = np.asarray(w, dtype="<f2").tobytes()  # nearest, ties to even: as qkv's --dtype f16
             else:
                 data = np.ascontiguousarray(w, dtype="<f4").tobytes()
             assert len(data) == nbytes, tname
             f.write(data)
             f.write(b"\0" * pad(nbytes))
     os.replace(tmp, out_path)
-    n_q = sum(1 for i in infos if i[2] in (GGML_Q8_0, GGML_Q4_0, GGML_BF16))
+    n_q = sum(1 for i in infos if i[2] in (GGML_Q8_0, GGML_Q4_0, GGML_BF16, GGML_F16))
     print(
         f"wrote {out_path}: {len(infos)} tensors ({n_q} {qtype}, {len(infos) - n_q} f32), "
         f"{os.path.getsize(out_path) / 2**20:.1f} MiB",
@@ -328,7 +334,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face Llama folder")
     p.add_argument("--out", required=True, metavar="FILE", help="the .gguf to write")
-    p.add_argument("--type", choices=["f32", "bf16", "q8_0", "q4_0"], default="f32", help="weight type (default f32)")
+    p.add_argument("--type", choices=["f32", "f16", "bf16", "q8_0", "q4_0"], default="f32", help="weight type (default f32)")
     p.add_argument("--name", help="general.name (default: the folder's name)")
     p.add_argument(
         "--token-embd-f32",

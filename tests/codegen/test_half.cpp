@@ -259,36 +259,42 @@ TEST(Half, Bf16AttentionMatchesTheInterpreter) {
   }
 }
 
-TEST(Half, Bf16LinearLayersReadTheirBf16OperandsThemselves) {
-  // An f32 model moved to bf16 as a whole (PyTorch's model.to(torch.bfloat16)): K = 37 is odd,
-  // so the last pair of K is half padding; N = 40 leaves a partial panel.
-  Graph model;
-  auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<37>>>(model, "x");
-  output(linear(x, linear_params<Model<37>, Hidden<40>>(model, "fc")), "out");
-  const Graph g = with_float_dtype(model, DType::bf16);
-  for (const auto& n : g.nodes()) EXPECT_EQ(n.dtype, DType::bf16) << n.name;
-  const Graph lowered = codegen::lower(g);
-  for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
-    const Node& n = lowered.node(id);
-    if (n.op != Op::linear) continue;
-    EXPECT_EQ(n.dtype, DType::f32);  // rounded to bf16 after it: the K blocks' partial sums stay f32
-    EXPECT_EQ(lowered.node(n.inputs[0]).dtype, DType::bf16);  // x and W read as they are stored
-    EXPECT_EQ(lowered.node(n.inputs[1]).dtype, DType::bf16);
-    EXPECT_EQ(lowered.node(n.inputs[2]).dtype, DType::f32);  // the bias widened
-  }
-  // Rows 1, 2, 3 run the GEMV; more the GEMM. Both round only the output, as the interpreter
-  // does, from sums that differ in their order: at most one bf16 ulp apart.
-  const codegen::cpu::BoundRunner bound(2);  // its weights packed once, in the prepared handle
-  Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 1}}, 1, 1.0f);  // the weights: one set, one address
-  for (const std::int64_t seq : {1, 2, 3, 5, 29}) {
-    feeds["x"] = random_feeds(g, {{"Batch", 2}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
-    const RunResult want = interpret(g, feeds);
-    for (const RunResult& got : {codegen::cpu::run(g, feeds, 2), bound(g, feeds)}) {
-      ASSERT_EQ(got.outputs.at("out").dtype, DType::bf16);
-      EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), 1.0 / 128) << seq;
+TEST(Half, HalfLinearLayersReadTheirHalfOperandsThemselves) {
+  // An f32 model moved to bf16 or f16 as a whole (PyTorch's model.to(torch.bfloat16)): K = 37 is
+  // odd, so the last pair of K is half padding; N = 40 leaves a partial panel. bf16 runs on
+  // vdpbf16ps where the host has it; f16 (and bf16 elsewhere) is widened as it is loaded.
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Graph model;
+    auto x = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<37>>>(model, "x");
+    output(linear(x, linear_params<Model<37>, Hidden<40>>(model, "fc")), "out");
+    const Graph g = with_float_dtype(model, dt);
+    for (const auto& n : g.nodes()) EXPECT_EQ(n.dtype, dt) << n.name;
+    const Graph lowered = codegen::lower(g);
+    for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
+      const Node& n = lowered.node(id);
+      if (n.op != Op::linear) continue;
+      EXPECT_EQ(n.dtype, DType::f32);  // rounded after it: the K blocks' partial sums stay f32
+      EXPECT_EQ(lowered.node(n.inputs[0]).dtype, dt);  // x and W read as they are stored
+      EXPECT_EQ(lowered.node(n.inputs[1]).dtype, dt);
+      EXPECT_EQ(lowered.node(n.inputs[2]).dtype, DType::f32);  // the bias widened
     }
+    // Rows 1, 2, 3 run the GEMV; more the GEMM. Both round only the output, as the interpreter
+    // does, from sums that differ in their order: at most one ulp of the dtype apart (outputs
+    // below 2: bf16's 2^-7, f16's 2^-10).
+    const double ulp = dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+    const codegen::cpu::BoundRunner bound(2);  // its weights packed once, in the prepared handle
+    Feeds feeds = random_feeds(g, {{"Batch", 2}, {"Seq", 1}}, 1, 1.0f);  // the weights: one set, one address
+    for (const std::int64_t seq : {1, 2, 3, 5, 29}) {
+      feeds["x"] = random_feeds(g, {{"Batch", 2}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
+      const RunResult want = interpret(g, feeds);
+      for (const RunResult& got : {codegen::cpu::run(g, feeds, 2), bound(g, feeds)}) {
+        ASSERT_EQ(got.outputs.at("out").dtype, dt);
+        EXPECT_LE(max_error(got.outputs.at("out"), want.outputs.at("out")), ulp) << seq;
+      }
+    }
+    EXPECT_EQ(bound.prepared(), 1);
   }
-  EXPECT_EQ(bound.prepared(), 1);
 }
 
 TEST(Half, Bf16WeightsArePackedInHalfTheBytes) {

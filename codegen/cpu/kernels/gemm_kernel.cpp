@@ -62,8 +62,9 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   const KernelTuning t = kernel_tuning(host, c.lanes);
   c.rows = spec.rows > 0 ? spec.rows : t.gemm_rows;
   c.col_vectors = spec.col_vectors > 0 ? spec.col_vectors : t.gemm_col_vectors;
-  c.k_block = spec.k_block > 0 ? spec.k_block : (spec.bf16 ? t.gemm_k_block_bf16 : t.gemm_k_block);
+  c.k_block = spec.k_block > 0 ? spec.k_block : (spec.bf16 || spec.f16 ? t.gemm_k_block_bf16 : t.gemm_k_block);
   c.bf16 = spec.bf16;
+  c.f16 = spec.f16 && !spec.bf16;
   c.dpbf16 = spec.bf16 && bf16_dot_products(host, c.lanes);
   if (c.dpbf16) c.k_block += c.k_block % 2;  // whole pairs per K block
   c.cpu = host.cpu;
@@ -182,7 +183,7 @@ class GemmEmitter {
   /// [M, K] rows, or (a_transposed) [K, M]: A[i + r][k0 + kk] at (k0 + kk)·M + i + r.
   void pack_a(llvm::Value* i, llvm::Value* k0, llvm::Value* depth, llvm::Value* rows) {
     const std::int64_t mr = cfg_.rows;
-    llvm::Type* elem = cfg_.bf16 ? i16_ : f32_;
+    llvm::Type* elem = half_bits(cfg_) ? i16_ : f32_;
     if (cfg_.dpbf16 && cfg_.a_transposed) {
       // A given as [K, M]: a pair of K for the tile's rows is two K rows' MR consecutive entries
       // (masked to the valid rows; the second zero past K), interleaved into MR words.
@@ -281,7 +282,7 @@ class GemmEmitter {
               b_, c64(0), depth, 1,
               [&](llvm::Value* kk) {
                 llvm::Value* x = b_.CreateLoad(elem, b_.CreateInBoundsGEP(elem, src, b_.CreateMul(kk, k_stride)));
-                if (cfg_.bf16) x = ir::half_to_f32(b_, x, /*brain=*/true);
+                if (half_bits(cfg_)) x = ir::half_to_f32(b_, x, /*brain=*/cfg_.bf16);
                 x = b_.CreateSelect(valid, x, llvm::ConstantFP::get(f32_, 0.0));
                 b_.CreateStore(x, b_.CreateInBoundsGEP(f32_, ap_, b_.CreateAdd(b_.CreateMul(kk, c64(mr)), r)));
               },
@@ -629,7 +630,7 @@ float* scratch(std::vector<float>& buf, std::size_t n) {
 
 std::uint64_t GemmSpec::hash() const {
   Fnv1a h;
-  for (int v : {vector_floats, rows, col_vectors, k_block, bf16 ? 1 : 0}) h.i(v);
+  for (int v : {vector_floats, rows, col_vectors, k_block, bf16 ? 1 : 0, f16 ? 1 : 0}) h.i(v);
   return h.value();
 }
 

@@ -19,7 +19,7 @@ namespace qkv::codegen::cpu {
 
 /// What the generated function reads through its first argument (its layout is the kernel ABI).
 struct GemmArgs {
-  const void* a;      // [M, K], f32 (or bf16 with GemmConfig::bf16); [K, M] with a_transposed
+  const void* a;      // [M, K], f32 (or bf16 / f16 bits with GemmConfig::bf16 / f16); [K, M] with a_transposed
   const void* bp;     // packed Bᵀ: ceil(N / NR) panels of [K][NR] f32, or with dpbf16 of [ceil(K/2)][NR][2] bf16
   const float* bias;  // ceil(N / NR)·NR floats (zeros when the call has no bias)
   float* c;           // [M, N]
@@ -38,6 +38,7 @@ struct GemmConfig {
   int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
   bool bf16 = false;    // A (and W for the GEMV) are bf16, widened as loaded unless dpbf16
   bool dpbf16 = false;  // bf16 with vdpbf16ps: A and the panels hold pairs of K (k_block even)
+  bool f16 = false;     // A (and W for the GEMV) are IEEE f16, widened as loaded (never with bf16)
   // W quantized (a dequantize the linear reads in place, select.hpp): int8 with one f16 scale per
   // quant_group entries of a row's K (a multiple of select.hpp's kQuantGroupQuantum); 0: W is stored as x is.
   int quant_group = 0;
@@ -60,7 +61,10 @@ struct GemmConfig {
 /// Whether the kernel reads A where it is (f32 A) instead of packing it per row block (bf16 A:
 /// widened, or paired for vdpbf16ps). Reading in place, it runs every row block of its range
 /// under each panel, so it wants tall row ranges (gemm_blocks's `tall`).
-inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16; }
+inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16 && !cfg.f16; }
+
+/// Whether A (and W for the GEMV, or the panels' source) hold 16-bit floats: bf16 or f16 bits.
+inline bool half_bits(const GemmConfig& cfg) { return cfg.bf16 || cfg.f16; }
 
 /// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
 /// (half the bytes). I: std::int64_t, or the generated code's ir::Int.
@@ -94,7 +98,7 @@ void emit_gemm_kernel(llvm::Module& module, const GemmConfig& cfg, const std::st
 /// product whose time is the time to read W, and packing W first would read it twice and write
 /// it once; bias [n] (never null: zeros when the call has none); y [m, n].
 struct GemvArgs {
-  const void* x;  // f32, or bf16 with GemmConfig::bf16
+  const void* x;  // f32, or bf16 / f16 bits with GemmConfig::bf16 / f16
   const void* w;  // as x, or int8 (q4: two entries a byte) with GemmConfig::quant_group
   const float* bias;
   float* y;

@@ -56,14 +56,14 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
   llvm::Value* rem = b.CreateSRem(k, c64(lanes));
   llvm::Value* kfull = b.CreateSub(k, rem, "kfull");
   llvm::Value* tail = lane_mask(lanes, rem);
-  // x and W as stored: f32, or bf16 widened as loaded (the kernel reads W once: half the bytes);
+  // x and W as stored: f32, or bf16 / f16 widened as loaded (the kernel reads W once: half the bytes);
   // a quantized W is int8 (a quarter of them), a whole group's x · q summed, then scaled by its
   // scale once (a last partial group: each vector scaled as loaded); a q4 W two entries a byte, a
   // vector one nibble of `lanes` bytes (half a group is whole vectors).
   const int group = cfg.quant_group;
   if (group % lanes != 0 || (cfg.q4 && (group / 2) % lanes != 0))
     internal_error("emit_gemv_kernel: groups of " + std::to_string(group) + " in vectors of " + std::to_string(lanes));
-  llvm::Type* xelem = cfg.bf16 ? b.getInt16Ty() : f32;
+  llvm::Type* xelem = half_bits(cfg) ? b.getInt16Ty() : f32;
   llvm::Type* welem = group > 0 ? b.getInt8Ty() : xelem;
   llvm::Value* scales = group > 0 ? field(offsetof(GemvArgs, scales), ptr) : nullptr;
   llvm::Value* groups = group > 0 ? b.CreateSDiv(b.CreateAdd(k, c64(group - 1)), c64(group)) : nullptr;
@@ -91,7 +91,7 @@ void emit_gemv_kernel(llvm::Module& module, const GemmConfig& cfg, int rows, con
                                 : static_cast<llvm::Value*>(b.CreateAlignedLoad(vin, p, align));
           if (elem == f32) return v;
           if (elem == b.getInt8Ty()) return b.CreateSIToFP(v, vf);
-          return ir::half_to_f32(b, v, /*brain=*/true);
+          return ir::half_to_f32(b, v, /*brain=*/!cfg.f16);
         };
         // Whether a whole group of q4's x · n is summed before its scale multiplies it (one multiply
         // a group, the zero point through Σ x: 8 % faster decode on Zen 5; q8's was 10 % slower, so

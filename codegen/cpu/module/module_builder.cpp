@@ -220,11 +220,11 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
         const I row = i[0] * nr + i[1] * lanes + j;
         if (!quantized) {
           tile.push_back(
-              gemm_cfg_.bf16
+              half_bits(gemm_cfg_)
                   ? ir::half_to_f32(
                         b_,
                         b_.CreateAlignedLoad(vh, b_.CreateGEP(b_.getInt16Ty(), wt, (row * k + kk).v()), llvm::Align(2)),
-                        /*brain=*/true)
+                        /*brain=*/gemm_cfg_.bf16)
                   : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()), llvm::Align(4)));
           continue;
         }
@@ -254,7 +254,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
       llvm::Value* q = gemm_cfg_.q4 ? q4_entry(wt, row * (k / 2), kk, group) : load(i8_, wt, at);
       return b_.CreateFMul(b_.CreateSIToFP(q, f32_), ir::half_to_f32(b_, s, /*brain=*/false));
     }
-    return gemm_cfg_.bf16 ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/true) : load(f32_, wt, at);
+    return half_bits(gemm_cfg_) ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/gemm_cfg_.bf16)
+                                : load(f32_, wt, at);
   };
   // Whole panels (p, kk, r) from kdone on, then the last panel's `rest` columns (kk, r).
   nest_parallel({full, k - kdone, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}},
@@ -269,7 +270,7 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
     const std::string name =
-        std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : "qkv_gemv_") +
+        std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : gemm_cfg_.f16 ? "qkv_gemv_f16_" : "qkv_gemv_") +
         (gemm_cfg_.quant_group > 0 ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
                                    : "") +
         std::to_string(rows);
@@ -295,7 +296,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
                                      const I& m, const I& nn, const I& k, llvm::Value* x_scales) {
   const std::string name = gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
-                                              : std::string(gemm_cfg_.bf16 ? "qkv_gemm_bf16" : "qkv_gemm") +
+                                              : std::string(gemm_cfg_.bf16  ? "qkv_gemm_bf16"
+                                                            : gemm_cfg_.f16 ? "qkv_gemm_f16"
+                                                                            : "qkv_gemm") +
                                                     (gemm_cfg_.a_transposed ? "_at" : "");
   if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
   llvm::Function* kernel = callee(name);

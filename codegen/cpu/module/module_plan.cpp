@@ -113,6 +113,7 @@ GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& ta
   GemmSpec spec;
   const Node& n = lowered.node(id);
   spec.bf16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::bf16;
+  spec.f16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::f16;
   GemmConfig cfg = choose_gemm_config(spec, target);
   const Node& w = lowered.node(n.inputs[1]);
   if (w.op != Op::dequantize) return cfg;

@@ -31,6 +31,8 @@ struct GemmSpec {
   /// AVX512-BF16 (and 16 lanes) Bᵀ is packed as pairs of K and the micro-kernel runs vdpbf16ps
   /// (two products per lane and instruction); otherwise both are widened to f32 as they are packed.
   bool bf16 = false;
+  /// A and B are IEEE f16 (the bits): widened to f32 as they are loaded or packed (never with bf16).
+  bool f16 = false;
 
   [[nodiscard]] std::uint64_t hash() const;
   friend bool operator==(const GemmSpec&, const GemmSpec&) = default;
