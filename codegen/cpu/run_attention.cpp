@@ -74,7 +74,8 @@ void check_spec(const AttentionSpec& s) {
   if (s.decode_queries < -1 || s.decode_queries > 1024)
     invalid("decode_queries must be -1 (never), 0 (auto) or in [1, 1024]");
   if (s.decode_chunk < 0) invalid("decode_chunk must be 0 (auto) or positive");
-  if (s.storage != DType::f32 && s.storage != DType::bf16) invalid("q, k, v and out are stored as f32 or bf16");
+  if (s.storage != DType::f32 && s.storage != DType::bf16 && s.storage != DType::f16)
+    invalid("q, k, v and out are stored as f32, bf16 or f16");
 }
 
 void check_args(const AttentionSpec& s, const AttentionArgs& a) {

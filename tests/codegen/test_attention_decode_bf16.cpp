@@ -1,4 +1,4 @@
-// The split-KV decode kernel (L <= 4) on bf16 q, k, v and out (issue #16): K and V rows widened
+// The split-KV decode kernel (L <= 4) on bf16 (and, at the end, f16) q, k, v and out (issue #16): K and V rows widened
 // as loaded, scores, softmax and accumulators f32, the chunks' partial records f32, the output
 // rounded to bf16 once, at the store. Against fp64 from the same bf16 values and against the
 // fused kernel on the same bf16 inputs (decode_queries = −1), over GQA 8/2 at S = 5000 (several
@@ -133,8 +133,10 @@ Reference reference(const DecodeCase& c, const Inputs& in) {
   return r;
 }
 
-/// run_attention on bf16 storage: the decode kernel (decode_queries 0) or the fused (−1).
-std::vector<std::uint16_t> run(const DecodeCase& c, const Inputs& in, int decode_queries) {
+/// run_attention on `storage` (q, k, v and out as it stores them): the decode kernel
+/// (decode_queries 0) or the fused (−1).
+void run_as(const DecodeCase& c, DType storage, const void* q, const void* k, const void* v,
+            const std::vector<std::uint8_t>& keep, void* out, int decode_queries) {
   AttentionSpec s;
   s.dk = c.dk;
   s.dv = c.dv;
@@ -143,22 +145,27 @@ std::vector<std::uint16_t> run(const DecodeCase& c, const Inputs& in, int decode
   s.causal = c.causal;
   s.align = CausalAlign::bottom_right;
   s.key_padding = !c.visible_keys.empty();
-  s.storage = DType::bf16;
+  s.storage = storage;
   s.decode_queries = decode_queries;
   s.decode_chunk = c.decode_chunk;
   s.vector_floats = c.vector_floats;
-  std::vector<std::uint16_t> out(static_cast<std::size_t>(c.batch * c.hq * c.len_q * c.dv), kNanBits);
   AttentionArgs a;
-  a.q = in.q.data();
-  a.k = in.k.data();
-  a.v = in.v.data();
-  a.out = out.data();
-  a.key_keep = in.keep.empty() ? nullptr : in.keep.data();
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.key_keep = keep.empty() ? nullptr : keep.data();
   a.batch = c.batch;
   a.len_q = c.len_q;
   a.len_k = c.len_k;
   a.kv_rows = c.kv_rows;
   codegen::cpu::run_attention(s, a, 2);
+}
+
+/// run_as on the bf16 inputs.
+std::vector<std::uint16_t> run(const DecodeCase& c, const Inputs& in, int decode_queries) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(c.batch * c.hq * c.len_q * c.dv), kNanBits);
+  run_as(c, DType::bf16, in.q.data(), in.k.data(), in.v.data(), in.keep, out.data(), decode_queries);
   return out;
 }
 
@@ -300,6 +307,42 @@ std::vector<DecodeCase> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeBf16, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& p) { return p.param.name; });
+
+// f16 storage: K and V widened as loaded (no pair products), the output rounded once — so within
+// f16's unit roundoff (2^-11) of the f32 decode kernel on the same values, plus f32's error.
+class DecodeF16 : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeF16, RoundsOnlyTheOutputOfTheF32KernelsSums) {
+  const DecodeCase& c = GetParam();
+  const Inputs in = make_inputs(c);
+  // The same values as f16 bits (rounded from the bf16 ones; NaN stays NaN) and as f32.
+  std::vector<std::uint16_t> h[3];
+  std::vector<float> f[3];
+  const std::vector<std::uint16_t>* from[] = {&in.q, &in.k, &in.v};
+  for (int t = 0; t < 3; ++t)
+    for (std::uint16_t x : *from[t]) {
+      h[t].push_back(f32_to_f16(bf16_to_f32(x)));
+      f[t].push_back(f16_to_f32(h[t].back()));
+    }
+  const std::size_t n = static_cast<std::size_t>(c.batch * c.hq * c.len_q * c.dv);
+  std::vector<std::uint16_t> got(n, kNanBits);
+  std::vector<float> want(n, std::numeric_limits<float>::quiet_NaN());
+  run_as(c, DType::f16, h[0].data(), h[1].data(), h[2].data(), in.keep, got.data(), 0);
+  run_as(c, DType::f32, f[0].data(), f[1].data(), f[2].data(), in.keep, want.data(), 0);
+  std::vector<double> ref(want.begin(), want.end());
+  const double t = typical(ref);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double err = std::abs(static_cast<double>(f16_to_f32(got[i])) - want[i]);
+    const double bound = std::abs(want[i]) / 2048 + kRel * (std::abs(want[i]) + t);
+    if (!(err <= bound) && bad++ < 5)
+      ADD_FAILURE() << "[" << i << "]: " << f16_to_f32(got[i]) << ", want " << want[i] << " (bound " << bound << ")";
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeF16, ::testing::Values(cases()[2], cases()[3], cases()[4], cases()[7]),
                          [](const ::testing::TestParamInfo<DecodeCase>& p) { return p.param.name; });
 
 }  // namespace

@@ -121,7 +121,8 @@ class AttentionEmitter {
 
   llvm::Type *f32_, *i8_, *i32_, *i64_, *ptr_;
   llvm::Type* st_;  // how q, k, v and out are stored: f32, or i16 (the bits of bf16)
-  bool half_;       // spec.storage is bf16
+  bool half_;       // spec.storage is bf16 or f16
+  bool brain_;      // ... bf16
   /// O's tile sums are added by Fast2Sum, their rounding errors kept in ct_ (f32 output). A bf16
   /// output is rounded to 8 bits, 2^16 times coarser than what that recovers: a plain add.
   bool compensated_;

@@ -96,7 +96,8 @@ AttentionEmitter::AttentionEmitter(llvm::Module& module, const AttentionSpec& sp
   vi32_ = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes_));
   vi64_ = llvm::FixedVectorType::get(i64_, static_cast<unsigned>(lanes_));
   vec_bytes_ = static_cast<std::uint64_t>(lanes_) * 4;
-  half_ = spec.storage == DType::bf16;
+  half_ = spec.storage == DType::bf16 || spec.storage == DType::f16;
+  brain_ = spec.storage == DType::bf16;
   compensated_ = !half_;
   bf16_exp_ = config.dpbf16 && config.scalef_exp2 && !spec.write_lse && !spec.write_weights;
   st_ = half_ ? b_.getInt16Ty() : f32_;
@@ -228,7 +229,7 @@ void AttentionEmitter::pack_queries() {
   const std::int64_t columns = pairs ? dk_ / 2 : dk_;  // Qᵀ's rows: features, or pairs of them
   auto to_qt = [&](llvm::Value* x) {                   // a column of q (lanes = rows) as Qᵀ holds it
     if (pairs) return b_.CreateBitCast(x, vf_);
-    if (half_) x = ir::half_to_f32(b_, x, true);
+    if (half_) x = ir::half_to_f32(b_, x, brain_);
     return b_.CreateFMul(x, factor);
   };
   // Every row real: lanes_ × lanes_ blocks, each row's columns one contiguous load, transposed in
@@ -364,7 +365,7 @@ void AttentionEmitter::store_output(Pass pass) {
     llvm::Value* x = load_at(vec_row(ot_, d), v);
     if (compensated_) x = b_.CreateFAdd(x, load_at(vec_row(ct_, d), v));  // the sum and what it lost
     if (inv[v]) x = b_.CreateFMul(x, inv[v]);
-    return half_ ? ir::f32_to_half(b_, x, true) : x;
+    return half_ ? ir::f32_to_half(b_, x, brain_) : x;
   };
   // Every row real: lanes_ × lanes_ blocks transposed in registers, a contiguous store per row
   // (as pack_queries loads them).
@@ -449,7 +450,7 @@ llvm::Value* AttentionEmitter::load_float(llvm::Value* base, llvm::Value* index)
 }
 llvm::Value* AttentionEmitter::load_stored(llvm::Value* base, llvm::Value* index) {
   llvm::Value* x = b_.CreateLoad(st_, b_.CreateInBoundsGEP(st_, base, index));
-  return half_ ? ir::half_to_f32(b_, x, true) : x;
+  return half_ ? ir::half_to_f32(b_, x, brain_) : x;
 }
 llvm::Value* AttentionEmitter::dot_pairs(llvm::Value* acc, llvm::Value* a, llvm::Value* b) {
   return ir::dot_bf16_pairs(b_, acc, a, b);

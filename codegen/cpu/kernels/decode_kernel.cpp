@@ -34,7 +34,8 @@ bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
 bool decode_kernel_supported(const AttentionSpec& spec, const KernelConfig& config) {
-  return spec.decode_queries >= 0 && (spec.storage == DType::f32 || spec.storage == DType::bf16) &&
+  return spec.decode_queries >= 0 &&
+         (spec.storage == DType::f32 || spec.storage == DType::bf16 || spec.storage == DType::f16) &&
          !spec.write_weights && spec.dropout_p == 0.0 && power_of_two(config.lanes) && spec.dk % config.lanes == 0 &&
          spec.dv % config.lanes == 0 && spec.hkv > 0 && spec.hq % spec.hkv == 0;
 }
@@ -81,8 +82,9 @@ class DecodeEmitter {
         dvv_(spec.dv / d_.lanes),
         group_(spec.hq / spec.hkv),
         mod_(effective_mod(spec)),
-        half_(spec.storage == DType::bf16),
-        dot_(half_ && config.dpbf16 && config.lanes == 16 && spec.dk % (2 * config.lanes) == 0) {
+        half_(spec.storage == DType::bf16 || spec.storage == DType::f16),
+        brain_(spec.storage == DType::bf16),
+        dot_(brain_ && config.dpbf16 && config.lanes == 16 && spec.dk % (2 * config.lanes) == 0) {
     f32_ = b_.getFloatTy();
     i32_ = b_.getInt32Ty();
     i64_ = b_.getInt64Ty();
@@ -139,10 +141,10 @@ class DecodeEmitter {
   llvm::Value* sptr(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(st_, base, index); }
   llvm::Value* sload(llvm::Value* p) {
     llvm::Value* x = b_.CreateAlignedLoad(vst_, p, llvm::Align(half_ ? 2 : 4));
-    return half_ ? ir::half_to_f32(b_, x, /*brain=*/true) : x;
+    return half_ ? ir::half_to_f32(b_, x, brain_) : x;
   }
   void sstore(llvm::Value* x, llvm::Value* p) {
-    if (half_) x = ir::f32_to_half(b_, x, /*brain=*/true);
+    if (half_) x = ir::f32_to_half(b_, x, brain_);
     b_.CreateAlignedStore(x, p, llvm::Align(half_ ? 2 : 4));
   }
   llvm::Value* vload(llvm::Value* p, std::uint64_t align) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(align)); }
@@ -175,7 +177,8 @@ class DecodeEmitter {
   std::int64_t dkv_, dvv_, group_;  // vectors per key row, per value row; query heads per kv head
   EffectiveMod mod_;
   ModAnalysis info_;
-  bool half_;  // bf16 storage of q, k, v and out
+  bool half_;   // bf16 or f16 storage of q, k, v and out
+  bool brain_;  // ... bf16
   /// bf16 on a host with AVX512-BF16 and dk a multiple of 2·lanes: Q·K by vdpbf16ps on pairs of
   /// features as stored (each lane sums the exact products of two; q unscaled, the scores scaled
   /// after); else K is widened as loaded. V is widened as loaded either way (P stays f32).

@@ -91,9 +91,9 @@ inline bool half_native(const Graph& lowered, int id) {
       return stored_alike(lowered, id);
     case KernelKind::embedding:
       return storage_dtype(lowered.node(n.inputs[0]).dtype) == storage_dtype(n.dtype);
-    case KernelKind::fused_attention:
-      return n.dtype == DType::bf16 && lowered.node(n.inputs[0]).dtype == DType::bf16 &&
-             lowered.node(n.inputs[1]).dtype == DType::bf16 && lowered.node(n.inputs[2]).dtype == DType::bf16;
+    case KernelKind::fused_attention:  // q, k, v and out all bf16, or all f16
+      return (n.dtype == DType::bf16 || n.dtype == DType::f16) && lowered.node(n.inputs[0]).dtype == n.dtype &&
+             lowered.node(n.inputs[1]).dtype == n.dtype && lowered.node(n.inputs[2]).dtype == n.dtype;
     case KernelKind::attention_backward:  // q, k, v, out and d_out bf16 (lse and the mod's tensors f32)
       if (n.dtype != DType::bf16 || n.inputs.size() < 5) return false;
       for (std::size_t k = 0; k < 5; ++k)
