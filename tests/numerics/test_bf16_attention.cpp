@@ -111,6 +111,45 @@ std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
   return out;
 }
 
+/// Case c's fused attention on bf16 q, k, v seeded from `base` as the generator seeds them (q × 3),
+/// the last c.pad keys masked; run on construction (the output NaN until written), writing its
+/// log-sum-exp with `lse_too`.
+struct Bf16Forward {
+  std::vector<std::uint16_t> q, k, v, out;
+  std::vector<std::uint8_t> keep;
+  std::vector<float> lse;
+  AttentionSpec spec;
+  AttentionArgs args;
+
+  Bf16Forward(const Bf16Case& c, std::uint64_t base, bool lse_too) {
+    const std::size_t n = static_cast<std::size_t>(c.heads) * c.N * c.D;
+    q = uniform_bf16(n, base + 1, 3.0f);
+    k = uniform_bf16(n, base + 2, 1.0f);
+    v = uniform_bf16(n, base + 3, 1.0f);
+    out.assign(n, 0x7FC0);
+    keep.assign(static_cast<std::size_t>(c.N), 1);
+    std::fill(keep.end() - c.pad, keep.end(), 0);
+    lse.assign(static_cast<std::size_t>(c.heads) * c.N, 0.0f);
+    spec.dk = spec.dv = c.D;
+    spec.hq = spec.hkv = c.heads;
+    spec.causal = c.causal;
+    spec.key_padding = c.pad > 0;
+    spec.storage = DType::bf16;
+    spec.write_lse = lse_too;
+    args.q = q.data();
+    args.k = k.data();
+    args.v = v.data();
+    args.out = out.data();
+    args.lse = lse_too ? lse.data() : nullptr;
+    args.key_keep = spec.key_padding ? keep.data() : nullptr;
+    args.batch = 1;
+    args.len_q = args.len_k = c.N;
+    codegen::cpu::run_attention(spec, args, 2);
+  }
+  Bf16Forward(const Bf16Forward&) = delete;
+  Bf16Forward& operator=(const Bf16Forward&) = delete;
+};
+
 class Bf16Attention : public ::testing::TestWithParam<int> {};
 
 TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
@@ -119,35 +158,11 @@ TEST_P(Bf16Attention, WithinTwicePyTorchsBf16ErrorPlusOneThousandth) {
   std::ifstream in(std::string(QKV_NUMERICS_DIR) + "/bf16_attention/torch_errors.json");
   const double torch_error =
       nlohmann::json::parse(in).at("cases").at(c.name).at("torch_bf16_max_abs_error").get<double>();
-  const std::uint64_t base = 20 * static_cast<std::uint64_t>(index + 1);
-  const std::size_t n = static_cast<std::size_t>(c.heads) * c.N * c.D;
-  const auto q = uniform_bf16(n, base + 1, 3.0f), k = uniform_bf16(n, base + 2, 1.0f),
-             v = uniform_bf16(n, base + 3, 1.0f);
-  const int visible_keys = c.N - c.pad;
-
-  const std::vector<double> ref = fp64_attention(widened(q), widened(k), widened(v), c);
-
-  AttentionSpec spec;
-  spec.dk = spec.dv = c.D;
-  spec.hq = spec.hkv = c.heads;
-  spec.causal = c.causal;
-  spec.key_padding = c.pad > 0;
-  spec.storage = DType::bf16;
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(c.N), 1);
-  std::fill(keep.begin() + visible_keys, keep.end(), 0);
-  std::vector<std::uint16_t> out(n, 0x7FC0);  // NaN until written
-  AttentionArgs a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = out.data();
-  a.key_keep = spec.key_padding ? keep.data() : nullptr;
-  a.batch = 1;
-  a.len_q = a.len_k = c.N;
-  codegen::cpu::run_attention(spec, a, 2);
-  const double err = max_error(widened(out), ref);
+  const Bf16Forward f(c, 20 * static_cast<std::uint64_t>(index + 1), false);
+  const std::vector<double> ref = fp64_attention(widened(f.q), widened(f.k), widened(f.v), c);
+  const double err = max_error(widened(f.out), ref);
   RecordProperty("qkv_over_torch", std::to_string(err / torch_error));
-  RecordProperty("dpbf16", codegen::cpu::prepare_attention(spec).dpbf16 ? "yes" : "no");
+  RecordProperty("dpbf16", codegen::cpu::prepare_attention(f.spec).dpbf16 ? "yes" : "no");
   EXPECT_LE(err, 2.0 * torch_error + 1e-3)
       << c.name << ": error " << err << " = " << err / torch_error << " x PyTorch bf16's " << torch_error;
 }
@@ -273,35 +288,15 @@ TEST_P(Bf16AttentionBackward, WithinTwicePyTorchsBf16Error) {
   const nlohmann::json torch = nlohmann::json::parse(in).at("cases").at(c.name);
   const std::uint64_t base = 20 * static_cast<std::uint64_t>(50 + index + 1);
   const std::size_t n = static_cast<std::size_t>(c.heads) * c.N * c.D;
-  const auto q = uniform_bf16(n, base + 1, 3.0f), k = uniform_bf16(n, base + 2, 1.0f),
-             v = uniform_bf16(n, base + 3, 1.0f), dout = uniform_bf16(n, base + 4, 1.0f);
-  const Fp64Grads ref = fp64_attention_backward(widened(q), widened(k), widened(v), widened(dout), c);
+  const Bf16Forward f(c, base, true);
+  const auto dout = uniform_bf16(n, base + 4, 1.0f);
+  const Fp64Grads ref = fp64_attention_backward(widened(f.q), widened(f.k), widened(f.v), widened(dout), c);
 
-  AttentionSpec spec;
-  spec.dk = spec.dv = c.D;
-  spec.hq = spec.hkv = c.heads;
-  spec.causal = c.causal;
-  spec.key_padding = c.pad > 0;
-  spec.storage = DType::bf16;
-  spec.write_lse = true;
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(c.N), 1);
-  std::fill(keep.end() - c.pad, keep.end(), 0);
-  std::vector<std::uint16_t> out(n, 0x7FC0);
-  std::vector<float> lse(static_cast<std::size_t>(c.heads) * c.N);
-  AttentionArgs a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = out.data();
-  a.lse = lse.data();
-  a.key_keep = spec.key_padding ? keep.data() : nullptr;
-  a.batch = 1;
-  a.len_q = a.len_k = c.N;
-  codegen::cpu::run_attention(spec, a, 2);
+  AttentionSpec spec = f.spec;
   spec.write_lse = false;
   std::vector<std::uint16_t> grads[3];
   codegen::cpu::AttentionBackwardArgs b;
-  b.forward = a;
+  b.forward = f.args;
   b.d_out = dout.data();
   void** to[] = {&b.dq, &b.dk, &b.dv};
   for (int t = 0; t < 3; ++t) *to[t] = (grads[t] = std::vector<std::uint16_t>(n, 0x7FC0)).data();  // NaN until written
