@@ -402,17 +402,16 @@ class BackwardEmitter {
             },
             name);
       };
-      rows(q_, qb_, dkp_, "pack.q");
-      rows(dout_, dob_, dvp_, "pack.do");
-      interleave_rows(q_, bh_len_q0(), q0, nq, dkp_, qp_, br_ / 2, "pack.qp");
-      interleave_rows(dout_, bh_len_q0(), q0, nq, dvp_, dop_, br_ / 2, "pack.dop");
+      llvm::Value* head_row0 = b_.CreateMul(bh_, len_q_);  // (dpbf16: the widths are whole vectors)
+      rows(q_, qb_, spec_.dk, "pack.q");
+      rows(dout_, dob_, spec_.dv, "pack.do");
+      interleave_rows(q_, head_row0, q0, nq, spec_.dk, qp_, br_ / 2, "pack.qp");
+      interleave_rows(dout_, head_row0, q0, nq, spec_.dv, dop_, br_ / 2, "pack.dop");
     } else {
       pack_query_floats(row0, nq);
     }
     pack_stats(row0, nq);
   }
-
-  llvm::Value* bh_len_q0() { return b_.CreateMul(bh_, len_q_); }
 
   /// (scale·Q) and dO as f32 rows, zero past nq.
   void pack_query_floats(llvm::Value* row0, llvm::Value* nq) {
