@@ -274,7 +274,7 @@ TEST(Half, HalfLinearLayersReadTheirHalfOperandsThemselves) {
     for (int id = 0; id < static_cast<int>(lowered.size()); ++id) {
       const Node& n = lowered.node(id);
       if (n.op != Op::linear) continue;
-      EXPECT_EQ(n.dtype, DType::f32);  // rounded after it: the K blocks' partial sums stay f32
+      EXPECT_EQ(n.dtype, DType::f32);                  // rounded after it: the K blocks' partial sums stay f32
       EXPECT_EQ(lowered.node(n.inputs[0]).dtype, dt);  // x and W read as they are stored
       EXPECT_EQ(lowered.node(n.inputs[1]).dtype, dt);
       EXPECT_EQ(lowered.node(n.inputs[2]).dtype, DType::f32);  // the bias widened

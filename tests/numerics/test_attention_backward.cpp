@@ -588,7 +588,8 @@ TEST_P(AttentionBackwardKernel, Bf16FollowsTheF32KernelOnTheSameValues) {
   const Case& c = GetParam();
   Feeds feeds;
   (void)fused_with_grads(c, feeds, 7);
-  for (const char* name : {"q", "k", "v", "probe"}) feeds[name] = feeds.at(name).converted(DType::bf16).converted(DType::f32);
+  for (const char* name : {"q", "k", "v", "probe"})
+    feeds[name] = feeds.at(name).converted(DType::bf16).converted(DType::f32);
   const KernelGrads want = run_kernels(c, feeds, 2);
   const KernelGrads one = run_kernels(c, feeds, 1, DType::bf16), three = run_kernels(c, feeds, 3, DType::bf16);
   const std::vector<float>* w[] = {&want.dq, &want.dk, &want.dv};

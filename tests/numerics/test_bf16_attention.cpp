@@ -240,8 +240,8 @@ struct Fp64Grads {
 
 /// fp64 gradients of softmax(q·kᵀ / sqrt(D) + mask) · v for dO (all [heads, N, D]): P row by row,
 /// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = dS K / sqrt(D), dK = dSᵀ Q / sqrt(D).
-Fp64Grads fp64_attention_backward(const std::vector<float>& q, const std::vector<float>& k,
-                                  const std::vector<float>& v, const std::vector<float>& dout, const Bf16Case& c) {
+Fp64Grads fp64_attention_backward(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  const std::vector<float>& dout, const Bf16Case& c) {
   Fp64Grads g{std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto N = static_cast<std::size_t>(c.N), D = static_cast<std::size_t>(c.D);
@@ -311,8 +311,8 @@ TEST_P(Bf16AttentionBackward, WithinTwicePyTorchsBf16Error) {
     const double torch_error = torch.at(std::string("torch_bf16_max_abs_error_") + names[t]).get<double>();
     const double err = max_error(widened(grads[t]), *want[t]);
     RecordProperty(std::string(names[t]) + "_qkv_over_torch", std::to_string(err / torch_error));
-    EXPECT_LE(err, 2.0 * torch_error) << c.name << " " << names[t] << ": error " << err << " = "
-                                      << err / torch_error << " x PyTorch bf16's " << torch_error;
+    EXPECT_LE(err, 2.0 * torch_error) << c.name << " " << names[t] << ": error " << err << " = " << err / torch_error
+                                      << " x PyTorch bf16's " << torch_error;
     EXPECT_EQ(grads[t], one_thread[t]) << names[t] << ": 1 and 2 threads differ";
   }
 }

@@ -71,8 +71,8 @@ BackwardConfig choose_backward_config(const AttentionSpec& spec, const HostTarge
   c.rows = 32;
   c.dkp = (spec.dk + lanes - 1) / lanes * lanes;
   c.dvp = (spec.dv + lanes - 1) / lanes * lanes;
-  c.dpbf16 = spec.storage == DType::bf16 && bf16_dot_products(host, lanes) && spec.dk % lanes == 0 &&
-             spec.dv % lanes == 0;
+  c.dpbf16 =
+      spec.storage == DType::bf16 && bf16_dot_products(host, lanes) && spec.dk % lanes == 0 && spec.dv % lanes == 0;
   // Pairs: 4 rows × 4 vectors, so that the products' 64 keys (or 64 features) are one block of
   // columns — 8 × 3 left a one-vector remainder block: 497–503 GFLOP/s against 537–582 at
   // N = 2048 on Zen 5 (6 × 4, 5 × 4 and 8 × 2 in between).
@@ -170,7 +170,9 @@ class BackwardEmitter {
   }
   llvm::Value* at(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(f32_, base, index); }
   llvm::Value* at(llvm::Value* base, std::int64_t index) { return at(base, c64(index)); }
-  llvm::Value* at16(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(b_.getInt16Ty(), base, index); }
+  llvm::Value* at16(llvm::Value* base, llvm::Value* index) {
+    return b_.CreateInBoundsGEP(b_.getInt16Ty(), base, index);
+  }
   llvm::Value* at32(llvm::Value* base, llvm::Value* index) { return b_.CreateInBoundsGEP(i32(), base, index); }
   llvm::Value* load_vec(llvm::Value* p) { return b_.CreateAlignedLoad(vf_, p, llvm::Align(4)); }
   /// Element `index` of q, k, v or dO as f32 (bf16 storage widened), and an f32 stored into dK or
@@ -304,7 +306,8 @@ class BackwardEmitter {
           [&](llvm::Value* j) {
             llvm::Value* row = b_.CreateMul(b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j)), c64(width));
             for (std::int64_t p = 0; p < width / 2; ++p) {
-              llvm::Value* pair = b_.CreateAlignedLoad(i32(), at16(from, b_.CreateAdd(row, c64(2 * p))), llvm::Align(2));
+              llvm::Value* pair =
+                  b_.CreateAlignedLoad(i32(), at16(from, b_.CreateAdd(row, c64(2 * p))), llvm::Align(2));
               b_.CreateStore(pair, at32(to, b_.CreateAdd(c64(p * bc_), j)));
             }
           },

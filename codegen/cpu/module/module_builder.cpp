@@ -270,7 +270,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
     const std::string name =
-        std::string(gemm_cfg_.bf16 ? "qkv_gemv_bf16_" : gemm_cfg_.f16 ? "qkv_gemv_f16_" : "qkv_gemv_") +
+        std::string(gemm_cfg_.bf16  ? "qkv_gemv_bf16_"
+                    : gemm_cfg_.f16 ? "qkv_gemv_f16_"
+                                    : "qkv_gemv_") +
         (gemm_cfg_.quant_group > 0 ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
                                    : "") +
         std::to_string(rows);

@@ -179,77 +179,81 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
   std::vector<int> lane_group;
   for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l, q4));
   auto blocks_of = [&](const int kXRows) {
-  parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
-    loop(
-        c64(0), ceil_div(end - begin, kOuts),
-        [&](I blk) {
-          const I o0 = begin + blk * kOuts;
-          std::vector<I> rows;
-          for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
-          loop(
-              c64(0), ceil_div(m, kXRows),
-              [&](I rb) {
-                const I r0 = rb * kXRows;
-                std::vector<I> xrows;
-                for (int i = 0; i < kXRows; ++i) xrows.push_back(imin(r0 + i, m - 1));  // past m: not stored
-                std::vector<llvm::Value*> init(kOuts * kXRows, llvm::Constant::getNullValue(v16f));
-                std::vector<llvm::Value*> acc = ir::emit_loop(
-                    b_, c64(0).v(), pairs.v(), 1, init,
-                    [&](llvm::Value* pv, const std::vector<llvm::Value*>& cur) {
-                      const I p(b_, pv);
-                      std::vector<llvm::Value*> u(kOuts), sw(kOuts);
-                      for (int j = 0; j < kOuts; ++j) {
-                        llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
-                        // The same bytes of the next block's row.
-                        b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
-                                           {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0),
-                                            b_.getInt32(3), b_.getInt32(1)});
-                        if (q4) {  // the nibbles as they are: q + 8
-                          llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
-                          llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                          llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
-                                                         b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                          u[j] = b_.CreateBitCast(ir::concat(b_, lo, hi), v16i);
-                        } else {  // q + 128
-                          u[j] = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)),
-                                              static_cast<std::uint64_t>(0x80808080u));
-                        }
-                        llvm::Value* two = ir::half_to_f32(
-                            b_,
-                            b_.CreateAlignedLoad(v2h,
-                                                 b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
-                                                 llvm::Align(2)),
-                            /*brain=*/false);
-                        sw[j] = b_.CreateShuffleVector(two, lane_group);
-                      }
-                      std::vector<llvm::Value*> next(cur.size());
-                      for (int i = 0; i < kXRows; ++i) {
-                        llvm::Value* xb = b_.CreateGEP(i8_, xr, ((xrows[i] * pairs + p) * 192).v());
-                        llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
-                        llvm::Value* corr = b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
-                        llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
+    parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
+      loop(
+          c64(0), ceil_div(end - begin, kOuts),
+          [&](I blk) {
+            const I o0 = begin + blk * kOuts;
+            std::vector<I> rows;
+            for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
+            loop(
+                c64(0), ceil_div(m, kXRows),
+                [&](I rb) {
+                  const I r0 = rb * kXRows;
+                  std::vector<I> xrows;
+                  for (int i = 0; i < kXRows; ++i) xrows.push_back(imin(r0 + i, m - 1));  // past m: not stored
+                  std::vector<llvm::Value*> init(kOuts * kXRows, llvm::Constant::getNullValue(v16f));
+                  std::vector<llvm::Value*> acc = ir::emit_loop(
+                      b_, c64(0).v(), pairs.v(), 1, init,
+                      [&](llvm::Value* pv, const std::vector<llvm::Value*>& cur) {
+                        const I p(b_, pv);
+                        std::vector<llvm::Value*> u(kOuts), sw(kOuts);
                         for (int j = 0; j < kOuts; ++j) {
-                          const auto e = static_cast<std::size_t>(i * kOuts + j);
-                          llvm::Value* isum = ir::dot_u8s8(b_, corr, u[j], xs);
-                          next[e] = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {v16f},
-                                                       {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(sw[j], dx), cur[e]});
+                          llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
+                          // The same bytes of the next block's row.
+                          b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
+                                             {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0),
+                                              b_.getInt32(3), b_.getInt32(1)});
+                          if (q4) {  // the nibbles as they are: q + 8
+                            llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
+                            llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                            llvm::Value* hi =
+                                b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
+                                             b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
+                            u[j] = b_.CreateBitCast(ir::concat(b_, lo, hi), v16i);
+                          } else {  // q + 128
+                            u[j] = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)),
+                                                static_cast<std::uint64_t>(0x80808080u));
+                          }
+                          llvm::Value* two = ir::half_to_f32(
+                              b_,
+                              b_.CreateAlignedLoad(
+                                  v2h, b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
+                                  llvm::Align(2)),
+                              /*brain=*/false);
+                          sw[j] = b_.CreateShuffleVector(two, lane_group);
                         }
-                      }
-                      return next;
-                    },
-                    "int8_gemv_pairs");
-                for (int i = 0; i < kXRows; ++i)
-                  for (int j = 0; j < kOuts; ++j)
-                    branch(o0 + j < end && r0 + i < m, [&] {
-                      llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0),
-                                                             acc[static_cast<std::size_t>(i * kOuts + j)]);
-                      store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, (r0 + i) * nn + o0 + j);
-                    });
-              },
-              "int8_gemv_rows");
-        },
-        "int8_gemv_outs");
-  });
+                        std::vector<llvm::Value*> next(cur.size());
+                        for (int i = 0; i < kXRows; ++i) {
+                          llvm::Value* xb = b_.CreateGEP(i8_, xr, ((xrows[i] * pairs + p) * 192).v());
+                          llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
+                          llvm::Value* corr =
+                              b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
+                          llvm::Value* dx =
+                              b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
+                          for (int j = 0; j < kOuts; ++j) {
+                            const auto e = static_cast<std::size_t>(i * kOuts + j);
+                            llvm::Value* isum = ir::dot_u8s8(b_, corr, u[j], xs);
+                            next[e] =
+                                b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {v16f},
+                                                   {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(sw[j], dx), cur[e]});
+                          }
+                        }
+                        return next;
+                      },
+                      "int8_gemv_pairs");
+                  for (int i = 0; i < kXRows; ++i)
+                    for (int j = 0; j < kOuts; ++j)
+                      branch(o0 + j < end && r0 + i < m, [&] {
+                        llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0),
+                                                               acc[static_cast<std::size_t>(i * kOuts + j)]);
+                        store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, (r0 + i) * nn + o0 + j);
+                      });
+                },
+                "int8_gemv_rows");
+          },
+          "int8_gemv_outs");
+    });
   };
   branch(m == 1, [&] { blocks_of(1); }, [&] { branch(m == 2, [&] { blocks_of(2); }, [&] { blocks_of(4); }); });
 }

@@ -109,7 +109,8 @@ inline bool half_operand(const Graph& lowered, int id, std::size_t input) {
   const Node& n = lowered.node(id);
   const KernelKind kind = select_kernel(lowered, id);
   if (kind == KernelKind::gemm)  // x and W both bf16, or both f16 (widened as loaded)
-    return input < 2 && (lowered.node(n.inputs[0]).dtype == DType::bf16 || lowered.node(n.inputs[0]).dtype == DType::f16) &&
+    return input < 2 &&
+           (lowered.node(n.inputs[0]).dtype == DType::bf16 || lowered.node(n.inputs[0]).dtype == DType::f16) &&
            lowered.node(n.inputs[1]).dtype == lowered.node(n.inputs[0]).dtype;
   if (kind == KernelKind::contract) {
     if (contract_fill_sums(lowered, id)) return input < 2;  // x read as stored; the fill never read
