@@ -60,9 +60,10 @@ std::vector<Converted> convert_feeds(const Graph& g, Feeds& feeds) {
   return done;
 }
 
-Graph model_as(const Graph& g, DType dtype, Feeds& feeds) {
+Graph model_as(const Graph& g, DType dtype, Feeds& feeds, const std::vector<Converted>& earlier) {
   Graph out = with_float_dtype(g, dtype);
-  const std::vector<Converted> done = convert_feeds(out, feeds);
+  std::vector<Converted> done = earlier;
+  for (Converted& c : convert_feeds(out, feeds)) done.push_back(std::move(c));
   if (done.empty()) return out;
   std::map<DType, std::vector<std::string>> from;
   for (const auto& c : done) from[c.from].push_back(c.name);

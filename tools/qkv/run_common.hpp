@@ -39,8 +39,9 @@ struct Converted {
 };
 std::vector<Converted> convert_feeds(const Graph& g, Feeds& feeds);
 /// The same for a command's files: converts and prints one note on stderr naming what was
-/// converted ("inputs are converted on load when their stored dtype differs").
-Graph model_as(const Graph& g, DType dtype, Feeds& feeds);
+/// converted ("inputs are converted on load when their stored dtype differs"), `earlier` (what the
+/// caller converted as it read it) included.
+Graph model_as(const Graph& g, DType dtype, Feeds& feeds, const std::vector<Converted>& earlier = {});
 
 /// The CPU kernels' tuning for this host (qkv/codegen/cpu/tuning.hpp), for `qkv host` and --stats.
 codegen::cpu::KernelTuning host_tuning();
