@@ -584,8 +584,8 @@ TEST_F(Cli, CausalLmConvertsF32WeightsToBf16AsItReadsThemWithANote) {
   // Each weight converted as it is read (its f32 copy freed before the next: the f32 checkpoint
   // is never resident whole beside its bf16 copy), and still named in the one note.
   const fs::path m = copy_model("mistral", tmp("mistral_f32"));
-  const Result r = run("run causal-lm --dtype bf16 --model " + m.string() + " --tokens " +
-                       (m / "tokens.npy").string() + " --logits-out " + tmp("logits_bf16.npy"));
+  const Result r = run("run causal-lm --dtype bf16 --model " + m.string() + " --tokens " + (m / "tokens.npy").string() +
+                       " --logits-out " + tmp("logits_bf16.npy"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("the model computes in bf16 (--dtype bf16); converted on load: "));
   EXPECT_THAT(r.err, HasSubstr(" stored as f32 (model."));
