@@ -73,16 +73,16 @@ NdArray positions_for(std::int64_t batch, std::int64_t len, std::int64_t start =
   return p;
 }
 
-/// The checkpoint's weights as feeds; those named in `quantize` quantized as each is read (as
-/// `format`: quantize_linear_weights then takes them), so that the unquantized weights are never
-/// all resident. A weight the checkpoint stores quantized is read as stored when it is in
-/// `quantize` (else dequantized: a linear layer's in the checkpoint that this model reads
-/// otherwise). With a half `dtype` (--dtype bf16 / f16), each float weight is converted as it is
-/// read, its f32 copy freed before the next is read (added to `converted`): converting them all
-/// after reading them had peaked at the f32 size plus the converted one (2.21 GB for a 1.94 GB
-/// checkpoint in bf16); model_as converts what is left.
-Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quantize = {}, Quant format = Quant::q8,
-                   DType dtype = DType::f32, std::vector<Converted>* converted = nullptr) {
+/// The checkpoint's weights as feeds for a model computing in `dtype`; those named in `quantize`
+/// quantized as each is read (as `format`: quantize_linear_weights then takes them), so that the
+/// unquantized weights are never all resident. A weight the checkpoint stores quantized is read as
+/// stored when it is in `quantize` (else dequantized: a linear layer's in the checkpoint that this
+/// model reads otherwise). With a half `dtype` (--dtype bf16 / f16), each float weight is
+/// converted as it is read, its f32 copy freed before the next is read, and named in `converted`
+/// (for model_as' note): converting them all after reading them had peaked at the f32 size plus
+/// the converted one (2.21 GB for a 1.94 GB checkpoint in bf16).
+Feeds weight_feeds(const HfCheckpoint& ck, DType dtype, std::vector<Converted>& converted,
+                   const std::vector<std::string>& quantize = {}, Quant format = Quant::q8) {
   require_memory(ck.f32_bytes(), "reading the weights of the model");
   Feeds feeds;
   for (const auto& name : ck.names()) {
@@ -96,8 +96,8 @@ Feeds weight_feeds(const HfCheckpoint& ck, const std::vector<std::string>& quant
       add_quantized_feeds(feeds, name, w, format);
       continue;
     }
-    if (dtype != DType::f32 && w.dtype != dtype && is_model_float(w.dtype) && converted) {
-      converted->push_back({name, w.dtype});
+    if (dtype != DType::f32 && w.dtype != dtype && is_model_float(w.dtype)) {
+      converted.push_back({name, w.dtype});
       w = w.converted(dtype);
     }
     feeds[name] = std::move(w);
@@ -113,8 +113,9 @@ Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype
                          Feeds& feeds) {
   const bool quantize = quant || ck.any_quantized();
   std::vector<Converted> converted;
-  Feeds weights = weight_feeds(ck, quantize ? quantizable_linear_weights(model) : std::vector<std::string>{},
-                               quant.value_or(Quant::q8), dtype, &converted);
+  Feeds weights =
+      weight_feeds(ck, dtype, converted, quantize ? quantizable_linear_weights(model) : std::vector<std::string>{},
+                   quant.value_or(Quant::q8));
   feeds.merge(weights);
   Graph g = model_as(model, dtype, feeds, converted);
   if (!quantize) return g;
@@ -246,7 +247,7 @@ int run_encoder_model(const RunEncoderModel& o) {
                                                    "the token types (type_vocab_size)"),
                                     "--token-type-ids");
   std::vector<Converted> converted;
-  Feeds feeds = weight_feeds(ck, {}, Quant::q8, o.dtype, &converted);
+  Feeds feeds = weight_feeds(ck, o.dtype, converted);
   if (!o.attention_mask.empty()) {
     const NdArray m = like_tokens(load_npy(o.attention_mask, "--attention-mask"), "--attention-mask");
     if (m.dtype != DType::boolean && m.dtype != DType::i32 && m.dtype != DType::i64)

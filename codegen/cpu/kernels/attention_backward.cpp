@@ -349,26 +349,12 @@ class BackwardEmitter {
         name);
   }
 
+  /// The task's dK and dV rows as the spec stores them: the accumulators are [Bc][d] (row stride
+  /// the padded width), or with dpbf16 transposed, [d][Bc], dK's scale not yet applied.
   void store_key_grads() {
-    if (cfg_.dpbf16) {  // dKᵀ and dVᵀ [d][Bc]; dK's scale not yet applied
-      auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, double scale, const char* name) {
-        ir::emit_loop(
-            b_, c64(0), nk_, 1,
-            [&](llvm::Value* j) {
-              llvm::Value* row = b_.CreateMul(b_.CreateAdd(kv_row0_, b_.CreateAdd(k0_, j)), c64(width));
-              for (std::int64_t d = 0; d < width; ++d) {
-                llvm::Value* x = b_.CreateLoad(f32_, at(acc, b_.CreateAdd(c64(d * bc_), j)));
-                if (scale != 1.0) x = b_.CreateFMul(x, llvm::ConstantFP::get(f32_, scale));
-                store_stored(x, out, b_.CreateAdd(row, c64(d)));
-              }
-            },
-            name);
-      };
-      store(dkacc_, dk_out_, spec_.dk, spec_.effective_scale(), "store.dk");
-      store(dvacc_, dv_out_, spec_.dv, 1.0, "store.dv");
-      return;
-    }
-    auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, std::int64_t padded, const char* name) {
+    auto store = [&](llvm::Value* acc, llvm::Value* out, std::int64_t width, std::int64_t padded, double scale,
+                     const char* name) {
+      const std::int64_t key_stride = cfg_.dpbf16 ? 1 : padded, dim_stride = cfg_.dpbf16 ? bc_ : 1;
       ir::emit_loop(
           b_, c64(0), nk_, 1,
           [&](llvm::Value* j) {
@@ -376,15 +362,17 @@ class BackwardEmitter {
             ir::emit_loop(
                 b_, c64(0), c64(width), 1,
                 [&](llvm::Value* d) {
-                  llvm::Value* x = b_.CreateLoad(f32_, at(acc, b_.CreateAdd(b_.CreateMul(j, c64(padded)), d)));
+                  llvm::Value* x = b_.CreateLoad(
+                      f32_, at(acc, b_.CreateAdd(b_.CreateMul(j, c64(key_stride)), b_.CreateMul(d, c64(dim_stride)))));
+                  if (scale != 1.0) x = b_.CreateFMul(x, llvm::ConstantFP::get(f32_, scale));
                   store_stored(x, out, b_.CreateAdd(b_.CreateMul(row, c64(width)), d));
                 },
                 name, ir::Unroll::allowed);
           },
           name);
     };
-    store(dkacc_, dk_out_, spec_.dk, dkp_, "store.dk");
-    store(dvacc_, dv_out_, spec_.dv, dvp_, "store.dv");
+    store(dkacc_, dk_out_, spec_.dk, dkp_, cfg_.dpbf16 ? spec_.effective_scale() : 1.0, "store.dk");
+    store(dvacc_, dv_out_, spec_.dv, dvp_, 1.0, "store.dv");
   }
 
   /// (scale·Q), dO, lse and D of the rows [q0, q0 + nq) of head bh; zero / +inf past them.
@@ -586,11 +574,9 @@ class BackwardEmitter {
 
     pack_queries(q0, nq);
     const bool pairs = cfg_.dpbf16;
+    const std::int64_t per = pairs ? 2 : 1;  // entries of the summed axis per element
     // S = (scale·Q) Kᵀ (dpbf16: Q Kᵀ, scaled as P is computed)
-    if (pairs)
-      gemm(s_, bc_, qb_, dkp_ / 2, 1, kt_, bc_, br_, bc_, dkp_ / 2, false, "gemm.s", true);
-    else
-      gemm(s_, bc_, qb_, dkp_, 1, kt_, bc_, br_, bc_, dkp_, false, "gemm.s");
+    gemm(s_, bc_, qb_, dkp_ / per, 1, kt_, bc_, br_, bc_, dkp_ / per, false, "gemm.s", pairs);
     // P = exp(S − lse), masked where the tile is not wholly kept or runs past S.
     llvm::Value* masked = b_.CreateOr(b_.CreateNot(all), b_.CreateICmpSLT(nk_, c64(bc_)));
     llvm::BasicBlock* with_mask = llvm::BasicBlock::Create(ctx, "p.masked", fn_);
@@ -605,10 +591,7 @@ class BackwardEmitter {
     b_.CreateBr(p_done);
     b_.SetInsertPoint(p_done);
     // dP = dO Vᵀ (into s_), then dS = P ∘ (dP − D) in place.
-    if (pairs)
-      gemm(s_, bc_, dob_, dvp_ / 2, 1, vt_, bc_, br_, bc_, dvp_ / 2, false, "gemm.dp", true);
-    else
-      gemm(s_, bc_, dob_, dvp_, 1, vt_, bc_, br_, bc_, dvp_, false, "gemm.dp");
+    gemm(s_, bc_, dob_, dvp_ / per, 1, vt_, bc_, br_, bc_, dvp_ / per, false, "gemm.dp", pairs);
     ir::emit_loop(
         b_, c64(0), c64(br_), 1,
         [&](llvm::Value* r) {

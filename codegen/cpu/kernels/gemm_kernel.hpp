@@ -65,6 +65,8 @@ inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16 && !cfg.f16; }
 
 /// Whether A (and W for the GEMV, or the panels' source) hold 16-bit floats: bf16 or f16 bits.
 inline bool half_bits(const GemmConfig& cfg) { return cfg.bf16 || cfg.f16; }
+/// What a kernel's name says of those: "_bf16", "_f16" or nothing.
+inline const char* half_suffix(const GemmConfig& cfg) { return cfg.bf16 ? "_bf16" : cfg.f16 ? "_f16" : ""; }
 
 /// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
 /// (half the bytes). I: std::int64_t, or the generated code's ir::Int.

@@ -270,9 +270,7 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
                                    const I& nn, const I& k, llvm::Value* scales) {
   auto kernel = [&](int rows) {
     const std::string name =
-        std::string(gemm_cfg_.bf16  ? "qkv_gemv_bf16_"
-                    : gemm_cfg_.f16 ? "qkv_gemv_f16_"
-                                    : "qkv_gemv_") +
+        "qkv_gemv" + std::string(half_suffix(gemm_cfg_)) + "_" +
         (gemm_cfg_.quant_group > 0 ? (gemm_cfg_.q4 ? "q4g" : "q8g") + std::to_string(gemm_cfg_.quant_group) + "_"
                                    : "") +
         std::to_string(rows);
@@ -297,11 +295,9 @@ void ModuleBuilder::emit_gemv_call(llvm::Value* x, llvm::Value* wt, llvm::Value*
 /// The GEMM kernel's tasks over x and the packed panels.
 void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::Value* bias_pad, llvm::Value* y,
                                      const I& m, const I& nn, const I& k, llvm::Value* x_scales) {
-  const std::string name = gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
-                                              : std::string(gemm_cfg_.bf16  ? "qkv_gemm_bf16"
-                                                            : gemm_cfg_.f16 ? "qkv_gemm_f16"
-                                                                            : "qkv_gemm") +
-                                                    (gemm_cfg_.a_transposed ? "_at" : "");
+  const std::string name =
+      gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
+                         : "qkv_gemm" + std::string(half_suffix(gemm_cfg_)) + (gemm_cfg_.a_transposed ? "_at" : "");
   if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
   llvm::Function* kernel = callee(name);
   const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;

@@ -112,8 +112,9 @@ std::vector<std::string> specialised_sizes(const Graph& g) {
 GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& target) {
   GemmSpec spec;
   const Node& n = lowered.node(id);
-  spec.bf16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::bf16;
-  spec.f16 = storage_dtype(lowered.node(n.inputs[0]).dtype) == DType::f16;
+  const DType x = storage_dtype(lowered.node(n.inputs[0]).dtype);
+  spec.bf16 = x == DType::bf16;
+  spec.f16 = x == DType::f16;
   GemmConfig cfg = choose_gemm_config(spec, target);
   const Node& w = lowered.node(n.inputs[1]);
   if (w.op != Op::dequantize) return cfg;

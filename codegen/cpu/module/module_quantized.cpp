@@ -164,8 +164,8 @@ void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, c
 /// of four rows of W against a block of rows of x at a time (1, 2 or, from 3 rows on, 4: a batched
 /// decode step has up to kQuantGemvMaxRows): each pair's W entries and scales are loaded (and
 /// unpacked) once for the block's rows of x, W's rows stay in L1 across x's row blocks, and the
-/// next block's bytes are prefetched (a row is a short stream: 32 cache lines for q8, 16 for q4, which the hardware
-/// prefetchers barely start on).
+/// next block's bytes are prefetched (a row is a short stream: 32 cache lines for q8, 16 for q4,
+/// which the hardware prefetchers barely start on).
 void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
                                    llvm::Value* y, const I& m, const I& nn, const I& k) {
   const bool q4 = gemm_cfg_.q4;
@@ -178,6 +178,55 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
   const I row_bytes = q4 ? k / 2 : k, pair_bytes = c64(q4 ? 32 : 64);  // of W
   std::vector<int> lane_group;
   for (int l = 0; l < 16; ++l) lane_group.push_back(pair_group_of_lane(l, q4));
+  // Pair p of W row `row`, prefetching the next block's same bytes: its 64 entries as 16 lanes of
+  // four u8 (q8 as q + 128, q4's nibbles as they are: q + 8) and each lane's group scale.
+  auto weight_pair = [&](const I& row, const I& p) -> std::pair<llvm::Value*, llvm::Value*> {
+    llvm::Value* at = b_.CreateGEP(i8_, wt, (row * row_bytes + p * pair_bytes).v());
+    b_.CreateIntrinsic(
+        llvm::Intrinsic::prefetch, {ptr_},
+        {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+    llvm::Value* u;
+    if (q4) {
+      llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
+      llvm::Value* low4 = b_.CreateVectorSplat(32, b_.getInt8(0x0F));
+      llvm::Value* lo = b_.CreateAnd(bytes, low4);
+      llvm::Value* hi = b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))), low4);
+      u = b_.CreateBitCast(ir::concat(b_, lo, hi), v16i);
+    } else {
+      u = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)), static_cast<std::uint64_t>(0x80808080u));
+    }
+    llvm::Value* two = ir::half_to_f32(
+        b_,
+        b_.CreateAlignedLoad(v2h, b_.CreateGEP(b_.getInt16Ty(), scales, (row * groups + p * 2).v()), llvm::Align(2)),
+        /*brain=*/false);
+    return {u, b_.CreateShuffleVector(two, lane_group)};
+  };
+  // acc[i·kOuts + j] over the pairs: W rows `rows` against x rows `xrows`.
+  auto dot_block = [&](const std::vector<I>& rows, const std::vector<I>& xrows) {
+    std::vector<llvm::Value*> init(rows.size() * xrows.size(), llvm::Constant::getNullValue(v16f));
+    return ir::emit_loop(
+        b_, c64(0).v(), pairs.v(), 1, init,
+        [&](llvm::Value* pv, const std::vector<llvm::Value*>& cur) {
+          const I p(b_, pv);
+          std::vector<std::pair<llvm::Value*, llvm::Value*>> w;  // (entries, scales) of each W row
+          for (const I& row : rows) w.push_back(weight_pair(row, p));
+          std::vector<llvm::Value*> next(cur.size());
+          for (std::size_t i = 0; i < xrows.size(); ++i) {
+            llvm::Value* xb = b_.CreateGEP(i8_, xr, ((xrows[i] * pairs + p) * 192).v());
+            llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
+            llvm::Value* corr = b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
+            llvm::Value* dx = b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
+            for (std::size_t j = 0; j < rows.size(); ++j) {
+              const std::size_t e = i * rows.size() + j;
+              llvm::Value* isum = ir::dot_u8s8(b_, corr, w[j].first, xs);
+              next[e] = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {v16f},
+                                           {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(w[j].second, dx), cur[e]});
+            }
+          }
+          return next;
+        },
+        "int8_gemv_pairs");
+  };
   auto blocks_of = [&](const int kXRows) {
     parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
       loop(
@@ -192,56 +241,7 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
                   const I r0 = rb * kXRows;
                   std::vector<I> xrows;
                   for (int i = 0; i < kXRows; ++i) xrows.push_back(imin(r0 + i, m - 1));  // past m: not stored
-                  std::vector<llvm::Value*> init(kOuts * kXRows, llvm::Constant::getNullValue(v16f));
-                  std::vector<llvm::Value*> acc = ir::emit_loop(
-                      b_, c64(0).v(), pairs.v(), 1, init,
-                      [&](llvm::Value* pv, const std::vector<llvm::Value*>& cur) {
-                        const I p(b_, pv);
-                        std::vector<llvm::Value*> u(kOuts), sw(kOuts);
-                        for (int j = 0; j < kOuts; ++j) {
-                          llvm::Value* at = b_.CreateGEP(i8_, wt, (rows[j] * row_bytes + p * pair_bytes).v());
-                          // The same bytes of the next block's row.
-                          b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ptr_},
-                                             {b_.CreateGEP(i8_, at, (row_bytes * kOuts).v()), b_.getInt32(0),
-                                              b_.getInt32(3), b_.getInt32(1)});
-                          if (q4) {  // the nibbles as they are: q + 8
-                            llvm::Value* bytes = b_.CreateAlignedLoad(v32, at, llvm::Align(1));
-                            llvm::Value* lo = b_.CreateAnd(bytes, b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                            llvm::Value* hi =
-                                b_.CreateAnd(b_.CreateLShr(bytes, b_.CreateVectorSplat(32, b_.getInt8(4))),
-                                             b_.CreateVectorSplat(32, b_.getInt8(0x0F)));
-                            u[j] = b_.CreateBitCast(ir::concat(b_, lo, hi), v16i);
-                          } else {  // q + 128
-                            u[j] = b_.CreateXor(b_.CreateAlignedLoad(v16i, at, llvm::Align(1)),
-                                                static_cast<std::uint64_t>(0x80808080u));
-                          }
-                          llvm::Value* two = ir::half_to_f32(
-                              b_,
-                              b_.CreateAlignedLoad(
-                                  v2h, b_.CreateGEP(b_.getInt16Ty(), scales, (rows[j] * groups + p * 2).v()),
-                                  llvm::Align(2)),
-                              /*brain=*/false);
-                          sw[j] = b_.CreateShuffleVector(two, lane_group);
-                        }
-                        std::vector<llvm::Value*> next(cur.size());
-                        for (int i = 0; i < kXRows; ++i) {
-                          llvm::Value* xb = b_.CreateGEP(i8_, xr, ((xrows[i] * pairs + p) * 192).v());
-                          llvm::Value* xs = b_.CreateAlignedLoad(v16i, xb, llvm::Align(4));
-                          llvm::Value* corr =
-                              b_.CreateAlignedLoad(v16i, b_.CreateGEP(i8_, xb, c64(64).v()), llvm::Align(4));
-                          llvm::Value* dx =
-                              b_.CreateAlignedLoad(v16f, b_.CreateGEP(i8_, xb, c64(128).v()), llvm::Align(4));
-                          for (int j = 0; j < kOuts; ++j) {
-                            const auto e = static_cast<std::size_t>(i * kOuts + j);
-                            llvm::Value* isum = ir::dot_u8s8(b_, corr, u[j], xs);
-                            next[e] =
-                                b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {v16f},
-                                                   {b_.CreateSIToFP(isum, v16f), b_.CreateFMul(sw[j], dx), cur[e]});
-                          }
-                        }
-                        return next;
-                      },
-                      "int8_gemv_pairs");
+                  const std::vector<llvm::Value*> acc = dot_block(rows, xrows);
                   for (int i = 0; i < kXRows; ++i)
                     for (int j = 0; j < kOuts; ++j)
                       branch(o0 + j < end && r0 + i < m, [&] {
@@ -273,15 +273,14 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
   branch(nn % nr != 0, [&] { memset0(b_.CreateGEP(i8_, packed, (full * panel).v()), panel); });
   auto* vb = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group));
   auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
-  auto concat = [&](llvm::Value* x, llvm::Value* y) { return ir::concat(b_, x, y); };
   // Entries [k0, k0 + group) of W's row (0 past K), as i8.
   auto entries = [&](const I& row, const I& g) -> llvm::Value* {
     if (gemm_cfg_.q4) {  // K whole groups: byte j of the group holds entries j and j + group / 2
       auto* half = llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group / 2));
       llvm::Value* bytes =
           b_.CreateAlignedLoad(half, b_.CreateGEP(i8_, wt, (row * (k / 2) + g * (group / 2)).v()), llvm::Align(1));
-      return concat(ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
-                    ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true));
+      return ir::concat(b_, ir::q4_nibbles(b_, bytes, b_.getFalse(), /*centered=*/true),
+                        ir::q4_nibbles(b_, bytes, b_.getTrue(), /*centered=*/true));
     }
     llvm::Value* valid = ir::lanes_below(b_, static_cast<int>(group), (k - g * group).v());
     return b_.CreateMaskedLoad(vb, b_.CreateGEP(i8_, wt, (row * k + g * group).v()), llvm::Align(1), valid,
@@ -302,7 +301,7 @@ void ModuleBuilder::emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, 
       std::vector<llvm::Value*> rows;
       for (int j = 0; j < lanes; ++j) {
         llvm::Value* v = entries(row0 + j, g0);
-        for (std::int64_t t = 1; t < per; ++t) v = concat(v, entries(row0 + j, g0 + t));
+        for (std::int64_t t = 1; t < per; ++t) v = ir::concat(b_, v, entries(row0 + j, g0 + t));
         rows.push_back(b_.CreateBitCast(v, vi));
       }
       rows = ir::transpose_square(b_, std::move(rows));  // rows[w]: word w of each row
