@@ -411,10 +411,11 @@ class Planner {
   }
 
   /// fused_attention_backward: the PTX backward's dq kernel (D into a scratch buffer, dQ) and then
-  /// its dkdv kernel (dK and dV into buffers its attention_dk / attention_dv companions take).
-  /// What those kernels do not take (bf16, gradients of the tensors a mod reads, heads wider than
-  /// 256) is refused here with the reason: the three gradients are one computation, which has no
-  /// host step on this backend — never a wrong result.
+  /// its dkdv kernel (dK and dV into buffers its attention_dk / attention_dv companions take) —
+  /// fp32 FMA kernels, or with bf16 storage the tensor-core ones. What those kernels do not take
+  /// (gradients of the tensors a mod reads, f32 heads wider than 256, bf16 heads that are not
+  /// multiples of 16 up to 128) is refused here with the reason: the three gradients are one
+  /// computation, which has no host step on this backend — never a wrong result.
   void attention_backward(int id) {
     const Node& n = g_.node(id);
     Step& s = step(id);
@@ -439,8 +440,9 @@ class Planner {
 
     const int out = value_buffer(id);  // dQ
     const auto kv_rows = static_cast<std::size_t>(call->batch * spec.hkv * call->len_k);
-    const int dk = new_buffer(kv_rows * static_cast<std::size_t>(spec.dk) * 4, id);
-    const int dv = new_buffer(kv_rows * static_cast<std::size_t>(spec.dv) * 4, id);
+    const std::size_t elem = storage_bytes(spec.storage);  // dK, dV as q, k, v are stored
+    const int dk = new_buffer(kv_rows * static_cast<std::size_t>(spec.dk) * elem, id);
+    const int dv = new_buffer(kv_rows * static_cast<std::size_t>(spec.dv) * elem, id);
     dk_[id] = dk;
     dv_[id] = dv;
     const int delta = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q) * 4, id);

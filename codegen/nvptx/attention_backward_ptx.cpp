@@ -76,11 +76,6 @@ class BackwardPtx {
   /// S, P, dP and dS for the staged Q, dO, K and V at the key tile k0 (keys `key`); `always`:
   /// the tile is fully kept.
   Scores scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32);
-  /// Carried values through a tile the keep predicate may rule out: `never` (block-uniform)
-  /// passes them on unchanged, else visit(carried).
-  Values visit_unless(llvm::Value* never, const Values& carried, const std::function<Values(const Values&)>& visit,
-                      const std::string& name);
-
   /// tile[r][c] = src[r·width + c] · factor for rows r < valid, else 0 (c < width): stage_rows.
   void stage(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, int stride, llvm::Value* tile,
              double factor, const std::string& name) {
@@ -218,28 +213,6 @@ void BackwardPtx::query_tile(llvm::Value* q0, llvm::Value* head) {
   mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true);
 }
 
-Values BackwardPtx::visit_unless(llvm::Value* never, const Values& carried,
-                                 const std::function<Values(const Values&)>& visit, const std::string& name) {
-  llvm::Function* fn = kb_.fn();
-  llvm::BasicBlock* from = b_.GetInsertBlock();
-  llvm::BasicBlock* body = llvm::BasicBlock::Create(kb_.ctx(), name + ".visit", fn);
-  llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), name + ".joined", fn);
-  b_.CreateCondBr(never, join, body);
-  b_.SetInsertPoint(body);
-  Values next = visit(carried);
-  llvm::BasicBlock* body_end = b_.GetInsertBlock();
-  b_.CreateBr(join);
-  b_.SetInsertPoint(join);
-  Values out;
-  for (std::size_t k = 0; k < next.size(); ++k) {
-    llvm::PHINode* phi = b_.CreatePHI(next[k]->getType(), 2, "carried");
-    phi->addIncoming(carried[k], from);
-    phi->addIncoming(next[k], body_end);
-    out.push_back(phi);
-  }
-  return out;
-}
-
 BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32) {
   Values s = kb_.dot_tile(q_rows_, k_rows_, dk_, g_.wk);
   for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
@@ -326,7 +299,7 @@ void BackwardPtx::emit_dq() {
         Values key;
         for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
         auto [always, never] = mod_->classify_tile(k0);
-        return visit_unless(
+        return kb_.visit_unless(
             never, carried,
             [&](const Values& in) {
               kb_.barrier();  // every warp is done with the previous tiles (and Q, dO are staged)
@@ -386,7 +359,7 @@ void BackwardPtx::emit_dkdv() {
             [&](llvm::Value* qt, const Values& carried) {
               query_tile(b_.CreateMul(qt, c64(g_.block_q), "q0"), head);
               auto [always, never] = mod_->classify_tile(k0);
-              return visit_unless(
+              return kb_.visit_unless(
                   never, carried,
                   [&](const Values& in) {
                     kb_.barrier();  // every warp is done with the previous query tile
@@ -462,6 +435,7 @@ void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values
 
 KernelInfo build_attention_backward(llvm::Module& module, const AttentionBackwardKernel& request,
                                     const HostEmulation* emulation) {
+  if (request.spec.storage == DType::bf16) return build_attention_backward_mma(module, request, emulation);
   return BackwardPtx(module, request, emulation).emit(kernel_name(request));
 }
 

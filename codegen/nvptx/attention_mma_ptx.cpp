@@ -75,15 +75,12 @@ class AttentionMmaPtx {
  private:
   void declare(const std::string& name);
   void prologue();
-  /// rows × width bf16 from `src` (rows before `valid` — i64 —, else zeros) → the shared tile at
-  /// `tile` with row stride `stride` elements, 16 bytes per thread and step.
   void stage_rows(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, llvm::Value* tile, int stride,
-                  const std::string& name);
-  void load_q_fragments();
+                  const std::string& name) {
+    kb_.stage_bf16_rows(tid_, g_.threads, src, valid, rows, width, tile, stride, name);
+  }
   /// One visited tile: m[2], l[2], o[DT·4] in, out.
   Values visit_tile(llvm::Value* k0, llvm::Value* always, const Values& carried);
-  Values emit_scores();                       // S = Q·Kᵀ: NT·4 C registers (tile nt: c0..c3)
-  Values emit_pv(const Values& p, Values o);  // o (DT·4 C registers) += P·V
   void store_output(const Values& o, const Values& inv);
   void store_lse(const Values& m, const Values& l);
 
@@ -128,7 +125,7 @@ KernelInfo AttentionMmaPtx::emit(const std::string& name) {
   prologue();
   stage_rows(q_blk_, nvalid_, g_.block_q, dk_, qs_, g_.qk_stride, "stage_q");
   kb_.barrier();
-  load_q_fragments();
+  qa_ = kb_.mma_a_fragments(ld_q_, KS_);
 
   const auto f0 = kb_.cf(0.0), ninf = kb_.cf(kNegInf);
   Values init{ninf, ninf, f0, f0};  // m[2], l[2]
@@ -138,25 +135,7 @@ KernelInfo AttentionMmaPtx::emit(const std::string& name) {
       [&](llvm::Value* kt, const Values& carried) {
         llvm::Value* k0 = b_.CreateMul(kt, c64(g_.block_k), "k0");
         auto [always, never] = mod_->classify_tile(k0);
-        llvm::BasicBlock* skip = llvm::BasicBlock::Create(kb_.ctx(), "tiles.skip", kb_.fn());
-        llvm::BasicBlock* visit = llvm::BasicBlock::Create(kb_.ctx(), "tiles.visit", kb_.fn());
-        llvm::BasicBlock* join = llvm::BasicBlock::Create(kb_.ctx(), "tiles.joined", kb_.fn());
-        b_.CreateCondBr(never, skip, visit);
-        b_.SetInsertPoint(skip);
-        b_.CreateBr(join);
-        b_.SetInsertPoint(visit);
-        Values next = visit_tile(k0, always, carried);
-        llvm::BasicBlock* visit_end = b_.GetInsertBlock();
-        b_.CreateBr(join);
-        b_.SetInsertPoint(join);
-        Values out;
-        for (std::size_t k = 0; k < next.size(); ++k) {
-          llvm::PHINode* phi = b_.CreatePHI(next[k]->getType(), 2, "carried");
-          phi->addIncoming(carried[k], skip);
-          phi->addIncoming(next[k], visit_end);
-          out.push_back(phi);
-        }
-        return out;
+        return kb_.visit_unless(never, carried, [&](const Values& in) { return visit_tile(k0, always, in); }, "tiles");
       },
       "tiles", /*unroll=*/false);
 
@@ -222,89 +201,15 @@ void AttentionMmaPtx::prologue() {
   qs_ = shared16(g_.q_offset);
   ks_ = shared16(g_.k_offset);
   vs_ = shared16(g_.v_offset);
-  // ldmatrix row addresses (lane = 8m + r addresses row r of matrix m):
-  //   Q (A of a k16 slice): m0 rows 0-7 / cols 0-7 → a0a1, m1 rows 8-15 → a2a3, m2 cols 8-15 → a4a5, m3 → a6a7
-  //   K (B of two n8 key tiles): m0 keys 0-7 / feats 0-7 → b0b1 of tile 0, m1 feats 8-15 → its b2b3,
-  //     m2 keys 8-15 → tile 1's b0b1, m3 → its b2b3
-  //   V (B of two n8 column tiles, .trans): m0 keys 0-7 / cols 0-7 → b0b1 of tile 0, m1 keys 8-15
-  //     → its b2b3, m2 cols 8-15 → tile 1's b0b1, m3 → its b2b3
-  llvm::Value* r8 = b_.CreateAnd(lane, c32(7));
-  llvm::Value* m1 = b_.CreateAnd(b_.CreateLShr(lane, c32(3)), c32(1));  // matrix index bit 0
-  llvm::Value* m2 = b_.CreateLShr(lane, c32(4));                        // matrix index bit 1
-  auto addr = [&](llvm::Value* base, llvm::Value* row, llvm::Value* col, int stride) {
-    return at16(base, b_.CreateAdd(b_.CreateMul(row, c32(stride)), col));
-  };
-  llvm::Value* q_row = b_.CreateAdd(b_.CreateMul(warp, c32(16)), b_.CreateAdd(r8, b_.CreateMul(m1, c32(8))));
-  ld_q_ = addr(qs_, q_row, b_.CreateMul(m2, c32(8)), g_.qk_stride);
-  ld_k_ = addr(ks_, b_.CreateAdd(r8, b_.CreateMul(m2, c32(8))), b_.CreateMul(m1, c32(8)), g_.qk_stride);
-  ld_v_ = addr(vs_, b_.CreateAdd(r8, b_.CreateMul(m1, c32(8))), b_.CreateMul(m2, c32(8)), g_.v_stride);
+  // ldmatrix row addresses: Q's A fragments (the warp's 16 rows), K's B fragments (S = Q·Kᵀ:
+  // K is stored n-major), V's B fragments (O += P·V: V is stored k-major, read .trans).
+  ld_q_ = kb_.mma_lane_row(qs_, g_.qk_stride, b_.CreateMul(warp, c32(16)), true);
+  ld_k_ = kb_.mma_lane_row(ks_, g_.qk_stride, c32(0), false);
+  ld_v_ = kb_.mma_lane_row(vs_, g_.v_stride, c32(0), true);
 
   AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
                           batch_, head_, q0_,      nvalid_,  g_.block_k, KJ_,    row_f32_};
   mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame));
-}
-
-void AttentionMmaPtx::stage_rows(llvm::Value* src, llvm::Value* valid, int rows, std::int64_t width, llvm::Value* tile,
-                                 int stride, const std::string& name) {
-  // chunk idx = row·(width/8) + c walks the rows in order: 8 bf16 (16 bytes) per step, coalesced.
-  const std::int64_t per_row = width / 8;
-  auto* v4 = llvm::FixedVectorType::get(kb_.i32(), 4);
-  kb_.loop(
-      tid_, c32(rows * per_row), g_.threads,
-      [&](llvm::Value* idx) {
-        llvm::Value* r = b_.CreateUDiv(idx, c32(per_row));
-        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, c32(per_row)));
-        llvm::Value* ok = b_.CreateICmpSLT(zext64(r), valid);
-        llvm::Value* from = b_.CreateSelect(ok, zext64(b_.CreateMul(idx, c32(8))), c64(0));  // in bounds
-        llvm::Value* x = b_.CreateAlignedLoad(v4, at16(src, from), llvm::Align(16));
-        x = b_.CreateSelect(ok, x, llvm::Constant::getNullValue(v4));
-        llvm::Value* to = b_.CreateAdd(b_.CreateMul(r, c32(stride)), b_.CreateMul(c, c32(8)));
-        b_.CreateAlignedStore(x, at16(tile, to), llvm::Align(16));
-      },
-      name);
-}
-
-void AttentionMmaPtx::load_q_fragments() {
-  for (int ks = 0; ks < KS_; ++ks) qa_.push_back(kb_.ldmatrix_x4(at16(ld_q_, c32(16 * ks)), false));
-}
-
-Values AttentionMmaPtx::emit_scores() {
-  Values acc(static_cast<std::size_t>(NT_ * 4), kb_.cf(0.0));
-  for (int ks = 0; ks < KS_; ++ks)
-    for (int np = 0; np < NT_ / 2; ++np) {
-      Values b = kb_.ldmatrix_x4(at16(ld_k_, c32(16 * np * g_.qk_stride + 16 * ks)), false);
-      for (int h = 0; h < 2; ++h) {
-        const auto nt = static_cast<std::size_t>(2 * np + h);
-        Values c(acc.begin() + static_cast<std::ptrdiff_t>(4 * nt),
-                 acc.begin() + static_cast<std::ptrdiff_t>(4 * nt + 4));
-        Values d = kb_.mma_bf16(qa_[static_cast<std::size_t>(ks)], {b[2 * h], b[2 * h + 1]}, c);
-        std::copy(d.begin(), d.end(), acc.begin() + static_cast<std::ptrdiff_t>(4 * nt));
-      }
-    }
-  return acc;
-}
-
-Values AttentionMmaPtx::emit_pv(const Values& p, Values o) {
-  // P (fp32, C fragments of the NT key tiles) → A fragments of the NT/2 k16 slices, bf16: slice
-  // kk = key tiles 2kk (a0..a3: its c0c1, c2c3) and 2kk + 1 (a4..a7).
-  for (int kk = 0; kk < NT_ / 2; ++kk) {
-    Values a;
-    for (int h = 0; h < 2; ++h)
-      for (int i = 0; i < 2; ++i) {
-        const auto base = static_cast<std::size_t>((2 * kk + h) * 4 + 2 * i);
-        a.push_back(kb_.pack_bf16x2(p[base], p[base + 1]));
-      }
-    for (int dp = 0; dp < DT_ / 2; ++dp) {
-      Values b = kb_.ldmatrix_x4(at16(ld_v_, c32(16 * kk * g_.v_stride + 16 * dp)), true);
-      for (int h = 0; h < 2; ++h) {
-        const auto dt = static_cast<std::size_t>(2 * dp + h);
-        Values c(o.begin() + static_cast<std::ptrdiff_t>(4 * dt), o.begin() + static_cast<std::ptrdiff_t>(4 * dt + 4));
-        Values d = kb_.mma_bf16(a, {b[2 * h], b[2 * h + 1]}, c);
-        std::copy(d.begin(), d.end(), o.begin() + static_cast<std::ptrdiff_t>(4 * dt));
-      }
-    }
-  }
-  return o;
 }
 
 Values AttentionMmaPtx::visit_tile(llvm::Value* k0, llvm::Value* always, const Values& carried) {
@@ -317,7 +222,7 @@ Values AttentionMmaPtx::visit_tile(llvm::Value* k0, llvm::Value* always, const V
   kb_.barrier();
 
   // S in log2 units, in the mod's R × KJ order (rows g, g + 8; keys tile·8 + 2t + {0,1}).
-  Values acc = emit_scores();
+  Values acc = kb_.mma_a_bt(Values(static_cast<std::size_t>(NT_ * 4), kb_.cf(0.0)), qa_, ld_k_, g_.qk_stride);
   llvm::Value* factor = kb_.cf(spec_.effective_scale() * kLog2e);
   Values s(static_cast<std::size_t>(2 * KJ_)), key;
   llvm::Value* key_t = zext64(b_.CreateMul(lane_t_, c32(2)));
@@ -352,7 +257,7 @@ Values AttentionMmaPtx::visit_tile(llvm::Value* k0, llvm::Value* always, const V
       auto& x = co[static_cast<std::size_t>(dt * 4 + e)];
       x = b_.CreateFMul(x, alpha[static_cast<std::size_t>(e / 2)]);
     }
-  co = emit_pv(p, co);
+  co = kb_.mma_c_b(co, p, ld_v_, g_.v_stride);
   Values next = cm;
   next.insert(next.end(), cl.begin(), cl.end());
   next.insert(next.end(), co.begin(), co.end());

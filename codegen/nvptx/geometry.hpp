@@ -74,7 +74,19 @@ struct BackwardGeometry {
   std::int64_t q_offset = 0, do_offset = 0, k_offset = 0, v_offset = 0, t0_offset = 0, t1_offset = 0;
   std::int64_t shared_floats = 0;
   [[nodiscard]] int shared_bytes() const { return static_cast<int>(shared_floats * 4); }
+
+  /// spec.storage == bf16: the tensor-core kernels (attention_backward_mma_ptx.cpp). Warp w owns
+  /// 16 rows of the block's own tile — dq: query rows (block_q = 16·warps), dkdv: keys (block_k =
+  /// 16·warps) — and sweeps the other's tiles (a multiple of 16 rows up to 128). Shared memory
+  /// holds bf16 rows: Q [block_q][k_stride], dO [block_q][v_stride], K [block_k][k_stride], V
+  /// [block_k][v_stride], strides in bf16 elements (dk + 8, dv + 8: an ldmatrix's 8 row addresses
+  /// hit distinct banks), offsets in floats; no t0 / t1 (P and dS stay in registers). R, KJ, Rk,
+  /// w and tc are unused.
+  bool mma = false;
 };
+
+/// Why the bf16 tensor-core backward cannot compute `request` (empty: it can).
+std::string mma_attention_backward_unsupported(const AttentionBackwardKernel& request);
 
 /// Validates the request (and its spec) and resolves it; throws std::runtime_error.
 BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& request);

@@ -11,6 +11,7 @@
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/Metadata.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "llvm/ir_util.hpp"
@@ -183,6 +184,113 @@ llvm::Value* KernelBuilder::pack_bf16x2(llvm::Value* lo, llvm::Value* hi) {
   v = b_.CreateInsertElement(v, hi, std::uint64_t{1});
   v = b_.CreateFPTrunc(v, llvm::FixedVectorType::get(b_.getBFloatTy(), 2));  // cvt.rn.bf16(x2).f32
   return b_.CreateBitCast(v, i32());
+}
+
+std::vector<llvm::Value*> KernelBuilder::visit_unless(
+    llvm::Value* never, const std::vector<llvm::Value*>& carried,
+    const std::function<std::vector<llvm::Value*>(const std::vector<llvm::Value*>&)>& visit, const std::string& name) {
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* body = llvm::BasicBlock::Create(ctx_, name + ".visit", fn_);
+  llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, name + ".joined", fn_);
+  b_.CreateCondBr(never, join, body);
+  b_.SetInsertPoint(body);
+  std::vector<llvm::Value*> next = visit(carried);
+  llvm::BasicBlock* body_end = b_.GetInsertBlock();
+  b_.CreateBr(join);
+  b_.SetInsertPoint(join);
+  std::vector<llvm::Value*> out;
+  for (std::size_t k = 0; k < next.size(); ++k) {
+    llvm::PHINode* phi = b_.CreatePHI(next[k]->getType(), 2, "carried");
+    phi->addIncoming(carried[k], from);
+    phi->addIncoming(next[k], body_end);
+    out.push_back(phi);
+  }
+  return out;
+}
+
+llvm::Value* KernelBuilder::mma_lane_row(llvm::Value* tile, int stride, llvm::Value* row0, bool rows_first) {
+  llvm::Value* lane = b_.CreateAnd(tid_x(), c32(31));
+  llvm::Value* r8 = b_.CreateAnd(lane, c32(7));
+  llvm::Value* m1 = b_.CreateMul(b_.CreateAnd(b_.CreateLShr(lane, c32(3)), c32(1)), c32(8));  // matrix bit 0 · 8
+  llvm::Value* m2 = b_.CreateMul(b_.CreateLShr(lane, c32(4)), c32(8));                        // matrix bit 1 · 8
+  llvm::Value* row = b_.CreateAdd(row0, b_.CreateAdd(r8, rows_first ? m1 : m2));
+  llvm::Value* col = rows_first ? m2 : m1;
+  return b_.CreateInBoundsGEP(b_.getInt16Ty(), tile, b_.CreateAdd(b_.CreateMul(row, c32(stride)), col));
+}
+
+std::vector<std::vector<llvm::Value*>> KernelBuilder::mma_a_fragments(llvm::Value* a, int slices) {
+  std::vector<std::vector<llvm::Value*>> out;
+  for (int s = 0; s < slices; ++s)
+    out.push_back(ldmatrix_x4(b_.CreateConstInBoundsGEP1_32(b_.getInt16Ty(), a, static_cast<unsigned>(16 * s)), false));
+  return out;
+}
+
+namespace {
+/// c's n8 tiles 2·pair and 2·pair + 1 += A·(their B fragments in b: b0b1, b2b3 of an ldmatrix.x4).
+void mma_pair(KernelBuilder& kb, std::vector<llvm::Value*>& c, int pair, const std::vector<llvm::Value*>& a,
+              const std::vector<llvm::Value*>& b) {
+  for (int h = 0; h < 2; ++h) {
+    const auto at = static_cast<std::ptrdiff_t>(4 * (2 * pair + h));
+    std::vector<llvm::Value*> d =
+        kb.mma_bf16(a, {b[static_cast<std::size_t>(2 * h)], b[static_cast<std::size_t>(2 * h + 1)]},
+                    std::vector<llvm::Value*>(c.begin() + at, c.begin() + at + 4));
+    std::copy(d.begin(), d.end(), c.begin() + at);
+  }
+}
+}  // namespace
+
+std::vector<llvm::Value*> KernelBuilder::mma_a_bt(std::vector<llvm::Value*> c,
+                                                  const std::vector<std::vector<llvm::Value*>>& a, llvm::Value* b,
+                                                  int b_stride) {
+  const int pairs = static_cast<int>(c.size() / 8);
+  for (std::size_t ks = 0; ks < a.size(); ++ks)
+    for (int np = 0; np < pairs; ++np)
+      mma_pair(*this, c, np, a[ks],
+               ldmatrix_x4(b_.CreateConstInBoundsGEP1_32(b_.getInt16Ty(), b,
+                                                         static_cast<unsigned>(16 * np * b_stride + 16 * ks)),
+                           false));
+  return c;
+}
+
+std::vector<llvm::Value*> KernelBuilder::mma_c_b(std::vector<llvm::Value*> c, const std::vector<llvm::Value*>& p,
+                                                 llvm::Value* b, int b_stride) {
+  const int pairs = static_cast<int>(c.size() / 8);
+  for (std::size_t kk = 0; kk < p.size() / 8; ++kk) {
+    // slice kk = P's n8 tiles 2kk (a0..a3: its c0c1, c2c3) and 2kk + 1 (a4..a7)
+    std::vector<llvm::Value*> a;
+    for (std::size_t h = 0; h < 2; ++h)
+      for (std::size_t i = 0; i < 2; ++i) {
+        const std::size_t base = (2 * kk + h) * 4 + 2 * i;
+        a.push_back(pack_bf16x2(p[base], p[base + 1]));
+      }
+    for (int dp = 0; dp < pairs; ++dp)
+      mma_pair(*this, c, dp, a,
+               ldmatrix_x4(b_.CreateConstInBoundsGEP1_32(b_.getInt16Ty(), b,
+                                                         static_cast<unsigned>(16 * kk * b_stride + 16 * dp)),
+                           true));
+  }
+  return c;
+}
+
+void KernelBuilder::stage_bf16_rows(llvm::Value* tid, int threads, llvm::Value* src, llvm::Value* valid, int rows,
+                                    std::int64_t width, llvm::Value* tile, int stride, const std::string& name) {
+  // chunk idx = row·(width/8) + c walks the rows in order: 8 bf16 (16 bytes) per step, coalesced.
+  const std::int64_t per_row = width / 8;
+  auto* v4 = llvm::FixedVectorType::get(i32(), 4);
+  auto* i16 = b_.getInt16Ty();
+  loop(
+      tid, c32(rows * per_row), threads,
+      [&](llvm::Value* idx) {
+        llvm::Value* r = b_.CreateUDiv(idx, c32(per_row));
+        llvm::Value* c = b_.CreateSub(idx, b_.CreateMul(r, c32(per_row)));
+        llvm::Value* ok = b_.CreateICmpSLT(b_.CreateZExt(r, i64()), valid);
+        llvm::Value* from = b_.CreateSelect(ok, b_.CreateZExt(b_.CreateMul(idx, c32(8)), i64()), c64(0));  // in bounds
+        llvm::Value* x = b_.CreateAlignedLoad(v4, b_.CreateInBoundsGEP(i16, src, from), llvm::Align(16));
+        x = b_.CreateSelect(ok, x, llvm::Constant::getNullValue(v4));
+        llvm::Value* to = b_.CreateAdd(b_.CreateMul(r, c32(stride)), b_.CreateMul(c, c32(8)));
+        b_.CreateAlignedStore(x, b_.CreateInBoundsGEP(i16, tile, to), llvm::Align(16));
+      },
+      name);
 }
 
 llvm::Value* KernelBuilder::dynamic_shared(const std::string& name) {

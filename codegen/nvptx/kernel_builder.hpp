@@ -119,6 +119,31 @@ class KernelBuilder {
   /// Two f32 rounded to bf16 (nearest, ties to even) packed in an i32: `lo` in bits 0..15.
   llvm::Value* pack_bf16x2(llvm::Value* lo, llvm::Value* hi);
 
+  // --- tensor-core tiles: bf16 rows in shared memory, `stride` elements a row, 16-byte aligned
+  /// This lane's ldmatrix.x4 row address for the 16 × 16 block at row `row0` (i32), column 0 of
+  /// `tile`. rows_first: matrices 0, 1 are rows 0–7, 8–15 of columns 0–7 and matrices 2, 3 the
+  /// same of columns 8–15 — an A fragment, or (read .trans) the B fragments of two n8 tiles of a
+  /// tile stored k-major ([k][n]). Else matrices 0, 1 are columns 0–7, 8–15 of rows 0–7 and 2, 3
+  /// of rows 8–15 — the B fragments of two n8 tiles of a tile stored n-major ([n][k]).
+  llvm::Value* mma_lane_row(llvm::Value* tile, int stride, llvm::Value* row0, bool rows_first);
+  /// The A fragments of `slices` k16 slices at a rows_first lane address (slice s: columns 16s..).
+  std::vector<std::vector<llvm::Value*>> mma_a_fragments(llvm::Value* a, int slices);
+  /// c (the C fragments of n n8 tiles, 4 f32 each: n = c.size() / 4, even) += A·Bᵀ: A the
+  /// fragments of its k16 slices, B the n-major tile of 8n rows × 16·|a| at the lane address `b`
+  /// (rows_first = false).
+  std::vector<llvm::Value*> mma_a_bt(std::vector<llvm::Value*> c, const std::vector<std::vector<llvm::Value*>>& a,
+                                     llvm::Value* b, int b_stride);
+  /// c (n n8 tiles) += P·B: P the C fragments of 16 rows × 8m columns (m = p.size() / 4, even),
+  /// rounded to bf16 and re-packed in registers as the A fragments of m / 2 k16 slices (the C
+  /// layout of two adjacent n8 tiles is the A layout of one k16 slice: FlashAttention-2's trick),
+  /// B the k-major tile of 8m rows × 8n columns at the lane address `b` (rows_first, read .trans).
+  std::vector<llvm::Value*> mma_c_b(std::vector<llvm::Value*> c, const std::vector<llvm::Value*>& p, llvm::Value* b,
+                                    int b_stride);
+  /// The block's threads (`tid` of `threads`) copy `rows` rows of `width` bf16 (a multiple of 8)
+  /// from `src` (rows before `valid`, an i64, else zeros) to `tile`, 16 bytes a thread and step.
+  void stage_bf16_rows(llvm::Value* tid, int threads, llvm::Value* src, llvm::Value* valid, int rows,
+                       std::int64_t width, llvm::Value* tile, int stride, const std::string& name);
+
   /// The module's extern dynamic shared-memory array (`extern __shared__ float4 smem[]`).
   llvm::Value* dynamic_shared(const std::string& name);
   /// A static shared array of `floats` f32, 16-byte aligned.
@@ -157,6 +182,11 @@ class KernelBuilder {
   std::vector<llvm::Value*> rows_times_tile(std::vector<llvm::Value*> acc, const std::vector<llvm::Value*>& a_rows,
                                             int n, llvm::Value* b_lane, int b_stride, int tc, int w);
 
+  /// Carried values through a step that `never` (block-uniform) rules out: it passes them on
+  /// unchanged, else visit(carried); the builder is left after the join.
+  std::vector<llvm::Value*> visit_unless(
+      llvm::Value* never, const std::vector<llvm::Value*>& carried,
+      const std::function<std::vector<llvm::Value*>(const std::vector<llvm::Value*>&)>& visit, const std::string& name);
   /// if (cond) { then(); } — the builder is left after the join.
   void if_then(llvm::Value* cond, const std::function<void()>& then, const std::string& name);
   /// cond ? load(type, ptr) : fallback, the load only executed when cond holds.
@@ -190,6 +220,10 @@ KernelInfo build_attention_mma(llvm::Module& module, const AttentionKernel& requ
                                const HostEmulation* emulation = nullptr);
 KernelInfo build_attention_backward(llvm::Module& module, const AttentionBackwardKernel& request,
                                     const HostEmulation* emulation = nullptr);
+/// spec.storage == bf16: the tensor-core kernels (attention_backward_mma_ptx.cpp);
+/// build_attention_backward dispatches to them.
+KernelInfo build_attention_backward_mma(llvm::Module& module, const AttentionBackwardKernel& request,
+                                        const HostEmulation* emulation = nullptr);
 KernelInfo build_linear(llvm::Module& module, const LinearKernel& request, const HostEmulation* emulation = nullptr);
 /// storage == bf16: the tensor-core GEMM (linear_mma_ptx.cpp); build_linear dispatches to it.
 KernelInfo build_linear_mma(llvm::Module& module, const LinearKernel& request,

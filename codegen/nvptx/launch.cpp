@@ -211,14 +211,61 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
   return g;
 }
 
+std::string mma_attention_backward_unsupported(const AttentionBackwardKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
+  if (s.storage != DType::bf16) return "q, k, v and out are not bf16";
+  if (s.dk % 16 != 0 || s.dv % 16 != 0 || s.dk < 16 || s.dv < 16 || s.dk > 128 || s.dv > 128)
+    return "head widths dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
+           " are not multiples of 16 in [16, 128]";
+  if (request.threads % 32 != 0 || request.threads < 32 || request.threads > 256)
+    return "threads = " + std::to_string(request.threads) + " is not a multiple of 32 in [32, 256]";
+  const bool dkdv = request.part == AttentionBackwardKernel::Part::dkdv;
+  const int own = dkdv ? request.block_k : request.block_q, swept = dkdv ? request.block_q : request.block_k;
+  if (own != 0 && own != 16 * (request.threads / 32))
+    return std::string(dkdv ? "block_k = " : "block_q = ") + std::to_string(own) + " is not 16 rows per warp";
+  if (swept != 0 && (swept % 16 != 0 || swept > 128))
+    return std::string(dkdv ? "block_q = " : "block_k = ") + std::to_string(swept) +
+           " is not a multiple of 16 in [16, 128]";
+  return {};
+}
+
+namespace {
+BackwardGeometry mma_backward_geometry(const AttentionBackwardKernel& request) {
+  if (const std::string why = mma_attention_backward_unsupported(request); !why.empty())
+    fail("attention backward (bf16, tensor cores): " + why);
+  const cpu::AttentionSpec& s = request.spec;
+  BackwardGeometry g;
+  g.mma = true;
+  g.dkdv = request.part == AttentionBackwardKernel::Part::dkdv;
+  g.threads = request.threads;
+  g.warps = request.threads / 32;
+  // The swept tile: dq 64 keys (32 for heads wider than 64), dkdv 32 query rows — its scores,
+  // dP, f' and (dkdv) the columns' lse and D share the registers with the gradients'
+  // accumulators (dkdv: dK and dV both); past that, ptxas spills.
+  g.block_q = g.dkdv ? (request.block_q > 0 ? request.block_q : 32) : 16 * g.warps;
+  g.block_k = g.dkdv ? 16 * g.warps : (request.block_k > 0 ? request.block_k : s.dk <= 64 && s.dv <= 64 ? 64 : 32);
+  g.rows_per_thread = g.keys_per_thread = g.key_rows = g.wk = g.wv = g.tck = g.tcv = g.t_stride = 0;  // unused
+  g.k_stride = static_cast<int>(s.dk) + 8;
+  g.v_stride = static_cast<int>(s.dv) + 8;
+  // bf16 elements → floats: every row is a multiple of 16 bytes.
+  g.q_offset = 0;
+  g.do_offset = g.q_offset + std::int64_t{g.block_q} * g.k_stride / 2;
+  g.k_offset = g.do_offset + std::int64_t{g.block_q} * g.v_stride / 2;
+  g.v_offset = g.k_offset + std::int64_t{g.block_k} * g.k_stride / 2;
+  g.t0_offset = g.t1_offset = g.v_offset + std::int64_t{g.block_k} * g.v_stride / 2;
+  g.shared_floats = g.t0_offset;
+  return g;
+}
+}  // namespace
+
 BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
-  if (s.storage != DType::f32)
-    fail("attention backward: q, k, v and out stored as " + std::string(dtype_name(s.storage)) +
-         " (the GPU's backward is fp32; bf16 runs on the CPU)");
+  if (s.storage != DType::f32 && s.storage != DType::bf16)
+    fail("attention backward: q, k, v and out stored as " + std::string(dtype_name(s.storage)) + " (f32 or bf16)");
   if (!s.tensor_grads.empty())
     fail("attention backward: the gradients of the tensors a mod reads are computed on the CPU only");
   check_attention_spec(s, request.threads, 256, "attention backward");
+  if (s.storage == DType::bf16) return mma_backward_geometry(request);
 
   BackwardGeometry g;
   g.dkdv = request.part == AttentionBackwardKernel::Part::dkdv;

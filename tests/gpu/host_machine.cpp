@@ -104,8 +104,12 @@ std::pair<const void* const*, const std::int64_t*> HostMachine::mod_tables(const
 
 void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, const std::vector<ParamValue>& p) {
   // The CPU backward computes every gradient; a launch keeps what its part writes. The dq part
-  // also writes D = rowsum(dO ∘ O), which the dkdv part must find written (launch order).
-  const auto& s = r.spec;
+  // also writes D = rowsum(dO ∘ O), which the dkdv part must find written (launch order). bf16
+  // storage (the tensor-core kernels): q, k, v, out, dO and the gradients are bf16 bits; the
+  // CPU's f32 backward runs on their values and each gradient is rounded once.
+  codegen::cpu::AttentionSpec s = r.spec;
+  const bool half = s.storage == DType::bf16;
+  s.storage = DType::f32;
   const bool dkdv = r.part == nvptx::AttentionBackwardKernel::Part::dkdv;
   const char* kind = dkdv ? "attention_backward_dkdv" : "attention_backward_dq";
   const std::int64_t B = p.at(14).i64, L = p.at(15).i64, S = p.at(16).i64;
@@ -113,35 +117,45 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
     errors.push_back(std::string(kind) + ": grid off the header's rule");
   ++launches[kind];
   if (std::string no; !nvptx::attention_backward_supported(r, &no)) errors.push_back(std::string(kind) + ": " + no);
-  const auto f = sizeof(float);
+  const auto f = sizeof(float), e = half ? std::size_t{2} : f;
   const auto q_n = static_cast<std::size_t>(B * s.hq * L * s.dk), k_n = static_cast<std::size_t>(B * s.hkv * S * s.dk),
              v_n = static_cast<std::size_t>(B * s.hkv * S * s.dv), o_n = static_cast<std::size_t>(B * s.hq * L * s.dv),
              rows = static_cast<std::size_t>(B * s.hq * L);
   auto need = [&](std::size_t i, std::size_t bytes, const char* what) {
     check(p.at(i).address, bytes, std::string(kind) + " " + what);
   };
-  need(0, q_n * f, "q");
-  need(1, k_n * f, "k");
-  need(2, v_n * f, "v");
-  need(4, o_n * f, "d_out");
+  need(0, q_n * e, "q");
+  need(1, k_n * e, "k");
+  need(2, v_n * e, "v");
+  need(4, o_n * e, "d_out");
   need(5, rows * f, "lse");
   need(6, rows * f, "delta");
   if (dkdv) {
-    need(8, k_n * f, "dk");
-    need(9, v_n * f, "dv");
+    need(8, k_n * e, "dk");
+    need(9, v_n * e, "dv");
   } else {
-    need(3, o_n * f, "out");
-    need(7, q_n * f, "dq");
+    need(3, o_n * e, "out");
+    need(7, q_n * e, "dq");
   }
   if (s.key_padding) need(10, static_cast<std::size_t>(B * S), "key_keep");
   if (s.bias) need(11, static_cast<std::size_t>(L * S) * f, "bias");
   const auto [tensors, extents] = mod_tables(s, p, 12, kind);
   if (!errors.empty()) return;
 
+  // The inputs as f32 values (bf16: decoded copies).
+  std::vector<std::vector<float>> decoded;
+  decoded.reserve(5);
+  auto values = [&](std::size_t i, std::size_t n) -> const float* {
+    if (!half) return ptr<const float>(p[i]);
+    const auto* bits = ptr<const std::uint16_t>(p[i]);
+    std::vector<float>& x = decoded.emplace_back(n);
+    for (std::size_t k = 0; k < n; ++k) x[k] = bf16_to_f32(bits[k]);
+    return x.data();
+  };
+  const float* d_out = values(4, o_n);
   const float* delta = ptr<const float>(p[6]);
   std::vector<float> out(o_n, 0.0f);  // dkdv: an output whose D is delta (O ∝ dO per row)
   if (dkdv) {
-    const float* d_out = ptr<const float>(p[4]);
     for (std::size_t row = 0; row < rows; ++row) {
       if (std::isnan(delta[row])) {
         errors.push_back(std::string(kind) + ": delta not written (the dq part runs first)");
@@ -157,12 +171,13 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
         errors.push_back(std::string(kind) + ": delta off rowsum(dO ∘ O)");
     }
   }
-  std::vector<float> dq(dkdv ? q_n : 0), dk(dkdv ? 0 : k_n), dv(dkdv ? 0 : v_n);
+  const float* o = dkdv ? out.data() : values(3, o_n);
+  std::vector<float> dq(q_n), dk(k_n), dv(v_n);
   codegen::cpu::AttentionBackwardArgs a;
-  a.forward.q = ptr<const float>(p[0]);
-  a.forward.k = ptr<const float>(p[1]);
-  a.forward.v = ptr<const float>(p[2]);
-  a.forward.out = dkdv ? out.data() : ptr<float>(p[3]);
+  a.forward.q = values(0, q_n);
+  a.forward.k = values(1, k_n);
+  a.forward.v = values(2, v_n);
+  a.forward.out = const_cast<float*>(o);
   a.forward.key_keep = s.key_padding ? ptr<const std::uint8_t>(p[10]) : nullptr;
   a.forward.bias = s.bias ? ptr<const float>(p[11]) : nullptr;
   a.forward.tensors = tensors;
@@ -172,14 +187,24 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
   a.forward.len_k = S;
   a.forward.seed = static_cast<std::uint64_t>(p.at(17).i64);
   a.forward.lse = ptr<float>(p[5]);
-  a.d_out = ptr<const float>(p[4]);
-  a.dq = dkdv ? dq.data() : ptr<float>(p[7]);
-  a.dk = dkdv ? ptr<float>(p[8]) : dk.data();
-  a.dv = dkdv ? ptr<float>(p[9]) : dv.data();
+  a.d_out = d_out;
+  a.dq = dq.data();
+  a.dk = dk.data();
+  a.dv = dv.data();
   codegen::cpu::run_attention_backward(s, a, 1);
-  if (!dkdv) {  // D of each row, as the kernel writes it
-    const float *o = ptr<const float>(p[3]), *d_out = ptr<const float>(p[4]);
-    float* d = ptr<float>(p[6]);
+  auto write = [&](std::size_t i, const std::vector<float>& x) {
+    for (std::size_t k = 0; k < x.size(); ++k)
+      if (half)
+        ptr<std::uint16_t>(p[i])[k] = f32_to_bf16(x[k]);
+      else
+        ptr<float>(p[i])[k] = x[k];
+  };
+  if (dkdv) {
+    write(8, dk);
+    write(9, dv);
+  } else {
+    write(7, dq);
+    float* d = ptr<float>(p[6]);  // D of each row, as the kernel writes it
     for (std::size_t row = 0; row < rows; ++row) {
       float sum = 0.0f;
       for (std::int64_t c = 0; c < s.dv; ++c) sum += o[row * s.dv + c] * d_out[row * s.dv + c];

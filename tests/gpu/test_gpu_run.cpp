@@ -30,6 +30,7 @@
 #include <qkv/codegen/passes/fuse_attention.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/dsl/grad.hpp>
+#include <qkv/ir/float_dtype.hpp>
 #include <qkv/ir/grad.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/cuda.hpp>
@@ -119,13 +120,15 @@ INSTANTIATE_TEST_SUITE_P(All, CliModel,
 
 /// GQA attention (2 kv heads × 2, L = 37, S = 45) with a causal mask, a softcap, key padding and
 /// dropout; loss = Σ y ∘ probe, fused, then its gradients by q, k and v as outputs. With
-/// `slopes`, ALiBi too and the gradient of its slopes [KvHeads, Group].
-Case gradient_case(bool slopes = false) {
+/// `slopes`, ALiBi too and the gradient of its slopes [KvHeads, Group]. `dtype`: the graph's
+/// floats (bf16: q, k, v, the attention and its gradients stored as bf16); DV the value width.
+template <int DV = 12>
+Case gradient_case(bool slopes = false, DType dtype = DType::f32) {
   using namespace nn;
   Graph g;
   auto q = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, HeadDim<16>>>(g, "q");
   auto k = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, HeadDim<16>>>(g, "k");
-  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, ValueDim<12>>>(g, "v");
+  auto v = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Key<dyn>, ValueDim<DV>>>(g, "v");
   auto s = scaled(contract<HeadDim>(q, k));
   s = decltype(s)(g, modded(s, mods::softcap(3.0)).id());
   if (slopes)
@@ -134,8 +137,9 @@ Case gradient_case(bool slopes = false) {
   s = masked(s, input<KeyPaddingMask<Batch<dyn>, Key<dyn>>>(g, "keep"));
   s = causal<Seq, Key>(s, bottom_right);
   auto y = contract<Key>(dropout(softmax<Key>(s), 0.2, 0x5eedull), v);
-  auto probe = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, ValueDim<12>>>(g, "probe");
+  auto probe = input<Tensor<f32, Batch<dyn>, KvHeads<2>, Group<2>, Seq<dyn>, ValueDim<DV>>>(g, "probe");
   output(sum<Batch, KvHeads, Group, Seq, ValueDim>(y * probe), "loss");
+  if (dtype != DType::f32) g = with_float_dtype(g, dtype);
   const std::int64_t B = 2, S = 45;
   Feeds feeds = random_feeds(g, {{"Batch", B}, {"Seq", 37}, {"Key", S}}, 5);
   NdArray& keep = feeds.at("keep");  // every 7th key from the 4th on padded
@@ -183,6 +187,39 @@ TEST(GpuGradients, TheFusedBackwardRunsOnTheGpuPlan) {
 }
 
 TEST(GpuGradients, TheFusedBackwardOnARealGpu) { check(gradient_case(), "gpu"); }  // skipped without one
+
+/// bf16 q, k, v (dk 16, dv 32): the fused backward's dq and dkdv launches are the tensor-core kernels (bf16 in,
+/// bf16 gradients out), run by HostMachine from their contract; against the interpreter, which
+/// rounds each op's value to bf16 as well: within bf16's precision (2e-2 relative, as the bf16
+/// forward's plan test).
+TEST(GpuGradients, TheBf16FusedBackwardRunsOnTheTensorCoreKernels) {
+  const Case c = gradient_case<32>(/*slopes=*/false, DType::bf16);  // widths: multiples of 16
+  const Graph lowered = codegen::lower(c.graph);
+  const codegen::cuda::Plan plan = codegen::cuda::plan(lowered, bind_extents(lowered, c.feeds));
+  int backward = 0;
+  for (std::size_t id = 0; id < plan.steps.size(); ++id) {
+    if (lowered.node(static_cast<int>(id)).op != Op::fused_attention_backward) continue;
+    ++backward;
+    const auto& step = plan.steps[id];
+    EXPECT_EQ(step.kind, codegen::cuda::Step::Kind::gpu) << step.why;
+    ASSERT_EQ(step.launches.size(), 2u);
+    for (const auto& l : step.launches)
+      EXPECT_EQ(std::get<codegen::nvptx::AttentionBackwardKernel>(l.request).spec.storage, DType::bf16);
+  }
+  EXPECT_EQ(backward, 1) << lowered.table();
+  HostMachine machine;
+  const RunResult got = codegen::cuda::execute_on(machine, lowered, c.feeds);
+  for (const auto& e : machine.errors) ADD_FAILURE() << e;
+  EXPECT_EQ(machine.launches["attention_backward_dq"], 1);
+  EXPECT_EQ(machine.launches["attention_backward_dkdv"], 1);
+  const RunResult want = interpret(c.graph, c.feeds);
+  for (const char* name : {"dq", "dk", "dv"}) {
+    ASSERT_EQ(got.outputs.at(name).dtype, DType::bf16) << name;
+    const Error err = relative_error(got.outputs.at(name), want.outputs.at(name));
+    std::cout << "  bf16 " << name << " (emulated): max error " << err.worst << "\n";
+    EXPECT_LE(err.worst, 2e-2) << name;
+  }
+}
 
 TEST(GpuGradients, TheGradientOfAModsTensorIsRefusedWithTheReason) {
   const Case c = gradient_case(/*slopes=*/true);

@@ -255,6 +255,22 @@ std::vector<Case> backward_cases() {
     documents_softcap_mod(a);
     add("d128_mod_documents_softcap_causal", a);
   }
+  // bf16 storage: the tensor-core kernels (attention_backward_mma_ptx.cpp)
+  auto bf16 = [](AttentionKernel a) {
+    a.spec.storage = DType::bf16;
+    return a;
+  };
+  add("bf16_d64", bf16(attention(64, 64)));
+  add("bf16_d128", bf16(attention(128, 128)));
+  {
+    auto a = bf16(attention(64, 64));
+    a.spec.hq = 8;
+    a.spec.hkv = 2;
+    a.spec.causal = true;
+    a.spec.dropout_p = 0.1;
+    window_alibi_mod(a);
+    add("bf16_d64_gqa_mod_window_alibi_dropout", a);
+  }
   return v;
 }
 
@@ -330,11 +346,14 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
   } else if (const auto* bwd = std::get_if<AttentionBackwardKernel>(&c.request)) {
     EXPECT_EQ(k.shared_bytes, attention_backward_shared_bytes(*bwd));
     EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
-    EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);
     EXPECT_NE(k.ptx.find("bar.sync"), std::string::npos);
-    // dq sums D = rowsum(dO ∘ O) over a row's 8 lanes
+    // dq sums D = rowsum(dO ∘ O) over a row's lanes
     const bool dq = bwd->part == AttentionBackwardKernel::Part::dq;
     EXPECT_EQ(k.ptx.find("shfl.sync.bfly.b32") != std::string::npos, dq);
+    const bool mma = bwd->spec.storage == DType::bf16;
+    if (!mma) EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);  // the fp32 kernels' products
+    EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
+    EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos, mma);
   } else {
     EXPECT_EQ(k.shared_bytes, 0);
   }
