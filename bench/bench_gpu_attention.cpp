@@ -84,14 +84,16 @@ void arguments(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_GpuAttention)->Apply(arguments);
 
-// The backward (AttentionBackwardKernel: dq, then dkdv; fp32 FMA), B = 4, H = 16, D = 64 and 128,
-// N = 1024 … 8192, causal and not. TFLOP/s counts attention_backward_flops (2.5 × the forward's).
+// The backward (AttentionBackwardKernel: dq, then dkdv; fp32 FMA, or bf16 on tensor cores: bf16=1),
+// B = 4, H = 16, D = 64 and 128, N = 1024 … 8192, causal and not. TFLOP/s counts
+// attention_backward_flops (2.5 × the forward's).
 void BM_GpuAttentionBackward(benchmark::State& state) {
   const std::int64_t d = state.range(0), n = state.range(1);
   qkv::codegen::cpu::AttentionSpec spec;
   spec.dk = spec.dv = d;
   spec.hq = spec.hkv = kHeads;
   spec.causal = state.range(2) != 0;
+  if (state.range(3) != 0) spec.storage = qkv::DType::bf16;
   const auto bench = make_bench(state, spec, kBatch, n, n, /*backward=*/true);
   if (!bench) return;
   const double ms = time_launches(state, *bench);
@@ -99,8 +101,8 @@ void BM_GpuAttentionBackward(benchmark::State& state) {
   state.SetLabel(bench->kernel());
 }
 BENCHMARK(BM_GpuAttentionBackward)
-    ->ArgNames({"D", "N", "causal"})
-    ->ArgsProduct({{64, 128}, {1024, 2048, 4096, 8192}, {0, 1}})
+    ->ArgNames({"D", "N", "causal", "bf16"})
+    ->ArgsProduct({{64, 128}, {1024, 2048, 4096, 8192}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

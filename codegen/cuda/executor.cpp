@@ -384,18 +384,24 @@ AttentionBench::AttentionBench(const cpu::AttentionSpec& spec, std::int64_t batc
     const std::int64_t q_n = batch * spec.hq * len_q * spec.dk, o_n = batch * spec.hq * len_q * spec.dv,
                        k_n = batch * spec.hkv * len_k * spec.dk, v_n = batch * spec.hkv * len_k * spec.dv,
                        rows = batch * spec.hq * len_q;
+    // q, k, v, out, dO and the gradients as stored (f32, or bf16: the tensor-core kernels); lse, delta f32.
+    const DType st = s.spec.storage;
+    const std::size_t elem = st == DType::bf16 ? 2 : sizeof(float);
     unsigned seed = 1;
-    for (std::int64_t n : {q_n, k_n, v_n, o_n, o_n, rows}) s.bufs.push_back(random_buffer(*s.gpu, n, seed++));  // … lse
-    for (std::int64_t n : {rows, q_n, k_n, v_n})  // delta, dq, dk, dv
-      s.bufs.push_back(
-          std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(static_cast<std::size_t>(n) * sizeof(float))));
+    for (std::int64_t n : {q_n, k_n, v_n, o_n, o_n}) s.bufs.push_back(random_buffer(*s.gpu, n, seed++, st));
+    s.bufs.push_back(random_buffer(*s.gpu, rows, seed++));  // lse
+    s.bufs.push_back(
+        std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(static_cast<std::size_t>(rows) * sizeof(float))));
+    for (std::int64_t n : {q_n, k_n, v_n})  // dq, dk, dv
+      s.bufs.push_back(std::make_unique<qkv::cuda::Buffer>(s.gpu->device.alloc(static_cast<std::size_t>(n) * elem)));
     for (const auto& b : s.bufs) s.params.push_back(ptr(*b));
     for (ParamValue v : {null, null, null, null, i64(batch), i64(len_q), i64(len_k), i64(0)}) s.params.push_back(v);
     s.merge_params = s.params;
     s.kernel = &compiled(*s.gpu, dq);
     s.merge = &compiled(*s.gpu, dkdv);
-    s.kernel_text = s.kernel->name + " + " + s.merge->name + " (fp32 backward) threads " + std::to_string(dq.threads) +
-                    " smem " + std::to_string(s.kernel->shared_bytes / 1024) + " + " +
+    s.kernel_text = s.kernel->name + " + " + s.merge->name +
+                    (st == DType::bf16 ? " (bf16 backward, tensor cores) threads " : " (fp32 backward) threads ") +
+                    std::to_string(dq.threads) + " smem " + std::to_string(s.kernel->shared_bytes / 1024) + " + " +
                     std::to_string(s.merge->shared_bytes / 1024) + " KiB";
     launch_ms(1);  // warm-up
     return;

@@ -188,10 +188,20 @@ TEST(GpuGradients, TheFusedBackwardRunsOnTheGpuPlan) {
 
 TEST(GpuGradients, TheFusedBackwardOnARealGpu) { check(gradient_case(), "gpu"); }  // skipped without one
 
+/// The gradients of a bf16 gradient_case against the interpreter, which rounds each op's value to
+/// bf16 as well: within bf16's precision (2e-2 relative, as the bf16 forward's plan test).
+void expect_bf16_gradients(const Case& c, const RunResult& got, const char* backend) {
+  const RunResult want = interpret(c.graph, c.feeds);
+  for (const char* name : {"dq", "dk", "dv"}) {
+    ASSERT_EQ(got.outputs.at(name).dtype, DType::bf16) << name;
+    const Error err = relative_error(got.outputs.at(name), want.outputs.at(name));
+    std::cout << "  bf16 " << name << " (" << backend << "): max error " << err.worst << "\n";
+    EXPECT_LE(err.worst, 2e-2) << name << " on " << backend;
+  }
+}
+
 /// bf16 q, k, v (dk 16, dv 32): the fused backward's dq and dkdv launches are the tensor-core kernels (bf16 in,
-/// bf16 gradients out), run by HostMachine from their contract; against the interpreter, which
-/// rounds each op's value to bf16 as well: within bf16's precision (2e-2 relative, as the bf16
-/// forward's plan test).
+/// bf16 gradients out), run by HostMachine from their contract.
 TEST(GpuGradients, TheBf16FusedBackwardRunsOnTheTensorCoreKernels) {
   const Case c = gradient_case<32>(/*slopes=*/false, DType::bf16);  // widths: multiples of 16
   const Graph lowered = codegen::lower(c.graph);
@@ -208,17 +218,16 @@ TEST(GpuGradients, TheBf16FusedBackwardRunsOnTheTensorCoreKernels) {
   }
   EXPECT_EQ(backward, 1) << lowered.table();
   HostMachine machine;
-  const RunResult got = codegen::cuda::execute_on(machine, lowered, c.feeds);
+  expect_bf16_gradients(c, codegen::cuda::execute_on(machine, lowered, c.feeds), "emulated");
   for (const auto& e : machine.errors) ADD_FAILURE() << e;
   EXPECT_EQ(machine.launches["attention_backward_dq"], 1);
   EXPECT_EQ(machine.launches["attention_backward_dkdv"], 1);
-  const RunResult want = interpret(c.graph, c.feeds);
-  for (const char* name : {"dq", "dk", "dv"}) {
-    ASSERT_EQ(got.outputs.at(name).dtype, DType::bf16) << name;
-    const Error err = relative_error(got.outputs.at(name), want.outputs.at(name));
-    std::cout << "  bf16 " << name << " (emulated): max error " << err.worst << "\n";
-    EXPECT_LE(err.worst, 2e-2) << name;
-  }
+}
+
+TEST(GpuGradients, TheBf16FusedBackwardOnARealGpu) {  // skipped without one
+  if (const std::string why = cuda::why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  const Case c = gradient_case<32>(/*slopes=*/false, DType::bf16);
+  expect_bf16_gradients(c, codegen::cuda::run(c.graph, c.feeds), "gpu");
 }
 
 TEST(GpuGradients, TheGradientOfAModsTensorIsRefusedWithTheReason) {

@@ -79,7 +79,8 @@ struct AttentionKernel {
   friend bool operator==(const AttentionKernel&, const AttentionKernel&) = default;
 };
 
-/// The fused attention backward (FlashAttention-2's algorithm, fp32 FMA) of the forward
+/// The fused attention backward (FlashAttention-2's algorithm: fp32 FMA, or with bf16 storage
+/// mma.sync on tensor cores, sm_80+) of the forward
 /// AttentionKernel computes, with the semantics of qkv/codegen/cpu/run_attention_backward.hpp:
 /// P = exp(f(s) − lse) recomputed tile by tile from the forward's log-sum-exp, D = rowsum(dO ∘ O),
 /// dV = Pᵀ dO, dS = P ∘ (dP − D) ∘ f'(s), dQ = scale · dS K, dK = scale · dSᵀ Q — score mods
@@ -98,10 +99,15 @@ struct AttentionKernel {
 ///             const uint8_t* key_keep, const float* bias, const void* const* tensors,
 ///             const int64_t* extents, i64 batch, i64 len_q, i64 len_k, i64 seed)
 ///
-/// q, k, v, out, d_out, dq, dk, dv as in AttentionBackwardArgs; lse and delta [B, Hq, L]; the mod's
-/// tables as for AttentionKernel. A part reads or writes only what it needs (dq: no dk / dv;
-/// dkdv: no out, dq). Refused (attention_backward_supported says why): bf16 storage, gradients
-/// of the tensors a mod reads (spec.tensor_grads), head widths past 256.
+/// q, k, v, out, d_out, dq, dk, dv as in AttentionBackwardArgs (bf16 storage: bf16 bits, 16-byte
+/// aligned; P and dS rounded to bf16 for the products, each gradient rounded once — the CPU
+/// kernel's vdpbf16ps rule); lse and delta [B, Hq, L], f32; the mod's tables as for
+/// AttentionKernel. A part reads or writes only what it needs (dq: no dk / dv; dkdv: no out, dq).
+/// Refused (attention_backward_supported says why): gradients of the tensors a mod reads
+/// (spec.tensor_grads), f32 head widths past 256, bf16 head widths that are not multiples of 16
+/// in [16, 128]. bf16 tiles: dq blocks own 16 query rows a warp (block_q = 16·warps; block_k a
+/// multiple of 16 up to 128, default 64, 32 past D = 64), dkdv blocks 16 keys a warp (block_q
+/// likewise, default 32).
 /// grid: dq (ceil(L / block_q), Hq, B), dkdv (ceil(S / block_k), Hkv, B) — attention_backward_grid;
 /// block (threads, 1, 1), dynamic shared memory attention_backward_shared_bytes.
 struct AttentionBackwardKernel {
