@@ -351,7 +351,9 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
     const bool dq = bwd->part == AttentionBackwardKernel::Part::dq;
     EXPECT_EQ(k.ptx.find("shfl.sync.bfly.b32") != std::string::npos, dq);
     const bool mma = bwd->spec.storage == DType::bf16;
-    if (!mma) EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);  // the fp32 kernels' products
+    if (!mma) {
+      EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);  // the fp32 kernels' products
+    }
     EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
     EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos, mma);
   } else {
