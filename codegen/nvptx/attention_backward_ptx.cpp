@@ -33,6 +33,7 @@
 
 #include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
+#include "nvptx/attention_dtensor_ptx.hpp"
 #include "nvptx/attention_mod_ptx.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -119,6 +120,7 @@ class BackwardPtx {
   llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *bh_ = nullptr;
   Values row_abs_, row_ok_, lse2_, delta_row_;
   std::unique_ptr<AttentionModIr> mod_;
+  std::unique_ptr<TensorGradsPtx> grads_;  // dkdv with spec.tensor_grads
   // shared memory
   llvm::Value* smem_ = nullptr;
   llvm::Value *qs_ = nullptr, *dos_ = nullptr, *ks_ = nullptr, *vs_ = nullptr, *t0_ = nullptr, *t1_ = nullptr;
@@ -134,29 +136,11 @@ KernelInfo BackwardPtx::emit(const std::string& name) {
     emit_dq();
   b_.CreateRetVoid();
 
-  KernelInfo info;
-  info.name = name;
-  info.signature = attention_backward_params();
-  info.grid_rule = g_.dkdv
-                       ? "(ceil(len_k / " + std::to_string(g_.block_k) + "), " + std::to_string(spec_.hkv) + ", batch)"
-                       : "(ceil(len_q / " + std::to_string(g_.block_q) + "), " + std::to_string(spec_.hq) + ", batch)";
-  info.block_x = g_.threads;
-  info.shared_bytes = g_.shared_bytes();
-  return info;
+  return attention_backward_info(name, g_, spec_);
 }
 
 void BackwardPtx::declare(const std::string& name) {
-  llvm::Type *p = kb_.ptr(), *i64 = kb_.i64();
-  llvm::Function* fn = kb_.declare_kernel(name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
-                                          {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep",
-                                           "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
-                                          g_.threads, /*min_blocks=*/1);
-  for (unsigned a = 0; a < 14; ++a) {
-    fn->addParamAttr(a, llvm::Attribute::NoAlias);
-    fn->addParamAttr(a, llvm::Attribute::NoCapture);
-    const bool written = a == 7 || a == 8 || a == 9 || (a == 6 && !g_.dkdv);
-    fn->addParamAttr(a, written ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
-  }
+  llvm::Function* fn = declare_attention_backward_entry(kb_, name, g_);
   llvm::Value** params[] = {&q_,      &k_,    &v_,    &out_,     &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
                             &dv_out_, &keep_, &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
   for (unsigned a = 0; a < std::size(params); ++a) *params[a] = fn->getArg(a);
@@ -210,7 +194,7 @@ void BackwardPtx::query_tile(llvm::Value* q0, llvm::Value* head) {
   }
   AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
                           batch_, head,  q0,       nvalid_,  g_.block_k, KJ_,    std::move(row_f32)};
-  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true);
+  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true, g_.dkdv);
 }
 
 BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32) {
@@ -218,12 +202,15 @@ BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm
   for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
   Values fprime;
   if (mod_->has_score()) fprime = mod_->derivative(s, key);
+  const Values raw = s;
   llvm::Value* partial = b_.CreateNot(always, "partial");
   llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
   s = mod_->apply(s, key, b_.CreateOr(partial, past_s, "masked"), partial);
   const Values dp = kb_.dot_tile(do_rows_, v_rows_, dv_, g_.wv);
 
   Scores out{Values(s.size()), Values(s.size())};
+  Values probs(s.size()), ds_raw(s.size());  // the tensor gradients' share: P and dS before f'
+
   const bool dropout = spec_.dropout_p > 0;
   llvm::Value* f0 = kb_.cf(0.0);
   for (int i = 0; i < R_; ++i) {
@@ -242,11 +229,20 @@ BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm
         pz = b_.CreateFMul(p, z, "p_drop");
       }
       llvm::Value* ds = b_.CreateFMul(p, b_.CreateFSub(g, delta_row_[i]), "ds");
+      probs[e] = p;
+      ds_raw[e] = ds;
       // f' only where P is not 0 (masked entries and keys past S have some f' of no meaning)
       if (!fprime.empty()) ds = b_.CreateSelect(b_.CreateFCmpUNE(p, f0), b_.CreateFMul(ds, fprime[e]), f0, "ds_f");
       out.p[e] = pz;
       out.ds[e] = ds;
     }
+  }
+  if (grads_) {
+    Values position;  // row-major in the tile: local row · block_k + local key
+    for (int i = 0; i < R_; ++i)
+      for (int j = 0; j < KJ_; ++j)
+        position.push_back(b_.CreateAdd(b_.CreateMul(local_row_[i], c32(g_.block_k)), b_.CreateAdd(kg_, c32(8 * j))));
+    grads_->add(*mod_, probs, ds_raw, raw, key, position);
   }
   return out;
 }
@@ -332,6 +328,14 @@ void BackwardPtx::emit_dkdv() {
   llvm::Value* valid_keys = b_.CreateSub(len_k_, k0);
   stage(at(k_, b_.CreateMul(kv_rows, c64(dk_))), valid_keys, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
   stage(at(v_, b_.CreateMul(kv_rows, c64(dv_))), valid_keys, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
+  if (!spec_.tensor_grads.empty()) {
+    // This block's slot: (batch, kv head, key tile) in the grid's order.
+    llvm::Value* block =
+        b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), zext64(kb_.nctaid_x())),
+                     zext64(kb_.ctaid_x()), "block");
+    grads_ = std::make_unique<TensorGradsPtx>(kb_, spec_, g_, keep_, bias_, tensors_, extents_, nbatch_, len_q_, len_k_,
+                                              block, tid_, shared(g_.grad_offset));
+  }
   Values key;
   for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
 
@@ -435,6 +439,8 @@ void BackwardPtx::store_rows(const Values& acc, const Values& rows, const Values
 
 KernelInfo build_attention_backward(llvm::Module& module, const AttentionBackwardKernel& request,
                                     const HostEmulation* emulation) {
+  if (request.part == AttentionBackwardKernel::Part::dtensor)
+    return build_attention_dtensor(module, request, emulation);
   if (request.spec.storage == DType::bf16) return build_attention_backward_mma(module, request, emulation);
   return BackwardPtx(module, request, emulation).emit(kernel_name(request));
 }

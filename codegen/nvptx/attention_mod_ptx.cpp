@@ -1,6 +1,7 @@
 // The mod expression of the NVPTX attention kernels (attention_mod_ptx.hpp).
 #include "nvptx/attention_mod_ptx.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -26,6 +27,36 @@ llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& na
     fn->addParamAttr(a, a == 3 || a == 4 || a == 13 ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
   }
   return fn;
+}
+
+llvm::Function* declare_attention_backward_entry(KernelBuilder& kb, const std::string& name,
+                                                 const BackwardGeometry& g) {
+  llvm::Type *p = kb.ptr(), *i64 = kb.i64();
+  llvm::Function* fn = kb.declare_kernel(name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
+                                         {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep",
+                                          "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
+                                         g.threads, /*min_blocks=*/1);
+  const bool dq = !g.dkdv && !g.dtensor;
+  for (unsigned a = 0; a < 14; ++a) {
+    fn->addParamAttr(a, llvm::Attribute::NoAlias);
+    fn->addParamAttr(a, llvm::Attribute::NoCapture);
+    const bool written = a == 7 || a == 8 || a == 9 || (a == 6 && dq);
+    fn->addParamAttr(a, written ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
+  }
+  return fn;
+}
+
+KernelInfo attention_backward_info(const std::string& name, const BackwardGeometry& g, const cpu::AttentionSpec& spec) {
+  KernelInfo info;
+  info.name = name;
+  info.signature = attention_backward_params();
+  info.grid_rule = g.dtensor ? "(" + std::to_string(kDtensorBlocks) + ", 1, 1)"
+                   : g.dkdv
+                       ? "(ceil(len_k / " + std::to_string(g.block_k) + "), " + std::to_string(spec.hkv) + ", batch)"
+                       : "(ceil(len_q / " + std::to_string(g.block_q) + "), " + std::to_string(spec.hq) + ", batch)";
+  info.block_x = g.threads;
+  info.shared_bytes = g.shared_bytes();
+  return info;
 }
 
 KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq) {
@@ -99,17 +130,23 @@ class AttentionModIr::BoundsLeaves final : public ModBoundsLeaves {
 };
 
 AttentionModIr::AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame,
-                               bool derivative)
+                               bool derivative, bool grad_tensors)
     : kb_(kb),
       b_(kb.b()),
       f_(std::move(frame)),
       R_(static_cast<int>(f_.row_f32.size())),
       KJ_(f_.keys_per_thread),
       mod_(cpu::effective_mod(spec)) {
+  // The effective mod's inputs of spec.tensor_grads (the flags' tensors come first).
+  std::vector<int> inputs;
+  const auto base = static_cast<int>(mod_.tensors.size() - spec.tensors.size());
+  if (grad_tensors)
+    for (const auto& t : spec.tensor_grads) inputs.push_back(base + t.tensor);
   if (derivative) {
-    ModDerivative d = mod_with_derivatives(mod_.expr);
+    ModDerivative d = mod_with_derivatives(mod_.expr, inputs);
     mod_.expr = std::move(d.expr);
     dscore_ = d.dscore;
+    dloads_ = std::move(d.loads);
   }
   // Captured tensors in order from the table `tensors`, their extents from `extents`; the flags'
   // masks from their own parameters.
@@ -121,6 +158,11 @@ AttentionModIr::AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec
 
   const ModExpr& e = mod_.expr;
   info_ = analyse_mod(e, mod_.axes.query, mod_.axes.key);
+  for (const ModLoadDerivative& l : dloads_) {
+    const auto input = std::find(inputs.begin(), inputs.end(), e.nodes[static_cast<std::size_t>(l.load)].input);
+    grad_loads_.push_back({static_cast<std::size_t>(input - inputs.begin()),
+                           (info_.deps[static_cast<std::size_t>(l.load)] & (kDepQuery | kDepKey)) == 0});
+  }
   // (attention_geometry has refused a keep predicate that reads the score and 16-bit tensors.)
   // Block-level nodes, then row-level ones per thread row (the prologue dominates every use).
   task_cache_.assign(e.nodes.size(), nullptr);
@@ -142,14 +184,41 @@ bool AttentionModIr::has_score() const { return mod_.expr.score >= 0; }
 
 Values AttentionModIr::derivative(const Values& s, const Values& key) {
   if (dscore_ < 0) internal_error("nvptx attention: f' of a mod built without its derivative");
+  return entry_values(dscore_, s, key);
+}
+
+Values AttentionModIr::load_derivative(std::size_t k, const Values& s, const Values& key) {
+  return entry_values(dloads_.at(k).d, s, key);
+}
+
+Values AttentionModIr::entry_values(int root, const Values& s, const Values& key) {
   llvm::Value* last_key = b_.CreateSub(f_.len_k, kb_.c64(1));
-  Values d(s.size());
+  Values d(static_cast<std::size_t>(R_ * KJ_));
   for (int j = 0; j < KJ_; ++j) {
     llvm::Value* kc = kb_.smin(key[j], last_key);  // read as apply reads them
-    const Values keyc = key_values(kc, dscore_, nullptr);
-    for (int i = 0; i < R_; ++i) d[si(i, j)] = mod_value(dscore_, i, kc, s[si(i, j)], keyc);
+    const Values keyc = key_values(kc, root, nullptr);
+    for (int i = 0; i < R_; ++i) d[si(i, j)] = mod_value(root, i, kc, s.empty() ? nullptr : s[si(i, j)], keyc);
   }
   return d;
+}
+
+Values AttentionModIr::load_offsets(std::size_t k, const Values& key) {
+  const ModNode& load = mod_.expr.nodes[static_cast<std::size_t>(dloads_.at(k).load)];
+  const ModTensorIn& t = tensors_m_.at(static_cast<std::size_t>(load.input));
+  const bool uniform = grad_loads_.at(k).uniform;
+  llvm::Value* last_key = b_.CreateSub(f_.len_k, kb_.c64(1));
+  Values out;
+  for (int i = 0; i < (uniform ? 1 : R_); ++i)
+    for (int j = 0; j < (uniform ? 1 : KJ_); ++j) {
+      llvm::Value* kc = kb_.smin(key[j], last_key);
+      Values index;
+      for (std::size_t d = 0; d < load.at.size(); ++d) {
+        const Values keyc = key_values(kc, load.at[d], nullptr);
+        index.push_back(mod_clamp_index(b_, mod_value(load.at[d], i, kc, nullptr, keyc), t.extent_f32.at(d)));
+      }
+      out.push_back(mod_element_offset(b_, t, index, 1));
+    }
+  return out;
 }
 
 llvm::Value* AttentionModIr::axis_value(const std::string& axis, int i, llvm::Value* key, bool position) {

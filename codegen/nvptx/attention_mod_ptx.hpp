@@ -37,6 +37,19 @@ llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& na
 /// shared memory.
 KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq);
 
+/// The .entry of the backward kernels (attention_backward_params' order)
+///   q, k, v, out, d_out, lse, delta, dq, dk, dv, key_keep, bias, tensors, extents, batch,
+///   len_q, len_k, seed
+/// for g.threads threads: the pointers noalias and nocapture; delta written by dq, dq / dk / dv
+/// write-only, the rest read-only (the tensor table is read: the dtensor kernel writes through
+/// the addresses it holds).
+llvm::Function* declare_attention_backward_entry(KernelBuilder& kb, const std::string& name, const BackwardGeometry& g);
+
+/// What the backward kernels report: grid (dq: ceil(len_q / block_q), Hq, batch; dkdv:
+/// ceil(len_k / block_k), Hkv, batch; dtensor: kDtensorBlocks), g.threads a block, g's dynamic
+/// shared memory.
+KernelInfo attention_backward_info(const std::string& name, const BackwardGeometry& g, const cpu::AttentionSpec& spec);
+
 struct AttentionModFrame {
   llvm::Value *key_keep = nullptr, *bias = nullptr, *tensors = nullptr, *extents = nullptr;  // parameters
   llvm::Value *nbatch = nullptr, *len_q = nullptr, *len_k = nullptr;                         // sizes
@@ -50,9 +63,25 @@ struct AttentionModFrame {
 class AttentionModIr {
  public:
   /// Emits the block- and row-level nodes at the builder's position (the prologue). With
-  /// `derivative` (the backward kernels) the expression carries f'(s) too (mod_with_derivatives).
-  AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame, bool derivative = false);
+  /// `derivative` (the backward kernels) the expression carries f'(s) too (mod_with_derivatives),
+  /// and with `grad_tensors` (the dkdv kernels: spec.tensor_grads) ∂f/∂load of every load of
+  /// those tensors.
+  AttentionModIr(KernelBuilder& kb, const cpu::AttentionSpec& spec, AttentionModFrame frame, bool derivative = false,
+                 bool grad_tensors = false);
   ~AttentionModIr();
+
+  /// A load of a tensor that needs its gradient (grad_tensors).
+  struct GradLoad {
+    std::size_t grad = 0;  // its spec.tensor_grads entry
+    bool uniform = false;  // its coordinates vary with neither the query nor the key
+  };
+  [[nodiscard]] const std::vector<GradLoad>& grad_loads() const { return grad_loads_; }
+  /// ∂f/∂(load k) at the raw scores s (R × KJ, log2 units, before apply) and the tile keys.
+  std::vector<llvm::Value*> load_derivative(std::size_t k, const std::vector<llvm::Value*>& s,
+                                            const std::vector<llvm::Value*>& key);
+  /// The row-major offset (i64) of the element load k reads at each entry (R × KJ; a uniform
+  /// load: one, entry 0's), clamped into range as the load clamps it.
+  std::vector<llvm::Value*> load_offsets(std::size_t k, const std::vector<llvm::Value*>& key);
 
   /// Whether the expression has a keep predicate.
   [[nodiscard]] bool has_keep() const;
@@ -79,14 +108,18 @@ class AttentionModIr {
   llvm::Value* load_element(const ModNode& n, const Values& index);
   Values key_values(llvm::Value* key, int root, const Values* seed);
   llvm::Value* mod_value(int root, int i, llvm::Value* key, llvm::Value* score, const Values& keyc);
+  /// Node `root` at every entry (R × KJ) of the raw scores s and the tile keys (clamped to S − 1).
+  Values entry_values(int root, const Values& s, const Values& key);
   [[nodiscard]] std::size_t si(int i, int j) const { return static_cast<std::size_t>(i * KJ_ + j); }
 
   KernelBuilder& kb_;
   llvm::IRBuilder<>& b_;
   AttentionModFrame f_;
   int R_, KJ_;
-  cpu::EffectiveMod mod_;  // with `derivative`: its expression followed by f'
-  int dscore_ = -1;        // f''s node
+  cpu::EffectiveMod mod_;                  // with `derivative`: its expression followed by f'
+  int dscore_ = -1;                        // f''s node
+  std::vector<ModLoadDerivative> dloads_;  // grad_tensors: ∂f/∂load per load of those tensors
+  std::vector<GradLoad> grad_loads_;       // the same loads
   ModAnalysis info_;
   std::vector<ModTensorIn> tensors_m_;
   llvm::Value *len_qf_ = nullptr, *len_kf_ = nullptr, *batchf_ = nullptr;

@@ -83,7 +83,18 @@ struct BackwardGeometry {
   /// hit distinct banks), offsets in floats; no t0 / t1 (P and dS stay in registers). R, KJ, Rk,
   /// w and tc are unused.
   bool mma = false;
+
+  /// Part::dtensor (attention_dtensor_ptx.hpp): the dkdv kernel's tiling (block_k sets the slot
+  /// count), no shared memory, grid (kDtensorBlocks, 1, 1).
+  bool dtensor = false;
+  /// dkdv with spec.tensor_grads: a tile's entries (block_q · block_k) and the scratch region of
+  /// their values (f32), offsets (i64) and one f32 per warp, at grad_offset floats.
+  int grad_entries = 0;
+  std::int64_t grad_offset = 0;
 };
+
+/// The dtensor kernel's grid: blocks of a grid-stride loop over each tensor's elements.
+constexpr int kDtensorBlocks = 64;
 
 /// Why the bf16 tensor-core backward cannot compute `request` (empty: it can).
 std::string mma_attention_backward_unsupported(const AttentionBackwardKernel& request);

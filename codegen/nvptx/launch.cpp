@@ -258,13 +258,47 @@ BackwardGeometry mma_backward_geometry(const AttentionBackwardKernel& request) {
 }
 }  // namespace
 
+namespace {
+BackwardGeometry tiles_geometry(const AttentionBackwardKernel& request);
+
+/// dkdv with tensor gradients: the scratch region of TensorGradsPtx after the tiles.
+BackwardGeometry with_grad_scratch(BackwardGeometry g, const cpu::AttentionSpec& s) {
+  if (!g.dkdv || s.tensor_grads.empty()) return g;
+  g.grad_entries = g.block_q * g.block_k;
+  g.grad_offset = (g.shared_floats + 3) / 4 * 4;
+  g.shared_floats = g.grad_offset + (3 * std::int64_t{g.grad_entries} + g.warps + 3) / 4 * 4;
+  if (g.shared_floats * 4 > max_shared_bytes(90))
+    fail("attention backward: " + std::to_string(g.shared_floats * 4) +
+         " bytes of shared memory per block exceed 227 KiB");
+  return g;
+}
+}  // namespace
+
 BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& request) {
   const cpu::AttentionSpec& s = request.spec;
   if (s.storage != DType::f32 && s.storage != DType::bf16)
     fail("attention backward: q, k, v and out stored as " + std::string(dtype_name(s.storage)) + " (f32 or bf16)");
-  if (!s.tensor_grads.empty())
-    fail("attention backward: the gradients of the tensors a mod reads are computed on the CPU only");
+  for (const auto& t : s.tensor_grads)
+    if (t.tensor < 0 || t.tensor >= static_cast<int>(s.tensors.size()) ||
+        s.tensors[static_cast<std::size_t>(t.tensor)].dtype != DType::f32)
+      fail("attention backward: a tensor gradient of a mod tensor that is not an f32 tensor of the mod");
   check_attention_spec(s, request.threads, 256, "attention backward");
+  if (request.part == AttentionBackwardKernel::Part::dtensor) {
+    if (s.tensor_grads.empty()) fail("attention backward: the dtensor part without gradients of a mod's tensors");
+    AttentionBackwardKernel dkdv = request;
+    dkdv.part = AttentionBackwardKernel::Part::dkdv;
+    BackwardGeometry g = tiles_geometry(dkdv);
+    g.dkdv = false;
+    g.dtensor = true;
+    g.shared_floats = 0;
+    return g;
+  }
+  return with_grad_scratch(tiles_geometry(request), s);
+}
+
+namespace {
+BackwardGeometry tiles_geometry(const AttentionBackwardKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
   if (s.storage == DType::bf16) return mma_backward_geometry(request);
 
   BackwardGeometry g;
@@ -320,6 +354,8 @@ BackwardGeometry attention_backward_geometry(const AttentionBackwardKernel& requ
          " bytes of shared memory per block exceed 227 KiB");
   return g;
 }
+
+}  // namespace
 
 std::string attention_backward_params() {
   return "const float* q, const float* k, const float* v, const float* out, const float* d_out, const float* lse, "
@@ -413,8 +449,9 @@ Dim3 elementwise_grid(int threads, std::int64_t count) {
 Dim3 attention_backward_grid(const AttentionBackwardKernel& kernel, std::int64_t batch, std::int64_t len_q,
                              std::int64_t len_k) {
   const auto g = detail::attention_backward_geometry(kernel);
-  const std::int64_t tiles = g.dkdv ? ceil_div(len_k, g.block_k) : ceil_div(len_q, g.block_q);
+  const std::int64_t tiles = g.dkdv || g.dtensor ? ceil_div(len_k, g.block_k) : ceil_div(len_q, g.block_q);
   if (tiles == 0 || batch <= 0) return {0, 0, 0};
+  if (g.dtensor) return {detail::kDtensorBlocks, 1, 1};
   return {tiles, g.dkdv ? kernel.spec.hkv : kernel.spec.hq, batch};
 }
 
@@ -479,7 +516,10 @@ std::string kernel_name(const KernelRequest& request) {
           Fnv1a h;
           h.i(static_cast<std::int64_t>(s.hash()));
           for (int v : {g.block_q, g.block_k, g.threads}) h.i(v);
-          return std::string(g.dkdv ? "qkv_attention_dkdv_" : "qkv_attention_dq_") + hex(h.value());
+          return std::string(g.dtensor ? "qkv_attention_dtensor_"
+                             : g.dkdv  ? "qkv_attention_dkdv_"
+                                       : "qkv_attention_dq_") +
+                 hex(h.value());
         } else if constexpr (std::is_same_v<T, DecodeAttentionKernel> || std::is_same_v<T, DecodeMergeKernel>) {
           cpu::AttentionSpec s = gpu_spec(r.spec);
           s.decode_queries = s.decode_chunk = 0;

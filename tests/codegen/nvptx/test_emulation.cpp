@@ -354,6 +354,9 @@ TEST_P(EmulatedAttention, BackwardMatchesCpuKernel) {
   codegen::cpu::AttentionSpec s = c.kernel.spec;
   s.write_weights = false;
   s.write_lse = true;
+  // The gradients of the mod's f32 tensors too: the dkdv kernel's slots, then the dtensor kernel.
+  for (std::size_t t = 0; t < s.tensors.size(); ++t)
+    if (s.tensors[t].dtype == DType::f32) s.tensor_grads.push_back({static_cast<int>(t)});
   const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
   const AttnInputs in = attention_inputs(c, B, L, S);
   const auto q_n = static_cast<std::size_t>(B * s.hq * L * s.dk), k_n = static_cast<std::size_t>(B * s.hkv * S * s.dk),
@@ -366,34 +369,65 @@ TEST_P(EmulatedAttention, BackwardMatchesCpuKernel) {
   const std::vector<float> d_out = random_vec(o_n, gen);
 
   std::vector<float> dq_cpu(q_n), dk_cpu(k_n), dv_cpu(v_n);
+  // Each differentiated tensor's element count (its extents follow the table's order and ranks).
+  std::vector<std::size_t> numel(s.tensors.size(), 1);
+  for (std::size_t t = 0, at = 0; t < s.tensors.size(); ++t)
+    for (int r = 0; r < s.tensors[t].rank; ++r) numel[t] *= static_cast<std::size_t>(in.extents[at++]);
+  std::vector<std::vector<float>> dtensor_cpu;
+  std::vector<float*> dtensor_ptrs;
+  for (const auto& t : s.tensor_grads) {
+    dtensor_cpu.emplace_back(numel[static_cast<std::size_t>(t.tensor)], NAN);
+    dtensor_ptrs.push_back(dtensor_cpu.back().data());
+  }
   codegen::cpu::AttentionBackwardArgs a;
   a.forward = args;
   a.d_out = d_out.data();
   a.dq = dq_cpu.data();
   a.dk = dk_cpu.data();
   a.dv = dv_cpu.data();
+  a.dtensors = dtensor_ptrs.data();
   codegen::cpu::run_attention_backward(s, a, 1);
 
   std::vector<float> dq(q_n, NAN), dk(k_n, NAN), dv(v_n, NAN), delta(rows, NAN);
+  // The partial sums (a slot per dkdv block, NaN until the block zeroes it), their addresses after
+  // the extents in the tensor table.
+  AttentionBackwardKernel kernel;
+  kernel.spec = s;
+  kernel.part = AttentionBackwardKernel::Part::dkdv;
+  kernel.threads = c.kernel.threads;
+  const Dim3 dkdv_grid = attention_backward_grid(kernel, B, L, S);
+  std::vector<std::vector<float>> partials;
+  std::vector<std::int64_t> table = in.extents;
+  for (const auto& t : s.tensor_grads) {
+    partials.emplace_back(
+        numel[static_cast<std::size_t>(t.tensor)] * static_cast<std::size_t>(dkdv_grid.x * dkdv_grid.y * dkdv_grid.z),
+        NAN);
+    table.push_back(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(partials.back().data())));
+  }
   using Fn = void(const float*, const float*, const float*, const float*, const float*, const float*, float*, float*,
                   float*, float*, const std::uint8_t*, const float*, const void* const*, const std::int64_t*,
                   std::int64_t, std::int64_t, std::int64_t, std::int64_t);
-  for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv}) {
-    AttentionBackwardKernel kernel;
-    kernel.spec = s;
+  std::vector<AttentionBackwardKernel::Part> parts{AttentionBackwardKernel::Part::dq,
+                                                   AttentionBackwardKernel::Part::dkdv};
+  if (!s.tensor_grads.empty()) parts.push_back(AttentionBackwardKernel::Part::dtensor);
+  for (auto part : parts) {
     kernel.part = part;
-    kernel.threads = c.kernel.threads;
     Emulated e = emulate(kernel);
     auto* fn = e.fn<Fn>();
     e.launch(attention_backward_grid(kernel, B, L, S), [&] {
       fn(in.q.data(), in.k.data(), in.v.data(), out.data(), d_out.data(), lse.data(), delta.data(), dq.data(),
-         dk.data(), dv.data(), args.key_keep, args.bias, args.tensors, args.extents, B, L, S,
+         dk.data(), dv.data(), args.key_keep, args.bias, args.tensors, table.empty() ? nullptr : table.data(), B, L, S,
          static_cast<std::int64_t>(args.seed));
     });
   }
   expect_close(dq, dq_cpu, 1e-4, "dq");
   expect_close(dk, dk_cpu, 1e-4, "dk");
   expect_close(dv, dv_cpu, 1e-4, "dv");
+  for (std::size_t t = 0; t < partials.size(); ++t) {  // slot 0 holds the sum
+    const std::vector<float> got(partials[t].begin(),
+                                 partials[t].begin() + static_cast<std::ptrdiff_t>(dtensor_cpu[t].size()));
+    expect_close(got, dtensor_cpu[t], 1e-4, "a mod tensor's gradient");
+  }
   for (std::size_t r = 0; r < rows; ++r) {  // D = rowsum(dO ∘ O)
     double d = 0;
     for (std::int64_t col = 0; col < s.dv; ++col)

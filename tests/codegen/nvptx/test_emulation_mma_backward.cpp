@@ -45,6 +45,7 @@ struct BwdCase {
   std::string label;
   AttentionBackwardKernel kernel;  // part and blocks: the dq kernel's (the dkdv kernel's: its defaults)
   std::int64_t batch, len_q, len_k;
+  std::vector<std::vector<std::int64_t>> tensor_shapes{};  // spec.tensors (f32, each differentiated)
 };
 
 std::ostream& operator<<(std::ostream& os, const BwdCase& c) { return os << c.label; }
@@ -107,6 +108,24 @@ std::vector<BwdCase> backward_cases() {
     a.spec.scale = 0.5;
     cases.push_back({"d64_mod_softcap_window_alibi", a, 1, 100, 120});
   }
+  {
+    // Learned mod tensors and their gradients: ALiBi with slopes per query head [4] (a load the
+    // same over a tile: summed block-wide) and a per-key bias [S] (entry by entry), GQA, causal.
+    auto a = bf16_backward(32, 32, 4, 2);
+    a.spec.causal = true;
+    ModBuilder x;
+    const int q = x.leaf(ModOp::position, "q"), k = x.leaf(ModOp::index, "k");
+    const int dist = x.op(ModOp::abs, x.op(ModOp::sub, q, k));
+    const int slope = x.load(0, {x.leaf(ModOp::index, "h")});
+    x.replace_score(x.op(ModOp::add, x.op(ModOp::sub, x.score(), x.op(ModOp::mul, slope, dist)), x.load(1, {k})));
+    x.expr().query = "q";
+    x.expr().key = "k";
+    a.spec.mod = x.finish();
+    a.spec.tensors = {{codegen::cpu::ModTensor::Source::captured, DType::f32, 1},
+                      {codegen::cpu::ModTensor::Source::captured, DType::f32, 1}};
+    a.spec.tensor_grads = {{0}, {1}};
+    cases.push_back({"d32_gqa_causal_alibi_slopes_key_bias_grads", a, 2, 50, 70, {{4}, {70}}});
+  }
   return cases;
 }
 
@@ -127,11 +146,24 @@ struct Problem {
   Bits q, k, v, out, d_out;
   std::vector<float> lse, bias;
   std::vector<std::uint8_t> keep;
+  std::vector<std::vector<float>> tensors;  // spec.tensors' data
+  std::vector<const void*> tensor_ptrs;
+  std::vector<std::int64_t> extents;
 };
 
-Problem make_problem(const codegen::cpu::AttentionSpec& s, std::int64_t B, std::int64_t L, std::int64_t S) {
+Problem make_problem(const BwdCase& c) {
+  const auto& s = c.kernel.spec;
+  const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
   std::mt19937 gen(2468);
   Problem p;
+  p.tensors.reserve(c.tensor_shapes.size());
+  for (const auto& shape : c.tensor_shapes) {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    p.tensors.push_back(emulation::random_vec(static_cast<std::size_t>(n), gen, 0.0f, 1.0f));
+    p.tensor_ptrs.push_back(p.tensors.back().data());
+    p.extents.insert(p.extents.end(), shape.begin(), shape.end());
+  }
   p.q = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hq * L * s.dk), gen, -2.0f, 2.0f));
   p.k = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dk), gen));
   p.v = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dv), gen));
@@ -156,6 +188,8 @@ Problem make_problem(const codegen::cpu::AttentionSpec& s, std::int64_t B, std::
   f.out = p.out.data();
   f.key_keep = p.keep.empty() ? nullptr : p.keep.data();
   f.bias = p.bias.empty() ? nullptr : p.bias.data();
+  f.tensors = p.tensor_ptrs.empty() ? nullptr : p.tensor_ptrs.data();
+  f.extents = p.extents.empty() ? nullptr : p.extents.data();
   f.batch = B;
   f.len_q = L;
   f.len_k = S;
@@ -167,6 +201,7 @@ Problem make_problem(const codegen::cpu::AttentionSpec& s, std::int64_t B, std::
 
 struct Grads {
   std::vector<float> dq, dk, dv;
+  std::vector<std::vector<float>> dtensors;  // per spec.tensor_grads entry
 };
 
 /// The CPU backward with `storage`: bf16 reads the problem's bits, f32 their values decoded.
@@ -176,8 +211,16 @@ Grads run_cpu(codegen::cpu::AttentionSpec s, DType storage, Problem p, std::int6
   std::vector<float> qf = from_bf16(p.q), kf = from_bf16(p.k), vf = from_bf16(p.v), of = from_bf16(p.out),
                      dof = from_bf16(p.d_out);
   Bits dq_h(p.q.size()), dk_h(p.k.size()), dv_h(p.v.size());
-  Grads g{std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
+  Grads g{std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size()), {}};
+  std::vector<float*> dtensors;
+  for (const auto& t : s.tensor_grads) {
+    g.dtensors.emplace_back(p.tensors.at(static_cast<std::size_t>(t.tensor)).size(), NAN);
+    dtensors.push_back(g.dtensors.back().data());
+  }
   codegen::cpu::AttentionBackwardArgs a;
+  a.dtensors = dtensors.data();
+  a.forward.tensors = p.tensor_ptrs.empty() ? nullptr : p.tensor_ptrs.data();
+  a.forward.extents = p.extents.empty() ? nullptr : p.extents.data();
   auto pick = [&](Bits& h, std::vector<float>& f) { return half ? static_cast<void*>(h.data()) : f.data(); };
   a.forward.q = pick(p.q, qf);
   a.forward.k = pick(p.k, kf);
@@ -195,7 +238,11 @@ Grads run_cpu(codegen::cpu::AttentionSpec s, DType storage, Problem p, std::int6
   a.dk = pick(dk_h, g.dk);
   a.dv = pick(dv_h, g.dv);
   codegen::cpu::run_attention_backward(s, a, 1);
-  if (half) g = {from_bf16(dq_h), from_bf16(dk_h), from_bf16(dv_h)};
+  if (half) {
+    g.dq = from_bf16(dq_h);
+    g.dk = from_bf16(dk_h);
+    g.dv = from_bf16(dv_h);
+  }
   return g;
 }
 
@@ -207,19 +254,42 @@ Grads run_emulated(const BwdCase& c, const Problem& p, std::vector<float>& delta
       void(const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
            const float*, float*, std::uint16_t*, std::uint16_t*, std::uint16_t*, const std::uint8_t*, const float*,
            const void* const*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
-  for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv}) {
-    AttentionBackwardKernel kernel = c.kernel;
-    kernel.part = part;
-    if (part == AttentionBackwardKernel::Part::dkdv) kernel.block_q = kernel.block_k = 0;
+  // The tensor gradients' partial sums: a slot per dkdv block (NaN until the block zeroes it),
+  // their addresses after the extents in the tensor table; the dtensor kernel leaves the sum in
+  // slot 0.
+  AttentionBackwardKernel dkdv = c.kernel;
+  dkdv.part = AttentionBackwardKernel::Part::dkdv;
+  dkdv.block_q = dkdv.block_k = 0;
+  const Dim3 blocks = attention_backward_grid(dkdv, B, L, S);
+  std::vector<std::vector<float>> partials;
+  std::vector<std::int64_t> table = p.extents;
+  for (const auto& t : c.kernel.spec.tensor_grads) {
+    partials.emplace_back(p.tensors.at(static_cast<std::size_t>(t.tensor)).size() *
+                              static_cast<std::size_t>(blocks.x * blocks.y * blocks.z),
+                          NAN);
+    table.push_back(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(partials.back().data())));
+  }
+  std::vector<AttentionBackwardKernel> kernels{c.kernel, dkdv};
+  kernels[0].part = AttentionBackwardKernel::Part::dq;
+  if (!partials.empty()) {
+    kernels.push_back(dkdv);
+    kernels.back().part = AttentionBackwardKernel::Part::dtensor;
+  }
+  for (const AttentionBackwardKernel& kernel : kernels) {
     Emulated e = emulate(kernel);
     auto* fn = e.fn<Fn>();
     e.launch(attention_backward_grid(kernel, B, L, S), [&] {
       fn(p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.d_out.data(), p.lse.data(), delta.data(), dq.data(),
          dk.data(), dv.data(), p.keep.empty() ? nullptr : p.keep.data(), p.bias.empty() ? nullptr : p.bias.data(),
-         nullptr, nullptr, B, L, S, static_cast<std::int64_t>(kSeed));
+         p.tensor_ptrs.empty() ? nullptr : p.tensor_ptrs.data(), table.empty() ? nullptr : table.data(), B, L, S,
+         static_cast<std::int64_t>(kSeed));
     });
   }
-  return {from_bf16(dq), from_bf16(dk), from_bf16(dv)};
+  Grads g{from_bf16(dq), from_bf16(dk), from_bf16(dv), {}};
+  for (std::size_t t = 0; t < partials.size(); ++t)
+    g.dtensors.emplace_back(partials[t].begin(),
+                            partials[t].begin() + static_cast<std::ptrdiff_t>(p.tensors[t].size()));
+  return g;
 }
 
 double max_abs(const std::vector<float>& a) {
@@ -249,7 +319,7 @@ TEST_P(EmulatedMmaBackward, AsAccurateAsTheCpuBf16Backward) {
   const BwdCase& c = GetParam();
   const auto& s = c.kernel.spec;
   const std::int64_t B = c.batch, L = c.len_q, S = c.len_k;
-  const Problem p = make_problem(s, B, L, S);
+  const Problem p = make_problem(c);
   const Grads ref = run_cpu(s, DType::f32, p, B, L, S);
   const Grads cpu = run_cpu(s, DType::bf16, p, B, L, S);
   std::vector<float> delta;
@@ -275,6 +345,14 @@ TEST_P(EmulatedMmaBackward, AsAccurateAsTheCpuBf16Backward) {
       // both; the mean sees every element's sums.
       EXPECT_LE(mean_gpu, 2.0 * mean_cpu + 1e-5 * scale) << names[t];
     }
+  }
+  // The mod tensors' gradients: f32 sums of ∂L/∂score' ∘ ∂f/∂T, not rounded (P and dS are
+  // rounded only as the operands of the tensor-core products), in another order than the CPU's.
+  for (std::size_t t = 0; t < ref.dtensors.size(); ++t) {
+    const double scale = max_abs(ref.dtensors[t]), err = max_abs_diff(gpu.dtensors[t], ref.dtensors[t]);
+    std::printf("[mma bwd] %-40s dtensor %zu  max|ref| %.3f  max err gpu %.2e\n", c.label.c_str(), t, scale, err);
+    ASSERT_GT(scale, 0.0);
+    EXPECT_LE(err, 1e-4 * scale) << "tensor gradient " << t;
   }
   const std::vector<float> out = from_bf16(p.out), d_out = from_bf16(p.d_out);
   for (std::size_t row = 0; row < delta.size(); ++row) {  // D = rowsum(dO ∘ O)
@@ -309,8 +387,11 @@ TEST(MmaBackward, UnsupportedSpecsAreRefusedWithAReason) {
   bk.block_q = 24;
   refused(bk, "block_q");
   auto grads = bf16_backward(64, 64, 1, 1);
-  grads.spec.tensor_grads.push_back({});
-  refused(grads, "computed on the CPU only");
+  grads.spec.tensor_grads.push_back({});  // of a tensor the mod does not have
+  refused(grads, "not an f32 tensor of the mod");
+  auto sums = bf16_backward(64, 64, 1, 1);
+  sums.part = AttentionBackwardKernel::Part::dtensor;
+  refused(sums, "without gradients of a mod's tensors");
   auto f16 = bf16_backward(64, 64, 1, 1);
   f16.spec.storage = DType::f16;
   refused(f16, "f16");

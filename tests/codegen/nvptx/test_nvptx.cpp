@@ -226,11 +226,17 @@ std::vector<Case> decode_cases() {
 std::vector<Case> backward_cases() {
   std::vector<Case> v;
   auto add = [&](const std::string& label, const AttentionKernel& a) {
-    for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv}) {
+    for (auto part : {AttentionBackwardKernel::Part::dq, AttentionBackwardKernel::Part::dkdv,
+                      AttentionBackwardKernel::Part::dtensor}) {
+      if (part == AttentionBackwardKernel::Part::dtensor && a.spec.tensor_grads.empty()) continue;
       AttentionBackwardKernel k;
       k.spec = a.spec;
       k.part = part;
-      v.push_back({std::string(part == AttentionBackwardKernel::Part::dq ? "bwd_dq_" : "bwd_dkdv_") + label, k});
+      v.push_back({std::string(part == AttentionBackwardKernel::Part::dq     ? "bwd_dq_"
+                               : part == AttentionBackwardKernel::Part::dkdv ? "bwd_dkdv_"
+                                                                             : "bwd_dtensor_") +
+                       label,
+                   k});
     }
   };
   add("d64", attention(64, 64));
@@ -248,6 +254,8 @@ std::vector<Case> backward_cases() {
     add("d64_gqa_causal_padding_bias_dropout", a);
     window_alibi_mod(a);
     add("d64_gqa_mod_window_alibi_dropout", a);
+    a.spec.tensor_grads = {{0}, {1}};  // the slopes' (a tile-wide sum) and the key bias's (entry by entry)
+    add("d64_gqa_mod_window_alibi_dropout_dtensors", a);
   }
   {
     auto a = attention(128, 128);
@@ -270,6 +278,8 @@ std::vector<Case> backward_cases() {
     a.spec.dropout_p = 0.1;
     window_alibi_mod(a);
     add("bf16_d64_gqa_mod_window_alibi_dropout", a);
+    a.spec.tensor_grads = {{0}, {1}};
+    add("bf16_d64_gqa_mod_window_alibi_dropout_dtensors", a);
   }
   return v;
 }
@@ -343,13 +353,19 @@ TEST_P(Kernels, EmitsAssemblablePtx) {
     EXPECT_EQ(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos, mma);
     EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos, mma);
     EXPECT_EQ(k.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos, mma);
-  } else if (const auto* bwd = std::get_if<AttentionBackwardKernel>(&c.request)) {
+  } else if (const auto* bwd = std::get_if<AttentionBackwardKernel>(&c.request);
+             bwd && bwd->part == AttentionBackwardKernel::Part::dtensor) {
+    EXPECT_EQ(k.shared_bytes, 0);  // the slots summed by a grid-stride loop
+    EXPECT_EQ(k.ptx.find("bar.sync"), std::string::npos);
+    EXPECT_EQ(k.ptx.find("mma.sync"), std::string::npos);
+  } else if (bwd) {
     EXPECT_EQ(k.shared_bytes, attention_backward_shared_bytes(*bwd));
     EXPECT_NE(k.ptx.find("ex2.approx.ftz.f32"), std::string::npos);
     EXPECT_NE(k.ptx.find("bar.sync"), std::string::npos);
-    // dq sums D = rowsum(dO ∘ O) over a row's lanes
+    // dq sums D = rowsum(dO ∘ O) over a row's lanes; dkdv sums a tile's share of a uniform load
+    // of a tensor gradient over the warp
     const bool dq = bwd->part == AttentionBackwardKernel::Part::dq;
-    EXPECT_EQ(k.ptx.find("shfl.sync.bfly.b32") != std::string::npos, dq);
+    EXPECT_EQ(k.ptx.find("shfl.sync.bfly.b32") != std::string::npos, dq || !bwd->spec.tensor_grads.empty());
     const bool mma = bwd->spec.storage == DType::bf16;
     if (!mma) {
       EXPECT_NE(k.ptx.find("fma.rn.f32"), std::string::npos);  // the fp32 kernels' products

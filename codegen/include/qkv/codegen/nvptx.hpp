@@ -103,15 +103,20 @@ struct AttentionKernel {
 /// aligned; P and dS rounded to bf16 for the products, each gradient rounded once — the CPU
 /// kernel's vdpbf16ps rule); lse and delta [B, Hq, L], f32; the mod's tables as for
 /// AttentionKernel. A part reads or writes only what it needs (dq: no dk / dv; dkdv: no out, dq).
-/// Refused (attention_backward_supported says why): gradients of the tensors a mod reads
-/// (spec.tensor_grads), f32 head widths past 256, bf16 head widths that are not multiples of 16
-/// in [16, 128]. bf16 tiles: dq blocks own 16 query rows a warp (block_q = 16·warps; block_k a
+/// Refused (attention_backward_supported says why): f32 head widths past 256, bf16 head widths
+/// that are not multiples of 16 in [16, 128].
+/// The gradients of the tensors a mod reads (spec.tensor_grads, f32) take a third launch: dkdv
+/// adds each block's share into its own slot of partial sums — a copy of the tensor per dkdv
+/// block, ceil(S / block_k) · Hkv · B of them, whose buffers' addresses follow the extents in the
+/// tensor table — and then `dtensor` (the same request with part = dtensor: the dkdv tiling,
+/// no shared memory; grid (64, 1, 1)) sums the slots in slot order into slot 0, which is the
+/// gradient. Deterministic, no atomics. bf16 tiles: dq blocks own 16 query rows a warp (block_q = 16·warps; block_k a
 /// multiple of 16 up to 128, default 64, 32 past D = 64), dkdv blocks 16 keys a warp (block_q
 /// likewise, default 32).
 /// grid: dq (ceil(L / block_q), Hq, B), dkdv (ceil(S / block_k), Hkv, B) — attention_backward_grid;
 /// block (threads, 1, 1), dynamic shared memory attention_backward_shared_bytes.
 struct AttentionBackwardKernel {
-  enum class Part { dq, dkdv };
+  enum class Part { dq, dkdv, dtensor };
   cpu::AttentionSpec spec;  // the forward's spec (the CPU tiling fields are ignored)
   Part part = Part::dq;
   /// Query rows and keys per tile: 0 for the defaults (4 warps — dq: 64 × 32, 32 × 32 for heads
