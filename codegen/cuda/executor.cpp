@@ -201,11 +201,13 @@ class Executor {
         return;
       case Step::Kind::gpu: {
         if (s.tensor_table >= 0) {
-          // The mod's tensors: their device addresses, then their extents.
+          // The mod's tensors: their device addresses, then their extents (then the backward's
+          // partial sums of their gradients).
           const FusedAttentionCall& call = *s.call;
           std::vector<std::uint64_t> table;
           for (int m : call.tensor_inputs) table.push_back(address_of(n.inputs[static_cast<std::size_t>(m)]));
           for (std::int64_t e : call.tensor_extents) table.push_back(static_cast<std::uint64_t>(e));
+          for (int b : s.tensor_partials) table.push_back(address(b));
           m_.upload(address(s.tensor_table), table.data(), table.size() * sizeof(std::uint64_t));
         }
         for (const Launch& l : s.launches) {

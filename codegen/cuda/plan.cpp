@@ -243,13 +243,18 @@ class Planner {
         return attention(id);
       case KernelKind::attention_backward:
         return attention_backward(id);
-      case KernelKind::attention_grads: {  // dK / dV: the buffers the backward's dkdv kernel wrote
+      case KernelKind::attention_grads: {  // dK / dV / a mod tensor's: the buffers the backward wrote
         const Node& n = g_.node(id);
-        const auto& grads = n.op == Op::attention_dk ? dk_ : dv_;
-        if (n.op == Op::attention_dtensor || !grads.count(n.inputs[0]))
-          internal_error("cuda plan: " + std::string(op_name(n.op)) + " without its planned backward");
+        int written = -1;
+        if (n.op == Op::attention_dtensor) {
+          if (auto it = dtensor_.find({n.inputs[0], static_cast<int>(n.offset)}); it != dtensor_.end())
+            written = it->second;
+        } else if (const auto& grads = n.op == Op::attention_dk ? dk_ : dv_; grads.count(n.inputs[0])) {
+          written = grads.at(n.inputs[0]);
+        }
+        if (written < 0) internal_error("cuda plan: " + std::string(op_name(n.op)) + " without its planned backward");
         s.kind = Step::Kind::weights;
-        p_.buffer[static_cast<std::size_t>(id)] = grads.at(n.inputs[0]);
+        p_.buffer[static_cast<std::size_t>(id)] = written;
         return;
       }
       case KernelKind::convert:
@@ -406,16 +411,18 @@ class Planner {
   std::pair<Arg, Arg> tensor_table(Step& s, const FusedAttentionCall& call, int id) {
     if (call.tensor_inputs.empty()) return {Arg::null(), Arg::null()};
     const std::size_t count = call.tensor_inputs.size();
-    s.tensor_table = new_buffer((count + call.tensor_extents.size()) * 8, id);
+    s.tensor_table = new_buffer((count + call.tensor_extents.size() + call.spec.tensor_grads.size()) * 8, id);
     return {Arg::buf(s.tensor_table), Arg::buf(s.tensor_table, static_cast<std::int64_t>(count * 8))};
   }
 
   /// fused_attention_backward: the PTX backward's dq kernel (D into a scratch buffer, dQ) and then
   /// its dkdv kernel (dK and dV into buffers its attention_dk / attention_dv companions take) —
-  /// fp32 FMA kernels, or with bf16 storage the tensor-core ones. What those kernels do not take
-  /// (gradients of the tensors a mod reads, f32 heads wider than 256, bf16 heads that are not
-  /// multiples of 16 up to 128) is refused here with the reason: the three gradients are one
-  /// computation, which has no host step on this backend — never a wrong result.
+  /// fp32 FMA kernels, or with bf16 storage the tensor-core ones — and, for the gradients of the
+  /// tensors a mod reads, its dtensor kernel (each tensor's slots of partial sums, a buffer per
+  /// tensor whose first numel floats become the gradient its attention_dtensor companion takes).
+  /// What those kernels do not take (f32 heads wider than 256, bf16 heads that are not multiples
+  /// of 16 up to 128) is refused here with the reason: the gradients are one computation, which
+  /// has no host step on this backend — never a wrong result.
   void attention_backward(int id) {
     const Node& n = g_.node(id);
     Step& s = step(id);
@@ -448,6 +455,19 @@ class Planner {
     const int delta = new_buffer(static_cast<std::size_t>(call->batch * spec.hq * call->len_q) * 4, id);
     use_inputs(id);
     const auto [tensors, extents] = tensor_table(s, *call, id);
+    // A slot of partial sums per dkdv block for each tensor gradient (its extents: the table's,
+    // in spec.tensors' order and ranks).
+    std::vector<std::int64_t> numel(spec.tensors.size(), 1);
+    for (std::size_t t = 0, at = 0; t < spec.tensors.size(); ++t)
+      for (int r = 0; r < spec.tensors[t].rank; ++r) numel[t] *= call->tensor_extents.at(at++);
+    for (const auto& t : spec.tensor_grads) {
+      const int partial = new_buffer(static_cast<std::size_t>(numel[static_cast<std::size_t>(t.tensor)] * grid_dkdv.x *
+                                                              grid_dkdv.y * grid_dkdv.z) *
+                                         4,
+                                     id);
+      s.tensor_partials.push_back(partial);
+      dtensor_[{id, t.tensor}] = partial;
+    }
     s.kind = Step::Kind::gpu;
     std::vector<Arg> args;
     for (int i = 0; i < 6; ++i) args.push_back(Arg::buf(buf(n.inputs[static_cast<std::size_t>(i)])));  // q … lse
@@ -456,7 +476,12 @@ class Planner {
                   Arg::i(call->len_k), Arg::i(static_cast<std::int64_t>(call->seed))})
       args.push_back(a);
     launch(id, dq, grid_dq, args);  // first: D for the dkdv kernel
-    launch(id, dkdv, grid_dkdv, std::move(args));
+    launch(id, dkdv, grid_dkdv, args);
+    if (!spec.tensor_grads.empty()) {
+      nvptx::AttentionBackwardKernel sums = dkdv;
+      sums.part = nvptx::AttentionBackwardKernel::Part::dtensor;
+      launch(id, sums, nvptx::attention_backward_grid(sums, call->batch, call->len_q, call->len_k), std::move(args));
+    }
   }
 
   /// A few query rows (L <= kDecodeQueries): the split-KV decode kernel, then the merge of its
@@ -720,11 +745,12 @@ class Planner {
   const Graph& g_;
   PlanOptions options_;
   Plan p_;
-  std::map<int, int> weights_;  // fused node → its weights buffer
-  std::map<int, int> lse_;      // fused node → its log-sum-exp buffer
-  std::map<int, int> dk_, dv_;  // fused backward node → its dK / dV buffers
-  std::vector<int> readers_;    // per node: the inputs naming it, and the outputs
-  std::set<int> bf16_linear_;   // gemm nodes on the bf16 tensor-core kernel (linear_bf16)
+  std::map<int, int> weights_;                  // fused node → its weights buffer
+  std::map<int, int> lse_;                      // fused node → its log-sum-exp buffer
+  std::map<int, int> dk_, dv_;                  // fused backward node → its dK / dV buffers
+  std::map<std::pair<int, int>, int> dtensor_;  // (fused backward node, mod tensor) → its gradient's partial sums
+  std::vector<int> readers_;                    // per node: the inputs naming it, and the outputs
+  std::set<int> bf16_linear_;                   // gemm nodes on the bf16 tensor-core kernel (linear_bf16)
 };
 
 }  // namespace

@@ -97,8 +97,9 @@ void TensorGradsPtx::add(AttentionModIr& mod, const Values& p, const Values& ds,
           [&] {
             llvm::Value* total = f0;
             for (int w = 0; w < g_.warps; ++w)
-              total = b.CreateFAdd(total, b.CreateLoad(kb_.f32(), b.CreateConstInBoundsGEP1_32(
-                                                                     kb_.f32(), warp_sums_, static_cast<unsigned>(w))));
+              total = b.CreateFAdd(
+                  total, b.CreateLoad(kb_.f32(),
+                                      b.CreateConstInBoundsGEP1_32(kb_.f32(), warp_sums_, static_cast<unsigned>(w))));
             add_at(offset[0], total);
           },
           "tile_sum");
@@ -138,8 +139,8 @@ KernelInfo build_attention_dtensor(llvm::Module& module, const AttentionBackward
   llvm::Value *nbatch = arg(14), *len_q = arg(15), *len_k = arg(16);
   // The dkdv grid's blocks: (ceil(S / block_k), Hkv, B), in slot order.
   llvm::Value* slots = b.CreateMul(
-      b.CreateMul(b.CreateSDiv(b.CreateAdd(len_k, kb.c64(g.block_k - 1)), kb.c64(g.block_k)), kb.c64(spec.hkv)),
-      nbatch, "slots");
+      b.CreateMul(b.CreateSDiv(b.CreateAdd(len_k, kb.c64(g.block_k - 1)), kb.c64(g.block_k)), kb.c64(spec.hkv)), nbatch,
+      "slots");
   const GradTable table = grad_table(kb, spec, arg(10), arg(11), arg(12), arg(13), nbatch, len_q, len_k);
   llvm::Value* threads = b.CreateZExt(kb.tid_x(), kb.i64());
   llvm::Value* start = b.CreateAdd(b.CreateMul(b.CreateZExt(kb.ctaid_x(), kb.i64()), kb.c64(g.threads)), threads);
@@ -152,8 +153,8 @@ KernelInfo build_attention_dtensor(llvm::Module& module, const AttentionBackward
           const Values sum = kb.loop(
               kb.c64(0), slots, 1, {kb.cf(0.0)},
               [&](llvm::Value* slot, const Values& acc) {
-                llvm::Value* x =
-                    b.CreateLoad(kb.f32(), b.CreateInBoundsGEP(kb.f32(), partial, b.CreateAdd(b.CreateMul(slot, numel), e)));
+                llvm::Value* x = b.CreateLoad(
+                    kb.f32(), b.CreateInBoundsGEP(kb.f32(), partial, b.CreateAdd(b.CreateMul(slot, numel), e)));
                 return Values{b.CreateFAdd(acc[0], x)};
               },
               "slots", /*unroll=*/false);

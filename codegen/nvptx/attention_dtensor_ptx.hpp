@@ -32,8 +32,8 @@ class TensorGradsPtx {
   /// tensor-gradient region of shared memory (g.grad_offset: entries f32 values, entries i64
   /// offsets, then one f32 per warp). A barrier must follow before the first add.
   TensorGradsPtx(KernelBuilder& kb, const cpu::AttentionSpec& spec, const BackwardGeometry& g, llvm::Value* keep,
-                 llvm::Value* bias, llvm::Value* tensors, llvm::Value* extents, llvm::Value* nbatch,
-                 llvm::Value* len_q, llvm::Value* len_k, llvm::Value* block, llvm::Value* tid, llvm::Value* scratch);
+                 llvm::Value* bias, llvm::Value* tensors, llvm::Value* extents, llvm::Value* nbatch, llvm::Value* len_q,
+                 llvm::Value* len_k, llvm::Value* block, llvm::Value* tid, llvm::Value* scratch);
 
   /// Adds one score tile's share of every differentiated load of `mod` (all threads, a
   /// block-uniform call). Per thread entry e (the mod's R × KJ order): p[e] its probability,

@@ -107,16 +107,57 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
   // also writes D = rowsum(dO ∘ O), which the dkdv part must find written (launch order). bf16
   // storage (the tensor-core kernels): q, k, v, out, dO and the gradients are bf16 bits; the
   // CPU's f32 backward runs on their values and each gradient is rounded once.
+  //
+  // The gradients of the mod's tensors: dkdv leaves each in slot 0 of its partial sums (the
+  // table's addresses after the extents) and zeros in the other slots; dtensor sums the slots in
+  // order into slot 0, as the kernels' contract says.
   codegen::cpu::AttentionSpec s = r.spec;
   const bool half = s.storage == DType::bf16;
   s.storage = DType::f32;
-  const bool dkdv = r.part == nvptx::AttentionBackwardKernel::Part::dkdv;
-  const char* kind = dkdv ? "attention_backward_dkdv" : "attention_backward_dq";
+  using Part = nvptx::AttentionBackwardKernel::Part;
+  const bool dkdv = r.part == Part::dkdv;
+  const char* kind = dkdv                 ? "attention_backward_dkdv"
+                     : r.part == Part::dq ? "attention_backward_dq"
+                                          : "attention_backward_dtensor";
   const std::int64_t B = p.at(14).i64, L = p.at(15).i64, S = p.at(16).i64;
   if (!(l_grid_ == nvptx::attention_backward_grid(r, B, L, S)))
     errors.push_back(std::string(kind) + ": grid off the header's rule");
   ++launches[kind];
   if (std::string no; !nvptx::attention_backward_supported(r, &no)) errors.push_back(std::string(kind) + ": " + no);
+  // Each tensor gradient's partial sums: [slots = the dkdv grid's blocks][numel].
+  std::vector<float*> partials;
+  std::vector<std::size_t> numel;
+  std::size_t slots = 0;
+  if (!s.tensor_grads.empty()) {
+    auto blocks = r;
+    blocks.part = Part::dkdv;
+    const nvptx::Dim3 grid = nvptx::attention_backward_grid(blocks, B, L, S);
+    slots = static_cast<std::size_t>(grid.x * grid.y * grid.z);
+    const auto [tensors, extents] = mod_tables(s, p, 12, kind);
+    if (!extents) return;
+    std::vector<std::size_t> count(s.tensors.size(), 1);
+    std::size_t e = 0;
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      for (int d = 0; d < s.tensors[t].rank; ++d) count[t] *= static_cast<std::size_t>(extents[e++]);
+    check(reinterpret_cast<std::uint64_t>(extents + e), s.tensor_grads.size() * 8, std::string(kind) + " partials");
+    if (!errors.empty()) return;
+    for (std::size_t t = 0; t < s.tensor_grads.size(); ++t) {
+      partials.push_back(reinterpret_cast<float*>(static_cast<std::uintptr_t>(extents[e + t])));
+      numel.push_back(count[static_cast<std::size_t>(s.tensor_grads[t].tensor)]);
+      check(reinterpret_cast<std::uint64_t>(partials.back()), slots * numel.back() * 4,
+            std::string(kind) + " partial sums");
+    }
+  }
+  if (r.part == Part::dtensor) {
+    if (!errors.empty()) return;
+    for (std::size_t t = 0; t < partials.size(); ++t)
+      for (std::size_t i = 0; i < numel[t]; ++i) {
+        float sum = 0.0f;
+        for (std::size_t slot = 0; slot < slots; ++slot) sum += partials[t][slot * numel[t] + i];
+        partials[t][i] = sum;
+      }
+    return;
+  }
   const auto f = sizeof(float), e = half ? std::size_t{2} : f;
   const auto q_n = static_cast<std::size_t>(B * s.hq * L * s.dk), k_n = static_cast<std::size_t>(B * s.hkv * S * s.dk),
              v_n = static_cast<std::size_t>(B * s.hkv * S * s.dv), o_n = static_cast<std::size_t>(B * s.hq * L * s.dv),
@@ -173,7 +214,12 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
   }
   const float* o = dkdv ? out.data() : values(3, o_n);
   std::vector<float> dq(q_n), dk(k_n), dv(v_n);
+  std::vector<std::vector<float>> dtensors;
+  std::vector<float*> dtensor_ptrs;
+  dtensors.reserve(numel.size());
+  for (std::size_t n : numel) dtensor_ptrs.push_back(dtensors.emplace_back(n).data());
   codegen::cpu::AttentionBackwardArgs a;
+  a.dtensors = dtensor_ptrs.data();
   a.forward.q = values(0, q_n);
   a.forward.k = values(1, k_n);
   a.forward.v = values(2, v_n);
@@ -202,6 +248,10 @@ void HostMachine::attention_backward(const nvptx::AttentionBackwardKernel& r, co
   if (dkdv) {
     write(8, dk);
     write(9, dv);
+    for (std::size_t t = 0; t < partials.size(); ++t) {
+      std::fill(partials[t], partials[t] + slots * numel[t], 0.0f);
+      std::copy(dtensors[t].begin(), dtensors[t].end(), partials[t]);
+    }
   } else {
     write(7, dq);
     float* d = ptr<float>(p[6]);  // D of each row, as the kernel writes it

@@ -63,6 +63,10 @@ struct Step {
   /// `extents` parameters), u64 words: the device address of each of call->tensor_inputs, then
   /// call->tensor_extents. Filled by the executor before the launch (addresses are known only then).
   int tensor_table = -1;
+  /// gpu, fused attention backward with gradients of the mod's tensors: per
+  /// call->spec.tensor_grads entry, its partial sums' buffer, whose address the executor adds to
+  /// the tensor table after the extents.
+  std::vector<int> tensor_partials;
   int weights_buffer = -1;                         // fused attention with write_weights: where the weights go
   int lse_buffer = -1;                             // fused attention with write_lse: where the log-sum-exp goes
   std::shared_ptr<const FusedAttentionCall> call;  // fused attention only
