@@ -26,7 +26,6 @@
 // gradients must be 16-byte aligned (cudaMalloc gives 256).
 #include <cmath>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <string>
 
@@ -34,9 +33,8 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 
-#include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
-#include "nvptx/attention_dtensor_ptx.hpp"
+#include "nvptx/attention_backward_common.hpp"
 #include "nvptx/attention_mod_ptx.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -44,8 +42,6 @@
 namespace qkv::codegen::nvptx::detail {
 
 namespace {
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 using Values = std::vector<llvm::Value*>;
 
@@ -84,6 +80,8 @@ class BackwardMmaPtx {
   /// `rows` (the own tile's first row, `width` elements a row) where `ok[h]`.
   void store(const Values& acc, llvm::Value* rows, std::int64_t width, const Values& ok, double factor);
 
+  /// dkdv: the swept tile's column of the mod's query row i (i32): 8(i / 2) + 2t + i % 2.
+  llvm::Value* query_column(int i) { return b_.CreateAdd(b_.CreateMul(lane_t_, c32(2)), c32(8 * (i / 2) + i % 2)); }
   /// The C register of query row i and key j (the mod's R × KJ order).
   [[nodiscard]] std::size_t creg(int i, int j) const {
     const int own = dkdv_ ? j : i, col = dkdv_ ? i : j;  // own row half h; swept column 2nt + e
@@ -121,19 +119,12 @@ class BackwardMmaPtx {
   int R_, KJ_;  // the mod's query rows and keys per thread
   std::int64_t dk_, dv_;
 
-  // parameters
-  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *dout_ = nullptr, *lse_ = nullptr,
-              *delta_ = nullptr, *dq_ = nullptr, *dk_out_ = nullptr, *dv_out_ = nullptr, *keep_ = nullptr,
-              *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
-              *len_k_ = nullptr, *seed_ = nullptr;
+  BackwardParams a_;
   // geometry
   llvm::Value *tid_ = nullptr, *warp_ = nullptr, *group_ = nullptr, *lane_t_ = nullptr, *batch_ = nullptr,
               *batch32_ = nullptr;
-  Values own_local_;  // i32: the thread's own rows g, g + 8 within the block's tile
-  // the current query tile (query_tile)
-  llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *bh_ = nullptr;
-  Values row_abs_, row_ok_, lse2_, delta_row_;  // per query row i < R
-  std::unique_ptr<AttentionModIr> mod_;
+  Values own_local_;                       // i32: the thread's own rows g, g + 8 within the block's tile
+  BackwardQueryTile t_;                    // the current query tile (query_tile)
   std::unique_ptr<TensorGradsPtx> grads_;  // dkdv with spec.tensor_grads
   // shared memory and this lane's ldmatrix addresses (attention_backward_mma_ptx's header)
   llvm::Value *smem_ = nullptr, *qs_ = nullptr, *dos_ = nullptr, *ks_ = nullptr, *vs_ = nullptr;
@@ -155,10 +146,7 @@ KernelInfo BackwardMmaPtx::emit(const std::string& name) {
 }
 
 void BackwardMmaPtx::declare(const std::string& name) {
-  llvm::Function* fn = declare_attention_backward_entry(kb_, name, g_);
-  llvm::Value** params[] = {&q_,      &k_,    &v_,    &out_,     &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
-                            &dv_out_, &keep_, &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
-  for (unsigned a = 0; a < std::size(params); ++a) *params[a] = fn->getArg(a);
+  a_ = declare_attention_backward(kb_, name, g_);
   smem_ = kb_.dynamic_shared("qkv_attention_backward_smem");
 }
 
@@ -188,34 +176,13 @@ void BackwardMmaPtx::prologue() {
 }
 
 void BackwardMmaPtx::query_tile(llvm::Value* q0, llvm::Value* head) {
-  q0_ = q0;
-  nvalid_ = kb_.smin(c64(g_.block_q), b_.CreateSub(len_q_, q0));
-  bh_ = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head, "bh");
-  row_abs_.clear();
-  row_ok_.clear();
-  lse2_.clear();
-  delta_row_.clear();
-  Values row_f32;
-  llvm::Value* row_base = b_.CreateMul(bh_, len_q_);
-  llvm::Value* col_t = b_.CreateMul(lane_t_, c32(2));
-  for (int i = 0; i < R_; ++i) {
-    llvm::Value* local =
-        dkdv_ ? b_.CreateAdd(col_t, c32(8 * (i / 2) + i % 2)) : own_local_[static_cast<std::size_t>(i)];
-    llvm::Value* abs = b_.CreateAdd(q0, zext64(local), "row_abs");
-    row_abs_.push_back(abs);
-    row_f32.push_back(b_.CreateSIToFP(abs, kb_.f32(), "row_f"));
-    llvm::Value* ok = b_.CreateICmpSLT(abs, len_q_, "row_ok");
-    row_ok_.push_back(ok);
-    // lse in log2 units; −inf for rows past L (so their P is 0)
-    llvm::Value* lse = kb_.guarded_load(ok, kb_.f32(), at32(lse_, b_.CreateAdd(row_base, abs)), kb_.cf(kNegInf), "lse");
-    lse2_.push_back(b_.CreateFMul(lse, kb_.cf(kLog2e), "lse2"));
-    if (dkdv_)
-      delta_row_.push_back(
-          kb_.guarded_load(ok, kb_.f32(), at32(delta_, b_.CreateAdd(row_base, abs)), kb_.cf(0.0), "delta"));
+  // The mod's query rows: dq the own rows g, g + 8; dkdv the columns 8(i / 2) + 2t + i % 2.
+  Values local = own_local_;
+  if (dkdv_) {
+    local.clear();
+    for (int i = 0; i < R_; ++i) local.push_back(query_column(i));
   }
-  AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
-                          batch_, head,  q0,       nvalid_,  g_.block_k, KJ_,    std::move(row_f32)};
-  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true, dkdv_);
+  t_ = backward_query_tile(kb_, spec_, g_, a_, batch_, head, q0, local, KJ_, /*load_delta=*/dkdv_);
 }
 
 BackwardMmaPtx::Scores BackwardMmaPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always,
@@ -224,55 +191,29 @@ BackwardMmaPtx::Scores BackwardMmaPtx::scores(llvm::Value* k0, const Values& key
       kb_.mma_a_bt(zeros(8 * NT_), kb_.mma_a_fragments(a1_, static_cast<int>(dk_ / 16)), b1_, g_.k_stride);
   const Values dp_acc =
       kb_.mma_a_bt(zeros(8 * NT_), kb_.mma_a_fragments(a2_, static_cast<int>(dv_ / 16)), b2_, g_.v_stride);
-  // S in log2 units in the mod's R × KJ order
+  // S (in log2 units) and dP in the mod's R × KJ order
   llvm::Value* factor = kb_.cf(spec_.effective_scale() * kLog2e);
-  Values s(static_cast<std::size_t>(R_ * KJ_));
+  Values s(static_cast<std::size_t>(R_ * KJ_)), dp(s.size());
   for (int i = 0; i < R_; ++i)
-    for (int j = 0; j < KJ_; ++j) s[si(i, j)] = b_.CreateFMul(s_acc[creg(i, j)], factor);
-  Values fprime;
-  if (mod_->has_score()) fprime = mod_->derivative(s, key);
-  const Values raw = s;
-  llvm::Value* partial = b_.CreateNot(always, "partial");
-  llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
-  s = mod_->apply(s, key, b_.CreateOr(partial, past_s, "masked"), partial);
-
-  Scores out{Values(s_acc.size()), Values(s_acc.size())};
-  Values probs(s.size()), ds_raw(s.size());  // the tensor gradients' share: P and dS before f'
-  const bool dropout = spec_.dropout_p > 0;
-  llvm::Value* f0 = kb_.cf(0.0);
-  for (int i = 0; i < R_; ++i) {
-    llvm::Value* visible_row = b_.CreateFCmpONE(lse2_[i], kb_.cf(kNegInf));
-    llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
     for (int j = 0; j < KJ_; ++j) {
-      const std::size_t e = si(i, j), c = creg(i, j);
-      llvm::Value* p = b_.CreateSelect(visible_row, kb_.ex2(b_.CreateFSub(s[e], lse2_[i])), f0, "p");
-      llvm::Value* g = dp_acc[c];
-      llvm::Value* pz = p;
-      if (dropout) {  // the forward's mask for (batch, head, row, key): Z = keep / (1 − p)
-        llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32, row32,
-                                                   b_.CreateTrunc(key[j], kb_.i32()));
-        llvm::Value* z = b_.CreateSelect(keep, kb_.cf(1.0 / (1.0 - spec_.dropout_p)), f0, "z");
-        g = b_.CreateFMul(g, z);
-        pz = b_.CreateFMul(p, z, "p_drop");
-      }
-      llvm::Value* ds = b_.CreateFMul(p, b_.CreateFSub(g, delta_row_[i]), "ds");
-      probs[e] = p;
-      ds_raw[e] = ds;
-      // f' only where P is not 0 (masked entries and keys past S have some f' of no meaning)
-      if (!fprime.empty()) ds = b_.CreateSelect(b_.CreateFCmpUNE(p, f0), b_.CreateFMul(ds, fprime[e]), f0, "ds_f");
-      out.p[c] = pz;
-      out.ds[c] = ds;
+      s[si(i, j)] = b_.CreateFMul(s_acc[creg(i, j)], factor);
+      dp[si(i, j)] = dp_acc[creg(i, j)];
     }
-  }
-  if (grads_) {  // dkdv: query row i at column 8(i / 2) + 2t + i % 2, key j at own row j
-    Values position;
-    llvm::Value* col_t = b_.CreateMul(lane_t_, c32(2));
-    for (int i = 0; i < R_; ++i)
-      for (int j = 0; j < KJ_; ++j)
-        position.push_back(b_.CreateAdd(b_.CreateMul(b_.CreateAdd(col_t, c32(8 * (i / 2) + i % 2)), c32(g_.block_k)),
-                                        own_local_[static_cast<std::size_t>(j)]));
-    grads_->add(*mod_, probs, ds_raw, raw, key, position);
-  }
+  BackwardEntries e =
+      backward_entries(kb_, spec_, g_, a_, t_, std::move(s), dp, key, k0, always, batch32_, head32, grads_.get(), [&] {
+        Values position;  // dkdv: query row i at column 8(i / 2) + 2t + i % 2, key j at own row j
+        for (int i = 0; i < R_; ++i)
+          for (int j = 0; j < KJ_; ++j)
+            position.push_back(
+                b_.CreateAdd(b_.CreateMul(query_column(i), c32(g_.block_k)), own_local_[static_cast<std::size_t>(j)]));
+        return position;
+      });
+  Scores out{Values(s_acc.size()), Values(s_acc.size())};  // back to the C fragments' order
+  for (int i = 0; i < R_; ++i)
+    for (int j = 0; j < KJ_; ++j) {
+      out.p[creg(i, j)] = e.pz[si(i, j)];
+      out.ds[creg(i, j)] = e.ds[si(i, j)];
+    }
   return out;
 }
 
@@ -281,20 +222,20 @@ void BackwardMmaPtx::emit_dq() {
   llvm::Value* head = zext64(head32);
   llvm::Value* kv_head = b_.CreateUDiv(head, c64(spec_.hq / spec_.hkv), "kv_head");
   query_tile(b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_q), "q0"), head);
-  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
-  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), len_k_);
-  llvm::Value* k_blk = at16(k_, b_.CreateMul(kv_rows, c64(dk_)));
-  llvm::Value* v_blk = at16(v_, b_.CreateMul(kv_rows, c64(dv_)));
-  llvm::Value* do_blk = at16(dout_, b_.CreateMul(row0, c64(dv_)));
-  stage(at16(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, qs_, g_.k_stride, "stage_q");
-  stage(do_blk, nvalid_, g_.block_q, dv_, dos_, g_.v_stride, "stage_do");
+  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.q0, "row0");
+  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), a_.len_k);
+  llvm::Value* k_blk = at16(a_.k, b_.CreateMul(kv_rows, c64(dk_)));
+  llvm::Value* v_blk = at16(a_.v, b_.CreateMul(kv_rows, c64(dv_)));
+  llvm::Value* do_blk = at16(a_.d_out, b_.CreateMul(row0, c64(dv_)));
+  stage(at16(a_.q, b_.CreateMul(row0, c64(dk_))), t_.nvalid, g_.block_q, dk_, qs_, g_.k_stride, "stage_q");
+  stage(do_blk, t_.nvalid, g_.block_q, dv_, dos_, g_.v_stride, "stage_do");
 
   // D = rowsum(dO ∘ O) in f32: the row's 4 lanes take column pairs 2t + 8c, then a butterfly
   // sum; lane t = 0 writes delta for the dkdv kernel.
-  llvm::Value* o_blk = at16(out_, b_.CreateMul(row0, c64(dv_)));
+  llvm::Value* o_blk = at16(a_.out, b_.CreateMul(row0, c64(dv_)));
   llvm::Value* writer = b_.CreateICmpEQ(lane_t_, c32(0));
   for (int i = 0; i < 2; ++i) {
-    llvm::Value* row = b_.CreateSelect(row_ok_[i], zext64(own_local_[i]), c64(0));  // in bounds
+    llvm::Value* row = b_.CreateSelect(t_.ok[i], zext64(own_local_[i]), c64(0));  // in bounds
     llvm::Value* o_row = at16(o_blk, b_.CreateMul(row, c64(dv_)));
     llvm::Value* do_row = at16(do_blk, b_.CreateMul(row, c64(dv_)));
     llvm::Value* sum = kb_.cf(0.0);
@@ -305,14 +246,15 @@ void BackwardMmaPtx::emit_dq() {
       sum = kb_.fma(bf16_half(x, false), bf16_half(o, false), sum);
       sum = kb_.fma(bf16_half(x, true), bf16_half(o, true), sum);
     }
-    llvm::Value* d = b_.CreateSelect(row_ok_[i], kb_.group_sum(sum, 4), kb_.cf(0.0), "delta");
-    delta_row_.push_back(d);
+    llvm::Value* d = b_.CreateSelect(t_.ok[i], kb_.group_sum(sum, 4), kb_.cf(0.0), "delta");
+    t_.delta.push_back(d);
     kb_.if_then(
-        b_.CreateAnd(row_ok_[i], writer),
-        [&] { b_.CreateStore(d, at32(delta_, b_.CreateAdd(b_.CreateMul(bh_, len_q_), row_abs_[i]))); }, "store_delta");
+        b_.CreateAnd(t_.ok[i], writer),
+        [&] { b_.CreateStore(d, at32(a_.delta, b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.abs[i]))); },
+        "store_delta");
   }
 
-  llvm::Value* ntiles = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
+  llvm::Value* ntiles = b_.CreateSDiv(b_.CreateAdd(a_.len_k, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
   llvm::Value* key_t = zext64(b_.CreateMul(lane_t_, c32(2)));
   Values acc = kb_.loop(
       c64(0), ntiles, 1, zeros(dk_),
@@ -320,12 +262,12 @@ void BackwardMmaPtx::emit_dq() {
         llvm::Value* k0 = b_.CreateMul(kt, c64(g_.block_k), "k0");
         Values key;
         for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, b_.CreateAdd(key_t, c64(8 * (j / 2) + j % 2))));
-        auto [always, never] = mod_->classify_tile(k0);
+        auto [always, never] = t_.mod->classify_tile(k0);
         return kb_.visit_unless(
             never, carried,
             [&](const Values& in) {
               kb_.barrier();  // every warp is done with the previous tiles (and Q, dO are staged)
-              llvm::Value* valid = b_.CreateSub(len_k_, k0);
+              llvm::Value* valid = b_.CreateSub(a_.len_k, k0);
               stage(at16(k_blk, b_.CreateMul(k0, c64(dk_))), valid, g_.block_k, dk_, ks_, g_.k_stride, "stage_k");
               stage(at16(v_blk, b_.CreateMul(k0, c64(dv_))), valid, g_.block_k, dv_, vs_, g_.v_stride, "stage_v");
               kb_.barrier();
@@ -335,32 +277,26 @@ void BackwardMmaPtx::emit_dq() {
             "tile");
       },
       "tiles", /*unroll=*/false);
-  store(acc, at16(dq_, b_.CreateMul(row0, c64(dk_))), dk_, row_ok_, spec_.effective_scale());
+  store(acc, at16(a_.dq, b_.CreateMul(row0, c64(dk_))), dk_, t_.ok, spec_.effective_scale());
 }
 
 void BackwardMmaPtx::emit_dkdv() {
   llvm::Value* kv_head = zext64(kb_.ctaid_y());
   llvm::Value* k0 = b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_k), "k0");
   llvm::Value* kv_row0 =
-      b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), len_k_), k0, "kv_row0");
-  llvm::Value* valid_keys = b_.CreateSub(len_k_, k0);
-  stage(at16(k_, b_.CreateMul(kv_row0, c64(dk_))), valid_keys, g_.block_k, dk_, ks_, g_.k_stride, "stage_k");
-  stage(at16(v_, b_.CreateMul(kv_row0, c64(dv_))), valid_keys, g_.block_k, dv_, vs_, g_.v_stride, "stage_v");
-  if (!spec_.tensor_grads.empty()) {
-    // This block's slot: (batch, kv head, key tile) in the grid's order.
-    llvm::Value* block =
-        b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), zext64(kb_.nctaid_x())),
-                     zext64(kb_.ctaid_x()), "block");
-    grads_ = std::make_unique<TensorGradsPtx>(kb_, spec_, g_, keep_, bias_, tensors_, extents_, nbatch_, len_q_, len_k_,
-                                              block, tid_, shared(g_.grad_offset));
-  }
+      b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head), a_.len_k), k0, "kv_row0");
+  llvm::Value* valid_keys = b_.CreateSub(a_.len_k, k0);
+  stage(at16(a_.k, b_.CreateMul(kv_row0, c64(dk_))), valid_keys, g_.block_k, dk_, ks_, g_.k_stride, "stage_k");
+  stage(at16(a_.v, b_.CreateMul(kv_row0, c64(dv_))), valid_keys, g_.block_k, dv_, vs_, g_.v_stride, "stage_v");
+  if (!spec_.tensor_grads.empty())
+    grads_ = std::make_unique<TensorGradsPtx>(kb_, spec_, g_, a_, batch_, tid_, shared(g_.grad_offset));
   Values key;
   for (llvm::Value* r : own_local_) key.push_back(b_.CreateAdd(k0, zext64(r), "key"));
 
   const std::size_t nk = static_cast<std::size_t>(dk_ / 2);  // dK's C registers, then dV's
   Values acc = zeros(dk_ + dv_);
   const std::int64_t group = spec_.hq / spec_.hkv;
-  llvm::Value* nqt = b_.CreateSDiv(b_.CreateAdd(len_q_, c64(g_.block_q - 1)), c64(g_.block_q), "nqt");
+  llvm::Value* nqt = b_.CreateSDiv(b_.CreateAdd(a_.len_q, c64(g_.block_q - 1)), c64(g_.block_q), "nqt");
   acc = kb_.loop(
       c64(0), c64(group), 1, acc,
       [&](llvm::Value* gi, const Values& per_head) {
@@ -370,15 +306,15 @@ void BackwardMmaPtx::emit_dkdv() {
             c64(0), nqt, 1, per_head,
             [&](llvm::Value* qt, const Values& carried) {
               query_tile(b_.CreateMul(qt, c64(g_.block_q), "q0"), head);
-              auto [always, never] = mod_->classify_tile(k0);
+              auto [always, never] = t_.mod->classify_tile(k0);
               return kb_.visit_unless(
                   never, carried,
                   [&](const Values& in) {
                     kb_.barrier();  // every warp is done with the previous query tile (and K, V are staged)
-                    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
-                    stage(at16(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, qs_, g_.k_stride,
+                    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.q0, "row0");
+                    stage(at16(a_.q, b_.CreateMul(row0, c64(dk_))), t_.nvalid, g_.block_q, dk_, qs_, g_.k_stride,
                           "stage_q");
-                    stage(at16(dout_, b_.CreateMul(row0, c64(dv_))), nvalid_, g_.block_q, dv_, dos_, g_.v_stride,
+                    stage(at16(a_.d_out, b_.CreateMul(row0, c64(dv_))), t_.nvalid, g_.block_q, dv_, dos_, g_.v_stride,
                           "stage_do");
                     kb_.barrier();
                     const Scores sc = scores(k0, key, always, head32);
@@ -398,9 +334,9 @@ void BackwardMmaPtx::emit_dkdv() {
   Values ok;
   for (llvm::Value* r : own_local_) ok.push_back(b_.CreateICmpSLT(zext64(r), valid_keys));
   store(Values(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(nk)),
-        at16(dk_out_, b_.CreateMul(kv_row0, c64(dk_))), dk_, ok, spec_.effective_scale());
-  store(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()),
-        at16(dv_out_, b_.CreateMul(kv_row0, c64(dv_))), dv_, ok, 1.0);
+        at16(a_.dk, b_.CreateMul(kv_row0, c64(dk_))), dk_, ok, spec_.effective_scale());
+  store(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()), at16(a_.dv, b_.CreateMul(kv_row0, c64(dv_))),
+        dv_, ok, 1.0);
 }
 
 void BackwardMmaPtx::store(const Values& acc, llvm::Value* rows, std::int64_t width, const Values& ok, double factor) {

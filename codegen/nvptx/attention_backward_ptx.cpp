@@ -21,9 +21,7 @@
 //
 // Every output element is summed by one thread in one order: deterministic, no atomics.
 #include <cmath>
-#include <functional>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <string>
 
@@ -31,9 +29,8 @@
 #include <llvm/IR/DerivedTypes.h>
 #include <llvm/IR/Function.h>
 
-#include "llvm/philox_ir.hpp"
 #include "llvm/vector_math.hpp"
-#include "nvptx/attention_dtensor_ptx.hpp"
+#include "nvptx/attention_backward_common.hpp"
 #include "nvptx/attention_mod_ptx.hpp"
 #include "nvptx/geometry.hpp"
 #include "nvptx/kernel_builder.hpp"
@@ -41,8 +38,6 @@
 namespace qkv::codegen::nvptx::detail {
 
 namespace {
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 using Values = std::vector<llvm::Value*>;
 
@@ -107,19 +102,12 @@ class BackwardPtx {
   int R_, KJ_;
   std::int64_t dk_, dv_;
 
-  // parameters
-  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *dout_ = nullptr, *lse_ = nullptr,
-              *delta_ = nullptr, *dq_ = nullptr, *dk_out_ = nullptr, *dv_out_ = nullptr, *keep_ = nullptr,
-              *bias_ = nullptr, *tensors_ = nullptr, *extents_ = nullptr, *nbatch_ = nullptr, *len_q_ = nullptr,
-              *len_k_ = nullptr, *seed_ = nullptr;
+  BackwardParams a_;
   // block and thread geometry
   llvm::Value *tid_ = nullptr, *warp_ = nullptr, *rg_ = nullptr, *kg_ = nullptr, *batch_ = nullptr, *batch32_ = nullptr,
               *kv_head_ = nullptr;
-  Values local_row_;  // i32, the thread's rows within a query tile
-  // the current query tile (query_tile)
-  llvm::Value *q0_ = nullptr, *nvalid_ = nullptr, *bh_ = nullptr;
-  Values row_abs_, row_ok_, lse2_, delta_row_;
-  std::unique_ptr<AttentionModIr> mod_;
+  Values local_row_;                       // i32, the thread's rows within a query tile
+  BackwardQueryTile t_;                    // the current query tile (query_tile)
   std::unique_ptr<TensorGradsPtx> grads_;  // dkdv with spec.tensor_grads
   // shared memory
   llvm::Value* smem_ = nullptr;
@@ -140,10 +128,7 @@ KernelInfo BackwardPtx::emit(const std::string& name) {
 }
 
 void BackwardPtx::declare(const std::string& name) {
-  llvm::Function* fn = declare_attention_backward_entry(kb_, name, g_);
-  llvm::Value** params[] = {&q_,      &k_,    &v_,    &out_,     &dout_,    &lse_,    &delta_, &dq_,    &dk_out_,
-                            &dv_out_, &keep_, &bias_, &tensors_, &extents_, &nbatch_, &len_q_, &len_k_, &seed_};
-  for (unsigned a = 0; a < std::size(params); ++a) *params[a] = fn->getArg(a);
+  a_ = declare_attention_backward(kb_, name, g_);
   smem_ = kb_.dynamic_shared("qkv_attention_backward_smem");
 }
 
@@ -173,78 +158,23 @@ void BackwardPtx::prologue() {
 }
 
 void BackwardPtx::query_tile(llvm::Value* q0, llvm::Value* head) {
-  q0_ = q0;
-  nvalid_ = kb_.smin(c64(g_.block_q), b_.CreateSub(len_q_, q0));
-  bh_ = b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hq)), head, "bh");
-  row_abs_.clear();
-  row_ok_.clear();
-  lse2_.clear();
-  delta_row_.clear();
-  Values row_f32;
-  llvm::Value* row_base = b_.CreateMul(bh_, len_q_);
-  for (int i = 0; i < R_; ++i) {
-    llvm::Value* abs = b_.CreateAdd(q0, zext64(local_row_[i]), "row_abs");
-    row_abs_.push_back(abs);
-    row_f32.push_back(b_.CreateSIToFP(abs, kb_.f32(), "row_f"));
-    llvm::Value* ok = b_.CreateICmpSLT(abs, len_q_, "row_ok");
-    row_ok_.push_back(ok);
-    // lse in log2 units; −inf for rows past L (so their P is 0)
-    llvm::Value* lse = kb_.guarded_load(ok, kb_.f32(), at(lse_, b_.CreateAdd(row_base, abs)), kb_.cf(kNegInf), "lse");
-    lse2_.push_back(b_.CreateFMul(lse, kb_.cf(kLog2e), "lse2"));
-  }
-  AttentionModFrame frame{keep_,  bias_, tensors_, extents_, nbatch_,    len_q_, len_k_,
-                          batch_, head,  q0,       nvalid_,  g_.block_k, KJ_,    std::move(row_f32)};
-  mod_ = std::make_unique<AttentionModIr>(kb_, spec_, std::move(frame), /*derivative=*/true, g_.dkdv);
+  t_ = backward_query_tile(kb_, spec_, g_, a_, batch_, head, q0, local_row_, KJ_, /*load_delta=*/g_.dkdv);
 }
 
 BackwardPtx::Scores BackwardPtx::scores(llvm::Value* k0, const Values& key, llvm::Value* always, llvm::Value* head32) {
   Values s = kb_.dot_tile(q_rows_, k_rows_, dk_, g_.wk);
   for (llvm::Value*& x : s) x = b_.CreateFMul(x, kb_.cf(kLog2e));  // Q holds scale·q: log2 units
-  Values fprime;
-  if (mod_->has_score()) fprime = mod_->derivative(s, key);
-  const Values raw = s;
-  llvm::Value* partial = b_.CreateNot(always, "partial");
-  llvm::Value* past_s = b_.CreateICmpSGT(b_.CreateAdd(k0, c64(g_.block_k)), len_k_, "past_s");
-  s = mod_->apply(s, key, b_.CreateOr(partial, past_s, "masked"), partial);
   const Values dp = kb_.dot_tile(do_rows_, v_rows_, dv_, g_.wv);
-
-  Scores out{Values(s.size()), Values(s.size())};
-  Values probs(s.size()), ds_raw(s.size());  // the tensor gradients' share: P and dS before f'
-
-  const bool dropout = spec_.dropout_p > 0;
-  llvm::Value* f0 = kb_.cf(0.0);
-  for (int i = 0; i < R_; ++i) {
-    llvm::Value* visible_row = b_.CreateFCmpONE(lse2_[i], kb_.cf(kNegInf));
-    llvm::Value* row32 = b_.CreateTrunc(row_abs_[i], kb_.i32());
-    for (int j = 0; j < KJ_; ++j) {
-      const std::size_t e = si(i, j);
-      llvm::Value* p = b_.CreateSelect(visible_row, kb_.ex2(b_.CreateFSub(s[e], lse2_[i])), f0, "p");
-      llvm::Value* g = dp[e];
-      llvm::Value* pz = p;
-      if (dropout) {  // the forward's mask for (batch, head, row, key): Z = keep / (1 − p)
-        llvm::Value* keep = cpu::emit_dropout_keep(b_, spec_.dropout_p, seed_, batch32_, head32, row32,
-                                                   b_.CreateTrunc(key[j], kb_.i32()));
-        llvm::Value* z = b_.CreateSelect(keep, kb_.cf(1.0 / (1.0 - spec_.dropout_p)), f0, "z");
-        g = b_.CreateFMul(g, z);
-        pz = b_.CreateFMul(p, z, "p_drop");
-      }
-      llvm::Value* ds = b_.CreateFMul(p, b_.CreateFSub(g, delta_row_[i]), "ds");
-      probs[e] = p;
-      ds_raw[e] = ds;
-      // f' only where P is not 0 (masked entries and keys past S have some f' of no meaning)
-      if (!fprime.empty()) ds = b_.CreateSelect(b_.CreateFCmpUNE(p, f0), b_.CreateFMul(ds, fprime[e]), f0, "ds_f");
-      out.p[e] = pz;
-      out.ds[e] = ds;
-    }
-  }
-  if (grads_) {
-    Values position;  // row-major in the tile: local row · block_k + local key
-    for (int i = 0; i < R_; ++i)
-      for (int j = 0; j < KJ_; ++j)
-        position.push_back(b_.CreateAdd(b_.CreateMul(local_row_[i], c32(g_.block_k)), b_.CreateAdd(kg_, c32(8 * j))));
-    grads_->add(*mod_, probs, ds_raw, raw, key, position);
-  }
-  return out;
+  BackwardEntries e =
+      backward_entries(kb_, spec_, g_, a_, t_, std::move(s), dp, key, k0, always, batch32_, head32, grads_.get(), [&] {
+        Values position;  // row-major in the tile: local row · block_k + local key
+        for (int i = 0; i < R_; ++i)
+          for (int j = 0; j < KJ_; ++j)
+            position.push_back(
+                b_.CreateAdd(b_.CreateMul(local_row_[i], c32(g_.block_k)), b_.CreateAdd(kg_, c32(8 * j))));
+        return position;
+      });
+  return {std::move(e.pz), std::move(e.ds)};
 }
 
 void BackwardPtx::emit_dq() {
@@ -252,21 +182,21 @@ void BackwardPtx::emit_dq() {
   llvm::Value* head = zext64(head32);
   kv_head_ = b_.CreateUDiv(head, c64(spec_.hq / spec_.hkv), "kv_head");
   query_tile(b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_q), "q0"), head);
-  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
-  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_);
-  llvm::Value* k_blk = at(k_, b_.CreateMul(kv_rows, c64(dk_)));
-  llvm::Value* v_blk = at(v_, b_.CreateMul(kv_rows, c64(dv_)));
-  stage(at(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, g_.k_stride, qs_, spec_.effective_scale(),
+  llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.q0, "row0");
+  llvm::Value* kv_rows = b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), a_.len_k);
+  llvm::Value* k_blk = at(a_.k, b_.CreateMul(kv_rows, c64(dk_)));
+  llvm::Value* v_blk = at(a_.v, b_.CreateMul(kv_rows, c64(dv_)));
+  stage(at(a_.q, b_.CreateMul(row0, c64(dk_))), t_.nvalid, g_.block_q, dk_, g_.k_stride, qs_, spec_.effective_scale(),
         "stage_q");
-  llvm::Value* do_blk = at(dout_, b_.CreateMul(row0, c64(dv_)));
-  stage(do_blk, nvalid_, g_.block_q, dv_, g_.v_stride, dos_, 1.0, "stage_do");
+  llvm::Value* do_blk = at(a_.d_out, b_.CreateMul(row0, c64(dv_)));
+  stage(do_blk, t_.nvalid, g_.block_q, dv_, g_.v_stride, dos_, 1.0, "stage_do");
 
   // D = rowsum(dO ∘ O): the row group's 8 lanes take every 8th column, then a butterfly sum;
   // its kg = 0 lane writes delta for the dkdv kernel.
-  llvm::Value* o_blk = at(out_, b_.CreateMul(row0, c64(dv_)));
+  llvm::Value* o_blk = at(a_.out, b_.CreateMul(row0, c64(dv_)));
   llvm::Value* writer = b_.CreateICmpEQ(kg_, c32(0));
   for (int i = 0; i < R_; ++i) {
-    llvm::Value* row = b_.CreateSelect(row_ok_[i], zext64(local_row_[i]), c64(0));  // in bounds
+    llvm::Value* row = b_.CreateSelect(t_.ok[i], zext64(local_row_[i]), c64(0));  // in bounds
     llvm::Value* o_row = at(o_blk, b_.CreateMul(row, c64(dv_)));
     llvm::Value* do_row = at(do_blk, b_.CreateMul(row, c64(dv_)));
     Values sum = kb_.loop(
@@ -277,16 +207,17 @@ void BackwardPtx::emit_dq() {
           return Values{kb_.fma(x, o, acc[0])};
         },
         "delta", /*unroll=*/false);
-    llvm::Value* d = b_.CreateSelect(row_ok_[i], kb_.group_sum(sum[0], 8), kb_.cf(0.0), "delta");
-    delta_row_.push_back(d);
+    llvm::Value* d = b_.CreateSelect(t_.ok[i], kb_.group_sum(sum[0], 8), kb_.cf(0.0), "delta");
+    t_.delta.push_back(d);
     kb_.if_then(
-        b_.CreateAnd(row_ok_[i], writer),
-        [&] { b_.CreateStore(d, at(delta_, b_.CreateAdd(b_.CreateMul(bh_, len_q_), row_abs_[i]))); }, "store_delta");
+        b_.CreateAnd(t_.ok[i], writer),
+        [&] { b_.CreateStore(d, at(a_.delta, b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.abs[i]))); },
+        "store_delta");
   }
 
   Values ds_rows = row_pointers(t0_, local_row_, g_.t_stride);
   llvm::Value* k_lane = at(ks_, b_.CreateMul(kg_, c32(g_.wk)));
-  llvm::Value* ntiles = b_.CreateSDiv(b_.CreateAdd(len_k_, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
+  llvm::Value* ntiles = b_.CreateSDiv(b_.CreateAdd(a_.len_k, c64(g_.block_k - 1)), c64(g_.block_k), "ntiles");
   Values acc(static_cast<std::size_t>(R_ * g_.tck * g_.wk), kb_.cf(0.0));
   acc = kb_.loop(
       c64(0), ntiles, 1, acc,
@@ -294,12 +225,12 @@ void BackwardPtx::emit_dq() {
         llvm::Value* k0 = b_.CreateMul(kt, c64(g_.block_k), "k0");
         Values key;
         for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
-        auto [always, never] = mod_->classify_tile(k0);
+        auto [always, never] = t_.mod->classify_tile(k0);
         return kb_.visit_unless(
             never, carried,
             [&](const Values& in) {
               kb_.barrier();  // every warp is done with the previous tiles (and Q, dO are staged)
-              llvm::Value* valid = b_.CreateSub(len_k_, k0);
+              llvm::Value* valid = b_.CreateSub(a_.len_k, k0);
               stage(at(k_blk, b_.CreateMul(k0, c64(dk_))), valid, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
               stage(at(v_blk, b_.CreateMul(k0, c64(dv_))), valid, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
               kb_.barrier();
@@ -315,27 +246,21 @@ void BackwardPtx::emit_dq() {
       "tiles", /*unroll=*/false);
 
   Values dq_rows;
-  llvm::Value* dq_blk = at(dq_, b_.CreateMul(row0, c64(dk_)));
+  llvm::Value* dq_blk = at(a_.dq, b_.CreateMul(row0, c64(dk_)));
   for (int i = 0; i < R_; ++i) dq_rows.push_back(at(dq_blk, b_.CreateMul(zext64(local_row_[i]), c64(dk_))));
-  store_rows(acc, dq_rows, row_ok_, g_.tck, g_.wk, dk_, spec_.effective_scale());
+  store_rows(acc, dq_rows, t_.ok, g_.tck, g_.wk, dk_, spec_.effective_scale());
 }
 
 void BackwardPtx::emit_dkdv() {
   kv_head_ = zext64(kb_.ctaid_y());
   llvm::Value* k0 = b_.CreateMul(zext64(kb_.ctaid_x()), c64(g_.block_k), "k0");
   llvm::Value* kv_rows =
-      b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), len_k_), k0, "kv_row0");
-  llvm::Value* valid_keys = b_.CreateSub(len_k_, k0);
-  stage(at(k_, b_.CreateMul(kv_rows, c64(dk_))), valid_keys, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
-  stage(at(v_, b_.CreateMul(kv_rows, c64(dv_))), valid_keys, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
-  if (!spec_.tensor_grads.empty()) {
-    // This block's slot: (batch, kv head, key tile) in the grid's order.
-    llvm::Value* block =
-        b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), zext64(kb_.nctaid_x())),
-                     zext64(kb_.ctaid_x()), "block");
-    grads_ = std::make_unique<TensorGradsPtx>(kb_, spec_, g_, keep_, bias_, tensors_, extents_, nbatch_, len_q_, len_k_,
-                                              block, tid_, shared(g_.grad_offset));
-  }
+      b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(batch_, c64(spec_.hkv)), kv_head_), a_.len_k), k0, "kv_row0");
+  llvm::Value* valid_keys = b_.CreateSub(a_.len_k, k0);
+  stage(at(a_.k, b_.CreateMul(kv_rows, c64(dk_))), valid_keys, g_.block_k, dk_, g_.k_stride, ks_, 1.0, "stage_k");
+  stage(at(a_.v, b_.CreateMul(kv_rows, c64(dv_))), valid_keys, g_.block_k, dv_, g_.v_stride, vs_, 1.0, "stage_v");
+  if (!spec_.tensor_grads.empty())
+    grads_ = std::make_unique<TensorGradsPtx>(kb_, spec_, g_, a_, batch_, tid_, shared(g_.grad_offset));
   Values key;
   for (int j = 0; j < KJ_; ++j) key.push_back(b_.CreateAdd(k0, zext64(b_.CreateAdd(kg_, c32(8 * j))), "key"));
 
@@ -352,7 +277,7 @@ void BackwardPtx::emit_dkdv() {
   Values acc(nk + nv, kb_.cf(0.0));  // dK then dV
 
   const std::int64_t group = spec_.hq / spec_.hkv;
-  llvm::Value* nqt = b_.CreateSDiv(b_.CreateAdd(len_q_, c64(g_.block_q - 1)), c64(g_.block_q), "nqt");
+  llvm::Value* nqt = b_.CreateSDiv(b_.CreateAdd(a_.len_q, c64(g_.block_q - 1)), c64(g_.block_q), "nqt");
   acc = kb_.loop(
       c64(0), c64(group), 1, acc,
       [&](llvm::Value* gi, const Values& per_head) {
@@ -362,20 +287,16 @@ void BackwardPtx::emit_dkdv() {
             c64(0), nqt, 1, per_head,
             [&](llvm::Value* qt, const Values& carried) {
               query_tile(b_.CreateMul(qt, c64(g_.block_q), "q0"), head);
-              auto [always, never] = mod_->classify_tile(k0);
+              auto [always, never] = t_.mod->classify_tile(k0);
               return kb_.visit_unless(
                   never, carried,
                   [&](const Values& in) {
                     kb_.barrier();  // every warp is done with the previous query tile
-                    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(bh_, len_q_), q0_, "row0");
-                    stage(at(q_, b_.CreateMul(row0, c64(dk_))), nvalid_, g_.block_q, dk_, g_.k_stride, qs_,
+                    llvm::Value* row0 = b_.CreateAdd(b_.CreateMul(t_.bh, a_.len_q), t_.q0, "row0");
+                    stage(at(a_.q, b_.CreateMul(row0, c64(dk_))), t_.nvalid, g_.block_q, dk_, g_.k_stride, qs_,
                           spec_.effective_scale(), "stage_q");
-                    stage(at(dout_, b_.CreateMul(row0, c64(dv_))), nvalid_, g_.block_q, dv_, g_.v_stride, dos_, 1.0,
-                          "stage_do");
-                    for (int i = 0; i < R_; ++i)
-                      delta_row_.push_back(kb_.guarded_load(
-                          row_ok_[i], kb_.f32(), at(delta_, b_.CreateAdd(b_.CreateMul(bh_, len_q_), row_abs_[i])),
-                          kb_.cf(0.0), "delta"));
+                    stage(at(a_.d_out, b_.CreateMul(row0, c64(dv_))), t_.nvalid, g_.block_q, dv_, g_.v_stride, dos_,
+                          1.0, "stage_do");
                     kb_.barrier();
                     const Scores sc = scores(k0, key, always, head32);
                     // Transposed: Pᵀ[key][row], dSᵀ[key][row]; other warps' key rows read them.
@@ -404,8 +325,8 @@ void BackwardPtx::emit_dkdv() {
   for (llvm::Value* r : key_local) {
     llvm::Value* row = b_.CreateAdd(kv_rows, zext64(r));
     ok.push_back(b_.CreateICmpSLT(zext64(r), valid_keys));
-    dk_rows.push_back(at(dk_out_, b_.CreateMul(row, c64(dk_))));
-    dv_rows.push_back(at(dv_out_, b_.CreateMul(row, c64(dv_))));
+    dk_rows.push_back(at(a_.dk, b_.CreateMul(row, c64(dk_))));
+    dv_rows.push_back(at(a_.dv, b_.CreateMul(row, c64(dv_))));
   }
   store_rows(Values(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(nk)), dk_rows, ok, g_.tck, g_.wk, dk_, 1.0);
   store_rows(Values(acc.begin() + static_cast<std::ptrdiff_t>(nk), acc.end()), dv_rows, ok, g_.tcv, g_.wv, dv_, 1.0);

@@ -29,36 +29,6 @@ llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& na
   return fn;
 }
 
-llvm::Function* declare_attention_backward_entry(KernelBuilder& kb, const std::string& name,
-                                                 const BackwardGeometry& g) {
-  llvm::Type *p = kb.ptr(), *i64 = kb.i64();
-  llvm::Function* fn = kb.declare_kernel(name, {p, p, p, p, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64},
-                                         {"q", "k", "v", "out", "d_out", "lse", "delta", "dq", "dk", "dv", "key_keep",
-                                          "bias", "tensors", "extents", "batch", "len_q", "len_k", "seed"},
-                                         g.threads, /*min_blocks=*/1);
-  const bool dq = !g.dkdv && !g.dtensor;
-  for (unsigned a = 0; a < 14; ++a) {
-    fn->addParamAttr(a, llvm::Attribute::NoAlias);
-    fn->addParamAttr(a, llvm::Attribute::NoCapture);
-    const bool written = a == 7 || a == 8 || a == 9 || (a == 6 && dq);
-    fn->addParamAttr(a, written ? llvm::Attribute::WriteOnly : llvm::Attribute::ReadOnly);
-  }
-  return fn;
-}
-
-KernelInfo attention_backward_info(const std::string& name, const BackwardGeometry& g, const cpu::AttentionSpec& spec) {
-  KernelInfo info;
-  info.name = name;
-  info.signature = attention_backward_params();
-  info.grid_rule = g.dtensor ? "(" + std::to_string(kDtensorBlocks) + ", 1, 1)"
-                   : g.dkdv
-                       ? "(ceil(len_k / " + std::to_string(g.block_k) + "), " + std::to_string(spec.hkv) + ", batch)"
-                       : "(ceil(len_q / " + std::to_string(g.block_q) + "), " + std::to_string(spec.hq) + ", batch)";
-  info.block_x = g.threads;
-  info.shared_bytes = g.shared_bytes();
-  return info;
-}
-
 KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq) {
   KernelInfo info;
   info.name = name;

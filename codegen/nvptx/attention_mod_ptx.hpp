@@ -37,19 +37,6 @@ llvm::Function* declare_attention_entry(KernelBuilder& kb, const std::string& na
 /// shared memory.
 KernelInfo attention_entry_info(const std::string& name, const AttentionGeometry& g, std::int64_t hq);
 
-/// The .entry of the backward kernels (attention_backward_params' order)
-///   q, k, v, out, d_out, lse, delta, dq, dk, dv, key_keep, bias, tensors, extents, batch,
-///   len_q, len_k, seed
-/// for g.threads threads: the pointers noalias and nocapture; delta written by dq, dq / dk / dv
-/// write-only, the rest read-only (the tensor table is read: the dtensor kernel writes through
-/// the addresses it holds).
-llvm::Function* declare_attention_backward_entry(KernelBuilder& kb, const std::string& name, const BackwardGeometry& g);
-
-/// What the backward kernels report: grid (dq: ceil(len_q / block_q), Hq, batch; dkdv:
-/// ceil(len_k / block_k), Hkv, batch; dtensor: kDtensorBlocks), g.threads a block, g's dynamic
-/// shared memory.
-KernelInfo attention_backward_info(const std::string& name, const BackwardGeometry& g, const cpu::AttentionSpec& spec);
-
 struct AttentionModFrame {
   llvm::Value *key_keep = nullptr, *bias = nullptr, *tensors = nullptr, *extents = nullptr;  // parameters
   llvm::Value *nbatch = nullptr, *len_q = nullptr, *len_k = nullptr;                         // sizes

@@ -84,7 +84,7 @@ struct BackwardGeometry {
   /// w and tc are unused.
   bool mma = false;
 
-  /// Part::dtensor (attention_dtensor_ptx.hpp): the dkdv kernel's tiling (block_k sets the slot
+  /// Part::dtensor (attention_backward_common.hpp): the dkdv kernel's tiling (block_k sets the slot
   /// count), no shared memory, grid (kDtensorBlocks, 1, 1).
   bool dtensor = false;
   /// dkdv with spec.tensor_grads: a tile's entries (block_q · block_k) and the scratch region of

@@ -7,7 +7,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/attention_mod_ptx.cpp
   ${CMAKE_CURRENT_LIST_DIR}/attention_backward_mma_ptx.cpp
   ${CMAKE_CURRENT_LIST_DIR}/attention_backward_ptx.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/attention_dtensor_ptx.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/attention_backward_common.cpp
   ${CMAKE_CURRENT_LIST_DIR}/attention_mma_ptx.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_ptx.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dense_ptx.cpp
