@@ -19,6 +19,8 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include <qkv/runtime/io/array.hpp>
+
 #include "nvptx/kernel_builder.hpp"
 
 namespace qkv::emulation {
@@ -244,6 +246,33 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     }
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
+}
+
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<std::uint16_t> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+
+std::vector<float> from_bf16(const std::vector<std::uint16_t>& x) {
+  std::vector<float> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= m)) m = d;  // NaN propagates
+  }
+  return m;
+}
+
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double sum = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) sum += std::fabs(static_cast<double>(a[i]) - b[i]);
+  return a.empty() ? 0.0 : sum / static_cast<double>(a.size());
 }
 
 }  // namespace qkv::emulation

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <random>
@@ -40,6 +41,14 @@ struct Emulated {
 Emulated emulate(const codegen::nvptx::KernelRequest& request);
 
 std::vector<float> random_vec(std::size_t n, std::mt19937& gen, float lo = -1.0f, float hi = 1.0f);
+
+/// bf16 bits of x (nearest even), and back.
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& x);
+std::vector<float> from_bf16(const std::vector<std::uint16_t>& x);
+
+/// max |a − b| (NaN anywhere: NaN) and mean |a − b| over equal-sized vectors.
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
 /// |got − want| <= tol · (1 + |want|) everywhere (equal infinities pass); the first 5 misses reported.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what);

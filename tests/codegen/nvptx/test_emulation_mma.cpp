@@ -35,6 +35,10 @@ namespace {
 using namespace codegen::nvptx;
 using emulation::emulate;
 using emulation::Emulated;
+using emulation::from_bf16;
+using emulation::max_abs_diff;
+using emulation::mean_abs_diff;
+using emulation::to_bf16;
 
 struct MmaCase {
   std::string label;
@@ -111,18 +115,6 @@ struct Result {
   std::vector<float> out, lse;
 };
 
-std::vector<std::uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<std::uint16_t> y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
-  return y;
-}
-
-std::vector<float> from_bf16(const std::vector<std::uint16_t>& x) {
-  std::vector<float> y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
-  return y;
-}
-
 struct Inputs {
   std::vector<std::uint16_t> q, k, v;
   std::vector<float> bias;
@@ -195,21 +187,6 @@ Result run_emulated(const AttentionKernel& kernel, const Inputs& in, std::int64_
     });
   r.out = from_bf16(out);
   return r;
-}
-
-double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double sum = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) sum += std::fabs(static_cast<double>(a[i]) - b[i]);
-  return a.empty() ? 0.0 : sum / static_cast<double>(a.size());
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (!(d <= m)) m = d;  // NaN propagates
-  }
-  return m;
 }
 
 class EmulatedMmaAttention : public ::testing::TestWithParam<MmaCase> {};

@@ -38,6 +38,10 @@ namespace {
 using namespace codegen::nvptx;
 using emulation::emulate;
 using emulation::Emulated;
+using emulation::from_bf16;
+using emulation::max_abs_diff;
+using emulation::mean_abs_diff;
+using emulation::to_bf16;
 using Bits = std::vector<std::uint16_t>;
 constexpr std::uint64_t kSeed = 0x5eed;  // the dropout's Philox key
 
@@ -127,18 +131,6 @@ std::vector<BwdCase> backward_cases() {
     cases.push_back({"d32_gqa_causal_alibi_slopes_key_bias_grads", a, 2, 50, 70, {{4}, {70}}});
   }
   return cases;
-}
-
-Bits to_bf16(const std::vector<float>& x) {
-  Bits y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
-  return y;
-}
-
-std::vector<float> from_bf16(const Bits& x) {
-  std::vector<float> y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
-  return y;
 }
 
 /// A case's bf16 inputs, and the forward's out (bf16) and lse from the CPU's bf16 kernel.
@@ -295,21 +287,6 @@ Grads run_emulated(const BwdCase& c, const Problem& p, std::vector<float>& delta
 double max_abs(const std::vector<float>& a) {
   double m = 0.0;
   for (float x : a) m = std::max(m, std::fabs(static_cast<double>(x)));
-  return m;
-}
-
-double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double sum = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) sum += std::fabs(static_cast<double>(a[i]) - b[i]);
-  return a.empty() ? 0.0 : sum / static_cast<double>(a.size());
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (!(d <= m)) m = d;  // NaN propagates
-  }
   return m;
 }
 
