@@ -448,6 +448,18 @@ NdArray HfCheckpoint::load(const std::string& name) const {
   return files_[where_.at(s)].load(s);
 }
 
+DType HfCheckpoint::stored_dtype(const std::string& name) const {
+  if (quantized(name)) return DType::f32;
+  const std::string& s = stored(name);
+  return files_[where_.at(s)].get(s).dtype;
+}
+
+NdArray HfCheckpoint::load_as(const std::string& name, DType as) const {
+  if (quantized(name)) return load(name).converted(as);
+  const std::string& s = stored(name);
+  return files_[where_.at(s)].load_as(s, as);
+}
+
 QuantizedWeight HfCheckpoint::load_quantized(const std::string& name) const {
   const auto it = quant_.find(name);
   if (it == quant_.end()) fail(what_, "`" + stored(name) + "` is not stored quantized");

@@ -364,6 +364,30 @@ NdArray SafetensorsFile::load(std::string_view name) const {
   return a;
 }
 
+NdArray SafetensorsFile::load_as(std::string_view name, DType as) const {
+  const TensorView v = get(name);
+  if (v.dtype != DType::f32 || (as != DType::bf16 && as != DType::f16)) return load(name).converted(as);
+  using detail::advise, detail::kHugePageBytes;
+  if (v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_WILLNEED);
+  NdArray out = NdArray::zeros(as, v.shape);
+  auto* to = reinterpret_cast<std::uint16_t*>(out.bytes.data());
+  const std::byte* from = v.data.data();  // f32 at any byte offset of the file: copied out, not cast
+  const auto n = static_cast<std::size_t>(v.numel());
+  auto each = [&](auto convert) {  // one loop per conversion, no branch inside
+    for (std::size_t i = 0; i < n; ++i) {
+      float x;
+      std::memcpy(&x, from + 4 * i, 4);
+      to[i] = convert(x);
+    }
+  };
+  if (as == DType::bf16)
+    each(f32_to_bf16);
+  else
+    each(f32_to_f16);
+  if (map_ && v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);
+  return out;
+}
+
 // --- writing -------------------------------------------------------------------------------------
 
 std::vector<std::byte> serialize_safetensors(const std::map<std::string, NdArray>& tensors,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -131,6 +132,28 @@ TEST(Safetensors, HandBuiltFixture) {
   EXPECT_EQ(f.metadata().at("format"), "pt");
   EXPECT_EQ(f.load("w").to_f32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(f.load("w").shape, (std::vector<std::int64_t>{2, 3}));
+}
+
+TEST(Safetensors, LoadAsConvertsAsItReadsLikeConvertingACopy) {
+  // f32 at an odd byte offset (read by copies, not casts), with values that round: ties to even
+  // in bf16 and f16, overflow to f16 infinity, subnormals, NaN and infinities; and other pairs
+  // (bf16 → f32, i32 → f32) through load then convert.
+  const std::vector<float> values = {1.0f,          1.00390625f, 1.01171875f, -3.14159f,
+                                     65520.0f,      1e-41f,      -1e-45f,     std::numeric_limits<float>::infinity(),
+                                     std::nanf(""), 0.1f,        -65504.0f,   3.0e38f};
+  auto data = le_bytes<float>(values);
+  data.insert(data.begin(), std::byte{0});                      // the tensor starts at offset 1
+  data.insert(data.end(), {std::byte{0x80}, std::byte{0x3F}});  // a bf16 after it: 1.0
+  const std::string header = R"({"w":{"dtype":"F32","shape":[3,4],"data_offsets":[1,49]},)"
+                             R"("h":{"dtype":"BF16","shape":[1],"data_offsets":[49,51]}})";
+  const auto f = SafetensorsFile::from_bytes(image(header, data), kName);
+  for (const DType to : {DType::bf16, DType::f16, DType::f32}) {
+    const qkv::NdArray got = f.load_as("w", to), want = f.load("w").converted(to);
+    EXPECT_EQ(got.dtype, to);
+    EXPECT_EQ(got.shape, want.shape);
+    EXPECT_EQ(got.bytes, want.bytes) << qkv::dtype_name(to);
+  }
+  EXPECT_EQ(f.load_as("h", DType::f32).to_f32(), std::vector<float>{1.0f});
 }
 
 TEST(Safetensors, EmptyFileScalarAndZeroSizedTensors) {

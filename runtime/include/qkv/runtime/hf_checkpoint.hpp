@@ -95,6 +95,11 @@ class HfCheckpoint {
   /// Weight `name` as stored (F32, BF16 or F16; the model's dtype decides what it becomes); a
   /// weight stored quantized, dequantized to f32.
   [[nodiscard]] NdArray load(const std::string& name) const;
+  /// The dtype load(name) gives: as stored, f32 for a quantized weight (dequantized).
+  [[nodiscard]] DType stored_dtype(const std::string& name) const;
+  /// Weight `name` as dtype `as` (SafetensorsFile::load_as: an f32 weight read as f16 / bf16 is
+  /// converted as it is read); a quantized one dequantized, then converted.
+  [[nodiscard]] NdArray load_as(const std::string& name, DType as) const;
   /// Whether weight `name` is stored quantized (q8 or q4); any of them.
   [[nodiscard]] bool quantized(const std::string& name) const { return quant_.count(name) > 0; }
   [[nodiscard]] bool any_quantized() const { return !quant_.empty(); }

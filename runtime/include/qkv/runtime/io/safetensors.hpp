@@ -71,6 +71,10 @@ class SafetensorsFile {
   [[nodiscard]] TensorView get(std::string_view name) const;
   /// A copy (booleans normalised to 0/1); IoError if there is no such tensor.
   [[nodiscard]] NdArray load(std::string_view name) const;
+  /// The tensor as dtype `as` (NdArray::converted's rules): an f32 tensor read as f16 / bf16 is
+  /// converted in one pass from the file's bytes, with no f32 copy between (a 262 MB embedding
+  /// table read as bf16 had its f32 copy resident beside the bf16 one); others load, then convert.
+  [[nodiscard]] NdArray load_as(std::string_view name, DType as) const;
   /// The "__metadata__" object (empty if absent).
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// The file name (or `what`) used in messages.
