@@ -373,18 +373,26 @@ NdArray SafetensorsFile::load_as(std::string_view name, DType as) const {
   auto* to = reinterpret_cast<std::uint16_t*>(out.bytes.data());
   const std::byte* from = v.data.data();  // f32 at any byte offset of the file: copied out, not cast
   const auto n = static_cast<std::size_t>(v.numel());
+  // By chunks of 16 MB, each chunk's mapped pages released once converted: the f32 tensor is
+  // never resident whole (the last weight of a checkpoint converted had its f32 pages beside
+  // every converted weight).
+  constexpr std::size_t kChunk = std::size_t{4} << 20;
   auto each = [&](auto convert) {  // one loop per conversion, no branch inside
-    for (std::size_t i = 0; i < n; ++i) {
-      float x;
-      std::memcpy(&x, from + 4 * i, 4);
-      to[i] = convert(x);
+    for (std::size_t c = 0; c < n; c += kChunk) {
+      const std::size_t end = std::min(n, c + kChunk);
+      for (std::size_t i = c; i < end; ++i) {
+        float x;
+        std::memcpy(&x, from + 4 * i, 4);
+        to[i] = convert(x);
+      }
+      if (map_) advise(from + 4 * c, 4 * (end - c), 4096, MADV_DONTNEED);
     }
   };
   if (as == DType::bf16)
     each(f32_to_bf16);
   else
     each(f32_to_f16);
-  if (map_ && v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);
+  if (map_) advise(v.data.data(), v.data.size(), 4096, MADV_DONTNEED);  // the pages chunks shared
   return out;
 }
 

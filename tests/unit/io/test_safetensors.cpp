@@ -156,6 +156,19 @@ TEST(Safetensors, LoadAsConvertsAsItReadsLikeConvertingACopy) {
   EXPECT_EQ(f.load_as("h", DType::f32).to_f32(), std::vector<float>{1.0f});
 }
 
+TEST(Safetensors, LoadAsThroughTheMappingInChunks) {
+  // Past one 16 MB chunk (the mapping's pages released chunk by chunk), read back through mmap.
+  TempDir dir("qkv_st");
+  std::vector<float> values((std::size_t{4} << 20) + 3);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) * 0.001f - 0.5f;
+  const fs::path p = dir.path / "big.safetensors";
+  qkv::write_safetensors(p, {{"w", qkv::NdArray::from_f32(values, {static_cast<std::int64_t>(values.size())})}});
+  const SafetensorsFile f = SafetensorsFile::open(p);
+  const qkv::NdArray got = f.load_as("w", DType::bf16);
+  EXPECT_EQ(got.bytes, f.load("w").converted(DType::bf16).bytes);
+  EXPECT_EQ(got.to_f32()[values.size() - 1], qkv::bf16_to_f32(qkv::f32_to_bf16(values.back())));
+}
+
 TEST(Safetensors, EmptyFileScalarAndZeroSizedTensors) {
   EXPECT_EQ(from("{}", 0).size(), 0u);
   const auto f = SafetensorsFile::from_bytes(image(R"({"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
