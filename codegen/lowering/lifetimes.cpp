@@ -56,12 +56,22 @@ std::vector<int> assign_slots(const std::vector<Lifetime>& blocks) {
   std::vector<int> slot(blocks.size(), -1);
   std::vector<int> busy_until;           // per slot: the last node at which it is read
   std::vector<std::int64_t> slot_bytes;  // per slot: its largest block so far
+  // Best fit: the smallest free slot that holds the block, else the largest free one (the least
+  // growth). Taking the largest free slot for every block let small values occupy the slots of
+  // large short-lived blocks (a GEMM's packed weights), which then took new slots, each as large
+  // as a weight: the arena held several weights' worth of packing space.
+  auto better = [&](std::size_t s, int best, std::int64_t bytes) {
+    if (best < 0) return true;
+    const std::int64_t have = slot_bytes[s], other = slot_bytes[static_cast<std::size_t>(best)];
+    const bool fits = have >= bytes, other_fits = other >= bytes;
+    if (fits != other_fits) return fits;
+    return fits ? have < other : have > other;
+  };
   for (std::size_t k : order) {
     const Lifetime& b = blocks[k];
     int best = -1;
     for (std::size_t s = 0; s < busy_until.size(); ++s)
-      if (busy_until[s] < b.start && (best < 0 || slot_bytes[s] > slot_bytes[static_cast<std::size_t>(best)]))
-        best = static_cast<int>(s);
+      if (busy_until[s] < b.start && better(s, best, b.bytes)) best = static_cast<int>(s);
     if (best < 0) {
       best = static_cast<int>(busy_until.size());
       busy_until.push_back(0);
