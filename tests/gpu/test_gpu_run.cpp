@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -44,7 +45,8 @@ namespace {
 
 constexpr double kTolerance = 2e-5;
 
-void check(const Case& c, const std::string& backend) {
+/// `tolerance`: per output, where its sums are longer than the fixtures' (else kTolerance).
+void check(const Case& c, const std::string& backend, const std::map<std::string, double>& tolerance = {}) {
   RunResult got;
   if (backend == "gpu") {
     if (const std::string why = cuda::why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
@@ -64,10 +66,11 @@ void check(const Case& c, const std::string& backend) {
     EXPECT_EQ(g.dtype, w.dtype) << name;
     EXPECT_EQ(g.shape, w.shape) << name;
     const Error err = relative_error(g, w), cpu_err = relative_error(cpu.outputs.at(name), w);
+    const double bound = tolerance.count(name) ? tolerance.at(name) : kTolerance;
     std::cout << "  " << c.name << " " << name << " (" << backend << "): max error " << err.worst
-              << " (cpu backend: " << cpu_err.worst << "), tolerance " << kTolerance << "\n";
-    EXPECT_LE(err.worst, kTolerance) << c.name << " " << name << " on " << backend << " at element " << err.at << ": "
-                                     << g.to_f32()[err.at] << " vs " << w.to_f32()[err.at];
+              << " (cpu backend: " << cpu_err.worst << "), tolerance " << bound << "\n";
+    EXPECT_LE(err.worst, bound) << c.name << " " << name << " on " << backend << " at element " << err.at << ": "
+                                << g.to_f32()[err.at] << " vs " << w.to_f32()[err.at];
   }
 }
 
@@ -231,7 +234,13 @@ TEST(GpuGradients, TheBf16FusedBackwardOnARealGpu) {  // skipped without one
 }
 
 /// ALiBi's slopes [KvHeads, Group] learned: their gradient is the third launch's (the dtensor
-/// kernel sums the dkdv blocks' slots), against the interpreter.
+/// kernel sums the dkdv blocks' slots), against the interpreter. A slope's gradient is an fp32 sum
+/// of B·L·S = 3 330 terms of both signs (∂L/∂score' · −distance), not the fixtures' dot products
+/// of ≤ 512: its rounding is about sqrt(3 330)·2^-24·Σ|terms| ≈ 3.4e-6·Σ|terms|, and with terms of
+/// both signs Σ|terms| can be several times |the sum|; its bound is 1e-4 relative (the other
+/// outputs keep kTolerance; the errors of this GPU plan and of the CPU backend are printed).
+const std::map<std::string, double> kSlopeTolerance{{"dslopes", 1e-4}};
+
 TEST(GpuGradients, TheGradientOfAModsTensorRunsOnTheGpuPlan) {
   const Case c = gradient_case(/*slopes=*/true);
   const Graph lowered = codegen::lower(c.graph);
@@ -247,14 +256,14 @@ TEST(GpuGradients, TheGradientOfAModsTensorRunsOnTheGpuPlan) {
       EXPECT_EQ(step.tensor_partials.size(), 1u);
     }
   EXPECT_EQ(sums, 1);
-  check(c, "emulated");
+  check(c, "emulated", kSlopeTolerance);
   HostMachine machine;
   (void)codegen::cuda::execute_on(machine, lowered, c.feeds);
   EXPECT_EQ(machine.launches["attention_backward_dtensor"], 1);
 }
 
 TEST(GpuGradients, TheGradientOfAModsTensorOnARealGpu) {
-  check(gradient_case(/*slopes=*/true), "gpu");
+  check(gradient_case(/*slopes=*/true), "gpu", kSlopeTolerance);
 }  // skipped without one
 
 }  // namespace
