@@ -118,16 +118,25 @@ std::string decode_unsupported(const cpu::AttentionSpec& s) {
   return {};
 }
 
-std::string mma_attention_unsupported(const AttentionKernel& request) {
-  const cpu::AttentionSpec& s = request.spec;
+namespace {
+/// What every tensor-core attention kernel (forward and backward) needs: bf16 storage, head widths
+/// that are whole k16 slices up to 128, at most 8 warps. Empty: met.
+std::string mma_limits_unmet(const cpu::AttentionSpec& s, int threads) {
   if (s.storage != DType::bf16) return "q, k, v and out are not bf16";
   if (s.dk % 16 != 0 || s.dv % 16 != 0 || s.dk < 16 || s.dv < 16 || s.dk > 128 || s.dv > 128)
     return "head widths dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
            " are not multiples of 16 in [16, 128]";
+  if (threads % 32 != 0 || threads < 32 || threads > 256)
+    return "threads = " + std::to_string(threads) + " is not a multiple of 32 in [32, 256]";
+  return {};
+}
+}  // namespace
+
+std::string mma_attention_unsupported(const AttentionKernel& request) {
+  const cpu::AttentionSpec& s = request.spec;
+  if (std::string why = mma_limits_unmet(s, request.threads); !why.empty()) return why;
   if (s.write_weights) return "it writes the attention weights";
   if (s.dropout_p != 0.0) return "it has dropout";
-  if (request.threads % 32 != 0 || request.threads < 32 || request.threads > 256)
-    return "threads = " + std::to_string(request.threads) + " is not a multiple of 32 in [32, 256]";
   if (request.block_q != 0 && request.block_q != 16 * (request.threads / 32))
     return "block_q = " + std::to_string(request.block_q) + " is not 16 rows per warp";
   if (request.block_k != 0 && (request.block_k % 16 != 0 || request.block_k > 128))
@@ -212,13 +221,7 @@ AttentionGeometry attention_geometry(const AttentionKernel& request) {
 }
 
 std::string mma_attention_backward_unsupported(const AttentionBackwardKernel& request) {
-  const cpu::AttentionSpec& s = request.spec;
-  if (s.storage != DType::bf16) return "q, k, v and out are not bf16";
-  if (s.dk % 16 != 0 || s.dv % 16 != 0 || s.dk < 16 || s.dv < 16 || s.dk > 128 || s.dv > 128)
-    return "head widths dk = " + std::to_string(s.dk) + ", dv = " + std::to_string(s.dv) +
-           " are not multiples of 16 in [16, 128]";
-  if (request.threads % 32 != 0 || request.threads < 32 || request.threads > 256)
-    return "threads = " + std::to_string(request.threads) + " is not a multiple of 32 in [32, 256]";
+  if (std::string why = mma_limits_unmet(request.spec, request.threads); !why.empty()) return why;
   const bool dkdv = request.part == AttentionBackwardKernel::Part::dkdv;
   const int own = dkdv ? request.block_k : request.block_q, swept = dkdv ? request.block_q : request.block_k;
   if (own != 0 && own != 16 * (request.threads / 32))

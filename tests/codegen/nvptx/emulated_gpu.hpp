@@ -42,6 +42,16 @@ Emulated emulate(const codegen::nvptx::KernelRequest& request);
 
 std::vector<float> random_vec(std::size_t n, std::mt19937& gen, float lo = -1.0f, float hi = 1.0f);
 
+/// The flags' masks of the tensor-core tests for `spec` (empty where its flag is off): bias [L, S]
+/// in ±2 with row 3 all −inf (a row with no visible key), and key_keep [B, S] with a quarter of
+/// the keys padded and, when B > 1, every key of batch 1.
+struct FlagMasks {
+  std::vector<float> bias;
+  std::vector<std::uint8_t> keep;
+};
+FlagMasks flag_masks(const codegen::cpu::AttentionSpec& spec, std::int64_t B, std::int64_t L, std::int64_t S,
+                     std::mt19937& gen);
+
 /// bf16 bits of x (nearest even), and back.
 std::vector<std::uint16_t> to_bf16(const std::vector<float>& x);
 std::vector<float> from_bf16(const std::vector<std::uint16_t>& x);

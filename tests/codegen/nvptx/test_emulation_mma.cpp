@@ -128,17 +128,9 @@ Inputs make_inputs(const codegen::cpu::AttentionSpec& s, std::int64_t B, std::in
   in.q = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hq * L * s.dk), gen, -2.0f, 2.0f));
   in.k = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dk), gen));
   in.v = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dv), gen));
-  if (s.bias) {
-    in.bias = emulation::random_vec(static_cast<std::size_t>(L * S), gen, -2.0f, 2.0f);
-    for (std::int64_t j = 0; j < S; ++j) in.bias[static_cast<std::size_t>(3 * S + j)] = -INFINITY;  // row 3: no key
-  }
-  if (s.key_padding) {
-    in.keep.assign(static_cast<std::size_t>(B * S), 1);
-    std::bernoulli_distribution drop(0.25);
-    for (auto& x : in.keep) x = drop(gen) ? 0 : 1;
-    if (B > 1)
-      for (std::int64_t j = 0; j < S; ++j) in.keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
-  }
+  emulation::FlagMasks masks = emulation::flag_masks(s, B, L, S, gen);
+  in.bias = std::move(masks.bias);
+  in.keep = std::move(masks.keep);
   return in;
 }
 

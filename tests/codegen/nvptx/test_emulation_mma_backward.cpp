@@ -160,17 +160,9 @@ Problem make_problem(const BwdCase& c) {
   p.k = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dk), gen));
   p.v = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hkv * S * s.dv), gen));
   p.d_out = to_bf16(emulation::random_vec(static_cast<std::size_t>(B * s.hq * L * s.dv), gen));
-  if (s.bias) {
-    p.bias = emulation::random_vec(static_cast<std::size_t>(L * S), gen, -2.0f, 2.0f);
-    for (std::int64_t j = 0; j < S; ++j) p.bias[static_cast<std::size_t>(3 * S + j)] = -INFINITY;  // row 3: no key
-  }
-  if (s.key_padding) {
-    p.keep.assign(static_cast<std::size_t>(B * S), 1);
-    std::bernoulli_distribution drop(0.25);
-    for (auto& x : p.keep) x = drop(gen) ? 0 : 1;
-    if (B > 1)
-      for (std::int64_t j = 0; j < S; ++j) p.keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
-  }
+  emulation::FlagMasks masks = emulation::flag_masks(s, B, L, S, gen);
+  p.bias = std::move(masks.bias);
+  p.keep = std::move(masks.keep);
   p.out.assign(static_cast<std::size_t>(B * s.hq * L * s.dv), 0);
   p.lse.assign(static_cast<std::size_t>(B * s.hq * L), NAN);
   codegen::cpu::AttentionArgs f;
