@@ -508,19 +508,25 @@ bool ModuleBuilder::emit_fill_sums(int id) {
     });
     return true;
   }
-  constexpr std::int64_t kChunk = 256;  // outputs a task sums: its double sums on its stack
+  // Outputs a task sums (its double sums on its stack): 64, so that a bias of 384 gives six tasks
+  // (not 256 + 128) and a task's sums stay in L1; each output is summed in x's row order whatever
+  // the split, so the split does not change a bit. The loops over a task's outputs are vectorised.
+  constexpr std::int64_t kChunk = 64;
+  constexpr auto vectorised = ir::Unroll::allowed;
   parallel_for(ceil_div(outputs, kChunk), outputs * per * 2, [&](I t) {
     const I c0 = t * kChunk, width = imin(outputs - c0, c64(kChunk));
     llvm::Value* acc = ir::entry_alloca(b_, f64_, kChunk, 64, "column_sums");
-    loop(c64(0), width, [&](I j) { store(llvm::ConstantFP::get(f64_, 0.0), acc, j); }, "zero");
+    loop(c64(0), width, [&](I j) { store(llvm::ConstantFP::get(f64_, 0.0), acc, j); }, "zero", vectorised);
     loop(
         c64(0), per,
         [&](I r) {
           const I at = r * outputs + c0;
-          loop(c64(0), width, [&](I j) { store(b_.CreateFAdd(load(f64_, acc, j), term(at + j)), acc, j); }, "columns");
+          loop(
+              c64(0), width, [&](I j) { store(b_.CreateFAdd(load(f64_, acc, j), term(at + j)), acc, j); }, "columns",
+              vectorised);
         },
         "rows");
-    loop(c64(0), width, [&](I j) { put(b_.CreateFPTrunc(load(f64_, acc, j), f32_), id, c0 + j); }, "out");
+    loop(c64(0), width, [&](I j) { put(b_.CreateFPTrunc(load(f64_, acc, j), f32_), id, c0 + j); }, "out", vectorised);
   });
   return true;
 }
