@@ -99,6 +99,9 @@ BENCHMARK(BM_Linear)
     // A 512-token prefill of a Llama of width 1024: q/o, k/v (GQA 4 of 16), gate/up, down, lm_head.
     ->ArgsProduct({{512}, {1024, 256, 2816, 32000}, {1024}, {kQkvF32, kOpenBlas}})
     ->ArgsProduct({{512}, {1024}, {2816}, {kQkvF32, kOpenBlas}})
+    // The GPT-2-small-shaped training step's forward linears (2048 tokens, width 384, `qkv train`).
+    ->ArgsProduct({{2048}, {1152, 1536, 384}, {384}, {kQkvF32, kOpenBlas}})
+    ->ArgsProduct({{2048}, {384}, {1536}, {kQkvF32, kOpenBlas}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -10,6 +10,7 @@
 #include <llvm/IR/Module.h>
 
 #include <qkv/codegen/jit.hpp>
+#include <qkv/codegen/passes/canonicalize.hpp>
 
 #include "cpu/module/module_builder.hpp"
 #include "cpu/thread_pool.hpp"
@@ -31,8 +32,9 @@ struct CompiledGraph::Impl {
 CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CompiledGraph::~CompiledGraph() = default;
 
-std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered, const Bindings& fixed,
+std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& graph, const Bindings& fixed,
                                                             const std::string& function) {
+  const Graph lowered = fuse_elementwise(graph);  // leaves and outputs as in `graph`: the same signature
   auto impl = std::make_unique<Impl>();
   std::string error;
   impl->jit = Jit::create(&error);

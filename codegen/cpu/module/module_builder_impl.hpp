@@ -602,16 +602,7 @@ class ModuleBuilder {
         if (plan_.kv_alias.count(id)) return;  // read in place by the attention (a KV cache's prefix)
         if (n.op == Op::slice) return emit_slice(id);
         if (n.op == Op::concat) return emit_concat(id);
-        {
-          // Moved as stored; an integer input (int32_t / int64_t) becomes a value through f32.
-          const std::vector<Dims> from{strides_by_name(n.axes, g_.node(n.inputs[0]).axes, shape(n.inputs[0]))};
-          auto same = [](const Dims&, const Values& in) { return in[0]; };
-          if (cpu_storage_dtype(g_, n.inputs[0]) == cpu_storage_dtype(g_, id))
-            map(id, {n.inputs[0]}, from, same);
-          else
-            map_values(id, {n.inputs[0]}, from, same);
-          return;
-        }
+        return emit_strided_copy(id);
       case KernelKind::fill: {
         const bool boolean = storage_dtype(n.dtype) == DType::boolean;
         llvm::Value* c = boolean ? static_cast<llvm::Value*>(b_.getInt8(n.scalar != 0.0 ? 1 : 0))
@@ -690,6 +681,9 @@ class ModuleBuilder {
   bool emit_fill_sums(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
+  /// permute / broadcast: moved as stored (an integer input becomes a value through f32); a
+  /// transpose of the innermost axis in tiles, so that reads and writes both stay in cache lines.
+  void emit_strided_copy(int id);
   void emit_broadcasting(int id);
 
   /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:

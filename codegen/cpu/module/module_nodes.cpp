@@ -29,6 +29,25 @@ void ModuleBuilder::emit_causal(int id) {
   });
 }
 
+namespace {
+/// Whether every load of input `input` reads it at index(its axis k) along each of its axes k,
+/// each an axis of the entry's `axes` with the same extent (so that no load is clamped).
+bool loads_by_name(const ModExpr& e, int input, const std::vector<Axis>& own, const std::vector<Axis>& axes) {
+  for (const Axis& a : own)
+    if (std::none_of(axes.begin(), axes.end(), [&](const Axis& b) { return b.name == a.name && b.extent == a.extent; }))
+      return false;
+  for (const ModNode& m : e.nodes) {
+    if (m.op != ModOp::load || m.input != input) continue;
+    if (m.at.size() != own.size()) return false;
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      const ModNode& i = e.nodes[static_cast<std::size_t>(m.at[k])];
+      if (i.op != ModOp::index || i.axis != own[k].name) return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
 /// score_mod entry by entry: the expression on scalars (mod_ir), loads from the captured
 /// inputs' buffers.
 void ModuleBuilder::emit_score_mod(int id) {
@@ -74,17 +93,19 @@ void ModuleBuilder::emit_score_mod(int id) {
       return v->getType() == mb.f32_ ? v : mb.b_.CreateUIToFP(mb.to_bool(v), mb.f32_);
     }
   } leaves(*this, n, axes, s);
-  // Inputs with the entry's own axes, loaded at its coordinates (a pointwise node's operands of
-  // one shape): read beside the first input at the same offset, not through index arithmetic.
+  // Inputs loaded at the entry's coordinates along their own axes, each an axis of the entry
+  // with the same extent (a pointwise node's operands of one shape, or broadcast along the
+  // entry's other axes: a [tokens] factor of a [tokens, width] value): read beside the first
+  // input through strides, 0 along the axes they lack, not through index arithmetic.
   std::vector<int> read{n.inputs[0]};
   std::vector<Dims> strides{strides_of(s)};
   leaves.direct.assign(n.inputs.size(), -1);
   for (std::size_t k = 1; k < n.inputs.size(); ++k) {
     const Node& t = g_.node(n.inputs[k]);
-    if (util::same_axes(t.axes, axes) && mod_loads_in_place(e, static_cast<int>(k), axes)) {
+    if (loads_by_name(e, static_cast<int>(k), t.axes, axes)) {
       leaves.direct[k] = static_cast<int>(read.size());
       read.push_back(n.inputs[k]);
-      strides.push_back(strides_of(shape(n.inputs[k])));
+      strides.push_back(strides_by_name(axes, t.axes, shape(n.inputs[k])));
     }
   }
   map_values(id, read, strides, [&](const Dims& idx, const Values& in) {
@@ -169,6 +190,53 @@ void ModuleBuilder::emit_update_slice(int id) {
   const Dims s = shape(rows);
   nest(s, {out_strides, strides_of(s)}, {dim(*n.dim) * out_strides[p], c64(0)},
        [&](const Dims&, const Dims& off) { copy_element(rows, off[1], id, off[0]); });
+}
+
+void ModuleBuilder::emit_strided_copy(int id) {
+  const Node& n = g_.node(id);
+  const int x = n.inputs[0];
+  const Dims s = shape(id), from = strides_by_name(n.axes, g_.node(x).axes, shape(x));
+  auto same = [](const Dims&, const Values& in) { return in[0]; };
+  if (cpu_storage_dtype(g_, x) != cpu_storage_dtype(g_, id)) return map_values(id, {x}, {from}, same);
+  // The axis x has innermost, if it is not the output's innermost (a transpose: [out, in] weights
+  // to [in, out]): read along it, the output written along its last axis, in tiles of kTile × kTile
+  // entries — element by element, every read of a row-by-row copy would touch a line (and a page)
+  // of its own.
+  const std::size_t r = s.size();
+  std::size_t q = r;
+  for (std::size_t k = 0; k + 1 < r; ++k)
+    if (from[k].constant() == 1 && s[k].constant() != 1) q = k;
+  if (q == r || s[r - 1].constant() == 1) return map(id, {x}, {from}, same);
+  constexpr std::int64_t kTile = 16;
+  const Dims out = strides_of(s);
+  Dims dims, to, in;
+  for (std::size_t k = 0; k + 1 < r; ++k) {
+    if (k == q) continue;
+    dims.push_back(s[k]);
+    to.push_back(out[k]);
+    in.push_back(from[k]);
+  }
+  for (std::size_t k : {q, r - 1}) {
+    dims.push_back(ceil_div(s[k], kTile));
+    to.push_back(out[k] * kTile);
+    in.push_back(from[k] * kTile);
+  }
+  const std::size_t tq = dims.size() - 2;
+  nest_parallel(dims, {to, in}, {c64(0), c64(0)}, c64(4 * kTile * kTile), [&](const Dims& idx, const Dims& off) {
+    const I rows = imin(s[q] - idx[tq] * kTile, c64(kTile)), cols = imin(s[r - 1] - idx[tq + 1] * kTile, c64(kTile));
+    loop(
+        c64(0), rows,
+        [&](I i) {
+          loop(
+              c64(0), cols,
+              [&](I j) {
+                const I at = off[1] + i + j * from[r - 1];
+                store(load(elem(x), buf(x), at), buf(id), off[0] + i * out[q] + j);
+              },
+              "cols", ir::Unroll::allowed);
+        },
+        "rows");
+  });
 }
 
 void ModuleBuilder::emit_broadcasting(int id) {

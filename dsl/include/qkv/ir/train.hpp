@@ -274,6 +274,14 @@ inline TrainingStep append_training_step(Graph& g, int loss, const Sgd& o, const
 namespace train_detail {
 inline TrainingStep append_update(Graph& g, const Prepared& pr, const AdamW& o) {
   TrainingStep s;
+  // The step's scalars, once (not per entry of every parameter: β^t is a pow): lr / (1 − β1^t)
+  // and sqrt(1 − β2^t), each the same f32 (or double) a per-entry evaluation would compute.
+  const int lr_bc1 = elementwise(g, {pr.lr, pr.step}, [&](ModExpr& e, const std::vector<int>& l) {
+    return op(e, ModOp::div, l[0], op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta1), l[1])));
+  });
+  const int sqrt_bc2 = elementwise(g, {pr.step}, [&](ModExpr& e, const std::vector<int>& l) {
+    return op(e, ModOp::sqrt, op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta2), l[0])));
+  });
   for (std::size_t k = 0; k < pr.params.size(); ++k) {
     const Node p = g.node(pr.params[k]);
     s.params.push_back(p.name);
@@ -287,16 +295,12 @@ inline TrainingStep append_update(Graph& g, const Prepared& pr, const AdamW& o) 
                 op(e, ModOp::mul, c(e, 1 - o.beta2), op(e, ModOp::mul, l[0], l[0])));
     });
     const int updated =
-        elementwise(g, {pr.params[k], m2, v2, pr.step, pr.lr}, [&](ModExpr& e, const std::vector<int>& l) {
-          const int t = l[3], lr = l[4];
+        elementwise(g, {pr.params[k], m2, v2, lr_bc1, sqrt_bc2, pr.lr}, [&](ModExpr& e, const std::vector<int>& l) {
+          const int lr = l[5];
           const int decayed =
               op(e, ModOp::mul, l[0], op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::mul, lr, c(e, o.weight_decay))));
-          const int bc1 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta1), t));
-          const int bc2 = op(e, ModOp::sub, c(e, 1.0), op(e, ModOp::pow, c(e, o.beta2), t));
-          const int denom =
-              op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), op(e, ModOp::sqrt, bc2)), c(e, o.eps));
-          return op(e, ModOp::sub, decayed,
-                    op(e, ModOp::mul, op(e, ModOp::div, lr, bc1), op(e, ModOp::div, l[1], denom)));
+          const int denom = op(e, ModOp::add, op(e, ModOp::div, op(e, ModOp::sqrt, l[2]), l[4]), c(e, o.eps));
+          return op(e, ModOp::sub, decayed, op(e, ModOp::mul, l[3], op(e, ModOp::div, l[1], denom)));
         });
     g.mark_output(updated, p.name);
     g.mark_output(m2, "exp_avg." + p.name);

@@ -15,6 +15,14 @@ namespace qkv::codegen {
 
 Graph canonicalize(const Graph& g);
 
+/// The CPU module's graph (built after lower()): chains of element-wise nodes — f32 add, mul and
+/// scale by an f32 factor, and pointwise nodes — read once each, become one pointwise node, so
+/// that a gradient's element-wise steps (a layer norm's backward: six passes over [tokens, width])
+/// run as one loop. Each node's value is computed as its own kernel computes it, bit for bit.
+/// Leaves and outputs are kept, in order. (Not in lower(): the GPU plan runs add and scale on the
+/// GPU, pointwise nodes on the host.)
+Graph fuse_elementwise(const Graph& g);
+
 /// Removes non-leaf nodes that reach no output; ids renumbered, order kept.
 Graph eliminate_dead_nodes(const Graph& g);
 

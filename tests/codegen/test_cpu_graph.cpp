@@ -1,0 +1,171 @@
+// The graph the CPU module is built from and the copies it makes: a chain of element-wise nodes
+// (as the gradient rules write them: add, mul, scale, pointwise) computed as one loop with the
+// same bits as node by node; a permuted contraction written in the permuted order; transposes
+// copied in tiles, exactly.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/passes/canonicalize.hpp>
+#include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/qkv.hpp>
+#include <qkv/runtime/interpreter.hpp>
+
+namespace qkv {
+namespace {
+
+Axis ax(const std::string& name, std::int64_t n) { return Axis{name, Extent::fixed(n)}; }
+
+int leaf(Graph& g, const std::string& name, std::vector<Axis> axes) {
+  Node n;
+  n.op = Op::input;
+  n.name = name;
+  n.axes = std::move(axes);
+  return g.add(n);
+}
+
+int node(Graph& g, Op op, std::vector<int> inputs, std::vector<Axis> axes, double scalar = 0.0) {
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.axes = std::move(axes);
+  n.scalar = scalar;
+  return g.add(n);
+}
+
+std::vector<float> ramp(std::size_t n, float scale, float shift) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>((i * 37) % 101) + shift;
+  return v;
+}
+
+int count(const Graph& g, Op op) {
+  int n = 0;
+  for (const Node& x : g.nodes()) n += x.op == op;
+  return n;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// A layer norm's backward as the gradient rules write it, on [Row, Col]: dy·w (w [Col],
+/// broadcast), + the same times a [Row] factor, scaled by 0.5, + x, then a pointwise exp. With
+/// `keep` every intermediate is an output too (read twice: nothing is fused), for the reference.
+Graph chain(bool keep) {
+  Graph g;
+  const std::vector<Axis> rc{ax("Row", 48), ax("Col", 40)};
+  const int x = leaf(g, "x", rc), dy = leaf(g, "dy", rc), w = leaf(g, "w", {ax("Col", 40)});
+  const int r = leaf(g, "r", {ax("Row", 48)});
+  const int a = node(g, Op::mul, {dy, w}, rc);
+  const int b = node(g, Op::mul, {a, r}, rc);
+  const int c = node(g, Op::add, {a, b}, rc);  // a is read twice: it stays a node of its own
+  const int d = node(g, Op::scale, {c}, rc, 0.5);
+  const int e = node(g, Op::add, {x, d}, rc);  // d read in place, as the second operand
+  Node p;
+  p.op = Op::pointwise;
+  p.inputs = {e};
+  p.axes = rc;
+  ModExpr ex;
+  ex.score = ex.add(mod_node(ModOp::exp, ex.add(mod_node(ModOp::score))));
+  p.mod = ex;
+  const int f = g.add(p);
+  const int s = node(g, Op::scale, {f}, rc, 0.1);  // 0.1 is no f32: the double product stays its own node
+  g.mark_output(s, "out");
+  if (keep) {
+    g.mark_output(b, "b");
+    g.mark_output(c, "c");
+    g.mark_output(d, "d");
+    g.mark_output(e, "e");
+    g.mark_output(f, "f");
+  }
+  return g;
+}
+
+TEST(CpuModuleGraph, AnElementwiseChainIsOneLoopWithTheSameBits) {
+  const Feeds feeds{{"x", NdArray::from_f32(ramp(48 * 40, 0.01f, -0.3f), {48, 40})},
+                    {"dy", NdArray::from_f32(ramp(48 * 40, -0.013f, 0.6f), {48, 40})},
+                    {"w", NdArray::from_f32(ramp(40, 0.07f, -1.1f), {40})},
+                    {"r", NdArray::from_f32(ramp(48, 0.003f, 0.2f), {48})}};
+  const Graph fused = codegen::fuse_elementwise(codegen::lower(chain(false)));
+  // mul(dy, w) stays (read twice); mul, add, scale 0.5, add, exp become one pointwise node; the
+  // scale by 0.1 stays.
+  EXPECT_EQ(count(fused, Op::mul), 1);
+  EXPECT_EQ(count(fused, Op::add), 0);
+  EXPECT_EQ(count(fused, Op::pointwise), 1);
+  EXPECT_EQ(count(fused, Op::scale), 1);
+  const Graph unfused = codegen::fuse_elementwise(codegen::lower(chain(true)));
+  EXPECT_EQ(count(unfused, Op::pointwise), 1);  // the exp alone
+  EXPECT_EQ(count(unfused, Op::add), 2);
+  const auto got = codegen::cpu::run(chain(false), feeds, 2).outputs.at("out").to_f32();
+  const auto want = codegen::cpu::run(chain(true), feeds, 2).outputs.at("out").to_f32();
+  EXPECT_TRUE(same_bits(got, want));
+  const auto ref = interpret(chain(false), feeds).outputs.at("out").to_f32();
+  ASSERT_EQ(ref.size(), got.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-6 * (1 + std::abs(ref[i]))) << i;
+}
+
+TEST(CpuModuleGraph, APermutedContractionIsWrittenInThePermutedOrder) {
+  // Σ_K a[K, M] b[K, N], M renamed P, permuted to [N, P]: a weight's gradient into [in, out].
+  Graph g;
+  const int a = leaf(g, "a", {ax("K", 70), ax("M", 24)}), b = leaf(g, "b", {ax("K", 70), ax("N", 36)});
+  Node c;
+  c.op = Op::contract;
+  c.inputs = {a, b};
+  c.attr_axes = {"K"};
+  c.axes = {ax("M", 24), ax("N", 36)};
+  const int ci = g.add(c);
+  Node r;
+  r.op = Op::rename;
+  r.inputs = {ci};
+  r.attr_axes = {"M", "P"};
+  r.axes = {ax("P", 24), ax("N", 36)};
+  const int ri = g.add(r);
+  g.mark_output(node(g, Op::permute, {ri}, {ax("N", 36), ax("P", 24)}), "out");
+  const Graph lowered = codegen::lower(g);
+  EXPECT_EQ(count(lowered, Op::permute), 0);
+  for (const Node& n : lowered.nodes())
+    if (n.op == Op::contract) EXPECT_EQ(n.axes.front().name, "N");
+  const Feeds feeds{{"a", NdArray::from_f32(ramp(70 * 24, 0.02f, -0.9f), {70, 24})},
+                    {"b", NdArray::from_f32(ramp(70 * 36, -0.01f, 0.5f), {70, 36})}};
+  const auto ref = interpret(g, feeds).outputs.at("out").to_f32();
+  const auto got = codegen::cpu::run(g, feeds, 2).outputs.at("out").to_f32();
+  ASSERT_EQ(ref.size(), got.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * (1 + std::abs(ref[i]))) << i;
+}
+
+TEST(CpuModuleGraph, TransposesInTilesMatchTheInterpreterExactly) {
+  // Sizes that are no multiple of the tile: [37, 53] -> [53, 37]; [5, 19, 33] with its inner
+  // axis moved first; and one keeping its inner axis (copied row by row, as before).
+  struct Case {
+    std::vector<Axis> in, out;
+  };
+  const std::vector<Case> cases{
+      {{ax("A", 37), ax("B", 53)}, {ax("B", 53), ax("A", 37)}},
+      {{ax("A", 5), ax("B", 19), ax("C", 33)}, {ax("C", 33), ax("A", 5), ax("B", 19)}},
+      {{ax("A", 5), ax("B", 19), ax("C", 33)}, {ax("B", 19), ax("C", 33), ax("A", 5)}},
+      {{ax("A", 5), ax("B", 19), ax("C", 33)}, {ax("B", 19), ax("A", 5), ax("C", 33)}},
+  };
+  for (const Case& c : cases) {
+    Graph g;
+    const int x = leaf(g, "x", c.in);
+    g.mark_output(node(g, Op::permute, {x}, c.out), "out");
+    std::vector<std::int64_t> shape;
+    std::size_t n = 1;
+    for (const Axis& a : c.in) {
+      shape.push_back(a.extent.value);
+      n *= static_cast<std::size_t>(a.extent.value);
+    }
+    const Feeds feeds{{"x", NdArray::from_f32(ramp(n, 0.5f, -7.0f), shape)}};
+    const auto ref = interpret(g, feeds).outputs.at("out").to_f32();
+    EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 2).outputs.at("out").to_f32(), ref)) << c.out.front().name;
+    EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 1).outputs.at("out").to_f32(), ref)) << c.out.front().name;
+  }
+}
+
+}  // namespace
+}  // namespace qkv
