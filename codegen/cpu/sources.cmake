@@ -18,6 +18,7 @@ target_sources(qkv_codegen PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/module/module_builder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/outline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_nodes.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/module/module_copies.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_quantized.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_parallel.cpp
   ${CMAKE_CURRENT_LIST_DIR}/module/module_entry_points.cpp

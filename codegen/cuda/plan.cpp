@@ -284,6 +284,7 @@ class Planner {
       case KernelKind::rms_norm:
       case KernelKind::rope:
       case KernelKind::embedding:
+      case KernelKind::embedding_grad:
       case KernelKind::argmax:
       case KernelKind::update_slice:
       case KernelKind::dequantize:
@@ -336,6 +337,7 @@ class Planner {
         case KernelKind::rms_norm:
         case KernelKind::rope:
         case KernelKind::embedding:
+        case KernelKind::embedding_grad:
         case KernelKind::argmax:
         case KernelKind::convert:
         case KernelKind::dequantize:

@@ -149,6 +149,8 @@ KernelKind select_kernel(const Graph& g, int id) {
       return KernelKind::rope;
     case Op::embedding:
       return KernelKind::embedding;
+    case Op::embedding_grad:
+      return KernelKind::embedding_grad;
     case Op::argmax:
       return KernelKind::argmax;
     case Op::update_slice:
@@ -219,6 +221,8 @@ std::string_view kernel_kind_name(KernelKind kind) {
       return "rope";
     case KernelKind::embedding:
       return "embedding";
+    case KernelKind::embedding_grad:
+      return "embedding_grad";
     case KernelKind::argmax:
       return "argmax";
     case KernelKind::update_slice:

@@ -117,6 +117,28 @@ Value op_embedding(const OpArgs& a) {
   return out;
 }
 
+/// embedding_grad (dy [ids axes..., features], ids) -> [rows, features]: row r sums, in double, dy's
+/// rows whose id is r, in the ids' order; an id outside [0, rows) adds to none.
+Value op_embedding_grad(const OpArgs& a) {
+  expect_inputs(a);
+  expect_attrs(a, 2);
+  const Value &dy = *a.in[0], &ids = *a.in[1];
+  const Shape out_shape = declared_shape(a);
+  if (out_shape.size() != 2 || dy.shape.size() != ids.shape.size() + 1 || dy.shape.back() != out_shape[1])
+    internal_error(where(a) + "dy " + shape_str(dy.shape) + " and ids " + shape_str(ids.shape) + " do not give " +
+                   shape_str(out_shape));
+  const std::int64_t rows = out_shape[0], width = out_shape[1];
+  std::vector<double> sum(static_cast<std::size_t>(rows * width), 0.0);
+  for (std::size_t k = 0; k < ids.data.size(); ++k) {
+    const float id = ids.data[k];
+    if (!(id >= 0.0f && id < static_cast<float>(rows))) continue;
+    const auto row = static_cast<std::size_t>(id) * static_cast<std::size_t>(width);
+    for (std::int64_t f = 0; f < width; ++f)
+      sum[row + static_cast<std::size_t>(f)] += dy.data[k * static_cast<std::size_t>(width) + static_cast<std::size_t>(f)];
+  }
+  return Value{out_shape, std::vector<float>(sum.begin(), sum.end())};
+}
+
 /// q[..., k] · scale[..., k / group] (a q4 q: its entry's nibble − 8, qkv/ir/quant.hpp): the
 /// reference a quantized linear's kernels are checked against (the interpreter holds q and the
 /// scales as the floats they are; a q4 byte as the signed value of its bits).

@@ -699,6 +699,8 @@ Value eval_op(const OpArgs& a) {
       return op_rope(a);
     case Op::embedding:
       return op_embedding(a);
+    case Op::embedding_grad:
+      return op_embedding_grad(a);
     case Op::argmax:
       return op_argmax(a);
     case Op::update_slice:

@@ -131,6 +131,7 @@ Value op_rms_norm(const OpArgs& a);
 Value op_silu(const OpArgs& a);
 Value op_rope(const OpArgs& a);
 Value op_embedding(const OpArgs& a);
+Value op_embedding_grad(const OpArgs& a);
 Value op_argmax(const OpArgs& a);
 Value op_update_slice(const OpArgs& a);
 Value op_dequantize(const OpArgs& a);

@@ -202,6 +202,71 @@ TEST(Grad, EmbeddingLogsumexpAndTiedHead) {
   check(std::move(c));
 }
 
+TEST(Grad, AnEmbeddingsGradientScattersDyIntoItsRowsWithoutAOneHot) {
+  // A 50 000-row table: the gradient is one embedding_grad node (no [tokens, rows] one-hot, no
+  // contraction over the tokens), row r the sum of dy's rows whose id is r — repeated ids, the
+  // first and the last row — on the interpreter and the CPU backend, 1 and 4 threads bit for bit.
+  Graph g;
+  auto ids = input<Tensor<i64, Batch<dyn>, Seq<dyn>>>(g, "ids");
+  auto table = embedding_params<Vocab<50000>, Model<48>>(g, "wte");
+  auto probe = input<Tensor<f32, Batch<dyn>, Seq<dyn>, Model<48>>>(g, "probe");
+  const auto dtable = grad(sum_all(mul(embedding(table, ids), probe)), table);
+  g.mark_output(dtable.weight, "dtable");
+  int scatters = 0;
+  for (const Node& n : g.nodes()) {
+    scatters += n.op == Op::embedding_grad;
+    bool seq = false, vocab = false;
+    for (const Axis& a : n.axes) {
+      seq = seq || a.name == "Seq";
+      vocab = vocab || a.name == "Vocab";
+    }
+    EXPECT_FALSE(seq && vocab) << op_name(n.op) << " holds [tokens, rows]";
+  }
+  EXPECT_EQ(scatters, 1);
+  std::mt19937 rng(21);
+  const std::vector<std::int64_t> id_values{7, 49999, 0, 7, 123, 7, 49999, 4000, 0, 31, 7, 2};
+  NdArray t = NdArray::zeros(DType::i64, {2, 6});
+  for (std::size_t i = 0; i < id_values.size(); ++i) t.as<std::int64_t>()[i] = id_values[i];
+  const Feeds feeds{{"ids", t}, {"wte.weight", random_array({50000, 48}, rng)}, {"probe", random_array({2, 6, 48}, rng)}};
+  std::vector<double> want(50000 * 48, 0.0);
+  const auto p = feeds.at("probe").to_f32();
+  for (std::size_t k = 0; k < id_values.size(); ++k)
+    for (std::size_t f = 0; f < 48; ++f) want[static_cast<std::size_t>(id_values[k]) * 48 + f] += p[k * 48 + f];
+  const auto ref = interpret(g, feeds).outputs.at("dtable").to_f32();
+  const RunResult one = codegen::cpu::run(g, feeds, 1), four = codegen::cpu::run(g, feeds, 4);
+  EXPECT_EQ(one.outputs.at("dtable"), four.outputs.at("dtable"));
+  const auto cpu = one.outputs.at("dtable").to_f32();
+  ASSERT_EQ(ref.size(), want.size());
+  double worst_ref = 0, worst_cpu = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    worst_ref = std::max(worst_ref, std::abs(ref[i] - want[i]));
+    worst_cpu = std::max(worst_cpu, std::abs(cpu[i] - want[i]));
+  }
+  EXPECT_LE(worst_ref, 1e-6);  // at most four f32 terms a row: within a few f32 roundings of the sum
+  EXPECT_LE(worst_cpu, 1e-6);
+  // An id outside the rows adds to none (the forward embedding rejects one; the node alone does not).
+  Graph h;
+  Node dy, hi, s;
+  dy.op = hi.op = Op::input;
+  dy.name = "dy";
+  dy.axes = {Axis{"Tok", Extent::fixed(4)}, Axis{"F", Extent::fixed(3)}};
+  hi.name = "ids";
+  hi.dtype = DType::i64;
+  hi.axes = {Axis{"Tok", Extent::fixed(4)}};
+  s.op = Op::embedding_grad;
+  s.inputs = {h.add(dy), h.add(hi)};
+  s.axes = {Axis{"Row", Extent::fixed(2)}, Axis{"F", Extent::fixed(3)}};
+  s.attr_axes = {"Row", "F"};
+  h.mark_output(h.add(s), "d");
+  NdArray hid = NdArray::zeros(DType::i64, {4});
+  const std::int64_t hv[] = {1, -1, 2, 1};
+  for (std::size_t i = 0; i < 4; ++i) hid.as<std::int64_t>()[i] = hv[i];
+  const Feeds hf{{"dy", NdArray::from_f32({1, 2, 3, 10, 20, 30, 100, 200, 300, 4, 5, 6}, {4, 3})}, {"ids", hid}};
+  const std::vector<float> hwant{0, 0, 0, 5, 7, 9};
+  EXPECT_EQ(interpret(h, hf).outputs.at("d").to_f32(), hwant);
+  EXPECT_EQ(codegen::cpu::run(h, hf, 2).outputs.at("d").to_f32(), hwant);
+}
+
 TEST(Grad, StructureOps) {
   Case c;
   std::mt19937 rng(12);

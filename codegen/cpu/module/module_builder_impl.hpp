@@ -628,6 +628,8 @@ class ModuleBuilder {
         return emit_rope(id);
       case KernelKind::embedding:
         return emit_embedding(id);
+      case KernelKind::embedding_grad:
+        return emit_embedding_grad(id);
       case KernelKind::argmax:
         return emit_argmax(id);
       case KernelKind::update_slice:
@@ -647,6 +649,7 @@ class ModuleBuilder {
   void emit_rope(int id);
 
   void emit_embedding(int id);
+  void emit_embedding_grad(int id);
   /// A quantized weight written out (a dequantize the linear kernels do not read in place).
   void emit_dequantize(int id);
   /// Entry kk of a q4 row whose bytes start at byte `row` of q: its nibble − 8, as an i8.

@@ -144,98 +144,8 @@ void ModuleBuilder::emit_activation(int id) {
 void ModuleBuilder::emit_add_same(int id) {
   const Node& n = g_.node(id);
   llvm::Function* kernel = rowwise("qkv_add", n.dtype);
-  parallel_ranges(numel(shape(id)), 16384, 64, c64(1), [&](I i0, I i1) {
+  parallel_ranges(numel(shape(id)), 16384, 64, c64(4), [&](I i0, I i1) {  // 4: as map()'s entries
     b_.CreateCall(kernel, {buf(n.inputs[0]), buf(n.inputs[1]), buf(id), i0.v(), i1.v()});
-  });
-}
-
-void ModuleBuilder::emit_slice(int id) {
-  const Node& n = g_.node(id);
-  const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
-  const Dims in_strides = strides_of(shape(n.inputs[0]));
-  const Dims s = shape(id);
-  const I start = n.dim ? dim(*n.dim) : s[p] * n.offset;
-  nest(s, {strides_of(s), in_strides}, {c64(0), start * in_strides[p]},
-       [&](const Dims&, const Dims& off) { copy_element(n.inputs[0], off[1], id, off[0]); });
-}
-
-void ModuleBuilder::emit_concat(int id) {
-  const Node& n = g_.node(id);
-  const std::size_t p = axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]);
-  const Dims out_strides = strides_of(shape(id));
-  I at = c64(0);
-  for (int part : n.inputs) {
-    const Dims s = shape(part);
-    nest(s, {out_strides, strides_of(s)}, {at * out_strides[p], c64(0)},
-         [&](const Dims&, const Dims& off) { copy_element(part, off[1], id, off[0]); });
-    at = at + s[p];
-  }
-}
-
-/// x's values (unless the output is x's own buffer: a session's KV cache, updated in place), then
-/// the rows at [start, start + n) of the updated axis.
-void ModuleBuilder::emit_update_slice(int id) {
-  const Node& n = g_.node(id);
-  const int x = n.inputs[0], rows = n.inputs[1];
-  const std::size_t p = axis_pos(g_.node(x).axes, n.attr_axes[0]);
-  const Dims out_strides = strides_of(shape(id));
-  branch(ir::Bool(b_, b_.CreateICmpNE(buf(id), buf(x))), [&] {
-    if (integer_array(g_, x)) {
-      loop(c64(0), numel(shape(id)), [&](I k) { copy_element(x, k, id, k); }, "copy");
-      return;
-    }
-    const I bytes = numel(shape(id)) * static_cast<std::int64_t>(storage_bytes(n.dtype));
-    b_.CreateMemCpy(buf(id), llvm::MaybeAlign(1), buf(x), llvm::MaybeAlign(1), bytes.v());
-  });
-  const Dims s = shape(rows);
-  nest(s, {out_strides, strides_of(s)}, {dim(*n.dim) * out_strides[p], c64(0)},
-       [&](const Dims&, const Dims& off) { copy_element(rows, off[1], id, off[0]); });
-}
-
-void ModuleBuilder::emit_strided_copy(int id) {
-  const Node& n = g_.node(id);
-  const int x = n.inputs[0];
-  const Dims s = shape(id), from = strides_by_name(n.axes, g_.node(x).axes, shape(x));
-  auto same = [](const Dims&, const Values& in) { return in[0]; };
-  if (cpu_storage_dtype(g_, x) != cpu_storage_dtype(g_, id)) return map_values(id, {x}, {from}, same);
-  // The axis x has innermost, if it is not the output's innermost (a transpose: [out, in] weights
-  // to [in, out]): read along it, the output written along its last axis, in tiles of kTile × kTile
-  // entries — element by element, every read of a row-by-row copy would touch a line (and a page)
-  // of its own.
-  const std::size_t r = s.size();
-  std::size_t q = r;
-  for (std::size_t k = 0; k + 1 < r; ++k)
-    if (from[k].constant() == 1 && s[k].constant() != 1) q = k;
-  if (q == r || s[r - 1].constant() == 1) return map(id, {x}, {from}, same);
-  constexpr std::int64_t kTile = 16;
-  const Dims out = strides_of(s);
-  Dims dims, to, in;
-  for (std::size_t k = 0; k + 1 < r; ++k) {
-    if (k == q) continue;
-    dims.push_back(s[k]);
-    to.push_back(out[k]);
-    in.push_back(from[k]);
-  }
-  for (std::size_t k : {q, r - 1}) {
-    dims.push_back(ceil_div(s[k], kTile));
-    to.push_back(out[k] * kTile);
-    in.push_back(from[k] * kTile);
-  }
-  const std::size_t tq = dims.size() - 2;
-  nest_parallel(dims, {to, in}, {c64(0), c64(0)}, c64(4 * kTile * kTile), [&](const Dims& idx, const Dims& off) {
-    const I rows = imin(s[q] - idx[tq] * kTile, c64(kTile)), cols = imin(s[r - 1] - idx[tq + 1] * kTile, c64(kTile));
-    loop(
-        c64(0), rows,
-        [&](I i) {
-          loop(
-              c64(0), cols,
-              [&](I j) {
-                const I at = off[1] + i + j * from[r - 1];
-                store(load(elem(x), buf(x), at), buf(id), off[0] + i * out[q] + j);
-              },
-              "cols", ir::Unroll::allowed);
-        },
-        "rows");
   });
 }
 
@@ -560,6 +470,27 @@ bool ModuleBuilder::emit_fill_sums(int id) {
   // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
   llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));
   auto term = [&](const I& at) { return b_.CreateFMul(b_.CreateFPExt(value(x, at), f64_), factor); };
+  if (!columns && outputs.constant() && *outputs.constant() < 8) {
+    // A few long sums (a gradient's squared norm: a whole weight summed): each output's run in
+    // kParts parts on the tasks, each part's sum reassociated as below, then the parts' sums in
+    // order — an order fixed by the sizes, not by the threads.
+    constexpr std::int64_t kParts = 16;
+    const I part = ceil_div(per, kParts);
+    llvm::Value* partial = ir::entry_alloca(b_, f64_, *outputs.constant() * kParts, 64, "part_sums");
+    parallel_for(outputs * kParts, outputs * per * 2, [&](I t) {
+      const I o = t / kParts, k0 = (t % kParts) * part, n = imax(imin(per - k0, part), c64(0));
+      store(sum(n, [&](const I& k) { return term(o * per + k0 + k); }, /*reassociate=*/true), partial, t);
+    });
+    loop(
+        c64(0), outputs,
+        [&](I o) {
+          llvm::Value* total = llvm::ConstantFP::get(f64_, 0.0);
+          for (std::int64_t q = 0; q < kParts; ++q) total = b_.CreateFAdd(total, load(f64_, partial, o * kParts + q));
+          put(b_.CreateFPTrunc(total, f32_), id, o);
+        },
+        "parts");
+    return true;
+  }
   if (!columns) {
     // Each output sums a contiguous run; the sum may be reassociated (vectors of double partial
     // sums, in an order fixed by the code, not by the threads).
@@ -700,38 +631,6 @@ void ModuleBuilder::emit_rope(int id) {
 /// embedding: out[k, :] = table[ids[k], :] for every flat index k of the ids (a memcpy per
 /// row, as stored: the table and the output share a dtype, storage.hpp). An id outside
 /// [0, rows) (NaN included) reads row 0 and sets the entry's status to 3.
-void ModuleBuilder::emit_embedding(int id) {
-  const Node& n = g_.node(id);
-  const Dims ts = shape(n.inputs[0]), is = shape(n.inputs[1]);
-  const I rows = ts[0], width = ts[1];
-  llvm::Value *table = buf(n.inputs[0]), *y = buf(id);
-  llvm::Type* row_elem = elem(id);
-  const std::int64_t elem_bytes = static_cast<std::int64_t>(storage_bytes(n.dtype));
-  loop(
-      c64(0), numel(is),
-      [&](I k) {
-        // Integer ids (an input) are compared as the integers they are; computed ids are f32.
-        const int ids = n.inputs[1];
-        llvm::Value *ok = nullptr, *row_id = nullptr;
-        if (integer_array(g_, ids)) {
-          llvm::Value* v = b_.CreateSExtOrTrunc(load(elem(ids), buf(ids), k), i64_);
-          ok = b_.CreateAnd(b_.CreateICmpSGE(v, b_.getInt64(0)), b_.CreateICmpSLT(v, rows.v()));
-          row_id = b_.CreateSelect(ok, v, b_.getInt64(0));
-        } else {
-          llvm::Value* v = value(ids, k);
-          ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
-                            b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
-          row_id = b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_);
-        }
-        branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
-        const I row(b_, row_id);
-        const I bytes = width * elem_bytes;
-        b_.CreateMemCpy(b_.CreateGEP(row_elem, y, (k * width).v()), llvm::MaybeAlign(elem_bytes),
-                        b_.CreateGEP(row_elem, table, (row * width).v()), llvm::MaybeAlign(elem_bytes), bytes.v());
-      },
-      "rows");
-}
-
 void ModuleBuilder::emit_dequantize(int id) {
   const Node& n = g_.node(id);
   const int q = n.inputs[0], s = n.inputs[1];

@@ -57,6 +57,7 @@ enum class Op : std::uint8_t {
   attention_dv,
   dequantize,
   attention_dtensor,
+  embedding_grad,
 };
 
 struct OpInfo {
@@ -69,7 +70,7 @@ struct OpInfo {
   std::string_view attributes;         // what attr_axes / scalar / seed / align / mask / offset / dim mean
 };
 
-inline constexpr std::array<OpInfo, 42> kOps{{
+inline constexpr std::array<OpInfo, 43> kOps{{
     {Op::input, "input", 0, 0, false, false, false,
      "name: the feed; with dim (no axes, an integer dtype): a run-time size fed by value, the scalar binds dim"},
     {Op::param, "param", 0, 0, false, false, false, "name: the weight or bias"},
@@ -139,6 +140,9 @@ inline constexpr std::array<OpInfo, 42> kOps{{
     {Op::attention_dtensor, "attention_dtensor", 1, 1, false, false, true,
      "the gradient of the tensor its fused_attention_backward input reads as input 6 + offset (one its score "
      "modification loads), which that node wrote"},
+    {Op::embedding_grad, "embedding_grad", 2, 2, false, false, false,
+     "(dy [ids' axes..., attr_axes[1]], ids): the gradient of an embedding's table [attr_axes[0], attr_axes[1]]: "
+     "row r is the sum of dy's rows whose id is r, in the ids' order (an id outside the rows adds to none)"},
 }};
 
 /// What an op value outside the enum (a corrupt graph) reads as: name "?", any inputs.

@@ -38,6 +38,7 @@ enum class KernelKind : std::uint8_t {
   rms_norm,      // RMSNorm along one axis
   rope,          // the rotary embedding, pair by pair of features
   embedding,     // rows of a table gathered by ids (an id out of range: status 3)
+  embedding_grad,  // a table's gradient: dy's rows added into the rows their ids name
   argmax,        // along one axis (dropped)
   update_slice,  // rows written into a copy of x (in place when the output is x's buffer)
   convert,       // the values stored as another dtype (f32 <-> f16 / bf16)
