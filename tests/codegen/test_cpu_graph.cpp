@@ -1,11 +1,13 @@
 // The graph the CPU module is built from and the copies it makes: a chain of element-wise nodes
 // (as the gradient rules write them: add, mul, scale, pointwise) computed as one loop with the
 // same bits as node by node; a permuted contraction written in the permuted order; transposes
-// copied in tiles, exactly.
+// copied in tiles, exactly; a long log-sum-exp on the tasks.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -165,6 +167,37 @@ TEST(CpuModuleGraph, TransposesInTilesMatchTheInterpreterExactly) {
     EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 2).outputs.at("out").to_f32(), ref)) << c.out.front().name;
     EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 1).outputs.at("out").to_f32(), ref)) << c.out.front().name;
   }
+}
+
+TEST(CpuModuleGraph, ALongLogSumExpRunsOnTheTasksAsTheInterpreterComputesIt) {
+  // A language model's loss: a row of a 5 000-entry vocabulary per token, 40 tokens — the rows
+  // shared among the tasks, each row's max and sum in vectors. Row 1 holds a NaN (NaN wins),
+  // row 2 is all −inf (−inf), row 3 holds +inf (+inf), row 4 large values (no overflow).
+  constexpr std::int64_t kRows = 40, kVocab = 5000;
+  Graph g;
+  const int x = leaf(g, "x", {ax("Tok", kRows), ax("Vocab", kVocab)});
+  Node l;
+  l.op = Op::logsumexp;
+  l.inputs = {x};
+  l.attr_axes = {"Vocab"};
+  l.axes = {ax("Tok", kRows)};
+  g.mark_output(g.add(l), "lse");
+  std::vector<float> v = ramp(kRows * kVocab, 0.013f, -0.6f);
+  const float inf = std::numeric_limits<float>::infinity();
+  v[1 * kVocab + 4321] = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t k = 0; k < kVocab; ++k) v[static_cast<std::size_t>(2 * kVocab + k)] = -inf;
+  v[3 * kVocab + 17] = inf;
+  for (std::int64_t k = 0; k < kVocab; ++k) v[static_cast<std::size_t>(4 * kVocab + k)] += 80.0f;
+  const Feeds feeds{{"x", NdArray::from_f32(v, {kRows, kVocab})}};
+  const auto ref = interpret(g, feeds).outputs.at("lse").to_f32();
+  const auto one = codegen::cpu::run(g, feeds, 1).outputs.at("lse").to_f32();
+  const auto two = codegen::cpu::run(g, feeds, 2).outputs.at("lse").to_f32();
+  EXPECT_TRUE(same_bits(one, two));
+  EXPECT_TRUE(std::isnan(one[1]));
+  EXPECT_EQ(one[2], -inf);
+  EXPECT_EQ(one[3], inf);
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    if (std::isfinite(ref[i])) EXPECT_NEAR(one[i], ref[i], 2e-6 * std::abs(ref[i])) << i;
 }
 
 }  // namespace

@@ -225,10 +225,10 @@ llvm::Value* ModuleBuilder::row_max(int x, const I& n, const std::function<I(con
   return ir::emit_loop(
       b_, c64(0).v(), n.v(), 1, {neg_inf()},
       [&](llvm::Value* k, const Values& cur) -> Values {
-        llvm::Value* v = value(x, at(I(b_, k)));
-        return {b_.CreateSelect(b_.CreateFCmpUGT(v, cur[0]), v, cur[0])};
+        // llvm.maximum: NaN-propagating, so the loop vectorises into lanes of maxima.
+        return {b_.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, value(x, at(I(b_, k))), cur[0])};
       },
-      "max")[0];
+      "max", ir::Unroll::allowed)[0];
 }
 
 /// softmax along attr_axes[0], max-subtracted, sums in double; a row with no visible key (all
@@ -272,8 +272,9 @@ void ModuleBuilder::emit_logsumexp(int id) {
   const Node& n = g_.node(id);
   const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
   const int x = n.inputs[0];
-  nest({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)},
-       [&](const Dims&, const Dims& off) {
+  // The rows on the tasks (a language model's loss: a row of the vocabulary per token).
+  nest_parallel({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)}, r.n * 16,
+                [&](const Dims&, const Dims& off) {
          auto at = [&](const I& k) { return off[0] + k * r.inner; };
          llvm::Value* m = row_max(x, r.n, at);
          llvm::Value* finite =
@@ -281,9 +282,9 @@ void ModuleBuilder::emit_logsumexp(int id) {
          branch(
              ir::Bool(b_, finite),
              [&] {
-               llvm::Value* total = sum(r.n, [&](const I& k) {
-                 return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)), f64_);
-               });
+               llvm::Value* total = sum(
+                   r.n, [&](const I& k) { return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)), f64_); },
+                   /*reassociate=*/true);
                // total >= 1 (the max term is 1): its f32 rounding moves the log by < 1e-7.
                llvm::Value* ln =
                    b_.CreateFMul(emit_log2(b_, b_.CreateFPTrunc(total, f32_)), llvm::ConstantFP::get(f32_, kLn2));
