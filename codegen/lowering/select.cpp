@@ -74,15 +74,30 @@ std::optional<GemmRoles> contract_gemm_roles(const Graph& g, int id) {
 
 std::optional<FillSums> contract_fill_sums(const Graph& g, int id) {
   const Node& n = g.node(id);
-  if (n.op != Op::contract || n.inputs.size() != 2 || n.axes.empty()) return std::nullopt;
+  if (n.op != Op::contract || n.inputs.size() != 2) return std::nullopt;
   FillSums r{n.inputs[0], n.inputs[1], false};
   if (g.node(r.x).op == Op::fill) std::swap(r.x, r.fill);
   if (g.node(r.fill).op != Op::fill) return std::nullopt;
   const auto& axes = g.node(r.x).axes;
   const std::vector<std::string> out = util::names(n.axes);
-  r.columns = util::laid_out(axes, n.attr_axes, out);
+  r.columns = !out.empty() && util::laid_out(axes, n.attr_axes, out);
   if (!r.columns && !util::laid_out(axes, out, n.attr_axes)) return std::nullopt;
   return r;
+}
+
+bool fill_only_summed(const Graph& g, int id) {
+  if (g.node(id).op != Op::fill) return false;
+  bool read = false;
+  for (int k = id + 1; k < static_cast<int>(g.size()); ++k)
+    for (int in : g.node(k).inputs)
+      if (in == id) {
+        const auto sums = contract_fill_sums(g, k);
+        if (!sums || sums->fill != id || sums->x == id) return false;
+        read = true;
+      }
+  for (const auto& o : g.outputs())
+    if (o.node == id) return false;
+  return read;
 }
 
 KernelKind select_kernel(const Graph& g, int id) {

@@ -1,7 +1,7 @@
 // The graph the CPU module is built from and the copies it makes: a chain of element-wise nodes
 // (as the gradient rules write them: add, mul, scale, pointwise) computed as one loop with the
 // same bits as node by node; a permuted contraction written in the permuted order; transposes
-// copied in tiles, exactly; a long log-sum-exp on the tasks.
+// copied in tiles, exactly; a whole tensor's sum and a long log-sum-exp on the tasks.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -167,6 +167,28 @@ TEST(CpuModuleGraph, TransposesInTilesMatchTheInterpreterExactly) {
     EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 2).outputs.at("out").to_f32(), ref)) << c.out.front().name;
     EXPECT_TRUE(same_bits(codegen::cpu::run(g, feeds, 1).outputs.at("out").to_f32(), ref)) << c.out.front().name;
   }
+}
+
+TEST(CpuModuleGraph, AWholeTensorsSumIsSplitIntoPartsInAFixedOrder) {
+  // Σ x² over a [300, 4000] tensor (a gradient's squared norm, as clipping takes it): the sum of
+  // a fill, one output, its run in parts on the tasks and the parts added in order — the same bits
+  // on 1 and 2 threads, the interpreter's value (fp64 sums) within f32 rounding.
+  Graph g;
+  const std::vector<Axis> xy{ax("In", 300), ax("Out", 4000)};
+  const int x = leaf(g, "x", xy);
+  const int sq = node(g, Op::mul, {x, x}, xy);
+  const int ones = node(g, Op::fill, {}, xy, 1.0);
+  Node c;
+  c.op = Op::contract;
+  c.inputs = {sq, ones};
+  c.attr_axes = {"In", "Out"};
+  g.mark_output(g.add(c), "norm2");
+  const Feeds feeds{{"x", NdArray::from_f32(ramp(300 * 4000, 0.002f, -0.1f), {300, 4000})}};
+  const float ref = interpret(g, feeds).outputs.at("norm2").to_f32()[0];
+  const auto one = codegen::cpu::run(g, feeds, 1).outputs.at("norm2").to_f32();
+  const auto two = codegen::cpu::run(g, feeds, 2).outputs.at("norm2").to_f32();
+  EXPECT_TRUE(same_bits(one, two));
+  EXPECT_NEAR(one[0], ref, 1e-6 * ref);
 }
 
 TEST(CpuModuleGraph, ALongLogSumExpRunsOnTheTasksAsTheInterpreterComputesIt) {

@@ -604,6 +604,7 @@ class ModuleBuilder {
         if (n.op == Op::concat) return emit_concat(id);
         return emit_strided_copy(id);
       case KernelKind::fill: {
+        if (fill_only_summed(g_, id)) return;
         const bool boolean = storage_dtype(n.dtype) == DType::boolean;
         llvm::Value* c = boolean ? static_cast<llvm::Value*>(b_.getInt8(n.scalar != 0.0 ? 1 : 0))
                                  : llvm::ConstantFP::get(f32_, n.scalar);

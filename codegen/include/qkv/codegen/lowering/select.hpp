@@ -69,14 +69,19 @@ struct GemmRoles {
 };
 std::optional<GemmRoles> contract_gemm_roles(const Graph& lowered, int id);
 
-/// A contraction with a `fill` (a sum: a bias's or a norm weight's gradient) over x laid out as
-/// [C..., O...] (columns: sums down columns) or [O..., C...] (rows), C the contracted axes in
-/// order: x's id and which. Nullopt otherwise.
+/// A contraction with a `fill` (a sum: a bias's or a norm weight's gradient; with no output axes,
+/// a whole tensor's sum: a gradient's squared norm) over x laid out as [C..., O...] (columns: sums
+/// down columns) or [O..., C...] (rows; a whole sum is one row), C the contracted axes in order:
+/// x's id and which. Nullopt otherwise.
 struct FillSums {
   int x = -1, fill = -1;
   bool columns = false;
 };
 std::optional<FillSums> contract_fill_sums(const Graph& lowered, int id);
+
+/// Whether fill node `id` is read only by such sums (which take its value, not its entries): it
+/// is never written.
+bool fill_only_summed(const Graph& lowered, int id);
 
 /// The kind that runs node `id`.
 KernelKind select_kernel(const Graph& lowered, int id);
