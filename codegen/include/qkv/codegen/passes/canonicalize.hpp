@@ -4,6 +4,8 @@
 // permute keeps its input's order (it is replaced by its input); no plain scale reads a plain
 // scale (constant factors are multiplied); no f32 pointwise node reads an f32 pointwise node that
 // nothing else reads (the two expressions are one node: element-wise math becomes one loop); no
+// permute reorders a contraction (through renames) read only by it into contract(b, a)'s order
+// (the contraction's operands are swapped instead: a weight's gradient lands in its layout); no
 // node is dead (every non-leaf node reaches a graph
 // output; inputs and params are kept, since they bind sizes). Node ids are renumbered densely in
 // the same topological order.
