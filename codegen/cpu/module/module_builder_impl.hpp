@@ -651,6 +651,8 @@ class ModuleBuilder {
 
   void emit_embedding(int id);
   void emit_embedding_grad(int id);
+  /// Id k of node `ids` (an integer array or f32 values): (whether it names one of `rows` rows, that row or 0).
+  std::pair<llvm::Value*, llvm::Value*> row_of_id(int ids, const I& k, const I& rows);
   /// A quantized weight written out (a dequantize the linear kernels do not read in place).
   void emit_dequantize(int id);
   /// Entry kk of a q4 row whose bytes start at byte `row` of q: its nibble − 8, as an i8.
@@ -685,8 +687,7 @@ class ModuleBuilder {
   bool emit_fill_sums(int id);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
-  /// permute / broadcast: moved as stored (an integer input becomes a value through f32); a
-  /// transpose of the innermost axis in tiles, so that reads and writes both stay in cache lines.
+  /// permute / broadcast: moved as stored (an integer input via f32); transposes in tiles.
   void emit_strided_copy(int id);
   void emit_broadcasting(int id);
 

@@ -95,6 +95,19 @@ void ModuleBuilder::emit_strided_copy(int id) {
   });
 }
 
+std::pair<llvm::Value*, llvm::Value*> ModuleBuilder::row_of_id(int ids, const I& k, const I& rows) {
+  // Integer ids (an input) are compared as the integers they are; computed ids are f32.
+  if (integer_array(g_, ids)) {
+    llvm::Value* v = b_.CreateSExtOrTrunc(load(elem(ids), buf(ids), k), i64_);
+    llvm::Value* ok = b_.CreateAnd(b_.CreateICmpSGE(v, b_.getInt64(0)), b_.CreateICmpSLT(v, rows.v()));
+    return {ok, b_.CreateSelect(ok, v, b_.getInt64(0))};
+  }
+  llvm::Value* v = value(ids, k);
+  llvm::Value* ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
+                                 b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
+  return {ok, b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_)};
+}
+
 void ModuleBuilder::emit_embedding(int id) {
   const Node& n = g_.node(id);
   const Dims ts = shape(n.inputs[0]), is = shape(n.inputs[1]);
@@ -105,19 +118,7 @@ void ModuleBuilder::emit_embedding(int id) {
   loop(
       c64(0), numel(is),
       [&](I k) {
-        // Integer ids (an input) are compared as the integers they are; computed ids are f32.
-        const int ids = n.inputs[1];
-        llvm::Value *ok = nullptr, *row_id = nullptr;
-        if (integer_array(g_, ids)) {
-          llvm::Value* v = b_.CreateSExtOrTrunc(load(elem(ids), buf(ids), k), i64_);
-          ok = b_.CreateAnd(b_.CreateICmpSGE(v, b_.getInt64(0)), b_.CreateICmpSLT(v, rows.v()));
-          row_id = b_.CreateSelect(ok, v, b_.getInt64(0));
-        } else {
-          llvm::Value* v = value(ids, k);
-          ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
-                            b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
-          row_id = b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_);
-        }
+        const auto [ok, row_id] = row_of_id(n.inputs[1], k, rows);
         branch(ir::Bool(b_, b_.CreateNot(ok)), [&] { b_.CreateStore(b_.getInt32(3), status_); });
         const I row(b_, row_id);
         const I bytes = width * elem_bytes;
@@ -143,18 +144,7 @@ void ModuleBuilder::emit_embedding_grad(int id) {
     loop(
         c64(0), tokens,
         [&](I k) {
-          llvm::Value* ok = nullptr;
-          llvm::Value* row_id = nullptr;
-          if (integer_array(g_, ids)) {
-            llvm::Value* v = b_.CreateSExtOrTrunc(load(elem(ids), buf(ids), k), i64_);
-            ok = b_.CreateAnd(b_.CreateICmpSGE(v, b_.getInt64(0)), b_.CreateICmpSLT(v, rows.v()));
-            row_id = v;
-          } else {
-            llvm::Value* v = value(ids, k);
-            ok = b_.CreateAnd(b_.CreateFCmpOGE(v, llvm::ConstantFP::get(f32_, 0.0)),
-                              b_.CreateFCmpOLT(v, b_.CreateSIToFP(rows.v(), f32_)));
-            row_id = b_.CreateFPToSI(b_.CreateSelect(ok, v, llvm::ConstantFP::get(f32_, 0.0)), i64_);
-          }
+          const auto [ok, row_id] = row_of_id(ids, k, rows);
           branch(ir::Bool(b_, ok), [&] {
             const I out = I(b_, row_id) * width, in = k * width;
             loop(

@@ -30,21 +30,14 @@ void ModuleBuilder::emit_causal(int id) {
 }
 
 namespace {
-/// Whether every load of input `input` reads it at index(its axis k) along each of its axes k,
-/// each an axis of the entry's `axes` with the same extent (so that no load is clamped).
+/// Whether every load of input `input` reads it at index(its axis k) along each of its axes k
+/// (mod_loads_in_place along its own axes), each an axis of the entry's `axes` with the same
+/// extent (so that no load is clamped).
 bool loads_by_name(const ModExpr& e, int input, const std::vector<Axis>& own, const std::vector<Axis>& axes) {
   for (const Axis& a : own)
     if (std::none_of(axes.begin(), axes.end(), [&](const Axis& b) { return b.name == a.name && b.extent == a.extent; }))
       return false;
-  for (const ModNode& m : e.nodes) {
-    if (m.op != ModOp::load || m.input != input) continue;
-    if (m.at.size() != own.size()) return false;
-    for (std::size_t k = 0; k < own.size(); ++k) {
-      const ModNode& i = e.nodes[static_cast<std::size_t>(m.at[k])];
-      if (i.op != ModOp::index || i.axis != own[k].name) return false;
-    }
-  }
-  return true;
+  return mod_loads_in_place(e, input, own);
 }
 }  // namespace
 
