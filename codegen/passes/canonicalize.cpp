@@ -194,11 +194,10 @@ bool fusable(const Graph& g, const Node& n) {
     case Op::add:
     case Op::mul: {
       const auto& x = g.node(n.inputs[0]).axes;
-      return same_names(n.axes, x) && std::all_of(g.node(n.inputs[1]).axes.begin(), g.node(n.inputs[1]).axes.end(),
-                                                  [&](const Axis& a) {
-                                                    return std::any_of(x.begin(), x.end(),
-                                                                       [&](const Axis& b) { return b.name == a.name; });
-                                                  });
+      return same_names(n.axes, x) &&
+             std::all_of(g.node(n.inputs[1]).axes.begin(), g.node(n.inputs[1]).axes.end(), [&](const Axis& a) {
+               return std::any_of(x.begin(), x.end(), [&](const Axis& b) { return b.name == a.name; });
+             });
     }
     default:
       return false;
@@ -271,7 +270,8 @@ Graph fuse_elementwise(const Graph& g) {
              p.op == Op::pointwise && same_positions(*p.mod, *n.mod);
     };
     for (std::size_t j = 1; j < was.size(); ++j)
-      if (joins(j) && takes_in(out, n, j)) n = inline_loaded_pointwise(out.node(n.inputs[j]), std::move(n), static_cast<int>(j));
+      if (joins(j) && takes_in(out, n, j))
+        n = inline_loaded_pointwise(out.node(n.inputs[j]), std::move(n), static_cast<int>(j));
     if (joins(0)) {
       const Node& inner = out.node(n.inputs[0]);
       n = merge_pointwise(inner, std::move(n));

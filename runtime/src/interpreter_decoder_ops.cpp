@@ -134,7 +134,8 @@ Value op_embedding_grad(const OpArgs& a) {
     if (!(id >= 0.0f && id < static_cast<float>(rows))) continue;
     const auto row = static_cast<std::size_t>(id) * static_cast<std::size_t>(width);
     for (std::int64_t f = 0; f < width; ++f)
-      sum[row + static_cast<std::size_t>(f)] += dy.data[k * static_cast<std::size_t>(width) + static_cast<std::size_t>(f)];
+      sum[row + static_cast<std::size_t>(f)] +=
+          dy.data[k * static_cast<std::size_t>(width) + static_cast<std::size_t>(f)];
   }
   return Value{out_shape, std::vector<float>(sum.begin(), sum.end())};
 }

@@ -4,8 +4,8 @@
 // copied in tiles, exactly; a whole tensor's sum and a long log-sum-exp on the tasks.
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>

@@ -227,7 +227,8 @@ TEST(Grad, AnEmbeddingsGradientScattersDyIntoItsRowsWithoutAOneHot) {
   const std::vector<std::int64_t> id_values{7, 49999, 0, 7, 123, 7, 49999, 4000, 0, 31, 7, 2};
   NdArray t = NdArray::zeros(DType::i64, {2, 6});
   for (std::size_t i = 0; i < id_values.size(); ++i) t.as<std::int64_t>()[i] = id_values[i];
-  const Feeds feeds{{"ids", t}, {"wte.weight", random_array({50000, 48}, rng)}, {"probe", random_array({2, 6, 48}, rng)}};
+  const Feeds feeds{
+      {"ids", t}, {"wte.weight", random_array({50000, 48}, rng)}, {"probe", random_array({2, 6, 48}, rng)}};
   std::vector<double> want(50000 * 48, 0.0);
   const auto p = feeds.at("probe").to_f32();
   for (std::size_t k = 0; k < id_values.size(); ++k)

@@ -148,7 +148,8 @@ void ModuleBuilder::emit_embedding_grad(int id) {
           branch(ir::Bool(b_, ok), [&] {
             const I out = I(b_, row_id) * width, in = k * width;
             loop(
-                f0, f1, [&](I f) { store(b_.CreateFAdd(load(f32_, buf(id), out + f), value(dy, in + f)), buf(id), out + f); },
+                f0, f1,
+                [&](I f) { store(b_.CreateFAdd(load(f32_, buf(id), out + f), value(dy, in + f)), buf(id), out + f); },
                 "features", ir::Unroll::allowed);
           });
         },

@@ -266,25 +266,27 @@ void ModuleBuilder::emit_logsumexp(int id) {
   const Around r = around(shape(n.inputs[0]), axis_pos(g_.node(n.inputs[0]).axes, n.attr_axes[0]));
   const int x = n.inputs[0];
   // The rows on the tasks (a language model's loss: a row of the vocabulary per token).
-  nest_parallel({r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)}, r.n * 16,
-                [&](const Dims&, const Dims& off) {
-         auto at = [&](const I& k) { return off[0] + k * r.inner; };
-         llvm::Value* m = row_max(x, r.n, at);
-         llvm::Value* finite =
-             b_.CreateFCmpONE(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, m), llvm::ConstantFP::getInfinity(f32_));
-         branch(
-             ir::Bool(b_, finite),
-             [&] {
-               llvm::Value* total = sum(
-                   r.n, [&](const I& k) { return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)), f64_); },
-                   /*reassociate=*/true);
-               // total >= 1 (the max term is 1): its f32 rounding moves the log by < 1e-7.
-               llvm::Value* ln =
-                   b_.CreateFMul(emit_log2(b_, b_.CreateFPTrunc(total, f32_)), llvm::ConstantFP::get(f32_, kLn2));
-               put(b_.CreateFAdd(m, ln), id, off[1]);
-             },
-             [&] { put(m, id, off[1]); });
-       });
+  nest_parallel(
+      {r.outer, r.inner}, {{r.n * r.inner, c64(1)}, {r.inner, c64(1)}}, {c64(0), c64(0)}, r.n * 16,
+      [&](const Dims&, const Dims& off) {
+        auto at = [&](const I& k) { return off[0] + k * r.inner; };
+        llvm::Value* m = row_max(x, r.n, at);
+        llvm::Value* finite =
+            b_.CreateFCmpONE(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, m), llvm::ConstantFP::getInfinity(f32_));
+        branch(
+            ir::Bool(b_, finite),
+            [&] {
+              llvm::Value* total = sum(
+                  r.n,
+                  [&](const I& k) { return b_.CreateFPExt(emit_exp(b_, b_.CreateFSub(value(x, at(k)), m)), f64_); },
+                  /*reassociate=*/true);
+              // total >= 1 (the max term is 1): its f32 rounding moves the log by < 1e-7.
+              llvm::Value* ln =
+                  b_.CreateFMul(emit_log2(b_, b_.CreateFPTrunc(total, f32_)), llvm::ConstantFP::get(f32_, kLn2));
+              put(b_.CreateFAdd(m, ln), id, off[1]);
+            },
+            [&] { put(m, id, off[1]); });
+      });
 }
 
 /// layer norm over the contiguous axis (biased variance, eps inside the square root) on the

@@ -34,15 +34,15 @@ enum class KernelKind : std::uint8_t {
   causal,              // the causal mask outside a fused attention
   dropout,             // the counter-based dropout outside a fused attention
   contract,            // a general contraction outside a fused attention
-  score_mod,     // a mod expression entry by entry: a score / mask mod outside a fused attention, a pointwise node
-  rms_norm,      // RMSNorm along one axis
-  rope,          // the rotary embedding, pair by pair of features
-  embedding,     // rows of a table gathered by ids (an id out of range: status 3)
+  score_mod,       // a mod expression entry by entry: a score / mask mod outside a fused attention, a pointwise node
+  rms_norm,        // RMSNorm along one axis
+  rope,            // the rotary embedding, pair by pair of features
+  embedding,       // rows of a table gathered by ids (an id out of range: status 3)
   embedding_grad,  // a table's gradient: dy's rows added into the rows their ids name
-  argmax,        // along one axis (dropped)
-  update_slice,  // rows written into a copy of x (in place when the output is x's buffer)
-  convert,       // the values stored as another dtype (f32 <-> f16 / bf16)
-  dequantize,    // a quantized weight's values (q · its group's scale), written out
+  argmax,          // along one axis (dropped)
+  update_slice,    // rows written into a copy of x (in place when the output is x's buffer)
+  convert,         // the values stored as another dtype (f32 <-> f16 / bf16)
+  dequantize,      // a quantized weight's values (q · its group's scale), written out
   dequantize_in_linear,  // a quantized weight only linear layers read: their kernels read q and the
                          // scales as stored (no code, no buffer of its own)
 };
