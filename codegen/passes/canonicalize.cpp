@@ -270,8 +270,10 @@ Graph fuse_elementwise(const Graph& g) {
              p.op == Op::pointwise && same_positions(*p.mod, *n.mod);
     };
     for (std::size_t j = 1; j < was.size(); ++j)
-      if (joins(j) && takes_in(out, n, j))
-        n = inline_loaded_pointwise(out.node(n.inputs[j]), std::move(n), static_cast<int>(j));
+      if (joins(j) && takes_in(out, n, j)) {
+        const Node& p = out.node(n.inputs[j]);  // before n is moved from: argument order is unspecified
+        n = inline_loaded_pointwise(p, std::move(n), static_cast<int>(j));
+      }
     if (joins(0)) {
       const Node& inner = out.node(n.inputs[0]);
       n = merge_pointwise(inner, std::move(n));
