@@ -113,7 +113,7 @@ Bindings fixed_sizes(const Graph& lowered, const Bindings& sizes, const AotOptio
 Compiled prepare(const Graph& g, const Bindings& sizes, const AotOptions& options, const HostTarget& target) {
   if (!is_c_identifier(options.function)) invalid("the function name '" + options.function + "' is not a C identifier");
   Compiled c;
-  c.lowered = fuse_elementwise(lower(g));  // the module's graph, as CompiledGraph::compile builds it
+  c.lowered = fuse_elementwise(lower(g));  // the module's graph, as compiled_for builds it
   c.plan = cpu::plan_module(c.lowered, fixed_sizes(c.lowered, sizes, options), target);
   for (const auto& s : c.plan.dynamic)
     if (std::find(options.dynamic.begin(), options.dynamic.end(), s) == options.dynamic.end())

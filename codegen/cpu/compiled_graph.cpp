@@ -32,9 +32,8 @@ struct CompiledGraph::Impl {
 CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CompiledGraph::~CompiledGraph() = default;
 
-std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& graph, const Bindings& fixed,
+std::shared_ptr<const CompiledGraph> CompiledGraph::compile(const Graph& lowered, const Bindings& fixed,
                                                             const std::string& function) {
-  const Graph lowered = fuse_elementwise(graph);  // leaves and outputs as in `graph`: the same signature
   auto impl = std::make_unique<Impl>();
   std::string error;
   impl->jit = Jit::create(&error);
@@ -90,7 +89,8 @@ std::shared_ptr<const CompiledGraph> compiled_for(const Graph& lowered, const Bi
   auto it = std::find_if(bucket.begin(), bucket.end(),
                          [&](const Entry& e) { return e.fixed == fixed && e.graph == lowered; });
   if (it != bucket.end()) return it->compiled;
-  bucket.push_back({lowered, fixed, CompiledGraph::compile(lowered, fixed)});
+  // The module's graph: leaves and outputs as in `lowered`, so the same signature (as aot.cpp's prepare).
+  bucket.push_back({lowered, fixed, CompiledGraph::compile(fuse_elementwise(lowered), fixed)});
   return bucket.back().compiled;
 }
 

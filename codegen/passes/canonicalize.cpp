@@ -86,19 +86,7 @@ Node inline_loaded_pointwise(const Node& p, Node outer, int j) {
   take_positions(e, oe, *p.mod);
   int inlined = -1;  // p's value, once inlined
   auto inline_p = [&] {
-    auto y_in_place = [&](const ModNode& m) {
-      if (m.op != ModOp::score) return -1;
-      ModNode load;
-      load.op = ModOp::load;
-      load.input = j;
-      for (const Axis& a : outer.axes) {
-        ModNode i;
-        i.op = ModOp::index;
-        i.axis = a.name;
-        load.at.push_back(e.add(std::move(i)));
-      }
-      return e.add(std::move(load));
-    };
+    auto y_in_place = [&](const ModNode& m) { return m.op == ModOp::score ? mod_load_in_place(e, j, outer.axes) : -1; };
     return spliced(splice(e, *p.mod, y_in_place, [&](int input) { return base + input - 1; }), p.mod->score);
   };
   const auto ids = splice(
@@ -210,21 +198,7 @@ Node as_pointwise(const Graph& g, Node n) {
   if (n.op == Op::pointwise) return n;
   ModExpr e;
   const int x = e.add(mod_node(ModOp::score));
-  int y = -1;
-  if (n.op == Op::scale) {
-    y = e.add(mod_constant(n.scalar));
-  } else {
-    ModNode load;
-    load.op = ModOp::load;
-    load.input = 1;
-    for (const Axis& a : g.node(n.inputs[1]).axes) {
-      ModNode i;
-      i.op = ModOp::index;
-      i.axis = a.name;
-      load.at.push_back(e.add(std::move(i)));
-    }
-    y = e.add(std::move(load));
-  }
+  const int y = n.op == Op::scale ? e.add(mod_constant(n.scalar)) : mod_load_in_place(e, 1, g.node(n.inputs[1]).axes);
   e.score = e.add(mod_node(n.op == Op::add ? ModOp::add : ModOp::mul, x, y));
   Node p;
   p.op = Op::pointwise;

@@ -282,14 +282,17 @@ FlagMasks flag_masks(const codegen::cpu::AttentionSpec& spec, std::int64_t B, st
     m.bias = random_vec(static_cast<std::size_t>(L * S), gen, -2.0f, 2.0f);
     for (std::int64_t j = 0; j < S; ++j) m.bias[static_cast<std::size_t>(3 * S + j)] = -INFINITY;  // row 3: no key
   }
-  if (spec.key_padding) {
-    m.keep.assign(static_cast<std::size_t>(B * S), 1);
-    std::bernoulli_distribution drop(0.25);
-    for (auto& x : m.keep) x = drop(gen) ? 0 : 1;
-    if (B > 1)
-      for (std::int64_t j = 0; j < S; ++j) m.keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
-  }
+  if (spec.key_padding) m.keep = key_padding(B, S, gen);
   return m;
+}
+
+std::vector<std::uint8_t> key_padding(std::int64_t B, std::int64_t S, std::mt19937& gen) {
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(B * S), 1);
+  std::bernoulli_distribution drop(0.25);
+  for (auto& x : keep) x = drop(gen) ? 0 : 1;
+  if (B > 1)
+    for (std::int64_t j = 0; j < S; ++j) keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
+  return keep;
 }
 
 }  // namespace qkv::emulation

@@ -51,6 +51,8 @@ struct FlagMasks {
 };
 FlagMasks flag_masks(const codegen::cpu::AttentionSpec& spec, std::int64_t B, std::int64_t L, std::int64_t S,
                      std::mt19937& gen);
+/// The key_keep [B, S] of flag_masks: a quarter of the keys padded and, when B > 1, every key of batch 1.
+std::vector<std::uint8_t> key_padding(std::int64_t B, std::int64_t S, std::mt19937& gen);
 
 /// bf16 bits of x (nearest even), and back.
 std::vector<std::uint16_t> to_bf16(const std::vector<float>& x);

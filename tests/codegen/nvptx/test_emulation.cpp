@@ -295,13 +295,7 @@ AttnInputs attention_inputs(const AttnCase& c, std::int64_t B, std::int64_t L, s
     for (std::int64_t j = 0; j < S; ++j) in.bias[static_cast<std::size_t>(row * S + j)] = -INFINITY;  // no key
     if (L > 5) in.bias[static_cast<std::size_t>(5 * S + 7)] = -INFINITY;
   }
-  if (s.key_padding) {
-    in.keep.assign(static_cast<std::size_t>(B * S), 1);
-    std::bernoulli_distribution drop(0.25);
-    for (auto& x : in.keep) x = drop(gen) ? 0 : 1;
-    if (B > 1)
-      for (std::int64_t j = 0; j < S; ++j) in.keep[static_cast<std::size_t>(S + j)] = 0;  // batch 1: every key padded
-  }
+  if (s.key_padding) in.keep = emulation::key_padding(B, S, gen);
   if (c.tensors) in.mods = c.tensors(B, L, S, gen);
   for (const auto& m : in.mods) {
     in.tensor_ptrs.push_back(m.bytes.data());

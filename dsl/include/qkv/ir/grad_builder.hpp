@@ -265,18 +265,7 @@ class Builder {
   }
 
   /// A load of input `k` of a pointwise node at the entry's own coordinates (its axes by name).
-  static int load(ModExpr& e, int k, const std::vector<Axis>& axes) {
-    ModNode l;
-    l.op = ModOp::load;
-    l.input = k;
-    for (const auto& a : axes) {
-      ModNode i;
-      i.op = ModOp::index;
-      i.axis = a.name;
-      l.at.push_back(e.add(std::move(i)));
-    }
-    return e.add(std::move(l));
-  }
+  static int load(ModExpr& e, int k, const std::vector<Axis>& axes) { return mod_load_in_place(e, k, axes); }
 
   /// dy · f'(x) for an element-wise f: `derivative(e, x)` builds f'(x) in e from the node x
   /// (a load of the primal). The result has dy's axes.

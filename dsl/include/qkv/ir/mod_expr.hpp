@@ -202,6 +202,22 @@ inline void mix_hash(Fnv1a& h, const ModExpr& e) {
   h.i(e.score).i(e.keep).str(e.query).str(e.key).i(static_cast<std::int64_t>(e.align));
 }
 
+/// Appends a load of input `input` at the entry's own coordinates along `axes` (an index leaf per
+/// axis, by name, in that order) and returns its id: what mod_loads_in_place recognises.
+template <class AxisList>
+int mod_load_in_place(ModExpr& e, int input, const AxisList& axes) {
+  ModNode l;
+  l.op = ModOp::load;
+  l.input = input;
+  for (const auto& a : axes) {
+    ModNode i;
+    i.op = ModOp::index;
+    i.axis = a.name;
+    l.at.push_back(e.add(std::move(i)));
+  }
+  return e.add(std::move(l));
+}
+
 /// Whether every load of input `input` reads it at the entry's own coordinates along `axes` (in
 /// that order): the input can be read at the entry's offset, like the first input.
 template <class AxisList>

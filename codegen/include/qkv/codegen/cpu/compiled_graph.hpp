@@ -24,7 +24,8 @@ namespace qkv::codegen::cpu {
 
 class CompiledGraph {
  public:
-  /// Compiles `lowered` (the pass pipeline's output) for the host. Throws ShapeError when a size
+  /// Compiles `lowered` (the pass pipeline's output; the executor and the AOT path pass it through
+  /// fuse_elementwise first, the CPU module's own step) for the host. Throws ShapeError when a size
   /// the kernels are specialised on is not in `fixed`, std::runtime_error when LLVM fails.
   static std::shared_ptr<const CompiledGraph> compile(const Graph& lowered, const Bindings& fixed,
                                                       const std::string& function = "qkv_graph");
