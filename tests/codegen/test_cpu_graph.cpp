@@ -131,7 +131,9 @@ TEST(CpuModuleGraph, APermutedContractionIsWrittenInThePermutedOrder) {
   const Graph lowered = codegen::lower(g);
   EXPECT_EQ(count(lowered, Op::permute), 0);
   for (const Node& n : lowered.nodes())
-    if (n.op == Op::contract) EXPECT_EQ(n.axes.front().name, "N");
+    if (n.op == Op::contract) {
+      EXPECT_EQ(n.axes.front().name, "N");
+    }
   const Feeds feeds{{"a", NdArray::from_f32(ramp(70 * 24, 0.02f, -0.9f), {70, 24})},
                     {"b", NdArray::from_f32(ramp(70 * 36, -0.01f, 0.5f), {70, 36})}};
   const auto ref = interpret(g, feeds).outputs.at("out").to_f32();
@@ -219,7 +221,9 @@ TEST(CpuModuleGraph, ALongLogSumExpRunsOnTheTasksAsTheInterpreterComputesIt) {
   EXPECT_EQ(one[2], -inf);
   EXPECT_EQ(one[3], inf);
   for (std::size_t i = 0; i < ref.size(); ++i)
-    if (std::isfinite(ref[i])) EXPECT_NEAR(one[i], ref[i], 2e-6 * std::abs(ref[i])) << i;
+    if (std::isfinite(ref[i])) {
+      EXPECT_NEAR(one[i], ref[i], 2e-6 * std::abs(ref[i])) << i;
+    }
 }
 
 }  // namespace

@@ -41,8 +41,9 @@ TEST(Lifetimes, BlocksInOneSlotAreNeverAliveTogether) {
   ASSERT_EQ(slot.size(), blocks.size());
   for (std::size_t a = 0; a < blocks.size(); ++a)
     for (std::size_t b = a + 1; b < blocks.size(); ++b)
-      if (slot[a] == slot[b])
+      if (slot[a] == slot[b]) {
         ASSERT_TRUE(blocks[a].end < blocks[b].start || blocks[b].end < blocks[a].start) << a << " and " << b;
+      }
 }
 
 TEST(Lifetimes, ASmallValueTakesASmallFreeSlotNotTheLargest) {
