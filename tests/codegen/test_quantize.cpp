@@ -165,9 +165,10 @@ void check_quantized_linear(DType dtype, Quant format = Quant::q8) {
   for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
     read_in_place += codegen::select_kernel(lowered, id) == codegen::KernelKind::dequantize_in_linear;
   EXPECT_EQ(read_in_place, 1);
-  // Rows 1 to 4 run the GEMV, 5 to 32 the GEMV 4 rows at a time (5, 29: a last chunk of 1), more
-  // the GEMM on panels packed from q: the same products (q · scale is exact in f32), summed in
-  // another order.
+  // Rows 1 to 4 run the GEMV; 5 to 32 the GEMV 4 rows at a time (5, 29: a last chunk of 1), or
+  // with VNNI and whole groups of 32 the batch's integer GEMV (x's rows in the lanes: 22 and 29 a
+  // partial last panel); more the GEMM on panels packed from q: the same products (q · scale is
+  // exact in f32), summed in another order.
   const codegen::cpu::BoundRunner bound(2);
   for (const std::int64_t seq : {1, 2, 3, 5, 16, 22, 29, 37}) {
     feeds["x"] = random_feeds(g, {{"Batch", 1}, {"Seq", seq}}, static_cast<std::uint64_t>(seq), 1.0f).at("x");
@@ -328,6 +329,9 @@ void check_target(const std::string& cpu, const std::string& features, bool int8
     const Graph model = format == Quant::q8 ? linear_model<80>(DType::f32) : linear_model<96>(DType::f32);
     Feeds feeds = random_feeds(model, {{"Batch", 1}, {"Seq", 37}}, 9, 1.0f);  // 37 rows: the GEMM
     const Graph g = quantize_linear_weights(model, feeds, format).graph;
+    // 13 rows: a batch's integer GEMV (two panels of 8 lanes, or one of 16), for q4's whole groups.
+    Feeds batch = feeds;
+    batch["x"] = random_feeds(g, {{"Batch", 1}, {"Seq", 13}}, 10, 1.0f).at("x");
     codegen::AotOptions opt;
     opt.function = "qlinear";
     opt.cpu = cpu;
@@ -341,14 +345,18 @@ void check_target(const std::string& cpu, const std::string& features, bool int8
     std::filesystem::remove_all(dir);
     EXPECT_EQ(text.str().find("vpdpbusd") != std::string::npos, int8_dot) << quant_name(format);
     if (!runs_here) continue;
-    auto compiled = codegen::AotModel::compile(g, sizes, opt);
-    std::vector<float> out(37 * 40, std::nanf(""));
-    std::vector<void*> args;
-    for (const auto& a : compiled->signature().args)
-      args.push_back(a.output ? static_cast<void*>(out.data()) : const_cast<std::byte*>(feeds.at(a.name).bytes.data()));
-    ASSERT_EQ(compiled->run(args.data()), 0);
-    const NdArray got = NdArray::from_f32(out, {1, 37, 40});
-    EXPECT_LE(max_error(got, interpret(g, feeds).outputs.at("out")), 2e-5) << quant_name(format);
+    for (const Feeds* f : {&feeds, &batch}) {
+      const std::int64_t rows = f->at("x").shape[1];
+      auto compiled = codegen::AotModel::compile(g, bind_extents(g, *f), opt);
+      std::vector<float> out(static_cast<std::size_t>(rows * 40), std::nanf(""));
+      std::vector<void*> args;
+      for (const auto& a : compiled->signature().args)
+        args.push_back(a.output ? static_cast<void*>(out.data()) : const_cast<std::byte*>(f->at(a.name).bytes.data()));
+      ASSERT_EQ(compiled->run(args.data()), 0);
+      const NdArray got = NdArray::from_f32(out, {1, rows, 40});
+      EXPECT_LE(max_error(got, interpret(g, *f).outputs.at("out")), 2e-5)
+          << quant_name(format) << ", " << rows << " rows";
+    }
   }
 }
 

@@ -644,11 +644,8 @@ class ModuleBuilder {
   }
 
   void emit_scale(int id);
-
   void emit_rms_norm(int id);
-
   void emit_rope(int id);
-
   void emit_embedding(int id);
   void emit_embedding_grad(int id);
   /// Id k of node `ids` (an integer array or f32 values): (whether it names one of `rows` rows, that row or 0).
@@ -751,8 +748,11 @@ class ModuleBuilder {
       const I& m, const I& nn, const I& k);
   llvm::Value* emit_round_activations(int xid, std::int64_t group, llvm::Value* out, const I& m, const I& k, bool int8);
   void emit_round_activations_in_pairs(int xid, llvm::Value* out, const I& m, const I& k);
+  void emit_round_activations_in_panels(int xid, llvm::Value* out, const I& m, const I& k);
   void emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad, llvm::Value* y,
                       const I& m, const I& nn, const I& k);
+  void emit_int8_gemv_panels(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
+                             llvm::Value* y, const I& m, const I& nn, const I& k);
   void emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales);
 
   void emit_attention(int id);

@@ -22,33 +22,42 @@ void ModuleBuilder::emit_quantized_linear(int id, llvm::Value* wt, llvm::Value* 
   const int xid = g_.node(id).inputs[0];
   const std::int64_t group = gemm_cfg_.quant_group;
   llvm::Value* panels = b_.CreateGEP(i8_, block, round_up(rounded_activation_bytes(group, m, k), 64).v());
-  const ir::Bool few = m <= kQuantGemvMaxRows;
   // The GEMV on integers: 16 lanes of vpdpbusd, groups of 32, whole pairs of groups a row.
   const bool int8_gemv = gemm_cfg_.int8_dot && gemm_cfg_.lanes == 16 && group == 32;
   auto f32_gemv = [&] {
     emit_round_activations(xid, group, block, m, k, /*int8=*/false);
     emit_gemv_call(block, wt, bias_pad, y, m, nn, k, scales);
   };
+  auto gemv = [&] {
+    if (!int8_gemv) return f32_gemv();
+    branch(
+        k % 64 == 0,
+        [&] {
+          emit_round_activations_in_pairs(xid, block, m, k);
+          emit_int8_gemv(wt, scales, block, bias_pad, y, m, nn, k);
+        },
+        f32_gemv);
+  };
+  if (!gemm_cfg_.int8_dot) {
+    branch(m <= kQuantGemvMaxRows, gemv, [&] {
+      emit_round_activations(xid, group, block, m, k, /*int8=*/false);
+      emit_pack_panels(wt, panels, nn, k, scales);
+      emit_gemm_packed(block, panels, bias_pad, y, m, nn, k);
+    });
+    return;
+  }
+  // A batch's rows (a decode step of several sequences): x in panels of `lanes` rows, W read in
+  // place. Its layout fits the rounded rows' bytes from kGemvMaxRows + 1 rows on, for groups of 32
+  // or more (emit_round_activations_in_panels).
+  const bool batched = group % 32 == 0;
   branch(
-      gemm_cfg_.int8_dot ? few : ir::Bool(b_, b_.getTrue()),
+      m <= kQuantGemvMaxRows,
       [&] {
-        branch(
-            few,
-            [&] {
-              if (!int8_gemv) return f32_gemv();
-              branch(
-                  k % 64 == 0,
-                  [&] {
-                    emit_round_activations_in_pairs(xid, block, m, k);
-                    emit_int8_gemv(wt, scales, block, bias_pad, y, m, nn, k);
-                  },
-                  f32_gemv);
-            },
-            [&] {
-              emit_round_activations(xid, group, block, m, k, /*int8=*/false);
-              emit_pack_panels(wt, panels, nn, k, scales);
-              emit_gemm_packed(block, panels, bias_pad, y, m, nn, k);
-            });
+        if (!batched) return gemv();
+        branch(m <= kGemvMaxRows || k % group != 0, gemv, [&] {
+          emit_round_activations_in_panels(xid, block, m, k);
+          emit_int8_gemv_panels(wt, scales, block, bias_pad, y, m, nn, k);
+        });
       },
       [&] {
         llvm::Value* x_scales = emit_round_activations(xid, group, block, m, k, /*int8=*/true);
@@ -256,6 +265,140 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
     });
   };
   branch(m == 1, [&] { blocks_of(1); }, [&] { branch(m == 2, [&] { blocks_of(2); }, [&] { blocks_of(4); }); });
+}
+
+/// The rounded rows for the batched integer GEMV (K whole groups): x's rows in panels of `lanes`
+/// rows, per panel P and group g a block of (group + 8) · lanes bytes at (P · G + g) — the group's
+/// words of four q (i8) as [group / 4][lanes] 32-bit words, −z · Σ q of each row (i32 ×lanes; z as
+/// for emit_round_activations_in_pairs) and each row's scale d (f32 ×lanes). Rows past m are
+/// zeros. ceil(m / lanes) · lanes · (group + 8) ≤ m · group · 4 bytes a group for m > kGemvMaxRows
+/// and groups of 32 or more: the rounded rows' block holds them.
+void ModuleBuilder::emit_round_activations_in_panels(int xid, llvm::Value* out, const I& m, const I& k) {
+  const int lanes = gemm_cfg_.lanes;
+  const std::int64_t group = gemm_cfg_.quant_group, words = group / 4;
+  const I groups = k / group;
+  auto* vx = llvm::FixedVectorType::get(elem(xid), static_cast<unsigned>(group));
+  auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(group));
+  auto* vw = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(words));
+  nest_parallel({ceil_div(m, lanes), groups}, {}, {}, c64(group * 8), [&](const Dims& i, const Dims&) {
+    llvm::Value* base = b_.CreateGEP(i8_, out, ((i[0] * groups + i[1]) * ((group + 8) * lanes)).v());
+    loop(
+        c64(0), c64(lanes),
+        [&](I r) {
+          const I row = i[0] * lanes + r;
+          auto put_row = [&](llvm::Value* qwords, llvm::Value* corr, llvm::Value* d) {
+            for (std::int64_t w = 0; w < words; ++w)
+              store(b_.CreateExtractElement(qwords, static_cast<std::uint64_t>(w)), base, r + w * lanes);
+            store(corr, base, r + words * lanes);
+            store(d, b_.CreateGEP(i32_, base, c64((words + 1) * lanes).v()), r);
+          };
+          branch(
+              row < m,
+              [&] {
+                llvm::Value* src = b_.CreateGEP(elem(xid), buf(xid), (row * k + i[1] * group).v());
+                const auto [q, d] = round_group(
+                    b_, ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype));
+                llvm::Value* qi = b_.CreateFPToSI(q, vi);
+                llvm::Value* bytes = b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group)));
+                put_row(b_.CreateBitCast(bytes, vw),
+                        b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(gemm_cfg_.q4 ? -kQ4Zero : -128)), d);
+              },
+              [&] { put_row(llvm::Constant::getNullValue(vw), b_.getInt32(0), llvm::ConstantFP::get(f32_, 0.0)); });
+        },
+        "panel_rows");
+  });
+}
+
+/// y[r][o] for a batch of rows (kGemvMaxRows < m ≤ kQuantGemvMaxRows): W's rows read in place, a
+/// block of kOuts at a time, against each panel of x's rows (emit_round_activations_in_panels) —
+/// a 32-bit word of W (four u8: q8 as q + 128, q4's nibbles as they are, q + 8) broadcast to
+/// every lane, each lane a row of x: int32 sums start at the panel's −z · Σ q and take four
+/// products a lane an instruction; once a group, acc += float(sum) · x's scales · W's scale. Rows
+/// of x run in the lanes, so a group costs one conversion and one scaling per W row for `lanes`
+/// rows of x (the GEMV of emit_int8_gemv: one per row of x and 64 entries).
+void ModuleBuilder::emit_int8_gemv_panels(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
+                                          llvm::Value* y, const I& m, const I& nn, const I& k) {
+  const bool q4 = gemm_cfg_.q4;
+  const int lanes = gemm_cfg_.lanes;
+  constexpr int kOuts = 4;
+  const std::int64_t group = gemm_cfg_.quant_group, words = group / 4, block_bytes = (group + 8) * lanes;
+  const I groups = k / group, row_bytes = q4 ? k / 2 : k;
+  const std::int64_t group_bytes = q4 ? group / 2 : group;  // of a row of W
+  auto* vi = llvm::FixedVectorType::get(i32_, static_cast<unsigned>(lanes));
+  auto* vf = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(lanes));
+  auto splat32 = [&](std::uint32_t v) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt32(v)); };
+  std::vector<llvm::Constant*> iota;
+  for (int l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(static_cast<std::uint64_t>(l)));
+  parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
+    loop(
+        c64(0), ceil_div(end - begin, kOuts),
+        [&](I blk) {
+          const I o0 = begin + blk * kOuts;
+          std::vector<I> rows;
+          for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
+          loop(
+              c64(0), ceil_div(m, lanes),
+              [&](I p) {
+                std::vector<llvm::Value*> init(kOuts, llvm::Constant::getNullValue(vf));
+                const std::vector<llvm::Value*> acc = ir::emit_loop(
+                    b_, c64(0).v(), groups.v(), 1, init,
+                    [&](llvm::Value* gv, const std::vector<llvm::Value*>& cur) {
+                      const I g(b_, gv);
+                      llvm::Value* xb = b_.CreateGEP(i8_, xr, ((p * groups + g) * block_bytes).v());
+                      auto x_at = [&](llvm::Type* t, std::int64_t word) {
+                        return b_.CreateAlignedLoad(t, b_.CreateGEP(i32_, xb, c64(word * lanes).v()), llvm::Align(4));
+                      };
+                      llvm::Value* dx = x_at(vf, words + 1);
+                      std::vector<llvm::Value*> next(kOuts);
+                      for (int j = 0; j < kOuts; ++j) {
+                        const I& row = rows[static_cast<std::size_t>(j)];
+                        llvm::Value* w_at = b_.CreateGEP(i8_, wt, (row * row_bytes + g * group_bytes).v());
+                        auto w_word = [&](std::int64_t d) {
+                          return b_.CreateVectorSplat(
+                              static_cast<unsigned>(lanes),
+                              b_.CreateAlignedLoad(i32_, b_.CreateGEP(i32_, w_at, c64(d).v()), llvm::Align(1)));
+                        };
+                        llvm::Value* sum = x_at(vi, words);
+                        if (q4) {  // byte d of the group: entries d (low four bits) and d + group / 2
+                          for (std::int64_t d = 0; d < words / 2; ++d) {
+                            llvm::Value* raw = w_word(d);
+                            sum = ir::dot_u8s8(b_, sum, b_.CreateAnd(raw, splat32(0x0F0F0F0Fu)), x_at(vi, d));
+                            sum = ir::dot_u8s8(b_, sum,
+                                               b_.CreateAnd(b_.CreateLShr(raw, splat32(4)), splat32(0x0F0F0F0Fu)),
+                                               x_at(vi, d + words / 2));
+                          }
+                        } else {
+                          for (std::int64_t d = 0; d < words; ++d)
+                            sum = ir::dot_u8s8(b_, sum, b_.CreateXor(w_word(d), splat32(0x80808080u)), x_at(vi, d));
+                        }
+                        llvm::Value* dw = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), false);
+                        next[static_cast<std::size_t>(j)] = b_.CreateIntrinsic(
+                            llvm::Intrinsic::fmuladd, {vf},
+                            {b_.CreateSIToFP(sum, vf),
+                             b_.CreateFMul(dx, b_.CreateVectorSplat(static_cast<unsigned>(lanes), dw)),
+                             cur[static_cast<std::size_t>(j)]});
+                      }
+                      return next;
+                    },
+                    "panel_groups");
+                llvm::Value* live = ir::lanes_below(b_, lanes, (m - p * lanes).v());
+                llvm::Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), (p * lanes).v());
+                llvm::Value* x_rows = b_.CreateAdd(first, llvm::ConstantVector::get(iota));
+                for (int j = 0; j < kOuts; ++j)
+                  branch(o0 + j < end, [&] {
+                    llvm::Value* at =
+                        b_.CreateAdd(b_.CreateMul(x_rows, b_.CreateVectorSplat(static_cast<unsigned>(lanes), nn.v())),
+                                     b_.CreateVectorSplat(static_cast<unsigned>(lanes), (o0 + j).v()));
+                    llvm::Value* bias =
+                        b_.CreateVectorSplat(static_cast<unsigned>(lanes), load(f32_, bias_pad, o0 + j));
+                    b_.CreateMaskedScatter(b_.CreateFAdd(acc[static_cast<std::size_t>(j)], bias),
+                                           b_.CreateGEP(f32_, y, at), llvm::Align(4), live);
+                  });
+              },
+              "panel_x");
+        },
+        "panel_outs");
+  });
 }
 
 /// gemm_panel_bytes' int8_dot panels from q (q8, or q4's nibbles) and its f16 scales: per row of
