@@ -44,7 +44,7 @@ template <class I>
 GemmBlocks<I> gemm_blocks(I m, I n, std::int64_t mr, std::int64_t nr, bool tall) {
   const I panels = ceil_div(n, nr);
   const I mc = tall ? round_up(ceil_div(m, ceil_div(m, 8 * mr)), mr)
-                    : imin(imax(round_up(ceil_div(m, kTaskTarget), mr), mr), 8 * mr);
+                    : imin(imax(round_up(ceil_div(m, kTaskTarget), mr), imin(round_up(m, mr), 4 * mr)), 8 * mr);
   const I mblocks = ceil_div(m, mc);
   const I wide = imax(imin(panels, std::max<std::int64_t>(1, 512 / nr)), 1);
   // Too few tasks with wide column blocks: narrower ones, so that there are about kTaskTarget.

@@ -61,6 +61,7 @@ GemmConfig choose_gemm_config(const GemmSpec& spec, const HostTarget& host) {
   // the table's (tuning.hpp).
   const KernelTuning t = kernel_tuning(host, c.lanes);
   c.rows = spec.rows > 0 ? spec.rows : t.gemm_rows;
+  c.small_rows = spec.rows > 0 ? 0 : t.gemm_small_rows;
   c.col_vectors = spec.col_vectors > 0 ? spec.col_vectors : t.gemm_col_vectors;
   c.k_block = spec.k_block > 0 ? spec.k_block : (spec.bf16 || spec.f16 ? t.gemm_k_block_bf16 : t.gemm_k_block);
   c.bf16 = spec.bf16;
@@ -295,7 +296,8 @@ class GemmEmitter {
                   llvm::Value* first, bool whole_rows = false) {
     const int mr = cfg_.rows, nv = cfg_.col_vectors, lanes = cfg_.lanes;
     const std::int64_t nr = cfg_.cols();
-    const llvm::Align vec_align(static_cast<std::uint64_t>(lanes) * 4);
+    const llvm::Align vec_align(static_cast<std::uint64_t>(lanes) * 4),
+        half_align(static_cast<std::uint64_t>(lanes) * 2);
     llvm::Value* col = b_.CreateMul(p, c64(nr), "col");
     llvm::Value* cols_left = b_.CreateSub(n_, col);
 
@@ -388,8 +390,9 @@ class GemmEmitter {
       for (std::size_t x = 0; x < acc.size(); ++x) b_.CreateMaskedStore(acc[x], c_ptr[x], llvm::Align(4), mask[x]);
       return;
     }
+    llvm::Type* b_elem = half_panels(cfg_) ? i16_ : f32_;
     llvm::Value* panel =
-        b_.CreateInBoundsGEP(f32_, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
+        b_.CreateInBoundsGEP(b_elem, bp_, b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, k_), k0), c64(nr)), "b_panel");
     // A read in place: row r of the tile from A[i + r][k0] on (a row past m1 reads row i; its
     // sums are never stored).
     // a_cols (f32 A given transposed, read in place): row r's offset in a K row; a bf16 A is packed.
@@ -406,19 +409,21 @@ class GemmEmitter {
     std::vector<llvm::Value*> acc = ir::emit_loop(
         b_, c64(0), depth, 1, init,
         [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
-          llvm::Value* brow = b_.CreateInBoundsGEP(f32_, panel, b_.CreateMul(kk, c64(nr)));
+          llvm::Value* brow = b_.CreateInBoundsGEP(b_elem, panel, b_.CreateMul(kk, c64(nr)));
           llvm::Value* arow = nullptr;
           if (a_columns)  // A[i + r][k0 + kk] = At[k0 + kk][i + r]
             arow = b_.CreateInBoundsGEP(f32_, a_, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(k0, kk), m_), i), "a_col");
           else if (a_rows.empty())
             arow = b_.CreateInBoundsGEP(f32_, ap_, b_.CreateMul(kk, c64(mr)));
           std::vector<llvm::Value*> bv(static_cast<std::size_t>(nv));
-          for (int v = 0; v < nv; ++v)
+          for (int v = 0; v < nv; ++v) {
+            llvm::Value* at = b_.CreateConstInBoundsGEP1_64(b_elem, brow, static_cast<std::uint64_t>(v) * lanes);
             bv[static_cast<std::size_t>(v)] =
-                b_.CreateAlignedLoad(vf_,
-                                     b_.CreateConstInBoundsGEP1_64(
-                                         f32_, brow, static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(lanes)),
-                                     vec_align, "b_v");
+                half_panels(cfg_)
+                    ? ir::half_to_f32(b_, b_.CreateAlignedLoad(llvm::FixedVectorType::get(i16_, lanes), at, half_align),
+                                      /*brain=*/cfg_.bf16)
+                    : b_.CreateAlignedLoad(vf_, at, vec_align, "b_v");
+          }
           std::vector<llvm::Value*> next(cur.size());
           for (int r = 0; r < mr; ++r) {
             const auto rr = static_cast<std::size_t>(r);
@@ -711,8 +716,6 @@ void drive(const void* a, bool have_b, const float* bias, float* c, std::int64_t
   });
 }
 
-float widen_bf16(std::uint16_t x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16); }
-
 }  // namespace
 
 void run_linear(const float* a, const float* b, const float* bias, float* c, std::int64_t m, std::int64_t n,
@@ -743,8 +746,9 @@ void run_linear_bf16(const std::uint16_t* a, const std::uint16_t* b, const float
           const std::uint32_t lo = row < n ? src[2 * kp] : 0, hi = row < n && 2 * kp + 1 < k ? src[2 * kp + 1] : 0;
           words[kp * nr + r] = lo | hi << 16;
         }
-      } else {
-        for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * nr + r] = row < n ? widen_bf16(src[kk]) : 0.0f;
+      } else {  // half_panels: bp[(p·K + kk)·NR + r] = B[row][kk] as it is
+        auto* halves = reinterpret_cast<std::uint16_t*>(dst);
+        for (std::int64_t kk = 0; kk < k; ++kk) halves[kk * nr + r] = row < n ? src[kk] : 0;
       }
     }
   });

@@ -36,6 +36,9 @@ using GemmKernelFn = void(const GemmArgs* args, std::int64_t m0, std::int64_t m1
 /// The blocking of one kernel (GemmSpec resolved for a target).
 struct GemmConfig {
   int lanes = 16, rows = 12, col_vectors = 2, k_block = 256;
+  // A call of at most 2 · rows rows whose row count small_rows tiles with fewer rows runs the
+  // kernel of this config with small_rows rows instead (module_builder.cpp); 0: never.
+  int small_rows = 0;
   bool bf16 = false;    // A (and W for the GEMV) are bf16, widened as loaded unless dpbf16
   bool dpbf16 = false;  // bf16 with vdpbf16ps: A and the panels hold pairs of K (k_block even)
   bool f16 = false;     // A (and W for the GEMV) are IEEE f16, widened as loaded (never with bf16)
@@ -65,11 +68,14 @@ inline bool a_in_place(const GemmConfig& cfg) { return !cfg.bf16 && !cfg.f16; }
 
 /// Whether A (and W for the GEMV, or the panels' source) hold 16-bit floats: bf16 or f16 bits.
 inline bool half_bits(const GemmConfig& cfg) { return cfg.bf16 || cfg.f16; }
+/// Whether the panels hold W's 16-bit floats as they are (bf16 without vdpbf16ps, f16), widened
+/// by the micro-kernel as it loads them: half the bytes of f32 panels to keep and to stream.
+inline bool half_panels(const GemmConfig& cfg) { return half_bits(cfg) && !cfg.dpbf16; }
 /// What a kernel's name says of those: "_bf16", "_f16" or nothing.
 inline const char* half_suffix(const GemmConfig& cfg) { return cfg.bf16 ? "_bf16" : cfg.f16 ? "_f16" : ""; }
 
-/// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or bf16 pairs
-/// (half the bytes). I: std::int64_t, or the generated code's ir::Int.
+/// Bytes of the packed Bᵀ of an [n, k] weight (cols() columns a panel): f32 panels, or 16-bit ones
+/// (half_panels), or bf16 pairs. I: std::int64_t, or the generated code's ir::Int.
 ///
 /// int8_dot: a panel is ceil(K / group) groups, each [group / 4][NR][4] i8 (four consecutive K
 /// of a column a 32-bit word; zeros past K and N), then W's scales of the group [NR] f32, then
@@ -78,7 +84,7 @@ template <class I>
 I gemm_panel_bytes(const GemmConfig& cfg, const I& n, const I& k) {
   const I cols = (n + (cfg.cols() - 1)) / cfg.cols() * cfg.cols();
   if (cfg.int8_dot) return cols * ((k + (cfg.quant_group - 1)) / cfg.quant_group) * (cfg.quant_group + 8);
-  return cfg.dpbf16 ? cols * ((k + 1) / 2) * 4 : cols * k * 4;
+  return cfg.dpbf16 ? cols * ((k + 1) / 2) * 4 : cols * k * (half_panels(cfg) ? 2 : 4);
 }
 
 /// Bytes of a quantized linear's rounded activations, for m rows of K in groups of `group`: f32

@@ -128,8 +128,8 @@ void ModuleBuilder::emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, cons
   if (bias) b_.CreateMemCpy(bias_pad, llvm::MaybeAlign(4), bias, llvm::MaybeAlign(4), (nn * 4).v());
 }
 
-/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; bf16 W widened; a quantized W's q · scale, exact:
-/// an 8-bit or 4-bit integer times an f16); zeros past N. With dpbf16 the
+/// bp[(p·K + kk)·NR + r] = W[p·NR + r][kk] (f32; a bf16 or f16 W's bits as they are, half_panels;
+/// a quantized W's q · scale, exact: an 8-bit or 4-bit integer times an f16); zeros past N. With dpbf16 the
 /// panels hold pairs of K: bf16 element ((p·K2 + kk / 2)·NR + r)·2 + kk % 2, K2 = ceil(K / 2),
 /// zeros past N and past K. The whole panels are shared out among the threads. `columns`: W
 /// (f32 or bf16) given as B itself, [K, N] rows (W[row][kk] at kk·N + row).
@@ -199,7 +199,9 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
     });
     return;
   }
-  branch(rest != 0, [&] { memset0(packed, panels * k * nr * 4); });
+  const bool halves = half_panels(gemm_cfg_);  // W's bits as they are, 2 bytes an entry
+  llvm::Type* elem_t = halves ? b_.getInt16Ty() : f32_;
+  branch(rest != 0, [&] { memset0(packed, panels * k * nr * (halves ? 2 : 4)); });
   // Whole panels of W as rows a lanes × lanes tile at a time (each row's `lanes` entries loaded —
   // widened from bf16, or dequantized — as a vector, the tile transposed in registers): the
   // panels are packed on every call but a prepared one (a quantized W's always). What is left
@@ -219,13 +221,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
       for (int j = 0; j < lanes; ++j) {
         const I row = i[0] * nr + i[1] * lanes + j;
         if (!quantized) {
-          tile.push_back(
-              half_bits(gemm_cfg_)
-                  ? ir::half_to_f32(
-                        b_,
-                        b_.CreateAlignedLoad(vh, b_.CreateGEP(b_.getInt16Ty(), wt, (row * k + kk).v()), llvm::Align(2)),
-                        /*brain=*/gemm_cfg_.bf16)
-                  : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()), llvm::Align(4)));
+          tile.push_back(halves ? b_.CreateAlignedLoad(vh, b_.CreateGEP(elem_t, wt, (row * k + kk).v()), llvm::Align(2))
+                                : b_.CreateAlignedLoad(vf, b_.CreateGEP(f32_, wt, (row * k + kk).v()), llvm::Align(4)));
           continue;
         }
         llvm::Value* scale = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + kk / group), false);
@@ -241,8 +238,8 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
       }
       tile = ir::transpose_square(b_, std::move(tile));
       for (int t = 0; t < lanes; ++t)
-        b_.CreateAlignedStore(tile[t], b_.CreateGEP(f32_, packed, ((i[0] * k + kk + t) * nr + i[1] * lanes).v()),
-                              llvm::Align(4));
+        b_.CreateAlignedStore(tile[t], b_.CreateGEP(elem_t, packed, ((i[0] * k + kk + t) * nr + i[1] * lanes).v()),
+                              llvm::Align(halves ? 2 : 4));
     });
     kdone = chunks * lanes;
   }
@@ -254,8 +251,7 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
       llvm::Value* q = gemm_cfg_.q4 ? q4_entry(wt, row * (k / 2), kk, group) : load(i8_, wt, at);
       return b_.CreateFMul(b_.CreateSIToFP(q, f32_), ir::half_to_f32(b_, s, /*brain=*/false));
     }
-    return half_bits(gemm_cfg_) ? ir::half_to_f32(b_, load(b_.getInt16Ty(), wt, at), /*brain=*/gemm_cfg_.bf16)
-                                : load(f32_, wt, at);
+    return load(elem_t, wt, at);  // f32, or (halves) the bits as they are
   };
   // Whole panels (p, kk, r) from kdone on, then the last panel's `rest` columns (kk, r).
   nest_parallel({full, k - kdone, c64(nr)}, {{k * nr, c64(nr), one}, {row_step * nr, k_step, row_step}},
@@ -298,21 +294,28 @@ void ModuleBuilder::emit_gemm_packed(llvm::Value* x, llvm::Value* packed, llvm::
   const std::string name =
       gemm_cfg_.int8_dot ? "qkv_gemm_i8g" + std::to_string(gemm_cfg_.quant_group)
                          : "qkv_gemm" + std::string(half_suffix(gemm_cfg_)) + (gemm_cfg_.a_transposed ? "_at" : "");
-  if (!m_.getFunction(name)) emit_gemm_kernel(m_, gemm_cfg_, name);
-  llvm::Function* kernel = callee(name);
-  const std::int64_t nr = gemm_cfg_.cols(), mr = gemm_cfg_.rows;
-
   auto* args_type = llvm::StructType::get(ctx_, {ptr_, ptr_, ptr_, ptr_, i64_, i64_, i64_, ptr_});
   llvm::Value* args = ir::entry_alloca(b_, args_type, 1, 8, "gemm_args");
   const Values fields{x,     packed, bias_pad, y,
                       m.v(), nn.v(), k.v(),    x_scales ? x_scales : llvm::ConstantPointerNull::get(ptr_)};
   for (unsigned f = 0; f < fields.size(); ++f) b_.CreateStore(fields[f], b_.CreateStructGEP(args_type, args, f));
-  const GemmBlocks<I> blocks = gemm_blocks(m, nn, mr, nr, a_in_place(gemm_cfg_));
-  const I cols = blocks.panels_per * nr;
-  parallel_for(blocks.tasks(), m * nn * k * 2, [&](I t) {
-    const I m0 = (t / blocks.nblocks) * blocks.mc, n0 = (t % blocks.nblocks) * cols;
-    b_.CreateCall(kernel, {args, m0.v(), imin(m0 + blocks.mc, m).v(), n0.v(), imin(n0 + cols, nn).v()});
-  });
+  auto tasks = [&](const GemmConfig& cfg, const std::string& kernel_name) {
+    if (!m_.getFunction(kernel_name)) emit_gemm_kernel(m_, cfg, kernel_name);
+    llvm::Function* kernel = callee(kernel_name);
+    const GemmBlocks<I> blocks = gemm_blocks(m, nn, cfg.rows, cfg.cols(), a_in_place(cfg));
+    const I cols = blocks.panels_per * cfg.cols();
+    parallel_for(blocks.tasks(), m * nn * k * 2, [&](I t) {
+      const I m0 = (t / blocks.nblocks) * blocks.mc, n0 = (t % blocks.nblocks) * cols;
+      b_.CreateCall(kernel, {args, m0.v(), imin(m0 + blocks.mc, m).v(), n0.v(), imin(n0 + cols, nn).v()});
+    });
+  };
+  GemmConfig small = gemm_cfg_;
+  small.rows = gemm_cfg_.small_rows;
+  if (small.rows <= 0 || small.rows >= gemm_cfg_.rows) return tasks(gemm_cfg_, name);
+  // Few rows that the small tile covers with fewer rows computed (16: two tiles of 8, not 12 + 12).
+  branch(
+      m <= 2 * gemm_cfg_.rows && round_up(m, small.rows) < round_up(m, gemm_cfg_.rows),
+      [&] { tasks(small, name + "_r" + std::to_string(small.rows)); }, [&] { tasks(gemm_cfg_, name); });
 }
 
 std::pair<llvm::Value*, llvm::Value*> ModuleBuilder::mod_tensor_arrays(const Node& n, const AttentionCall& call) {

@@ -132,6 +132,7 @@ GemmConfig linear_gemm_config(const Graph& lowered, int id, const HostTarget& ta
   if (cfg.int8_dot) {
     const KernelTuning t = kernel_tuning(target, cfg.lanes);
     cfg.rows = t.gemm_int8_rows;
+    cfg.small_rows = 0;
     cfg.col_vectors = 2;
     cfg.k_block = std::max(1, t.gemm_int8_k_block / cfg.quant_group) * cfg.quant_group;
   }
