@@ -723,10 +723,8 @@ class ModuleBuilder {
 
   /// layer norm along another axis: a loop nest in double.
   void emit_layer_norm_strided(int id);
-
   /// linear over a non-contiguous axis: y[o, j, c] = Σ_i x[o, i, c]·W[j, i] + b[j], in double.
   void emit_linear_strided(int id);
-
   /// contract: out[o] = Σ_c lhs[o, c]·rhs[o, c], axes matched by name, in double.
   void emit_contract(int id);
 
@@ -754,6 +752,8 @@ class ModuleBuilder {
   void emit_int8_gemv_panels(llvm::Value* wt, llvm::Value* scales, llvm::Value* xr, llvm::Value* bias_pad,
                              llvm::Value* y, const I& m, const I& nn, const I& k);
   void emit_pack_int8_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales);
+  using RowBlock = std::function<void(const std::vector<I>& w_rows, const I& o0, const I& end, const I& x0)>;
+  void int8_row_blocks(const I& m, const I& nn, const I& k, int outs, const I& x_step, const RowBlock& block);
 
   void emit_attention(int id);
   /// The mod's tensors of fused node n as its kernel reads them: their base pointers and their

@@ -237,32 +237,19 @@ void ModuleBuilder::emit_int8_gemv(llvm::Value* wt, llvm::Value* scales, llvm::V
         "int8_gemv_pairs");
   };
   auto blocks_of = [&](const int kXRows) {
-    parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
-      loop(
-          c64(0), ceil_div(end - begin, kOuts),
-          [&](I blk) {
-            const I o0 = begin + blk * kOuts;
-            std::vector<I> rows;
-            for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
-            loop(
-                c64(0), ceil_div(m, kXRows),
-                [&](I rb) {
-                  const I r0 = rb * kXRows;
-                  std::vector<I> xrows;
-                  for (int i = 0; i < kXRows; ++i) xrows.push_back(imin(r0 + i, m - 1));  // past m: not stored
-                  const std::vector<llvm::Value*> acc = dot_block(rows, xrows);
-                  for (int i = 0; i < kXRows; ++i)
-                    for (int j = 0; j < kOuts; ++j)
-                      branch(o0 + j < end && r0 + i < m, [&] {
-                        llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0),
-                                                               acc[static_cast<std::size_t>(i * kOuts + j)]);
-                        store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, (r0 + i) * nn + o0 + j);
-                      });
-                },
-                "int8_gemv_rows");
-          },
-          "int8_gemv_outs");
-    });
+    int8_row_blocks(m, nn, k, kOuts, c64(kXRows),
+                    [&](const std::vector<I>& rows, const I& o0, const I& end, const I& r0) {
+                      std::vector<I> xrows;
+                      for (int i = 0; i < kXRows; ++i) xrows.push_back(imin(r0 + i, m - 1));  // past m: not stored
+                      const std::vector<llvm::Value*> acc = dot_block(rows, xrows);
+                      for (int i = 0; i < kXRows; ++i)
+                        for (int j = 0; j < kOuts; ++j)
+                          branch(o0 + j < end && r0 + i < m, [&] {
+                            llvm::Value* sum = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0),
+                                                                   acc[static_cast<std::size_t>(i * kOuts + j)]);
+                            store(b_.CreateFAdd(sum, load(f32_, bias_pad, o0 + j)), y, (r0 + i) * nn + o0 + j);
+                          });
+                    });
   };
   branch(m == 1, [&] { blocks_of(1); }, [&] { branch(m == 2, [&] { blocks_of(2); }, [&] { blocks_of(4); }); });
 }
@@ -329,75 +316,77 @@ void ModuleBuilder::emit_int8_gemv_panels(llvm::Value* wt, llvm::Value* scales, 
   auto splat32 = [&](std::uint32_t v) { return b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt32(v)); };
   std::vector<llvm::Constant*> iota;
   for (int l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(static_cast<std::uint64_t>(l)));
-  parallel_ranges(nn, 64, kOuts, m * k * 2, [&](I begin, I end) {
-    loop(
-        c64(0), ceil_div(end - begin, kOuts),
-        [&](I blk) {
-          const I o0 = begin + blk * kOuts;
-          std::vector<I> rows;
-          for (int j = 0; j < kOuts; ++j) rows.push_back(imin(o0 + j, end - 1));  // past `end`: not stored
-          loop(
-              c64(0), ceil_div(m, lanes),
-              [&](I p) {
-                std::vector<llvm::Value*> init(kOuts, llvm::Constant::getNullValue(vf));
-                const std::vector<llvm::Value*> acc = ir::emit_loop(
-                    b_, c64(0).v(), groups.v(), 1, init,
-                    [&](llvm::Value* gv, const std::vector<llvm::Value*>& cur) {
-                      const I g(b_, gv);
-                      llvm::Value* xb = b_.CreateGEP(i8_, xr, ((p * groups + g) * block_bytes).v());
-                      auto x_at = [&](llvm::Type* t, std::int64_t word) {
-                        return b_.CreateAlignedLoad(t, b_.CreateGEP(i32_, xb, c64(word * lanes).v()), llvm::Align(4));
-                      };
-                      llvm::Value* dx = x_at(vf, words + 1);
-                      std::vector<llvm::Value*> next(kOuts);
-                      for (int j = 0; j < kOuts; ++j) {
-                        const I& row = rows[static_cast<std::size_t>(j)];
-                        llvm::Value* w_at = b_.CreateGEP(i8_, wt, (row * row_bytes + g * group_bytes).v());
-                        auto w_word = [&](std::int64_t d) {
-                          return b_.CreateVectorSplat(
-                              static_cast<unsigned>(lanes),
-                              b_.CreateAlignedLoad(i32_, b_.CreateGEP(i32_, w_at, c64(d).v()), llvm::Align(1)));
-                        };
-                        llvm::Value* sum = x_at(vi, words);
-                        if (q4) {  // byte d of the group: entries d (low four bits) and d + group / 2
-                          for (std::int64_t d = 0; d < words / 2; ++d) {
-                            llvm::Value* raw = w_word(d);
-                            sum = ir::dot_u8s8(b_, sum, b_.CreateAnd(raw, splat32(0x0F0F0F0Fu)), x_at(vi, d));
-                            sum = ir::dot_u8s8(b_, sum,
-                                               b_.CreateAnd(b_.CreateLShr(raw, splat32(4)), splat32(0x0F0F0F0Fu)),
-                                               x_at(vi, d + words / 2));
-                          }
-                        } else {
-                          for (std::int64_t d = 0; d < words; ++d)
-                            sum = ir::dot_u8s8(b_, sum, b_.CreateXor(w_word(d), splat32(0x80808080u)), x_at(vi, d));
-                        }
-                        llvm::Value* dw = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), false);
-                        next[static_cast<std::size_t>(j)] = b_.CreateIntrinsic(
-                            llvm::Intrinsic::fmuladd, {vf},
-                            {b_.CreateSIToFP(sum, vf),
-                             b_.CreateFMul(dx, b_.CreateVectorSplat(static_cast<unsigned>(lanes), dw)),
-                             cur[static_cast<std::size_t>(j)]});
-                      }
-                      return next;
-                    },
-                    "panel_groups");
-                llvm::Value* live = ir::lanes_below(b_, lanes, (m - p * lanes).v());
-                llvm::Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), (p * lanes).v());
-                llvm::Value* x_rows = b_.CreateAdd(first, llvm::ConstantVector::get(iota));
-                for (int j = 0; j < kOuts; ++j)
-                  branch(o0 + j < end, [&] {
-                    llvm::Value* at =
-                        b_.CreateAdd(b_.CreateMul(x_rows, b_.CreateVectorSplat(static_cast<unsigned>(lanes), nn.v())),
-                                     b_.CreateVectorSplat(static_cast<unsigned>(lanes), (o0 + j).v()));
-                    llvm::Value* bias =
-                        b_.CreateVectorSplat(static_cast<unsigned>(lanes), load(f32_, bias_pad, o0 + j));
-                    b_.CreateMaskedScatter(b_.CreateFAdd(acc[static_cast<std::size_t>(j)], bias),
-                                           b_.CreateGEP(f32_, y, at), llvm::Align(4), live);
-                  });
-              },
-              "panel_x");
+  int8_row_blocks(m, nn, k, kOuts, c64(lanes), [&](const std::vector<I>& rows, const I& o0, const I& end, const I& x0) {
+    const I p = x0 / lanes;
+    std::vector<llvm::Value*> init(kOuts, llvm::Constant::getNullValue(vf));
+    const std::vector<llvm::Value*> acc = ir::emit_loop(
+        b_, c64(0).v(), groups.v(), 1, init,
+        [&](llvm::Value* gv, const std::vector<llvm::Value*>& cur) {
+          const I g(b_, gv);
+          llvm::Value* xb = b_.CreateGEP(i8_, xr, ((p * groups + g) * block_bytes).v());
+          auto x_at = [&](llvm::Type* t, std::int64_t word) {
+            return b_.CreateAlignedLoad(t, b_.CreateGEP(i32_, xb, c64(word * lanes).v()), llvm::Align(4));
+          };
+          llvm::Value* dx = x_at(vf, words + 1);
+          std::vector<llvm::Value*> next(kOuts);
+          for (int j = 0; j < kOuts; ++j) {
+            const I& row = rows[static_cast<std::size_t>(j)];
+            llvm::Value* w_at = b_.CreateGEP(i8_, wt, (row * row_bytes + g * group_bytes).v());
+            auto w_word = [&](std::int64_t d) {
+              return b_.CreateVectorSplat(
+                  static_cast<unsigned>(lanes),
+                  b_.CreateAlignedLoad(i32_, b_.CreateGEP(i32_, w_at, c64(d).v()), llvm::Align(1)));
+            };
+            llvm::Value* sum = x_at(vi, words);
+            if (q4) {  // byte d of the group: entries d (low four bits) and d + group / 2
+              for (std::int64_t d = 0; d < words / 2; ++d) {
+                llvm::Value* raw = w_word(d);
+                sum = ir::dot_u8s8(b_, sum, b_.CreateAnd(raw, splat32(0x0F0F0F0Fu)), x_at(vi, d));
+                sum = ir::dot_u8s8(b_, sum, b_.CreateAnd(b_.CreateLShr(raw, splat32(4)), splat32(0x0F0F0F0Fu)),
+                                   x_at(vi, d + words / 2));
+              }
+            } else {
+              for (std::int64_t d = 0; d < words; ++d)
+                sum = ir::dot_u8s8(b_, sum, b_.CreateXor(w_word(d), splat32(0x80808080u)), x_at(vi, d));
+            }
+            llvm::Value* dw = ir::half_to_f32(b_, load(b_.getInt16Ty(), scales, row * groups + g), false);
+            next[static_cast<std::size_t>(j)] = b_.CreateIntrinsic(
+                llvm::Intrinsic::fmuladd, {vf},
+                {b_.CreateSIToFP(sum, vf), b_.CreateFMul(dx, b_.CreateVectorSplat(static_cast<unsigned>(lanes), dw)),
+                 cur[static_cast<std::size_t>(j)]});
+          }
+          return next;
         },
-        "panel_outs");
+        "panel_groups");
+    llvm::Value* live = ir::lanes_below(b_, lanes, (m - p * lanes).v());
+    llvm::Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), (p * lanes).v());
+    llvm::Value* x_rows = b_.CreateAdd(first, llvm::ConstantVector::get(iota));
+    for (int j = 0; j < kOuts; ++j)
+      branch(o0 + j < end, [&] {
+        llvm::Value* at = b_.CreateAdd(b_.CreateMul(x_rows, b_.CreateVectorSplat(static_cast<unsigned>(lanes), nn.v())),
+                                       b_.CreateVectorSplat(static_cast<unsigned>(lanes), (o0 + j).v()));
+        llvm::Value* bias = b_.CreateVectorSplat(static_cast<unsigned>(lanes), load(f32_, bias_pad, o0 + j));
+        b_.CreateMaskedScatter(b_.CreateFAdd(acc[static_cast<std::size_t>(j)], bias), b_.CreateGEP(f32_, y, at),
+                               llvm::Align(4), live);
+      });
+  });
+}
+
+/// block(W's rows, o0, end, x0) for each block of `outs` rows of W from o0 (rows past the task's
+/// `end` repeat its last: not stored) in each task's range of W's rows, and under it each block of
+/// x's rows from x0 = 0, x_step, … < m (W's block stays in L1 across x's).
+void ModuleBuilder::int8_row_blocks(const I& m, const I& nn, const I& k, int outs, const I& x_step,
+                                    const RowBlock& block) {
+  parallel_ranges(nn, 64, outs, m * k * 2, [&](I begin, I end) {
+    loop(
+        c64(0), ceil_div(end - begin, outs),
+        [&](I blk) {
+          const I o0 = begin + blk * outs;
+          std::vector<I> rows;
+          for (int j = 0; j < outs; ++j) rows.push_back(imin(o0 + j, end - 1));
+          loop(c64(0), ceil_div(m, x_step), [&](I xb) { block(rows, o0, end, xb * x_step); }, "int8_x_rows");
+        },
+        "int8_w_rows");
   });
 }
 
