@@ -34,7 +34,8 @@ inline constexpr std::int64_t kParallelMinFlops = 1'000'000;
 /// t % nblocks. `tall` (a kernel that reads A in place and runs its row blocks under each panel,
 /// gemm_kernel.hpp's a_in_place): row blocks as tall as 8·MR allows, split evenly, so that each
 /// panel it loads serves many rows; else about kTaskTarget row blocks (each packs its rows once
-/// for all its panels).
+/// for all its panels), but all of a call of few rows (up to 4·MR) in one, so that the tasks
+/// split W's panels and each streams its share once (a batched decode step).
 template <class I>
 struct GemmBlocks {
   I mc, mblocks, panels_per, nblocks;

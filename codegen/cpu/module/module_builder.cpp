@@ -203,7 +203,7 @@ void ModuleBuilder::emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const
   llvm::Type* elem_t = halves ? b_.getInt16Ty() : f32_;
   branch(rest != 0, [&] { memset0(packed, panels * k * nr * (halves ? 2 : 4)); });
   // Whole panels of W as rows a lanes × lanes tile at a time (each row's `lanes` entries loaded —
-  // widened from bf16, or dequantized — as a vector, the tile transposed in registers): the
+  // f32 or 16-bit as they are, or dequantized — as a vector, the tile transposed in registers): the
   // panels are packed on every call but a prepared one (a quantized W's always). What is left
   // (K's last entries short of a vector, the last panel's `rest` rows; B given as [K, N]) goes
   // entry by entry below.

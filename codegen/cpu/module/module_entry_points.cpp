@@ -72,7 +72,7 @@ llvm::Function* ModuleBuilder::emit_prepare(const std::string& name) {
     const std::int64_t nr = gemm_cfg_.cols();
     const Dims w = shape(n.inputs[1]);
     const I panels = ceil_div(w[0], nr);
-    llvm::Value* packed = aligned_alloc(gemm_panel_bytes(gemm_cfg_, w[0], w[1]));  // f32 panels or bf16 pairs
+    llvm::Value* packed = aligned_alloc(gemm_panel_bytes(gemm_cfg_, w[0], w[1]));  // f32, 16-bit or bf16 pairs
     b_.CreateStore(packed, slot(handle, slot_prepared(j)));
     llvm::Value* bias_pad = aligned_alloc(panels * nr * 4);
     b_.CreateStore(bias_pad, slot(handle, slot_prepared(j) + 1));
