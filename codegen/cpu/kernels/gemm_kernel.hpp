@@ -117,8 +117,10 @@ struct GemvArgs {
 
 /// The most rows of x the GEMV kernel takes at once; above it the GEMM packs Bᵀ and runs its
 /// micro-kernel — but for a quantized W, whose panels are packed on every call (a pass over all
-/// of W): up to kQuantGemvMaxRows rows, the GEMV runs them kGemvMaxRows at a time past each
-/// group of W's rows while they are in L1 (batched decoding: 16 sequences a step).
+/// of W): up to kQuantGemvMaxRows rows (batched decoding: 16 sequences a step) W stays read in
+/// place, by the GEMV kGemvMaxRows rows of x at a time past each group of W's rows while they are
+/// in L1, or with VNNI from kGemvMaxRows + 1 rows by the integer GEMV with x's rows in the lanes
+/// (module_quantized.cpp).
 inline constexpr int kGemvMaxRows = 4;
 inline constexpr int kQuantGemvMaxRows = 32;
 

@@ -83,6 +83,12 @@ std::pair<llvm::Value*, llvm::Value*> round_group(llvm::IRBuilder<>& b, llvm::Va
   q = b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, q, splat(f(127.0)));
   return {q, b.CreateFDiv(amax, f(127.0), "x_scale")};
 }
+
+/// −z · Σ q of a rounded group (q as i32 lanes): the start of its int32 sums against W read as
+/// u8 — q8 as q + 128 (z = 128), q4's nibbles as they are, q + 8 (z = kQ4Zero).
+llvm::Value* zero_correction(llvm::IRBuilder<>& b, llvm::Value* q, bool q4) {
+  return b.CreateMul(b.CreateAddReduce(q), b.getInt32(q4 ? -kQ4Zero : -128));
+}
 }  // namespace
 
 /// Row r's group g of x (entries k0 = g·group … min(k0 + group, K)) rounded (round_group). Written as
@@ -148,7 +154,7 @@ void ModuleBuilder::emit_round_activations_in_pairs(int xid, llvm::Value* out, c
           round_group(b_, ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype));
       llvm::Value* qi = b_.CreateFPToSI(q, vi);
       qs.push_back(b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, 32)));
-      sums.push_back(b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(q4 ? -kQ4Zero : -128)));
+      sums.push_back(zero_correction(b_, qi, q4));
       ds.push_back(d);
     }
     std::vector<int> order;
@@ -287,8 +293,7 @@ void ModuleBuilder::emit_round_activations_in_panels(int xid, llvm::Value* out, 
                     b_, ir::from_storage(b_, b_.CreateAlignedLoad(vx, src, llvm::Align(2)), g_.node(xid).dtype));
                 llvm::Value* qi = b_.CreateFPToSI(q, vi);
                 llvm::Value* bytes = b_.CreateTrunc(qi, llvm::FixedVectorType::get(i8_, static_cast<unsigned>(group)));
-                put_row(b_.CreateBitCast(bytes, vw),
-                        b_.CreateMul(b_.CreateAddReduce(qi), b_.getInt32(gemm_cfg_.q4 ? -kQ4Zero : -128)), d);
+                put_row(b_.CreateBitCast(bytes, vw), zero_correction(b_, qi, gemm_cfg_.q4), d);
               },
               [&] { put_row(llvm::Constant::getNullValue(vw), b_.getInt32(0), llvm::ConstantFP::get(f32_, 0.0)); });
         },

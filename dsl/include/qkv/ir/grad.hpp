@@ -381,7 +381,7 @@ class Sweep : public Builder {
   int masked_where(int dy, int mask) {
     ModExpr e;
     const int s = e.add(mod_node(ModOp::score));
-    const int m = load(e, 1, node(mask).axes);
+    const int m = mod_load_in_place(e, 1, node(mask).axes);
     e.score = e.add(mod_node(ModOp::where, m, s, e.add(mod_constant(0.0))));
     return pointwise({dy, mask}, std::move(e));
   }
@@ -419,8 +419,8 @@ class Sweep : public Builder {
     const int x = primal(n.inputs[0]), lse = primal(id);
     ModExpr e;
     const int s = e.add(mod_node(ModOp::score));
-    const int l = load(e, 1, node(lse).axes);
-    const int g = load(e, 2, node(dy).axes);
+    const int l = mod_load_in_place(e, 1, node(lse).axes);
+    const int g = mod_load_in_place(e, 2, node(dy).axes);
     const int inf_row = e.add(mod_node(ModOp::eq, l, e.add(mod_constant(-std::numeric_limits<double>::infinity()))));
     const int p = e.add(mod_node(ModOp::exp, e.add(mod_node(ModOp::sub, s, l))));
     e.score = e.add(mod_node(ModOp::where, inf_row, e.add(mod_constant(0.0)), e.add(mod_node(ModOp::mul, g, p))));
@@ -443,7 +443,7 @@ class Sweep : public Builder {
     for (std::size_t i = 0; i < f.nodes.size(); ++i) {
       ModNode m = f.nodes[i];
       if (m.op == ModOp::score) {
-        map[i] = load(base, 1, node(n.inputs[0]).axes);
+        map[i] = mod_load_in_place(base, 1, node(n.inputs[0]).axes);
         var_of[i] = 0;
         continue;
       }

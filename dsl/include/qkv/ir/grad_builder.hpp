@@ -264,16 +264,13 @@ class Builder {
     return add_node(std::move(n));
   }
 
-  /// A load of input `k` of a pointwise node at the entry's own coordinates (its axes by name).
-  static int load(ModExpr& e, int k, const std::vector<Axis>& axes) { return mod_load_in_place(e, k, axes); }
-
   /// dy · f'(x) for an element-wise f: `derivative(e, x)` builds f'(x) in e from the node x
   /// (a load of the primal). The result has dy's axes.
   template <class F>
   int elementwise(int dy, int x, F&& derivative) {
     ModExpr e;
     const int s = e.add(mod_node(ModOp::score));
-    const int xv = load(e, 1, node(x).axes);
+    const int xv = mod_load_in_place(e, 1, node(x).axes);
     const int d = derivative(e, xv);
     e.score = e.add(mod_node(ModOp::mul, s, d));
     return pointwise({dy, x}, std::move(e));

@@ -129,7 +129,7 @@ int elementwise(Graph& g, const std::vector<int>& inputs, F&& f) {
   ModExpr e;
   std::vector<int> leaves{e.add(mod_node(ModOp::score))};
   for (std::size_t k = 1; k < inputs.size(); ++k)
-    leaves.push_back(grad_detail::Builder::load(e, static_cast<int>(k), g.node(inputs[k]).axes));
+    leaves.push_back(mod_load_in_place(e, static_cast<int>(k), g.node(inputs[k]).axes));
   e.score = f(e, leaves);
   grad_detail::Builder b(g);
   return b.pointwise(inputs, std::move(e));
