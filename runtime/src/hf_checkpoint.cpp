@@ -315,7 +315,7 @@ std::vector<WeightShape> hf_weight_shapes(const HfConfig& h, bool pooler) {
   return want;
 }
 
-HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
+HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir, bool windows) {
   HfCheckpoint ck;
   ck.what_ = "model " + dir.string();
   ck.config_ = read_hf_config(dir);
@@ -326,7 +326,7 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   std::map<std::string, std::string> weight_map;  // name -> file
   ck.paths_.push_back(dir / "config.json");
   if (std::filesystem::exists(single)) {
-    ck.files_.push_back(SafetensorsFile::open(single));
+    ck.files_.push_back(SafetensorsFile::open(single, windows));
     ck.paths_.push_back(single);
     ck.ignored_index_ = std::filesystem::exists(index);
     for (const auto& name : ck.files_[0].names()) weight_map[name] = "model.safetensors";
@@ -341,7 +341,7 @@ HfCheckpoint HfCheckpoint::open(const std::filesystem::path& dir) {
   for (const auto& [name, f] : weight_map) {
     if (!file_index.count(f)) {
       file_index[f] = ck.files_.size();
-      ck.files_.push_back(SafetensorsFile::open(dir / f));
+      ck.files_.push_back(SafetensorsFile::open(dir / f, windows));
       ck.paths_.push_back(dir / f);
     }
     const std::size_t k = file_index[f];

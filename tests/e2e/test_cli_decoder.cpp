@@ -433,6 +433,45 @@ TEST_F(Cli, ModelSafetensorsTakesPrecedenceOverTheShardsAsInTransformers) {
   EXPECT_EQ(logits("qkv: weights: " + (m / "model.safetensors").string() + "\n"), both);
 }
 
+// The weights are read where the file holds them (SafetensorsFile::load's windows, io/bytes.hpp)
+// when they start on a cache line, as in a file qkv writes; else copied, as with --no-mmap. The
+// llama checkpoint rewritten by qkv, then with its data section 4 bytes later (4 more spaces of
+// header, as another writer may pad it), then read with --no-mmap: run causal-lm's logits and
+// generate's ids and logits are the same bit for bit.
+TEST_F(Cli, WeightsReadInPlaceOrCopiedGiveTheSameResults) {
+  const fs::path m = copy_model("llama", tmp("llama"));
+  const auto [dir, tokens, P, N] = reference_run("llama", tmp("prompt.npy"));
+  auto outputs = [&](const std::string& flags) {
+    const Result r = run("run causal-lm --model " + m.string() + " --tokens " + (m / "tokens.npy").string() +
+                         " --logits-out " + tmp("logits.npy"));
+    EXPECT_EQ(r.code, 0) << r.err;
+    const Result g =
+        run("generate --model " + m.string() + " --prompt-ids " + tmp("prompt.npy") + " --new-tokens " +
+            std::to_string(N) + " --out " + tmp("ids.npy") + " --logits-out " + tmp("step_logits.npy") + flags);
+    EXPECT_EQ(g.code, 0) << g.err;
+    return std::vector<NdArray>{read_npy(tmp("logits.npy")), read_npy(tmp("ids.npy")),
+                                read_npy(tmp("step_logits.npy"))};
+  };
+  const fs::path file = m / "model.safetensors";
+  std::map<std::string, NdArray> all;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(file, /*windows=*/false);
+    for (const auto& n : f.names()) all[n] = f.load(n);
+  }
+  write_safetensors(file, all);
+  const std::vector<NdArray> mapped = outputs("");
+  EXPECT_EQ(mapped[1], tokens);
+  EXPECT_EQ(outputs(" --no-mmap"), mapped);
+  std::string img = slurp(file);
+  std::uint64_t n = 0;
+  std::memcpy(&n, img.data(), 8);
+  img.insert(8 + n, "    ");
+  n += 4;
+  std::memcpy(img.data(), &n, 8);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << img;
+  EXPECT_EQ(outputs(""), mapped);
+}
+
 TEST_F(Cli, CausalLmCheckpointProblemsAreOneLineNamingTheKey) {
   const fs::path tokens = kLlamaFixtures / "llama" / "tokens.npy";
   auto expect_fails = [&](const fs::path& model, const std::string& says, const std::string& what,

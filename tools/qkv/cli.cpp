@@ -316,6 +316,10 @@ struct GenerateFlags {
         "cpu backend: keep no packed copy (each prefill packs them anew: peak memory about the weights' size; the "
         "default for a smaller batch, whose decode steps read the weights in place)");
     repack->excludes(no_repack);
+    cmd->add_flag_callback(
+        "--no-mmap", [this] { o.mmap = false; },
+        "Copy the weights into memory of qkv's own instead of reading them where the checkpoint's files are mapped "
+        "(the files may then change while it runs; more memory, a slower start)");
     backend.add(cmd);
     dtype.add(cmd);
     quantize.add(cmd);

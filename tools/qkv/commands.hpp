@@ -126,6 +126,7 @@ struct Generate {
   /// multiplies them on the GEMM (--no-repack); unset: kept only when the decode steps run on the
   /// GEMM (a batch past codegen::cpu::gemv_max_rows), whose steps would otherwise pack every time.
   std::optional<bool> repack;
+  bool mmap = true;  // the weights read where the checkpoint's files are mapped (--no-mmap: copied)
 };
 int generate(const Generate& o);
 /// qkv quantize: a decoder checkpoint with its linear layers' weights stored q8 or q4 (commands_decoder.cpp).

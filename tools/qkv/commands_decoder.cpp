@@ -132,8 +132,8 @@ Graph model_with_weights(const Graph& model, const HfCheckpoint& ck, DType dtype
 
 /// Opens the checkpoint in `dir`, a decoder's (or with `encoder`, an encoder's); no output may be
 /// any file it read (the config, every shard, the index; by device and inode, so through links too).
-HfCheckpoint open_model(OutputGroup& outputs, const std::string& dir, bool encoder = false) {
-  HfCheckpoint ck = HfCheckpoint::open(dir);
+HfCheckpoint open_model(OutputGroup& outputs, const std::string& dir, bool encoder = false, bool mmap = true) {
+  HfCheckpoint ck = HfCheckpoint::open(dir, mmap);
   const std::string& type = ck.config().model_type;
   if (ck.config().bert() && !encoder)
     throw UsageError("--model " + dir + ": a " + type + " model is an encoder; run it with `qkv run encoder-model`");
@@ -532,7 +532,7 @@ int generate(const Generate& o) {
   const std::size_t logits_file = o.logits_out.empty() ? 0 : outputs.add_file(o.logits_out, "--logits-out");
 
   const Activity reading("reading the model");
-  const HfCheckpoint ck = open_model(outputs, o.model);
+  const HfCheckpoint ck = open_model(outputs, o.model, /*encoder=*/false, o.mmap);
   std::optional<Tokenizer> tokenizer;
   if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, ck.config().vocab_size);
   const Generation r = run_generation(o, ck, /*warm=*/false, tokenizer ? &*tokenizer : nullptr);
@@ -636,7 +636,7 @@ int bench_generate(const Generate& o, bool json) {
   protect_prompt(outputs, o);
   const std::size_t ids_file = o.out.empty() ? 0 : outputs.add_file(o.out, "--out");
   const Activity reading("reading the model");
-  const HfCheckpoint ck = open_model(outputs, o.model);
+  const HfCheckpoint ck = open_model(outputs, o.model, /*encoder=*/false, o.mmap);
   const HfConfig& c = ck.config();
   std::optional<Tokenizer> tokenizer;
   if (!o.prompt.empty()) tokenizer = Tokenizer::open(o.model, c.vocab_size);

@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_set>
 #include <utility>
 
@@ -143,11 +146,14 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
                       std::string(dtype_name(a.dtype)) + " data, array has " + std::to_string(a.bytes.size()));
     order.push_back(&kv);
   }
-  // Larger item sizes first: every tensor then starts at a multiple of its own item size.
+  // Larger item sizes first: every tensor then starts at a multiple of its own item size. Within
+  // an item size, tensors of a multiple of 64 bytes first: those and the first of the others start
+  // on a cache line, read fastest where a reader maps them in place (SafetensorsFile::window).
   // (std::sort with a total order: libstdc++-12's stable_sort trips a deprecation warning in clang.)
   std::sort(order.begin(), order.end(), [](const auto* x, const auto* y) {
     const std::size_t sx = dtype_size(x->second.dtype), sy = dtype_size(y->second.dtype);
-    return sx != sy ? sx > sy : x->first < y->first;
+    const bool ox = x->second.bytes.size() % 64 != 0, oy = y->second.bytes.size() % 64 != 0;
+    return sx != sy ? sx > sy : ox != oy ? oy : x->first < y->first;
   });
 
   json header = json::object();
@@ -167,7 +173,7 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
   } catch (const json::exception& e) {
     fail(what, std::string("cannot encode the header: ") + e.what());
   }
-  text.resize((text.size() + 7) / 8 * 8, ' ');  // data section starts 8-byte aligned
+  text.resize((8 + text.size() + 63) / 64 * 64 - 8, ' ');  // the data section starts on 64 bytes
 
   std::vector<std::byte> out;
   out.reserve(8 + text.size() + offset);
@@ -178,11 +184,25 @@ std::vector<std::byte> serialize_impl(const std::map<std::string, NdArray>& tens
   return out;
 }
 
+/// Asks for the file's pages in 2 MiB folios where the page cache reads them from disk
+/// (MADV_HUGEPAGE on a file mapping: readahead in whole huge pages where the file system has large
+/// folios, as ext4 on Linux 6.18) — the kernel then maps them 2 MiB at a time, read through fewer
+/// TLB entries: touching a 1.9 GB checkpoint took 0.03 s instead of 0.8 s, streaming it 33 GB/s
+/// instead of 21. (No MADV_WILLNEED: its readahead fills the page cache with 4 KiB pages, and
+/// those stay there for the next run.) Advice only.
+void hugepage_advice(void* m, std::size_t n) {
+#if defined(MADV_HUGEPAGE)
+  if (n >= detail::kHugePageBytes) detail::advise(m, n, 4096, MADV_HUGEPAGE);
+#else
+  (void)m, (void)n;
+#endif
+}
+
 }  // namespace
 
 // --- SafetensorsFile -----------------------------------------------------------------------------
 
-SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path, bool windows) {
   SafetensorsFile f;
   f.what_ = path.string();
   const InputFile in = InputFile::open(path);  // regular files only, never blocks on a FIFO
@@ -193,7 +213,17 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   if (m == MAP_FAILED) fail(f.what_, std::string("mmap failed: ") + std::strerror(errno));
   f.map_ = m;  // the mapping keeps the file alive after `in` closes it
   f.map_size_ = size;
+  hugepage_advice(m, size);
   f.parse();  // on error f's destructor unmaps
+  if (windows) {
+    // Private and writable: a write (training updates its weights in place) copies the page for
+    // this process. No MAP_POPULATE: on a writable private mapping it would copy every page.
+    void* w = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, in.fd(), 0);
+    if (w != MAP_FAILED) {  // else every tensor is copied
+      f.windows_ = std::make_shared<Windows>(static_cast<std::byte*>(w), size);
+      hugepage_advice(w, size);
+    }
+  }
   return f;
 }
 
@@ -211,7 +241,8 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
       metadata_(std::move(other.metadata_)),
       owned_(std::move(other.owned_)),  // moving a vector keeps its buffer, so spans stay valid
       map_(std::exchange(other.map_, nullptr)),
-      map_size_(std::exchange(other.map_size_, 0)) {}
+      map_size_(std::exchange(other.map_size_, 0)),
+      windows_(std::move(other.windows_)) {}
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   if (this != &other) {
@@ -222,6 +253,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
     owned_ = std::move(other.owned_);
     map_ = std::exchange(other.map_, nullptr);
     map_size_ = std::exchange(other.map_size_, 0);
+    windows_ = std::move(other.windows_);
   }
   return *this;
 }
@@ -232,6 +264,7 @@ void SafetensorsFile::release() noexcept {
   if (map_) ::munmap(map_, map_size_);
   map_ = nullptr;
   map_size_ = 0;
+  windows_.reset();
 }
 
 std::span<const std::byte> SafetensorsFile::image() const {
@@ -345,13 +378,45 @@ TensorView SafetensorsFile::get(std::string_view name) const {
   return {e.dtype, e.shape, image().subspan(e.begin, e.end - e.begin)};
 }
 
+/// The file mapped once more, private and writable, for the windows (one mapping: the page cache's
+/// 2 MiB folios are mapped whole inside it, where a mapping per tensor left those across its ends
+/// in 4 KiB pages, 250 MB of a 1.9 GB checkpoint), and the entries that have had a window.
+struct SafetensorsFile::Windows {
+  Windows(std::byte* b, std::size_t n) : base(b), size(n) {}
+  Windows(const Windows&) = delete;
+  Windows& operator=(const Windows&) = delete;
+  ~Windows() { ::munmap(base, size); }
+  std::byte* base;
+  std::size_t size;
+  std::mutex mutex;
+  std::set<std::size_t> used;  // Entry::begin of each
+};
+
+std::optional<NdArray> SafetensorsFile::window(const Entry& e) const {
+  const std::size_t n = e.end - e.begin;
+  if (!windows_ || n < kWindowBytes || e.dtype == DType::boolean || e.begin % dtype_size(e.dtype) != 0)
+    return std::nullopt;
+  {
+    // One window an entry: a page of it that an earlier array wrote and shares with a neighbour
+    // (so kept below) is never read again as the file's.
+    const std::lock_guard lock(windows_->mutex);
+    if (!windows_->used.insert(e.begin).second) return std::nullopt;
+  }
+  std::byte* data = windows_->base + e.begin;
+  // When the array goes, its pages leave this process (the page cache keeps them; a page it
+  // wrote is dropped with it): peak memory is what is alive, as with copies. Pages shared with a
+  // neighbour stay.
+  std::shared_ptr<void> keep(data, [w = windows_, n](void* p) { detail::advise(p, n, 4096, MADV_DONTNEED); });
+  return NdArray{e.dtype, e.shape, Bytes::window(data, n, std::move(keep))};
+}
+
 NdArray SafetensorsFile::load(std::string_view name) const {
+  if (std::optional<NdArray> w = window(entry(name))) return std::move(*w);
   const TensorView v = get(name);
-  // One pass over the bytes: the mapping read ahead, the copy's pages backed by huge pages where
-  // the kernel allows them (transparent huge pages in "madvise" mode): a 442 MB checkpoint
-  // faulted in 4 KiB at a time spent more time in the kernel's fault path than in the copy.
+  // One pass over the bytes, the copy's pages backed by huge pages where the kernel allows them
+  // (transparent huge pages in "madvise" mode): a 442 MB checkpoint faulted in 4 KiB at a time
+  // spent more time in the kernel's fault path than in the copy.
   using detail::advise, detail::kHugePageBytes;
-  if (v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_WILLNEED);
   std::vector<std::byte> bytes = detail::reserved_bytes(v.data.size());
   bytes.insert(bytes.end(), v.data.begin(), v.data.end());
   // The mapping's pages of a copied tensor leave this process (they stay in the page cache, and a
@@ -367,8 +432,7 @@ NdArray SafetensorsFile::load(std::string_view name) const {
 NdArray SafetensorsFile::load_as(std::string_view name, DType as) const {
   const TensorView v = get(name);
   if (v.dtype != DType::f32 || (as != DType::bf16 && as != DType::f16)) return load(name).converted(as);
-  using detail::advise, detail::kHugePageBytes;
-  if (v.data.size() >= kHugePageBytes) advise(v.data.data(), v.data.size(), 4096, MADV_WILLNEED);
+  using detail::advise;
   NdArray out = NdArray::zeros(as, v.shape);
   auto* to = reinterpret_cast<std::uint16_t*>(out.bytes.data());
   const std::byte* from = v.data.data();  // f32 at any byte offset of the file: copied out, not cast

@@ -470,7 +470,7 @@ void expect_fused_mods_agree(const Graph& g, const Feeds& feeds) {
   for (int m : call.tensor_inputs) {
     const NdArray& a = values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(m)])];
     if (a.dtype == DType::boolean) {
-      stored.push_back(a.bytes);
+      stored.emplace_back(a.bytes.begin(), a.bytes.end());
     } else {
       const std::vector<float> x = a.to_f32();
       stored.emplace_back(x.size() * sizeof(float));

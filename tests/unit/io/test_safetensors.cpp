@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ namespace fs = std::filesystem;
 template <class T>
 NdArray make(DType t, std::vector<std::int64_t> shape, const std::vector<T>& values) {
   return NdArray{t, std::move(shape), le_bytes(values)};
+}
+
+// f32 values 0.5, 1.5, 2.5, … of shape [n].
+NdArray ramp(std::int64_t n) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) + 0.5f;
+  return NdArray::from_f32(v, {n});
 }
 
 // A hand-built safetensors image: 8-byte little-endian header length, header text, data section.
@@ -109,6 +117,7 @@ TEST(Safetensors, WriterLayoutIsPaddedAndAligned) {
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::to_integer<std::uint64_t>(img[static_cast<std::size_t>(i)]) << (8 * i);
   EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ((8 + n) % 64, 0u);  // the data section on a cache line
   const std::string header(reinterpret_cast<const char*>(img.data() + 8), n);
   EXPECT_EQ(header.front(), '{');
   EXPECT_NE(header.find("\"__metadata__\":{\"k\":\"v\"}"), std::string::npos);
@@ -120,6 +129,21 @@ TEST(Safetensors, WriterLayoutIsPaddedAndAligned) {
     const auto offset = static_cast<std::size_t>(v.data.data() - img.data() - 8 - static_cast<std::ptrdiff_t>(n));
     EXPECT_EQ(offset % qkv::dtype_size(v.dtype), 0u) << name;
   }
+}
+
+// Within an item size, the tensors of a multiple of 64 bytes come first, so they start on cache
+// lines (a reader can map them in place: SafetensorsFile::window); the first other one too.
+TEST(Safetensors, WriterPutsWholeCacheLinesFirst) {
+  const std::map<std::string, NdArray> t{
+      {"a", ramp(3)}, {"b", ramp(16)}, {"c", ramp(5)}, {"d", ramp(48)}, {"h", NdArray::zeros(DType::f16, {32})}};
+  const SafetensorsFile f = SafetensorsFile::from_bytes(qkv::serialize_safetensors(t), "mem");
+  const std::byte* data = f.get("b").data.data();  // the first tensor: the data section's start
+  auto offset = [&](const std::string& name) { return f.get(name).data.data() - data; };
+  EXPECT_EQ(offset("b"), 0);
+  EXPECT_EQ(offset("d"), 64);
+  EXPECT_EQ(offset("a"), 64 + 192);
+  EXPECT_EQ(offset("c"), 64 + 192 + 12);
+  EXPECT_EQ(offset("h"), 64 + 192 + 12 + 20);  // smaller items after every f32
 }
 
 TEST(Safetensors, HandBuiltFixture) {
@@ -423,6 +447,99 @@ TEST(SafetensorsErrors, OpenValidatesLikeFromBytes) {
   std::fwrite(img.data(), 1, img.size(), f);
   std::fclose(f);
   EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "span 12 bytes");
+}
+
+// --- windows: a file's large tensors are mapped, not copied ------------------------------------
+
+void write_bytes(const fs::path& p, const std::vector<std::byte>& img) {
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(img.data(), 1, img.size(), f), img.size());
+  std::fclose(f);
+}
+
+std::vector<std::byte> read_bytes(const fs::path& p) {
+  std::vector<std::byte> out(fs::file_size(p));
+  std::FILE* f = std::fopen(p.c_str(), "rb");
+  EXPECT_NE(f, nullptr);
+  if (f) EXPECT_EQ(std::fread(out.data(), 1, out.size(), f), out.size());
+  if (f) std::fclose(f);
+  return out;
+}
+
+// A tensor of kWindowBytes or more is a window onto its own mapping: it outlives the file object,
+// a write to it stays in this process (the file and a later load keep the stored values), and a
+// copy of it, or a resize, owns its bytes. Smaller tensors and booleans (normalised) are copies.
+TEST(Safetensors, LargeTensorsAreWindowsThatOutliveTheFileAndNeverWriteIt) {
+  TempDir dir("qkv_st");
+  const fs::path p = dir.path / "m.safetensors";
+  const auto n = static_cast<std::int64_t>(SafetensorsFile::kWindowBytes / 4);
+  std::map<std::string, NdArray> t{{"big", ramp(n + 3)}, {"small", ramp(n - 1)}};
+  t["flags"] = NdArray::zeros(DType::boolean, {n * 4});
+  t["flags"].bytes[7] = std::byte{1};
+  qkv::write_safetensors(p, t);
+  const std::vector<std::byte> stored = read_bytes(p);
+  NdArray big;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(p);
+    big = f.load("big");
+    EXPECT_TRUE(big.bytes.is_window());
+    EXPECT_FALSE(f.load("small").bytes.is_window());
+    EXPECT_EQ(f.load("small"), t["small"]);
+    const NdArray flags = f.load("flags");
+    EXPECT_FALSE(flags.bytes.is_window());
+    EXPECT_EQ(flags, t["flags"]);
+  }  // the file object (its mapping and descriptor) is gone; the window is not
+  EXPECT_EQ(big, t["big"]);
+  big.as<float>()[0] = -1.0f;
+  big.as<float>()[static_cast<std::size_t>(n + 2)] = -2.0f;
+  EXPECT_EQ(read_bytes(p), stored);
+  {
+    const SafetensorsFile f = SafetensorsFile::open(p);
+    std::optional<NdArray> first = f.load("big");
+    first->as<float>()[0] = -3.0f;
+    const NdArray second = f.load("big");  // loaded before: a copy, of the file's values
+    EXPECT_FALSE(second.bytes.is_window());
+    EXPECT_EQ(second, t["big"]);
+    first.reset();
+    const NdArray third = f.load("big");
+    EXPECT_FALSE(third.bytes.is_window());
+    EXPECT_EQ(third, t["big"]);
+  }
+  NdArray copy = big;
+  EXPECT_FALSE(copy.bytes.is_window());
+  EXPECT_EQ(copy, big);
+  copy.as<float>()[1] = 7.0f;
+  EXPECT_EQ(big.as<float>()[1], 1.5f);
+  big.bytes.resize(8);
+  EXPECT_FALSE(big.bytes.is_window());
+  EXPECT_EQ(big.bytes.size(), 8u);
+  EXPECT_EQ(big.as<float>()[0], -1.0f);
+  EXPECT_EQ(big.as<float>()[1], 1.5f);
+}
+
+// A tensor whose bytes do not start on a multiple of its item size in the file (another writer's)
+// is copied; one that does is a window; a file opened without windows copies every tensor.
+TEST(Safetensors, TensorsOffTheirItemSizeAreCopied) {
+  TempDir dir("qkv_st");
+  const auto n = static_cast<std::int64_t>(SafetensorsFile::kWindowBytes / 4);
+  const NdArray a = ramp(n);
+  for (const std::int64_t shift : {2, 4, 6, 8, 64}) {
+    const fs::path p = dir.path / ("shift" + std::to_string(shift) + ".safetensors");
+    std::vector<std::byte> data(static_cast<std::size_t>(shift));
+    data.insert(data.end(), a.bytes.begin(), a.bytes.end());
+    const std::string offsets = std::to_string(shift) + "," + std::to_string(shift + 4 * n);
+    std::string header =
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(n) + "],\"data_offsets\":[" + offsets + "]}}";
+    header.resize((8 + header.size() + 7) / 8 * 8 - 8, ' ');  // the data section on 8 bytes
+    write_bytes(p, image(header, data));
+    const NdArray got = SafetensorsFile::open(p).load("t");
+    EXPECT_EQ(got, a) << shift;
+    EXPECT_EQ(got.bytes.is_window(), shift % 4 == 0) << shift;
+    const NdArray copied = SafetensorsFile::open(p, /*windows=*/false).load("t");
+    EXPECT_EQ(copied, a) << shift;
+    EXPECT_FALSE(copied.bytes.is_window()) << shift;
+  }
 }
 
 }  // namespace

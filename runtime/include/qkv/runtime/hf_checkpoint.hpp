@@ -86,7 +86,10 @@ class HfCheckpoint {
   /// of the weight's shape, and `name.q8_scale`, F16 [rows, ceil(columns / 32)] (Q8_0's groups);
   /// or `name.q4`, I8 [rows, columns / 2] (two entries a byte), and `name.q4_scale`, F16
   /// [rows, columns / 32] (quantize.hpp).
-  static HfCheckpoint open(const std::filesystem::path& dir);
+  ///
+  /// `windows`: load() maps large weights from the files (SafetensorsFile::open) rather than
+  /// copying them.
+  static HfCheckpoint open(const std::filesystem::path& dir, bool windows = true);
 
   [[nodiscard]] const HfConfig& config() const { return config_; }
   /// The names of the weights the model reads, in order, as the model's graph names them

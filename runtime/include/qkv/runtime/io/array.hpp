@@ -1,10 +1,13 @@
-// qkv/runtime/io/array.hpp — an owning n-dimensional array of bytes plus a dtype and shape; the
-// in-memory form of every tensor the file readers (npy, safetensors) produce and the writers take.
+// qkv/runtime/io/array.hpp — an n-dimensional array of bytes plus a dtype and shape (its bytes
+// owned, or a window onto a checkpoint's mapping: io/bytes.hpp); the in-memory form of every
+// tensor the file readers (npy, safetensors) produce and the writers take.
 //
 // Layout contract: `bytes` holds numel() elements of `dtype` in C (row-major) order, in the host's
 // native byte order, which qkv requires to be little-endian (checked below). Boolean elements are
 // the bytes 0 and 1 only; the readers normalise any non-zero byte to 1.
 #pragma once
+
+#include <qkv/runtime/io/bytes.hpp>
 
 #include <qkv/ir/dtype.hpp>
 
@@ -209,7 +212,7 @@ inline float round_to_dtype(float f, DType t) {
 struct NdArray {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;  ///< {} is a scalar (one element)
-  std::vector<std::byte> bytes;     ///< C-order, little-endian (= native), numel()*dtype_size bytes
+  Bytes bytes;  ///< C-order, little-endian (= native), numel()*dtype_size bytes; owned or a file's window
 
   /// Product of the dimensions; 1 for a scalar, 0 if any dimension is 0.
   [[nodiscard]] std::int64_t numel() const {

@@ -16,9 +16,10 @@
 // Tolerated (as the data is still unambiguous): unknown extra keys in an entry, gaps between
 // tensors and unused bytes at the end of the data section.
 //
-// Writing: tensors are laid out by decreasing item size, then by name, so each tensor's data is
-// aligned to its item size; the header is padded with spaces so the data section starts at a
-// multiple of 8 (as the reference implementation does).
+// Writing: tensors are laid out by decreasing item size, then those of a multiple of 64 bytes
+// first, then by name, so each tensor's data is aligned to its item size, and most to 64 bytes;
+// the header is padded with spaces so the data section starts at a multiple of 64 (the reference
+// implementation pads to 8, and reads any padding).
 #pragma once
 
 #include <qkv/runtime/io/array.hpp>
@@ -28,6 +29,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,9 +54,11 @@ struct TensorView {
 /// A validated safetensors file: memory-mapped (open) or owning its bytes (from_bytes). Move-only.
 class SafetensorsFile {
  public:
-  /// mmaps `path` read-only and validates it. (If another process truncates the file while it is
-  /// mapped, touching the lost pages raises SIGBUS — the usual mmap caveat.)
-  static SafetensorsFile open(const std::filesystem::path& path);
+  /// mmaps `path` read-only and validates it. With `windows`, load() gives large tensors as
+  /// windows onto the file instead of copies (see load). (If another process truncates the file
+  /// while it, or such a window, is mapped, touching the lost pages raises SIGBUS — the usual mmap
+  /// caveat, as with llama.cpp; qkv's own writers replace a file, never rewrite it.)
+  static SafetensorsFile open(const std::filesystem::path& path, bool windows = true);
   /// Same validation over an in-memory image; `what` names it in error messages.
   static SafetensorsFile from_bytes(std::vector<std::byte> bytes, std::string what);
 
@@ -69,7 +74,12 @@ class SafetensorsFile {
   [[nodiscard]] bool contains(std::string_view name) const;
   /// A view into the file; IoError if there is no such tensor.
   [[nodiscard]] TensorView get(std::string_view name) const;
-  /// A copy (booleans normalised to 0/1); IoError if there is no such tensor.
+  /// The least bytes of a tensor that load() maps as a window (smaller ones are copied).
+  static constexpr std::size_t kWindowBytes = 16384;
+  /// The tensor as an array of its own (booleans normalised to 0/1); IoError if there is no such
+  /// tensor. From a file opened with windows, a tensor of kWindowBytes or more that starts on
+  /// a multiple of its item size is a window onto a private mapping of the file (no copy: the page
+  /// cache's pages until written; see window()), which outlives this object; otherwise a copy.
   [[nodiscard]] NdArray load(std::string_view name) const;
   /// The tensor as dtype `as` (NdArray::converted's rules): an f32 tensor read as f16 / bf16 is
   /// converted in one pass from the file's bytes, with no f32 copy between (a 262 MB embedding
@@ -93,6 +103,14 @@ class SafetensorsFile {
   [[nodiscard]] std::span<const std::byte> image() const;
   [[nodiscard]] const Entry& entry(std::string_view name) const;
   void release() noexcept;
+  /// `e` as a window onto windows_ (io/bytes.hpp), or nullopt where it is copied instead: an
+  /// in-memory image, a file opened without windows, a tensor under kWindowBytes, booleans
+  /// (normalised to 0 / 1 as they are read), data that does not start on a multiple of its item
+  /// size (the compiled code's loads assume it), or an entry loaded before (its window's written
+  /// pages may outlive it). Rows off a cache line cost the kernels' 64-byte loads two lines each:
+  /// decoding f32 from a file whose data section starts on 8 bytes (a Hugging Face writer's) was
+  /// 5–8 % slower than from a copy; a file qkv writes starts it on 64 (serialize_safetensors).
+  [[nodiscard]] std::optional<NdArray> window(const Entry& e) const;
 
   std::string what_;
   std::map<std::string, Entry, std::less<>> entries_;
@@ -100,6 +118,8 @@ class SafetensorsFile {
   std::vector<std::byte> owned_;  // from_bytes
   void* map_ = nullptr;           // open: mmap'ed region
   std::size_t map_size_ = 0;
+  struct Windows;
+  std::shared_ptr<Windows> windows_;  // open with windows: load()'s mapping
 };
 
 /// Serialises tensors (+ optional metadata) to a safetensors image. IoError on an array whose
