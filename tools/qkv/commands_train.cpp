@@ -311,9 +311,11 @@ Feeds initial_weights(const HfConfig& c, std::uint64_t seed) {
 }
 
 /// A safetensors file's tensors `names` (each prefixed by `prefix` in the file) as f32 arrays of
-/// the shapes given; IoError naming the file and the tensor otherwise.
+/// the shapes given; IoError naming the file and the tensor otherwise. Copied, not windows onto
+/// the file (as every tensor training reads: each step writes all of them in place, and a
+/// window's pages would each be copied at the first write, 4 KiB at a time).
 void load_tensors(Feeds& into, const fs::path& file, const std::vector<WeightShape>& want, const std::string& prefix) {
-  const SafetensorsFile f = SafetensorsFile::open(file);
+  const SafetensorsFile f = SafetensorsFile::open(file, /*windows=*/false);
   for (const WeightShape& ws : want) {
     if (!f.contains(prefix + ws.name))
       throw IoError(file.string() + ": no tensor `" + prefix + ws.name + "`: not a checkpoint of this run");
@@ -575,7 +577,7 @@ int train(const Train& f) {
     if (!f.config.empty()) {
       feeds = initial_weights(c, h.seed);
     } else if (!f.model.empty()) {
-      const HfCheckpoint ck = HfCheckpoint::open(f.model);
+      const HfCheckpoint ck = HfCheckpoint::open(f.model, /*windows=*/false);  // as load_tensors
       for (const auto& name : ck.names()) {
         NdArray a = ck.load(name);
         feeds[name] = a.dtype == DType::f32 ? std::move(a) : NdArray::from_f32(a.to_f32(), a.shape);
