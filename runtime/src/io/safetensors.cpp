@@ -220,7 +220,12 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path, bool wi
     // this process. No MAP_POPULATE: on a writable private mapping it would copy every page.
     void* w = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, in.fd(), 0);
     if (w != MAP_FAILED) {  // else every tensor is copied
-      f.windows_ = std::make_shared<Windows>(static_cast<std::byte*>(w), size);
+      try {
+        f.windows_ = std::make_shared<Windows>(static_cast<std::byte*>(w), size);
+      } catch (...) {
+        ::munmap(w, size);
+        throw;
+      }
       hugepage_advice(w, size);
     }
   }

@@ -11,11 +11,11 @@
 namespace qkv {
 
 /// The bytes of an NdArray, used as a std::vector<std::byte> is (data, size, begin/end, [],
-/// resize). Either owned (a vector), or a window: `size` bytes at `data` that `keep` holds alive —
-/// SafetensorsFile::load gives a tensor a window onto a private mapping of its file, so a 1.9 GB
-/// checkpoint is read where the page cache holds it instead of copied (the copy and the faults of its fresh
-/// pages were half of a first token). A window is writable: the mapping is private, so a write
-/// copies that page for this process and never reaches the file.
+/// resize). Either owned (a vector), or a window: `size` bytes at `data` that `keep` holds alive.
+/// SafetensorsFile::load gives a tensor a window onto a private mapping of its file, so that a
+/// 1.9 GB checkpoint is read where the page cache holds it instead of copied (the copy, and the
+/// faults of its fresh pages, were half of a first token). A window is writable: the mapping is
+/// private, so a write copies that page for this process and never reaches the file.
 ///
 /// An array is a value: copying a Bytes copies the bytes into owned storage, and anything that
 /// changes the size (resize, pop_back, assign) first does so for a window. Moving keeps the
