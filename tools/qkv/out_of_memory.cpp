@@ -54,6 +54,11 @@ void limit_note(char* buf, std::size_t size) {
 
 void on_new_failure() { die("out of memory while ", ""); }
 
+void on_bus_error(int) {
+  die("a file mapped into memory was truncated by another process (SIGBUS) while ",
+      " (a checkpoint is read where it is mapped: leave it unchanged while qkv runs, or copy it with --no-mmap)");
+}
+
 void on_llvm_bad_alloc(void*, const char*, bool) { die("out of memory while ", ""); }
 
 void on_llvm_fatal_error(void*, const char* reason, bool) {
@@ -103,6 +108,10 @@ void install_allocation_handlers() noexcept {
 void install_out_of_memory_handlers() {
   llvm::install_fatal_error_handler(on_llvm_fatal_error, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
+  struct sigaction bus{};
+  bus.sa_handler = on_bus_error;
+  sigemptyset(&bus.sa_mask);
+  sigaction(SIGBUS, &bus, nullptr);
   for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
     struct sigaction now{};
     if (sigaction(signal, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) continue;  // nohup, `cmd &`

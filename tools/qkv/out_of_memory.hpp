@@ -24,7 +24,9 @@ void install_allocation_handlers() noexcept;
 /// The rest, from main: LLVM's fatal-error handler, SIGXFSZ ignored, so that a file-size limit is
 /// a write error naming the file instead of a signal, and SIGINT, SIGTERM, SIGHUP and SIGQUIT
 /// handled: the staged outputs are removed, then the signal ends the process (not while a group
-/// renames its outputs into place: the signal waits for that).
+/// renames its outputs into place: the signal waits for that). SIGBUS — a mapped file's page past
+/// its end, when another process truncates a checkpoint whose weights are read in place — is one
+/// line and exit 1, the staged outputs removed, not a core dump.
 void install_out_of_memory_handlers();
 
 /// What the process is doing, for the out-of-memory line ("reading the inputs"); the previous
