@@ -56,7 +56,8 @@ void on_new_failure() { die("out of memory while ", ""); }
 
 void on_bus_error(int) {
   die("a file mapped into memory was truncated by another process (SIGBUS) while ",
-      " (a checkpoint is read where it is mapped: leave it unchanged while qkv runs, or copy it with --no-mmap)");
+      " (a checkpoint's weights are read where it is mapped: leave it unchanged while qkv runs; generate's --no-mmap "
+      "copies them)");
 }
 
 void on_llvm_bad_alloc(void*, const char*, bool) { die("out of memory while ", ""); }

@@ -1,6 +1,8 @@
 // Unit tests for the safetensors reader/writer (qkv/runtime/io/safetensors.hpp).
 #include <qkv/runtime/io/safetensors.hpp>
 
+#include <qkv/runtime/io/files.hpp>
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -44,6 +46,17 @@ std::vector<std::byte> image(std::string_view header, const std::vector<std::byt
   out.insert(out.end(), data.begin(), data.end());
   return out;
 }
+
+// The file `p` holding exactly `img`.
+void write_bytes(const fs::path& p, const std::vector<std::byte>& img) {
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(img.data(), 1, img.size(), f), img.size());
+  std::fclose(f);
+}
+
+// The whole file `p`, read as qkv reads its inputs.
+std::vector<std::byte> read_bytes(const fs::path& p) { return qkv::InputFile::open(p).read_all(1u << 30, "a test"); }
 
 constexpr const char* kName = "model.safetensors";
 
@@ -272,9 +285,7 @@ TEST(SafetensorsErrors, ShorterThan8Bytes) {
   EXPECT_IO_ERROR(SafetensorsFile::from_bytes(std::vector<std::byte>(5), kName), kName, "5 bytes", "too short");
   TempDir dir("qkv_st");
   const fs::path p = dir.path / "tiny.safetensors";
-  std::FILE* f = std::fopen(p.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  write_bytes(p, {});
   EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "0 bytes", "too short");
 }
 
@@ -441,33 +452,13 @@ TEST(SafetensorsErrors, OpenMissingFileOrDirectory) {
 TEST(SafetensorsErrors, OpenValidatesLikeFromBytes) {
   TempDir dir("qkv_st");
   const fs::path p = dir.path / "bad.safetensors";
-  const auto img = image(entry_with("data_offsets", "[0, 12]"), std::vector<std::byte>(16));
-  std::FILE* f = std::fopen(p.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  std::fwrite(img.data(), 1, img.size(), f);
-  std::fclose(f);
+  write_bytes(p, image(entry_with("data_offsets", "[0, 12]"), std::vector<std::byte>(16)));
   EXPECT_IO_ERROR(SafetensorsFile::open(p), p.string(), "span 12 bytes");
 }
 
 // --- windows: a file's large tensors are mapped, not copied ------------------------------------
 
-void write_bytes(const fs::path& p, const std::vector<std::byte>& img) {
-  std::FILE* f = std::fopen(p.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(img.data(), 1, img.size(), f), img.size());
-  std::fclose(f);
-}
-
-std::vector<std::byte> read_bytes(const fs::path& p) {
-  std::vector<std::byte> out(fs::file_size(p));
-  std::FILE* f = std::fopen(p.c_str(), "rb");
-  EXPECT_NE(f, nullptr);
-  if (f) EXPECT_EQ(std::fread(out.data(), 1, out.size(), f), out.size());
-  if (f) std::fclose(f);
-  return out;
-}
-
-// A tensor of kWindowBytes or more is a window onto its own mapping: it outlives the file object,
+// A tensor of kWindowBytes or more is a window onto the file's mapping: it outlives the file object,
 // a write to it stays in this process (the file and a later load keep the stored values), and a
 // copy of it, or a resize, owns its bytes. Smaller tensors and booleans (normalised) are copies.
 TEST(Safetensors, LargeTensorsAreWindowsThatOutliveTheFileAndNeverWriteIt) {
