@@ -150,6 +150,42 @@ BENCHMARK(BM_Projection)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A weight's gradient as the training step computes it: dW[Out, In] = Σ over Seq of dy[Seq, Out]
+// x[Seq, In] — a contraction over the leading axis of both operands (the GEMM with A given
+// transposed, A = dy as [K, M], Bᵀ's panels packed from x as [K, N]), through the whole CPU
+// backend. The shapes of the GPT-2-small-shaped step's linears (2048 tokens, width 384).
+QKV_AXIS(Out);
+QKV_AXIS(In);
+
+template <std::int64_t O, std::int64_t N>
+void BM_WeightGradient(benchmark::State& state) {
+  using namespace qkv;
+  constexpr std::int64_t t = 2048;
+  Graph g;
+  auto dy = input<Tensor<f32, Seq<t>, Out<O>>>(g, "dy");
+  auto x = input<Tensor<f32, Seq<t>, In<N>>>(g, "x");
+  output(contract<Seq>(dy, x), "dw");
+  Feeds feeds;
+  feeds["dy"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(t * O), 1), {t, O});
+  feeds["x"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(t * N), 2), {t, N});
+  (void)codegen::cpu::run(g, feeds, kThreads);  // compile
+  const double peak_before = qkv::bench::probe_peak();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    benchmark::DoNotOptimize(codegen::cpu::run(g, feeds, kThreads));
+    seconds += seconds_since(t0);
+  }
+  const double peak = std::max(peak_before, qkv::bench::probe_peak());
+  const double gflops = 2.0 * static_cast<double>(t * O * N) * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+}
+BENCHMARK(BM_WeightGradient<1152, 384>)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_WeightGradient<1536, 384>)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_WeightGradient<384, 384>)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_WeightGradient<384, 1536>)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();

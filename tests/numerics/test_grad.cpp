@@ -284,6 +284,54 @@ TEST(Grad, StructureOps) {
   check(std::move(c));
 }
 
+TEST(Grad, TheGradientsOfPartsThatTileATensorAreOneConcat) {
+  // x [.., 12] cut into [0, 4), [4, 10), [10, 12) (out of order, as a fused projection's q, k, v
+  // are read): its gradient is the three parts' gradients side by side, one concat without
+  // zeros; run-time parts (chunk of a dynamic axis) alike. w's slices [0, 4) and [6, 8) leave
+  // gaps: each part's gradient between zeros, added.
+  Case c;
+  std::mt19937 rng(15);
+  auto x = input<Tensor<f32, Batch<2>, Seq<3>, Model<12>>>(c.g, "x");
+  auto w = input<Tensor<f32, Batch<2>, Seq<3>, Model<12>>>(c.g, "w");
+  auto d = input<Tensor<f32, Batch<2>, Seq<3>, QkvProj<dyn>>>(c.g, "d");
+  auto tail = slice<Model, 10, 2>(x);
+  auto head = slice<Model, 0, 4>(x);
+  auto middle = slice<Model, 4, 6>(x);
+  auto [dq, dk, dv] = chunk<QkvProj, 3, QProj>(d);
+  auto y4 = mul(head, slice<Model, 0, 4>(w));
+  auto rest = add(add(sum<Model>(mul(middle, middle)), sum<Model>(mul(tail, slice<Model, 6, 2>(w)))),
+                  sum<QProj>(add(mul(dq, dk), dv)));  // [Batch, Seq]
+  output(add(y4, broadcast_like(rest, y4)), "y");
+  c.feeds = {
+      {"x", random_array({2, 3, 12}, rng)}, {"w", random_array({2, 3, 12}, rng)}, {"d", random_array({2, 3, 9}, rng)}};
+  c.wrt = {"x", "w", "d"};
+
+  Graph g = c.g;
+  grad_detail::Builder b(g);
+  const int loss = b.sum_over(g.outputs()[0].node, {"Batch", "Seq", "Model"});
+  const std::size_t before = g.size();
+  const std::vector<int> grads =
+      append_gradients(g, loss, {node_named(g, "x"), node_named(g, "w"), node_named(g, "d")});
+  // The concat each gradient is made of (through renames and permutes), and what it joins.
+  auto concat_of = [&](int id) {
+    while (g.node(id).op != Op::concat && g.node(id).inputs.size() == 1) id = g.node(id).inputs[0];
+    return g.node(id);
+  };
+  for (int k : {0, 2}) {
+    const Node joined = concat_of(grads[static_cast<std::size_t>(k)]);
+    ASSERT_EQ(joined.op, Op::concat) << "gradient " << k;
+    EXPECT_EQ(joined.inputs.size(), 3u);
+    for (int in : joined.inputs) EXPECT_NE(g.node(in).op, Op::fill) << "gradient " << k << ": no zeros";
+  }
+  // w's gradient: its two parts, each between zeros (3 fills: [4, 12) after [0, 4); [0, 6) and
+  // [8, 12) around [6, 8)), added.
+  int zero_fills = 0;
+  for (std::size_t i = before; i < g.size(); ++i)
+    zero_fills += g.node(static_cast<int>(i)).op == Op::fill && g.node(static_cast<int>(i)).scalar == 0.0;
+  EXPECT_EQ(zero_fills, 3);
+  check(std::move(c));
+}
+
 TEST(Grad, TheLastPositionOfARunTimeLength) {
   // last<Seq> on a dynamic axis slices from Seq - 1, bound at run time: zeros before the row.
   Case c;

@@ -22,6 +22,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -71,8 +72,10 @@ class Sweep : public Builder {
 
     adj_.assign(n, -1);
     if (needed_[n - 1]) adj_[n - 1] = fill({}, 1.0, l.dtype);
-    for (std::size_t i = n; i-- > 0;)
+    for (std::size_t i = n; i-- > 0;) {
+      add_slice_gradients(static_cast<int>(i));  // every slice of node i comes after it
       if (adj_[i] >= 0 && needed_[i]) back(static_cast<int>(i), adj_[i]);
+    }
 
     std::vector<int> out;
     for (int w : wrt_) {
@@ -624,7 +627,8 @@ class Sweep : public Builder {
     } else {
       fail(id, "a slice of a run-time length at a given start: not differentiated yet");
     }
-    // dy renamed back onto x's axis, between zeros.
+    // dy renamed back onto x's axis; added to x's adjoint once every slice of x has given its
+    // part (add_slice_gradients).
     int piece = dy;
     if (n.attr_axes[1] != axis)
       piece = rename_axes(dy, [&] {
@@ -633,31 +637,89 @@ class Sweep : public Builder {
           if (s == n.attr_axes[1]) s = axis;
         return v;
       }());
-    std::vector<int> parts;
-    auto zeros = [&](Extent len) {
-      std::vector<Axis> axes = node(piece).axes;
-      for (auto& a : axes)
-        if (a.name == axis) a.extent = len;
-      return fill(axes, 0.0, xn.dtype);
+    if (wants(x)) slice_parts_[x].push_back({axis, before, part, after, piece});
+  }
+
+  /// The gradient of a part of x along `axis`: `piece` (over x's axes renamed, axis `len` long),
+  /// `before` and `after` it the rest of x's axis.
+  struct SlicePart {
+    std::string axis;
+    Extent before, len, after;
+    int piece;
+  };
+
+  /// Adds the gradients of x's slices to x's adjoint: one concat when they tile one axis of x end
+  /// to end (the q, k and v parts of a fused projection: their gradients side by side, no zeros
+  /// written and then added), else each part between zeros.
+  void add_slice_gradients(int x) {
+    const auto it = slice_parts_.find(x);
+    if (it == slice_parts_.end()) return;
+    const std::vector<SlicePart> parts = std::move(it->second);
+    slice_parts_.erase(it);
+    const Node xn = node(x);
+    const std::string& axis = parts[0].axis;
+    const Extent whole = axis_named(xn.axes, axis).extent;
+    // Pieces over `along` laid end to end on `on`, permuted to x's axes.
+    auto concat = [&](const std::string& on, const std::vector<Axis>& along, const std::vector<int>& pieces) {
+      Node c;
+      c.op = Op::concat;
+      c.inputs = pieces;
+      c.axes = along;
+      for (auto& a : c.axes)
+        if (a.name == on) a.extent = axis_named(xn.axes, on).extent;
+      c.attr_axes = {on, on};
+      c.dtype = xn.dtype;
+      return permute_to(add_node(std::move(c)), xn.axes);
     };
-    auto empty = [](const Extent& e) { return e.is_static() ? e.value == 0 : e.num == 0 && e.plus == 0; };
-    if (!empty(before)) parts.push_back(zeros(before));
-    parts.push_back(piece);
-    if (!empty(after)) parts.push_back(zeros(after));
-    if (parts.size() == 1) {
-      acc(x, permute_to(piece, xn.axes));
+    if (const auto tiled = tiling(parts, whole)) {
+      const std::vector<Axis> along = node(parts[(*tiled)[0]].piece).axes;
+      std::vector<int> pieces;
+      for (std::size_t k : *tiled) pieces.push_back(permute_to(parts[k].piece, along));
+      acc(x, pieces.size() == 1 ? permute_to(pieces[0], xn.axes) : concat(axis, along, pieces));
       return;
     }
-    Node c;
-    c.op = Op::concat;
-    c.inputs = parts;
-    c.axes = node(piece).axes;
-    for (auto& a : c.axes)
-      if (a.name == axis) a.extent = whole;
-    c.attr_axes = {axis, axis};
-    c.dtype = xn.dtype;
-    acc(x, permute_to(add_node(std::move(c)), xn.axes));
+    for (const SlicePart& p : parts) {  // each between zeros
+      const std::vector<Axis> along = node(p.piece).axes;
+      auto zeros = [&](Extent len) {
+        std::vector<Axis> axes = along;
+        for (auto& a : axes)
+          if (a.name == p.axis) a.extent = len;
+        return fill(axes, 0.0, xn.dtype);
+      };
+      std::vector<int> pieces;
+      if (!empty(p.before)) pieces.push_back(zeros(p.before));
+      pieces.push_back(p.piece);
+      if (!empty(p.after)) pieces.push_back(zeros(p.after));
+      acc(x, pieces.size() == 1 ? permute_to(p.piece, xn.axes) : concat(p.axis, along, pieces));
+    }
   }
+
+  /// The parts' order when they lie end to end from 0 to `whole` along one axis, each once.
+  static std::optional<std::vector<std::size_t>> tiling(const std::vector<SlicePart>& parts, const Extent& whole) {
+    std::vector<std::size_t> order;
+    std::vector<bool> used(parts.size(), false);
+    Extent at = Extent::fixed(0);
+    try {
+      while (order.size() < parts.size()) {
+        std::size_t k = 0;
+        while (k < parts.size() && (used[k] || parts[k].axis != parts[0].axis || !same(parts[k].before, at))) ++k;
+        if (k == parts.size()) return std::nullopt;
+        used[k] = true;
+        order.push_back(k);
+        at = at.plus_extent(parts[k].len);
+      }
+    } catch (const std::exception&) {  // parts of unrelated run-time lengths
+      return std::nullopt;
+    }
+    return same(at, whole) ? std::optional(order) : std::nullopt;
+  }
+  /// Equal sizes: num/den in lowest terms, and no symbol in a size that is a multiple 0 of it (the
+  /// start of part 0 of K, part.times(0)).
+  static bool same(const Extent& a, const Extent& b) {
+    auto canonical = [](const Extent& e) { return e.is_dynamic() && e.num == 0 ? Extent::fixed(e.plus) : e.times(1); };
+    return canonical(a) == canonical(b);
+  }
+  static bool empty(const Extent& e) { return e.is_static() ? e.value == 0 : e.num == 0 && e.plus == 0; }
 
   /// layer_norm (x, γ, β) and rms_norm (x, w) over attr_axes[0].
   void norm_back(const Node& n, int dy, bool rms) {
@@ -725,6 +787,7 @@ class Sweep : public Builder {
   std::vector<int> wrt_;
   std::vector<bool> needed_;
   std::vector<int> adj_;
+  std::map<int, std::vector<SlicePart>> slice_parts_;  // slice_back's parts not yet added, by x
 };
 
 }  // namespace grad_detail
