@@ -13,6 +13,13 @@ std::vector<int> last_uses(const Graph& g) {
   for (int id = 0; id < static_cast<int>(g.size()); ++id)
     for (int in : g.node(id).inputs) last[static_cast<std::size_t>(in)] = id;
   for (const auto& o : g.outputs()) last[static_cast<std::size_t>(o.node)] = static_cast<int>(g.size());
+  // A value its sums compute entry by entry (select.hpp's elementwise_only_summed): its inputs
+  // are read where the sums run.
+  for (int id = 0; id < static_cast<int>(g.size()); ++id)
+    if (elementwise_only_summed(g, id))
+      for (int in : g.node(id).inputs)
+        last[static_cast<std::size_t>(in)] =
+            std::max(last[static_cast<std::size_t>(in)], last[static_cast<std::size_t>(id)]);
   return last;
 }
 

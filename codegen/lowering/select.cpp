@@ -100,6 +100,41 @@ bool fill_only_summed(const Graph& g, int id) {
   return read;
 }
 
+bool elementwise_only_summed(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.dtype != DType::f32 || n.inputs.empty()) return false;
+  for (int in : n.inputs)
+    if (g.node(in).dtype != DType::f32 || g.node(in).axes != n.axes) return false;
+  if (n.op == Op::pointwise) {
+    if (!n.mod || n.mod->score < 0 || n.mod->keep >= 0) return false;
+    const ModExpr& e = *n.mod;
+    const auto inputs = static_cast<int>(n.inputs.size());
+    auto leaf = [&](int x, ModOp op) { return x >= 0 && e.nodes[static_cast<std::size_t>(x)].op == op; };
+    if (leaf(e.score, ModOp::index)) return false;
+    for (const ModNode& m : e.nodes) {
+      if (m.op == ModOp::position || m.op == ModOp::length) return false;
+      if (m.op == ModOp::load && (m.input < 0 || m.input >= inputs || !mod_loads_in_place(e, m.input, n.axes)))
+        return false;
+      // An index only as a load's coordinate (the entry's own, in place).
+      if (m.op != ModOp::load && (leaf(m.a, ModOp::index) || leaf(m.b, ModOp::index) || leaf(m.c, ModOp::index)))
+        return false;
+    }
+  } else if (n.op != Op::add && n.op != Op::mul) {
+    return false;
+  }
+  for (const auto& o : g.outputs())
+    if (o.node == id) return false;
+  bool read = false;
+  for (int k = id + 1; k < static_cast<int>(g.size()); ++k)
+    for (int in : g.node(k).inputs)
+      if (in == id) {
+        const auto sums = contract_fill_sums(g, k);
+        if (!sums || sums->x != id || sums->fill == id) return false;
+        read = true;
+      }
+  return read;
+}
+
 KernelKind select_kernel(const Graph& g, int id) {
   const Node& n = g.node(id);
   // Every op has a case and there is no default: an op added without a kernel kind does not build.

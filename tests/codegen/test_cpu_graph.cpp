@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <qkv/codegen/cpu/executor.hpp>
+#include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
 #include <qkv/qkv.hpp>
@@ -224,6 +225,79 @@ TEST(CpuModuleGraph, ALongLogSumExpRunsOnTheTasksAsTheInterpreterComputesIt) {
     if (std::isfinite(ref[i])) {
       EXPECT_NEAR(one[i], ref[i], 2e-6 * std::abs(ref[i])) << i;
     }
+}
+
+/// Σ of fill-weighted entries of `x` over `over` (a contraction with a fill of ones).
+int fill_sum(Graph& g, int x, const std::vector<Axis>& fill_axes, std::vector<std::string> over,
+             std::vector<Axis> out) {
+  Node c;
+  c.op = Op::contract;
+  c.inputs = {x, node(g, Op::fill, {}, fill_axes, 1.0)};
+  c.attr_axes = std::move(over);
+  c.axes = std::move(out);
+  return g.add(c);
+}
+
+TEST(CpuModuleGraph, ElementwiseValuesOnlySummedAreComputedByTheSums) {
+  // A norm's backward sums products it writes nowhere else: row sums of a pointwise expression of
+  // two [Row, Col] values, column sums of their product, a whole sum of a pointwise over [Row]
+  // (a loss's mean: the masked per-token losses), each computed entry by entry by the sums; a
+  // value read by a sum and by another node is written out as before. Against the interpreter,
+  // and the same bits on 1 and 2 threads.
+  Graph g;
+  const std::vector<Axis> rc{ax("Row", 300), ax("Col", 56)};
+  const int x = leaf(g, "x", rc), y = leaf(g, "y", rc), m = leaf(g, "m", {ax("Row", 300)});
+  const int t = leaf(g, "t", {ax("Row", 300)});
+  Node p;
+  p.op = Op::pointwise;
+  p.inputs = {x, y};
+  p.axes = rc;
+  ModExpr ex;
+  ex.score = ex.add(
+      mod_node(ModOp::mul, ex.add(mod_node(ModOp::exp, ex.add(mod_node(ModOp::score)))), mod_load_in_place(ex, 1, rc)));
+  p.mod = ex;
+  const int e = g.add(p);  // e^x · y
+  g.mark_output(fill_sum(g, e, {ax("Col", 56)}, {"Col"}, {ax("Row", 300)}), "row_sums");
+  const int xy = node(g, Op::mul, {x, y}, rc);
+  g.mark_output(fill_sum(g, xy, {ax("Row", 300)}, {"Row"}, {ax("Col", 56)}), "column_sums");
+  Node q;
+  q.op = Op::pointwise;
+  q.inputs = {t, m};
+  q.axes = {ax("Row", 300)};
+  ModExpr qe;
+  qe.score = qe.add(mod_node(ModOp::sub, qe.add(mod_node(ModOp::score)), mod_load_in_place(qe, 1, q.axes)));
+  q.mod = qe;
+  const int d = g.add(q);  // t − m
+  g.mark_output(fill_sum(g, d, {ax("Row", 300)}, {"Row"}, {}), "whole_sum");
+  // The inputs of a summed value live until the sums run: a (computed, read only by the product)
+  // is still read there, after z, which would otherwise have taken a's memory.
+  const int a = node(g, Op::scale, {x}, rc, 0.1);
+  const int ay = node(g, Op::mul, {a, y}, rc);
+  const int z = node(g, Op::relu, {y}, rc);
+  g.mark_output(fill_sum(g, ay, {ax("Col", 56)}, {"Col"}, {ax("Row", 300)}), "after_z");
+  g.mark_output(node(g, Op::scale, {z}, rc, 0.7), "z");
+  const int twice = node(g, Op::add, {x, y}, rc);  // summed and an output: written out
+  g.mark_output(fill_sum(g, twice, {ax("Row", 300)}, {"Row"}, {ax("Col", 56)}), "summed_too");
+  g.mark_output(twice, "x_plus_y");
+
+  const Graph lowered = codegen::fuse_elementwise(codegen::lower(g));
+  int inlined = 0;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    inlined += codegen::elementwise_only_summed(lowered, id);
+  EXPECT_EQ(inlined, 4);
+  const Feeds feeds{{"x", NdArray::from_f32(ramp(300 * 56, 0.01f, -0.4f), {300, 56})},
+                    {"y", NdArray::from_f32(ramp(300 * 56, -0.02f, 0.9f), {300, 56})},
+                    {"m", NdArray::from_f32(ramp(300, 0.05f, -2.0f), {300})},
+                    {"t", NdArray::from_f32(ramp(300, -0.03f, 1.0f), {300})}};
+  const RunResult ref = interpret(g, feeds);
+  const RunResult one = codegen::cpu::run(g, feeds, 1), two = codegen::cpu::run(g, feeds, 2);
+  for (const char* name : {"row_sums", "column_sums", "whole_sum", "summed_too", "x_plus_y", "after_z", "z"}) {
+    const auto want = ref.outputs.at(name).to_f32(), got = two.outputs.at(name).to_f32();
+    EXPECT_TRUE(same_bits(one.outputs.at(name).to_f32(), got)) << name;
+    ASSERT_EQ(want.size(), got.size()) << name;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << name << "[" << i << "]";
+  }
 }
 
 }  // namespace

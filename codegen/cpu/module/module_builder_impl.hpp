@@ -595,8 +595,10 @@ class ModuleBuilder {
       case KernelKind::unary:
         return n.op == Op::scale ? emit_scale(id) : emit_activation(id);
       case KernelKind::add_same:
+        if (elementwise_only_summed(g_, id)) return;  // computed by the sums that read it
         return emit_add_same(id);
       case KernelKind::broadcast_binary:
+        if (elementwise_only_summed(g_, id)) return;
         return emit_broadcasting(id);
       case KernelKind::strided_copy:
         if (plan_.kv_alias.count(id)) return;  // read in place by the attention (a KV cache's prefix)
@@ -622,6 +624,7 @@ class ModuleBuilder {
       case KernelKind::contract:
         return emit_contract(id);
       case KernelKind::score_mod:
+        if (elementwise_only_summed(g_, id)) return;
         return emit_score_mod(id);
       case KernelKind::rms_norm:
         return emit_rms_norm(id);
@@ -682,6 +685,9 @@ class ModuleBuilder {
   /// among the tasks. Row sums: each in double, reassociated into vectors of partial sums (an
   /// order the code fixes, whatever the threads). False when the contract is of neither form.
   bool emit_fill_sums(int id);
+  /// Entry `at` of x as the sums read it, as f32: x's value, or (elementwise_only_summed) what x
+  /// computes from its inputs' entries `at`.
+  llvm::Value* summand(int x, const I& at);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
   /// permute / broadcast: moved as stored (an integer input via f32); transposes in tiles.

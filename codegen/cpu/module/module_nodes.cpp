@@ -454,6 +454,31 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   return true;
 }
 
+llvm::Value* ModuleBuilder::summand(int x, const I& at) {
+  const Node& n = g_.node(x);
+  if (!elementwise_only_summed(g_, x)) return value(x, at);
+  if (n.op == Op::add) return b_.CreateFAdd(value(n.inputs[0], at), value(n.inputs[1], at));
+  if (n.op == Op::mul) return b_.CreateFMul(value(n.inputs[0], at), value(n.inputs[1], at));
+  // Every input has x's axes and is loaded at x's own coordinates: its entry `at`.
+  struct Leaves final : ModLeaves {
+    ModuleBuilder& mb;
+    const Node& n;
+    const I& at;
+    Leaves(ModuleBuilder& m, const Node& nn, const I& a) : mb(m), n(nn), at(a) {}
+    llvm::Value* score() override { return mb.value(n.inputs[0], at); }
+    llvm::Value* load(const ModNode& m, const std::vector<llvm::Value*>&) override {
+      return mb.value(n.inputs[static_cast<std::size_t>(m.input)], at);
+    }
+    // Only a load's coordinates, which load() does not read.
+    llvm::Value* index(const std::string&) override { return llvm::ConstantFP::get(mb.f32_, 0.0); }
+    llvm::Value* extent(const ModNode&, std::size_t) override { return llvm::ConstantFP::get(mb.f32_, 1.0); }
+    llvm::Value* position(const std::string&) override { internal_error("codegen: a position in summed values"); }
+    llvm::Value* length(const std::string&) override { internal_error("codegen: a length in summed values"); }
+  } leaves(*this, n, at);
+  std::vector<llvm::Value*> cache;
+  return emit_mod(b_, *n.mod, n.mod->score, leaves, cache);
+}
+
 bool ModuleBuilder::emit_fill_sums(int id) {
   // x as [C..., O...] (column sums) or [O..., C...] (row sums), C the contracted axes in order;
   // x read as stored (f32, or a bf16 / f16 value widened: half_operand).
@@ -465,7 +490,7 @@ bool ModuleBuilder::emit_fill_sums(int id) {
   const I outputs = numel(shape(id)), per = numel(shape(x)) / outputs;
   // The fill's value as the interpreter has it (an f32), times each entry, summed in double.
   llvm::Value* factor = llvm::ConstantFP::get(f64_, static_cast<double>(static_cast<float>(fn.scalar)));
-  auto term = [&](const I& at) { return b_.CreateFMul(b_.CreateFPExt(value(x, at), f64_), factor); };
+  auto term = [&](const I& at) { return b_.CreateFMul(b_.CreateFPExt(summand(x, at), f64_), factor); };
   if (!columns && outputs.constant() && *outputs.constant() < 8) {
     // A few long sums (a gradient's squared norm: a whole weight summed): each output's run in
     // kParts parts on the tasks, each part's sum reassociated as below, then the parts' sums in
