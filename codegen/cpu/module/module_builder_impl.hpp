@@ -337,13 +337,11 @@ class ModuleBuilder {
         }
     return out;
   }
-  /// 64-byte aligned memory (C11 aligned_alloc). On Linux, a block of 4 MiB or more (the
-  /// runtime's detail::kHugePageBytes, as for its own arrays) is then advised into transparent
-  /// huge pages (madvise MADV_HUGEPAGE on its whole 4 KiB pages; a VM's THP is often "madvise"
-  /// only): the weights' packed panels and the arena are first touched page by page, and 4 KiB
-  /// faults, each a trap to the hypervisor, took 3 s of a first prefill that packs 1.8 GB (2 s
-  /// of compute).
-  llvm::Value* aligned_alloc(const I& bytes);  // (module_builder.cpp)
+  /// 64-byte aligned memory (C11 aligned_alloc); on Linux a block of 4 MiB or more (the runtime's
+  /// detail::kHugePageBytes) is advised into transparent huge pages (MADV_HUGEPAGE; a VM's THP is
+  /// often "madvise" only): 4 KiB faults, each a trap to the hypervisor, took 3 s of a first
+  /// prefill that packs 1.8 GB (2 s of compute). (module_builder.cpp)
+  llvm::Value* aligned_alloc(const I& bytes);
   void free(llvm::Value* p) {
     auto* fn = m_.getOrInsertFunction("free", b_.getVoidTy(), ptr_).getCallee();
     b_.CreateCall(llvm::cast<llvm::Function>(fn), {p});
@@ -570,6 +568,7 @@ class ModuleBuilder {
   /// The CPU's implementation of each kernel kind (lowering/select.hpp).
   void emit_node(int id) {
     const Node& n = g_.node(id);
+    if (elementwise_only_summed(g_, id)) return;  // computed by the sums that read it
     switch (select_kernel(g_, id)) {
       case KernelKind::leaf:
       case KernelKind::view:
@@ -595,10 +594,8 @@ class ModuleBuilder {
       case KernelKind::unary:
         return n.op == Op::scale ? emit_scale(id) : emit_activation(id);
       case KernelKind::add_same:
-        if (elementwise_only_summed(g_, id)) return;  // computed by the sums that read it
         return emit_add_same(id);
       case KernelKind::broadcast_binary:
-        if (elementwise_only_summed(g_, id)) return;
         return emit_broadcasting(id);
       case KernelKind::strided_copy:
         if (plan_.kv_alias.count(id)) return;  // read in place by the attention (a KV cache's prefix)
@@ -624,7 +621,6 @@ class ModuleBuilder {
       case KernelKind::contract:
         return emit_contract(id);
       case KernelKind::score_mod:
-        if (elementwise_only_summed(g_, id)) return;
         return emit_score_mod(id);
       case KernelKind::rms_norm:
         return emit_rms_norm(id);
@@ -673,20 +669,19 @@ class ModuleBuilder {
 
   void emit_slice(int id);
   void emit_concat(int id);
-  /// Bᵀ into panels; a quantized W (gemm_cfg_.quant_group) dequantized from q `wt` and `scales`.
+  /// Bᵀ into panels; a quantized W (gemm_cfg_.quant_group) dequantized from q `wt` and `scales`;
   /// `columns`: f32 B given as [K, N] rows (B itself, not Bᵀ).
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr,
                         bool columns = false);
   bool emit_contract_on_gemm(int id);
   /// contract(x, fill): sums over axes of x that lead (x [C..., O...]: Σ over Batch and Seq, a
   /// bias's or a norm weight's gradient) or trail (x [O..., C...]: a row's sum, in a norm's
-  /// backward). Column sums: each output's sum in double in x's order, as the loop nest sums it,
-  /// but row by row with the outputs innermost (in vectors, x read in order), the outputs split
-  /// among the tasks. Row sums: each in double, reassociated into vectors of partial sums (an
-  /// order the code fixes, whatever the threads). False when the contract is of neither form.
+  /// backward). Column sums: each output's sum in double in x's order, but row by row with the
+  /// outputs innermost (in vectors), the outputs split among the tasks. Row sums: each in double,
+  /// reassociated into vectors of partial sums (an order the code fixes, whatever the threads).
+  /// x's entries read, or computed from its inputs' (summand: elementwise_only_summed). False
+  /// when the contract is of neither form.
   bool emit_fill_sums(int id);
-  /// Entry `at` of x as the sums read it, as f32: x's value, or (elementwise_only_summed) what x
-  /// computes from its inputs' entries `at`.
   llvm::Value* summand(int x, const I& at);
   void emit_pad_bias(llvm::Value* bias, llvm::Value* bias_pad, const I& nn);
   void emit_update_slice(int id);
@@ -694,9 +689,8 @@ class ModuleBuilder {
   void emit_strided_copy(int id);
   void emit_broadcasting(int id);
 
-  /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention:
-  /// col = last index, row = second to last, batch = first (rank >= 3), head = the flattened
-  /// index over the axes in between.
+  /// keep iff dropout_keep(p, seed, batch, head, row, col), the interpreter's index convention: col
+  /// = last index, row = second to last, batch = first (rank >= 3), head = the axes in between.
   void emit_dropout(int id);
 
   /// The shape around axis p as (outer, n, inner): element (o, k, i) at (o·n + k)·inner + i.
