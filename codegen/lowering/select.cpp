@@ -112,7 +112,7 @@ bool elementwise_only_summed(const Graph& g, int id) {
     auto leaf = [&](int x, ModOp op) { return x >= 0 && e.nodes[static_cast<std::size_t>(x)].op == op; };
     if (leaf(e.score, ModOp::index)) return false;
     for (const ModNode& m : e.nodes) {
-      if (m.op == ModOp::position || m.op == ModOp::length) return false;
+      if (m.op == ModOp::position) return false;
       if (m.op == ModOp::load && (m.input < 0 || m.input >= inputs || !mod_loads_in_place(e, m.input, n.axes)))
         return false;
       // An index only as a load's coordinate (the entry's own, in place).

@@ -253,10 +253,13 @@ TEST(CpuModuleGraph, ElementwiseValuesOnlySummedAreComputedByTheSums) {
   p.inputs = {x, y};
   p.axes = rc;
   ModExpr ex;
-  ex.score = ex.add(
-      mod_node(ModOp::mul, ex.add(mod_node(ModOp::exp, ex.add(mod_node(ModOp::score)))), mod_load_in_place(ex, 1, rc)));
+  ModNode cols = mod_node(ModOp::length);
+  cols.axis = "Col";
+  const int exp_x = ex.add(mod_node(ModOp::exp, ex.add(mod_node(ModOp::score))));
+  ex.score =
+      ex.add(mod_node(ModOp::div, ex.add(mod_node(ModOp::mul, exp_x, mod_load_in_place(ex, 1, rc))), ex.add(cols)));
   p.mod = ex;
-  const int e = g.add(p);  // e^x · y
+  const int e = g.add(p);  // e^x · y / N (a mean's 1/N: the axis's length)
   g.mark_output(fill_sum(g, e, {ax("Col", 56)}, {"Col"}, {ax("Row", 300)}), "row_sums");
   const int xy = node(g, Op::mul, {x, y}, rc);
   g.mark_output(fill_sum(g, xy, {ax("Row", 300)}, {"Row"}, {ax("Col", 56)}), "column_sums");

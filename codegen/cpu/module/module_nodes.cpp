@@ -473,7 +473,9 @@ llvm::Value* ModuleBuilder::summand(int x, const I& at) {
     llvm::Value* index(const std::string&) override { return llvm::ConstantFP::get(mb.f32_, 0.0); }
     llvm::Value* extent(const ModNode&, std::size_t) override { return llvm::ConstantFP::get(mb.f32_, 1.0); }
     llvm::Value* position(const std::string&) override { internal_error("codegen: a position in summed values"); }
-    llvm::Value* length(const std::string&) override { internal_error("codegen: a length in summed values"); }
+    llvm::Value* length(const std::string& axis) override {
+      return mb.b_.CreateSIToFP(mb.dim(n.axes[util::axis_pos(n.axes, axis)].extent).v(), mb.f32_);
+    }
   } leaves(*this, n, at);
   std::vector<llvm::Value*> cache;
   return emit_mod(b_, *n.mod, n.mod->score, leaves, cache);

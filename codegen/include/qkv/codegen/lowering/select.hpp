@@ -85,7 +85,7 @@ bool fill_only_summed(const Graph& lowered, int id);
 
 /// Whether node `id` is an f32 element-wise value that only such sums read (x of each), and that
 /// they compute entry by entry as they add it up instead of reading it (never written): a
-/// pointwise node (no keep predicate; no positions or lengths; inputs f32, of its own axes, loaded
+/// pointwise node (no keep predicate, no positions; inputs f32, of its own axes, loaded
 /// at its own coordinates), or an add or mul of two f32 values of its axes. A norm's backward
 /// sums several such products over a row or down a column.
 bool elementwise_only_summed(const Graph& lowered, int id);
