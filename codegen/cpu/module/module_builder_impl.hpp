@@ -655,12 +655,16 @@ class ModuleBuilder {
   llvm::Value* q4_entry(llvm::Value* q, const I& row, const I& kk, const I& group);
 
   void emit_argmax(int id);
+
   void emit_causal(int id);
+
   /// score_mod entry by entry: the expression on scalars (mod_ir), loads from the captured
   /// inputs' buffers.
   void emit_score_mod(int id);
+
   /// relu / gelu on the row-wise kernels, in ranges of the flat index.
   void emit_activation(int id);
+
   void emit_add_same(int id);
 
   void emit_slice(int id);
@@ -670,9 +674,6 @@ class ModuleBuilder {
   void emit_pack_panels(llvm::Value* wt, llvm::Value* packed, const I& nn, const I& k, llvm::Value* scales = nullptr,
                         bool columns = false);
   bool emit_contract_on_gemm(int id);
-  /// Σ_K a[K, M] b[K, N] with N ≥ 2·M, run as Σ b·a (module_nodes.cpp); f32 [rows, cols] → [cols, rows].
-  bool wider_operand_first(const GemmRoles& r, int id);
-  void transpose_tiles(llvm::Value* dst, llvm::Value* src, const I& rows, const I& cols);
   /// contract(x, fill): sums over axes of x that lead (x [C..., O...]: Σ over Batch and Seq, a
   /// bias's or a norm weight's gradient) or trail (x [O..., C...]: a row's sum, in a norm's
   /// backward). Column sums: each output's sum in double in x's order, but row by row with the

@@ -95,23 +95,6 @@ void ModuleBuilder::emit_strided_copy(int id) {
   });
 }
 
-void ModuleBuilder::transpose_tiles(llvm::Value* dst, llvm::Value* src, const I& rows, const I& cols) {
-  constexpr std::int64_t kTile = 16;
-  nest_parallel(
-      {ceil_div(rows, kTile), ceil_div(cols, kTile)}, {{c64(kTile), rows * kTile}, {cols * kTile, c64(kTile)}},
-      {c64(0), c64(0)}, c64(4 * kTile * kTile), [&](const Dims& idx, const Dims& off) {
-        const I h = imin(rows - idx[0] * kTile, c64(kTile)), w = imin(cols - idx[1] * kTile, c64(kTile));
-        loop(
-            c64(0), w,
-            [&](I j) {
-              loop(
-                  c64(0), h, [&](I i) { store(load(f32_, src, off[1] + i * cols + j), dst, off[0] + j * rows + i); },
-                  "rows", ir::Unroll::allowed);
-            },
-            "cols");
-      });
-}
-
 std::pair<llvm::Value*, llvm::Value*> ModuleBuilder::row_of_id(int ids, const I& k, const I& rows) {
   // Integer ids (an input) are compared as the integers they are; computed ids are f32.
   if (integer_array(g_, ids)) {

@@ -367,23 +367,6 @@ void ModuleBuilder::emit_linear_strided(int id) {
 /// scattered into the output. The copies are O(M·K + N·K + M·N) against the product's
 /// O(M·N·K). f32 operands, or bf16 ones (the bf16 kernel: vdpbf16ps where the host has it), into an
 /// f32 value; false (nothing emitted) for any other contraction.
-bool ModuleBuilder::wider_operand_first(const GemmRoles& r, int id) {
-  auto width = [&](const std::vector<Axis>& axes) {
-    std::int64_t w = 1;
-    for (const Axis& a : axes) {
-      const auto c = dim(a.extent).constant();
-      if (!c) return std::int64_t{-1};
-      w *= *c;
-    }
-    return w;
-  };
-  const std::int64_t m = width(r.m), n = width(r.n);
-  const auto names = [](const std::vector<Axis>& axes) { return util::names(axes); };
-  return r.batch.empty() && m > 0 && n >= 2 * m && util::laid_out(g_.node(r.a).axes, names(r.k), names(r.m)) &&
-         util::laid_out(g_.node(r.b).axes, names(r.k), names(r.n)) &&
-         util::laid_out(g_.node(id).axes, names(r.m), names(r.n));
-}
-
 bool ModuleBuilder::emit_contract_on_gemm(int id) {
   const Node& n = g_.node(id);
   // f32 operands, or both bf16 (legalize-dtypes leaves them so: half_operand), into f32.
@@ -391,13 +374,8 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
   if ((st != DType::f32 && st != DType::bf16) || cpu_storage_dtype(g_, n.inputs[1]) != st ||
       cpu_storage_dtype(g_, id) != DType::f32)
     return false;
-  auto roles = contract_gemm_roles(g_, id);
+  const auto roles = contract_gemm_roles(g_, id);
   if (!roles) return false;
-  const bool swapped = st == DType::f32 && wider_operand_first(*roles, id);
-  if (swapped) {
-    std::swap(roles->a, roles->b);
-    std::swap(roles->m, roles->n);
-  }
   const int li = roles->a, ri = roles->b;
   const Node &ln = g_.node(li), &rn = g_.node(ri);
   const std::vector<Axis>&batch = roles->batch, &mx = roles->m, &nx = roles->n, &kx = roles->k;
@@ -463,9 +441,7 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
                           {c64(0), base[1]}, c64(8), copy(bt, rhs, operand));
           emit_pack_panels(bt, packed, nn, k, nullptr, b_cols);
           emit_gemm_packed(a, packed, bias, c, m, nn, k);
-          if (swapped) {
-            transpose_tiles(y, c, m, nn);
-          } else if (c != y) {
+          if (c != y) {
             const Dims out_dims = cat(md, nd);
             nest_parallel(out_dims,
                           {cat(strides_by_name(mx, n.axes, os), strides_by_name(nx, n.axes, os)), strides_of(out_dims)},
