@@ -102,9 +102,10 @@ bool fill_only_summed(const Graph& g, int id) {
 
 bool elementwise_only_summed(const Graph& g, int id) {
   const Node& n = g.node(id);
-  if (n.dtype != DType::f32 || n.inputs.empty()) return false;
+  auto real = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };
+  if (!real(n.dtype) || n.inputs.empty()) return false;
   for (int in : n.inputs)
-    if (g.node(in).dtype != DType::f32 || g.node(in).axes != n.axes) return false;
+    if (!real(g.node(in).dtype) || g.node(in).axes != n.axes) return false;
   if (n.op == Op::pointwise) {
     if (!n.mod || n.mod->score < 0 || n.mod->keep >= 0) return false;
     const ModExpr& e = *n.mod;

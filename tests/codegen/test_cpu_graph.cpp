@@ -15,6 +15,7 @@
 #include <qkv/codegen/lowering/select.hpp>
 #include <qkv/codegen/passes/canonicalize.hpp>
 #include <qkv/codegen/passes/pipeline.hpp>
+#include <qkv/dsl/grad.hpp>
 #include <qkv/qkv.hpp>
 #include <qkv/runtime/interpreter.hpp>
 
@@ -301,6 +302,37 @@ TEST(CpuModuleGraph, ElementwiseValuesOnlySummedAreComputedByTheSums) {
     for (std::size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << name << "[" << i << "]";
   }
+}
+
+TEST(CpuModuleGraph, AHalfValueOnlySummedIsRoundedAsItsStoreWouldRoundIt) {
+  // bf16 products summed (a bf16 model's norm backward): computed by the sums, each rounded to
+  // bf16 as writing it would round it — the same bits as when the product is also an output (and
+  // so written and read back).
+  auto build = [](bool written) {
+    Graph g;
+    auto x = input<Tensor<bf16, nn::Seq<300>, nn::Model<56>>>(g, "x");
+    auto y = input<Tensor<bf16, nn::Seq<300>, nn::Model<56>>>(g, "y");
+    auto p = mul(x, y);
+    auto q = add(x, y);
+    output(sum<nn::Model>(p), "row_sums");
+    output(sum<nn::Seq>(q), "column_sums");
+    if (written) {
+      output(p, "p");
+      output(q, "q");
+    }
+    return g;
+  };
+  const Graph lowered = codegen::fuse_elementwise(codegen::lower(build(false)));
+  int inlined = 0;
+  for (int id = 0; id < static_cast<int>(lowered.size()); ++id)
+    inlined += codegen::elementwise_only_summed(lowered, id);
+  EXPECT_EQ(inlined, 2);
+  const Feeds feeds{{"x", NdArray::from_f32_as(DType::bf16, ramp(300 * 56, 0.0137f, -0.41f), {300, 56})},
+                    {"y", NdArray::from_f32_as(DType::bf16, ramp(300 * 56, -0.0211f, 0.93f), {300, 56})}};
+  const RunResult summed = codegen::cpu::run(build(false), feeds, 2),
+                  written = codegen::cpu::run(build(true), feeds, 2);
+  for (const char* name : {"row_sums", "column_sums"})
+    EXPECT_TRUE(same_bits(summed.outputs.at(name).to_f32(), written.outputs.at(name).to_f32())) << name;
 }
 
 }  // namespace

@@ -457,8 +457,10 @@ bool ModuleBuilder::emit_contract_on_gemm(int id) {
 llvm::Value* ModuleBuilder::summand(int x, const I& at) {
   const Node& n = g_.node(x);
   if (!elementwise_only_summed(g_, x)) return value(x, at);
-  if (n.op == Op::add) return b_.CreateFAdd(value(n.inputs[0], at), value(n.inputs[1], at));
-  if (n.op == Op::mul) return b_.CreateFMul(value(n.inputs[0], at), value(n.inputs[1], at));
+  // As stored and read back: a bf16 or f16 value rounded.
+  auto stored = [&](llvm::Value* f) { return ir::from_storage(b_, ir::to_storage(b_, f, n.dtype), n.dtype); };
+  if (n.op == Op::add) return stored(b_.CreateFAdd(value(n.inputs[0], at), value(n.inputs[1], at)));
+  if (n.op == Op::mul) return stored(b_.CreateFMul(value(n.inputs[0], at), value(n.inputs[1], at)));
   // Every input has x's axes and is loaded at x's own coordinates: its entry `at`.
   struct Leaves final : ModLeaves {
     ModuleBuilder& mb;
@@ -478,7 +480,7 @@ llvm::Value* ModuleBuilder::summand(int x, const I& at) {
     }
   } leaves(*this, n, at);
   std::vector<llvm::Value*> cache;
-  return emit_mod(b_, *n.mod, n.mod->score, leaves, cache);
+  return stored(emit_mod(b_, *n.mod, n.mod->score, leaves, cache));
 }
 
 bool ModuleBuilder::emit_fill_sums(int id) {

@@ -83,11 +83,12 @@ std::optional<FillSums> contract_fill_sums(const Graph& lowered, int id);
 /// is never written.
 bool fill_only_summed(const Graph& lowered, int id);
 
-/// Whether node `id` is an f32 element-wise value that only such sums read (x of each), and that
-/// they compute entry by entry as they add it up instead of reading it (never written): a
-/// pointwise node (no keep predicate, no positions; inputs f32, of its own axes, loaded
-/// at its own coordinates), or an add or mul of two f32 values of its axes. A norm's backward
-/// sums several such products over a row or down a column.
+/// Whether node `id` is an element-wise value that only such sums read (x of each), and that
+/// they compute entry by entry as they add it up instead of reading it (never written; a bf16 or
+/// f16 value rounded as its store would round it): a pointwise node (no keep predicate, no
+/// positions; float inputs of its own axes, loaded at its own coordinates), or an add or mul of
+/// two float values of its axes. A norm's backward sums several such products over a row or
+/// down a column.
 bool elementwise_only_summed(const Graph& lowered, int id);
 
 /// The kind that runs node `id`.
