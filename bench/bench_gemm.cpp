@@ -115,6 +115,23 @@ QKV_AXIS(Model);
 QKV_AXIS(Hidden);
 enum Form : std::int64_t { kLinear = 0, kConv1d = 1, kContract = 2 };
 
+/// Runs the compiled graph (compiled by the first call) once an iteration: GFLOP/s of `flops` a
+/// call, and its share of the FMA peak probed around the runs.
+void time_graph(benchmark::State& state, const qkv::Graph& g, const qkv::Feeds& feeds, double flops) {
+  (void)qkv::codegen::cpu::run(g, feeds, kThreads);  // compile
+  const double peak_before = qkv::bench::probe_peak();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    benchmark::DoNotOptimize(qkv::codegen::cpu::run(g, feeds, kThreads));
+    seconds += seconds_since(t0);
+  }
+  const double peak = std::max(peak_before, qkv::bench::probe_peak());
+  const double gflops = flops * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["pct_peak"] = 100.0 * gflops / peak;
+}
+
 void BM_Projection(benchmark::State& state) {
   using namespace qkv;
   const std::int64_t m = state.range(0), k = state.range(1), n = state.range(2);
@@ -131,18 +148,7 @@ void BM_Projection(benchmark::State& state) {
       form == kLinear ? NdArray::from_f32(w, {n, k}) : NdArray::from_f32(w, {k, n});
   if (form != kContract)
     feeds["p.bias"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(n), 3), {n});
-  (void)codegen::cpu::run(g, feeds, kThreads);  // compile
-  const double peak_before = qkv::bench::probe_peak();
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    benchmark::DoNotOptimize(codegen::cpu::run(g, feeds, kThreads));
-    seconds += seconds_since(t0);
-  }
-  const double peak = std::max(peak_before, qkv::bench::probe_peak());
-  const double gflops = 2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()) / seconds * 1e-9;
-  state.counters["GFLOP/s"] = gflops;
-  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  time_graph(state, g, feeds, 2.0 * static_cast<double>(m * n * k));
 }
 BENCHMARK(BM_Projection)
     ->ArgNames({"M", "K", "N", "form"})
@@ -168,18 +174,7 @@ void BM_WeightGradient(benchmark::State& state) {
   Feeds feeds;
   feeds["dy"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(t * O), 1), {t, O});
   feeds["x"] = NdArray::from_f32(qkv::bench::random_values(static_cast<std::size_t>(t * N), 2), {t, N});
-  (void)codegen::cpu::run(g, feeds, kThreads);  // compile
-  const double peak_before = qkv::bench::probe_peak();
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    benchmark::DoNotOptimize(codegen::cpu::run(g, feeds, kThreads));
-    seconds += seconds_since(t0);
-  }
-  const double peak = std::max(peak_before, qkv::bench::probe_peak());
-  const double gflops = 2.0 * static_cast<double>(t * O * N) * static_cast<double>(state.iterations()) / seconds * 1e-9;
-  state.counters["GFLOP/s"] = gflops;
-  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  time_graph(state, g, feeds, 2.0 * static_cast<double>(t * O * N));
 }
 BENCHMARK(BM_WeightGradient<1152, 384>)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_WeightGradient<1536, 384>)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -85,19 +85,26 @@ std::optional<FillSums> contract_fill_sums(const Graph& g, int id) {
   return r;
 }
 
-bool fill_only_summed(const Graph& g, int id) {
-  if (g.node(id).op != Op::fill) return false;
+namespace {
+/// Whether node `id` is read, and only by sums of a fill (contract_fill_sums), each taking it as
+/// its x (`as_x`) or as its fill, never both; never an output.
+bool read_only_by_sums(const Graph& g, int id, bool as_x) {
+  for (const auto& o : g.outputs())
+    if (o.node == id) return false;
   bool read = false;
   for (int k = id + 1; k < static_cast<int>(g.size()); ++k)
     for (int in : g.node(k).inputs)
       if (in == id) {
         const auto sums = contract_fill_sums(g, k);
-        if (!sums || sums->fill != id || sums->x == id) return false;
+        if (!sums || sums->x == sums->fill || (as_x ? sums->x : sums->fill) != id) return false;
         read = true;
       }
-  for (const auto& o : g.outputs())
-    if (o.node == id) return false;
   return read;
+}
+}  // namespace
+
+bool fill_only_summed(const Graph& g, int id) {
+  return g.node(id).op == Op::fill && read_only_by_sums(g, id, /*as_x=*/false);
 }
 
 bool elementwise_only_summed(const Graph& g, int id) {
@@ -123,17 +130,7 @@ bool elementwise_only_summed(const Graph& g, int id) {
   } else if (n.op != Op::add && n.op != Op::mul) {
     return false;
   }
-  for (const auto& o : g.outputs())
-    if (o.node == id) return false;
-  bool read = false;
-  for (int k = id + 1; k < static_cast<int>(g.size()); ++k)
-    for (int in : g.node(k).inputs)
-      if (in == id) {
-        const auto sums = contract_fill_sums(g, k);
-        if (!sums || sums->x != id || sums->fill == id) return false;
-        read = true;
-      }
-  return read;
+  return read_only_by_sums(g, id, /*as_x=*/true);
 }
 
 KernelKind select_kernel(const Graph& g, int id) {
