@@ -23,6 +23,7 @@
 #include <qkv/qkv.hpp>
 
 #include "bench_util.hpp"
+#include "graph_timing.hpp"
 #include "peaks.hpp"
 
 namespace {
@@ -115,21 +116,12 @@ QKV_AXIS(Model);
 QKV_AXIS(Hidden);
 enum Form : std::int64_t { kLinear = 0, kConv1d = 1, kContract = 2 };
 
-/// Runs the compiled graph (compiled by the first call) once an iteration: GFLOP/s of `flops` a
-/// call, and its share of the FMA peak probed around the runs.
+/// GFLOP/s of a compiled graph doing `flops` a call, and its share of the FMA peak.
 void time_graph(benchmark::State& state, const qkv::Graph& g, const qkv::Feeds& feeds, double flops) {
-  (void)qkv::codegen::cpu::run(g, feeds, kThreads);  // compile
-  const double peak_before = qkv::bench::probe_peak();
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    benchmark::DoNotOptimize(qkv::codegen::cpu::run(g, feeds, kThreads));
-    seconds += seconds_since(t0);
-  }
-  const double peak = std::max(peak_before, qkv::bench::probe_peak());
-  const double gflops = flops * static_cast<double>(state.iterations()) / seconds * 1e-9;
+  const qkv::bench::GraphTiming t = qkv::bench::time_graph(state, g, feeds);
+  const double gflops = flops * static_cast<double>(state.iterations()) / t.seconds * 1e-9;
   state.counters["GFLOP/s"] = gflops;
-  state.counters["pct_peak"] = 100.0 * gflops / peak;
+  state.counters["pct_peak"] = 100.0 * gflops / t.peak;
 }
 
 void BM_Projection(benchmark::State& state) {

@@ -17,13 +17,10 @@
 #include <qkv/qkv.hpp>
 
 #include "bench_util.hpp"
+#include "graph_timing.hpp"
 #include "peaks.hpp"
 
 namespace {
-
-using qkv::bench::Clock;
-using qkv::bench::kThreads;
-using qkv::bench::seconds_since;
 
 QKV_AXIS(Row);
 QKV_AXIS(Col);
@@ -74,20 +71,12 @@ void BM_Activation(benchmark::State& state) {
   const qkv::Graph g = graph(form);
   qkv::Feeds feeds;
   feeds["x"] = qkv::NdArray::from_f32(qkv::bench::random_values(4096 * 1024, 1), {4096, 1024});
-  (void)qkv::codegen::cpu::run(g, feeds, kThreads);  // compile
-  const double peak_before = qkv::bench::probe_peak();
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    benchmark::DoNotOptimize(qkv::codegen::cpu::run(g, feeds, kThreads));
-    seconds += seconds_since(t0);
-  }
-  const double peak = std::max(peak_before, qkv::bench::probe_peak());
+  const qkv::bench::GraphTiming t = qkv::bench::time_graph(state, g, feeds);
   const double elements = 4096.0 * 1024.0 * static_cast<double>(state.iterations());
-  const double rate = elements / seconds;
+  const double rate = elements / t.seconds;
   state.counters["GB/s"] = rate * 8 * 1e-9;
   state.counters["elem/ns"] = rate * 1e-9;
-  state.counters["fma_peak_gflops"] = peak;
+  state.counters["fma_peak_gflops"] = t.peak;
   const std::int64_t activation = form / 2;  // kernel and expression of one function share it
   if (form % 2 == 0 && form != kGeluTanhExpression) g_kernel_rate[activation] = rate;
   if (auto it = g_kernel_rate.find(activation); form % 2 == 1 && it != g_kernel_rate.end())
