@@ -640,14 +640,6 @@ class Sweep : public Builder {
     if (wants(x)) slice_parts_[x].push_back({axis, before, part, after, piece});
   }
 
-  /// The gradient of a part of x along `axis`: `piece` (over x's axes renamed, axis `len` long),
-  /// `before` and `after` it the rest of x's axis.
-  struct SlicePart {
-    std::string axis;
-    Extent before, len, after;
-    int piece;
-  };
-
   /// Adds the gradients of x's slices to x's adjoint: one concat when they tile one axis of x end
   /// to end (the q, k and v parts of a fused projection: their gradients side by side, no zeros
   /// written and then added), else each part between zeros.
@@ -687,39 +679,12 @@ class Sweep : public Builder {
         return fill(axes, 0.0, xn.dtype);
       };
       std::vector<int> pieces;
-      if (!empty(p.before)) pieces.push_back(zeros(p.before));
+      if (!empty_extent(p.before)) pieces.push_back(zeros(p.before));
       pieces.push_back(p.piece);
-      if (!empty(p.after)) pieces.push_back(zeros(p.after));
+      if (!empty_extent(p.after)) pieces.push_back(zeros(p.after));
       acc(x, pieces.size() == 1 ? permute_to(p.piece, xn.axes) : concat(p.axis, along, pieces));
     }
   }
-
-  /// The parts' order when they lie end to end from 0 to `whole` along one axis, each once.
-  static std::optional<std::vector<std::size_t>> tiling(const std::vector<SlicePart>& parts, const Extent& whole) {
-    std::vector<std::size_t> order;
-    std::vector<bool> used(parts.size(), false);
-    Extent at = Extent::fixed(0);
-    try {
-      while (order.size() < parts.size()) {
-        std::size_t k = 0;
-        while (k < parts.size() && (used[k] || parts[k].axis != parts[0].axis || !same(parts[k].before, at))) ++k;
-        if (k == parts.size()) return std::nullopt;
-        used[k] = true;
-        order.push_back(k);
-        at = at.plus_extent(parts[k].len);
-      }
-    } catch (const std::exception&) {  // parts of unrelated run-time lengths
-      return std::nullopt;
-    }
-    return same(at, whole) ? std::optional(order) : std::nullopt;
-  }
-  /// Equal sizes: num/den in lowest terms, and no symbol in a size that is a multiple 0 of it (the
-  /// start of part 0 of K, part.times(0)).
-  static bool same(const Extent& a, const Extent& b) {
-    auto canonical = [](const Extent& e) { return e.is_dynamic() && e.num == 0 ? Extent::fixed(e.plus) : e.times(1); };
-    return canonical(a) == canonical(b);
-  }
-  static bool empty(const Extent& e) { return e.is_static() ? e.value == 0 : e.num == 0 && e.plus == 0; }
 
   /// layer_norm (x, γ, β) and rms_norm (x, w) over attr_axes[0].
   void norm_back(const Node& n, int dy, bool rms) {

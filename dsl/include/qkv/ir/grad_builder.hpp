@@ -1,7 +1,8 @@
 // qkv/ir/grad_builder.hpp — the pieces reverse mode (qkv/ir/grad.hpp) and the training steps
 // (qkv/ir/train.hpp) build IR with: Builder (fills, sums over axes, permutes, renames,
-// contractions in the IR's canonical order, pointwise nodes and their loads, one-hots) and
-// DExpr, the symbolic derivative of a ModExpr, one rule per ModOp.
+// contractions in the IR's canonical order, pointwise nodes and their loads, one-hots), DExpr,
+// the symbolic derivative of a ModExpr, one rule per ModOp, and tiling, which lays the parts a
+// tensor's slices took end to end (their gradients then one concat).
 //
 // Plain data, no templates beyond the builders' callbacks.
 #pragma once
@@ -42,6 +43,42 @@ inline const Axis& axis_named(const std::vector<Axis>& axes, const std::string& 
   for (const auto& a : axes)
     if (a.name == name) return a;
   internal_error("grad: no axis `" + name + "`");
+}
+
+/// Equal sizes: num/den in lowest terms, and no symbol in a size that is a multiple 0 of it (the
+/// start of part 0 of K, part.times(0)).
+inline bool same_size(const Extent& a, const Extent& b) {
+  auto canonical = [](const Extent& e) { return e.is_dynamic() && e.num == 0 ? Extent::fixed(e.plus) : e.times(1); };
+  return canonical(a) == canonical(b);
+}
+inline bool empty_extent(const Extent& e) { return same_size(e, Extent::fixed(0)); }
+
+/// The gradient of a part of x along `axis`: `piece` (over x's axes renamed, axis `len` long),
+/// `before` and `after` it the rest of x's axis.
+struct SlicePart {
+  std::string axis;
+  Extent before, len, after;
+  int piece;
+};
+
+/// The parts' order when they lie end to end from 0 to `whole` along one axis, each once.
+inline std::optional<std::vector<std::size_t>> tiling(const std::vector<SlicePart>& parts, const Extent& whole) {
+  std::vector<std::size_t> order;
+  std::vector<bool> used(parts.size(), false);
+  Extent at = Extent::fixed(0);
+  try {
+    while (order.size() < parts.size()) {
+      std::size_t k = 0;
+      while (k < parts.size() && (used[k] || parts[k].axis != parts[0].axis || !same_size(parts[k].before, at))) ++k;
+      if (k == parts.size()) return std::nullopt;
+      used[k] = true;
+      order.push_back(k);
+      at = at.plus_extent(parts[k].len);
+    }
+  } catch (const std::exception&) {  // parts of unrelated run-time lengths
+    return std::nullopt;
+  }
+  return same_size(at, whole) ? std::optional(order) : std::nullopt;
 }
 
 /// Symbolic derivative of a ModExpr's node values with respect to one variable leaf, appended to
